@@ -1,0 +1,77 @@
+// Small timing harness shared by the benchmarks: best-of-N wall time, a printed table,
+// and optional CSV output. Ratios are taken within one run, on one machine.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace precis_bench {
+
+/// Best (minimum) wall time of `reps` calls of `f`, in milliseconds, after one warm-up.
+template <class F>
+double best_ms(F&& f, int reps = 7) {
+  f();
+  double best = 1e300;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    const auto t1 = std::chrono::steady_clock::now();
+    best = std::min(best, std::chrono::duration<double, std::milli>(t1 - t0).count());
+  }
+  return best;
+}
+
+/// Rows of named columns, printed aligned and optionally written as CSV.
+class table {
+ public:
+  explicit table(std::vector<std::string> columns) : columns_(std::move(columns)) {}
+  void add(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+
+  void print() const {
+    std::vector<std::size_t> width(columns_.size());
+    for (std::size_t c = 0; c < columns_.size(); ++c) {
+      width[c] = columns_[c].size();
+      for (const auto& r : rows_) width[c] = std::max(width[c], r[c].size());
+    }
+    auto line = [&](const std::vector<std::string>& r) {
+      for (std::size_t c = 0; c < r.size(); ++c) std::printf("%-*s  ", int(width[c]), r[c].c_str());
+      std::printf("\n");
+    };
+    line(columns_);
+    for (const auto& r : rows_) line(r);
+  }
+
+  void write_csv(const std::string& path) const {
+    std::ofstream out(path);
+    auto line = [&](const std::vector<std::string>& r) {
+      for (std::size_t c = 0; c < r.size(); ++c) out << (c ? "," : "") << r[c];
+      out << "\n";
+    };
+    line(columns_);
+    for (const auto& r : rows_) line(r);
+  }
+
+ private:
+  std::vector<std::string> columns_;
+  std::vector<std::vector<std::string>> rows_;
+};
+
+inline std::string fixed(double v, int digits = 2) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+/// `--csv <path>` from the command line, or empty.
+inline std::string csv_path(int argc, char** argv) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::string(argv[i]) == "--csv") return argv[i + 1];
+  }
+  return {};
+}
+
+}  // namespace precis_bench

@@ -1,0 +1,50 @@
+// precis/config.hpp: version, host/device annotations, feature macros and the error type.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#define PRECIS_VERSION_MAJOR 0
+#define PRECIS_VERSION_MINOR 1
+#define PRECIS_VERSION_PATCH 0
+/// Version as one integer: major * 10000 + minor * 100 + patch.
+#define PRECIS_VERSION \
+  (PRECIS_VERSION_MAJOR * 10000 + PRECIS_VERSION_MINOR * 100 + PRECIS_VERSION_PATCH)
+
+/// Marks a function usable from host and device code. Under nvcc it expands to
+/// `__host__ __device__ inline`; elsewhere to `inline`.
+#if defined(__CUDACC__)
+#define PRECIS_HOST_DEVICE __host__ __device__ inline
+#else
+#define PRECIS_HOST_DEVICE inline
+#endif
+
+/// 1 when this translation unit is compiled for a device (nvcc's device pass), else 0.
+#if defined(__CUDA_ARCH__)
+#define PRECIS_DEVICE_CODE 1
+#else
+#define PRECIS_DEVICE_CODE 0
+#endif
+
+/// 1 when CUDA's type headers (<cuda_fp16.h>, <cuda_bf16.h>, <cuda_fp8.h>) are to be
+/// included, giving the conversions between precis's formats and CUDA's types. On by
+/// default under nvcc; the `precis::cuda` CMake target defines PRECIS_CUDA=1 for host code.
+#if !defined(PRECIS_CUDA)
+#if defined(__CUDACC__)
+#define PRECIS_CUDA 1
+#else
+#define PRECIS_CUDA 0
+#endif
+#endif
+
+namespace precis {
+
+/// Every runtime failure precis reports (bad shapes, bad checkpoints, size mismatches)
+/// is a `precis::error` or derives from it; its message says what was expected and what
+/// was found.
+class error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+}  // namespace precis

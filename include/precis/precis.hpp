@@ -1,0 +1,5 @@
+// precis/precis.hpp: all of precis.
+#pragma once
+
+#include <precis/config.hpp>
+#include <precis/numeric/numeric.hpp>

@@ -1,0 +1,67 @@
+// The array conversions, which take vectorised and hardware (F16C) routes, against the
+// scalar conversions, on a strided sweep of float patterns and every 16-bit pattern.
+// Built with F16C/AVX2 enabled so that the hardware routes are the ones tested; exits 77
+// (skipped) on a processor without them.
+#include <precis/numeric/numeric.hpp>
+
+#include <doctest/doctest.h>
+
+#include <bit>
+#include <cstdint>
+#include <cstdlib>
+#include <vector>
+
+namespace {
+
+using precis::overflow;
+using precis::rounding;
+
+std::vector<float> sweep() {
+  std::vector<float> x;
+  for (std::uint64_t b = 0; b < (std::uint64_t(1) << 32); b += 509) {
+    x.push_back(std::bit_cast<float>(std::uint32_t(b)));
+  }
+  return x;
+}
+
+template <class T, rounding R, overflow O>
+void check_encode(const std::vector<float>& x) {
+  std::vector<T> y(x.size());
+  precis::convert<R, O>(x, y);
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const auto expected = precis::convert<T, R, O>(x[i]).bits();
+    if (y[i].bits() != expected && bad++ < 10) {
+      FAIL_CHECK("x bits 0x" << std::hex << std::bit_cast<std::uint32_t>(x[i]) << ": array 0x"
+                             << unsigned(y[i].bits()) << ", scalar 0x" << unsigned(expected));
+    }
+  }
+  CHECK(bad == 0);
+}
+
+template <class T>
+void check_decode() {
+  using storage = typename T::storage_type;
+  const std::uint32_t count = 1U << (8 * sizeof(storage));
+  std::vector<T> x(count);
+  for (std::uint32_t b = 0; b < count; ++b) x[b] = T::from_bits(static_cast<storage>(b));
+  std::vector<float> y(count);
+  precis::convert(x, y);
+  for (std::uint32_t b = 0; b < count; ++b) {
+    REQUIRE(std::bit_cast<std::uint32_t>(y[b]) == std::bit_cast<std::uint32_t>(float(x[b])));
+  }
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("array conversions equal the scalar ones", T, precis::float16,
+                   precis::bfloat16, precis::float8_e4m3, precis::float8_e5m2) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (!__builtin_cpu_supports("f16c") || !__builtin_cpu_supports("avx2")) std::exit(77);
+#endif
+  const auto x = sweep();
+  check_encode<T, rounding::nearest_even, overflow::infinity>(x);
+  check_encode<T, rounding::nearest_even, overflow::saturate>(x);
+  check_encode<T, rounding::toward_zero, overflow::infinity>(x);
+  check_decode<T>();
+}
