@@ -3,3 +3,4 @@
 
 #include <precis/config.hpp>
 #include <precis/numeric/numeric.hpp>
+#include <precis/policy/policy.hpp>

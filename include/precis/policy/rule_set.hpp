@@ -1,0 +1,63 @@
+// precis/policy/rule_set.hpp: the default rule set: how an operation kind reads the
+// policy it is given.
+#pragma once
+
+#include <precis/policy/checks.hpp>
+#include <precis/policy/definition.hpp>
+#include <precis/policy/ops.hpp>
+
+#include <type_traits>
+
+namespace precis {
+
+namespace detail {
+template <class T>
+using at_least_float = std::conditional_t<at_least_as_wide_v<T, float>, T, float>;
+
+template <class Base, class Waived>
+struct with_waivers;
+template <class Base>
+struct with_waivers<Base, rule_list<>> {
+  using type = Base;
+};
+template <class Base, class... Rules>
+struct with_waivers<Base, rule_list<Rules...>> {
+  using type = unsafe<Base, Rules...>;
+};
+}  // namespace detail
+
+/// The policy operation kind `Op` runs under when given policy `P`:
+/// - matmul and conv: `P` as it is;
+/// - the fp32-rule kinds (exp, log, pow, softmax, log_softmax, logsumexp, the norms, losses,
+///   reductions): compute and accumulate at least fp32 when `P` is a map's default
+///   (`Promote`); an explicit override is taken as written and checked (rule c);
+/// - every kind but matmul and conv: float8 storage and gradients become `P`'s compute
+///   type, since float8 is a format for matrix-product inputs (bfloat16 in
+///   presets::fp8_hybrid).
+/// Master type, recipe and waived rules are kept.
+template <op_kind Op, Policy P, bool Promote = true>
+struct apply_rules {
+ private:
+  static constexpr bool fp32 = Op::fp32_rule && Promote;
+  static constexpr bool leave_fp8 = !is_gemm_like_v<Op>;
+  using C = typename P::compute_type;
+  using S = typename P::storage_type;
+  using G = typename P::gradient_type;
+
+ public:
+  using storage_type = std::conditional_t<leave_fp8 && is_float8_v<S>, C, S>;
+  using gradient_type = std::conditional_t<leave_fp8 && is_float8_v<G>, C, G>;
+  using compute_type = std::conditional_t<fp32, detail::at_least_float<C>, C>;
+  using accumulate_type =
+      std::conditional_t<fp32, detail::at_least_float<typename P::accumulate_type>,
+                         typename P::accumulate_type>;
+  using type = typename detail::with_waivers<
+      policy<storage_type, compute_type, accumulate_type, typename P::master_type, gradient_type,
+             typename P::fp8_recipe>,
+      typename P::waived_rules>::type;
+};
+
+template <op_kind Op, Policy P, bool Promote = true>
+using apply_rules_t = typename apply_rules<Op, P, Promote>::type;
+
+}  // namespace precis
