@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Compile-time cost of precis's policy maps.
+
+Compiles bench/compile_time/baseline.cpp (the policy headers alone) and
+bench/compile_time/policy_map_64.cpp (64 layer overrides, every layer resolved) with
+each compiler, several times, and prints the best wall time and peak compiler memory
+of each, and the difference.
+
+    python3 bench/compile_time.py [--runs 3] [--compiler g++ --compiler clang++] [--csv out.csv]
+"""
+import argparse
+import os
+import resource
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def compile_once(compiler, source):
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [compiler, "-std=c++20", "-O2", "-c", "-I", os.path.join(ROOT, "include"),
+         source, "-o", os.devnull],
+        capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.exit(f"{compiler} failed on {source}:\n{proc.stderr}")
+    # ru_maxrss of children is the largest child's peak, in KiB on Linux; measure() runs
+    # each compile from a fresh interpreter, so it is this compile's peak.
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return elapsed, peak
+
+
+def measure(compiler, source, runs):
+    # A fresh interpreter per measurement, so ru_maxrss is this compile's alone.
+    code = ("import sys; sys.path.insert(0, %r); import compile_time as c; "
+            "t, m = c.compile_once(%r, %r); print(t, m)") % (HERE, compiler, source)
+    best_t, best_m = float("inf"), None
+    for _ in range(runs):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             check=True).stdout.split()
+        t, m = float(out[0]), int(out[1])
+        if t < best_t:
+            best_t, best_m = t, m
+    return best_t, best_m
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--compiler", action="append")
+    parser.add_argument("--csv")
+    args = parser.parse_args()
+    compilers = args.compiler or ["g++", "clang++"]
+    rows = []
+    for cxx in compilers:
+        base_t, base_m = measure(cxx, os.path.join(HERE, "compile_time", "baseline.cpp"), args.runs)
+        map_t, map_m = measure(cxx, os.path.join(HERE, "compile_time", "policy_map_64.cpp"), args.runs)
+        rows.append((cxx, base_t, map_t, map_t - base_t, base_m / 1024, map_m / 1024))
+    print(f"{'compiler':10} {'headers s':>10} {'64-layer map s':>15} {'extra s':>8} "
+          f"{'headers MiB':>12} {'map MiB':>8}")
+    for cxx, bt, mt, dt, bm, mm in rows:
+        print(f"{cxx:10} {bt:10.2f} {mt:15.2f} {dt:8.2f} {bm:12.0f} {mm:8.0f}")
+    if args.csv:
+        with open(args.csv, "w") as f:
+            f.write("compiler,headers_s,map_s,extra_s,headers_mib,map_mib\n")
+            for r in rows:
+                f.write(",".join(str(v) for v in r) + "\n")
+
+
+if __name__ == "__main__":
+    main()
