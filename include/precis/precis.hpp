@@ -4,3 +4,4 @@
 #include <precis/config.hpp>
 #include <precis/numeric/numeric.hpp>
 #include <precis/policy/policy.hpp>
+#include <precis/scaling/scaling.hpp>

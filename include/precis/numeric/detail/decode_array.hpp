@@ -14,9 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#if defined(__F16C__) && defined(__AVX__)
-#include <immintrin.h>
-#endif
+#include <precis/numeric/detail/f16c.hpp>
 
 namespace precis::detail {
 
@@ -34,14 +32,10 @@ void decode_array(const typename F::storage_type* src, float* dst, std::size_t n
     for (std::size_t i = 0; i < n; ++i) dst[i] = table[src[i]];
   } else {
     std::size_t i = 0;
-#if defined(__F16C__) && defined(__AVX__)
+#if PRECIS_HAVE_F16C
     if constexpr (F::exponent_bits == 5 && F::mantissa_bits == 10) {
-      const __m256 canonical_nan = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
       for (; i + 8 <= n; i += 8) {
-        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-        const __m256 f = _mm256_cvtph_ps(h);
-        const __m256 nan = _mm256_cmp_ps(f, f, _CMP_UNORD_Q);
-        _mm256_storeu_ps(dst + i, _mm256_blendv_ps(f, canonical_nan, nan));
+        _mm256_storeu_ps(dst + i, f16c::decode8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
       }
     }
 #endif

@@ -1,0 +1,284 @@
+// precis/scaling/gradients.hpp: scaled and unscaled gradients as different types.
+//
+// A backward pass on a scaled loss yields `scaled<G>`: the gradients still multiplied by
+// the loss scale. Only `unscale` turns them into `unscaled<G>`, once (it consumes its
+// argument), and only unscaled gradients can be clipped or stepped with. Clipping scaled
+// gradients, unscaling twice and stepping twice do not compile.
+#pragma once
+
+#include <precis/config.hpp>
+#include <precis/scaling/unscale.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <ranges>
+#include <span>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+namespace precis {
+
+/// A gradient tensor: a contiguous sized range of float, bfloat16 or float16.
+template <class T>
+concept gradient_tensor = std::ranges::contiguous_range<T> && std::ranges::sized_range<T> &&
+                          gradient_element<std::ranges::range_value_t<T>>;
+
+/// How precis reaches the tensors of a gradient container `G`: `for_each(g, f)` calls
+/// `f(std::span<T>)` for each tensor, and `for_each_pair(a, b, f)` calls `f(span_a,
+/// span_b)` for corresponding tensors of two containers of the same shape. The default
+/// handles one tensor, a range of tensors (e.g. `std::vector<std::vector<bfloat16>>`),
+/// and tuples of those; specialise it for other containers.
+template <class G>
+struct gradient_access {
+  template <class F>
+  static void for_each(G& g, F&& f) {
+    if constexpr (gradient_tensor<G>) {
+      using T = std::ranges::range_value_t<G>;
+      f(std::span<T>(std::ranges::data(g), std::ranges::size(g)));
+    } else if constexpr (std::ranges::range<G>) {
+      for (auto& t : g) gradient_access<std::remove_reference_t<decltype(t)>>::for_each(t, f);
+    } else {
+      std::apply(
+          [&](auto&... parts) {
+            (gradient_access<std::remove_reference_t<decltype(parts)>>::for_each(parts, f), ...);
+          },
+          g);
+    }
+  }
+
+  template <class F>
+  static void for_each_pair(G& a, G& b, F&& f) {
+    if constexpr (gradient_tensor<G>) {
+      using T = std::ranges::range_value_t<G>;
+      if (std::ranges::size(a) != std::ranges::size(b)) {
+        throw error("precis: gradient tensors of " + std::to_string(std::ranges::size(a)) +
+                    " and " + std::to_string(std::ranges::size(b)) + " elements do not match");
+      }
+      f(std::span<T>(std::ranges::data(a), std::ranges::size(a)),
+        std::span<T>(std::ranges::data(b), std::ranges::size(b)));
+    } else if constexpr (std::ranges::range<G>) {
+      if (std::ranges::size(a) != std::ranges::size(b)) {
+        throw error("precis: gradient containers of " + std::to_string(std::ranges::size(a)) +
+                    " and " + std::to_string(std::ranges::size(b)) + " tensors do not match");
+      }
+      auto ib = std::ranges::begin(b);
+      for (auto& t : a) {
+        gradient_access<std::remove_reference_t<decltype(t)>>::for_each_pair(t, *ib, f);
+        ++ib;
+      }
+    } else {
+      [&]<std::size_t... I>(std::index_sequence<I...>) {
+        (gradient_access<std::remove_reference_t<decltype(std::get<I>(a))>>::for_each_pair(
+             std::get<I>(a), std::get<I>(b), f),
+         ...);
+      }(std::make_index_sequence<std::tuple_size_v<G>>{});
+    }
+  }
+};
+
+/// A gradient container precis can walk (see gradient_access).
+template <class G>
+concept gradients = requires(G& g) {
+  gradient_access<G>::for_each(g, [](auto) {});
+};
+
+template <gradients G>
+class unscaled;
+
+/// Gradients of a loss multiplied by `scale()`. Obtained from a scaler
+/// (`scaler.scaled(std::move(grads))`) or from a backward pass of a scaled loss.
+/// Micro-batches accumulate with `+=` before the single unscale at the boundary.
+template <gradients G>
+class scaled {
+ public:
+  /// Wraps gradients computed from a loss multiplied by `scale`.
+  scaled(G grads, float scale) : grads_(std::move(grads)), scale_(scale) {
+    if (!(scale > 0.0f) || !std::isfinite(scale)) {
+      throw error("precis::scaled: the loss scale must be finite and positive, got " +
+                  std::to_string(scale));
+    }
+  }
+  scaled(scaled&& other) noexcept
+      : grads_(std::move(other.grads_)), scale_(other.scale_), consumed_(other.consumed_) {
+    other.consumed_ = true;
+  }
+  scaled& operator=(scaled&& other) noexcept {
+    grads_ = std::move(other.grads_);
+    scale_ = other.scale_;
+    consumed_ = other.consumed_;
+    other.consumed_ = true;
+    return *this;
+  }
+  scaled(const scaled&) = delete;  // a copy could be unscaled twice
+  scaled& operator=(const scaled&) = delete;
+
+  /// The scale these gradients are multiplied by.
+  float scale() const { return scale_; }
+  /// The scaled values, read-only (for inspection; they are scale() times too large).
+  const G& values() const { return grads_; }
+
+  /// Adds a further micro-batch's scaled gradients, computed with the same scale
+  /// (elementwise, in float, rounded once to the gradient type).
+  scaled& accumulate(scaled&& other) {
+    require_live("accumulate into");
+    other.require_live("accumulate");
+    if (other.scale_ != scale_) {
+      throw error("precis::scaled: accumulating gradients scaled by " + std::to_string(other.scale_) +
+                  " into gradients scaled by " + std::to_string(scale_) +
+                  "; the scale must not change within an accumulation window");
+    }
+    gradient_access<G>::for_each_pair(grads_, other.grads_, [](auto into, auto from) {
+      using T = typename decltype(into)::value_type;
+      for (std::size_t i = 0; i < into.size(); ++i) into[i] = T(float(into[i]) + float(from[i]));
+    });
+    other.consumed_ = true;
+    return *this;
+  }
+
+ private:
+  template <gradients H>
+  friend unscaled<H> unscale(scaled<H>&&);
+
+  void require_live(const char* what) const {
+    if (consumed_) {
+      throw error(std::string("precis::scaled: cannot ") + what +
+                  " gradients that were moved from or already unscaled");
+    }
+  }
+
+  G grads_;
+  float scale_;
+  bool consumed_ = false;
+};
+
+/// Gradients at their true magnitude, with whether unscaling found an infinity or NaN.
+template <gradients G>
+class unscaled {
+ public:
+  unscaled(unscaled&& other) noexcept
+      : grads_(std::move(other.grads_)), found_inf_(other.found_inf_), consumed_(other.consumed_) {
+    other.consumed_ = true;
+  }
+  unscaled& operator=(unscaled&& other) noexcept {
+    grads_ = std::move(other.grads_);
+    found_inf_ = other.found_inf_;
+    consumed_ = other.consumed_;
+    other.consumed_ = true;
+    return *this;
+  }
+  unscaled(const unscaled&) = delete;  // a copy could be stepped with twice
+  unscaled& operator=(const unscaled&) = delete;
+
+  /// True when some gradient is infinite or NaN: the step will be skipped.
+  bool found_inf() const { return found_inf_; }
+  /// The gradients.
+  G& values() { return grads_; }
+  const G& values() const { return grads_; }
+  /// True once the gradients were stepped with or moved from.
+  bool consumed() const { return consumed_; }
+
+  /// Takes the gradients out (ending their use for a step).
+  G release() && {
+    consumed_ = true;
+    return std::move(grads_);
+  }
+
+ private:
+  template <gradients H>
+  friend unscaled<H> unscale(scaled<H>&&);
+  unscaled(G grads, bool found_inf) : grads_(std::move(grads)), found_inf_(found_inf) {}
+
+  G grads_;
+  bool found_inf_;
+  bool consumed_ = false;
+};
+
+namespace detail {
+template <class T>
+inline constexpr bool dependent_false_v = false;
+}  // namespace detail
+
+/// Divides the gradients by their scale in one fused pass per tensor and records whether
+/// any is infinite or NaN. Consumes the scaled gradients: they cannot be unscaled twice.
+template <gradients G>
+unscaled<G> unscale(scaled<G>&& g) {
+  g.require_live("unscale");
+  const float inv = 1.0f / g.scale_;
+  bool found = false;
+  gradient_access<G>::for_each(g.grads_, [&](auto span) { found |= unscale_and_check(span, inv); });
+  g.consumed_ = true;
+  return unscaled<G>(std::move(g.grads_), found);
+}
+
+template <gradients G>
+void unscale(scaled<G>&) {
+  static_assert(detail::dependent_false_v<G>,
+                "precis: unscale() consumes the scaled gradients; pass std::move(grads). Keeping "
+                "them would let them be unscaled twice, dividing by the scale twice");
+}
+
+template <gradients G>
+void unscale(unscaled<G>&&) {
+  static_assert(detail::dependent_false_v<G>,
+                "precis: these gradients are already unscaled; unscale() once per optimizer "
+                "step, at the end of gradient accumulation");
+}
+template <gradients G>
+void unscale(unscaled<G>&) {
+  static_assert(detail::dependent_false_v<G>,
+                "precis: these gradients are already unscaled; unscale() once per optimizer "
+                "step, at the end of gradient accumulation");
+}
+
+/// The L2 norm of all gradients together, accumulated in double.
+template <gradients G>
+double grad_norm(const unscaled<G>& g) {
+  double sum = 0.0;
+  gradient_access<G>::for_each(const_cast<G&>(g.values()), [&](auto span) {
+    for (auto v : span) sum += double(float(v)) * double(float(v));
+  });
+  return std::sqrt(sum);
+}
+
+/// Scales the gradients so that their joint L2 norm is at most `max_norm`; returns the
+/// norm before clipping. A non-finite norm leaves them unchanged (that step is skipped).
+template <gradients G>
+double clip_grad_norm(unscaled<G>& g, double max_norm) {
+  if (!(max_norm > 0.0)) throw error("precis::clip_grad_norm: max_norm must be positive");
+  const double norm = grad_norm(g);
+  if (!std::isfinite(norm) || norm <= max_norm) return norm;
+  const float factor = static_cast<float>(max_norm / (norm + 1e-6));
+  gradient_access<G>::for_each(g.values(), [&](auto span) {
+    using T = typename decltype(span)::value_type;
+    for (auto& v : span) v = T(float(v) * factor);
+  });
+  return norm;
+}
+
+/// Clamps every gradient to [-clip_value, clip_value].
+template <gradients G>
+void clip_grad_value(unscaled<G>& g, float clip_value) {
+  if (!(clip_value > 0.0f)) throw error("precis::clip_grad_value: clip_value must be positive");
+  gradient_access<G>::for_each(g.values(), [&](auto span) {
+    using T = typename decltype(span)::value_type;
+    const T hi(clip_value), lo(-clip_value);
+    for (auto& v : span) v = float(v) > float(hi) ? hi : (float(v) < float(lo) ? lo : v);
+  });
+}
+
+template <gradients G>
+void clip_grad_norm(scaled<G>&, double) {
+  static_assert(detail::dependent_false_v<G>,
+                "precis: clip the gradients after unscale(); these are still multiplied by the "
+                "loss scale, so max_norm would be compared with a norm scale times too large");
+}
+template <gradients G>
+void clip_grad_value(scaled<G>&, float) {
+  static_assert(detail::dependent_false_v<G>,
+                "precis: clip the gradients after unscale(); these are still multiplied by the "
+                "loss scale, so the clip value would cut them scale times too early");
+}
+
+}  // namespace precis
