@@ -105,7 +105,8 @@ PRECIS_HOST_DEVICE constexpr typename F::storage_type encode(Src x,
     // float -> bfloat16 keeps the exponent: add just under half an ulp, plus the kept
     // lowest bit (ties to even), and take the upper half. A carry out of the largest
     // finite value lands on infinity, as it should.
-    const std::uint32_t u = __builtin_bit_cast(std::uint32_t, x);
+    // The source type spelled dependently: nvcc 13 fails on a non-dependent one here.
+    const std::uint32_t u = __builtin_bit_cast(typename S::storage_type, x);
     const std::uint32_t rounded = (u + 0x7FFFU + ((u >> 16) & 1U)) >> 16;
     return (u & 0x7FFFFFFFU) > 0x7F800000U ? F::quiet_nan_bits : out_t(rounded);
   } else {

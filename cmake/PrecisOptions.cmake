@@ -1,0 +1,38 @@
+# Build options and helpers for the targets built in this tree (tests, benchmarks,
+# examples). Nothing here is installed or reaches the consumers of precis::precis.
+include_guard(GLOBAL)
+include(CheckCXXCompilerFlag)
+
+option(PRECIS_WERROR "Treat warnings as errors in precis's own targets" OFF)
+option(PRECIS_SANITIZE "Build precis's own C++ targets with ASan and UBSan" OFF)
+option(PRECIS_NATIVE "Build the benchmarks for this machine's processor (-march=native)" ON)
+
+# precis_set_warnings(<target>)
+# The warning set the library headers are held to, for C++ sources only. CUDA sources
+# get none: nvcc's host pass would report them for CUDA's own headers as well.
+function(precis_set_warnings target)
+  set(gnu_warnings -Wall -Wextra -Wpedantic -Wconversion -Wsign-conversion -Wshadow)
+  if(PRECIS_WERROR)
+    list(APPEND gnu_warnings -Werror)
+  endif()
+  set(msvc_warnings /W4 /permissive-)
+  if(PRECIS_WERROR)
+    list(APPEND msvc_warnings /WX)
+  endif()
+  target_compile_options(${target} PRIVATE
+    "$<$<COMPILE_LANG_AND_ID:CXX,GNU,Clang,AppleClang>:${gnu_warnings}>"
+    "$<$<COMPILE_LANG_AND_ID:CXX,MSVC>:${msvc_warnings}>")
+endfunction()
+
+# precis_set_native(<target>)
+# -march=native for the C++ sources of <target> when PRECIS_NATIVE is ON and the compiler
+# takes it. For benchmarks, which measure this machine; tests stay portable.
+function(precis_set_native target)
+  if(NOT PRECIS_NATIVE)
+    return()
+  endif()
+  check_cxx_compiler_flag(-march=native PRECIS_CXX_HAS_MARCH_NATIVE)
+  if(PRECIS_CXX_HAS_MARCH_NATIVE)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-march=native>)
+  endif()
+endfunction()

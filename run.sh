@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# Builds, tests and packages precis. Each command first installs what is missing
+# (Debian/Ubuntu packages; Conan for `package`).
+#
+#   ./run.sh test       g++ Release build in build/gcc, warnings are errors, CTest
+#   ./run.sh demo       builds and runs the demo (precis_demo); arguments are passed on
+#   ./run.sh clang      as test, with clang++ in build/clang
+#   ./run.sh sanitize   ASan + UBSan build of the host tests in build/asan, CTest
+#   ./run.sh cuda       PRECIS_CUDA=ON in build/cuda: every CUDA unit compiled and linked
+#                       with nvcc, CTest (tests labelled gpu are skipped without a GPU)
+#   ./run.sh package    install to build/install-prefix, build tests/consumer against it,
+#                       conan create with boost and xtensor taken from the system
+#   ./run.sh ci         test, clang, sanitize, cuda, package
+#
+# CTest labels: `gpu` needs a GPU (exits 77 without one, reported as skipped);
+# `slow` and `compile_fail` are left out of the sanitizer run, which adds nothing to
+# them. JOBS (default 2) sets build and test parallelism.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$ROOT"
+JOBS="${JOBS:-2}"
+export DEBIAN_FRONTEND=noninteractive
+
+PACKAGES=(cmake g++ clang libboost-dev xtensor-dev doctest-dev libopenblas-dev libdnnl-dev
+          gnuplot-nox python3-pip)
+
+log() { printf '\n\033[1m-- %s\033[0m\n' "$*"; }
+die() { printf 'run.sh: %s\n' "$*" >&2; exit 1; }
+
+as_root() {
+  if [[ "$(id -u)" -eq 0 ]]; then "$@"; else sudo "$@"; fi
+}
+
+install_packages() {
+  if ! command -v dpkg-query >/dev/null || ! command -v apt-get >/dev/null; then
+    printf 'run.sh: not a Debian system; make sure these are installed: %s\n' \
+      "${PACKAGES[*]}" >&2
+    return
+  fi
+  local missing=() p
+  for p in "${PACKAGES[@]}"; do
+    # dpkg -s also succeeds for removed packages whose configuration is left.
+    [[ "$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null)" == installed ]] ||
+      missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    log "installing ${missing[*]}"
+    as_root apt-get update
+    as_root env DEBIAN_FRONTEND=noninteractive \
+      apt-get install -y --no-install-recommends "${missing[@]}"
+  fi
+}
+
+install_conan() {
+  command -v conan >/dev/null && return
+  log "installing conan"
+  export PATH="$HOME/.local/bin:$PATH"
+  # Debian's Python refuses user installs unless told (PEP 668).
+  python3 -m pip install --user conan ||
+    python3 -m pip install --user --break-system-packages conan
+  command -v conan >/dev/null || die "conan was installed but is not on PATH"
+}
+
+# configure <build dir> <C++ compiler> <build type> [cmake args...]
+configure() {
+  local dir="$1" cxx="$2" type="$3"
+  shift 3
+  command -v "$cxx" >/dev/null || die "$cxx not found"
+  cmake -S . -B "$dir" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE="$type" "$@"
+}
+
+build() {
+  local dir="$1"
+  shift
+  cmake --build "$dir" --parallel "$JOBS" "$@"
+}
+
+run_ctest() {
+  local dir="$1"
+  shift
+  ctest --test-dir "$dir" --output-on-failure --no-tests=error -j "$JOBS" "$@"
+}
+
+# The host stages leave CUDA off so that only the cuda stage spends time in nvcc.
+configure_gcc() {
+  configure build/gcc g++ Release -DPRECIS_WERROR=ON -DPRECIS_CUDA=OFF
+}
+
+cmd_test() {
+  configure_gcc
+  build build/gcc
+  run_ctest build/gcc
+}
+
+cmd_clang() {
+  configure build/clang clang++ Release -DPRECIS_WERROR=ON -DPRECIS_CUDA=OFF
+  build build/clang
+  run_ctest build/clang
+}
+
+cmd_demo() {
+  configure_gcc
+  grep -q '/precis_demo\.dir$' build/gcc/CMakeFiles/TargetDirectories.txt ||
+    die "there is no precis_demo target (examples/CMakeLists.txt defines it)"
+  build build/gcc --target precis_demo
+  local exe
+  exe="$(find build/gcc -type f -name precis_demo -perm -u+x -print -quit)"
+  [[ -n "$exe" ]] || die "precis_demo was built but not found under build/gcc"
+  "$exe" "$@"
+}
+
+cmd_sanitize() {
+  # Warnings are checked by the test and clang stages; GCC's warnings under
+  # -fsanitize are known to have false positives.
+  configure build/asan g++ RelWithDebInfo -DPRECIS_SANITIZE=ON -DPRECIS_CUDA=OFF \
+    -DPRECIS_BUILD_BENCH=OFF -DPRECIS_WERROR=OFF
+  build build/asan
+  ASAN_OPTIONS="${ASAN_OPTIONS:-detect_stack_use_after_return=1:strict_string_checks=1}" \
+  UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1}" \
+    run_ctest build/asan -LE '^(gpu|slow|compile_fail)$'
+}
+
+cmd_cuda() {
+  configure build/cuda g++ Release -DPRECIS_WERROR=ON -DPRECIS_CUDA=ON
+  build build/cuda
+  run_ctest build/cuda
+}
+
+cmd_package() {
+  local prefix="$ROOT/build/install-prefix"
+  log "install to $prefix"
+  rm -rf "$prefix" build/consumer
+  configure build/package g++ Release -DPRECIS_CUDA=OFF -DPRECIS_BUILD_TESTS=OFF \
+    -DPRECIS_BUILD_BENCH=OFF -DPRECIS_BUILD_EXAMPLES=OFF -DPRECIS_INSTALL=ON
+  cmake --install build/package --prefix "$prefix"
+
+  log "tests/consumer against the installed tree"
+  cmake -S tests/consumer -B build/consumer -DCMAKE_CXX_COMPILER=g++ \
+    -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix"
+  grep -q "^precis_DIR:PATH=$prefix/" build/consumer/CMakeCache.txt ||
+    die "tests/consumer found a precis other than the one in $prefix"
+  build build/consumer
+  run_ctest build/consumer
+
+  log "conan create (boost and xtensor from the system)"
+  install_conan
+  # A Conan home of its own keeps CI independent of the user's profiles and cache.
+  export CONAN_HOME="$ROOT/build/conan-home"
+  conan profile detect --exist-ok
+  # --no-remote: everything comes from this checkout and the system.
+  conan create . -pr:a cmake/conan/system-profile --build=missing --no-remote \
+    -c tools.build:jobs="$JOBS"
+}
+
+cmd_ci() {
+  local stages=(test clang sanitize cuda package) i=0 t
+  ci_start=$SECONDS ci_stage=""
+  trap '[[ $? -eq 0 ]] || printf "\n\033[1m==== %s FAILED (%ds into ci) ====\033[0m\n" \
+    "$ci_stage" $((SECONDS - ci_start)) >&2' EXIT
+  for ci_stage in "${stages[@]}"; do
+    i=$((i + 1))
+    printf '\n\033[1m==== [%d/%d] %s ====\033[0m\n' "$i" "${#stages[@]}" "$ci_stage"
+    t=$SECONDS
+    "cmd_$ci_stage"
+    printf '\033[1m==== %s passed in %ds ====\033[0m\n' "$ci_stage" $((SECONDS - t))
+  done
+  printf '\n\033[1m==== ci passed: %s in %dm%02ds ====\033[0m\n' "${stages[*]}" \
+    $(((SECONDS - ci_start) / 60)) $(((SECONDS - ci_start) % 60))
+}
+
+usage() {
+  sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+}
+
+command="${1:-}"
+case "$command" in
+  test | demo | clang | sanitize | cuda | package | ci)
+    shift
+    install_packages
+    "cmd_$command" "$@"
+    ;;
+  -h | --help | help) usage ;;
+  *)
+    usage >&2
+    exit 2
+    ;;
+esac
