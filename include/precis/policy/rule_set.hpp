@@ -29,8 +29,10 @@ struct with_waivers<Base, rule_list<Rules...>> {
 /// The policy operation kind `Op` runs under when given policy `P`:
 /// - matmul and conv: `P` as it is;
 /// - the fp32-rule kinds (exp, log, pow, softmax, log_softmax, logsumexp, the norms, losses,
-///   reductions): compute and accumulate at least fp32 when `P` is a map's default
-///   (`Promote`); an explicit override is taken as written and checked (rule c);
+///   reductions): compute and accumulate at least fp32 (`Promote`: a map's default and a
+///   kernel's policy are promoted; a map's explicit override is taken as written and
+///   checked, rule c). A policy that waives rule::fp32_operation is never promoted: the
+///   waiver says its types apply to these kinds too;
 /// - every kind but matmul and conv: float8 storage and gradients become `P`'s compute
 ///   type, since float8 is a format for matrix-product inputs (bfloat16 in
 ///   presets::fp8_hybrid).
@@ -38,7 +40,7 @@ struct with_waivers<Base, rule_list<Rules...>> {
 template <op_kind Op, Policy P, bool Promote = true>
 struct apply_rules {
  private:
-  static constexpr bool fp32 = Op::fp32_rule && Promote;
+  static constexpr bool fp32 = Op::fp32_rule && Promote && !waives_v<P, rule::fp32_operation>;
   static constexpr bool leave_fp8 = !is_gemm_like_v<Op>;
   using C = typename P::compute_type;
   using S = typename P::storage_type;

@@ -1,0 +1,64 @@
+// precis/kernels/common.hpp: how kernels read a policy. Shared by every kernel family.
+//
+// A kernel for operation kind Op under policy P runs under apply_rules_t<Op, P> (the
+// default rule set): inputs arrive in their tensors' element types, arithmetic is done in
+// `opmath_t` of the compute type (float for float16, bfloat16, float8 and tfloat32, as
+// GPUs do), sums are kept in the accumulate type (rounded after every addition when that
+// type is narrower than float, so an unsafe float16 accumulator behaves as one), and each
+// output element is rounded once to its tensor's element type.
+#pragma once
+
+#include <precis/numeric/numeric.hpp>
+#include <precis/policy/policy.hpp>
+
+#include <type_traits>
+
+namespace precis {
+
+/// The policy a kernel of kind Op runs under when called with policy P.
+template <op_kind Op, Policy P>
+using kernel_policy_t = apply_rules_t<Op, P>;
+
+/// The built-in type arithmetic of compute type T is carried out in: T itself when it is
+/// float or wider, float otherwise.
+template <class T>
+using opmath_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+/// A running sum kept in type Acc: exact float/double addition for those, and for a
+/// narrower Acc the sum rounded to Acc after every addition.
+template <class Acc>
+class accumulator {
+ public:
+  using value_type = opmath_t<Acc>;
+  PRECIS_HOST_DEVICE constexpr accumulator() = default;
+  PRECIS_HOST_DEVICE constexpr explicit accumulator(value_type v) : sum_(round(v)) {}
+  PRECIS_HOST_DEVICE constexpr void add(value_type x) { sum_ = round(sum_ + x); }
+  PRECIS_HOST_DEVICE constexpr value_type value() const { return sum_; }
+
+ private:
+  PRECIS_HOST_DEVICE static constexpr value_type round(value_type v) {
+    if constexpr (std::is_same_v<Acc, float> || std::is_same_v<Acc, double>) {
+      return v;
+    } else {
+      return value_type(Acc(v));
+    }
+  }
+  value_type sum_ = 0;
+};
+
+/// Rounds an opmath value once to the element type T of an output tensor.
+template <class T, class V>
+PRECIS_HOST_DEVICE constexpr T round_to(V v) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    return static_cast<T>(v);
+  } else {
+    return T(v);
+  }
+}
+
+/// An element type a kernel accepts: float, double or a precis format.
+template <class T>
+concept kernel_element = std::is_same_v<T, float> || std::is_same_v<T, double> ||
+                         detail::precis_format<T>;
+
+}  // namespace precis
