@@ -4,6 +4,7 @@
 #include <precis/numeric/numeric.hpp>
 
 #include "reference.hpp"
+#include "random.hpp"
 
 #include <doctest/doctest.h>
 
@@ -32,14 +33,7 @@ constexpr ref_overflow ref_of(overflow o) {
   return o == overflow::saturate ? ref_overflow::saturate : ref_overflow::infinity;
 }
 
-std::mt19937_64& rng() {
-  static std::mt19937_64 g = [] {
-    const auto seed = std::random_device{}();
-    MESSAGE("random seed " << seed);
-    return std::mt19937_64(seed);
-  }();
-  return g;
-}
+using precis_test::rng;
 
 /// Doubles where rounding through float first gives a different answer than rounding
 /// once: a midpoint m nudged by much less than a float ulp rounds to m in float, which

@@ -2,6 +2,8 @@
 // inputs), accumulation over micro-batches, clipping after unscaling.
 #include <precis/scaling/scaling.hpp>
 
+#include "random.hpp"
+
 #include <doctest/doctest.h>
 
 #include <bit>
@@ -17,14 +19,7 @@ namespace {
 using precis::bfloat16;
 using precis::float16;
 
-std::mt19937& rng() {
-  static std::mt19937 g = [] {
-    const auto seed = std::random_device{}();
-    MESSAGE("random seed " << seed);
-    return std::mt19937(seed);
-  }();
-  return g;
-}
+using precis_test::rng;
 
 template <class T>
 std::vector<T> random_values(std::size_t n, float spread) {

@@ -103,6 +103,12 @@ class scaler_base {
   /// The reducer that combines found-inf flags across processes.
   Reducer& reducer_object() { return reducer_; }
 
+  // What a scaler that never changes its scale does; dynamic_scaler hides these.
+  bool at_minimum() const { return false; }
+  void update(bool) {}
+  void after_step(const step_result&) {}
+  std::string validate() const { return {}; }
+
  protected:
   const Derived& self() const { return static_cast<const Derived&>(*this); }
   Derived& self() { return static_cast<Derived&>(*this); }
@@ -157,14 +163,10 @@ class basic_no_scaling : public detail::scaler_base<basic_no_scaling<Reducer>, R
   static constexpr std::string_view kind = "no_scaling";
   using detail::scaler_base<basic_no_scaling, Reducer>::scaler_base;
   float scale() const { return 1.0f; }
-  bool at_minimum() const { return false; }
-  void update(bool) {}
-  void after_step(const step_result&) {}
   template <class Archive>
   void visit_state(Archive& a) {
     detail::visit_common_state(a, *this);
   }
-  std::string validate() const { return {}; }
 };
 using no_scaling = basic_no_scaling<>;
 
@@ -179,9 +181,6 @@ class basic_static_scaler : public detail::scaler_base<basic_static_scaler<Reduc
     if (auto e = validate(); !e.empty()) throw error("precis::static_scaler: " + e);
   }
   float scale() const { return scale_; }
-  bool at_minimum() const { return false; }
-  void update(bool) {}
-  void after_step(const step_result&) {}
   template <class Archive>
   void visit_state(Archive& a) {
     detail::visit_common_state(a, *this);

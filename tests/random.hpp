@@ -1,0 +1,20 @@
+// One random generator per test executable, seeded afresh each run; the seed is printed
+// so that a failure can be replayed.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <random>
+
+namespace precis_test {
+
+inline std::mt19937_64& rng() {
+  static std::mt19937_64 g = [] {
+    const auto seed = std::random_device{}();
+    MESSAGE("random seed " << seed);
+    return std::mt19937_64(seed);
+  }();
+  return g;
+}
+
+}  // namespace precis_test
