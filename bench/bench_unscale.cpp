@@ -2,7 +2,7 @@
 // float16 storage), against a memcpy of the same bytes, in one run.
 //
 //   bench_unscale [--csv out.csv] [--n elements] [--tensors count]
-#include <precis/scaling/unscale.hpp>
+#include <precis/kernels/unscale.hpp>
 
 #include "common.hpp"
 

@@ -7,7 +7,7 @@
 #pragma once
 
 #include <precis/config.hpp>
-#include <precis/scaling/unscale.hpp>
+#include <precis/kernels/unscale.hpp>
 
 #include <cmath>
 #include <cstddef>

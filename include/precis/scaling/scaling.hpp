@@ -7,4 +7,4 @@
 #include <precis/scaling/gradients.hpp>
 #include <precis/scaling/reducer.hpp>
 #include <precis/scaling/scalers.hpp>
-#include <precis/scaling/unscale.hpp>
+#include <precis/kernels/unscale.hpp>

@@ -1,0 +1,64 @@
+// precis/cuda_error.hpp: every CUDA, cuBLAS(Lt) and cuDNN call is checked; a failure
+// throws precis::cuda_error naming the call, the library's status string and where it was
+// made. Available when CUDA's headers are (PRECIS_CUDA=1 or nvcc).
+#pragma once
+
+#include <precis/config.hpp>
+
+#include <source_location>
+#include <string>
+#include <string_view>
+
+#if PRECIS_CUDA
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+#endif
+
+namespace precis {
+
+/// A failed CUDA, cuBLAS or cuDNN call: what() holds the call, its status and the source
+/// location; status() the numeric status.
+class cuda_error : public error {
+ public:
+  cuda_error(std::string_view call, int status, std::string_view status_text,
+             const std::source_location& where)
+      : error(std::string(call) + " failed: " + std::string(status_text) + " (status " +
+              std::to_string(status) + ") at " + where.file_name() + ":" +
+              std::to_string(where.line())),
+        status_(status) {}
+  int status() const { return status_; }
+
+ private:
+  int status_;
+};
+
+#if PRECIS_CUDA
+
+/// Checks a CUDA runtime status: `check(cudaMalloc(&p, n), "cudaMalloc")`.
+inline void check(cudaError_t status, std::string_view call,
+                  const std::source_location& where = std::source_location::current()) {
+  if (status != cudaSuccess) {
+    throw cuda_error(call, static_cast<int>(status), cudaGetErrorString(status), where);
+  }
+}
+
+/// Checks a cuBLAS / cuBLASLt status.
+inline void check(cublasStatus_t status, std::string_view call,
+                  const std::source_location& where = std::source_location::current()) {
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    throw cuda_error(call, static_cast<int>(status), cublasLtGetStatusString(status), where);
+  }
+}
+
+/// Checks a cuDNN status.
+inline void check(cudnnStatus_t status, std::string_view call,
+                  const std::source_location& where = std::source_location::current()) {
+  if (status != CUDNN_STATUS_SUCCESS) {
+    throw cuda_error(call, static_cast<int>(status), cudnnGetErrorString(status), where);
+  }
+}
+
+#endif
+
+}  // namespace precis

@@ -1,0 +1,97 @@
+// precis/kernels/cuda_context.hpp: what device kernels run with: a stream, the cuBLASLt and cuDNN
+// handles, and a reusable workspace, all owned by one object the user holds (no globals).
+#pragma once
+
+#include <precis/config.hpp>
+#include <precis/cuda_error.hpp>
+
+#include <cstddef>
+#include <utility>
+
+#if PRECIS_CUDA
+
+namespace precis {
+
+/// Runs kernels on one CUDA device and stream. Creating it creates a stream and the
+/// library handles; destroying it synchronises the stream and releases them. Move-only.
+class cuda_context {
+ public:
+  /// A context on `device` with its own non-blocking stream.
+  explicit cuda_context(int device = 0) : device_(device) {
+    check(cudaSetDevice(device), "cudaSetDevice");
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    try {
+      check(cublasLtCreate(&blas_), "cublasLtCreate");
+      check(cudnnCreate(&dnn_), "cudnnCreate");
+      check(cudnnSetStream(dnn_, stream_), "cudnnSetStream");
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  cuda_context(cuda_context&& o) noexcept { swap(o); }
+  cuda_context& operator=(cuda_context&& o) noexcept {
+    if (this != &o) {
+      release();
+      swap(o);
+    }
+    return *this;
+  }
+  cuda_context(const cuda_context&) = delete;
+  cuda_context& operator=(const cuda_context&) = delete;
+  ~cuda_context() { release(); }
+
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+  cublasLtHandle_t blas_lt() const { return blas_; }
+  cudnnHandle_t dnn() const { return dnn_; }
+
+  /// A device workspace of at least `bytes`, kept and grown across calls (stream-ordered).
+  void* workspace(std::size_t bytes) {
+    if (bytes > workspace_bytes_) {
+      if (workspace_) check(cudaFreeAsync(workspace_, stream_), "cudaFreeAsync");
+      workspace_ = nullptr;
+      workspace_bytes_ = 0;
+      check(cudaMallocAsync(&workspace_, bytes, stream_), "cudaMallocAsync");
+      workspace_bytes_ = bytes;
+    }
+    return workspace_;
+  }
+
+  /// Waits for everything queued on the stream.
+  void synchronize() const { check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+
+ private:
+  void swap(cuda_context& o) noexcept {
+    std::swap(device_, o.device_);
+    std::swap(stream_, o.stream_);
+    std::swap(blas_, o.blas_);
+    std::swap(dnn_, o.dnn_);
+    std::swap(workspace_, o.workspace_);
+    std::swap(workspace_bytes_, o.workspace_bytes_);
+  }
+  // Destruction cannot throw: statuses are ignored here, the stream is drained first.
+  void release() noexcept {
+    if (stream_) (void)cudaStreamSynchronize(stream_);
+    if (workspace_) (void)cudaFree(workspace_);
+    if (dnn_) (void)cudnnDestroy(dnn_);
+    if (blas_) (void)cublasLtDestroy(blas_);
+    if (stream_) (void)cudaStreamDestroy(stream_);
+    workspace_ = nullptr;
+    dnn_ = nullptr;
+    blas_ = nullptr;
+    stream_ = nullptr;
+    workspace_bytes_ = 0;
+  }
+
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t blas_ = nullptr;
+  cudnnHandle_t dnn_ = nullptr;
+  void* workspace_ = nullptr;
+  std::size_t workspace_bytes_ = 0;
+};
+
+}  // namespace precis
+
+#endif

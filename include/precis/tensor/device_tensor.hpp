@@ -1,0 +1,113 @@
+// precis/tensor/device_tensor.hpp: tensors in GPU memory, with copies to and from host
+// tensors. Available when CUDA's headers are (PRECIS_CUDA=1 or nvcc).
+#pragma once
+
+#include <precis/config.hpp>
+#include <precis/cuda_error.hpp>
+#include <precis/tensor/host_tensor.hpp>
+
+#include <array>
+#include <cstddef>
+#include <numeric>
+#include <span>
+#include <utility>
+
+#if PRECIS_CUDA
+
+namespace precis {
+
+/// A dense row-major tensor of rank N in device memory, owning its allocation (RAII,
+/// move-only). With a stream, memory is allocated and freed in stream order
+/// (cudaMallocAsync / cudaFreeAsync); without one, with cudaMalloc / cudaFree.
+template <class T, std::size_t N>
+class device_tensor {
+ public:
+  using value_type = T;
+  using shape_type = std::array<std::size_t, N>;
+
+  device_tensor() = default;
+  /// Uninitialised device memory of the given shape.
+  explicit device_tensor(const shape_type& shape, cudaStream_t stream = nullptr)
+      : shape_(shape), stream_(stream) {
+    const std::size_t n = size();
+    if (n == 0) return;
+    if (stream_) {
+      check(cudaMallocAsync(reinterpret_cast<void**>(&data_), n * sizeof(T), stream_), "cudaMallocAsync");
+    } else {
+      check(cudaMalloc(reinterpret_cast<void**>(&data_), n * sizeof(T)), "cudaMalloc");
+    }
+  }
+  device_tensor(device_tensor&& o) noexcept { swap(o); }
+  device_tensor& operator=(device_tensor&& o) noexcept {
+    if (this != &o) {
+      reset();
+      swap(o);
+    }
+    return *this;
+  }
+  device_tensor(const device_tensor&) = delete;
+  device_tensor& operator=(const device_tensor&) = delete;
+  ~device_tensor() { reset(); }
+
+  const shape_type& shape() const { return shape_; }
+  std::size_t dimension() const { return N; }
+  std::size_t size() const {
+    return std::accumulate(shape_.begin(), shape_.end(), std::size_t(1), std::multiplies<>());
+  }
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  /// The elements as a span of device memory (not dereferenceable on the host).
+  std::span<T> span() { return {data_, size()}; }
+  std::span<const T> span() const { return {data_, size()}; }
+
+ private:
+  void swap(device_tensor& o) noexcept {
+    std::swap(shape_, o.shape_);
+    std::swap(data_, o.data_);
+    std::swap(stream_, o.stream_);
+  }
+  void reset() noexcept {
+    if (data_) {
+      if (stream_) {
+        (void)cudaFreeAsync(data_, stream_);
+      } else {
+        (void)cudaFree(data_);
+      }
+    }
+    data_ = nullptr;
+  }
+
+  shape_type shape_{};
+  T* data_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+};
+
+/// Copies a host tensor to a new device tensor (stream-ordered when a stream is given).
+template <class T, std::size_t N>
+device_tensor<T, N> to_device(const host_tensor<T, N>& h, cudaStream_t stream = nullptr) {
+  typename device_tensor<T, N>::shape_type shape{};
+  for (std::size_t i = 0; i < N; ++i) shape[i] = h.shape()[i];
+  device_tensor<T, N> d(shape, stream);
+  if (d.size() != 0) {
+    check(cudaMemcpyAsync(d.data(), h.data(), d.size() * sizeof(T), cudaMemcpyHostToDevice, stream),
+          "cudaMemcpyAsync");
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");  // h may go away
+  }
+  return d;
+}
+
+/// Copies a device tensor to a new host tensor, waiting for the copy.
+template <class T, std::size_t N>
+host_tensor<T, N> to_host(const device_tensor<T, N>& d, cudaStream_t stream = nullptr) {
+  host_tensor<T, N> h(d.shape());
+  if (d.size() != 0) {
+    check(cudaMemcpyAsync(h.data(), d.data(), d.size() * sizeof(T), cudaMemcpyDeviceToHost, stream),
+          "cudaMemcpyAsync");
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  }
+  return h;
+}
+
+}  // namespace precis
+
+#endif
