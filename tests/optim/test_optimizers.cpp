@@ -1,0 +1,152 @@
+// SGD and AdamW against float64 transcriptions of PyTorch's update rules, skipped steps,
+// the schedule, and checkpoints of optimizer state.
+#include <precis/optim/optim.hpp>
+#include <precis/scaling/scaling.hpp>
+
+#include "random.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <vector>
+
+namespace {
+
+using precis::bfloat16;
+using precis_test::rng;
+
+std::vector<float> random_floats(std::size_t n, float sd) {
+  std::normal_distribution<float> d(0.0f, sd);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng());
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("sgd with momentum follows PyTorch's rule (float64 reference)") {
+  for (bool nesterov : {false, true}) {
+    std::vector<float> w = random_floats(37, 1.0f), b = random_floats(5, 1.0f);
+    std::vector<double> rw(w.begin(), w.end()), rb(b.begin(), b.end());
+    std::vector<double> vw(w.size()), vb(b.size());
+    precis::sgd_options o{0.05f, 0.9f, 0.01f, nesterov};
+    precis::sgd opt({std::span<float>(w), std::span<float>(b)}, o);
+    for (int t = 0; t < 6; ++t) {
+      std::vector<std::vector<float>> g{random_floats(w.size(), 0.3f), random_floats(b.size(), 0.3f)};
+      auto ref = [&](std::vector<double>& p, std::vector<double>& v, const std::vector<float>& gr) {
+        for (std::size_t k = 0; k < p.size(); ++k) {
+          double d = double(gr[k]) + 0.01 * p[k];
+          v[k] = t == 0 ? d : 0.9 * v[k] + d;
+          d = nesterov ? d + 0.9 * v[k] : v[k];
+          p[k] -= 0.05 * d;
+        }
+      };
+      ref(rw, vw, g[0]);
+      ref(rb, vb, g[1]);
+      opt.step(g);
+    }
+    for (std::size_t k = 0; k < w.size(); ++k) CHECK(w[k] == doctest::Approx(rw[k]).epsilon(1e-5));
+    for (std::size_t k = 0; k < b.size(); ++k) CHECK(b[k] == doctest::Approx(rb[k]).epsilon(1e-5));
+    CHECK(opt.steps() == 6);
+  }
+}
+
+TEST_CASE("adamw follows PyTorch's rule (float64 reference), with bfloat16 gradients") {
+  std::vector<float> w = random_floats(101, 1.0f);
+  std::vector<double> rw(w.begin(), w.end()), m(w.size()), v(w.size());
+  precis::adamw_options o;
+  o.lr = 0.01f;
+  o.weight_decay = 0.1f;
+  precis::adamw opt({std::span<float>(w)}, o);
+  for (int t = 1; t <= 8; ++t) {
+    std::vector<bfloat16> g(w.size());
+    for (auto& x : g) x = bfloat16(random_floats(1, 0.5f)[0]);
+    for (std::size_t k = 0; k < w.size(); ++k) {
+      const double gk = float(g[k]);
+      rw[k] *= 1.0 - 0.01 * 0.1;
+      m[k] = 0.9 * m[k] + 0.1 * gk;
+      v[k] = 0.999 * v[k] + 0.001 * gk * gk;
+      const double mhat = m[k] / (1.0 - std::pow(0.9, t));
+      const double denom = std::sqrt(v[k]) / std::sqrt(1.0 - std::pow(0.999, t)) + 1e-8;
+      rw[k] -= 0.01 * mhat / denom;
+    }
+    opt.step(g);
+  }
+  for (std::size_t k = 0; k < w.size(); ++k) CHECK(w[k] == doctest::Approx(rw[k]).epsilon(1e-4));
+}
+
+TEST_CASE("a skipped step changes neither weights nor state, and the schedule waits") {
+  std::vector<float> w = random_floats(16, 1.0f);
+  precis::adamw opt({std::span<float>(w)});
+  precis::dynamic_scaler scaler;
+  precis::warmup_cosine schedule(1e-3f, 2, 10);
+  auto one_step = [&](bool poison) {
+    std::vector<float> g = random_floats(w.size(), 1.0f);
+    if (poison) g[3] = NAN;
+    for (auto& x : g) x *= scaler.scale();
+    const auto r = scaler.step(opt, scaler.scaled_gradients(std::move(g)));
+    schedule.advance(r.applied);
+    opt.set_lr(schedule.lr());
+    return r;
+  };
+  CHECK(one_step(false).applied);
+  const auto weights = w;
+  const auto state = precis::save_state(opt);
+  const auto r = one_step(true);
+  CHECK(!r.applied);
+  CHECK(w == weights);
+  CHECK(precis::save_state(opt) == state);
+  CHECK(opt.steps() == 1);
+  CHECK(schedule.step() == 1);
+  CHECK(one_step(false).applied);
+  CHECK(opt.steps() == 2);
+  CHECK(schedule.step() == 2);
+}
+
+TEST_CASE("warmup_cosine") {
+  precis::warmup_cosine s(1.0f, 4, 12, 0.1f);
+  CHECK(s.lr() == doctest::Approx(0.25));
+  for (int i = 0; i < 3; ++i) s.advance(true);
+  CHECK(s.lr() == doctest::Approx(1.0));
+  s.advance(false);
+  CHECK(s.step() == 3);
+  for (int i = 0; i < 9; ++i) s.advance(true);
+  CHECK(s.lr() == doctest::Approx(0.1));
+  CHECK_THROWS_AS(precis::warmup_cosine(1.0f, 5, 4), precis::error);
+}
+
+TEST_CASE("optimizer state survives a checkpoint and continues identically") {
+  std::vector<float> w1 = random_floats(20, 1.0f), w2 = w1;
+  precis::sgd a({std::span<float>(w1)}, {0.1f, 0.9f, 0.0f, false});
+  for (int t = 0; t < 3; ++t) {
+    std::vector<float> g = random_floats(20, 1.0f);
+    a.step(g);
+  }
+  w2 = w1;
+  precis::sgd b({std::span<float>(w2)});
+  precis::load_state(b, precis::save_state(a));
+  CHECK(b.steps() == 3);
+  CHECK(b.lr() == 0.1f);
+  std::vector<float> g = random_floats(20, 1.0f), g2 = g;
+  a.step(g);
+  b.step(g2);
+  CHECK(w1 == w2);
+  // A state for other parameter sizes is refused and changes nothing.
+  std::vector<float> other(7);
+  precis::sgd c({std::span<float>(other)});
+  const auto before = precis::save_state(c);
+  CHECK_THROWS_AS(precis::load_state(c, precis::save_state(a)), precis::error);
+  CHECK(precis::save_state(c) == before);
+}
+
+TEST_CASE("gradients that do not match the parameters are refused before any update") {
+  std::vector<float> w(4, 1.0f), b(2, 1.0f);
+  precis::sgd opt({std::span<float>(w), std::span<float>(b)}, {0.1f});
+  std::vector<std::vector<float>> wrong{std::vector<float>(4, 1.0f), std::vector<float>(3, 1.0f)};
+  CHECK_THROWS_WITH_AS(opt.step(wrong), doctest::Contains("gradient tensor 1 has 3 elements, the parameter has 2"),
+                       precis::error);
+  CHECK(w == std::vector<float>(4, 1.0f));
+  std::vector<std::vector<float>> few{std::vector<float>(4, 1.0f)};
+  CHECK_THROWS_AS(opt.step(few), precis::error);
+  CHECK_THROWS_AS(precis::sgd({std::span<float>(w)}, {0.1f, 0.0f, 0.0f, true}), precis::error);
+}
