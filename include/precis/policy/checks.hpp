@@ -35,10 +35,13 @@ template <class P>
 concept master_is_fp32 = at_least_as_wide_v<typename P::master_type, float> &&
                          at_least_as_wide_v<typename P::master_type, typename P::storage_type>;
 
-/// (d) The storage type holds the layer's declared activation bound.
+/// (d) The storage type holds the layer's declared activation bound. float8 storage with a
+/// scaling recipe is scaled into range per tensor, so the bound does not constrain it.
 template <class P, class Bound>
 concept holds_activation_bound =
     std::is_void_v<Bound> ||
+    (is_float8_v<typename P::storage_type> &&
+     !std::is_same_v<typename P::fp8_recipe, recipe::none>) ||
     double(float(std::numeric_limits<typename P::storage_type>::max())) >= Bound::value;
 
 /// (g) float8 matrix products have every dimension a multiple of 16.
