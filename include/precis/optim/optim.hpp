@@ -2,4 +2,5 @@
 // schedules.
 #pragma once
 
+#include <precis/optim/checkpoint_file.hpp>
 #include <precis/optim/optimizers.hpp>
