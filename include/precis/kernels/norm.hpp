@@ -1,0 +1,328 @@
+// precis/kernels/norm.hpp: layer norm and batch norm on host tensors, forward and
+// backward.
+//
+// Semantics (op::layer_norm, op::batch_norm: by default compute and accumulate in at least
+// float): means and variances are two-pass (the mean first, then the sum of squared
+// deviations, which does not cancel catastrophically as E[x^2] - E[x]^2 does), each sum one
+// running sum in the accumulate type; the saved statistics (mean and 1/sqrt(var + eps),
+// for the backward pass) and the running statistics are float or double tensors, never a
+// narrow format; each output element is rounded once. Work is split over rows (layer norm)
+// or channels (batch norm), never inside one sum, so results are identical for any thread
+// count.
+#pragma once
+
+#include <precis/kernels/common.hpp>
+#include <precis/kernels/context.hpp>
+#include <precis/kernels/cpu/support.hpp>
+#include <precis/tensor/host_tensor.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace precis {
+
+/// Element types statistics are kept in: float (the rule) or wider.
+template <class S>
+concept statistics_element = std::same_as<S, float> || std::same_as<S, double>;
+
+namespace detail {
+
+inline void check_eps(std::string_view name, double eps) {
+  check_argument(std::isfinite(eps) && eps >= 0, std::string(name) + ": eps",
+                 "must be finite and >= 0, is " + std::to_string(eps));
+}
+
+/// Mean and biased variance of n values, two-pass, each sum kept in Acc.
+template <class Acc, class M>
+std::pair<M, M> mean_and_variance(const M* v, std::size_t n) {
+  accumulator<Acc> s;
+  for (std::size_t j = 0; j < n; ++j) accumulate(s, v[j]);
+  const M mean = static_cast<M>(s.value()) / static_cast<M>(n);
+  accumulator<Acc> q;
+  for (std::size_t j = 0; j < n; ++j) accumulate(q, (v[j] - mean) * (v[j] - mean));
+  return {mean, static_cast<M>(q.value()) / static_cast<M>(n)};
+}
+
+/// x viewed as [batch, channels, inner] (inner: the product of the axes after the second).
+template <class X>
+std::array<std::size_t, 3> batch_norm_dims(const X& x) {
+  std::size_t inner = 1;
+  for (std::size_t i = 2; i < x.dimension(); ++i) inner *= std::size_t(x.shape()[i]);
+  return {std::size_t(x.shape()[0]), std::size_t(x.shape()[1]), inner};
+}
+
+/// Copies channel c of x ([batch, channels, inner]) into v, as M.
+template <class M, class X>
+void gather_channel(const X* x, const std::array<std::size_t, 3>& d, std::size_t c, M* v) {
+  for (std::size_t b = 0; b < d[0]; ++b) load_block(x + (b * d[1] + c) * d[2], v + b * d[2], d[2]);
+}
+
+/// Writes v (M) into channel c of out, rounding once.
+template <class M, class Y>
+void scatter_channel(const M* v, const std::array<std::size_t, 3>& d, std::size_t c, Y* out) {
+  for (std::size_t b = 0; b < d[0]; ++b) store_block(v + b * d[2], out + (b * d[1] + c) * d[2], d[2]);
+}
+
+}  // namespace detail
+
+/// Layer norm over the last axis (D elements): y = (x - mean) / sqrt(var + eps) * gamma +
+/// beta, var biased (divided by D), gamma and beta of shape [D]. Writes the statistics the
+/// backward pass needs: `mean` and `rstd` = 1 / sqrt(var + eps), of x's shape without the
+/// last axis. Throws precis::error (shapes named) before writing on any shape mismatch, an
+/// empty last axis, or a negative or non-finite eps.
+template <Policy P, kernel_element X, kernel_element G, kernel_element B, kernel_element Y,
+          statistics_element S, std::size_t N>
+  requires(N >= 1)
+void layer_norm(const cpu_context& ctx, const host_tensor<X, N>& x, const host_tensor<G, 1>& gamma,
+                const host_tensor<B, 1>& beta, host_tensor<Y, N>& y, host_tensor<S, N - 1>& mean,
+                host_tensor<S, N - 1>& rstd, double eps = 1e-5) {
+  using M = detail::math_t<op::layer_norm, P, X, G, B>;
+  using Acc = detail::accumulate_t<op::layer_norm, P>;
+  const std::array<std::size_t, 1> d{std::size_t(x.shape()[N - 1])};
+  check_shape("precis::layer_norm: gamma", gamma, d);
+  check_shape("precis::layer_norm: beta", beta, d);
+  check_shape("precis::layer_norm: y", y, detail::shape_array<N>(x));
+  check_shape("precis::layer_norm: mean", mean, detail::shape_without<N>(x, N - 1));
+  check_shape("precis::layer_norm: rstd", rstd, detail::shape_without<N>(x, N - 1));
+  detail::check_argument(d[0] > 0, "precis::layer_norm: x", "has an empty last axis");
+  detail::check_eps("precis::layer_norm", eps);
+  const std::size_t rows = detail::element_count(mean), cols = d[0];
+  std::vector<M> g(cols), bt(cols);
+  detail::load_block(gamma.data(), g.data(), cols);
+  detail::load_block(beta.data(), bt.data(), cols);
+  const M e = static_cast<M>(eps);
+  detail::for_rows(ctx, rows, cols, [&](std::size_t begin, std::size_t end) {
+    std::vector<M> v(cols);
+    for (std::size_t r = begin; r < end; ++r) {
+      detail::load_block(x.data() + r * cols, v.data(), cols);
+      const auto [mu, var] = detail::mean_and_variance<Acc>(v.data(), cols);
+      const M rs = M(1) / std::sqrt(var + e);
+      for (std::size_t j = 0; j < cols; ++j) v[j] = (v[j] - mu) * rs * g[j] + bt[j];
+      detail::store_block(v.data(), y.data() + r * cols, cols);
+      mean.data()[r] = static_cast<S>(mu);
+      rstd.data()[r] = static_cast<S>(rs);
+    }
+  });
+}
+
+/// Gradients of layer_norm from the saved `mean` and `rstd`: with xhat = (x - mean) rstd
+/// and g = dy gamma, dx = rstd (g - mean_j(g) - xhat mean_j(g xhat)); dgamma = sum over
+/// rows of dy xhat, dbeta = sum over rows of dy (one sum per column, in row order).
+template <Policy P, kernel_element DY, kernel_element X, kernel_element G, statistics_element S,
+          kernel_element DX, kernel_element DG, kernel_element DB, std::size_t N>
+  requires(N >= 1)
+void layer_norm_backward(const cpu_context& ctx, const host_tensor<DY, N>& dy, const host_tensor<X, N>& x,
+                         const host_tensor<G, 1>& gamma, const host_tensor<S, N - 1>& mean,
+                         const host_tensor<S, N - 1>& rstd, host_tensor<DX, N>& dx,
+                         host_tensor<DG, 1>& dgamma, host_tensor<DB, 1>& dbeta) {
+  using M = detail::math_t<op::layer_norm, P, DY, X, G>;
+  using Acc = detail::accumulate_t<op::layer_norm, P>;
+  const std::array<std::size_t, 1> d{std::size_t(x.shape()[N - 1])};
+  check_same_shape("precis::layer_norm_backward: dy and x", dy, x);
+  check_shape("precis::layer_norm_backward: gamma", gamma, d);
+  check_shape("precis::layer_norm_backward: mean", mean, detail::shape_without<N>(x, N - 1));
+  check_shape("precis::layer_norm_backward: rstd", rstd, detail::shape_without<N>(x, N - 1));
+  check_shape("precis::layer_norm_backward: dx", dx, detail::shape_array<N>(x));
+  check_shape("precis::layer_norm_backward: dgamma", dgamma, d);
+  check_shape("precis::layer_norm_backward: dbeta", dbeta, d);
+  const std::size_t rows = detail::element_count(mean), cols = d[0];
+  if (cols == 0) return;
+  std::vector<M> gm(cols);
+  detail::load_block(gamma.data(), gm.data(), cols);
+  detail::for_rows(ctx, rows, cols, [&](std::size_t begin, std::size_t end) {
+    std::vector<M> v(cols), g(cols);
+    for (std::size_t r = begin; r < end; ++r) {
+      detail::load_block(x.data() + r * cols, v.data(), cols);
+      detail::load_block(dy.data() + r * cols, g.data(), cols);
+      const M mu = static_cast<M>(mean.data()[r]), rs = static_cast<M>(rstd.data()[r]);
+      accumulator<Acc> sg, sgx;
+      for (std::size_t j = 0; j < cols; ++j) {
+        v[j] = (v[j] - mu) * rs;  // xhat
+        g[j] *= gm[j];
+        detail::accumulate(sg, g[j]);
+        detail::accumulate(sgx, g[j] * v[j]);
+      }
+      const M a = static_cast<M>(sg.value()) / static_cast<M>(cols);
+      const M b = static_cast<M>(sgx.value()) / static_cast<M>(cols);
+      for (std::size_t j = 0; j < cols; ++j) v[j] = rs * (g[j] - a - v[j] * b);
+      detail::store_block(v.data(), dx.data() + r * cols, cols);
+    }
+  });
+  // dgamma and dbeta: column sums, columns shared among threads, each summed in row order.
+  const std::size_t per_thread =
+      std::max<std::size_t>(1, detail::elements_per_thread / std::max<std::size_t>(1, rows));
+  detail::parallel_for(ctx, cols, per_thread, [&](std::size_t begin, std::size_t end) {
+    std::vector<accumulator<Acc>> ag(end - begin), ab(end - begin);
+    for (std::size_t r = 0; r < rows; ++r) {
+      const M mu = static_cast<M>(mean.data()[r]), rs = static_cast<M>(rstd.data()[r]);
+      for (std::size_t j = begin; j < end; ++j) {
+        const M gy = detail::load<M>(dy.data()[r * cols + j]);
+        const M xh = (detail::load<M>(x.data()[r * cols + j]) - mu) * rs;
+        detail::accumulate(ag[j - begin], gy * xh);
+        detail::accumulate(ab[j - begin], gy);
+      }
+    }
+    for (std::size_t j = begin; j < end; ++j) {
+      dgamma.data()[j] = round_to<DG>(ag[j - begin].value());
+      dbeta.data()[j] = round_to<DB>(ab[j - begin].value());
+    }
+  });
+}
+
+namespace detail {
+
+template <class X, std::size_t N, class... T>
+void check_channel_tensors(std::string_view name, const host_tensor<X, N>& x,
+                           const std::pair<std::string_view, const T*>&... ts) {
+  const std::array<std::size_t, 1> c{std::size_t(x.shape()[1])};
+  (check_shape(std::string(name) + ": " + std::string(ts.first), *ts.second, c), ...);
+}
+
+template <class T>
+std::pair<std::string_view, const T*> named(std::string_view name, const T& t) {
+  return {name, &t};
+}
+
+}  // namespace detail
+
+/// Batch norm in training mode over x [N, C] or [N, C, H, W] (any rank >= 2, channels on
+/// axis 1): per channel, the batch mean and biased variance over the other axes normalise
+/// x, y = (x - mean) / sqrt(var + eps) * gamma + beta. The running statistics are updated
+/// as PyTorch does, running = (1 - momentum) running + momentum batch_statistic, with the
+/// unbiased variance (divided by count - 1) for running_var; so `momentum` is the weight
+/// of the new batch (0.1), not Keras's weight of the old value (0.99). `save_mean` and
+/// `save_rstd` = 1 / sqrt(var + eps) are for the backward pass. All channel tensors have
+/// shape [C]. Throws precis::error before writing on a shape mismatch, fewer than two
+/// values per channel, momentum outside [0, 1], or a negative or non-finite eps.
+template <Policy P, kernel_element X, kernel_element G, kernel_element B, statistics_element R,
+          kernel_element Y, statistics_element S, std::size_t N>
+  requires(N >= 2)
+void batch_norm_train(const cpu_context& ctx, const host_tensor<X, N>& x, const host_tensor<G, 1>& gamma,
+                      const host_tensor<B, 1>& beta, host_tensor<R, 1>& running_mean,
+                      host_tensor<R, 1>& running_var, host_tensor<Y, N>& y, host_tensor<S, 1>& save_mean,
+                      host_tensor<S, 1>& save_rstd, double momentum = 0.1, double eps = 1e-5) {
+  using M = detail::math_t<op::batch_norm, P, X, G, B>;
+  using Acc = detail::accumulate_t<op::batch_norm, P>;
+  constexpr std::string_view name = "precis::batch_norm_train";
+  detail::check_channel_tensors(name, x, detail::named("gamma", gamma), detail::named("beta", beta),
+                                detail::named("running_mean", running_mean),
+                                detail::named("running_var", running_var),
+                                detail::named("save_mean", save_mean), detail::named("save_rstd", save_rstd));
+  check_shape(std::string(name) + ": y", y, detail::shape_array<N>(x));
+  const auto d = detail::batch_norm_dims(x);
+  const std::size_t count = d[0] * d[2];
+  if (count < 2 && d[1] > 0) {
+    throw error(std::string(name) + ": x has shape " + shape_string(x.shape()) +
+                ", expected more than one value per channel in training mode");
+  }
+  detail::check_argument(std::isfinite(momentum) && momentum >= 0 && momentum <= 1,
+                         std::string(name) + ": momentum",
+                         "must be in [0, 1], is " + std::to_string(momentum));
+  detail::check_eps(name, eps);
+  const M e = static_cast<M>(eps), mom = static_cast<M>(momentum);
+  detail::for_rows(ctx, d[1], count, [&](std::size_t begin, std::size_t end) {
+    std::vector<M> v(count);
+    for (std::size_t c = begin; c < end; ++c) {
+      detail::gather_channel(x.data(), d, c, v.data());
+      const auto [mu, var] = detail::mean_and_variance<Acc>(v.data(), count);
+      const M rs = M(1) / std::sqrt(var + e);
+      const M g = detail::load<M>(gamma.data()[c]), bt = detail::load<M>(beta.data()[c]);
+      for (auto& t : v) t = (t - mu) * rs * g + bt;
+      detail::scatter_channel(v.data(), d, c, y.data());
+      save_mean.data()[c] = static_cast<S>(mu);
+      save_rstd.data()[c] = static_cast<S>(rs);
+      const M unbiased = var * static_cast<M>(count) / static_cast<M>(count - 1);
+      running_mean.data()[c] =
+          static_cast<R>((M(1) - mom) * static_cast<M>(running_mean.data()[c]) + mom * mu);
+      running_var.data()[c] =
+          static_cast<R>((M(1) - mom) * static_cast<M>(running_var.data()[c]) + mom * unbiased);
+    }
+  });
+}
+
+/// Batch norm in inference mode: y = (x - running_mean) / sqrt(running_var + eps) * gamma +
+/// beta, per channel (axis 1). Same shape rules as batch_norm_train.
+template <Policy P, kernel_element X, kernel_element G, kernel_element B, statistics_element R,
+          kernel_element Y, std::size_t N>
+  requires(N >= 2)
+void batch_norm_infer(const cpu_context& ctx, const host_tensor<X, N>& x, const host_tensor<G, 1>& gamma,
+                      const host_tensor<B, 1>& beta, const host_tensor<R, 1>& running_mean,
+                      const host_tensor<R, 1>& running_var, host_tensor<Y, N>& y, double eps = 1e-5) {
+  using M = detail::math_t<op::batch_norm, P, X, G, B>;
+  constexpr std::string_view name = "precis::batch_norm_infer";
+  detail::check_channel_tensors(name, x, detail::named("gamma", gamma), detail::named("beta", beta),
+                                detail::named("running_mean", running_mean),
+                                detail::named("running_var", running_var));
+  check_shape(std::string(name) + ": y", y, detail::shape_array<N>(x));
+  detail::check_eps(name, eps);
+  const auto d = detail::batch_norm_dims(x);
+  const M e = static_cast<M>(eps);
+  // Per channel, y = x * scale + shift would round differently from the training formula;
+  // the normalisation is written the same way in both modes.
+  detail::for_rows(ctx, d[0] * d[1], d[2], [&](std::size_t begin, std::size_t end) {
+    std::vector<M> v(d[2]);
+    for (std::size_t bc = begin; bc < end; ++bc) {
+      const std::size_t c = bc % d[1];
+      const M mu = static_cast<M>(running_mean.data()[c]);
+      const M rs = M(1) / std::sqrt(static_cast<M>(running_var.data()[c]) + e);
+      const M g = detail::load<M>(gamma.data()[c]), bt = detail::load<M>(beta.data()[c]);
+      detail::load_block(x.data() + bc * d[2], v.data(), d[2]);
+      for (auto& t : v) t = (t - mu) * rs * g + bt;
+      detail::store_block(v.data(), y.data() + bc * d[2], d[2]);
+    }
+  });
+}
+
+/// Gradients of batch_norm_train from its saved statistics: per channel, with xhat =
+/// (x - mean) rstd over the `count` values of the channel, dbeta = sum(dy), dgamma =
+/// sum(dy xhat), dx = gamma rstd (dy - dbeta / count - xhat dgamma / count). The running
+/// statistics do not take part (they are not a function of the loss).
+template <Policy P, kernel_element DY, kernel_element X, kernel_element G, statistics_element S,
+          kernel_element DX, kernel_element DG, kernel_element DB, std::size_t N>
+  requires(N >= 2)
+void batch_norm_backward(const cpu_context& ctx, const host_tensor<DY, N>& dy, const host_tensor<X, N>& x,
+                         const host_tensor<G, 1>& gamma, const host_tensor<S, 1>& save_mean,
+                         const host_tensor<S, 1>& save_rstd, host_tensor<DX, N>& dx,
+                         host_tensor<DG, 1>& dgamma, host_tensor<DB, 1>& dbeta) {
+  using M = detail::math_t<op::batch_norm, P, DY, X, G>;
+  using Acc = detail::accumulate_t<op::batch_norm, P>;
+  constexpr std::string_view name = "precis::batch_norm_backward";
+  check_same_shape(std::string(name) + ": dy and x", dy, x);
+  detail::check_channel_tensors(name, x, detail::named("gamma", gamma),
+                                detail::named("save_mean", save_mean),
+                                detail::named("save_rstd", save_rstd), detail::named("dgamma", dgamma),
+                                detail::named("dbeta", dbeta));
+  check_shape(std::string(name) + ": dx", dx, detail::shape_array<N>(x));
+  const auto d = detail::batch_norm_dims(x);
+  const std::size_t count = d[0] * d[2];
+  if (count == 0) return;
+  detail::for_rows(ctx, d[1], count, [&](std::size_t begin, std::size_t end) {
+    std::vector<M> v(count), g(count);
+    for (std::size_t c = begin; c < end; ++c) {
+      detail::gather_channel(x.data(), d, c, v.data());
+      detail::gather_channel(dy.data(), d, c, g.data());
+      const M mu = static_cast<M>(save_mean.data()[c]), rs = static_cast<M>(save_rstd.data()[c]);
+      accumulator<Acc> sdy, sdyx;
+      for (std::size_t i = 0; i < count; ++i) {
+        v[i] = (v[i] - mu) * rs;  // xhat
+        detail::accumulate(sdy, g[i]);
+        detail::accumulate(sdyx, g[i] * v[i]);
+      }
+      const M sum_dy = static_cast<M>(sdy.value()), sum_dyx = static_cast<M>(sdyx.value());
+      const M k = detail::load<M>(gamma.data()[c]) * rs;
+      const M a = sum_dy / static_cast<M>(count), b = sum_dyx / static_cast<M>(count);
+      for (std::size_t i = 0; i < count; ++i) v[i] = k * (g[i] - a - v[i] * b);
+      detail::scatter_channel(v.data(), d, c, dx.data());
+      dgamma.data()[c] = round_to<DG>(sum_dyx);
+      dbeta.data()[c] = round_to<DB>(sum_dy);
+    }
+  });
+}
+
+}  // namespace precis

@@ -1,0 +1,197 @@
+// precis/kernels/reduce.hpp: sum, mean, max and L2 norm of host tensors, over all
+// elements (returning a scalar) or along one axis (writing a tensor of one rank less).
+//
+// Semantics (op::reduction under the policy: by default compute and accumulate in at least
+// float): each sum is one running sum in the policy's accumulate type, taken in element
+// order (for an accumulate type narrower than float it is rounded after every addition,
+// so an unsafe float16 accumulator stalls at 2048 when summing ones, as one would). A sum
+// is never split between threads: a whole-tensor reduction runs on the calling thread and
+// an axis reduction shares out its output elements, so results are identical for any
+// thread count. The scalar forms return float, or double where the compute or accumulate
+// type is double.
+#pragma once
+
+#include <precis/kernels/common.hpp>
+#include <precis/kernels/context.hpp>
+#include <precis/kernels/cpu/support.hpp>
+#include <precis/tensor/host_tensor.hpp>
+
+#include <array>
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace precis {
+
+namespace detail {
+
+/// What a reduction under P of elements T returns: float, or double when the math or the
+/// accumulate type is double.
+template <Policy P, class T>
+using reduce_result_t =
+    std::common_type_t<math_t<op::reduction, P, T>, opmath_t<accumulate_t<op::reduction, P>>>;
+
+// Each reducer: a state, how an element enters it, and the value it ends with for an axis
+// of `count` elements.
+template <class M, class Acc, class R>
+struct sum_reducer {
+  using state = accumulator<Acc>;
+  static state init() { return state{}; }
+  static void add(state& s, M v) { accumulate(s, v); }
+  static R finish(const state& s, std::size_t) { return R(s.value()); }
+};
+template <class M, class Acc, class R>
+struct mean_reducer : sum_reducer<M, Acc, R> {
+  static R finish(const accumulator<Acc>& s, std::size_t count) {
+    return R(s.value()) / static_cast<R>(count);
+  }
+};
+template <class M, class Acc, class R>
+struct l2_reducer : sum_reducer<M, Acc, R> {
+  static void add(accumulator<Acc>& s, M v) { accumulate(s, v * v); }
+  static R finish(const accumulator<Acc>& s, std::size_t) { return std::sqrt(R(s.value())); }
+};
+template <class M, class Acc, class R>
+struct max_reducer {
+  using state = M;
+  static state init() { return -std::numeric_limits<M>::infinity(); }
+  static void add(state& s, M v) {
+    if (!std::isnan(s) && (v > s || std::isnan(v))) s = v;  // NaN wins and stays
+  }
+  static R finish(const state& s, std::size_t) { return R(s); }
+};
+
+/// The whole tensor through one reducer state, in element order.
+template <class Red, class M, class T>
+auto reduce_all(const T* x, std::size_t n) {
+  auto s = Red::init();
+  std::array<M, block_size> buf;
+  for (std::size_t i = 0; i < n; i += block_size) {
+    const std::size_t len = std::min(block_size, n - i);
+    load_block(x + i, buf.data(), len);
+    for (std::size_t j = 0; j < len; ++j) Red::add(s, buf[j]);
+  }
+  return Red::finish(s, n);
+}
+
+/// out[o, i] = reduction over k of x[o, k, i] (x viewed as [outer, count, inner]); output
+/// elements are shared among threads, each one reduced in k order.
+template <class Red, class M, class T, class U>
+void reduce_axis(const cpu_context& ctx, const T* x, std::size_t outer, std::size_t count,
+                 std::size_t inner, U* out) {
+  const std::size_t per_thread = std::max<std::size_t>(1, elements_per_thread / std::max<std::size_t>(1, count));
+  parallel_for(ctx, outer * inner, per_thread, [&](std::size_t begin, std::size_t end) {
+    std::vector<typename Red::state> st;
+    for (std::size_t idx = begin; idx < end;) {
+      const std::size_t o = idx / inner, i0 = idx % inner;
+      const std::size_t i1 = std::min(inner, i0 + (end - idx));
+      st.assign(i1 - i0, Red::init());
+      for (std::size_t k = 0; k < count; ++k) {
+        const T* row = x + (o * count + k) * inner;
+        for (std::size_t i = i0; i < i1; ++i) Red::add(st[i - i0], load<M>(row[i]));
+      }
+      for (std::size_t i = i0; i < i1; ++i) out[o * inner + i] = round_to<U>(Red::finish(st[i - i0], count));
+      idx += i1 - i0;
+    }
+  });
+}
+
+template <template <class, class, class> class Red, Policy P, class T, std::size_t N>
+auto reduce_all_of(const host_tensor<T, N>& x) {
+  using M = math_t<op::reduction, P, T>;
+  using R = reduce_result_t<P, T>;
+  return reduce_all<Red<M, accumulate_t<op::reduction, P>, R>, M>(x.data(), element_count(x));
+}
+
+template <template <class, class, class> class Red, Policy P, class T, std::size_t N, class U>
+void reduce_axis_of(std::string_view name, const cpu_context& ctx, const host_tensor<T, N>& x,
+                    std::size_t axis, host_tensor<U, N - 1>& out, bool needs_elements) {
+  check_argument(axis < N, std::string(name) + ": axis " + std::to_string(axis),
+                 "is out of range for a tensor of rank " + std::to_string(N));
+  check_shape(std::string(name) + ": out", out, shape_without<N>(x, axis));
+  const std::size_t count = std::size_t(x.shape()[axis]);
+  if (needs_elements && count == 0 && element_count(out) != 0) {
+    throw error(std::string(name) + ": axis " + std::to_string(axis) + " of shape " +
+                shape_string(x.shape()) + " is empty");
+  }
+  std::size_t outer = 1, inner = 1;
+  for (std::size_t i = 0; i < axis; ++i) outer *= std::size_t(x.shape()[i]);
+  for (std::size_t i = axis + 1; i < N; ++i) inner *= std::size_t(x.shape()[i]);
+  using M = math_t<op::reduction, P, T>;
+  using R = reduce_result_t<P, T>;
+  reduce_axis<Red<M, accumulate_t<op::reduction, P>, R>, M>(ctx, x.data(), outer, count, inner,
+                                                              out.data());
+}
+
+}  // namespace detail
+
+/// The sum of all elements, one running sum in the accumulate type, in element order
+/// (the calling thread only: one sum is never split). 0 for an empty tensor.
+template <Policy P, kernel_element T, std::size_t N>
+detail::reduce_result_t<P, T> sum(const cpu_context& /*ctx*/, const host_tensor<T, N>& x) {
+  return detail::reduce_all_of<detail::sum_reducer, P>(x);
+}
+
+/// out = x summed along `axis` (out has x's shape without that axis). Throws precis::error
+/// for an axis >= N or a wrong out shape, before writing.
+template <Policy P, kernel_element T, std::size_t N, kernel_element U>
+  requires(N >= 1)
+void sum(const cpu_context& ctx, const host_tensor<T, N>& x, std::size_t axis,
+         host_tensor<U, N - 1>& out) {
+  detail::reduce_axis_of<detail::sum_reducer, P>("precis::sum", ctx, x, axis, out, false);
+}
+
+/// The mean of all elements: the sum as in `sum`, divided once by the count. Throws
+/// precis::error for an empty tensor.
+template <Policy P, kernel_element T, std::size_t N>
+detail::reduce_result_t<P, T> mean(const cpu_context& /*ctx*/, const host_tensor<T, N>& x) {
+  detail::check_not_empty("precis::mean: x", x);
+  return detail::reduce_all_of<detail::mean_reducer, P>(x);
+}
+
+/// out = mean of x along `axis`.
+template <Policy P, kernel_element T, std::size_t N, kernel_element U>
+  requires(N >= 1)
+void mean(const cpu_context& ctx, const host_tensor<T, N>& x, std::size_t axis,
+          host_tensor<U, N - 1>& out) {
+  detail::reduce_axis_of<detail::mean_reducer, P>("precis::mean", ctx, x, axis, out, true);
+}
+
+/// The largest element (exact: no rounding is involved); NaN if any element is NaN.
+/// Throws precis::error for an empty tensor.
+template <Policy P, kernel_element T, std::size_t N>
+detail::reduce_result_t<P, T> max(const cpu_context& /*ctx*/, const host_tensor<T, N>& x) {
+  detail::check_not_empty("precis::max: x", x);
+  return detail::reduce_all_of<detail::max_reducer, P>(x);
+}
+
+/// out = max of x along `axis`.
+template <Policy P, kernel_element T, std::size_t N, kernel_element U>
+  requires(N >= 1)
+void max(const cpu_context& ctx, const host_tensor<T, N>& x, std::size_t axis,
+         host_tensor<U, N - 1>& out) {
+  detail::reduce_axis_of<detail::max_reducer, P>("precis::max", ctx, x, axis, out, true);
+}
+
+/// sqrt(sum of squares): the squares summed in the accumulate type (a float16
+/// accumulator overflows once the sum passes 65504, which is why the rule set asks for
+/// float), one square root at the end. Not scaled against overflow: float's range
+/// suffices for the norms of gradients this is meant for.
+template <Policy P, kernel_element T, std::size_t N>
+detail::reduce_result_t<P, T> l2_norm(const cpu_context& /*ctx*/, const host_tensor<T, N>& x) {
+  return detail::reduce_all_of<detail::l2_reducer, P>(x);
+}
+
+/// out = L2 norm of x along `axis`.
+template <Policy P, kernel_element T, std::size_t N, kernel_element U>
+  requires(N >= 1)
+void l2_norm(const cpu_context& ctx, const host_tensor<T, N>& x, std::size_t axis,
+             host_tensor<U, N - 1>& out) {
+  detail::reduce_axis_of<detail::l2_reducer, P>("precis::l2_norm", ctx, x, axis, out, false);
+}
+
+}  // namespace precis

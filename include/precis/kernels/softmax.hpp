@@ -1,0 +1,212 @@
+// precis/kernels/softmax.hpp: softmax, log-softmax and logsumexp along the last axis of a
+// host tensor, forward and backward.
+//
+// Semantics (op::softmax, op::log_softmax, op::logsumexp: by default compute and
+// accumulate in at least float): each row's maximum m is subtracted before exp, so
+// exp never overflows and logits of 1000 or -1000 give finite results; the row sum of
+// exp(x - m) is one running sum in the accumulate type; each output element is rounded
+// once. Rows are shared among threads (results identical for any thread count). A row
+// holding NaN gives NaN; an all -inf row gives NaN from softmax (as PyTorch) and -inf from
+// logsumexp.
+#pragma once
+
+#include <precis/kernels/common.hpp>
+#include <precis/kernels/context.hpp>
+#include <precis/kernels/cpu/support.hpp>
+#include <precis/tensor/host_tensor.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace precis {
+
+namespace detail {
+
+/// The row's maximum (NaN if the row holds one).
+template <class M>
+M row_max(const M* x, std::size_t n) {
+  M m = -std::numeric_limits<M>::infinity();
+  for (std::size_t j = 0; j < n; ++j) {
+    if (!std::isnan(m) && (x[j] > m || std::isnan(x[j]))) m = x[j];
+  }
+  return m;
+}
+
+/// Replaces the row x by exp(x - m) and returns the sum of those, kept in Acc, as M.
+template <class Acc, class M>
+M exp_shifted_sum(M* x, std::size_t n, M m) {
+  accumulator<Acc> s;
+  for (std::size_t j = 0; j < n; ++j) {
+    x[j] = std::exp(x[j] - m);
+    accumulate(s, x[j]);
+  }
+  return static_cast<M>(s.value());
+}
+
+/// Checks `t` (rank N - 1) has x's shape without its last axis.
+template <std::size_t N, class X, class T>
+void check_row_shape(std::string_view what, const X& x, const T& t) {
+  check_shape(what, t, shape_without<N>(x, N - 1));
+}
+
+enum class softmax_kind { softmax, log_softmax };
+
+template <op_kind Op, Policy P, softmax_kind K, class X, class Y, std::size_t N>
+void softmax_forward(std::string_view name, const cpu_context& ctx, const host_tensor<X, N>& x,
+                     host_tensor<Y, N>& y) {
+  using M = math_t<Op, P, X>;
+  using Acc = accumulate_t<Op, P>;
+  check_shape(std::string(name) + ": y", y, shape_array<N>(x));
+  const auto shape_rc = rows_and_cols(x);
+  const std::size_t rows = shape_rc.first, cols = shape_rc.second;
+  const X* in = x.data();
+  Y* out = y.data();
+  for_rows(ctx, rows, cols, [&](std::size_t begin, std::size_t end) {
+    std::vector<M> buf(cols);
+    for (std::size_t r = begin; r < end; ++r) {
+      load_block(in + r * cols, buf.data(), cols);
+      const M m = row_max(buf.data(), cols);
+      if constexpr (K == softmax_kind::softmax) {
+        const M s = exp_shifted_sum<Acc>(buf.data(), cols, m);
+        for (auto& v : buf) v = v / s;
+      } else {
+        std::vector<M>& shifted = buf;
+        accumulator<Acc> acc;
+        for (std::size_t j = 0; j < cols; ++j) {
+          shifted[j] -= m;
+          accumulate(acc, std::exp(shifted[j]));
+        }
+        const M lse = std::log(static_cast<M>(acc.value()));
+        for (auto& v : shifted) v -= lse;
+      }
+      store_block(buf.data(), out + r * cols, cols);
+    }
+  });
+}
+
+}  // namespace detail
+
+/// y = softmax(x) along the last axis: exp(x - max) / sum(exp(x - max)).
+template <Policy P, kernel_element X, kernel_element Y, std::size_t N>
+  requires(N >= 1)
+void softmax(const cpu_context& ctx, const host_tensor<X, N>& x, host_tensor<Y, N>& y) {
+  detail::softmax_forward<op::softmax, P, detail::softmax_kind::softmax>("precis::softmax", ctx, x, y);
+}
+
+/// y = log_softmax(x) along the last axis: (x - max) - log(sum(exp(x - max))), never
+/// log(softmax), which is -inf where softmax underflows.
+template <Policy P, kernel_element X, kernel_element Y, std::size_t N>
+  requires(N >= 1)
+void log_softmax(const cpu_context& ctx, const host_tensor<X, N>& x, host_tensor<Y, N>& y) {
+  detail::softmax_forward<op::log_softmax, P, detail::softmax_kind::log_softmax>(
+      "precis::log_softmax", ctx, x, y);
+}
+
+/// out = log(sum(exp(x))) along the last axis (out has x's shape without it), computed as
+/// max + log(sum(exp(x - max))); a row whose maximum is infinite gives that maximum.
+template <Policy P, kernel_element X, kernel_element Y, std::size_t N>
+  requires(N >= 1)
+void logsumexp(const cpu_context& ctx, const host_tensor<X, N>& x, host_tensor<Y, N - 1>& out) {
+  using M = detail::math_t<op::logsumexp, P, X>;
+  using Acc = detail::accumulate_t<op::logsumexp, P>;
+  detail::check_row_shape<N>("precis::logsumexp: out", x, out);
+  const auto shape_rc = detail::rows_and_cols(x);
+  const std::size_t rows = shape_rc.first, cols = shape_rc.second;
+  const X* in = x.data();
+  Y* o = out.data();
+  detail::for_rows(ctx, rows, cols, [&](std::size_t begin, std::size_t end) {
+    std::vector<M> buf(cols);
+    for (std::size_t r = begin; r < end; ++r) {
+      detail::load_block(in + r * cols, buf.data(), cols);
+      const M m = detail::row_max(buf.data(), cols);
+      if (std::isinf(m)) {
+        o[r] = round_to<Y>(m);
+        continue;
+      }
+      const M s = detail::exp_shifted_sum<Acc>(buf.data(), cols, m);
+      o[r] = round_to<Y>(m + std::log(s));
+    }
+  });
+}
+
+/// dx = y * (dy - sum(dy * y)) along the last axis, from the forward output y (as the
+/// frameworks keep it); the row's dot product is one sum in the accumulate type.
+template <Policy P, kernel_element DY, kernel_element Y, kernel_element DX, std::size_t N>
+  requires(N >= 1)
+void softmax_backward(const cpu_context& ctx, const host_tensor<DY, N>& dy, const host_tensor<Y, N>& y,
+                      host_tensor<DX, N>& dx) {
+  using M = detail::math_t<op::softmax, P, DY, Y>;
+  using Acc = detail::accumulate_t<op::softmax, P>;
+  check_same_shape("precis::softmax_backward: dy and y", dy, y);
+  check_shape("precis::softmax_backward: dx", dx, detail::shape_array<N>(y));
+  const auto shape_rc = detail::rows_and_cols(y);
+  const std::size_t rows = shape_rc.first, cols = shape_rc.second;
+  detail::for_rows(ctx, rows, cols, [&](std::size_t begin, std::size_t end) {
+    std::vector<M> g(cols), p(cols);
+    for (std::size_t r = begin; r < end; ++r) {
+      detail::load_block(dy.data() + r * cols, g.data(), cols);
+      detail::load_block(y.data() + r * cols, p.data(), cols);
+      accumulator<Acc> dot;
+      for (std::size_t j = 0; j < cols; ++j) detail::accumulate(dot, g[j] * p[j]);
+      const M d = static_cast<M>(dot.value());
+      for (std::size_t j = 0; j < cols; ++j) g[j] = p[j] * (g[j] - d);
+      detail::store_block(g.data(), dx.data() + r * cols, cols);
+    }
+  });
+}
+
+/// dx = dy - exp(y) * sum(dy) along the last axis, from the forward output y = log_softmax(x).
+template <Policy P, kernel_element DY, kernel_element Y, kernel_element DX, std::size_t N>
+  requires(N >= 1)
+void log_softmax_backward(const cpu_context& ctx, const host_tensor<DY, N>& dy,
+                          const host_tensor<Y, N>& y, host_tensor<DX, N>& dx) {
+  using M = detail::math_t<op::log_softmax, P, DY, Y>;
+  using Acc = detail::accumulate_t<op::log_softmax, P>;
+  check_same_shape("precis::log_softmax_backward: dy and y", dy, y);
+  check_shape("precis::log_softmax_backward: dx", dx, detail::shape_array<N>(y));
+  const auto shape_rc = detail::rows_and_cols(y);
+  const std::size_t rows = shape_rc.first, cols = shape_rc.second;
+  detail::for_rows(ctx, rows, cols, [&](std::size_t begin, std::size_t end) {
+    std::vector<M> g(cols), p(cols);
+    for (std::size_t r = begin; r < end; ++r) {
+      detail::load_block(dy.data() + r * cols, g.data(), cols);
+      detail::load_block(y.data() + r * cols, p.data(), cols);
+      accumulator<Acc> total;
+      for (std::size_t j = 0; j < cols; ++j) detail::accumulate(total, g[j]);
+      const M s = static_cast<M>(total.value());
+      for (std::size_t j = 0; j < cols; ++j) g[j] -= std::exp(p[j]) * s;
+      detail::store_block(g.data(), dx.data() + r * cols, cols);
+    }
+  });
+}
+
+/// dx = dy * exp(x - out) along the last axis (the softmax of x), from the forward input x
+/// and output out = logsumexp(x); dy has out's shape.
+template <Policy P, kernel_element DY, kernel_element X, kernel_element L, kernel_element DX,
+          std::size_t N>
+  requires(N >= 1)
+void logsumexp_backward(const cpu_context& ctx, const host_tensor<DY, N - 1>& dy,
+                        const host_tensor<X, N>& x, const host_tensor<L, N - 1>& out,
+                        host_tensor<DX, N>& dx) {
+  using M = detail::math_t<op::logsumexp, P, DY, X, L>;
+  detail::check_row_shape<N>("precis::logsumexp_backward: dy", x, dy);
+  detail::check_row_shape<N>("precis::logsumexp_backward: out", x, out);
+  check_shape("precis::logsumexp_backward: dx", dx, detail::shape_array<N>(x));
+  const auto shape_rc = detail::rows_and_cols(x);
+  const std::size_t rows = shape_rc.first, cols = shape_rc.second;
+  detail::for_rows(ctx, rows, cols, [&](std::size_t begin, std::size_t end) {
+    std::vector<M> v(cols);
+    for (std::size_t r = begin; r < end; ++r) {
+      detail::load_block(x.data() + r * cols, v.data(), cols);
+      const M g = detail::load<M>(dy.data()[r]), l = detail::load<M>(out.data()[r]);
+      for (auto& e : v) e = g * std::exp(e - l);
+      detail::store_block(v.data(), dx.data() + r * cols, cols);
+    }
+  });
+}
+
+}  // namespace precis

@@ -1,0 +1,331 @@
+// Layer norm and batch norm against float64 references on the same rounded inputs
+// (bounds: kernel_checks.hpp); the float64 gradients against central differences; running
+// statistics; bad arguments; thread determinism.
+#include <precis/kernels/norm.hpp>
+
+#include "kernel_checks.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <vector>
+
+namespace {
+
+using namespace precis_test;
+using precis::bfloat16;
+using precis::cpu_context;
+using precis::float16;
+using precis::host_tensor;
+
+using vec = host_tensor<double, 1>;
+using mat = host_tensor<double, 2>;
+using t4 = host_tensor<double, 4>;
+
+constexpr double eps = 1e-5;
+
+// ---- layer norm over the rows of x [R, D] ----
+struct ln_out {
+  mat y;
+  vec mean, rstd;
+};
+ln_out ln_ref(const mat& x, const vec& g, const vec& b) {
+  const std::size_t R = x.shape()[0], D = x.shape()[1];
+  ln_out o{x, vec::from_shape({R}), vec::from_shape({R})};
+  for (std::size_t r = 0; r < R; ++r) {
+    double m = 0, v = 0;
+    for (std::size_t j = 0; j < D; ++j) m += x(r, j);
+    m /= double(D);
+    for (std::size_t j = 0; j < D; ++j) v += (x(r, j) - m) * (x(r, j) - m);
+    const double rs = 1 / std::sqrt(v / double(D) + eps);
+    for (std::size_t j = 0; j < D; ++j) o.y(r, j) = (x(r, j) - m) * rs * g(j) + b(j);
+    o.mean(r) = m;
+    o.rstd(r) = rs;
+  }
+  return o;
+}
+struct grads {
+  mat dx;
+  vec dg, db;
+};
+grads ln_grad(const mat& dy, const mat& x, const vec& g, const vec& mean, const vec& rstd) {
+  const std::size_t R = x.shape()[0], D = x.shape()[1];
+  grads o{x, vec::from_shape({D}), vec::from_shape({D})};
+  o.dg.fill(0);
+  o.db.fill(0);
+  for (std::size_t r = 0; r < R; ++r) {
+    double a = 0, b = 0;
+    for (std::size_t j = 0; j < D; ++j) {
+      const double xh = (x(r, j) - mean(r)) * rstd(r);
+      a += dy(r, j) * g(j);
+      b += dy(r, j) * g(j) * xh;
+      o.dg(j) += dy(r, j) * xh;
+      o.db(j) += dy(r, j);
+    }
+    for (std::size_t j = 0; j < D; ++j) {
+      const double xh = (x(r, j) - mean(r)) * rstd(r);
+      o.dx(r, j) = rstd(r) * (dy(r, j) * g(j) - a / double(D) - xh * b / double(D));
+    }
+  }
+  return o;
+}
+
+// ---- batch norm over x [N, C, H, W] ----
+struct bn_out {
+  t4 y;
+  vec mean, var;  // biased
+};
+bn_out bn_ref(const t4& x, const vec& g, const vec& b) {
+  const auto s = x.shape();
+  const double count = double(s[0] * s[2] * s[3]);
+  bn_out o{x, vec::from_shape({s[1]}), vec::from_shape({s[1]})};
+  for (std::size_t c = 0; c < s[1]; ++c) {
+    double m = 0, v = 0;
+    for (std::size_t n = 0; n < s[0]; ++n)
+      for (std::size_t h = 0; h < s[2]; ++h)
+        for (std::size_t w = 0; w < s[3]; ++w) m += x(n, c, h, w);
+    m /= count;
+    for (std::size_t n = 0; n < s[0]; ++n)
+      for (std::size_t h = 0; h < s[2]; ++h)
+        for (std::size_t w = 0; w < s[3]; ++w) v += (x(n, c, h, w) - m) * (x(n, c, h, w) - m);
+    v /= count;
+    const double rs = 1 / std::sqrt(v + eps);
+    for (std::size_t n = 0; n < s[0]; ++n)
+      for (std::size_t h = 0; h < s[2]; ++h)
+        for (std::size_t w = 0; w < s[3]; ++w) o.y(n, c, h, w) = (x(n, c, h, w) - m) * rs * g(c) + b(c);
+    o.mean(c) = m;
+    o.var(c) = v;
+  }
+  return o;
+}
+struct bn_grads {
+  t4 dx;
+  vec dg, db;
+};
+bn_grads bn_grad(const t4& dy, const t4& x, const vec& g, const vec& mean, const vec& rstd) {
+  const auto s = x.shape();
+  const double count = double(s[0] * s[2] * s[3]);
+  bn_grads o{x, vec::from_shape({s[1]}), vec::from_shape({s[1]})};
+  for (std::size_t c = 0; c < s[1]; ++c) {
+    double sdy = 0, sdyx = 0;
+    for (std::size_t n = 0; n < s[0]; ++n)
+      for (std::size_t h = 0; h < s[2]; ++h)
+        for (std::size_t w = 0; w < s[3]; ++w) {
+          sdy += dy(n, c, h, w);
+          sdyx += dy(n, c, h, w) * (x(n, c, h, w) - mean(c)) * rstd(c);
+        }
+    for (std::size_t n = 0; n < s[0]; ++n)
+      for (std::size_t h = 0; h < s[2]; ++h)
+        for (std::size_t w = 0; w < s[3]; ++w) {
+          const double xh = (x(n, c, h, w) - mean(c)) * rstd(c);
+          o.dx(n, c, h, w) = g(c) * rstd(c) * (dy(n, c, h, w) - sdy / count - xh * sdyx / count);
+        }
+    o.dg(c) = sdyx;
+    o.db(c) = sdy;
+  }
+  return o;
+}
+
+template <std::size_t N, class Source>
+host_tensor<double, N> reshaped_like(const Source& m, const std::array<std::size_t, N>& shape) {
+  auto t = host_tensor<double, N>::from_shape(shape);
+  std::copy(m.begin(), m.end(), t.begin());
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("float64 layer norm and batch norm gradients match central differences") {
+  const auto x = random_tensor<double, 2>({3, 8}, -2, 2);
+  const auto g = random_tensor<double, 1>({8}, 0.5, 1.5);
+  const auto b = random_tensor<double, 1>({8});
+  const auto w = random_tensor<double, 2>({3, 8});
+  const auto f = ln_ref(x, g, b);
+  const auto an = ln_grad(w, x, g, f.mean, f.rstd);
+  CHECK(rel_error(fd_gradient([&](const mat& v) { return dot(w, ln_ref(v, g, b).y); }, x), an.dx) < fd_bound);
+  CHECK(rel_error(fd_gradient([&](const vec& v) { return dot(w, ln_ref(x, v, b).y); }, g), an.dg) < fd_bound);
+  CHECK(rel_error(fd_gradient([&](const vec& v) { return dot(w, ln_ref(x, g, v).y); }, b), an.db) < fd_bound);
+
+  const auto x4 = random_tensor<double, 4>({2, 3, 2, 3}, -2, 2);
+  const auto g4 = random_tensor<double, 1>({3}, 0.5, 1.5);
+  const auto b4 = random_tensor<double, 1>({3});
+  const auto w4 = random_tensor<double, 4>({2, 3, 2, 3});
+  const auto f4 = bn_ref(x4, g4, b4);
+  auto rstd = f4.var;
+  for (auto& v : rstd) v = 1 / std::sqrt(v + eps);
+  const auto an4 = bn_grad(w4, x4, g4, f4.mean, rstd);
+  CHECK(rel_error(fd_gradient([&](const t4& v) { return dot(w4, bn_ref(v, g4, b4).y); }, x4), an4.dx) < fd_bound);
+  CHECK(rel_error(fd_gradient([&](const vec& v) { return dot(w4, bn_ref(x4, v, b4).y); }, g4), an4.dg) < fd_bound);
+  CHECK(rel_error(fd_gradient([&](const vec& v) { return dot(w4, bn_ref(x4, g4, v).y); }, b4), an4.db) < fd_bound);
+}
+
+TEST_CASE_TEMPLATE("layer norm matches float64, forward and backward", C, fp32_config, bf16_config,
+                   fp16_config) {
+  using T = typename C::T;
+  using P = typename C::P;
+  const cpu_context ctx{1};
+  // Rank 3, rows of 48; an offset mean (3) that a one-pass variance would suffer from.
+  const auto x = random_tensor<T, 3>({2, 5, 48}, 1, 5);
+  const auto g = random_tensor<T, 1>({48}, 0.5, 1.5);
+  const auto b = random_tensor<T, 1>({48});
+  const auto dy = random_tensor<T, 3>({2, 5, 48});
+  const auto xd = to_double(x), dyd = to_double(dy);
+  auto xm = mat::from_shape({10, 48}), dym = xm;
+  std::copy(xd.begin(), xd.end(), xm.begin());
+  std::copy(dyd.begin(), dyd.end(), dym.begin());
+  const auto ref = ln_ref(xm, to_double(g), to_double(b));
+
+  auto y = poisoned<T, 3>(x.shape());
+  auto mean = poisoned<float, 2>(std::array<std::size_t, 2>{2, 5}), rstd = mean;
+  precis::layer_norm<P>(ctx, x, g, b, y, mean, rstd, eps);
+  CHECK(rel_error(y, reshaped_like<3>(ref.y, {2, 5, 48})) < bound<T>());
+  CHECK(rel_error(mean, reshaped_like<2>(ref.mean, {2, 5})) < bound<float>());
+  CHECK(rel_error(rstd, reshaped_like<2>(ref.rstd, {2, 5})) < bound<float>());
+
+  // The backward pass from the kernel's saved statistics (the same inputs for both).
+  auto ms = vec::from_shape({10}), rs = ms;
+  for (std::size_t i = 0; i < 10; ++i) {
+    ms(i) = double(mean.data()[i]);
+    rs(i) = double(rstd.data()[i]);
+  }
+  const auto an = ln_grad(dym, xm, to_double(g), ms, rs);
+  auto dx = poisoned<T, 3>(x.shape());
+  auto dg = poisoned<T, 1>(g.shape()), db = dg;
+  precis::layer_norm_backward<P>(ctx, dy, x, g, mean, rstd, dx, dg, db);
+  CHECK(rel_error(dx, reshaped_like<3>(an.dx, {2, 5, 48})) < bound<T>());
+  CHECK(rel_error(dg, an.dg) < bound<T>());
+  CHECK(rel_error(db, an.db) < bound<T>());
+}
+
+TEST_CASE_TEMPLATE("batch norm matches float64: training, running statistics, inference, backward", C,
+                   fp32_config, bf16_config, fp16_config) {
+  using T = typename C::T;
+  using P = typename C::P;
+  const cpu_context ctx{1};
+  const auto x = random_tensor<T, 4>({3, 4, 5, 5}, -1, 3);
+  const auto g = random_tensor<T, 1>({4}, 0.5, 1.5);
+  const auto b = random_tensor<T, 1>({4});
+  const auto dy = random_tensor<T, 4>({3, 4, 5, 5});
+  const auto xd = to_double(x);
+  const auto gd = to_double(g), bd = to_double(b);
+  const auto ref = bn_ref(xd, gd, bd);
+
+  auto rm = random_tensor<float, 1>({4}), rv = random_tensor<float, 1>({4}, 0.5, 2);
+  const auto rm0 = to_double(rm), rv0 = to_double(rv);
+  auto y = poisoned<T, 4>(x.shape());
+  auto sm = poisoned<float, 1>(std::array<std::size_t, 1>{4}), sr = sm;
+  const double momentum = 0.1;
+  precis::batch_norm_train<P>(ctx, x, g, b, rm, rv, y, sm, sr, momentum, eps);
+  CHECK(rel_error(y, ref.y) < bound<T>());
+  CHECK(rel_error(sm, ref.mean) < bound<float>());
+  auto rstd_ref = ref.var, rm_ref = ref.mean, rv_ref = ref.var;
+  const double count = 3 * 25;
+  for (std::size_t c = 0; c < 4; ++c) {
+    rstd_ref(c) = 1 / std::sqrt(ref.var(c) + eps);
+    rm_ref(c) = (1 - momentum) * rm0(c) + momentum * ref.mean(c);
+    rv_ref(c) = (1 - momentum) * rv0(c) + momentum * ref.var(c) * count / (count - 1);  // unbiased
+  }
+  CHECK(rel_error(sr, rstd_ref) < bound<float>());
+  CHECK(rel_error(rm, rm_ref) < bound<float>());
+  CHECK(rel_error(rv, rv_ref) < bound<float>());
+
+  // Inference with the updated running statistics.
+  auto yi = poisoned<T, 4>(x.shape());
+  precis::batch_norm_infer<P>(ctx, x, g, b, rm, rv, yi, eps);
+  auto yi_ref = xd;
+  for (std::size_t n = 0; n < 3; ++n)
+    for (std::size_t c = 0; c < 4; ++c)
+      for (std::size_t h = 0; h < 5; ++h)
+        for (std::size_t w = 0; w < 5; ++w)
+          yi_ref(n, c, h, w) = (xd(n, c, h, w) - double(rm(c))) / std::sqrt(double(rv(c)) + eps) * gd(c) + bd(c);
+  CHECK(rel_error(yi, yi_ref) < bound<T>());
+
+  auto dx = poisoned<T, 4>(x.shape());
+  auto dg = poisoned<T, 1>(g.shape()), db = dg;
+  precis::batch_norm_backward<P>(ctx, dy, x, g, sm, sr, dx, dg, db);
+  const auto an = bn_grad(to_double(dy), xd, gd, to_double(sm), to_double(sr));
+  CHECK(rel_error(dx, an.dx) < bound<T>());
+  CHECK(rel_error(dg, an.dg) < bound<T>());
+  CHECK(rel_error(db, an.db) < bound<T>());
+}
+
+TEST_CASE("batch norm on [N, C] tensors") {
+  using P = precis::presets::fp32;
+  const cpu_context ctx{1};
+  const auto x = random_tensor<float, 2>({16, 3}, -2, 2);
+  auto g = host_tensor<float, 1>::from_shape({3}), b = g;
+  g.fill(1.0f);
+  b.fill(0.0f);
+  auto rm = g, rv = g;
+  rm.fill(0.0f);
+  auto y = poisoned<float, 2>(x.shape());
+  auto sm = poisoned<float, 1>(std::array<std::size_t, 1>{3}), sr = sm;
+  precis::batch_norm_train<P>(ctx, x, g, b, rm, rv, y, sm, sr);
+  const auto x4 = reshaped_like<4>(to_double(x), {16, 3, 1, 1});
+  auto gd = to_double(g), bd = to_double(b);
+  CHECK(rel_error(y, reshaped_like<2>(bn_ref(x4, gd, bd).y, {16, 3})) < bound<float>());
+}
+
+TEST_CASE("norm argument errors name the shapes and write nothing") {
+  using P = precis::presets::fp32;
+  const cpu_context ctx{1};
+  const auto x = random_tensor<float, 2>({3, 8});
+  const auto g = random_tensor<float, 1>({8});
+  const auto g7 = random_tensor<float, 1>({7});
+  auto y = poisoned<float, 2>(x.shape());
+  auto m = poisoned<float, 1>(std::array<std::size_t, 1>{3}), r = m;
+  auto m4 = poisoned<float, 1>(std::array<std::size_t, 1>{4});
+  check_error([&] { precis::layer_norm<P>(ctx, x, g7, g, y, m, r); }, "gamma", "[7]", "[8]");
+  check_error([&] { precis::layer_norm<P>(ctx, x, g, g, y, m4, r); }, "mean", "[4]", "[3]");
+  check_error([&] { precis::layer_norm<P>(ctx, x, g, g, y, m, r, -1.0); }, "eps");
+  for (float v : y) CHECK(std::isnan(v));
+  for (float v : m) CHECK(std::isnan(v));
+
+  const auto x4 = random_tensor<float, 4>({2, 8, 3, 3});
+  auto y4 = poisoned<float, 4>(x4.shape());
+  auto c8 = poisoned<float, 1>(std::array<std::size_t, 1>{8}), rm = c8, rv = c8, sm = c8, sr = c8;
+  check_error([&] { precis::batch_norm_train<P>(ctx, x4, g7, g, rm, rv, y4, sm, sr); }, "gamma", "[7]", "[8]");
+  check_error([&] { precis::batch_norm_train<P>(ctx, x4, g, g, rm, rv, y4, sm, sr, 1.5); }, "momentum");
+  check_error([&] { precis::batch_norm_infer<P>(ctx, x4, g, g, rm, m4, y4); }, "running_var", "[4]", "[8]");
+  const auto one = random_tensor<float, 2>({1, 8});
+  auto y1 = poisoned<float, 2>(one.shape());
+  check_error([&] { precis::batch_norm_train<P>(ctx, one, g, g, rm, rv, y1, sm, sr); }, "[1, 8]",
+              "more than one value per channel");
+  for (float v : y4) CHECK(std::isnan(v));
+  for (float v : rm) CHECK(std::isnan(v));
+}
+
+TEST_CASE("norms are bit-identical for 1 and 2 threads") {
+  using P = precis::presets::bf16_mixed;
+  const auto x = random_tensor<bfloat16, 2>({300, 768});
+  const auto g = random_tensor<bfloat16, 1>({768}), b = random_tensor<bfloat16, 1>({768});
+  auto y1 = poisoned<bfloat16, 2>(x.shape()), y2 = y1;
+  auto m1 = poisoned<float, 1>(std::array<std::size_t, 1>{300}), r1 = m1, m2 = m1, r2 = m1;
+  precis::layer_norm<P>(cpu_context{1}, x, g, b, y1, m1, r1);
+  precis::layer_norm<P>(cpu_context{2}, x, g, b, y2, m2, r2);
+  CHECK(same_bits(y1, y2));
+  CHECK(same_bits(r1, r2));
+  auto dx1 = y1, dx2 = y1;
+  auto dg1 = poisoned<float, 1>(g.shape()), dg2 = dg1, db1 = dg1, db2 = dg1;
+  precis::layer_norm_backward<P>(cpu_context{1}, x, x, g, m1, r1, dx1, dg1, db1);
+  precis::layer_norm_backward<P>(cpu_context{2}, x, x, g, m1, r1, dx2, dg2, db2);
+  CHECK(same_bits(dx1, dx2));
+  CHECK(same_bits(dg1, dg2));
+  CHECK(same_bits(db1, db2));
+
+  const auto x4 = random_tensor<bfloat16, 4>({8, 64, 16, 16});
+  const auto g4 = random_tensor<bfloat16, 1>({64});
+  auto a = poisoned<bfloat16, 4>(x4.shape()), c = a;
+  auto rm1 = poisoned<float, 1>(std::array<std::size_t, 1>{64});
+  rm1.fill(0.0f);
+  auto rv1 = rm1, rm2 = rm1, rv2 = rm1, s1 = rm1, t1 = rm1, s2 = rm1, t2 = rm1;
+  precis::batch_norm_train<P>(cpu_context{1}, x4, g4, g4, rm1, rv1, a, s1, t1);
+  precis::batch_norm_train<P>(cpu_context{2}, x4, g4, g4, rm2, rv2, c, s2, t2);
+  CHECK(same_bits(a, c));
+  CHECK(same_bits(rv1, rv2));
+  auto e1 = poisoned<float, 1>(std::array<std::size_t, 1>{64}), e2 = e1, f1 = e1, f2 = e1;
+  precis::batch_norm_backward<P>(cpu_context{1}, x4, x4, g4, s1, t1, a, e1, f1);
+  precis::batch_norm_backward<P>(cpu_context{2}, x4, x4, g4, s1, t1, c, e2, f2);
+  CHECK(same_bits(a, c));
+  CHECK(same_bits(e1, e2));
+}
