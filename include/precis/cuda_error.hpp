@@ -5,7 +5,6 @@
 
 #include <precis/config.hpp>
 
-#include <source_location>
 #include <string>
 #include <string_view>
 
@@ -17,15 +16,28 @@
 
 namespace precis {
 
+/// Where a call was made. std::source_location needs a builtin clang 14 lacks;
+/// __builtin_FILE/__builtin_LINE work in g++, clang++ and nvcc.
+struct source_location {
+  const char* file;
+  unsigned line;
+  static constexpr source_location current(const char* file = __builtin_FILE(),
+                                           unsigned line = __builtin_LINE()) {
+    return {file, line};
+  }
+  constexpr const char* file_name() const { return file; }
+  constexpr unsigned line_number() const { return line; }
+};
+
 /// A failed CUDA, cuBLAS or cuDNN call: what() holds the call, its status and the source
 /// location; status() the numeric status.
 class cuda_error : public error {
  public:
   cuda_error(std::string_view call, int status, std::string_view status_text,
-             const std::source_location& where)
+             const source_location& where)
       : error(std::string(call) + " failed: " + std::string(status_text) + " (status " +
               std::to_string(status) + ") at " + where.file_name() + ":" +
-              std::to_string(where.line())),
+              std::to_string(where.line_number())),
         status_(status) {}
   int status() const { return status_; }
 
@@ -37,7 +49,7 @@ class cuda_error : public error {
 
 /// Checks a CUDA runtime status: `check(cudaMalloc(&p, n), "cudaMalloc")`.
 inline void check(cudaError_t status, std::string_view call,
-                  const std::source_location& where = std::source_location::current()) {
+                  const source_location& where = source_location::current()) {
   if (status != cudaSuccess) {
     throw cuda_error(call, static_cast<int>(status), cudaGetErrorString(status), where);
   }
@@ -45,7 +57,7 @@ inline void check(cudaError_t status, std::string_view call,
 
 /// Checks a cuBLAS / cuBLASLt status.
 inline void check(cublasStatus_t status, std::string_view call,
-                  const std::source_location& where = std::source_location::current()) {
+                  const source_location& where = source_location::current()) {
   if (status != CUBLAS_STATUS_SUCCESS) {
     throw cuda_error(call, static_cast<int>(status), cublasLtGetStatusString(status), where);
   }
@@ -53,7 +65,7 @@ inline void check(cublasStatus_t status, std::string_view call,
 
 /// Checks a cuDNN status.
 inline void check(cudnnStatus_t status, std::string_view call,
-                  const std::source_location& where = std::source_location::current()) {
+                  const source_location& where = source_location::current()) {
   if (status != CUDNN_STATUS_SUCCESS) {
     throw cuda_error(call, static_cast<int>(status), cudnnGetErrorString(status), where);
   }
