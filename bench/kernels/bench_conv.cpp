@@ -1,0 +1,124 @@
+// conv2d forward (bfloat16 and float16 inputs, float accumulation, output in the input's
+// type) against oneDNN's convolution on the same NCHW tensors, bfloat16 and float, on the
+// ResNet-18 layer shapes, one and two threads. oneDNN gets its preferred weight layout
+// (reordered once, outside the timing); activations stay NCHW for both, as precis keeps
+// them. Ratios are taken within this run.
+//
+//   bench_conv [--csv path] [--batch N]
+#include <precis/kernels/conv.hpp>
+
+#include "common.hpp"
+
+#include <dnnl.hpp>
+#include <omp.h>
+
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+struct layer {
+  const char* name;
+  std::size_t c, h, co, k, s, p;
+};
+
+// ResNet-18 on 224x224 images: the stem and the distinct convolutions of each stage.
+const layer layers[] = {
+    {"conv1 7x7/2", 3, 224, 64, 7, 2, 3},   {"l1 3x3", 64, 56, 64, 3, 1, 1},
+    {"l2 3x3/2", 64, 56, 128, 3, 2, 1},     {"l2 3x3", 128, 28, 128, 3, 1, 1},
+    {"l2 1x1/2", 64, 56, 128, 1, 2, 0},     {"l3 3x3/2", 128, 28, 256, 3, 2, 1},
+    {"l3 3x3", 256, 14, 256, 3, 1, 1},      {"l4 3x3/2", 256, 14, 512, 3, 2, 1},
+    {"l4 3x3", 512, 7, 512, 3, 1, 1},
+};
+
+template <class T>
+precis::host_tensor<T, 4> random4(std::array<std::size_t, 4> s, std::mt19937& g) {
+  std::uniform_real_distribution<float> u(-1.0F, 1.0F);
+  auto t = precis::host_tensor<T, 4>::from_shape(s);
+  for (auto& v : t) v = T(u(g));
+  return t;
+}
+
+/// oneDNN forward convolution in data type `dt`, timed; weights reordered once first.
+double time_dnnl(const layer& l, std::size_t n, std::size_t ho, dnnl::memory::data_type dt,
+                 void* x, void* w, void* y, int reps) {
+  using tag = dnnl::memory::format_tag;
+  using dim = dnnl::memory::dim;
+  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream strm(eng);
+  const dnnl::memory::dims xd{dim(n), dim(l.c), dim(l.h), dim(l.h)}, wd{dim(l.co), dim(l.c), dim(l.k), dim(l.k)},
+      yd{dim(n), dim(l.co), dim(ho), dim(ho)};
+  dnnl::memory::desc xm(xd, dt, tag::nchw), wm_any(wd, dt, tag::any), ym(yd, dt, tag::nchw);
+  dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+                                    xm, wm_any, ym, {dim(l.s), dim(l.s)}, {dim(l.p), dim(l.p)},
+                                    {dim(l.p), dim(l.p)});
+  dnnl::convolution_forward::primitive_desc pd(d, eng);
+  dnnl::memory xmem(xm, eng, x), ymem(ym, eng, y), wuser({wd, dt, tag::oihw}, eng, w);
+  dnnl::memory wmem(pd.weights_desc(), eng);
+  dnnl::reorder(wuser, wmem).execute(strm, wuser, wmem);
+  strm.wait();
+  dnnl::convolution_forward conv(pd);
+  return precis_bench::best_ms([&] {
+    conv.execute(strm, {{DNNL_ARG_SRC, xmem}, {DNNL_ARG_WEIGHTS, wmem}, {DNNL_ARG_DST, ymem}});
+    strm.wait();
+  }, reps);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::size_t batch = 2;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::string(argv[i]) == "--batch") batch = std::stoul(argv[i + 1]);
+  }
+  std::mt19937 g(7);
+  precis_bench::table tab({"layer", "threads", "GFLOP", "oneDNN f32 GF/s", "oneDNN bf16 GF/s",
+                           "precis bf16 GF/s", "precis fp16 GF/s", "bf16/oneDNN bf16",
+                           "bf16/oneDNN f32"});
+  for (int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    const precis::cpu_context ctx{unsigned(threads)};
+    for (const layer& l : layers) {
+      const std::size_t ho = (l.h + 2 * l.p - l.k) / l.s + 1;
+      const double flop = 2.0 * double(batch * l.co * ho * ho) * double(l.c * l.k * l.k);
+      const int reps = 5;
+      precis::conv2d_params p;
+      p.stride = {l.s, l.s};
+      p.padding = {l.p, l.p};
+      const auto xb = random4<precis::bfloat16>({batch, l.c, l.h, l.h}, g);
+      const auto wb = random4<precis::bfloat16>({l.co, l.c, l.k, l.k}, g);
+      const auto xh = random4<precis::float16>({batch, l.c, l.h, l.h}, g);
+      const auto wh = random4<precis::float16>({l.co, l.c, l.k, l.k}, g);
+      auto yb = precis::host_tensor<precis::bfloat16, 4>::from_shape({batch, l.co, ho, ho});
+      auto yh = precis::host_tensor<precis::float16, 4>::from_shape({batch, l.co, ho, ho});
+      auto xf = precis::host_tensor<float, 4>::from_shape(xb.shape());
+      auto wf = precis::host_tensor<float, 4>::from_shape(wb.shape());
+      auto yf = precis::host_tensor<float, 4>::from_shape(yb.shape());
+      for (std::size_t i = 0; i < xf.size(); ++i) xf.data()[i] = float(xb.data()[i]);
+      for (std::size_t i = 0; i < wf.size(); ++i) wf.data()[i] = float(wb.data()[i]);
+      auto yd = yb;
+      // Let the other library's idle threads stop spinning before each measurement.
+      const auto settle = [] { std::this_thread::sleep_for(std::chrono::milliseconds(400)); };
+      settle();
+      const double t_df = time_dnnl(l, batch, ho, dnnl::memory::data_type::f32, xf.data(), wf.data(), yf.data(), reps);
+      const double t_db = time_dnnl(l, batch, ho, dnnl::memory::data_type::bf16,
+                                    const_cast<precis::bfloat16*>(xb.data()),
+                                    const_cast<precis::bfloat16*>(wb.data()), yd.data(), reps);
+      settle();
+      const double t_b = precis_bench::best_ms([&] { precis::conv2d<precis::presets::bf16_mixed>(ctx, xb, wb, yb, p); }, reps);
+      const double t_h = precis_bench::best_ms([&] { precis::conv2d<precis::presets::fp16_mixed>(ctx, xh, wh, yh, p); }, reps);
+      const auto gf = [&](double ms) { return flop / ms * 1e-6; };
+      tab.add({l.name, std::to_string(threads), precis_bench::fixed(flop * 1e-9, 2),
+               precis_bench::fixed(gf(t_df), 1), precis_bench::fixed(gf(t_db), 1),
+               precis_bench::fixed(gf(t_b), 1), precis_bench::fixed(gf(t_h), 1),
+               precis_bench::fixed(t_db / t_b), precis_bench::fixed(t_df / t_b)});
+    }
+  }
+  std::printf("batch %zu, NCHW\n", batch);
+  tab.print();
+  if (const auto path = precis_bench::csv_path(argc, argv); !path.empty()) tab.write_csv(path);
+}

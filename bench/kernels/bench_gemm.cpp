@@ -1,0 +1,111 @@
+// gemm with bfloat16 and float16 inputs and float accumulation (precis::gemm) against
+// OpenBLAS's cblas_sgemm on the same values in float, and against oneDNN's bfloat16 matmul
+// (float accumulation, bfloat16 output), square sizes 256..2048, on one and two threads.
+// Ratios are taken within this run. precis's outputs are compared with sgemm's first (the
+// products are exact in both, only the order of the float sums differs).
+//
+//   bench_gemm [--csv path] [--max N]
+#include <precis/kernels/gemm.hpp>
+
+#include "common.hpp"
+
+#include <cblas.h>
+#include <dnnl.hpp>
+#include <omp.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+double gflops(std::size_t n, double ms) { return 2.0 * double(n) * double(n) * double(n) / ms * 1e-6; }
+
+template <class T>
+precis::host_tensor<T, 2> random_matrix(std::size_t n, std::mt19937& g) {
+  std::uniform_real_distribution<float> u(-1.0F, 1.0F);
+  auto t = precis::host_tensor<T, 2>::from_shape({n, n});
+  for (auto& v : t) v = T(u(g));
+  return t;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::size_t max_n = 2048;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::string(argv[i]) == "--max") max_n = std::stoul(argv[i + 1]);
+  }
+  std::mt19937 g(42);
+  precis_bench::table tab({"n", "threads", "sgemm GF/s", "oneDNN bf16 GF/s", "precis bf16 GF/s",
+                           "precis fp16 GF/s", "bf16/sgemm", "fp16/sgemm", "bf16/oneDNN",
+                           "max |bf16-sgemm|"});
+  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream strm(eng);
+  for (int threads : {1, 2}) {
+    openblas_set_num_threads(threads);
+    omp_set_num_threads(threads);
+    const precis::cpu_context ctx{unsigned(threads)};
+    for (std::size_t n = 256; n <= max_n; n *= 2) {
+      const int reps = n >= 1024 ? 3 : 7;
+      const auto a16 = random_matrix<precis::bfloat16>(n, g), b16 = random_matrix<precis::bfloat16>(n, g);
+      const auto ah = random_matrix<precis::float16>(n, g), bh = random_matrix<precis::float16>(n, g);
+      precis::host_tensor<float, 2> af = precis::host_tensor<float, 2>::from_shape({n, n});
+      precis::host_tensor<float, 2> bf = af, cf = af;
+      for (std::size_t i = 0; i < n * n; ++i) {
+        af.data()[i] = float(a16.data()[i]);
+        bf.data()[i] = float(b16.data()[i]);
+      }
+      auto c16 = precis::host_tensor<precis::bfloat16, 2>::from_shape({n, n});
+      auto ch = precis::host_tensor<precis::float16, 2>::from_shape({n, n});
+      const int ni = int(n);
+      // Let the other libraries' idle threads (OpenBLAS, OpenMP) stop spinning first.
+      const auto settle = [] { std::this_thread::sleep_for(std::chrono::milliseconds(400)); };
+      settle();
+      const double t_sgemm = precis_bench::best_ms([&] {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ni, ni, ni, 1.0F, af.data(), ni,
+                    bf.data(), ni, 0.0F, cf.data(), ni);
+      }, reps);
+      settle();
+      const double t_bf16 = precis_bench::best_ms(
+          [&] { precis::gemm<precis::presets::bf16_mixed>(ctx, a16, b16, c16); }, reps);
+      const double t_fp16 = precis_bench::best_ms(
+          [&] { precis::gemm<precis::presets::fp16_mixed>(ctx, ah, bh, ch); }, reps);
+      // precis's bf16 output against sgemm's float output rounded to bf16: one bf16 ulp at most.
+      double maxdiff = 0;
+      for (std::size_t i = 0; i < n * n; ++i) {
+        maxdiff = std::max(maxdiff, std::abs(double(float(c16.data()[i])) - double(cf.data()[i])));
+      }
+      // oneDNN bf16 matmul.
+      using tag = dnnl::memory::format_tag;
+      using dt = dnnl::memory::data_type;
+      const dnnl::memory::dims dims{dnnl::memory::dim(n), dnnl::memory::dim(n)};
+      dnnl::memory::desc md(dims, dt::bf16, tag::ab);
+      dnnl::memory ma(md, eng, const_cast<precis::bfloat16*>(a16.data()));
+      dnnl::memory mb(md, eng, const_cast<precis::bfloat16*>(b16.data()));
+      auto cd = precis::host_tensor<precis::bfloat16, 2>::from_shape({n, n});
+      dnnl::memory mc(md, eng, cd.data());
+      dnnl::matmul mm(dnnl::matmul::primitive_desc(dnnl::matmul::desc(md, md, md), eng));
+      settle();
+      const double t_dnnl = precis_bench::best_ms([&] {
+        mm.execute(strm, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+        strm.wait();
+      }, reps);
+      const double gs = gflops(n, t_sgemm), gb = gflops(n, t_bf16), gh = gflops(n, t_fp16),
+                   gd = gflops(n, t_dnnl);
+      char diff[32];
+      std::snprintf(diff, sizeof diff, "%.2g", maxdiff);
+      tab.add({std::to_string(n), std::to_string(threads), precis_bench::fixed(gs, 1),
+               precis_bench::fixed(gd, 1), precis_bench::fixed(gb, 1), precis_bench::fixed(gh, 1),
+               precis_bench::fixed(gb / gs), precis_bench::fixed(gh / gs),
+               precis_bench::fixed(gb / gd), diff});
+    }
+  }
+  tab.print();
+  if (const auto path = precis_bench::csv_path(argc, argv); !path.empty()) tab.write_csv(path);
+}

@@ -1,0 +1,436 @@
+// precis/kernels/conv.hpp: 2-D convolution (NCHW; stride, padding, dilation, groups),
+// forward, backward-data and backward-weights, and the transposed convolution, on host
+// tensors.
+//
+// Semantics (op::conv under the policy, as gemm's): inputs in their tensors' element types
+// (the policy's storage or gradient type, or float; float rounded to tfloat32 first under
+// a tfloat32 compute type), exact products summed in float in a fixed order, each output
+// rounded once. A convolution is a product with an implicit im2col matrix: the inputs are
+// converted to float once, the im2col panels are built while packing (never stored
+// whole), and gemm's float engine does the sums. Backward-data sums the per-tap float
+// partial products of the column matrix into a float image (col2im) and rounds once.
+// Policies with double math or a narrower-than-float accumulator are not taken here
+// (static_assert); gemm has the plain-loop path for those.
+//
+// Shapes are checked before anything is written (precis::error names expected and actual
+// shapes); results are the same bits for every thread count.
+#pragma once
+
+#include <precis/kernels/common.hpp>
+#include <precis/kernels/context.hpp>
+#include <precis/kernels/cpu/gemm_kernel.hpp>
+#include <precis/kernels/cpu/support.hpp>
+#include <precis/kernels/gemm.hpp>
+#include <precis/tensor/host_tensor.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace precis {
+
+/// Geometry of a 2-D convolution, PyTorch's Conv2d arguments: output size
+/// (in + 2 pad - dilation (k - 1) - 1) / stride + 1 per axis; `groups` splits channels
+/// into independent convolutions (groups == channels: depthwise).
+struct conv2d_params {
+  std::array<std::size_t, 2> stride{1, 1};
+  std::array<std::size_t, 2> padding{0, 0};
+  std::array<std::size_t, 2> dilation{1, 1};
+  std::size_t groups = 1;
+};
+
+namespace detail {
+
+/// All sizes of one convolution, from x [N, C, H, W] and w [Co, C / groups, KH, KW].
+struct conv_geometry {
+  std::size_t n, c, h, w, co, kh, kw, ho, wo, groups;
+  conv2d_params p;
+  std::size_t cg() const { return c / groups; }
+  std::size_t cog() const { return co / groups; }
+  std::size_t taps() const { return cg() * kh * kw; }  // the product's depth
+  std::size_t pixels() const { return ho * wo; }
+};
+
+/// Computes the geometry and checks x and w; throws precis::error naming shapes.
+template <class X, class W>
+conv_geometry conv_geometry_of(std::string_view name, const X& x, const W& w,
+                               const conv2d_params& p) {
+  conv_geometry g{};
+  g.n = std::size_t(x.shape()[0]);
+  g.c = std::size_t(x.shape()[1]);
+  g.h = std::size_t(x.shape()[2]);
+  g.w = std::size_t(x.shape()[3]);
+  g.co = std::size_t(w.shape()[0]);
+  g.kh = std::size_t(w.shape()[2]);
+  g.kw = std::size_t(w.shape()[3]);
+  g.groups = p.groups;
+  g.p = p;
+  const std::string n(name);
+  check_argument(p.groups >= 1 && p.stride[0] >= 1 && p.stride[1] >= 1 && p.dilation[0] >= 1 &&
+                     p.dilation[1] >= 1,
+                 n + ":", "stride, dilation and groups must be at least 1");
+  if (g.c % p.groups != 0 || g.co % p.groups != 0) {
+    throw error(n + ": groups = " + std::to_string(p.groups) + " must divide the input channels (" +
+                std::to_string(g.c) + ") and the output channels (" + std::to_string(g.co) + ")");
+  }
+  check_shape(n + ": w", w, std::array<std::size_t, 4>{g.co, g.c / p.groups, g.kh, g.kw});
+  const auto out = [&](std::size_t in, std::size_t k, std::size_t a) -> std::size_t {
+    const std::size_t span = p.dilation[a] * (k - 1) + 1, padded = in + 2 * p.padding[a];
+    if (k == 0 || padded < span) {
+      throw error(n + ": kernel " + shape_string(std::array<std::size_t, 2>{g.kh, g.kw}) +
+                  " with dilation does not fit input " +
+                  shape_string(std::array<std::size_t, 2>{g.h, g.w}) + " plus padding");
+    }
+    return (padded - span) / p.stride[a] + 1;
+  };
+  g.ho = out(g.h, g.kh, 0);
+  g.wo = out(g.w, g.kw, 1);
+  return g;
+}
+
+/// A tensor's elements as floats (rounded to tfloat32 when TF32), converted in parallel.
+template <bool TF32, class T>
+std::vector<float> to_float(const cpu_context& ctx, const T* src, std::size_t n) {
+  std::vector<float> out(n);
+  parallel_for(ctx, n, elements_per_thread, [&](std::size_t b, std::size_t e) {
+    load_block(src + b, out.data() + b, e - b);
+    if constexpr (TF32 && std::is_same_v<T, float>) {
+      for (std::size_t i = b; i < e; ++i) out[i] = round_tf32(out[i]);
+    }
+  });
+  return out;
+}
+
+/// The im2col value of tap `t` (channel, ky, kx within the group) at output pixel `q` of
+/// the float image `x` (the group's channels, [Cg, H, W]); zero in the padding.
+inline float im2col_at(const conv_geometry& g, const float* x, std::size_t t, std::size_t q) {
+  const std::size_t kx = t % g.kw, ky = (t / g.kw) % g.kh, ch = t / (g.kw * g.kh);
+  const std::size_t oy = q / g.wo, ox = q % g.wo;
+  const std::size_t iy = oy * g.p.stride[0] + ky * g.p.dilation[0];
+  const std::size_t ix = ox * g.p.stride[1] + kx * g.p.dilation[1];
+  if (iy < g.p.padding[0] || ix < g.p.padding[1]) return 0.0F;
+  const std::size_t y = iy - g.p.padding[0], xx = ix - g.p.padding[1];
+  if (y >= g.h || xx >= g.w) return 0.0F;
+  return x[(ch * g.h + y) * g.w + xx];
+}
+
+/// Packs the im2col matrix's transpose (element (pixel, tap)) for gemm_serial: NR pixels
+/// per tap. Pixels of one row of taps are consecutive input columns, so the inner loop
+/// walks x with stride `stride[1]` and only checks bounds.
+struct im2col_packer {
+  const conv_geometry* g;
+  const float* x;  // [Cg, H, W] of this image and group
+  void operator()(std::size_t q0, std::size_t cols, std::size_t t0, std::size_t kc,
+                  float* out) const {
+    const conv_geometry& G = *g;
+    for (std::size_t k = 0; k < kc; ++k) {
+      const std::size_t t = t0 + k;
+      const std::size_t kx = t % G.kw, ky = (t / G.kw) % G.kh, ch = t / (G.kw * G.kh);
+      const float* xc = x + ch * G.h * G.w;
+      float* o = out + k * gemm_nr;
+      // The valid output columns of this tap: ix = ox * s + kx * d - pad in [0, W).
+      const std::size_t s = G.p.stride[1], off = kx * G.p.dilation[1];
+      const std::size_t ox_lo =
+          off >= G.p.padding[1] ? 0 : (G.p.padding[1] - off + s - 1) / s;
+      const std::size_t lim = G.w + G.p.padding[1];  // ix + pad < lim
+      const std::size_t ox_hi = off >= lim ? 0 : std::min(G.wo, (lim - off - 1) / s + 1);
+      std::size_t oy = q0 / G.wo, ox = q0 % G.wo;
+      for (std::size_t c = 0; c < cols;) {
+        // One output row's run of pixels at a time.
+        const std::size_t run = std::min(cols - c, G.wo - ox);
+        const std::size_t iy = oy * G.p.stride[0] + ky * G.p.dilation[0];
+        float* oc = o + c;
+        if (iy < G.p.padding[0] || iy - G.p.padding[0] >= G.h) {
+          for (std::size_t r = 0; r < run; ++r) oc[r] = 0.0F;
+        } else {
+          const float* row = xc + (iy - G.p.padding[0]) * G.w;
+          const std::size_t lo = std::clamp(ox_lo, ox, ox + run), hi = std::clamp(ox_hi, lo, ox + run);
+          for (std::size_t r = ox; r < lo; ++r) oc[r - ox] = 0.0F;
+          if (hi > lo) {
+            const float* src = row + (lo * s + off - G.p.padding[1]);
+            if (s == 1) {
+              std::copy(src, src + (hi - lo), oc + (lo - ox));
+            } else {
+              for (std::size_t r = lo; r < hi; ++r) oc[r - ox] = src[(r - lo) * s];
+            }
+          }
+          for (std::size_t r = hi; r < ox + run; ++r) oc[r - ox] = 0.0F;
+        }
+        c += run;
+        ox = 0;
+        ++oy;
+      }
+      for (std::size_t c = cols; c < gemm_nr; ++c) o[c] = 0.0F;
+    }
+  }
+};
+
+/// Runs f(ctx_for_item, item) for items [0, n): items on separate threads when there are
+/// at least as many as threads (each then single-threaded inside), else one after another
+/// with all threads inside. Both give the same bits.
+template <class F>
+void for_items(const cpu_context& ctx, std::size_t n, F&& f) {
+  if (n >= ctx.thread_count() && n > 1) {
+    parallel_for(ctx, n, 1, [&](std::size_t b, std::size_t e) {
+      for (std::size_t i = b; i < e; ++i) f(cpu_context{1}, i);
+    });
+  } else {
+    for (std::size_t i = 0; i < n; ++i) f(ctx, i);
+  }
+}
+
+/// y[n, g*Cog + i, q] = sum_t wf[g*Cog + i, t] col(xf[n, g])[t, q] (+ bias), rounded once to TY.
+template <class TY, class TBias>
+void conv_forward_float(const cpu_context& ctx, const conv_geometry& g, const float* xf,
+                        const float* wf, const TBias* bias, TY* y) {
+  const std::size_t P = g.pixels(), T = g.taps(), Cog = g.cog();
+  for_items(ctx, g.n * g.groups, [&](const cpu_context& inner, std::size_t item) {
+    const std::size_t n = item / g.groups, gr = item % g.groups;
+    strided_packer<float, gemm_mr, false> pa{wf + gr * Cog * T, T, 1};
+    im2col_packer pb{&g, xf + (n * g.c + gr * g.cg()) * g.h * g.w};
+    TY* out = y + (n * g.co + gr * Cog) * P;
+    const auto write = [&](std::size_t i, std::size_t j0, const float* acc, std::size_t len) {
+      float v[block_size];
+      for (std::size_t s = 0; s < len; s += block_size) {
+        const std::size_t l = std::min(block_size, len - s);
+        const float b = bias != nullptr ? load<float>(bias[gr * Cog + i]) : 0.0F;
+        for (std::size_t j = 0; j < l; ++j) v[j] = acc[s + j] + b;
+        store_block(v, out + i * P + j0 + s, l);
+      }
+    };
+    gemm_float(inner, Cog, P, T, pa, pb, write);
+  });
+}
+
+/// dx[n, g] = col2im(W_g^T dy[n, g]): the column matrix in float, then each image element
+/// summed over its taps in float (tap order fixed), rounded once to TX.
+template <class TX>
+void conv_backward_data_float(const cpu_context& ctx, const conv_geometry& g, const float* dyf,
+                              const float* wf, TX* dx) {
+  const std::size_t P = g.pixels(), T = g.taps(), Cog = g.cog(), Cg = g.cg(), HW = g.h * g.w;
+  for_items(ctx, g.n * g.groups, [&](const cpu_context& inner, std::size_t item) {
+    const std::size_t n = item / g.groups, gr = item % g.groups;
+    std::vector<float> col(T * P), img(Cg * HW, 0.0F);
+    // A = W_g^T (T x Cog): element (t, i) at wf[(gr*Cog + i) * T + t].
+    strided_packer<float, gemm_mr, false> pa{wf + gr * Cog * T, 1, T};
+    // B (Cog x P) packed as its transpose: element (q, i) at dyf[(n*Co + gr*Cog + i) * P + q].
+    strided_packer<float, gemm_nr, false> pb{dyf + (n * g.co + gr * Cog) * P, 1, P};
+    const auto write = [&](std::size_t i, std::size_t j0, const float* acc, std::size_t len) {
+      std::copy(acc, acc + len, col.data() + i * P + j0);
+    };
+    gemm_float(inner, T, P, Cog, pa, pb, write);
+    for (std::size_t t = 0; t < T; ++t) {
+      const std::size_t kx = t % g.kw, ky = (t / g.kw) % g.kh, ch = t / (g.kw * g.kh);
+      float* ic = img.data() + ch * HW;
+      const float* ct = col.data() + t * P;
+      for (std::size_t q = 0; q < P; ++q) {
+        const std::size_t oy = q / g.wo, ox = q % g.wo;
+        const std::size_t iy = oy * g.p.stride[0] + ky * g.p.dilation[0];
+        const std::size_t ix = ox * g.p.stride[1] + kx * g.p.dilation[1];
+        if (iy < g.p.padding[0] || ix < g.p.padding[1]) continue;
+        const std::size_t yy = iy - g.p.padding[0], xx = ix - g.p.padding[1];
+        if (yy < g.h && xx < g.w) ic[yy * g.w + xx] += ct[q];
+      }
+    }
+    store_block(img.data(), dx + (n * g.c + gr * Cg) * HW, Cg * HW);
+  });
+}
+
+/// dw[g*Cog + i, t] = sum over images n and pixels q of dy[n, g*Cog + i, q] col(x[n, g])[t, q]:
+/// one product of depth N * P per group, rounded once to TW.
+template <class TW>
+void conv_backward_weights_float(const cpu_context& ctx, const conv_geometry& g, const float* xf,
+                                 const float* dyf, TW* dw) {
+  const std::size_t P = g.pixels(), T = g.taps(), Cog = g.cog();
+  for (std::size_t gr = 0; gr < g.groups; ++gr) {
+    // A (Cog x N*P): element (i, n*P + q) at dyf[(n*Co + gr*Cog + i) * P + q].
+    const auto pa = [&](std::size_t i0, std::size_t rows, std::size_t k0, std::size_t kc,
+                        float* out) {
+      for (std::size_t r = 0; r < gemm_mr; ++r) {
+        if (r >= rows) {
+          for (std::size_t k = 0; k < kc; ++k) out[k * gemm_mr + r] = 0.0F;
+          continue;
+        }
+        std::size_t n = k0 / P, q = k0 % P;
+        for (std::size_t k = 0; k < kc; ++k) {
+          out[k * gemm_mr + r] = dyf[(n * g.co + gr * Cog + i0 + r) * P + q];
+          if (++q == P) {
+            q = 0;
+            ++n;
+          }
+        }
+      }
+    };
+    // B (N*P x T) packed as its transpose: element (t, n*P + q) = col(x[n, gr])[t, q].
+    const auto pb = [&](std::size_t t0, std::size_t cols, std::size_t k0, std::size_t kc,
+                        float* out) {
+      std::size_t n = k0 / P, q = k0 % P;
+      for (std::size_t k = 0; k < kc; ++k) {
+        const float* xn = xf + (n * g.c + gr * g.cg()) * g.h * g.w;
+        float* o = out + k * gemm_nr;
+        for (std::size_t c = 0; c < cols; ++c) o[c] = im2col_at(g, xn, t0 + c, q);
+        for (std::size_t c = cols; c < gemm_nr; ++c) o[c] = 0.0F;
+        if (++q == P) {
+          q = 0;
+          ++n;
+        }
+      }
+    };
+    TW* out = dw + gr * Cog * T;
+    const auto write = [&](std::size_t i, std::size_t j0, const float* acc, std::size_t len) {
+      store_block(acc, out + i * T + j0, len);
+    };
+    gemm_float(ctx, Cog, T, g.n * P, pa, pb, write);
+  }
+}
+
+/// The static checks of every convolution.
+template <Policy P, class TX, class TW, class TY>
+constexpr void check_conv_types() {
+  static_assert(kernel_element<TX> && kernel_element<TW> && kernel_element<TY>,
+                "precis: conv element types are float, double or precis number formats");
+  static_assert(policy_input_v<op::conv, P, TX> && policy_input_v<op::conv, P, TW>,
+                "precis: conv inputs must be the policy's storage or gradient type, or float; "
+                "cast them with precis::cast first, or call with the policy they were "
+                "stored under");
+  static_assert(float_engine_v<op::conv, P, TX, TW>,
+                "precis: conv computes in float with a float accumulator; for double tensors "
+                "or an unsafe narrow accumulator use gemm on an explicit im2col matrix");
+}
+
+template <Policy P>
+inline constexpr bool conv_tf32_v = tf32_inputs_v<op::conv, P>;
+
+template <std::size_t N>
+std::array<std::size_t, N> dims(std::array<std::size_t, N> a) {
+  return a;
+}
+
+}  // namespace detail
+
+/// y = conv2d(x, w): x [N, C, H, W], w [Co, C / groups, KH, KW], y [N, Co, Ho, Wo].
+template <Policy P, class TX, class TW, class TY>
+void conv2d(const cpu_context& ctx, const host_tensor<TX, 4>& x, const host_tensor<TW, 4>& w,
+            host_tensor<TY, 4>& y, const conv2d_params& p = {}) {
+  detail::check_conv_types<P, TX, TW, TY>();
+  const auto g = detail::conv_geometry_of("precis::conv2d", x, w, p);
+  check_shape("precis::conv2d: y", y, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
+  constexpr bool tf32 = detail::conv_tf32_v<P>;
+  const auto xf = detail::to_float<tf32>(ctx, x.data(), x.size());
+  const auto wf = detail::to_float<tf32>(ctx, w.data(), w.size());
+  detail::conv_forward_float(ctx, g, xf.data(), wf.data(), static_cast<const TY*>(nullptr),
+                             y.data());
+}
+
+/// As conv2d, plus bias [Co] added to every pixel of its channel before the one rounding.
+template <Policy P, class TX, class TW, class TBias, class TY>
+void conv2d(const cpu_context& ctx, const host_tensor<TX, 4>& x, const host_tensor<TW, 4>& w,
+            const host_tensor<TBias, 1>& bias, host_tensor<TY, 4>& y, const conv2d_params& p = {}) {
+  detail::check_conv_types<P, TX, TW, TY>();
+  const auto g = detail::conv_geometry_of("precis::conv2d", x, w, p);
+  check_shape("precis::conv2d: bias", bias, detail::dims<1>({g.co}));
+  check_shape("precis::conv2d: y", y, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
+  constexpr bool tf32 = detail::conv_tf32_v<P>;
+  const auto xf = detail::to_float<tf32>(ctx, x.data(), x.size());
+  const auto wf = detail::to_float<tf32>(ctx, w.data(), w.size());
+  detail::conv_forward_float(ctx, g, xf.data(), wf.data(), bias.data(), y.data());
+}
+
+/// dx = dL/dx of y = conv2d(x, w) from dy (x's shape is dx's shape).
+template <Policy P, class TG, class TW, class TX>
+void conv2d_backward_data(const cpu_context& ctx, const host_tensor<TG, 4>& dy,
+                          const host_tensor<TW, 4>& w, host_tensor<TX, 4>& dx,
+                          const conv2d_params& p = {}) {
+  detail::check_conv_types<P, TG, TW, TX>();
+  const auto g = detail::conv_geometry_of("precis::conv2d_backward_data", dx, w, p);
+  check_shape("precis::conv2d_backward_data: dy", dy, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
+  constexpr bool tf32 = detail::conv_tf32_v<P>;
+  const auto dyf = detail::to_float<tf32>(ctx, dy.data(), dy.size());
+  const auto wf = detail::to_float<tf32>(ctx, w.data(), w.size());
+  detail::conv_backward_data_float(ctx, g, dyf.data(), wf.data(), dx.data());
+}
+
+/// dw = dL/dw of y = conv2d(x, w) from x and dy, summed over the batch in float.
+template <Policy P, class TX, class TG, class TW>
+void conv2d_backward_weights(const cpu_context& ctx, const host_tensor<TX, 4>& x,
+                             const host_tensor<TG, 4>& dy, host_tensor<TW, 4>& dw,
+                             const conv2d_params& p = {}) {
+  detail::check_conv_types<P, TX, TG, TW>();
+  const auto g = detail::conv_geometry_of("precis::conv2d_backward_weights", x, dw, p);
+  check_shape("precis::conv2d_backward_weights: dy", dy, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
+  constexpr bool tf32 = detail::conv_tf32_v<P>;
+  const auto xf = detail::to_float<tf32>(ctx, x.data(), x.size());
+  const auto dyf = detail::to_float<tf32>(ctx, dy.data(), dy.size());
+  detail::conv_backward_weights_float(ctx, g, xf.data(), dyf.data(), dw.data());
+}
+
+/// Transposed convolution (PyTorch's ConvTranspose2d without output_padding): x [N, Ci, H, W],
+/// w [Ci, Co / groups, KH, KW], y [N, Co, Ho, Wo] with Ho = (H - 1) stride - 2 pad +
+/// dilation (KH - 1) + 1. It is the backward-data of the convolution y -> x with weight w,
+/// so it shares that code and its semantics.
+template <Policy P, class TX, class TW, class TY>
+void conv_transpose2d(const cpu_context& ctx, const host_tensor<TX, 4>& x,
+                      const host_tensor<TW, 4>& w, host_tensor<TY, 4>& y,
+                      const conv2d_params& p = {}) {
+  detail::check_conv_types<P, TX, TW, TY>();
+  const std::string name = "precis::conv_transpose2d";
+  detail::check_argument(p.groups >= 1, name + ":", "groups must be at least 1");
+  const std::size_t n = std::size_t(x.shape()[0]), ci = std::size_t(x.shape()[1]);
+  const std::size_t kh = std::size_t(w.shape()[2]), kw = std::size_t(w.shape()[3]);
+  check_shape(name + ": w", w,
+              detail::dims<4>({ci, std::size_t(w.shape()[1]), kh, kw}));
+  const std::size_t co = std::size_t(w.shape()[1]) * p.groups;
+  const auto out = [&](std::size_t in, std::size_t k, std::size_t a) {
+    const std::size_t full = (in - 1) * p.stride[a] + p.dilation[a] * (k - 1) + 1;
+    if (in == 0 || k == 0 || full <= 2 * p.padding[a]) {
+      throw error(name + ": padding leaves no output for input " + shape_string(x.shape()) +
+                  " and kernel " + shape_string(w.shape()));
+    }
+    return full - 2 * p.padding[a];
+  };
+  const std::size_t ho = out(std::size_t(x.shape()[2]), kh, 0);
+  const std::size_t wo = out(std::size_t(x.shape()[3]), kw, 1);
+  check_shape(name + ": y", y, detail::dims<4>({n, co, ho, wo}));
+  // The forward convolution this is the adjoint of: y (co channels) -> x (ci channels).
+  detail::conv_geometry g{};
+  g.n = n;
+  g.c = co;
+  g.h = ho;
+  g.w = wo;
+  g.co = ci;
+  g.kh = kh;
+  g.kw = kw;
+  g.groups = p.groups;
+  g.p = p;
+  g.ho = std::size_t(x.shape()[2]);
+  g.wo = std::size_t(x.shape()[3]);
+  if (ci % p.groups != 0) {
+    throw error(name + ": groups = " + std::to_string(p.groups) + " must divide the channels " +
+                std::to_string(ci) + " of x " + shape_string(x.shape()));
+  }
+  constexpr bool tf32 = detail::conv_tf32_v<P>;
+  const auto xf = detail::to_float<tf32>(ctx, x.data(), x.size());
+  const auto wf = detail::to_float<tf32>(ctx, w.data(), w.size());
+  detail::conv_backward_data_float(ctx, g, xf.data(), wf.data(), y.data());
+}
+
+/// dx of y = conv_transpose2d(x, w): the forward convolution of dy with w.
+template <Policy P, class TG, class TW, class TX>
+void conv_transpose2d_backward_data(const cpu_context& ctx, const host_tensor<TG, 4>& dy,
+                                    const host_tensor<TW, 4>& w, host_tensor<TX, 4>& dx,
+                                    const conv2d_params& p = {}) {
+  conv2d<P>(ctx, dy, w, dx, p);
+}
+
+/// dw of y = conv_transpose2d(x, w): the weight gradient of the convolution dy -> x.
+template <Policy P, class TX, class TG, class TW>
+void conv_transpose2d_backward_weights(const cpu_context& ctx, const host_tensor<TX, 4>& x,
+                                       const host_tensor<TG, 4>& dy, host_tensor<TW, 4>& dw,
+                                       const conv2d_params& p = {}) {
+  conv2d_backward_weights<P>(ctx, dy, x, dw, p);
+}
+
+}  // namespace precis

@@ -1,0 +1,224 @@
+// precis/kernels/cpu/gemm_kernel.hpp: the float engine behind gemm, conv and their
+// backward passes on the CPU. Private to precis (namespace precis::detail).
+//
+// Why this design: products of float16, bfloat16, float8 and tfloat32-rounded inputs are
+// exact in float, so converting the inputs to float while packing them (as BLIS and
+// OpenBLAS pack panels anyway) and running a float FMA micro-kernel gives exactly the
+// tensor-core semantics: sum_k (exact a_ik b_kj), added in float in k order, rounded once
+// at the end. An FMA of an exact product equals the product added, so the result does not
+// depend on whether the target has FMA. Written here rather than taken from a BLAS so that
+// precis links nothing, owns its threads (a BLAS's global thread pool would be global
+// state) and gives the same bits for every thread count.
+//
+// Determinism: every output element is the float sum over k = 0, 1, ..., K-1 of its
+// products, accumulated in one register lane in that order (the partial sums between
+// K blocks are stored and reloaded as floats, which changes nothing). Threads split the
+// output into disjoint column (or row) ranges; no element's sequence depends on the split.
+//
+// The micro-kernel is MR x NR floats of registers, NR = two SIMD vectors of the target's
+// width (AVX-512, AVX2+FMA or the portable 16-byte vectors of GCC/Clang), chosen at
+// compile time like the rest of precis (no runtime dispatch).
+#pragma once
+
+#include <precis/config.hpp>
+#include <precis/kernels/common.hpp>
+#include <precis/kernels/context.hpp>
+#include <precis/policy/policy.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <type_traits>
+#include <new>
+#include <utility>
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#include <immintrin.h>
+#endif
+
+namespace precis::detail {
+
+/// True when T may be an input of a kernel of kind Op under P: float or double, or the
+/// (rule-applied) policy's storage or gradient type. Anything else means the caller
+/// forgot a cast, or called with the wrong policy.
+template <op_kind Op, Policy P, class T>
+inline constexpr bool policy_input_v =
+    std::is_same_v<T, float> || std::is_same_v<T, double> ||
+    std::is_same_v<T, typename kernel_policy_t<Op, P>::storage_type> ||
+    std::is_same_v<T, typename kernel_policy_t<Op, P>::gradient_type>;
+
+
+/// The SIMD vector the micro-kernel is written in, with the four operations it needs.
+struct gemm_simd {
+#if defined(__AVX512F__)
+  using vec = __m512;
+  static constexpr std::size_t width = 16;
+  static constexpr std::size_t mr = 12;  // 24 accumulators + 2 B vectors + 1 broadcast of 32 zmm
+  static vec zero() { return _mm512_setzero_ps(); }
+  static vec load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, vec v) { _mm512_storeu_ps(p, v); }
+  static vec broadcast(const float* p) { return _mm512_set1_ps(*p); }
+  static vec fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+#elif defined(__AVX2__) && defined(__FMA__)
+  using vec = __m256;
+  static constexpr std::size_t width = 8;
+  static constexpr std::size_t mr = 6;  // 12 accumulators + 2 + 1 of 16 ymm
+  static vec zero() { return _mm256_setzero_ps(); }
+  static vec load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, vec v) { _mm256_storeu_ps(p, v); }
+  static vec broadcast(const float* p) { return _mm256_broadcast_ss(p); }
+  static vec fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+#else
+  // GCC/Clang vector extensions: SSE2 on a baseline x86-64, NEON on AArch64.
+  typedef float vec __attribute__((vector_size(16)));
+  static constexpr std::size_t width = 4;
+  static constexpr std::size_t mr = 6;
+  static vec zero() { return vec{0, 0, 0, 0}; }
+  static vec load(const float* p) {
+    vec v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  }
+  static void store(float* p, vec v) { std::memcpy(p, &v, sizeof v); }
+  static vec broadcast(const float* p) { return vec{*p, *p, *p, *p}; }
+  static vec fma(vec a, vec b, vec c) { return a * b + c; }
+#endif
+  static constexpr std::size_t nr = 2 * width;
+};
+
+/// Rows and columns of one micro-kernel tile.
+inline constexpr std::size_t gemm_mr = gemm_simd::mr;
+inline constexpr std::size_t gemm_nr = gemm_simd::nr;
+/// Cache blocking: a KC x NR panel of B (32 KiB at NR = 32) stays in L1 while the MC x KC
+/// block of A (96 KiB) streams from L2; the KC x NC block of B sits in L2/L3.
+inline constexpr std::size_t gemm_kc = 256;
+inline constexpr std::size_t gemm_mc = gemm_mr * 8;
+inline constexpr std::size_t gemm_nc = 1024;
+
+/// C[MR x NR] (row stride ldc) = (first ? 0 : C) + A_panel * B_panel over kc steps, where
+/// the packed A panel holds MR floats per k and the B panel NR floats per k.
+template <bool First>
+inline void gemm_micro(std::size_t kc, const float* a, const float* b, float* c, std::size_t ldc) {
+  using S = gemm_simd;
+  using V = S::vec;
+  constexpr std::size_t W = S::width, MR = S::mr;
+  V acc0[MR], acc1[MR];
+  [&]<std::size_t... R>(std::index_sequence<R...>) {
+    if constexpr (First) {
+      ((acc0[R] = S::zero(), acc1[R] = S::zero()), ...);
+    } else {
+      ((acc0[R] = S::load(c + R * ldc), acc1[R] = S::load(c + R * ldc + W)), ...);
+    }
+    for (std::size_t k = 0; k < kc; ++k) {
+      const V b0 = S::load(b), b1 = S::load(b + W);
+      ((acc0[R] = S::fma(S::broadcast(a + R), b0, acc0[R]),
+        acc1[R] = S::fma(S::broadcast(a + R), b1, acc1[R])),
+       ...);
+      a += MR;
+      b += 2 * W;
+    }
+    ((S::store(c + R * ldc, acc0[R]), S::store(c + R * ldc + W, acc1[R])), ...);
+  }(std::make_index_sequence<MR>{});
+}
+
+/// A float buffer aligned for the SIMD loads, uninitialised.
+struct float_buffer {
+  struct deleter {
+    void operator()(float* q) const { ::operator delete[](q, std::align_val_t(64)); }
+  };
+  std::unique_ptr<float[], deleter> p;
+  explicit float_buffer(std::size_t n)
+      : p(static_cast<float*>(::operator new[](std::max<std::size_t>(n, 1) * sizeof(float),
+                                               std::align_val_t(64)))) {}
+  float* get() const { return p.get(); }
+};
+
+/// Rounds a float to tfloat32 (10 mantissa bits) to nearest-even, as tensor cores read
+/// float inputs under TF32; NaN and infinity pass unchanged, a carry overflows to infinity.
+inline float round_tf32(float x) {
+  auto u = std::bit_cast<std::uint32_t>(x);
+  if ((u & 0x7F800000U) == 0x7F800000U) return x;
+  u += 0x0FFFU + ((u >> 13) & 1U);
+  return std::bit_cast<float>(u & 0xFFFFE000U);
+}
+
+/// One thread's share of C = op(A) op(B) in float: rows [m0, m1) and columns [n0, n1).
+/// `pack_a(i0, rows, k0, kc, out)` writes the float values op(A)[i0 + r][k0 + k] to
+/// out[k * MR + r] for r < rows and zero for rows <= r < MR; `pack_b(j0, cols, k0, kc,
+/// out)` writes op(B)[k0 + k][j0 + c] to out[k * NR + c] likewise. `epilogue(i, j0, acc,
+/// n)` receives the n finished float sums of row i starting at column j0.
+template <class PackA, class PackB, class Epilogue>
+void gemm_serial(std::size_t m0, std::size_t m1, std::size_t n0, std::size_t n1, std::size_t K,
+                 PackA& pack_a, PackB& pack_b, Epilogue& epilogue) {
+  constexpr std::size_t MR = gemm_mr, NR = gemm_nr, KC = gemm_kc, MC = gemm_mc, NC = gemm_nc;
+  if (m0 >= m1 || n0 >= n1) return;
+  const std::size_t M = m1 - m0;
+  const std::size_t mpad = (M + MR - 1) / MR * MR;
+  const std::size_t ncmax = std::min(NC, n1 - n0);
+  const std::size_t ldw = (ncmax + NR - 1) / NR * NR;
+  float_buffer bp(KC * ldw), ap(KC * std::min(mpad, MC)), ws(mpad * ldw);
+  for (std::size_t jc = n0; jc < n1; jc += NC) {
+    const std::size_t nc = std::min(NC, n1 - jc);
+    if (K == 0) {
+      std::fill_n(ws.get(), mpad * ldw, 0.0F);
+    }
+    for (std::size_t pc = 0; pc < K; pc += KC) {
+      const std::size_t kc = std::min(KC, K - pc);
+      for (std::size_t jr = 0; jr < nc; jr += NR) {
+        pack_b(jc + jr, std::min(NR, nc - jr), pc, kc, bp.get() + jr * kc);
+      }
+      for (std::size_t ic = 0; ic < M; ic += MC) {
+        const std::size_t mc = std::min(MC, M - ic);
+        for (std::size_t ir = 0; ir < mc; ir += MR) {
+          pack_a(m0 + ic + ir, std::min(MR, mc - ir), pc, kc, ap.get() + ir * kc);
+        }
+        for (std::size_t jr = 0; jr < nc; jr += NR) {
+          for (std::size_t ir = 0; ir < mc; ir += MR) {
+            float* c = ws.get() + (ic + ir) * ldw + jr;
+            if (pc == 0) {
+              gemm_micro<true>(kc, ap.get() + ir * kc, bp.get() + jr * kc, c, ldw);
+            } else {
+              gemm_micro<false>(kc, ap.get() + ir * kc, bp.get() + jr * kc, c, ldw);
+            }
+          }
+        }
+        if (pc + kc >= K) {
+          for (std::size_t i = ic; i < ic + mc; ++i) epilogue(m0 + i, jc, ws.get() + i * ldw, nc);
+        }
+      }
+    }
+    if (K == 0) {
+      for (std::size_t i = 0; i < M; ++i) epilogue(m0 + i, jc, ws.get() + i * ldw, nc);
+    }
+  }
+}
+
+/// C = op(A) op(B) (M x N, depth K) in float on ctx's threads. The output is split into
+/// column ranges (rows when N is small), whole NR-wide panels each, so every element is
+/// computed as gemm_serial computes it whatever the thread count. `threads_cap` limits the
+/// threads (batched callers that already run in parallel pass 1).
+template <class PackA, class PackB, class Epilogue>
+void gemm_float(const cpu_context& ctx, std::size_t M, std::size_t N, std::size_t K,
+                PackA&& pack_a, PackB&& pack_b, Epilogue&& epilogue) {
+  constexpr std::size_t NR = gemm_nr, MR = gemm_mr;
+  // Below ~4 MFLOP a second thread costs more than it saves.
+  const std::size_t min_flops = std::size_t(1) << 22;
+  const std::size_t work = std::max<std::size_t>(1, M * N * std::max<std::size_t>(K, 1));
+  const bool by_cols = N >= M;
+  const std::size_t unit = by_cols ? NR : MR;
+  const std::size_t units = ((by_cols ? N : M) + unit - 1) / unit;
+  const std::size_t per_unit = std::max<std::size_t>(1, work / units);
+  parallel_for(ctx, units, std::max<std::size_t>(1, min_flops / per_unit),
+               [&](std::size_t u0, std::size_t u1) {
+                 if (by_cols) {
+                   gemm_serial(0, M, u0 * NR, std::min(N, u1 * NR), K, pack_a, pack_b, epilogue);
+                 } else {
+                   gemm_serial(u0 * MR, std::min(M, u1 * MR), 0, N, K, pack_a, pack_b, epilogue);
+                 }
+               });
+}
+
+}  // namespace precis::detail

@@ -1,0 +1,360 @@
+// precis/kernels/pooling.hpp: max and average pooling, nearest and bilinear upsampling
+// (NCHW), forward and backward, on host tensors.
+//
+// Semantics (op::pooling under the policy): inputs converted to the math type (float for
+// the narrow formats, double for double), window sums and gradient sums kept in the
+// accumulate type, each output rounded once. Backward passes add every output gradient
+// into a float (math-type) image of the input plane in a fixed order and round that image
+// once, so a plane's result does not depend on the threads, which take whole planes.
+// Max pooling's backward recomputes the window's maximum from x (the first maximum wins, as
+// in PyTorch; NaN propagates and wins).
+//
+// Shapes are checked before anything is written; a mismatch throws precis::error naming
+// both shapes.
+#pragma once
+
+#include <precis/kernels/common.hpp>
+#include <precis/kernels/context.hpp>
+#include <precis/kernels/cpu/gemm_kernel.hpp>
+#include <precis/kernels/cpu/support.hpp>
+#include <precis/tensor/host_tensor.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace precis {
+
+/// Window of a 2-D pooling, PyTorch's MaxPool2d/AvgPool2d arguments: output size
+/// (in + 2 padding - kernel) / stride + 1 per axis. A zero stride means stride = kernel.
+/// `count_include_pad` (average pooling only): divide by the full window (PyTorch's
+/// default) rather than by the elements inside the input.
+struct pool2d_params {
+  std::array<std::size_t, 2> kernel{2, 2};
+  std::array<std::size_t, 2> stride{0, 0};
+  std::array<std::size_t, 2> padding{0, 0};
+  bool count_include_pad = true;
+};
+
+namespace detail {
+
+struct pool_geometry {
+  std::size_t planes, h, w, ho, wo, kh, kw, sh, sw, ph, pw;
+};
+
+template <class X>
+pool_geometry pool_geometry_of(std::string_view name, const X& x, const pool2d_params& p) {
+  const std::string n(name);
+  pool_geometry g{};
+  g.planes = std::size_t(x.shape()[0]) * std::size_t(x.shape()[1]);
+  g.h = std::size_t(x.shape()[2]);
+  g.w = std::size_t(x.shape()[3]);
+  g.kh = p.kernel[0];
+  g.kw = p.kernel[1];
+  g.sh = p.stride[0] == 0 ? g.kh : p.stride[0];
+  g.sw = p.stride[1] == 0 ? g.kw : p.stride[1];
+  g.ph = p.padding[0];
+  g.pw = p.padding[1];
+  check_argument(g.kh >= 1 && g.kw >= 1, n + ":", "kernel must be at least 1x1");
+  check_argument(2 * g.ph <= g.kh && 2 * g.pw <= g.kw, n + ":",
+                 "padding must be at most half the kernel (as in PyTorch)");
+  if (g.h + 2 * g.ph < g.kh || g.w + 2 * g.pw < g.kw) {
+    throw error(n + ": window " + shape_string(p.kernel) + " does not fit input " +
+                shape_string(x.shape()) + " plus padding");
+  }
+  g.ho = (g.h + 2 * g.ph - g.kh) / g.sh + 1;
+  g.wo = (g.w + 2 * g.pw - g.kw) / g.sw + 1;
+  return g;
+}
+
+template <class X>
+std::array<std::size_t, 4> pooled_shape(const X& x, const pool_geometry& g) {
+  return {std::size_t(x.shape()[0]), std::size_t(x.shape()[1]), g.ho, g.wo};
+}
+
+/// The window of output (oy, ox) clipped to the input: [y0, y1) x [x0, x1).
+struct window {
+  std::size_t y0, y1, x0, x1;
+};
+inline window window_at(const pool_geometry& g, std::size_t oy, std::size_t ox) {
+  const std::size_t ty = oy * g.sh, tx = ox * g.sw;  // top-left in padded coordinates
+  return {ty < g.ph ? 0 : ty - g.ph, std::min(g.h, ty + g.kh - g.ph),
+          tx < g.pw ? 0 : tx - g.pw, std::min(g.w, tx + g.kw - g.pw)};
+}
+
+/// Runs f(plane) for each plane on ctx's threads.
+template <class F>
+void for_planes(const cpu_context& ctx, std::size_t planes, std::size_t plane_size, F&& f) {
+  for_rows(ctx, planes, plane_size, [&](std::size_t b, std::size_t e) {
+    for (std::size_t i = b; i < e; ++i) f(i);
+  });
+}
+
+/// Index (in the plane) of the first maximum of window w (NaN wins).
+template <class M, class T>
+std::size_t argmax_in(const T* x, std::size_t width, const window& w) {
+  std::size_t best = w.y0 * width + w.x0;
+  M bv = load<M>(x[best]);
+  for (std::size_t y = w.y0; y < w.y1; ++y) {
+    for (std::size_t xx = w.x0; xx < w.x1; ++xx) {
+      const M v = load<M>(x[y * width + xx]);
+      if (std::isnan(bv)) return best;
+      if (v > bv || std::isnan(v)) {
+        bv = v;
+        best = y * width + xx;
+      }
+    }
+  }
+  return best;
+}
+
+/// The static checks of every pooling kernel: TOut is the output's element type, TIn the
+/// inputs'.
+template <Policy P, class TOut, class... TIn>
+constexpr void check_pool_types() {
+  static_assert(kernel_element<TOut> && (kernel_element<TIn> && ...),
+                "precis: pooling element types are float, double or precis number formats");
+  static_assert((policy_input_v<op::pooling, P, TIn> && ...),
+                "precis: pooling inputs must be the policy's storage or gradient type, or "
+                "float; cast them with precis::cast first, or call with the policy they were "
+                "stored under");
+}
+
+/// Source coordinate of bilinear upsampling (PyTorch's area_pixel_compute_source_index).
+template <class M>
+M bilinear_source(std::size_t dst, std::size_t in, std::size_t out, bool align_corners) {
+  if (align_corners) {
+    return out > 1 ? M(dst) * M(in - 1) / M(out - 1) : M(0);
+  }
+  const M s = (M(dst) + M(0.5)) * M(in) / M(out) - M(0.5);
+  return s < M(0) ? M(0) : s;
+}
+
+/// The two taps and weights of a bilinear source coordinate.
+template <class M>
+void bilinear_taps(M s, std::size_t in, std::size_t& i0, std::size_t& i1, M& w1) {
+  i0 = std::min(std::size_t(s), in - 1);
+  i1 = std::min(i0 + 1, in - 1);
+  w1 = s - M(i0);
+}
+
+template <class X, class Y>
+void check_resample(std::string_view name, const X& x, const Y& y) {
+  check_shape(std::string(name) + ": y", y,
+              std::array<std::size_t, 4>{std::size_t(x.shape()[0]), std::size_t(x.shape()[1]),
+                                         std::size_t(y.shape()[2]), std::size_t(y.shape()[3])});
+  if (x.size() == 0 || y.size() == 0) {
+    throw error(std::string(name) + ": empty input " + shape_string(x.shape()) + " or output " +
+                shape_string(y.shape()));
+  }
+}
+
+}  // namespace detail
+
+/// y = max over each window of x: x [N, C, H, W], y [N, C, Ho, Wo].
+template <Policy P, class TX, class TY>
+void max_pool2d(const cpu_context& ctx, const host_tensor<TX, 4>& x, host_tensor<TY, 4>& y,
+                const pool2d_params& p = {}) {
+  detail::check_pool_types<P, TY, TX>();
+  using M = detail::math_t<op::pooling, P, TX>;
+  const auto g = detail::pool_geometry_of("precis::max_pool2d", x, p);
+  check_shape("precis::max_pool2d: y", y, detail::pooled_shape(x, g));
+  detail::for_planes(ctx, g.planes, g.h * g.w, [&](std::size_t pl) {
+    const TX* xp = x.data() + pl * g.h * g.w;
+    TY* yp = y.data() + pl * g.ho * g.wo;
+    for (std::size_t oy = 0; oy < g.ho; ++oy) {
+      for (std::size_t ox = 0; ox < g.wo; ++ox) {
+        const auto w = detail::window_at(g, oy, ox);
+        yp[oy * g.wo + ox] = round_to<TY>(detail::load<M>(xp[detail::argmax_in<M>(xp, g.w, w)]));
+      }
+    }
+  });
+}
+
+/// dx of y = max_pool2d(x): each dy goes to its window's first maximum in x.
+template <Policy P, class TX, class TG, class TDX>
+void max_pool2d_backward(const cpu_context& ctx, const host_tensor<TX, 4>& x,
+                         const host_tensor<TG, 4>& dy, host_tensor<TDX, 4>& dx,
+                         const pool2d_params& p = {}) {
+  detail::check_pool_types<P, TDX, TX, TG>();
+  using M = detail::math_t<op::pooling, P, TX, TG>;
+  const auto g = detail::pool_geometry_of("precis::max_pool2d_backward", x, p);
+  check_shape("precis::max_pool2d_backward: dy", dy, detail::pooled_shape(x, g));
+  check_shape("precis::max_pool2d_backward: dx", dx, detail::shape_array<4>(x));
+  detail::for_planes(ctx, g.planes, g.h * g.w, [&](std::size_t pl) {
+    const TX* xp = x.data() + pl * g.h * g.w;
+    const TG* dyp = dy.data() + pl * g.ho * g.wo;
+    std::vector<accumulator<detail::accumulate_t<op::pooling, P>>> acc(g.h * g.w);
+    for (std::size_t oy = 0; oy < g.ho; ++oy) {
+      for (std::size_t ox = 0; ox < g.wo; ++ox) {
+        const auto w = detail::window_at(g, oy, ox);
+        detail::accumulate(acc[detail::argmax_in<M>(xp, g.w, w)],
+                           detail::load<M>(dyp[oy * g.wo + ox]));
+      }
+    }
+    TDX* dxp = dx.data() + pl * g.h * g.w;
+    for (std::size_t i = 0; i < g.h * g.w; ++i) dxp[i] = round_to<TDX>(acc[i].value());
+  });
+}
+
+/// y = mean over each window of x (divided by the full window when count_include_pad).
+template <Policy P, class TX, class TY>
+void avg_pool2d(const cpu_context& ctx, const host_tensor<TX, 4>& x, host_tensor<TY, 4>& y,
+                const pool2d_params& p = {}) {
+  detail::check_pool_types<P, TY, TX>();
+  using M = detail::math_t<op::pooling, P, TX>;
+  const auto g = detail::pool_geometry_of("precis::avg_pool2d", x, p);
+  check_shape("precis::avg_pool2d: y", y, detail::pooled_shape(x, g));
+  detail::for_planes(ctx, g.planes, g.h * g.w, [&](std::size_t pl) {
+    const TX* xp = x.data() + pl * g.h * g.w;
+    TY* yp = y.data() + pl * g.ho * g.wo;
+    for (std::size_t oy = 0; oy < g.ho; ++oy) {
+      for (std::size_t ox = 0; ox < g.wo; ++ox) {
+        const auto w = detail::window_at(g, oy, ox);
+        accumulator<detail::accumulate_t<op::pooling, P>> acc;
+        for (std::size_t yy = w.y0; yy < w.y1; ++yy) {
+          for (std::size_t xx = w.x0; xx < w.x1; ++xx) {
+            detail::accumulate(acc, detail::load<M>(xp[yy * g.w + xx]));
+          }
+        }
+        const std::size_t count = p.count_include_pad ? g.kh * g.kw : (w.y1 - w.y0) * (w.x1 - w.x0);
+        yp[oy * g.wo + ox] = round_to<TY>(M(acc.value()) / M(count));
+      }
+    }
+  });
+}
+
+/// dx of y = avg_pool2d(x): each dy spread evenly over its window.
+template <Policy P, class TG, class TDX>
+void avg_pool2d_backward(const cpu_context& ctx, const host_tensor<TG, 4>& dy,
+                         host_tensor<TDX, 4>& dx, const pool2d_params& p = {}) {
+  detail::check_pool_types<P, TDX, TG>();
+  using M = detail::math_t<op::pooling, P, TG>;
+  const auto g = detail::pool_geometry_of("precis::avg_pool2d_backward", dx, p);
+  check_shape("precis::avg_pool2d_backward: dy", dy, detail::pooled_shape(dx, g));
+  detail::for_planes(ctx, g.planes, g.h * g.w, [&](std::size_t pl) {
+    const TG* dyp = dy.data() + pl * g.ho * g.wo;
+    std::vector<accumulator<detail::accumulate_t<op::pooling, P>>> acc(g.h * g.w);
+    for (std::size_t oy = 0; oy < g.ho; ++oy) {
+      for (std::size_t ox = 0; ox < g.wo; ++ox) {
+        const auto w = detail::window_at(g, oy, ox);
+        const std::size_t count = p.count_include_pad ? g.kh * g.kw : (w.y1 - w.y0) * (w.x1 - w.x0);
+        const M share = detail::load<M>(dyp[oy * g.wo + ox]) / M(count);
+        for (std::size_t yy = w.y0; yy < w.y1; ++yy) {
+          for (std::size_t xx = w.x0; xx < w.x1; ++xx) detail::accumulate(acc[yy * g.w + xx], share);
+        }
+      }
+    }
+    TDX* dxp = dx.data() + pl * g.h * g.w;
+    for (std::size_t i = 0; i < g.h * g.w; ++i) dxp[i] = round_to<TDX>(acc[i].value());
+  });
+}
+
+/// Nearest-neighbour upsampling (PyTorch's `nearest`): y [N, C, Ho, Wo] from x [N, C, H, W],
+/// y[oy, ox] = x[floor(oy H / Ho), floor(ox W / Wo)]. Sizes come from y's shape.
+template <Policy P, class TX, class TY>
+void upsample_nearest2d(const cpu_context& ctx, const host_tensor<TX, 4>& x, host_tensor<TY, 4>& y) {
+  detail::check_pool_types<P, TY, TX>();
+  using M = detail::math_t<op::pooling, P, TX>;
+  detail::check_resample("precis::upsample_nearest2d", x, y);
+  const std::size_t h = x.shape()[2], w = x.shape()[3], ho = y.shape()[2], wo = y.shape()[3];
+  detail::for_planes(ctx, x.shape()[0] * x.shape()[1], ho * wo, [&](std::size_t pl) {
+    const TX* xp = x.data() + pl * h * w;
+    TY* yp = y.data() + pl * ho * wo;
+    for (std::size_t oy = 0; oy < ho; ++oy) {
+      const std::size_t iy = oy * h / ho;
+      for (std::size_t ox = 0; ox < wo; ++ox) {
+        yp[oy * wo + ox] = round_to<TY>(detail::load<M>(xp[iy * w + ox * w / wo]));
+      }
+    }
+  });
+}
+
+/// dx of y = upsample_nearest2d(x): the sum of dy over the outputs each input fed.
+template <Policy P, class TG, class TDX>
+void upsample_nearest2d_backward(const cpu_context& ctx, const host_tensor<TG, 4>& dy,
+                                 host_tensor<TDX, 4>& dx) {
+  detail::check_pool_types<P, TDX, TG>();
+  using M = detail::math_t<op::pooling, P, TG>;
+  detail::check_resample("precis::upsample_nearest2d_backward", dx, dy);
+  const std::size_t h = dx.shape()[2], w = dx.shape()[3], ho = dy.shape()[2], wo = dy.shape()[3];
+  detail::for_planes(ctx, dx.shape()[0] * dx.shape()[1], ho * wo, [&](std::size_t pl) {
+    const TG* dyp = dy.data() + pl * ho * wo;
+    std::vector<accumulator<detail::accumulate_t<op::pooling, P>>> acc(h * w);
+    for (std::size_t oy = 0; oy < ho; ++oy) {
+      const std::size_t iy = oy * h / ho;
+      for (std::size_t ox = 0; ox < wo; ++ox) {
+        detail::accumulate(acc[iy * w + ox * w / wo], detail::load<M>(dyp[oy * wo + ox]));
+      }
+    }
+    TDX* dxp = dx.data() + pl * h * w;
+    for (std::size_t i = 0; i < h * w; ++i) dxp[i] = round_to<TDX>(acc[i].value());
+  });
+}
+
+/// Bilinear upsampling (PyTorch's `bilinear`, align_corners as given): y's shape gives the
+/// output size; each output is the weighted sum of its four input neighbours, in math type.
+template <Policy P, class TX, class TY>
+void upsample_bilinear2d(const cpu_context& ctx, const host_tensor<TX, 4>& x, host_tensor<TY, 4>& y,
+                         bool align_corners = false) {
+  detail::check_pool_types<P, TY, TX>();
+  using M = detail::math_t<op::pooling, P, TX>;
+  detail::check_resample("precis::upsample_bilinear2d", x, y);
+  const std::size_t h = x.shape()[2], w = x.shape()[3], ho = y.shape()[2], wo = y.shape()[3];
+  detail::for_planes(ctx, x.shape()[0] * x.shape()[1], ho * wo, [&](std::size_t pl) {
+    const TX* xp = x.data() + pl * h * w;
+    TY* yp = y.data() + pl * ho * wo;
+    for (std::size_t oy = 0; oy < ho; ++oy) {
+      std::size_t y0, y1;
+      M fy;
+      detail::bilinear_taps(detail::bilinear_source<M>(oy, h, ho, align_corners), h, y0, y1, fy);
+      for (std::size_t ox = 0; ox < wo; ++ox) {
+        std::size_t x0, x1;
+        M fx;
+        detail::bilinear_taps(detail::bilinear_source<M>(ox, w, wo, align_corners), w, x0, x1, fx);
+        const auto at = [&](std::size_t yy, std::size_t xx) { return detail::load<M>(xp[yy * w + xx]); };
+        const M v = (M(1) - fy) * ((M(1) - fx) * at(y0, x0) + fx * at(y0, x1)) +
+                    fy * ((M(1) - fx) * at(y1, x0) + fx * at(y1, x1));
+        yp[oy * wo + ox] = round_to<TY>(v);
+      }
+    }
+  });
+}
+
+/// dx of y = upsample_bilinear2d(x): each dy spread to its four neighbours with the
+/// forward weights, summed per input element in the accumulate type.
+template <Policy P, class TG, class TDX>
+void upsample_bilinear2d_backward(const cpu_context& ctx, const host_tensor<TG, 4>& dy,
+                                  host_tensor<TDX, 4>& dx, bool align_corners = false) {
+  detail::check_pool_types<P, TDX, TG>();
+  using M = detail::math_t<op::pooling, P, TG>;
+  detail::check_resample("precis::upsample_bilinear2d_backward", dx, dy);
+  const std::size_t h = dx.shape()[2], w = dx.shape()[3], ho = dy.shape()[2], wo = dy.shape()[3];
+  detail::for_planes(ctx, dx.shape()[0] * dx.shape()[1], ho * wo, [&](std::size_t pl) {
+    const TG* dyp = dy.data() + pl * ho * wo;
+    std::vector<accumulator<detail::accumulate_t<op::pooling, P>>> acc(h * w);
+    for (std::size_t oy = 0; oy < ho; ++oy) {
+      std::size_t y0, y1;
+      M fy;
+      detail::bilinear_taps(detail::bilinear_source<M>(oy, h, ho, align_corners), h, y0, y1, fy);
+      for (std::size_t ox = 0; ox < wo; ++ox) {
+        std::size_t x0, x1;
+        M fx;
+        detail::bilinear_taps(detail::bilinear_source<M>(ox, w, wo, align_corners), w, x0, x1, fx);
+        const M g = detail::load<M>(dyp[oy * wo + ox]);
+        detail::accumulate(acc[y0 * w + x0], (M(1) - fy) * (M(1) - fx) * g);
+        detail::accumulate(acc[y0 * w + x1], (M(1) - fy) * fx * g);
+        detail::accumulate(acc[y1 * w + x0], fy * (M(1) - fx) * g);
+        detail::accumulate(acc[y1 * w + x1], fy * fx * g);
+      }
+    }
+    TDX* dxp = dx.data() + pl * h * w;
+    for (std::size_t i = 0; i < h * w; ++i) dxp[i] = round_to<TDX>(acc[i].value());
+  });
+}
+
+}  // namespace precis

@@ -1,0 +1,218 @@
+// conv2d forward, backward-data, backward-weights and the transposed convolution against
+// float64 references from the same rounded inputs. Bounds: kernel_checks.hpp's table
+// (max |kernel - reference| / max |reference|: float 1e-5, bfloat16 1e-2, float16 2e-3):
+// the depths here are <= 9 * 8 taps forward and <= 2 * 15 * 15 pixels for the weights,
+// so float sums stay near sqrt(depth) ulps (< 1e-6) and the output rounding dominates.
+// The float64 adjoints are checked against central differences of the float64 forward.
+#include <precis/kernels/conv.hpp>
+
+#include "kernel_checks.hpp"
+
+#include <doctest/doctest.h>
+
+#include <array>
+#include <cstddef>
+
+namespace {
+
+using namespace precis_test;
+using precis::host_tensor;
+using shape4 = std::array<std::size_t, 4>;
+
+struct geo {
+  std::size_t n, c, h, w, co, kh, kw;
+  precis::conv2d_params p;
+  std::size_t ho() const { return (h + 2 * p.padding[0] - p.dilation[0] * (kh - 1) - 1) / p.stride[0] + 1; }
+  std::size_t wo() const { return (w + 2 * p.padding[1] - p.dilation[1] * (kw - 1) - 1) / p.stride[1] + 1; }
+  shape4 xs() const { return {n, c, h, w}; }
+  shape4 ws() const { return {co, c / p.groups, kh, kw}; }
+  shape4 ys() const { return {n, co, ho(), wo()}; }
+};
+
+/// Calls f(n, o, ci, ky, kx, oy, ox, iy, ix) for every in-bounds term of the convolution.
+template <class F>
+void for_terms(const geo& g, F f) {
+  const std::size_t cg = g.c / g.p.groups, cog = g.co / g.p.groups;
+  for (std::size_t n = 0; n < g.n; ++n)
+    for (std::size_t o = 0; o < g.co; ++o)
+      for (std::size_t oy = 0; oy < g.ho(); ++oy)
+        for (std::size_t ox = 0; ox < g.wo(); ++ox)
+          for (std::size_t c = 0; c < cg; ++c)
+            for (std::size_t ky = 0; ky < g.kh; ++ky)
+              for (std::size_t kx = 0; kx < g.kw; ++kx) {
+                const long iy = long(oy * g.p.stride[0] + ky * g.p.dilation[0]) - long(g.p.padding[0]);
+                const long ix = long(ox * g.p.stride[1] + kx * g.p.dilation[1]) - long(g.p.padding[1]);
+                if (iy < 0 || ix < 0 || iy >= long(g.h) || ix >= long(g.w)) continue;
+                f(n, o, (o / cog) * cg + c, c, ky, kx, oy, ox, std::size_t(iy), std::size_t(ix));
+              }
+}
+
+host_tensor<double, 4> ref_forward(const geo& g, const host_tensor<double, 4>& x,
+                                   const host_tensor<double, 4>& w) {
+  auto y = host_tensor<double, 4>::from_shape(g.ys());
+  y.fill(0);
+  for_terms(g, [&](auto n, auto o, auto ci, auto c, auto ky, auto kx, auto oy, auto ox, auto iy, auto ix) {
+    y(n, o, oy, ox) += w(o, c, ky, kx) * x(n, ci, iy, ix);
+  });
+  return y;
+}
+
+host_tensor<double, 4> ref_backward_data(const geo& g, const host_tensor<double, 4>& dy,
+                                         const host_tensor<double, 4>& w) {
+  auto dx = host_tensor<double, 4>::from_shape(g.xs());
+  dx.fill(0);
+  for_terms(g, [&](auto n, auto o, auto ci, auto c, auto ky, auto kx, auto oy, auto ox, auto iy, auto ix) {
+    dx(n, ci, iy, ix) += w(o, c, ky, kx) * dy(n, o, oy, ox);
+  });
+  return dx;
+}
+
+host_tensor<double, 4> ref_backward_weights(const geo& g, const host_tensor<double, 4>& x,
+                                            const host_tensor<double, 4>& dy) {
+  auto dw = host_tensor<double, 4>::from_shape(g.ws());
+  dw.fill(0);
+  for_terms(g, [&](auto n, auto o, auto ci, auto c, auto ky, auto kx, auto oy, auto ox, auto iy, auto ix) {
+    dw(o, c, ky, kx) += x(n, ci, iy, ix) * dy(n, o, oy, ox);
+  });
+  return dw;
+}
+
+precis::conv2d_params params(std::size_t s, std::size_t pad, std::size_t d, std::size_t groups) {
+  precis::conv2d_params p;
+  p.stride = {s, s + (s > 1 ? 0 : 0)};
+  p.padding = {pad, pad};
+  p.dilation = {d, d};
+  p.groups = groups;
+  return p;
+}
+
+const geo geometries[] = {
+    {2, 3, 11, 13, 5, 3, 3, params(1, 1, 1, 1)},
+    {1, 8, 15, 9, 6, 3, 2, params(2, 1, 1, 2)},
+    {3, 4, 10, 10, 4, 3, 3, params(1, 2, 2, 4)},  // depthwise, dilated
+    {2, 6, 9, 12, 9, 1, 1, params(1, 0, 1, 3)},
+    {1, 5, 14, 14, 7, 5, 5, params(3, 2, 1, 1)},
+};
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("conv2d forward and backward match float64", Cfg, fp32_config, bf16_config,
+                   fp16_config) {
+  using T = typename Cfg::T;
+  using P = typename Cfg::P;
+  for (const geo& g : geometries) {
+    INFO("x " << precis::shape_string(g.xs()) << " w " << precis::shape_string(g.ws())
+              << " stride " << g.p.stride[0] << " pad " << g.p.padding[0] << " dilation "
+              << g.p.dilation[0] << " groups " << g.p.groups);
+    const auto x = random_tensor<T, 4>(g.xs());
+    const auto w = random_tensor<T, 4>(g.ws());
+    const auto dy = random_tensor<T, 4>(g.ys());
+    const auto bias = random_tensor<T, 1>({g.co});
+    const auto xd = to_double(x), wd = to_double(w), dyd = to_double(dy);
+    for (unsigned threads : {1U, 2U}) {
+      const precis::cpu_context ctx{threads};
+      auto y = poisoned<T, 4>(g.ys());
+      precis::conv2d<P>(ctx, x, w, y, g.p);
+      const auto yref = ref_forward(g, xd, wd);
+      CHECK(rel_error(y, yref) < bound<T>());
+      auto yb = poisoned<float, 4>(g.ys());
+      precis::conv2d<P>(ctx, x, w, bias, yb, g.p);
+      auto yref_b = yref;
+      for (std::size_t n = 0; n < g.n; ++n)
+        for (std::size_t o = 0; o < g.co; ++o)
+          for (std::size_t i = 0; i < g.ho(); ++i)
+            for (std::size_t j = 0; j < g.wo(); ++j) yref_b(n, o, i, j) += to_double(bias(o));
+      CHECK(rel_error(yb, yref_b) < bound<float>());
+      auto dx = poisoned<T, 4>(g.xs());
+      precis::conv2d_backward_data<P>(ctx, dy, w, dx, g.p);
+      CHECK(rel_error(dx, ref_backward_data(g, dyd, wd)) < bound<T>());
+      auto dw = poisoned<T, 4>(g.ws());
+      precis::conv2d_backward_weights<P>(ctx, x, dy, dw, g.p);
+      CHECK(rel_error(dw, ref_backward_weights(g, xd, dyd)) < bound<T>());
+    }
+  }
+}
+
+TEST_CASE("conv2d's float64 adjoints are the gradients (central differences)") {
+  const geo g{1, 4, 6, 7, 4, 3, 2, params(2, 1, 2, 2)};
+  const auto xd = to_double(random_tensor<double, 4>(g.xs()));
+  const auto wd = to_double(random_tensor<double, 4>(g.ws()));
+  const auto dyd = to_double(random_tensor<double, 4>(g.ys()));
+  const auto fx = [&](const host_tensor<double, 4>& x) { return dot(dyd, ref_forward(g, x, wd)); };
+  const auto fw = [&](const host_tensor<double, 4>& w) { return dot(dyd, ref_forward(g, xd, w)); };
+  CHECK(rel_error(fd_gradient(fx, xd), ref_backward_data(g, dyd, wd)) < fd_bound);
+  CHECK(rel_error(fd_gradient(fw, wd), ref_backward_weights(g, xd, dyd)) < fd_bound);
+}
+
+TEST_CASE_TEMPLATE("conv_transpose2d is the adjoint of conv2d, forward and backward", Cfg,
+                   fp32_config, bf16_config) {
+  using T = typename Cfg::T;
+  using P = typename Cfg::P;
+  // conv_transpose2d(x, w) with x [N, Ci, H, W] is the backward-data of the convolution
+  // from Co to Ci channels whose output is x.
+  const geo g{2, 6, 9, 9, 4, 3, 3, params(2, 1, 1, 2)};  // the convolution y(6ch) -> x(4ch)
+  const auto xt_ = random_tensor<T, 4>(g.ys());           // transposed conv input
+  const auto w = random_tensor<T, 4>(g.ws());             // [Ci=4, Co/groups=3, 3, 3]
+  auto y = poisoned<T, 4>(g.xs());
+  const precis::cpu_context ctx{2};
+  precis::conv_transpose2d<P>(ctx, xt_, w, y, g.p);
+  const auto xd = to_double(xt_), wd = to_double(w);
+  CHECK(rel_error(y, ref_backward_data(g, xd, wd)) < bound<T>());
+  const auto dy = random_tensor<T, 4>(g.xs());
+  auto dx = poisoned<T, 4>(g.ys());
+  precis::conv_transpose2d_backward_data<P>(ctx, dy, w, dx, g.p);
+  CHECK(rel_error(dx, ref_forward(g, to_double(dy), wd)) < bound<T>());
+  auto dw = poisoned<T, 4>(g.ws());
+  precis::conv_transpose2d_backward_weights<P>(ctx, xt_, dy, dw, g.p);
+  CHECK(rel_error(dw, ref_backward_weights(g, to_double(dy), xd)) < bound<T>());
+}
+
+TEST_CASE("conv2d gives the same bits on 1, 2 and 3 threads") {
+  using P = precis::presets::bf16_mixed;
+  using T = precis::bfloat16;
+  for (std::size_t n : {1U, 4U}) {
+    const geo g{n, 16, 23, 21, 40, 3, 3, params(1, 1, 1, 1)};
+    const auto x = random_tensor<T, 4>(g.xs());
+    const auto w = random_tensor<T, 4>(g.ws());
+    const auto dy = random_tensor<T, 4>(g.ys());
+    host_tensor<float, 4> y[3], dx[3], dw[3];
+    for (unsigned t = 0; t < 3; ++t) {
+      const precis::cpu_context ctx{t + 1};
+      y[t] = poisoned<float, 4>(g.ys());
+      dx[t] = poisoned<float, 4>(g.xs());
+      dw[t] = poisoned<float, 4>(g.ws());
+      precis::conv2d<P>(ctx, x, w, y[t], g.p);
+      precis::conv2d_backward_data<P>(ctx, dy, w, dx[t], g.p);
+      precis::conv2d_backward_weights<P>(ctx, x, dy, dw[t], g.p);
+    }
+    for (unsigned t = 1; t < 3; ++t) {
+      CHECK(same_bits(y[0], y[t]));
+      CHECK(same_bits(dx[0], dx[t]));
+      CHECK(same_bits(dw[0], dw[t]));
+    }
+  }
+}
+
+TEST_CASE("conv2d rejects bad shapes and arguments, naming them, and writes nothing") {
+  using P = precis::presets::fp32;
+  const precis::cpu_context ctx{1};
+  const auto x = random_tensor<float, 4>({1, 4, 8, 8});
+  const auto w = random_tensor<float, 4>({6, 4, 3, 3});
+  auto y = poisoned<float, 4>(shape4{1, 6, 7, 7});
+  check_error([&] { precis::conv2d<P>(ctx, x, w, y); }, "precis::conv2d: y", "[1, 6, 7, 7]",
+              "[1, 6, 6, 6]");
+  CHECK(std::isnan(y(0, 0, 0, 0)));
+  const auto w_bad = random_tensor<float, 4>({6, 3, 3, 3});
+  auto y6 = poisoned<float, 4>(shape4{1, 6, 6, 6});
+  check_error([&] { precis::conv2d<P>(ctx, x, w_bad, y6); }, "w", "[6, 3, 3, 3]", "[6, 4, 3, 3]");
+  precis::conv2d_params p;
+  p.groups = 3;
+  check_error([&] { precis::conv2d<P>(ctx, x, w, y6, p); }, "groups");
+  const auto big = random_tensor<float, 4>({6, 4, 9, 9});
+  auto y1 = poisoned<float, 4>(shape4{1, 6, 1, 1});
+  check_error([&] { precis::conv2d<P>(ctx, x, big, y1); }, "does not fit");
+  auto dw = poisoned<float, 4>(shape4{6, 4, 3, 3});
+  check_error([&] { precis::conv2d_backward_weights<P>(ctx, x, y, dw); }, "dy", "[1, 6, 7, 7]",
+              "[1, 6, 6, 6]");
+  CHECK(std::isnan(dw(0, 0, 0, 0)));
+}

@@ -1,0 +1,273 @@
+// max/avg pooling and nearest/bilinear upsampling, forward and backward, against float64
+// references from the same rounded inputs. Bounds: kernel_checks.hpp's table (max |kernel
+// - reference| / max |reference|: float 1e-5, bfloat16 1e-2, float16 2e-3): max pooling
+// and nearest upsampling are exact before the output rounding; averages and bilinear
+// weights add a few float ulps (sums of <= 9 terms). The float64 backward references are
+// checked against central differences of the float64 forward (max pooling: random inputs
+// have no ties, so it is differentiable there).
+#include <precis/kernels/pooling.hpp>
+
+#include "kernel_checks.hpp"
+
+#include <doctest/doctest.h>
+
+#include <array>
+#include <cmath>
+#include <cstddef>
+
+namespace {
+
+using namespace precis_test;
+using precis::host_tensor;
+using shape4 = std::array<std::size_t, 4>;
+
+struct pool_case {
+  shape4 x;
+  precis::pool2d_params p;
+};
+
+std::size_t out_size(std::size_t in, std::size_t k, std::size_t s, std::size_t pad) {
+  return (in + 2 * pad - k) / (s == 0 ? k : s) + 1;
+}
+
+shape4 pooled(const pool_case& c) {
+  const auto& p = c.p;
+  return {c.x[0], c.x[1], out_size(c.x[2], p.kernel[0], p.stride[0], p.padding[0]),
+          out_size(c.x[3], p.kernel[1], p.stride[1], p.padding[1])};
+}
+
+/// Calls f(n, ch, oy, ox, iy, ix, count) for every in-bounds element of every window.
+template <class F>
+void for_windows(const pool_case& c, F f) {
+  const auto ys = pooled(c);
+  const auto& p = c.p;
+  const std::size_t sh = p.stride[0] ? p.stride[0] : p.kernel[0];
+  const std::size_t sw = p.stride[1] ? p.stride[1] : p.kernel[1];
+  for (std::size_t n = 0; n < ys[0]; ++n)
+    for (std::size_t ch = 0; ch < ys[1]; ++ch)
+      for (std::size_t oy = 0; oy < ys[2]; ++oy)
+        for (std::size_t ox = 0; ox < ys[3]; ++ox) {
+          std::size_t inside = 0;
+          for (int pass = 0; pass < 2; ++pass)
+            for (std::size_t ky = 0; ky < p.kernel[0]; ++ky)
+              for (std::size_t kx = 0; kx < p.kernel[1]; ++kx) {
+                const long iy = long(oy * sh + ky) - long(p.padding[0]);
+                const long ix = long(ox * sw + kx) - long(p.padding[1]);
+                if (iy < 0 || ix < 0 || iy >= long(c.x[2]) || ix >= long(c.x[3])) continue;
+                if (pass == 0) {
+                  ++inside;
+                } else {
+                  f(n, ch, oy, ox, std::size_t(iy), std::size_t(ix),
+                    p.count_include_pad ? p.kernel[0] * p.kernel[1] : inside);
+                }
+              }
+        }
+}
+
+host_tensor<double, 4> ref_max(const pool_case& c, const host_tensor<double, 4>& x) {
+  auto y = host_tensor<double, 4>::from_shape(pooled(c));
+  y.fill(-INFINITY);
+  for_windows(c, [&](auto n, auto ch, auto oy, auto ox, auto iy, auto ix, auto) {
+    y(n, ch, oy, ox) = std::max(y(n, ch, oy, ox), x(n, ch, iy, ix));
+  });
+  return y;
+}
+
+host_tensor<double, 4> ref_max_backward(const pool_case& c, const host_tensor<double, 4>& x,
+                                        const host_tensor<double, 4>& dy) {
+  const auto y = ref_max(c, x);
+  auto dx = host_tensor<double, 4>::from_shape(c.x);
+  dx.fill(0);
+  auto done = y;
+  done.fill(0);
+  for_windows(c, [&](auto n, auto ch, auto oy, auto ox, auto iy, auto ix, auto) {
+    if (done(n, ch, oy, ox) == 0 && x(n, ch, iy, ix) == y(n, ch, oy, ox)) {
+      dx(n, ch, iy, ix) += dy(n, ch, oy, ox);
+      done(n, ch, oy, ox) = 1;
+    }
+  });
+  return dx;
+}
+
+host_tensor<double, 4> ref_avg(const pool_case& c, const host_tensor<double, 4>& x) {
+  auto y = host_tensor<double, 4>::from_shape(pooled(c));
+  y.fill(0);
+  for_windows(c, [&](auto n, auto ch, auto oy, auto ox, auto iy, auto ix, auto count) {
+    y(n, ch, oy, ox) += x(n, ch, iy, ix) / double(count);
+  });
+  return y;
+}
+
+host_tensor<double, 4> ref_avg_backward(const pool_case& c, const host_tensor<double, 4>& dy) {
+  auto dx = host_tensor<double, 4>::from_shape(c.x);
+  dx.fill(0);
+  for_windows(c, [&](auto n, auto ch, auto oy, auto ox, auto iy, auto ix, auto count) {
+    dx(n, ch, iy, ix) += dy(n, ch, oy, ox) / double(count);
+  });
+  return dx;
+}
+
+precis::pool2d_params pp(std::size_t k, std::size_t s, std::size_t pad, bool include_pad = true) {
+  precis::pool2d_params p;
+  p.kernel = {k, k};
+  p.stride = {s, s};
+  p.padding = {pad, pad};
+  p.count_include_pad = include_pad;
+  return p;
+}
+
+const pool_case pool_cases[] = {
+    {{2, 3, 9, 11}, pp(2, 0, 0)},
+    {{1, 4, 13, 10}, pp(3, 2, 1)},        // ResNet's stem pooling, odd sizes
+    {{2, 2, 7, 7}, pp(3, 1, 1, false)},
+    {{1, 3, 8, 5}, pp(2, 3, 1)},
+};
+
+/// Bilinear/nearest references in double (PyTorch's index rules).
+double src_bilinear(std::size_t d, std::size_t in, std::size_t out, bool ac) {
+  if (ac) return out > 1 ? double(d) * double(in - 1) / double(out - 1) : 0.0;
+  return std::max(0.0, (double(d) + 0.5) * double(in) / double(out) - 0.5);
+}
+
+template <class F>
+void for_bilinear(const shape4& xs, const shape4& ys, bool ac, F f) {
+  for (std::size_t n = 0; n < xs[0]; ++n)
+    for (std::size_t ch = 0; ch < xs[1]; ++ch)
+      for (std::size_t oy = 0; oy < ys[2]; ++oy)
+        for (std::size_t ox = 0; ox < ys[3]; ++ox) {
+          const double sy = src_bilinear(oy, xs[2], ys[2], ac), sx = src_bilinear(ox, xs[3], ys[3], ac);
+          const std::size_t y0 = std::min(std::size_t(sy), xs[2] - 1), x0 = std::min(std::size_t(sx), xs[3] - 1);
+          const std::size_t y1 = std::min(y0 + 1, xs[2] - 1), x1 = std::min(x0 + 1, xs[3] - 1);
+          const double fy = sy - double(y0), fx = sx - double(x0);
+          f(n, ch, oy, ox, y0, x0, (1 - fy) * (1 - fx));
+          f(n, ch, oy, ox, y0, x1, (1 - fy) * fx);
+          f(n, ch, oy, ox, y1, x0, fy * (1 - fx));
+          f(n, ch, oy, ox, y1, x1, fy * fx);
+        }
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("max and avg pooling match float64, forward and backward", Cfg, fp32_config,
+                   bf16_config, fp16_config) {
+  using T = typename Cfg::T;
+  using P = typename Cfg::P;
+  for (const auto& c : pool_cases) {
+    INFO("x " << precis::shape_string(c.x) << " kernel " << c.p.kernel[0] << " stride "
+              << c.p.stride[0] << " pad " << c.p.padding[0] << " include_pad " << c.p.count_include_pad);
+    const auto x = random_tensor<T, 4>(c.x);
+    const auto dy = random_tensor<T, 4>(pooled(c));
+    const auto xd = to_double(x), dyd = to_double(dy);
+    for (unsigned threads : {1U, 2U}) {
+      const precis::cpu_context ctx{threads};
+      auto y = poisoned<T, 4>(pooled(c));
+      precis::max_pool2d<P>(ctx, x, y, c.p);
+      CHECK(rel_error(y, ref_max(c, xd)) < bound<T>());
+      auto dx = poisoned<T, 4>(c.x);
+      precis::max_pool2d_backward<P>(ctx, x, dy, dx, c.p);
+      CHECK(rel_error(dx, ref_max_backward(c, xd, dyd)) < bound<T>());
+      precis::avg_pool2d<P>(ctx, x, y, c.p);
+      CHECK(rel_error(y, ref_avg(c, xd)) < bound<T>());
+      poison(dx);
+      precis::avg_pool2d_backward<P>(ctx, dy, dx, c.p);
+      CHECK(rel_error(dx, ref_avg_backward(c, dyd)) < bound<T>());
+    }
+  }
+}
+
+TEST_CASE("pooling's float64 backward references are the gradients (central differences)") {
+  const pool_case c{{1, 2, 7, 8}, pp(3, 2, 1, false)};
+  const auto xd = to_double(random_tensor<double, 4>(c.x));
+  const auto dyd = to_double(random_tensor<double, 4>(pooled(c)));
+  const auto fmax = [&](const host_tensor<double, 4>& x) { return dot(dyd, ref_max(c, x)); };
+  const auto favg = [&](const host_tensor<double, 4>& x) { return dot(dyd, ref_avg(c, x)); };
+  CHECK(rel_error(fd_gradient(fmax, xd), ref_max_backward(c, xd, dyd)) < fd_bound);
+  CHECK(rel_error(fd_gradient(favg, xd), ref_avg_backward(c, dyd)) < fd_bound);
+}
+
+TEST_CASE_TEMPLATE("nearest and bilinear upsampling match float64, forward and backward", Cfg,
+                   fp32_config, bf16_config, fp16_config) {
+  using T = typename Cfg::T;
+  using P = typename Cfg::P;
+  const shape4 xs{2, 3, 5, 7};
+  for (const shape4 ys : {shape4{2, 3, 10, 14}, shape4{2, 3, 11, 9}, shape4{2, 3, 3, 4}}) {
+    INFO("y " << precis::shape_string(ys));
+    const auto x = random_tensor<T, 4>(xs);
+    const auto dy = random_tensor<T, 4>(ys);
+    const auto xd = to_double(x), dyd = to_double(dy);
+    const precis::cpu_context ctx{2};
+    // nearest
+    auto yref = host_tensor<double, 4>::from_shape(ys);
+    auto dxref = host_tensor<double, 4>::from_shape(xs);
+    dxref.fill(0);
+    for (std::size_t n = 0; n < 2; ++n)
+      for (std::size_t ch = 0; ch < 3; ++ch)
+        for (std::size_t oy = 0; oy < ys[2]; ++oy)
+          for (std::size_t ox = 0; ox < ys[3]; ++ox) {
+            const std::size_t iy = oy * xs[2] / ys[2], ix = ox * xs[3] / ys[3];
+            yref(n, ch, oy, ox) = xd(n, ch, iy, ix);
+            dxref(n, ch, iy, ix) += dyd(n, ch, oy, ox);
+          }
+    auto y = poisoned<T, 4>(ys);
+    precis::upsample_nearest2d<P>(ctx, x, y);
+    CHECK(rel_error(y, yref) < bound<T>());
+    auto dx = poisoned<T, 4>(xs);
+    precis::upsample_nearest2d_backward<P>(ctx, dy, dx);
+    CHECK(rel_error(dx, dxref) < bound<T>());
+    for (bool ac : {false, true}) {
+      INFO("align_corners " << ac);
+      yref.fill(0);
+      dxref.fill(0);
+      for_bilinear(xs, ys, ac, [&](auto n, auto ch, auto oy, auto ox, auto iy, auto ix, double wgt) {
+        yref(n, ch, oy, ox) += wgt * xd(n, ch, iy, ix);
+        dxref(n, ch, iy, ix) += wgt * dyd(n, ch, oy, ox);
+      });
+      poison(y);
+      precis::upsample_bilinear2d<P>(ctx, x, y, ac);
+      CHECK(rel_error(y, yref) < bound<T>());
+      poison(dx);
+      precis::upsample_bilinear2d_backward<P>(ctx, dy, dx, ac);
+      CHECK(rel_error(dx, dxref) < bound<T>());
+      // The adjoint is the gradient of sum(dy * forward).
+      const auto f = [&](const host_tensor<double, 4>& xx) {
+        auto yy = host_tensor<double, 4>::from_shape(ys);
+        yy.fill(0);
+        for_bilinear(xs, ys, ac, [&](auto n, auto ch, auto oy, auto ox, auto iy, auto ix, double wgt) {
+          yy(n, ch, oy, ox) += wgt * xx(n, ch, iy, ix);
+        });
+        return dot(dyd, yy);
+      };
+      CHECK(rel_error(fd_gradient(f, xd), dxref) < fd_bound);
+    }
+  }
+}
+
+TEST_CASE("pooling gives the same bits on 1 and 2 threads") {
+  using P = precis::presets::bf16_mixed;
+  const pool_case c{{4, 8, 17, 19}, pp(3, 2, 1)};
+  const auto x = random_tensor<precis::bfloat16, 4>(c.x);
+  const auto dy = random_tensor<precis::bfloat16, 4>(pooled(c));
+  auto d1 = poisoned<float, 4>(c.x), d2 = d1;
+  precis::avg_pool2d_backward<P>(precis::cpu_context{1}, dy, d1, c.p);
+  precis::avg_pool2d_backward<P>(precis::cpu_context{2}, dy, d2, c.p);
+  CHECK(same_bits(d1, d2));
+  auto u1 = poisoned<float, 4>(shape4{4, 8, 34, 38}), u2 = u1;
+  precis::upsample_bilinear2d<P>(precis::cpu_context{1}, x, u1);
+  precis::upsample_bilinear2d<P>(precis::cpu_context{2}, x, u2);
+  CHECK(same_bits(u1, u2));
+}
+
+TEST_CASE("pooling rejects bad shapes and arguments, naming them, and writes nothing") {
+  using P = precis::presets::fp32;
+  const precis::cpu_context ctx{1};
+  const auto x = random_tensor<float, 4>({1, 2, 8, 8});
+  auto y = poisoned<float, 4>(shape4{1, 2, 5, 4});
+  check_error([&] { precis::max_pool2d<P>(ctx, x, y); }, "precis::max_pool2d: y", "[1, 2, 5, 4]",
+              "[1, 2, 4, 4]");
+  CHECK(std::isnan(y(0, 0, 0, 0)));
+  check_error([&] { precis::avg_pool2d<P>(ctx, x, y, pp(2, 1, 2)); }, "padding");
+  check_error([&] { precis::max_pool2d<P>(ctx, x, y, pp(9, 1, 0)); }, "does not fit");
+  auto u = poisoned<float, 4>(shape4{1, 3, 16, 16});
+  check_error([&] { precis::upsample_bilinear2d<P>(ctx, x, u); }, "[1, 3, 16, 16]", "[1, 2, 16, 16]");
+  CHECK(std::isnan(u(0, 0, 0, 0)));
+}
