@@ -5,6 +5,7 @@
 
 #include <precis/config.hpp>
 #include <precis/kernels/kernels.hpp>
+#include <precis/nn/nn.hpp>
 #include <precis/numeric/numeric.hpp>
 #include <precis/optim/optim.hpp>
 #include <precis/policy/policy.hpp>

@@ -64,6 +64,12 @@ inline std::string check_buffers(const std::vector<std::vector<float>>& buffers,
   return {};
 }
 
+inline std::size_t buffer_bytes(const std::vector<std::vector<float>>& buffers) {
+  std::size_t n = 0;
+  for (const auto& b : buffers) n += b.size() * sizeof(float);
+  return n;
+}
+
 }  // namespace detail
 
 /// Options of sgd (PyTorch's SGD: momentum buffer starts as the first gradient).
@@ -122,6 +128,8 @@ class sgd {
     detail::visit_buffers(a, "velocity", velocity_);
   }
   std::string validate() const { return detail::check_buffers(velocity_, masters_, "velocity"); }
+  /// Bytes of optimizer state (the momentum buffers).
+  std::size_t state_bytes() const { return detail::buffer_bytes(velocity_); }
 
  private:
   std::vector<std::span<float>> masters_;
@@ -196,6 +204,8 @@ class adamw {
     if (auto e = detail::check_buffers(m_, masters_, "m"); !e.empty()) return e;
     return detail::check_buffers(v_, masters_, "v");
   }
+  /// Bytes of optimizer state (both moments).
+  std::size_t state_bytes() const { return detail::buffer_bytes(m_) + detail::buffer_bytes(v_); }
 
  private:
   std::vector<std::span<float>> masters_;
@@ -205,9 +215,12 @@ class adamw {
 };
 
 /// A learning-rate schedule that advances only on applied optimizer steps: linear warmup
-/// then cosine decay to `final_lr` over `total_steps`.
+/// then cosine decay to `final_lr` over `total_steps`. Checkpointable with the model and
+/// optimizer (precis::save_checkpoint), so a resumed run continues the same schedule.
 class warmup_cosine {
  public:
+  static constexpr std::string_view kind = "warmup_cosine";
+
   warmup_cosine(float base_lr, std::uint64_t warmup_steps, std::uint64_t total_steps, float final_lr = 0.0f)
       : base_(base_lr), final_(final_lr), warmup_(warmup_steps), total_(total_steps) {
     if (total_steps == 0 || warmup_steps > total_steps) {
@@ -223,6 +236,19 @@ class warmup_cosine {
   /// Moves on by one step when the optimizer applied it (a skipped step does not count).
   void advance(bool applied) { step_ += applied ? 1U : 0U; }
   std::uint64_t step() const { return step_; }
+
+  template <class Archive>
+  void visit_state(Archive& a) {
+    a.field("base_lr", base_);
+    a.field("final_lr", final_);
+    a.field("warmup_steps", warmup_);
+    a.field("total_steps", total_);
+    a.field("step", step_);
+  }
+  std::string validate() const {
+    if (total_ == 0 || warmup_ > total_) return "needs 0 < total_steps and warmup_steps <= total_steps";
+    return {};
+  }
 
  private:
   float base_, final_;

@@ -1,0 +1,70 @@
+// precis/nn/loss.hpp: the softmax cross-entropy loss as a layer, and accuracy counting.
+#pragma once
+
+#include <precis/kernels/loss.hpp>
+#include <precis/nn/layers.hpp>
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+
+namespace precis::nn {
+
+/// The mean over the batch of -log softmax(logits)[target], from logits in P's storage
+/// type and integer class targets. Computed under rule::fp32_operation (float math, float
+/// sum over the batch) unless P waives it: an `unsafe` float16 policy then sums the loss in
+/// float16, the failure the rule exists for. backward(dloss) gives dloss * (softmax -
+/// onehot) / batch in P's gradient type; pass the loss scale as dloss when scaling.
+template <Policy P, std::integral Target = std::int32_t>
+class softmax_cross_entropy : public layer_base<P, op::loss> {
+  using base = layer_base<P, op::loss>;
+  using S = typename base::input_type;
+  using G = typename base::input_grad_type;
+
+ public:
+  static constexpr std::string_view name = "softmax_cross_entropy";
+  using target_type = Target;
+  /// The type the loss value is computed in (float, or double under a double policy).
+  using value_type = precis::detail::math_t<op::loss, P, S>;
+
+  value_type forward(const cpu_context& ctx, const host_tensor<S, 2>& logits,
+                     const host_tensor<Target, 1>& targets) {
+    const value_type loss = cross_entropy<P>(ctx, logits, targets);
+    logits_.set(logits);
+    targets_ = &targets;
+    return loss;
+  }
+  const host_tensor<G, 2>& backward(const cpu_context& ctx, double dloss = 1.0) {
+    const auto& logits = logits_.get(name);
+    detail::ensure_shape(dx_, std::size_t(logits.shape()[0]), std::size_t(logits.shape()[1]));
+    cross_entropy_backward<P>(ctx, logits, *targets_, dx_, dloss);
+    return dx_;
+  }
+  std::string shape() const { return "-"; }
+  std::size_t activation_bytes() const { return detail::tensor_bytes(dx_); }
+
+ private:
+  detail::saved_input<S> logits_;
+  const host_tensor<Target, 1>* targets_ = nullptr;
+  host_tensor<G, 2> dx_;
+};
+
+/// How many rows of `logits` have their largest value (the first, on ties) at the target.
+template <class T, std::integral I>
+std::size_t count_correct(const host_tensor<T, 2>& logits, const host_tensor<I, 1>& targets) {
+  check_shape("precis::nn::count_correct: targets", targets,
+              std::array<std::size_t, 1>{std::size_t(logits.shape()[0])});
+  const std::size_t rows = std::size_t(logits.shape()[0]), cols = std::size_t(logits.shape()[1]);
+  std::size_t correct = 0;
+  for (std::size_t r = 0; r < rows; ++r) {
+    const T* row = logits.data() + r * cols;
+    std::size_t best = 0;
+    for (std::size_t c = 1; c < cols; ++c) {
+      if (static_cast<double>(row[c]) > static_cast<double>(row[best])) best = c;
+    }
+    correct += static_cast<I>(best) == targets.data()[r] ? 1 : 0;
+  }
+  return correct;
+}
+
+}  // namespace precis::nn

@@ -1,0 +1,144 @@
+// precis/nn/train.hpp: one optimizer step of a model under loss scaling, done in the only
+// order that is right: scaled loss -> backward per micro-batch, gradients summed in
+// float -> one unscale -> norm and clipping on the unscaled gradients -> the scaler
+// steps the optimizer or skips the step -> working copies refreshed -> schedule advanced
+// only when the step was applied.
+#pragma once
+
+#include <precis/nn/loss.hpp>
+#include <precis/nn/sequential.hpp>
+#include <precis/scaling/gradients.hpp>
+#include <precis/scaling/scalers.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <type_traits>
+
+namespace precis::nn {
+
+/// Options of trainer.
+struct train_options {
+  /// Clip the unscaled gradients' joint L2 norm to this (precis::clip_grad_norm); 0: no
+  /// clipping.
+  double max_grad_norm = 0.0;
+};
+
+/// What one step did.
+struct step_record {
+  std::uint64_t step = 0;   ///< index of the step (applied or skipped), counted by the scaler
+  double loss = 0.0;        ///< mean loss over the micro-batches (not scaled)
+  float scale = 1.0f;       ///< the loss scale the gradients were computed with
+  float next_scale = 1.0f;  ///< the loss scale for the next step
+  bool skipped = false;     ///< some gradient was infinite or NaN: the optimizer did not step
+  double grad_norm = 0.0;   ///< joint L2 norm of the unscaled gradients, before clipping
+  float lr = 0.0f;          ///< the optimizer's learning rate for this step
+};
+
+/// One micro-batch: inputs [batch, features] and integer targets [batch].
+template <class X, class I>
+struct micro_batch {
+  const host_tensor<X, 2>& inputs;
+  const host_tensor<I, 1>& targets;
+};
+
+/// The schedule of a trainer without one: the optimizer's learning rate is left alone.
+struct no_schedule {};
+
+/// Trains `Model` (an nn::chain) on `Loss` (nn::softmax_cross_entropy) with `Optimizer`
+/// (precis::sgd, precis::adamw) under `Scaler` (precis::no_scaling, static_scaler,
+/// dynamic_scaler), advancing `Schedule` (e.g. precis::warmup_cosine) on applied steps.
+/// Holds references: the objects are the caller's, so they can be checkpointed together
+/// with precis::save_checkpoint(file, model, optimizer, scaler, schedule).
+///
+/// Compile-time checks: the loss reads the model's output type and gives its gradient
+/// type, and every layer's gradients fit the scaler (rule b: float16 gradients need a
+/// scaler that scales, unless the layer's policy waives rule::unscaled_gradients).
+template <class Model, class Loss, class Optimizer, class Scaler, class Schedule = no_schedule>
+class trainer {
+  static_assert(std::is_same_v<typename Model::output_type, typename Loss::input_type> &&
+                    std::is_same_v<typename Model::output_grad_type, typename Loss::input_grad_type>,
+                "precis: the loss must read the model's output type and give its gradient type; "
+                "give the loss the policy of the model's last layer");
+  static_assert(Model::template check_scaler<Scaler>() &&
+                check_scaler<typename Loss::policy_type, Scaler>());
+
+ public:
+  using input_type = typename Model::input_type;
+  using target_type = typename Loss::target_type;
+
+  trainer(Model& model, Loss& loss, Optimizer& opt, Scaler& scaler, train_options o = {})
+    requires std::is_same_v<Schedule, no_schedule>
+      : model_(&model), loss_(&loss), opt_(&opt), scaler_(&scaler), options_(o) {
+    check_options();
+  }
+  trainer(Model& model, Loss& loss, Optimizer& opt, Scaler& scaler, Schedule& schedule, train_options o = {})
+      : model_(&model), loss_(&loss), opt_(&opt), scaler_(&scaler), schedule_(&schedule), options_(o) {
+    check_options();
+  }
+
+  /// One optimizer step over `batches` (gradient accumulation: each micro-batch's loss is
+  /// divided by their count, so the step sees the mean of their gradients).
+  step_record step(const cpu_context& ctx, std::span<const micro_batch<input_type, target_type>> batches) {
+    if (batches.empty()) throw error("precis::nn::trainer::step: no micro-batches were given");
+    step_record r;
+    r.step = scaler_->steps();
+    if constexpr (!std::is_same_v<Schedule, no_schedule>) opt_->set_lr(schedule_->lr());
+    r.lr = opt_->lr();
+    model_->zero_grad();
+    const float scale = scaler_->scale();
+    const double dloss = double(scale) / double(batches.size());
+    double loss_sum = 0.0;
+    for (const auto& b : batches) {
+      const auto& y = model_->forward(ctx, b.inputs, mode::train);
+      loss_sum += double(loss_->forward(ctx, y, b.targets));
+      model_->backward(ctx, loss_->backward(ctx, dloss));
+    }
+    r.loss = loss_sum / double(batches.size());
+    auto grads = unscale(scaler_->scaled_gradients(model_->gradients()));
+    r.grad_norm = options_.max_grad_norm > 0.0 ? clip_grad_norm(grads, options_.max_grad_norm) : grad_norm(grads);
+    const step_result s = scaler_->step(*opt_, std::move(grads));
+    r.scale = s.scale_before;
+    r.next_scale = s.scale_after;
+    r.skipped = !s.applied;
+    if (s.applied) model_->refresh(ctx);
+    if constexpr (!std::is_same_v<Schedule, no_schedule>) schedule_->advance(s.applied);
+    return r;
+  }
+  /// One optimizer step on one batch.
+  step_record step(const cpu_context& ctx, const host_tensor<input_type, 2>& inputs,
+                   const host_tensor<target_type, 1>& targets) {
+    const micro_batch<input_type, target_type> b{inputs, targets};
+    return step(ctx, std::span<const micro_batch<input_type, target_type>>(&b, 1));
+  }
+
+ private:
+  void check_options() const {
+    if (!(options_.max_grad_norm >= 0.0)) throw error("precis::nn::trainer: max_grad_norm must be >= 0");
+  }
+
+  Model* model_;
+  Loss* loss_;
+  Optimizer* opt_;
+  Scaler* scaler_;
+  Schedule* schedule_ = nullptr;
+  train_options options_;
+};
+
+/// Loss and accuracy of a model in evaluation mode on one batch.
+struct evaluation {
+  double loss = 0.0;
+  double accuracy = 0.0;
+};
+
+template <class Model, class Loss>
+evaluation evaluate(const cpu_context& ctx, Model& model, Loss& loss, const host_tensor<typename Model::input_type, 2>& x,
+                    const host_tensor<typename Loss::target_type, 1>& targets) {
+  const auto& y = model.forward(ctx, x, mode::eval);
+  evaluation e;
+  e.loss = double(loss.forward(ctx, y, targets));
+  e.accuracy = double(count_correct(y, targets)) / double(x.shape()[0]);
+  return e;
+}
+
+}  // namespace precis::nn
