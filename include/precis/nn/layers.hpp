@@ -408,8 +408,8 @@ class batch_norm : public layer_base<P, op::batch_norm> {
 /// Inverted dropout: in training each element is kept with probability 1 - p and scaled
 /// by 1 / (1 - p) (rounded once to the storage type), or zeroed; in evaluation it is the
 /// identity. The mask comes from a counter hash of (seed, forward-call count, element), so
-/// a run is reproducible and a resumed run draws the same masks: the call count is saved
-/// in checkpoints.
+/// a run is reproducible and a resumed run draws the same masks: the seed and the call
+/// count are saved in checkpoints.
 template <Policy P>
 class dropout : public layer_base<P, op::elementwise> {
   using base = layer_base<P, op::elementwise>;
@@ -456,6 +456,7 @@ class dropout : public layer_base<P, op::elementwise> {
   }
   template <class Archive>
   void visit_state(Archive& a, const std::string& prefix) {
+    a.field(prefix + "seed", seed_);
     a.field(prefix + "calls", calls_);
   }
   /// Forward calls in training mode so far.

@@ -62,7 +62,7 @@ std::size_t count_correct(const host_tensor<T, 2>& logits, const host_tensor<I, 
     for (std::size_t c = 1; c < cols; ++c) {
       if (static_cast<double>(row[c]) > static_cast<double>(row[best])) best = c;
     }
-    correct += static_cast<I>(best) == targets.data()[r] ? 1 : 0;
+    correct += static_cast<I>(best) == targets.data()[r] ? std::size_t(1) : std::size_t(0);
   }
   return correct;
 }
