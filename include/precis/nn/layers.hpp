@@ -188,9 +188,33 @@ struct gelu_kernel {
   }
 };
 
+struct sigmoid_kernel {
+  static constexpr std::string_view name = "sigmoid";
+  template <Policy P, class X, class Y>
+  static void forward(const cpu_context& ctx, const X& x, Y& y) {
+    precis::sigmoid<P>(ctx, x, y);
+  }
+  template <Policy P, class DY, class X, class DX>
+  static void backward(const cpu_context& ctx, const DY& dy, const X& x, DX& dx) {
+    precis::sigmoid_backward<P>(ctx, dy, x, dx);
+  }
+};
+
+struct tanh_kernel {
+  static constexpr std::string_view name = "tanh";
+  template <Policy P, class X, class Y>
+  static void forward(const cpu_context& ctx, const X& x, Y& y) {
+    precis::tanh<P>(ctx, x, y);
+  }
+  template <Policy P, class DY, class X, class DX>
+  static void backward(const cpu_context& ctx, const DY& dy, const X& x, DX& dx) {
+    precis::tanh_backward<P>(ctx, dy, x, dx);
+  }
+};
+
 }  // namespace detail
 
-/// An elementwise activation (Kernel: detail::relu_kernel or detail::gelu_kernel); the
+/// An elementwise activation (Kernel: one of the detail::*_kernel adaptors below); the
 /// backward pass reads the forward input.
 template <Policy P, class Kernel>
 class activation : public layer_base<P, op::elementwise> {
@@ -228,6 +252,12 @@ using relu = activation<P, detail::relu_kernel>;
 /// x Phi(x), the exact (erf) GELU.
 template <Policy P>
 using gelu = activation<P, detail::gelu_kernel>;
+/// 1 / (1 + exp(-x)).
+template <Policy P>
+using sigmoid = activation<P, detail::sigmoid_kernel>;
+/// tanh(x).
+template <Policy P>
+using tanh = activation<P, detail::tanh_kernel>;
 
 /// Layer normalisation over the features: (x - mean) / sqrt(var + eps) * gamma + beta, with
 /// statistics in float (rule::fp32_operation); gamma starts at 1, beta at 0.
