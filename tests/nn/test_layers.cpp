@@ -83,9 +83,13 @@ TEST_CASE("linear: backward matches central differences") {
   check_gradients(l, random_matrix(4, 5), 3);
 }
 
-TEST_CASE("relu and gelu: backward matches central differences") {
+TEST_CASE("relu, gelu, sigmoid and tanh: backward matches central differences") {
   nn::gelu<f64> g;
   check_gradients(g, random_matrix(3, 6, -3.0, 3.0), 6);
+  nn::sigmoid<f64> s;
+  check_gradients(s, random_matrix(3, 6, -4.0, 4.0), 6);
+  nn::tanh<f64> t;
+  check_gradients(t, random_matrix(3, 6, -2.0, 2.0), 6);
   nn::relu<f64> r;
   // Away from the kink at 0, where the derivative is undefined.
   auto x = random_matrix(3, 6, 0.05, 2.0);
