@@ -288,3 +288,18 @@ TEST_CASE("bad input is refused before anything is written") {
   CHECK_THROWS_AS(nn::linear<presets::fp32>(0, 4), error);
   CHECK_THROWS_AS(nn::layer_norm<presets::fp32>(0), error);
 }
+
+TEST_CASE("a layer's type spells the policy its kernels run under") {
+  using bf = presets::bf16_mixed;
+  static_assert(std::is_same_v<nn::layer_norm<bf>, nn::basic_layer_norm<policy<bfloat16, float, float, float>>>);
+  static_assert(std::is_same_v<nn::linear<bf>, nn::basic_linear<bf>>);
+  static_assert(std::is_same_v<nn::softmax_cross_entropy<presets::fp16_mixed>,
+                               nn::basic_softmax_cross_entropy<policy<float16, float, float, float>>>);
+  // Resolving twice changes nothing, so kernels given a resolved policy run under it.
+  using risky = unsafe<policy<float16, float16, float16, float>, rule::fp32_operation, rule::unscaled_gradients>;
+  static_assert(std::is_same_v<kernel_policy_t<op::loss, kernel_policy_t<op::loss, risky>>, kernel_policy_t<op::loss, risky>>);
+  static_assert(std::is_same_v<kernel_policy_t<op::layer_norm, kernel_policy_t<op::layer_norm, bf>>,
+                               kernel_policy_t<op::layer_norm, bf>>);
+  static_assert(waives_v<nn::softmax_cross_entropy<risky>::policy_type, rule::fp32_operation>);
+  static_assert(std::is_same_v<nn::softmax_cross_entropy<risky>::policy_type::accumulate_type, float16>);
+}

@@ -7,6 +7,8 @@
 #include <doctest/doctest.h>
 
 #include <bit>
+#include <cmath>
+#include <limits>
 #include <cstdint>
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -78,4 +80,21 @@ TEST_CASE_TEMPLATE("array conversions equal the scalar ones", T, precis::float16
   check_encode<T, rounding::nearest_even, overflow::saturate>(x);
   check_encode<T, rounding::toward_zero, overflow::infinity>(x);
   check_decode<T>();
+}
+
+TEST_CASE("array conversion from double to float follows the rounding and overflow modes") {
+  const double big = 1e300;
+  const std::vector<double> in = {big, -big, 1.0 + std::ldexp(3.0, -25), std::numeric_limits<double>::infinity()};
+  std::vector<float> out(in.size());
+  precis::convert(in, out);
+  CHECK(std::isinf(out[0]));
+  CHECK(out[2] == 1.0f + std::ldexp(1.0f, -23));  // 0.75 ulp above 1: nearest is one ulp up
+  precis::convert<precis::rounding::toward_zero>(in, out);
+  CHECK(out[0] == std::numeric_limits<float>::max());  // toward zero never overflows
+  CHECK(out[1] == -std::numeric_limits<float>::max());
+  CHECK(out[2] == 1.0f);
+  CHECK(std::isinf(out[3]));  // an infinity stays infinite
+  precis::convert<precis::rounding::nearest_even, precis::overflow::saturate>(in, out);
+  CHECK(out[0] == std::numeric_limits<float>::max());
+  CHECK(out[3] == std::numeric_limits<float>::max());
 }

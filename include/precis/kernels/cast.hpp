@@ -14,35 +14,11 @@
 #include <precis/tensor/host_tensor.hpp>
 
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
-#include <limits>
 #include <span>
 #include <type_traits>
 
 namespace precis {
-
-namespace detail {
-
-/// double to float under rounding R and overflow O (precis::convert's array form rounds
-/// double to float with the C++ conversion, which is nearest-even with overflow to
-/// infinity).
-template <rounding R, overflow O>
-float double_to_float(double d) {
-  float f = static_cast<float>(d);
-  if constexpr (R == rounding::toward_zero) {
-    // The nearest float lies beyond d: step back one ulp (an overflow to infinity becomes
-    // the largest float, as IEEE 754 prescribes for this direction).
-    if (std::fabs(double(f)) > std::fabs(d)) f = std::nextafter(f, 0.0f);
-  }
-  if constexpr (O == overflow::saturate) {
-    constexpr float max = std::numeric_limits<float>::max();
-    if (std::isinf(f)) f = f > 0 ? max : -max;
-  }
-  return f;
-}
-
-}  // namespace detail
 
 /// out = in converted element by element to out's element type: a narrowing conversion
 /// rounds once as `R` says (nearest-even by default; rounding::stochastic is refused, use
@@ -67,8 +43,6 @@ void cast(const cpu_context& ctx, const host_tensor<From, N>& in, host_tensor<To
   detail::parallel_for(ctx, n, detail::elements_per_thread * 4, [&](std::size_t b, std::size_t e) {
     if constexpr (std::is_same_v<From, To>) {
       std::copy(src + b, src + e, dst + b);
-    } else if constexpr (std::is_same_v<From, double> && std::is_same_v<To, float>) {
-      for (std::size_t i = b; i < e; ++i) dst[i] = detail::double_to_float<R, O>(src[i]);
     } else {
       precis::convert<R, O>(std::span<const From>(src + b, e - b), std::span<To>(dst + b, e - b));
     }

@@ -2,9 +2,9 @@
 // on [batch, features] host tensors.
 //
 // A layer `L<P>` stores its activations in P's storage type and its activation gradients
-// in P's gradient type; its kernels run under the rule set applied to P for the layer's
-// operation kind (`resolved_policy`: a layer_norm<bf16_mixed> computes and accumulates in
-// float by rule). Parameters are nn::parameter: float masters, a working copy in the
+// in P's gradient type; it runs under P as the rule set resolves it for the layer's
+// operation kind, and that resolved policy is the layer's template argument (a
+// layer_norm<bf16_mixed> is a basic_layer_norm of a policy computing in float). Parameters are nn::parameter: float masters, a working copy in the
 // storage type refreshed once per step, float gradients (see parameter.hpp).
 //
 // Each layer owns its outputs and its input gradient, resized to the batch on use, and
@@ -25,19 +25,21 @@
 
 namespace precis::nn {
 
-/// The types every layer under policy P and operation kind Op names.
+/// The types every layer under policy P and operation kind Op names. P is the policy the
+/// layer runs under, already resolved by the rule set for Op (the public names
+/// nn::linear<P>, nn::layer_norm<P>, ... resolve it), so the layer's type spells the types
+/// its kernels use: nn::layer_norm<presets::bf16_mixed> is
+/// basic_layer_norm<policy<bfloat16, float, float, float, bfloat16, recipe::none>>.
 template <Policy P, op_kind Op>
 struct layer_base {
   static_assert(!is_float8_v<typename P::storage_type> && !is_float8_v<typename P::gradient_type>,
                 "precis: nn layers store activations in 16- or 32-bit types; float8 belongs in "
                 "the matrix products of a kernel-level recipe (precis::lt_matmul), not in "
                 "nn's storage");
-  /// The policy the layer was given.
+  /// The (resolved) policy the layer runs under.
   using policy_type = P;
   /// The operation kind, which selects the rule set's row.
   using operation = Op;
-  /// The policy the layer's kernels run under.
-  using resolved_policy = kernel_policy_t<Op, P>;
   using input_type = typename P::storage_type;
   using output_type = typename P::storage_type;
   using input_grad_type = typename P::gradient_type;
@@ -89,7 +91,7 @@ void visit_statistics(Archive& a, const std::string& name, host_tensor<T, 1>& t,
 /// +-1/sqrt(in) as PyTorch does. One product with a bias epilogue forward; backward
 /// dx = dy W, dW = dy^T x, db = column sums of dy, each rounded once to the gradient type.
 template <Policy P>
-class linear : public layer_base<P, op::matmul> {
+class basic_linear : public layer_base<P, op::matmul> {
   using base = layer_base<P, op::matmul>;
   using S = typename base::input_type;
   using G = typename base::input_grad_type;
@@ -98,7 +100,7 @@ class linear : public layer_base<P, op::matmul> {
  public:
   static constexpr std::string_view name = "linear";
 
-  linear(std::size_t in, std::size_t out, uniform_init init = {})
+  basic_linear(std::size_t in, std::size_t out, uniform_init init = {})
       : in_(in), out_(out), weight_({out, in}), bias_({out}) {
     if (in == 0 || out == 0) throw error("precis::nn::linear: needs in > 0 and out > 0");
     const double bound = init.bound > 0.0 ? init.bound : 1.0 / std::sqrt(double(in));
@@ -162,60 +164,38 @@ class linear : public layer_base<P, op::matmul> {
   detail::saved_input<S> x_;
 };
 
+/// The linear layer under P as the rule set resolves it for matrix products.
+template <Policy P>
+using linear = basic_linear<kernel_policy_t<op::matmul, P>>;
+
 namespace detail {
 
-struct relu_kernel {
+// An activation: its name and the kernels' elementwise functors for f(x) and dy f'(x).
+template <template <class> class Fn, template <class> class Grad>
+struct activation_functions {
+  template <class M>
+  using fn = Fn<M>;
+  template <class M>
+  using grad = Grad<M>;
+};
+struct relu_kernel : activation_functions<precis::detail::relu_fn, precis::detail::relu_grad_fn> {
   static constexpr std::string_view name = "relu";
-  template <Policy P, class X, class Y>
-  static void forward(const cpu_context& ctx, const X& x, Y& y) {
-    precis::relu<P>(ctx, x, y);
-  }
-  template <Policy P, class DY, class X, class DX>
-  static void backward(const cpu_context& ctx, const DY& dy, const X& x, DX& dx) {
-    precis::relu_backward<P>(ctx, dy, x, dx);
-  }
 };
-
-struct gelu_kernel {
+struct gelu_kernel : activation_functions<precis::detail::gelu_erf_fn, precis::detail::gelu_erf_grad_fn> {
   static constexpr std::string_view name = "gelu";
-  template <Policy P, class X, class Y>
-  static void forward(const cpu_context& ctx, const X& x, Y& y) {
-    precis::gelu<P>(ctx, x, y);
-  }
-  template <Policy P, class DY, class X, class DX>
-  static void backward(const cpu_context& ctx, const DY& dy, const X& x, DX& dx) {
-    precis::gelu_backward<P>(ctx, dy, x, dx);
-  }
 };
-
-struct sigmoid_kernel {
+struct sigmoid_kernel : activation_functions<precis::detail::sigmoid_fn, precis::detail::sigmoid_grad_fn> {
   static constexpr std::string_view name = "sigmoid";
-  template <Policy P, class X, class Y>
-  static void forward(const cpu_context& ctx, const X& x, Y& y) {
-    precis::sigmoid<P>(ctx, x, y);
-  }
-  template <Policy P, class DY, class X, class DX>
-  static void backward(const cpu_context& ctx, const DY& dy, const X& x, DX& dx) {
-    precis::sigmoid_backward<P>(ctx, dy, x, dx);
-  }
 };
-
-struct tanh_kernel {
+struct tanh_kernel : activation_functions<precis::detail::tanh_fn, precis::detail::tanh_grad_fn> {
   static constexpr std::string_view name = "tanh";
-  template <Policy P, class X, class Y>
-  static void forward(const cpu_context& ctx, const X& x, Y& y) {
-    precis::tanh<P>(ctx, x, y);
-  }
-  template <Policy P, class DY, class X, class DX>
-  static void backward(const cpu_context& ctx, const DY& dy, const X& x, DX& dx) {
-    precis::tanh_backward<P>(ctx, dy, x, dx);
-  }
 };
 
 }  // namespace detail
 
-/// An elementwise activation (Kernel: one of the detail::*_kernel adaptors below); the
-/// backward pass reads the forward input.
+/// An elementwise activation under the resolved policy P (Kernel: one of the
+/// detail::*_kernel adaptors above; use the aliases below); the backward pass reads the
+/// forward input.
 template <Policy P, class Kernel>
 class activation : public layer_base<P, op::elementwise> {
   using base = layer_base<P, op::elementwise>;
@@ -227,14 +207,14 @@ class activation : public layer_base<P, op::elementwise> {
 
   const host_tensor<S, 2>& forward(const cpu_context& ctx, const host_tensor<S, 2>& x, mode = mode::train) {
     detail::ensure_shape(y_, std::size_t(x.shape()[0]), std::size_t(x.shape()[1]));
-    Kernel::template forward<P>(ctx, x, y_);
+    precis::detail::unary<P, Kernel::template fn>("precis::nn::" + std::string(name), ctx, x, y_);
     x_.set(x);
     return y_;
   }
   const host_tensor<G, 2>& backward(const cpu_context& ctx, const host_tensor<G, 2>& dy) {
     const auto& x = x_.get(name);
     detail::ensure_shape(dx_, std::size_t(x.shape()[0]), std::size_t(x.shape()[1]));
-    Kernel::template backward<P>(ctx, dy, x, dx_);
+    precis::detail::unary_backward<P, Kernel::template grad>("precis::nn::" + std::string(name), ctx, dy, x, dx_);
     return dx_;
   }
   std::string shape() const { return "-"; }
@@ -248,21 +228,21 @@ class activation : public layer_base<P, op::elementwise> {
 
 /// max(x, 0).
 template <Policy P>
-using relu = activation<P, detail::relu_kernel>;
+using relu = activation<kernel_policy_t<op::elementwise, P>, detail::relu_kernel>;
 /// x Phi(x), the exact (erf) GELU.
 template <Policy P>
-using gelu = activation<P, detail::gelu_kernel>;
+using gelu = activation<kernel_policy_t<op::elementwise, P>, detail::gelu_kernel>;
 /// 1 / (1 + exp(-x)).
 template <Policy P>
-using sigmoid = activation<P, detail::sigmoid_kernel>;
+using sigmoid = activation<kernel_policy_t<op::elementwise, P>, detail::sigmoid_kernel>;
 /// tanh(x).
 template <Policy P>
-using tanh = activation<P, detail::tanh_kernel>;
+using tanh = activation<kernel_policy_t<op::elementwise, P>, detail::tanh_kernel>;
 
 /// Layer normalisation over the features: (x - mean) / sqrt(var + eps) * gamma + beta, with
 /// statistics in float (rule::fp32_operation); gamma starts at 1, beta at 0.
 template <Policy P>
-class layer_norm : public layer_base<P, op::layer_norm> {
+class basic_layer_norm : public layer_base<P, op::layer_norm> {
   using base = layer_base<P, op::layer_norm>;
   using S = typename base::input_type;
   using G = typename base::input_grad_type;
@@ -272,7 +252,7 @@ class layer_norm : public layer_base<P, op::layer_norm> {
  public:
   static constexpr std::string_view name = "layer_norm";
 
-  explicit layer_norm(std::size_t features, double eps = 1e-5)
+  explicit basic_layer_norm(std::size_t features, double eps = 1e-5)
       : features_(features), eps_(eps), gamma_({features}), beta_({features}) {
     if (features == 0) throw error("precis::nn::layer_norm: needs features > 0");
     gamma_.master().fill(M(1));
@@ -335,11 +315,15 @@ class layer_norm : public layer_base<P, op::layer_norm> {
   detail::saved_input<S> x_;
 };
 
+/// Layer normalisation under P resolved for norms (float compute and sums by rule).
+template <Policy P>
+using layer_norm = basic_layer_norm<kernel_policy_t<op::layer_norm, P>>;
+
 /// Batch normalisation over the batch for each feature: batch statistics in training
 /// (running statistics updated with `momentum`, PyTorch's rule, kept in float and saved in
 /// checkpoints), running statistics in evaluation.
 template <Policy P>
-class batch_norm : public layer_base<P, op::batch_norm> {
+class basic_batch_norm : public layer_base<P, op::batch_norm> {
   using base = layer_base<P, op::batch_norm>;
   using S = typename base::input_type;
   using G = typename base::input_grad_type;
@@ -349,7 +333,7 @@ class batch_norm : public layer_base<P, op::batch_norm> {
  public:
   static constexpr std::string_view name = "batch_norm";
 
-  explicit batch_norm(std::size_t features, double momentum = 0.1, double eps = 1e-5)
+  explicit basic_batch_norm(std::size_t features, double momentum = 0.1, double eps = 1e-5)
       : features_(features),
         momentum_(momentum),
         eps_(eps),
@@ -435,13 +419,17 @@ class batch_norm : public layer_base<P, op::batch_norm> {
   std::string problem_;
 };
 
+/// Batch normalisation under P resolved for norms (float compute and sums by rule).
+template <Policy P>
+using batch_norm = basic_batch_norm<kernel_policy_t<op::batch_norm, P>>;
+
 /// Inverted dropout: in training each element is kept with probability 1 - p and scaled
 /// by 1 / (1 - p) (rounded once to the storage type), or zeroed; in evaluation it is the
 /// identity. The mask comes from a counter hash of (seed, forward-call count, element), so
 /// a run is reproducible and a resumed run draws the same masks: the seed and the call
 /// count are saved in checkpoints.
 template <Policy P>
-class dropout : public layer_base<P, op::elementwise> {
+class basic_dropout : public layer_base<P, op::elementwise> {
   using base = layer_base<P, op::elementwise>;
   using S = typename base::input_type;
   using G = typename base::input_grad_type;
@@ -449,7 +437,7 @@ class dropout : public layer_base<P, op::elementwise> {
  public:
   static constexpr std::string_view name = "dropout";
 
-  explicit dropout(double p, std::uint64_t seed = 0) : p_(p), seed_(seed) {
+  explicit basic_dropout(double p, std::uint64_t seed = 0) : p_(p), seed_(seed) {
     if (!(p >= 0.0 && p < 1.0)) throw error("precis::nn::dropout: p must be in [0, 1)");
   }
 
@@ -501,6 +489,10 @@ class dropout : public layer_base<P, op::elementwise> {
   host_tensor<S, 2> y_;
   host_tensor<G, 2> dx_;
 };
+
+/// Dropout under P resolved for elementwise operations.
+template <Policy P>
+using dropout = basic_dropout<kernel_policy_t<op::elementwise, P>>;
 
 /// The cast nn::sequential inserts where neighbouring layers store different types:
 /// forward In -> Out, backward gradients GOut -> GIn, each rounded once (nearest-even).

@@ -16,7 +16,7 @@ namespace precis::nn {
 /// float16, the failure the rule exists for. backward(dloss) gives dloss * (softmax -
 /// onehot) / batch in P's gradient type; pass the loss scale as dloss when scaling.
 template <Policy P, std::integral Target = std::int32_t>
-class softmax_cross_entropy : public layer_base<P, op::loss> {
+class basic_softmax_cross_entropy : public layer_base<P, op::loss> {
   using base = layer_base<P, op::loss>;
   using S = typename base::input_type;
   using G = typename base::input_grad_type;
@@ -48,6 +48,11 @@ class softmax_cross_entropy : public layer_base<P, op::loss> {
   const host_tensor<Target, 1>* targets_ = nullptr;
   host_tensor<G, 2> dx_;
 };
+
+/// The softmax cross-entropy loss under P resolved for losses (float math and sums by
+/// rule::fp32_operation unless P waives it).
+template <Policy P, std::integral Target = std::int32_t>
+using softmax_cross_entropy = basic_softmax_cross_entropy<kernel_policy_t<op::loss, P>, Target>;
 
 /// How many rows of `logits` have their largest value (the first, on ties) at the target.
 template <class T, std::integral I>

@@ -7,8 +7,8 @@
 // each conversion between them:
 //
 //     using model = nn::sequential<nn::linear<presets::bf16_mixed>, nn::linear<presets::fp32>>;
-//     // = nn::chain<nn::linear<bf16 policy>, nn::cast<bfloat16, float, bfloat16, float>,
-//     //             nn::linear<fp32 policy>>
+//     // = nn::chain<nn::basic_linear<bf16 policy>, nn::cast<bfloat16, float, bfloat16, float>,
+//     //             nn::basic_linear<fp32 policy>>
 //     auto m = nn::make_sequential(nn::linear<presets::bf16_mixed>(64, 256),
 //                                  nn::linear<presets::fp32>(256, 10));
 #pragma once
@@ -290,16 +290,16 @@ std::vector<std::string> model_row(std::size_t index, const L& l) {
   std::vector<std::string> row{std::to_string(index), std::string(L::name), l.shape(),
                                std::string(L::operation::name)};
   if constexpr (has_policy<L>) {
-    using P = typename L::resolved_policy;
-    using Given = typename L::policy_type;
+    using P = typename L::policy_type;
     for (std::string_view t : {type_name_v<typename P::storage_type>, type_name_v<typename P::compute_type>,
                                type_name_v<typename P::accumulate_type>, type_name_v<typename P::master_type>,
                                type_name_v<typename P::gradient_type>}) {
       row.emplace_back(t);
     }
     row.push_back(precis::detail::rule_names(typename P::waived_rules{}));
-    const bool by_rule = !std::is_same_v<typename P::compute_type, typename Given::compute_type> ||
-                         !std::is_same_v<typename P::accumulate_type, typename Given::accumulate_type>;
+    // The rule raised compute to float where the storage is narrower.
+    constexpr bool by_rule = L::operation::fp32_rule && !waives_v<P, rule::fp32_operation> &&
+                             !std::is_same_v<typename P::storage_type, typename P::compute_type>;
     row.push_back(by_rule ? "fp32 by rule" : "-");
   } else {
     row.insert(row.end(), {std::string(type_name_v<typename L::output_type>), "-", "-", "-",

@@ -8,8 +8,10 @@
 #include <precis/numeric/detail/float_base.hpp>
 #include <precis/numeric/format_traits.hpp>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <ranges>
 #include <string>
 #include <type_traits>
@@ -68,6 +70,22 @@ template <class T>
 concept element_of_conversion =
     std::is_same_v<T, float> || std::is_same_v<T, double> || precis_format<T>;
 
+/// double to float rounded as R says, values beyond float's range as O says. The C++
+/// conversion is nearest-even with overflow to infinity; toward_zero steps back one ulp
+/// where it went beyond d (an overflow becomes the largest float, as IEEE 754 has it).
+template <rounding R, overflow O>
+float double_to_float(double d) {
+  float f = static_cast<float>(d);
+  if constexpr (R == rounding::toward_zero) {
+    if (std::fabs(double(f)) > std::fabs(d)) f = std::nextafter(f, 0.0f);
+  }
+  if constexpr (O == overflow::saturate) {
+    constexpr float max = std::numeric_limits<float>::max();
+    if (std::isinf(f)) f = f > 0 ? max : -max;
+  }
+  return f;
+}
+
 }  // namespace detail
 
 /// Converts a whole contiguous range `in` into `out` (both sized ranges, for example
@@ -109,6 +127,8 @@ void convert(const In& in, Out&& out) {
         reinterpret_cast<const typename from_t::storage_type*>(src), dst, n);
   } else if constexpr (detail::precis_format<to_t>) {
     for (std::size_t i = 0; i < n; ++i) dst[i] = convert<to_t, R, O>(src[i]);
+  } else if constexpr (std::is_same_v<from_t, double> && std::is_same_v<to_t, float>) {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = detail::double_to_float<R, O>(src[i]);
   } else {
     for (std::size_t i = 0; i < n; ++i) dst[i] = static_cast<to_t>(src[i]);
   }
