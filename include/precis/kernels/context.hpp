@@ -6,17 +6,135 @@
 #include <precis/config.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
 namespace precis {
 
+namespace detail {
+
+/// Worker threads that run the parts of one job at a time: part 0 on the calling thread,
+/// part p on worker p - 1 (parts beyond the workers on the caller, after its own). Started
+/// once and kept, so a kernel pays a wake-up rather than a thread start per call.
+class thread_pool {
+ public:
+  explicit thread_pool(unsigned workers) {
+    threads_.reserve(workers);
+    for (unsigned w = 0; w < workers; ++w) threads_.emplace_back([this, w] { work(w + 1); });
+  }
+  thread_pool(const thread_pool&) = delete;
+  thread_pool& operator=(const thread_pool&) = delete;
+  ~thread_pool() {
+    {
+      const std::lock_guard lock(m_);
+      stop_.store(true, std::memory_order_release);
+    }
+    wake_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+  /// Runs job(p) for every p in [0, parts) and returns when all are done; false, having run
+  /// nothing, when the pool is already running a job (a kernel called from inside a part).
+  bool try_run(std::size_t parts, const std::function<void(std::size_t)>& job) {
+    std::unique_lock busy(busy_, std::try_to_lock);
+    if (!busy.owns_lock()) return false;
+    const std::size_t on_workers = std::min<std::size_t>(parts > 0 ? parts - 1 : 0, threads_.size());
+    job_ = &job;
+    parts_ = on_workers + 1;
+    pending_.store(on_workers, std::memory_order_relaxed);
+    {
+      const std::lock_guard lock(m_);  // a worker about to sleep sees the new generation
+      generation_.fetch_add(1, std::memory_order_release);
+    }
+    if (on_workers > 0) wake_.notify_all();
+    std::exception_ptr failure;
+    try {
+      job(0);
+      for (std::size_t p = on_workers + 1; p < parts; ++p) job(p);
+    } catch (...) {
+      failure = std::current_exception();  // the workers still use `job`: wait for them first
+    }
+    if (!spin_until([this] { return pending_.load(std::memory_order_acquire) == 0; })) {
+      std::unique_lock lock(m_);
+      done_.wait(lock, [this] { return pending_.load(std::memory_order_acquire) == 0; });
+    }
+    job_ = nullptr;
+    if (failure) std::rethrow_exception(failure);
+    return true;
+  }
+
+ private:
+  // Waits a little by polling (a wake-up through the kernel costs tens of microseconds,
+  // as much as a small kernel); true when `ready` became true meanwhile.
+  template <class Ready>
+  static bool spin_until(Ready ready) {
+    for (int i = 0; i < 1000; ++i) {
+      if (ready()) return true;
+      std::this_thread::yield();
+    }
+    return ready();
+  }
+
+  void work(std::size_t part) {
+    std::uint64_t seen = 0;
+    for (;;) {
+      const auto posted = [&] {
+        return stop_.load(std::memory_order_acquire) || generation_.load(std::memory_order_acquire) != seen;
+      };
+      if (!spin_until(posted)) {
+        std::unique_lock lock(m_);
+        wake_.wait(lock, posted);
+      }
+      if (stop_.load(std::memory_order_acquire)) return;
+      seen = generation_.load(std::memory_order_acquire);
+      if (part >= parts_) continue;
+      (*job_)(part);
+      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        const std::lock_guard lock(m_);
+        done_.notify_one();
+      }
+    }
+  }
+
+  std::mutex busy_;  // held by the caller of the job in progress
+  std::mutex m_;     // with the condition variables, for threads that stopped polling
+  std::condition_variable wake_, done_;
+  const std::function<void(std::size_t)>* job_ = nullptr;  // written before generation_
+  std::size_t parts_ = 0;
+  std::atomic<std::size_t> pending_{0};
+  std::atomic<std::uint64_t> generation_{0};
+  std::atomic<bool> stop_{false};
+  std::vector<std::thread> threads_;
+};
+
+/// The pool of a cpu_context and its copies, started on first use.
+struct pool_slot {
+  std::once_flag started;
+  std::unique_ptr<thread_pool> pool;
+};
+
+}  // namespace detail
+
 /// Runs kernels on the host. `threads` is how many threads a kernel may use (0: all the
 /// hardware offers). Results do not depend on it: work is split so that every output
 /// element is computed by the same sequence of operations whatever the thread count.
+///
+/// A context with more than one thread starts its worker threads on the first kernel that
+/// uses them and keeps them until the context and all its copies are gone (copies share
+/// them). A kernel called from inside another kernel's part runs its own parts one after
+/// another on the calling thread, with the same results.
 struct cpu_context {
   unsigned threads = 0;
+  /// The worker threads, shared by copies and started on first use (see above).
+  std::shared_ptr<detail::pool_slot> workers = std::make_shared<detail::pool_slot>();
 
   /// The thread count kernels use.
   unsigned thread_count() const {
@@ -39,15 +157,17 @@ void parallel_for(const cpu_context& ctx, std::size_t n, std::size_t min_per_thr
     f(std::size_t(0), n);
     return;
   }
-  std::vector<std::thread> workers;
-  workers.reserve(parts - 1);
   const std::size_t chunk = (n + parts - 1) / parts;
-  for (std::size_t p = 1; p < parts; ++p) {
+  const std::function<void(std::size_t)> part = [&f, n, chunk](std::size_t p) {
     const std::size_t b = std::min(n, p * chunk), e = std::min(n, b + chunk);
-    if (b < e) workers.emplace_back([&f, b, e] { f(b, e); });
+    if (b < e) f(b, e);
+  };
+  pool_slot* slot = ctx.workers.get();
+  if (slot != nullptr) {
+    std::call_once(slot->started, [&] { slot->pool = std::make_unique<thread_pool>(ctx.thread_count() - 1); });
+    if (slot->pool->try_run(parts, part)) return;
   }
-  f(std::size_t(0), std::min(n, chunk));
-  for (auto& w : workers) w.join();
+  for (std::size_t p = 0; p < parts; ++p) part(p);
 }
 
 }  // namespace detail

@@ -119,17 +119,21 @@ inline float im2col_at(const conv_geometry& g, const float* x, std::size_t t, st
 
 /// Packs the im2col matrix's transpose (element (pixel, tap)) for gemm_serial: NR pixels
 /// per tap. Pixels of one row of taps are consecutive input columns, so the inner loop
-/// walks x with stride `stride[1]` and only checks bounds.
+/// walks x with stride `stride[1]` and only checks bounds. Columns run over the pixels of
+/// image 0, then of image 1, ... (`image_stride` floats apart), so one product covers the
+/// whole batch and the weights are packed once.
 struct im2col_packer {
   const conv_geometry* g;
-  const float* x;  // [Cg, H, W] of this image and group
+  const float* x;  // [Cg, H, W] of image 0 and this group
+  std::size_t image_stride;
   void operator()(std::size_t q0, std::size_t cols, std::size_t t0, std::size_t kc,
                   float* out) const {
     const conv_geometry& G = *g;
+    const std::size_t P = G.pixels();
     for (std::size_t k = 0; k < kc; ++k) {
       const std::size_t t = t0 + k;
       const std::size_t kx = t % G.kw, ky = (t / G.kw) % G.kh, ch = t / (G.kw * G.kh);
-      const float* xc = x + ch * G.h * G.w;
+      const float* xc = x + (q0 / P) * image_stride + ch * G.h * G.w;
       float* o = out + k * gemm_nr;
       // The valid output columns of this tap: ix = ox * s + kx * d - pad in [0, W).
       const std::size_t s = G.p.stride[1], off = kx * G.p.dilation[1];
@@ -137,7 +141,7 @@ struct im2col_packer {
           off >= G.p.padding[1] ? 0 : (G.p.padding[1] - off + s - 1) / s;
       const std::size_t lim = G.w + G.p.padding[1];  // ix + pad < lim
       const std::size_t ox_hi = off >= lim ? 0 : std::min(G.wo, (lim - off - 1) / s + 1);
-      std::size_t oy = q0 / G.wo, ox = q0 % G.wo;
+      std::size_t oy = (q0 % P) / G.wo, ox = (q0 % P) % G.wo;
       for (std::size_t c = 0; c < cols;) {
         // One output row's run of pixels at a time.
         const std::size_t run = std::min(cols - c, G.wo - ox);
@@ -161,7 +165,10 @@ struct im2col_packer {
         }
         c += run;
         ox = 0;
-        ++oy;
+        if (++oy == G.ho) {  // on to the next image
+          oy = 0;
+          xc += image_stride;
+        }
       }
       for (std::size_t c = cols; c < gemm_nr; ++c) o[c] = 0.0F;
     }
@@ -182,27 +189,29 @@ void for_items(const cpu_context& ctx, std::size_t n, F&& f) {
   }
 }
 
-/// y[n, g*Cog + i, q] = sum_t wf[g*Cog + i, t] col(xf[n, g])[t, q] (+ bias), rounded once to TY.
+/// y[n, g*Cog + i, q] = sum_t wf[g*Cog + i, t] col(xf[n, g])[t, q] (+ bias), rounded once to
+/// TY: per group, one product whose columns are the pixels of every image of the batch.
 template <class TY, class TBias>
 void conv_forward_float(const cpu_context& ctx, const conv_geometry& g, const float* xf,
                         const float* wf, const TBias* bias, TY* y) {
   const std::size_t P = g.pixels(), T = g.taps(), Cog = g.cog();
-  for_items(ctx, g.n * g.groups, [&](const cpu_context& inner, std::size_t item) {
-    const std::size_t n = item / g.groups, gr = item % g.groups;
+  for (std::size_t gr = 0; gr < g.groups; ++gr) {
     strided_packer<float, gemm_mr, false> pa{wf + gr * Cog * T, T, 1};
-    im2col_packer pb{&g, xf + (n * g.c + gr * g.cg()) * g.h * g.w};
-    TY* out = y + (n * g.co + gr * Cog) * P;
+    im2col_packer pb{&g, xf + gr * g.cg() * g.h * g.w, g.c * g.h * g.w};
+    // Columns j0 .. j0 + len of row i, split where they pass from one image to the next.
     const auto write = [&](std::size_t i, std::size_t j0, const float* acc, std::size_t len) {
+      const float b = bias != nullptr ? load<float>(bias[gr * Cog + i]) : 0.0F;
       float v[block_size];
-      for (std::size_t s = 0; s < len; s += block_size) {
-        const std::size_t l = std::min(block_size, len - s);
-        const float b = bias != nullptr ? load<float>(bias[gr * Cog + i]) : 0.0F;
-        for (std::size_t j = 0; j < l; ++j) v[j] = acc[s + j] + b;
-        store_block(v, out + i * P + j0 + s, l);
+      for (std::size_t s = 0; s < len;) {
+        const std::size_t j = j0 + s, n = j / P, q = j % P;
+        const std::size_t l = std::min({block_size, len - s, P - q});
+        for (std::size_t k = 0; k < l; ++k) v[k] = acc[s + k] + b;
+        store_block(v, y + (n * g.co + gr * Cog + i) * P + q, l);
+        s += l;
       }
     };
-    gemm_float(inner, Cog, P, T, pa, pb, write);
-  });
+    gemm_float(ctx, Cog, g.n * P, T, pa, pb, write);
+  }
 }
 
 /// dx[n, g] = col2im(W_g^T dy[n, g]): the column matrix in float, then each image element
