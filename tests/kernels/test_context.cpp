@@ -1,0 +1,85 @@
+// cpu_context's worker threads: every part runs once per call, on as many threads as
+// asked; a kernel called from inside a part runs inline; an exception in a part reaches
+// the caller after every part has finished; copies share the workers.
+#include <precis/kernels/context.hpp>
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+using precis::cpu_context;
+using precis::detail::parallel_for;
+
+TEST_CASE("parallel_for covers [0, n) once per call, on the context's threads") {
+  const cpu_context ctx{3};
+  for (int round = 0; round < 200; ++round) {
+    const std::size_t n = 1 + std::size_t(round) * 7;
+    std::vector<std::atomic<int>> hits(n);
+    std::mutex m;
+    std::set<std::thread::id> ids;
+    parallel_for(ctx, n, 1, [&](std::size_t b, std::size_t e) {
+      for (std::size_t i = b; i < e; ++i) ++hits[i];
+      const std::lock_guard lock(m);
+      ids.insert(std::this_thread::get_id());
+    });
+    for (std::size_t i = 0; i < n; ++i) REQUIRE(hits[i].load() == 1);
+    CHECK(ids.size() <= std::min<std::size_t>(3, n));
+    if (n >= 3) CHECK(ids.count(std::this_thread::get_id()) == 1);  // the caller takes part 0
+  }
+}
+
+TEST_CASE("a parallel_for inside a part runs inline, with the same coverage") {
+  const cpu_context ctx{2};
+  std::atomic<long> total{0};
+  parallel_for(ctx, 4, 1, [&](std::size_t b, std::size_t e) {
+    for (std::size_t i = b; i < e; ++i) {
+      parallel_for(ctx, 100, 1, [&](std::size_t b2, std::size_t e2) {
+        for (std::size_t j = b2; j < e2; ++j) total += long(j);
+      });
+    }
+  });
+  CHECK(total.load() == 4 * 4950);
+}
+
+TEST_CASE("an exception in a part reaches the caller after every part has run") {
+  const cpu_context ctx{2};
+  std::atomic<int> finished{0};
+  CHECK_THROWS_AS(parallel_for(ctx, 2, 1,
+                               [&](std::size_t b, std::size_t) {
+                                 if (b == 0) throw std::runtime_error("part 0");
+                                 std::this_thread::sleep_for(std::chrono::milliseconds(20));
+                                 ++finished;
+                               }),
+                  std::runtime_error);
+  CHECK(finished.load() == 1);
+  // The pool is usable afterwards.
+  std::atomic<int> parts{0};
+  parallel_for(ctx, 2, 1, [&](std::size_t, std::size_t) { ++parts; });
+  CHECK(parts.load() == 2);
+}
+
+TEST_CASE("copies share the workers; a copy outliving the original keeps them") {
+  std::set<std::thread::id> first, second;
+  std::mutex m;
+  auto record = [&](std::set<std::thread::id>& ids) {
+    return [&](std::size_t, std::size_t) {
+      const std::lock_guard lock(m);
+      ids.insert(std::this_thread::get_id());
+    };
+  };
+  cpu_context copy;
+  {
+    const cpu_context ctx{2};
+    parallel_for(ctx, 2, 1, record(first));
+    copy = ctx;
+  }
+  parallel_for(copy, 2, 1, record(second));
+  CHECK(first == second);
+  CHECK(first.size() == 2);
+}
