@@ -7,14 +7,24 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace precis_bench {
 
-/// Best (minimum) wall time of `reps` calls of `f`, in milliseconds, after one warm-up.
+/// Best (minimum) wall time of `reps` calls of `f`, in milliseconds, after a warm-up.
+/// It first waits 300 ms: the library measured before may leave worker threads polling
+/// for work (OpenBLAS's and OpenMP's do for a while after a call, as precis's do for well
+/// under a millisecond), and on a two-core machine they would take a core from `f`.
+/// The warm-up runs `f` for at least 50 ms, so that newly started worker threads have been
+/// spread over the cores before the timing starts (steady state, as in a training loop).
 template <class F>
 double best_ms(F&& f, int reps = 7) {
-  f();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto warm = std::chrono::steady_clock::now();
+  do {
+    f();
+  } while (std::chrono::steady_clock::now() - warm < std::chrono::milliseconds(50));
   double best = 1e300;
   for (int r = 0; r < reps; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
