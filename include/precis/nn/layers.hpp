@@ -239,55 +239,47 @@ using sigmoid = activation<kernel_policy_t<op::elementwise, P>, detail::sigmoid_
 template <Policy P>
 using tanh = activation<kernel_policy_t<op::elementwise, P>, detail::tanh_kernel>;
 
-/// Layer normalisation over the features: (x - mean) / sqrt(var + eps) * gamma + beta, with
-/// statistics in float (rule::fp32_operation); gamma starts at 1, beta at 0.
-template <Policy P>
-class basic_layer_norm : public layer_base<P, op::layer_norm> {
-  using base = layer_base<P, op::layer_norm>;
+namespace detail {
+
+/// What the norm layers share: a feature count, the per-feature scale gamma (starting at
+/// 1) and shift beta (starting at 0), their gradients, and the input and output buffers.
+template <Policy P, op_kind Op>
+class affine_norm : public layer_base<P, Op> {
+  using base = layer_base<P, Op>;
+
+ protected:
   using S = typename base::input_type;
   using G = typename base::input_grad_type;
   using M = typename base::master_type;
   using St = typename base::statistics_type;
 
- public:
-  static constexpr std::string_view name = "layer_norm";
-
-  explicit basic_layer_norm(std::size_t features, double eps = 1e-5)
-      : features_(features), eps_(eps), gamma_({features}), beta_({features}) {
-    if (features == 0) throw error("precis::nn::layer_norm: needs features > 0");
+  affine_norm(std::string_view layer, std::size_t features)
+      : features_(features), gamma_({features}), beta_({features}) {
+    if (features == 0) throw error("precis::nn::" + std::string(layer) + ": needs features > 0");
     gamma_.master().fill(M(1));
     gamma_.refresh();
     beta_.refresh();
   }
-
-  const host_tensor<S, 2>& forward(const cpu_context& ctx, const host_tensor<S, 2>& x, mode = mode::train) {
-    detail::check_features(name, x, features_);
-    const std::size_t rows = std::size_t(x.shape()[0]);
-    detail::ensure_shape(y_, rows, features_);
-    detail::ensure_shape(mean_, rows);
-    detail::ensure_shape(rstd_, rows);
-    precis::layer_norm<P>(ctx, x, gamma_.value(), beta_.value(), y_, mean_, rstd_, eps_);
-    x_.set(x);
-    return y_;
+  /// Sizes the outputs and the gradient buffers for a batch of `rows`.
+  void size_buffers(std::size_t rows) {
+    ensure_shape(y_, rows, features_);
+    ensure_shape(dx_, rows, features_);
+    ensure_shape(dgamma_, features_);
+    ensure_shape(dbeta_, features_);
   }
-  const host_tensor<G, 2>& backward(const cpu_context& ctx, const host_tensor<G, 2>& dy) {
-    const auto& x = x_.get(name);
-    detail::ensure_shape(dx_, std::size_t(x.shape()[0]), features_);
-    detail::ensure_shape(dgamma_, features_);
-    detail::ensure_shape(dbeta_, features_);
-    layer_norm_backward<P>(ctx, dy, x, gamma_.value(), mean_, rstd_, dx_, dgamma_, dbeta_);
+  /// Adds this backward pass's gamma and beta gradients to the parameters.
+  void accumulate_affine() {
     gamma_.accumulate(dgamma_);
     beta_.accumulate(dbeta_);
-    return dx_;
+  }
+  std::size_t buffer_bytes() const {
+    return tensor_bytes(y_) + tensor_bytes(dx_) + tensor_bytes(dgamma_) + tensor_bytes(dbeta_);
   }
 
+ public:
   parameter<S, M, 1>& gamma() { return gamma_; }
   parameter<S, M, 1>& beta() { return beta_; }
   std::string shape() const { return std::to_string(features_); }
-  std::size_t activation_bytes() const {
-    return detail::tensor_bytes(y_) + detail::tensor_bytes(dx_) + detail::tensor_bytes(mean_) +
-           detail::tensor_bytes(rstd_) + detail::tensor_bytes(dgamma_) + detail::tensor_bytes(dbeta_);
-  }
   template <class F>
   void for_each_parameter(F&& f) {
     f("gamma", gamma_);
@@ -298,6 +290,52 @@ class basic_layer_norm : public layer_base<P, op::layer_norm> {
     f("gamma", gamma_);
     f("beta", beta_);
   }
+
+ protected:
+  std::size_t features_;
+  parameter<S, M, 1> gamma_, beta_;
+  host_tensor<S, 2> y_;
+  host_tensor<G, 2> dx_;
+  host_tensor<G, 1> dgamma_, dbeta_;
+  saved_input<S> x_;
+};
+
+}  // namespace detail
+
+/// Layer normalisation over the features: (x - mean) / sqrt(var + eps) * gamma + beta, with
+/// statistics in float (rule::fp32_operation); gamma starts at 1, beta at 0.
+template <Policy P>
+class basic_layer_norm : public detail::affine_norm<P, op::layer_norm> {
+  using base = detail::affine_norm<P, op::layer_norm>;
+  using typename base::S;
+  using typename base::G;
+  using typename base::St;
+
+ public:
+  static constexpr std::string_view name = "layer_norm";
+
+  explicit basic_layer_norm(std::size_t features, double eps = 1e-5) : base(name, features), eps_(eps) {}
+
+  const host_tensor<S, 2>& forward(const cpu_context& ctx, const host_tensor<S, 2>& x, mode = mode::train) {
+    detail::check_features(name, x, this->features_);
+    const std::size_t rows = std::size_t(x.shape()[0]);
+    this->size_buffers(rows);
+    detail::ensure_shape(mean_, rows);
+    detail::ensure_shape(rstd_, rows);
+    precis::layer_norm<P>(ctx, x, this->gamma_.value(), this->beta_.value(), this->y_, mean_, rstd_, eps_);
+    this->x_.set(x);
+    return this->y_;
+  }
+  const host_tensor<G, 2>& backward(const cpu_context& ctx, const host_tensor<G, 2>& dy) {
+    const auto& x = this->x_.get(name);
+    layer_norm_backward<P>(ctx, dy, x, this->gamma_.value(), mean_, rstd_, this->dx_, this->dgamma_, this->dbeta_);
+    this->accumulate_affine();
+    return this->dx_;
+  }
+
+  std::size_t activation_bytes() const {
+    return this->buffer_bytes() + detail::tensor_bytes(mean_) + detail::tensor_bytes(rstd_);
+  }
   template <class Archive>
   void visit_state(Archive& a, const std::string& prefix) {
     detail::visit_parameters(a, prefix, *this);
@@ -305,14 +343,8 @@ class basic_layer_norm : public layer_base<P, op::layer_norm> {
   std::string validate() const { return detail::parameter_problems(*this); }
 
  private:
-  std::size_t features_;
   double eps_;
-  parameter<S, M, 1> gamma_, beta_;
-  host_tensor<S, 2> y_;
-  host_tensor<G, 2> dx_;
   host_tensor<St, 1> mean_, rstd_;
-  host_tensor<G, 1> dgamma_, dbeta_;
-  detail::saved_input<S> x_;
 };
 
 /// Layer normalisation under P resolved for norms (float compute and sums by rule).
@@ -323,77 +355,54 @@ using layer_norm = basic_layer_norm<kernel_policy_t<op::layer_norm, P>>;
 /// (running statistics updated with `momentum`, PyTorch's rule, kept in float and saved in
 /// checkpoints), running statistics in evaluation.
 template <Policy P>
-class basic_batch_norm : public layer_base<P, op::batch_norm> {
-  using base = layer_base<P, op::batch_norm>;
-  using S = typename base::input_type;
-  using G = typename base::input_grad_type;
-  using M = typename base::master_type;
-  using St = typename base::statistics_type;
+class basic_batch_norm : public detail::affine_norm<P, op::batch_norm> {
+  using base = detail::affine_norm<P, op::batch_norm>;
+  using typename base::S;
+  using typename base::G;
+  using typename base::St;
 
  public:
   static constexpr std::string_view name = "batch_norm";
 
   explicit basic_batch_norm(std::size_t features, double momentum = 0.1, double eps = 1e-5)
-      : features_(features),
+      : base(name, features),
         momentum_(momentum),
         eps_(eps),
-        gamma_({features}),
-        beta_({features}),
         running_mean_(std::array<std::size_t, 1>{features}),
         running_var_(std::array<std::size_t, 1>{features}) {
-    if (features == 0) throw error("precis::nn::batch_norm: needs features > 0");
     if (!(momentum >= 0.0 && momentum <= 1.0)) throw error("precis::nn::batch_norm: momentum must be in [0, 1]");
-    gamma_.master().fill(M(1));
-    gamma_.refresh();
-    beta_.refresh();
     running_mean_.fill(St(0));
     running_var_.fill(St(1));
   }
 
   const host_tensor<S, 2>& forward(const cpu_context& ctx, const host_tensor<S, 2>& x, mode m = mode::train) {
-    detail::check_features(name, x, features_);
-    detail::ensure_shape(y_, std::size_t(x.shape()[0]), features_);
+    detail::check_features(name, x, this->features_);
+    this->size_buffers(std::size_t(x.shape()[0]));
     if (m == mode::train) {
-      detail::ensure_shape(save_mean_, features_);
-      detail::ensure_shape(save_rstd_, features_);
-      batch_norm_train<P>(ctx, x, gamma_.value(), beta_.value(), running_mean_, running_var_, y_,
+      detail::ensure_shape(save_mean_, this->features_);
+      detail::ensure_shape(save_rstd_, this->features_);
+      batch_norm_train<P>(ctx, x, this->gamma_.value(), this->beta_.value(), running_mean_, running_var_, this->y_,
                           save_mean_, save_rstd_, momentum_, eps_);
-      x_.set(x);
+      this->x_.set(x);
     } else {
-      batch_norm_infer<P>(ctx, x, gamma_.value(), beta_.value(), running_mean_, running_var_, y_, eps_);
+      batch_norm_infer<P>(ctx, x, this->gamma_.value(), this->beta_.value(), running_mean_, running_var_, this->y_,
+                          eps_);
     }
-    return y_;
+    return this->y_;
   }
   /// Backward of the last training-mode forward pass.
   const host_tensor<G, 2>& backward(const cpu_context& ctx, const host_tensor<G, 2>& dy) {
-    const auto& x = x_.get(name);
-    detail::ensure_shape(dx_, std::size_t(x.shape()[0]), features_);
-    detail::ensure_shape(dgamma_, features_);
-    detail::ensure_shape(dbeta_, features_);
-    batch_norm_backward<P>(ctx, dy, x, gamma_.value(), save_mean_, save_rstd_, dx_, dgamma_, dbeta_);
-    gamma_.accumulate(dgamma_);
-    beta_.accumulate(dbeta_);
-    return dx_;
+    const auto& x = this->x_.get(name);
+    batch_norm_backward<P>(ctx, dy, x, this->gamma_.value(), save_mean_, save_rstd_, this->dx_, this->dgamma_,
+                           this->dbeta_);
+    this->accumulate_affine();
+    return this->dx_;
   }
 
-  parameter<S, M, 1>& gamma() { return gamma_; }
-  parameter<S, M, 1>& beta() { return beta_; }
   const host_tensor<St, 1>& running_mean() const { return running_mean_; }
   const host_tensor<St, 1>& running_var() const { return running_var_; }
-  std::string shape() const { return std::to_string(features_); }
   std::size_t activation_bytes() const {
-    return detail::tensor_bytes(y_) + detail::tensor_bytes(dx_) + detail::tensor_bytes(save_mean_) +
-           detail::tensor_bytes(save_rstd_) + detail::tensor_bytes(dgamma_) + detail::tensor_bytes(dbeta_);
-  }
-  template <class F>
-  void for_each_parameter(F&& f) {
-    f("gamma", gamma_);
-    f("beta", beta_);
-  }
-  template <class F>
-  void for_each_parameter(F&& f) const {
-    f("gamma", gamma_);
-    f("beta", beta_);
+    return this->buffer_bytes() + detail::tensor_bytes(save_mean_) + detail::tensor_bytes(save_rstd_);
   }
   template <class Archive>
   void visit_state(Archive& a, const std::string& prefix) {
@@ -407,15 +416,9 @@ class basic_batch_norm : public layer_base<P, op::batch_norm> {
   }
 
  private:
-  std::size_t features_;
   double momentum_, eps_;
-  parameter<S, M, 1> gamma_, beta_;
   host_tensor<St, 1> running_mean_, running_var_;
-  host_tensor<S, 2> y_;
-  host_tensor<G, 2> dx_;
   host_tensor<St, 1> save_mean_, save_rstd_;
-  host_tensor<G, 1> dgamma_, dbeta_;
-  detail::saved_input<S> x_;
   std::string problem_;
 };
 
