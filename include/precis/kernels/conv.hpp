@@ -189,14 +189,15 @@ void for_items(const cpu_context& ctx, std::size_t n, F&& f) {
   }
 }
 
-/// y[n, g*Cog + i, q] = sum_t wf[g*Cog + i, t] col(xf[n, g])[t, q] (+ bias), rounded once to
-/// TY: per group, one product whose columns are the pixels of every image of the batch.
-template <class TY, class TBias>
+/// y[n, g*Cog + i, q] = sum_t w[g*Cog + i, t] col(xf[n, g])[t, q] (+ bias), rounded once to
+/// TY: per group, one product whose columns are the pixels of every image of the batch. The
+/// weights are converted to float (and rounded to tfloat32 when TF32) as they are packed.
+template <bool TF32, class TW, class TY, class TBias>
 void conv_forward_float(const cpu_context& ctx, const conv_geometry& g, const float* xf,
-                        const float* wf, const TBias* bias, TY* y) {
+                        const TW* w, const TBias* bias, TY* y) {
   const std::size_t P = g.pixels(), T = g.taps(), Cog = g.cog();
   for (std::size_t gr = 0; gr < g.groups; ++gr) {
-    strided_packer<float, gemm_mr, false> pa{wf + gr * Cog * T, T, 1};
+    strided_packer<TW, gemm_mr, TF32 && std::is_same_v<TW, float>> pa{w + gr * Cog * T, T, 1};
     im2col_packer pb{&g, xf + gr * g.cg() * g.h * g.w, g.c * g.h * g.w};
     // Columns j0 .. j0 + len of row i, split where they pass from one image to the next.
     const auto write = [&](std::size_t i, std::size_t j0, const float* acc, std::size_t len) {
@@ -329,9 +330,7 @@ void conv2d(const cpu_context& ctx, const host_tensor<TX, 4>& x, const host_tens
   check_shape("precis::conv2d: y", y, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
   constexpr bool tf32 = detail::conv_tf32_v<P>;
   const auto xf = detail::to_float<tf32>(ctx, x.data(), x.size());
-  const auto wf = detail::to_float<tf32>(ctx, w.data(), w.size());
-  detail::conv_forward_float(ctx, g, xf.data(), wf.data(), static_cast<const TY*>(nullptr),
-                             y.data());
+  detail::conv_forward_float<tf32>(ctx, g, xf.data(), w.data(), static_cast<const TY*>(nullptr), y.data());
 }
 
 /// As conv2d, plus bias [Co] added to every pixel of its channel before the one rounding.
@@ -344,8 +343,7 @@ void conv2d(const cpu_context& ctx, const host_tensor<TX, 4>& x, const host_tens
   check_shape("precis::conv2d: y", y, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
   constexpr bool tf32 = detail::conv_tf32_v<P>;
   const auto xf = detail::to_float<tf32>(ctx, x.data(), x.size());
-  const auto wf = detail::to_float<tf32>(ctx, w.data(), w.size());
-  detail::conv_forward_float(ctx, g, xf.data(), wf.data(), bias.data(), y.data());
+  detail::conv_forward_float<tf32>(ctx, g, xf.data(), w.data(), bias.data(), y.data());
 }
 
 /// dx = dL/dx of y = conv2d(x, w) from dy (x's shape is dx's shape).

@@ -211,14 +211,38 @@ void gemm_float(const cpu_context& ctx, std::size_t M, std::size_t N, std::size_
   const std::size_t unit = by_cols ? NR : MR;
   const std::size_t units = ((by_cols ? N : M) + unit - 1) / unit;
   const std::size_t per_unit = std::max<std::size_t>(1, work / units);
-  parallel_for(ctx, units, std::max<std::size_t>(1, min_flops / per_unit),
-               [&](std::size_t u0, std::size_t u1) {
-                 if (by_cols) {
-                   gemm_serial(0, M, u0 * NR, std::min(N, u1 * NR), K, pack_a, pack_b, epilogue);
-                 } else {
-                   gemm_serial(u0 * MR, std::min(M, u1 * MR), 0, N, K, pack_a, pack_b, epilogue);
-                 }
-               });
+  const std::size_t min_units = std::max<std::size_t>(1, min_flops / per_unit);
+  const bool threaded = std::min<std::size_t>(ctx.thread_count(), units / min_units) > 1;
+  const std::size_t npad = (N + NR - 1) / NR * NR;
+  if (!by_cols && threaded && K * npad <= (std::size_t(1) << 22)) {
+    // Split by rows, every thread would pack all of B: pack it once, in parallel, as
+    // gemm_serial lays it out (K blocks of KC, NR-column tiles of kc x NR), and let the
+    // threads copy their tiles from it. The values packed are the same, so is the result.
+    float_buffer shared(K * npad);
+    const std::size_t kblocks = (K + gemm_kc - 1) / gemm_kc, tiles = npad / NR;
+    parallel_for(ctx, kblocks * tiles, 1, [&](std::size_t t0, std::size_t t1) {
+      for (std::size_t t = t0; t < t1; ++t) {
+        const std::size_t pc = (t / tiles) * gemm_kc, jr = (t % tiles) * NR;
+        const std::size_t kc = std::min(gemm_kc, K - pc);
+        pack_b(jr, std::min(NR, N - jr), pc, kc, shared.get() + pc * npad + jr * kc);
+      }
+    });
+    const auto packed_b = [&](std::size_t j0, std::size_t, std::size_t k0, std::size_t kc, float* out) {
+      const float* tile = shared.get() + k0 * npad + j0 * kc;
+      std::copy(tile, tile + kc * NR, out);
+    };
+    parallel_for(ctx, units, min_units, [&](std::size_t u0, std::size_t u1) {
+      gemm_serial(u0 * MR, std::min(M, u1 * MR), 0, N, K, pack_a, packed_b, epilogue);
+    });
+    return;
+  }
+  parallel_for(ctx, units, min_units, [&](std::size_t u0, std::size_t u1) {
+    if (by_cols) {
+      gemm_serial(0, M, u0 * NR, std::min(N, u1 * NR), K, pack_a, pack_b, epilogue);
+    } else {
+      gemm_serial(u0 * MR, std::min(M, u1 * MR), 0, N, K, pack_a, pack_b, epilogue);
+    }
+  });
 }
 
 }  // namespace precis::detail
