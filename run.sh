@@ -22,8 +22,10 @@ cd "$ROOT"
 JOBS="${JOBS:-2}"
 export DEBIAN_FRONTEND=noninteractive
 
+# ocl-icd-opencl-dev: Debian's oneDNN is built with the OpenCL GPU runtime, and its CMake
+# package configuration requires OpenCL; apt only recommends it, and recommends are off.
 PACKAGES=(cmake g++ clang libboost-dev xtensor-dev doctest-dev libopenblas-dev libdnnl-dev
-          gnuplot-nox python3-pip)
+          ocl-icd-opencl-dev gnuplot-nox python3-pip)
 
 log() { printf '\n\033[1m-- %s\033[0m\n' "$*"; }
 die() { printf 'run.sh: %s\n' "$*" >&2; exit 1; }
