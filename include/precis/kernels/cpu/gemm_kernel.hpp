@@ -99,29 +99,36 @@ inline constexpr std::size_t gemm_mc = gemm_mr * 8;
 inline constexpr std::size_t gemm_nc = 1024;
 
 /// C[MR x NR] (row stride ldc) = (first ? 0 : C) + A_panel * B_panel over kc steps, where
-/// the packed A panel holds MR floats per k and the B panel NR floats per k.
-template <bool First>
-inline void gemm_micro(std::size_t kc, const float* a, const float* b, float* c, std::size_t ldc) {
+/// the packed A panel holds MR floats per k and the B panel NR floats per k. The
+/// accumulators are locals of this function, indexed by constants only, so the compiler
+/// keeps them in registers (captured by a lambda that is not inlined they would live in
+/// memory, a several-fold slowdown).
+template <bool First, std::size_t... R>
+inline void gemm_micro_rows(std::index_sequence<R...>, std::size_t kc, const float* a,
+                            const float* b, float* c, std::size_t ldc) {
   using S = gemm_simd;
   using V = S::vec;
-  constexpr std::size_t W = S::width, MR = S::mr;
+  constexpr std::size_t W = S::width, MR = sizeof...(R);
   V acc0[MR], acc1[MR];
-  [&]<std::size_t... R>(std::index_sequence<R...>) {
-    if constexpr (First) {
-      ((acc0[R] = S::zero(), acc1[R] = S::zero()), ...);
-    } else {
-      ((acc0[R] = S::load(c + R * ldc), acc1[R] = S::load(c + R * ldc + W)), ...);
-    }
-    for (std::size_t k = 0; k < kc; ++k) {
-      const V b0 = S::load(b), b1 = S::load(b + W);
-      ((acc0[R] = S::fma(S::broadcast(a + R), b0, acc0[R]),
-        acc1[R] = S::fma(S::broadcast(a + R), b1, acc1[R])),
-       ...);
-      a += MR;
-      b += 2 * W;
-    }
-    ((S::store(c + R * ldc, acc0[R]), S::store(c + R * ldc + W, acc1[R])), ...);
-  }(std::make_index_sequence<MR>{});
+  if constexpr (First) {
+    ((acc0[R] = S::zero(), acc1[R] = S::zero()), ...);
+  } else {
+    ((acc0[R] = S::load(c + R * ldc), acc1[R] = S::load(c + R * ldc + W)), ...);
+  }
+  for (std::size_t k = 0; k < kc; ++k) {
+    const V b0 = S::load(b), b1 = S::load(b + W);
+    ((acc0[R] = S::fma(S::broadcast(a + R), b0, acc0[R]),
+      acc1[R] = S::fma(S::broadcast(a + R), b1, acc1[R])),
+     ...);
+    a += MR;
+    b += 2 * W;
+  }
+  ((S::store(c + R * ldc, acc0[R]), S::store(c + R * ldc + W, acc1[R])), ...);
+}
+
+template <bool First>
+inline void gemm_micro(std::size_t kc, const float* a, const float* b, float* c, std::size_t ldc) {
+  gemm_micro_rows<First>(std::make_index_sequence<gemm_simd::mr>{}, kc, a, b, c, ldc);
 }
 
 /// A float buffer aligned for the SIMD loads, uninitialised.
@@ -196,16 +203,47 @@ void gemm_serial(std::size_t m0, std::size_t m1, std::size_t n0, std::size_t n1,
   }
 }
 
+/// All of an operand (`extent` rows of A or columns of B, depth K) packed once, in parallel,
+/// as gemm_serial lays out its panels: K blocks of KC, each `pad` wide, W-wide tiles of
+/// kc x W floats in it; it is then the packer gemm_serial calls, copying tiles out.
+template <std::size_t W>
+struct prepacked {
+  float_buffer data;
+  std::size_t pad;
+
+  template <class Pack>
+  prepacked(const cpu_context& ctx, std::size_t extent, std::size_t K, Pack& pack)
+      : data(K * ((extent + W - 1) / W * W)), pad((extent + W - 1) / W * W) {
+    const std::size_t kblocks = (K + gemm_kc - 1) / gemm_kc, tiles = pad / W;
+    parallel_for(ctx, kblocks * tiles, 1, [&](std::size_t t0, std::size_t t1) {
+      for (std::size_t t = t0; t < t1; ++t) {
+        const std::size_t pc = (t / tiles) * gemm_kc, j = (t % tiles) * W;
+        const std::size_t kc = std::min(gemm_kc, K - pc);
+        pack(j, std::min(W, extent - j), pc, kc, data.get() + pc * pad + j * kc);
+      }
+    });
+  }
+
+  /// The packer gemm_serial calls: copies the tile it asks for (j0 a multiple of W).
+  void operator()(std::size_t j0, std::size_t, std::size_t k0, std::size_t kc, float* out) const {
+    const float* tile = data.get() + k0 * pad + j0 * kc;
+    std::copy(tile, tile + kc * W, out);
+  }
+};
+
 /// C = op(A) op(B) (M x N, depth K) in float on ctx's threads. The output is split into
 /// column ranges (rows when N is small), whole NR-wide panels each, so every element is
-/// computed as gemm_serial computes it whatever the thread count. `threads_cap` limits the
-/// threads (batched callers that already run in parallel pass 1).
+/// computed as gemm_serial computes it whatever the thread count. The operand every thread
+/// would otherwise pack in full (A under a column split, B under a row split) is packed
+/// once, shared, when it is small enough; the values packed are the same, so is the result.
 template <class PackA, class PackB, class Epilogue>
 void gemm_float(const cpu_context& ctx, std::size_t M, std::size_t N, std::size_t K,
                 PackA&& pack_a, PackB&& pack_b, Epilogue&& epilogue) {
   constexpr std::size_t NR = gemm_nr, MR = gemm_mr;
   // Below ~4 MFLOP a second thread costs more than it saves.
   const std::size_t min_flops = std::size_t(1) << 22;
+  // Largest operand (floats) packed once and shared: 16 MiB.
+  const std::size_t max_shared = std::size_t(1) << 22;
   const std::size_t work = std::max<std::size_t>(1, M * N * std::max<std::size_t>(K, 1));
   const bool by_cols = N >= M;
   const std::size_t unit = by_cols ? NR : MR;
@@ -213,36 +251,24 @@ void gemm_float(const cpu_context& ctx, std::size_t M, std::size_t N, std::size_
   const std::size_t per_unit = std::max<std::size_t>(1, work / units);
   const std::size_t min_units = std::max<std::size_t>(1, min_flops / per_unit);
   const bool threaded = std::min<std::size_t>(ctx.thread_count(), units / min_units) > 1;
-  const std::size_t npad = (N + NR - 1) / NR * NR;
-  if (!by_cols && threaded && K * npad <= (std::size_t(1) << 22)) {
-    // Split by rows, every thread would pack all of B: pack it once, in parallel, as
-    // gemm_serial lays it out (K blocks of KC, NR-column tiles of kc x NR), and let the
-    // threads copy their tiles from it. The values packed are the same, so is the result.
-    float_buffer shared(K * npad);
-    const std::size_t kblocks = (K + gemm_kc - 1) / gemm_kc, tiles = npad / NR;
-    parallel_for(ctx, kblocks * tiles, 1, [&](std::size_t t0, std::size_t t1) {
-      for (std::size_t t = t0; t < t1; ++t) {
-        const std::size_t pc = (t / tiles) * gemm_kc, jr = (t % tiles) * NR;
-        const std::size_t kc = std::min(gemm_kc, K - pc);
-        pack_b(jr, std::min(NR, N - jr), pc, kc, shared.get() + pc * npad + jr * kc);
+  const auto split = [&](auto& pa, auto& pb) {
+    parallel_for(ctx, units, min_units, [&](std::size_t u0, std::size_t u1) {
+      if (by_cols) {
+        gemm_serial(0, M, u0 * NR, std::min(N, u1 * NR), K, pa, pb, epilogue);
+      } else {
+        gemm_serial(u0 * MR, std::min(M, u1 * MR), 0, N, K, pa, pb, epilogue);
       }
     });
-    const auto packed_b = [&](std::size_t j0, std::size_t, std::size_t k0, std::size_t kc, float* out) {
-      const float* tile = shared.get() + k0 * npad + j0 * kc;
-      std::copy(tile, tile + kc * NR, out);
-    };
-    parallel_for(ctx, units, min_units, [&](std::size_t u0, std::size_t u1) {
-      gemm_serial(u0 * MR, std::min(M, u1 * MR), 0, N, K, pack_a, packed_b, epilogue);
-    });
-    return;
+  };
+  if (threaded && by_cols && K * (M + MR) <= max_shared) {
+    prepacked<MR> shared(ctx, M, K, pack_a);
+    split(shared, pack_b);
+  } else if (threaded && !by_cols && K * (N + NR) <= max_shared) {
+    prepacked<NR> shared(ctx, N, K, pack_b);
+    split(pack_a, shared);
+  } else {
+    split(pack_a, pack_b);
   }
-  parallel_for(ctx, units, min_units, [&](std::size_t u0, std::size_t u1) {
-    if (by_cols) {
-      gemm_serial(0, M, u0 * NR, std::min(N, u1 * NR), K, pack_a, pack_b, epilogue);
-    } else {
-      gemm_serial(u0 * MR, std::min(M, u1 * MR), 0, N, K, pack_a, pack_b, epilogue);
-    }
-  });
 }
 
 }  // namespace precis::detail
