@@ -170,8 +170,12 @@ TEST_CASE_TEMPLATE("conv_transpose2d is the adjoint of conv2d, forward and backw
 TEST_CASE("conv2d gives the same bits on 1, 2 and 3 threads") {
   using P = precis::presets::bf16_mixed;
   using T = precis::bfloat16;
-  for (std::size_t n : {1U, 4U}) {
-    const geo g{n, 16, 23, 21, 40, 3, 3, params(1, 1, 1, 1)};
+  // Many pixels and few channels (the product split over pixels), and few pixels with many
+  // channels, as in a network's last layers (split over channels, the pixels packed once).
+  for (const geo& g : {geo{1, 16, 23, 21, 40, 3, 3, params(1, 1, 1, 1)},
+                       geo{4, 16, 23, 21, 40, 3, 3, params(1, 1, 1, 1)},
+                       geo{2, 64, 7, 7, 320, 3, 3, params(1, 1, 1, 1)}}) {
+    INFO("x " << precis::shape_string(g.xs()) << " w " << precis::shape_string(g.ws()));
     const auto x = random_tensor<T, 4>(g.xs());
     const auto w = random_tensor<T, 4>(g.ws());
     const auto dy = random_tensor<T, 4>(g.ys());
@@ -185,6 +189,7 @@ TEST_CASE("conv2d gives the same bits on 1, 2 and 3 threads") {
       precis::conv2d_backward_data<P>(ctx, dy, w, dx[t], g.p);
       precis::conv2d_backward_weights<P>(ctx, x, dy, dw[t], g.p);
     }
+    CHECK(rel_error(y[1], ref_forward(g, to_double(x), to_double(w))) < bound<float>());
     for (unsigned t = 1; t < 3; ++t) {
       CHECK(same_bits(y[0], y[t]));
       CHECK(same_bits(dx[0], dx[t]));

@@ -104,149 +104,184 @@ std::vector<float> to_float(const cpu_context& ctx, const T* src, std::size_t n)
   return out;
 }
 
-/// The im2col value of tap `t` (channel, ky, kx within the group) at output pixel `q` of
-/// the float image `x` (the group's channels, [Cg, H, W]); zero in the padding.
-inline float im2col_at(const conv_geometry& g, const float* x, std::size_t t, std::size_t q) {
-  const std::size_t kx = t % g.kw, ky = (t / g.kw) % g.kh, ch = t / (g.kw * g.kh);
-  const std::size_t oy = q / g.wo, ox = q % g.wo;
-  const std::size_t iy = oy * g.p.stride[0] + ky * g.p.dilation[0];
-  const std::size_t ix = ox * g.p.stride[1] + kx * g.p.dilation[1];
-  if (iy < g.p.padding[0] || ix < g.p.padding[1]) return 0.0F;
-  const std::size_t y = iy - g.p.padding[0], xx = ix - g.p.padding[1];
-  if (y >= g.h || xx >= g.w) return 0.0F;
-  return x[(ch * g.h + y) * g.w + xx];
-}
+/// The im2col matrix of one group, col[t, n*P + q] = x[n, group channel ch, oy*s - pad +
+/// ky*d, ox*s - pad + kx*d] (zero in the padding) for tap t = (ch, ky, kx) and output pixel
+/// q = (oy, ox) of image n, read from the float images without being stored. Offsets of
+/// every tap are tabled once, so reading an element takes two additions and a bounds check
+/// (no divisions).
+class im2col_reader {
+ public:
+  /// `x`: the group's first channel of image 0; images are `image_stride` floats apart.
+  im2col_reader(const conv_geometry& g, const float* x, std::size_t image_stride)
+      : g_(&g), x_(x), image_stride_(image_stride), taps_(g.taps()) {
+    for (std::size_t t = 0; t < taps_.size(); ++t) {
+      const std::size_t kx = t % g.kw, ky = (t / g.kw) % g.kh, ch = t / (g.kw * g.kh);
+      taps_[t] = {ch * g.h * g.w, std::ptrdiff_t(ky * g.p.dilation[0]),
+                  std::ptrdiff_t(kx * g.p.dilation[1])};
+    }
+  }
 
-/// Packs the im2col matrix's transpose (element (pixel, tap)) for gemm_serial: NR pixels
-/// per tap. Pixels of one row of taps are consecutive input columns, so the inner loop
-/// walks x with stride `stride[1]` and only checks bounds. Columns run over the pixels of
-/// image 0, then of image 1, ... (`image_stride` floats apart), so one product covers the
-/// whole batch and the weights are packed once.
-struct im2col_packer {
-  const conv_geometry* g;
-  const float* x;  // [Cg, H, W] of image 0 and this group
-  std::size_t image_stride;
-  void operator()(std::size_t q0, std::size_t cols, std::size_t t0, std::size_t kc,
+  /// Where output pixel j = n*P + q reads from: its image and the input position of tap
+  /// (0, 0, 0), which may lie in the padding (negative).
+  struct pixel {
+    const float* image;
+    std::ptrdiff_t y0, x0;
+  };
+  pixel at(std::size_t j) const {
+    const std::size_t P = g_->pixels(), q = j % P;
+    return {x_ + (j / P) * image_stride_,
+            std::ptrdiff_t((q / g_->wo) * g_->p.stride[0]) - std::ptrdiff_t(g_->p.padding[0]),
+            std::ptrdiff_t((q % g_->wo) * g_->p.stride[1]) - std::ptrdiff_t(g_->p.padding[1])};
+  }
+
+  /// col[t, pixel]
+  float operator()(std::size_t t, const pixel& px) const {
+    const tap& tp = taps_[t];
+    const std::ptrdiff_t iy = px.y0 + tp.dy, ix = px.x0 + tp.dx;
+    if (std::size_t(iy) >= g_->h || std::size_t(ix) >= g_->w) return 0.0F;  // negative wraps
+    return px.image[tp.offset + std::size_t(iy) * g_->w + std::size_t(ix)];
+  }
+
+ private:
+  struct tap {
+    std::size_t offset;      // channel ch's first element
+    std::ptrdiff_t dy, dx;   // ky * dilation, kx * dilation
+  };
+  const conv_geometry* g_;
+  const float* x_;
+  std::size_t image_stride_;
+  std::vector<tap> taps_;
+};
+
+/// Packs the im2col matrix's transpose (rows: pixels of every image, depth: taps) into
+/// R-wide panels for gemm_serial: out[k * R + r] = col[t0 + k, j0 + r].
+template <std::size_t R>
+struct im2col_pixel_packer {
+  const im2col_reader* col;
+  void operator()(std::size_t j0, std::size_t rows, std::size_t t0, std::size_t kc,
                   float* out) const {
-    const conv_geometry& G = *g;
-    const std::size_t P = G.pixels();
+    im2col_reader::pixel px[R];
+    for (std::size_t r = 0; r < rows; ++r) px[r] = col->at(j0 + r);
     for (std::size_t k = 0; k < kc; ++k) {
-      const std::size_t t = t0 + k;
-      const std::size_t kx = t % G.kw, ky = (t / G.kw) % G.kh, ch = t / (G.kw * G.kh);
-      const float* xc = x + (q0 / P) * image_stride + ch * G.h * G.w;
-      float* o = out + k * gemm_nr;
-      // The valid output columns of this tap: ix = ox * s + kx * d - pad in [0, W).
-      const std::size_t s = G.p.stride[1], off = kx * G.p.dilation[1];
-      const std::size_t ox_lo =
-          off >= G.p.padding[1] ? 0 : (G.p.padding[1] - off + s - 1) / s;
-      const std::size_t lim = G.w + G.p.padding[1];  // ix + pad < lim
-      const std::size_t ox_hi = off >= lim ? 0 : std::min(G.wo, (lim - off - 1) / s + 1);
-      std::size_t oy = (q0 % P) / G.wo, ox = (q0 % P) % G.wo;
-      for (std::size_t c = 0; c < cols;) {
-        // One output row's run of pixels at a time.
-        const std::size_t run = std::min(cols - c, G.wo - ox);
-        const std::size_t iy = oy * G.p.stride[0] + ky * G.p.dilation[0];
-        float* oc = o + c;
-        if (iy < G.p.padding[0] || iy - G.p.padding[0] >= G.h) {
-          for (std::size_t r = 0; r < run; ++r) oc[r] = 0.0F;
-        } else {
-          const float* row = xc + (iy - G.p.padding[0]) * G.w;
-          const std::size_t lo = std::clamp(ox_lo, ox, ox + run), hi = std::clamp(ox_hi, lo, ox + run);
-          for (std::size_t r = ox; r < lo; ++r) oc[r - ox] = 0.0F;
-          if (hi > lo) {
-            const float* src = row + (lo * s + off - G.p.padding[1]);
-            if (s == 1) {
-              std::copy(src, src + (hi - lo), oc + (lo - ox));
-            } else {
-              for (std::size_t r = lo; r < hi; ++r) oc[r - ox] = src[(r - lo) * s];
-            }
-          }
-          for (std::size_t r = hi; r < ox + run; ++r) oc[r - ox] = 0.0F;
-        }
-        c += run;
-        ox = 0;
-        if (++oy == G.ho) {  // on to the next image
-          oy = 0;
-          xc += image_stride;
-        }
-      }
-      for (std::size_t c = cols; c < gemm_nr; ++c) o[c] = 0.0F;
+      float* o = out + k * R;
+      for (std::size_t r = 0; r < rows; ++r) o[r] = (*col)(t0 + k, px[r]);
+      for (std::size_t r = rows; r < R; ++r) o[r] = 0.0F;
     }
   }
 };
 
-/// Runs f(ctx_for_item, item) for items [0, n): items on separate threads when there are
-/// at least as many as threads (each then single-threaded inside), else one after another
-/// with all threads inside. Both give the same bits.
-template <class F>
-void for_items(const cpu_context& ctx, std::size_t n, F&& f) {
-  if (n >= ctx.thread_count() && n > 1) {
-    parallel_for(ctx, n, 1, [&](std::size_t b, std::size_t e) {
-      for (std::size_t i = b; i < e; ++i) f(cpu_context{1}, i);
-    });
-  } else {
-    for (std::size_t i = 0; i < n; ++i) f(ctx, i);
+/// Packs the im2col matrix (rows: taps, depth: pixels of every image) into R-wide panels
+/// for gemm_serial: out[k * R + c] = col[t0 + c, j0 + k].
+template <std::size_t R>
+struct im2col_tap_packer {
+  const im2col_reader* col;
+  void operator()(std::size_t t0, std::size_t cols, std::size_t j0, std::size_t kc,
+                  float* out) const {
+    for (std::size_t k = 0; k < kc; ++k) {
+      const auto px = col->at(j0 + k);
+      float* o = out + k * R;
+      for (std::size_t c = 0; c < cols; ++c) o[c] = (*col)(t0 + c, px);
+      for (std::size_t c = cols; c < R; ++c) o[c] = 0.0F;
+    }
   }
-}
+};
 
 /// y[n, g*Cog + i, q] = sum_t w[g*Cog + i, t] col(xf[n, g])[t, q] (+ bias), rounded once to
-/// TY: per group, one product whose columns are the pixels of every image of the batch. The
-/// weights are converted to float (and rounded to tfloat32 when TF32) as they are packed.
+/// TY. Per group, one product whose rows are the output pixels of every image of the batch
+/// (the im2col matrix's transpose, built while packing) and whose columns are the group's
+/// output channels (the weights, converted to float, and rounded to tfloat32 when TF32, as
+/// they are packed). Pixels are the rows because rows pad to MR and columns to the wider
+/// NR: the few pixels of deep layers (7 x 7 per image) would waste a quarter of an NR panel,
+/// while channel counts are multiples of NR in practice.
 template <bool TF32, class TW, class TY, class TBias>
 void conv_forward_float(const cpu_context& ctx, const conv_geometry& g, const float* xf,
                         const TW* w, const TBias* bias, TY* y) {
   const std::size_t P = g.pixels(), T = g.taps(), Cog = g.cog();
+  std::vector<float> bias_f(Cog, 0.0F);
   for (std::size_t gr = 0; gr < g.groups; ++gr) {
-    strided_packer<TW, gemm_mr, TF32 && std::is_same_v<TW, float>> pa{w + gr * Cog * T, T, 1};
-    im2col_packer pb{&g, xf + gr * g.cg() * g.h * g.w, g.c * g.h * g.w};
-    // Columns j0 .. j0 + len of row i, split where they pass from one image to the next.
-    const auto write = [&](std::size_t i, std::size_t j0, const float* acc, std::size_t len) {
-      const float b = bias != nullptr ? load<float>(bias[gr * Cog + i]) : 0.0F;
+    if (bias != nullptr) load_block(bias + gr * Cog, bias_f.data(), Cog);
+    const im2col_reader col(g, xf + gr * g.cg() * g.h * g.w, g.c * g.h * g.w);
+    im2col_pixel_packer<gemm_mr> pa{&col};
+    // Element (channel i, tap t) at w[(gr*Cog + i) * T + t].
+    strided_packer<TW, gemm_nr, TF32 && std::is_same_v<TW, float>> pb{w + gr * Cog * T, T, 1};
+    // Row j = n*P + q holds pixel q of image n for channels i0 .. i0 + len; the channels
+    // of one pixel are P elements apart in y.
+    const auto write = [&](std::size_t j, std::size_t i0, const float* acc, std::size_t len) {
+      TY* out = y + ((j / P) * g.co + gr * Cog + i0) * P + j % P;
       float v[block_size];
-      for (std::size_t s = 0; s < len;) {
-        const std::size_t j = j0 + s, n = j / P, q = j % P;
-        const std::size_t l = std::min({block_size, len - s, P - q});
-        for (std::size_t k = 0; k < l; ++k) v[k] = acc[s + k] + b;
-        store_block(v, y + (n * g.co + gr * Cog + i) * P + q, l);
-        s += l;
+      TY r[block_size];
+      for (std::size_t s = 0; s < len; s += block_size) {
+        const std::size_t l = std::min(block_size, len - s);
+        for (std::size_t k = 0; k < l; ++k) v[k] = acc[s + k] + bias_f[i0 + s + k];
+        store_block(v, r, l);
+        for (std::size_t k = 0; k < l; ++k) out[(s + k) * P] = r[k];
       }
     };
-    gemm_float(ctx, Cog, g.n * P, T, pa, pb, write);
+    gemm_float(ctx, g.n * P, Cog, T, pa, pb, write);
   }
 }
 
 /// dx[n, g] = col2im(W_g^T dy[n, g]): the column matrix in float, then each image element
-/// summed over its taps in float (tap order fixed), rounded once to TX.
+/// summed over its (pixel, tap) terms in float in a fixed order, rounded once to TX. Per
+/// group, one product over as many images as fit a 64 MiB column buffer (rows are pixels of
+/// those images, as in the forward); col2im then runs over (image, channel) planes, which
+/// are independent, in parallel.
 template <class TX>
 void conv_backward_data_float(const cpu_context& ctx, const conv_geometry& g, const float* dyf,
                               const float* wf, TX* dx) {
+  constexpr std::size_t MR = gemm_mr;
   const std::size_t P = g.pixels(), T = g.taps(), Cog = g.cog(), Cg = g.cg(), HW = g.h * g.w;
-  for_items(ctx, g.n * g.groups, [&](const cpu_context& inner, std::size_t item) {
-    const std::size_t n = item / g.groups, gr = item % g.groups;
-    std::vector<float> col(T * P), img(Cg * HW, 0.0F);
-    // A = W_g^T (T x Cog): element (t, i) at wf[(gr*Cog + i) * T + t].
-    strided_packer<float, gemm_mr, false> pa{wf + gr * Cog * T, 1, T};
-    // B (Cog x P) packed as its transpose: element (q, i) at dyf[(n*Co + gr*Cog + i) * P + q].
-    strided_packer<float, gemm_nr, false> pb{dyf + (n * g.co + gr * Cog) * P, 1, P};
-    const auto write = [&](std::size_t i, std::size_t j0, const float* acc, std::size_t len) {
-      std::copy(acc, acc + len, col.data() + i * P + j0);
-    };
-    gemm_float(inner, T, P, Cog, pa, pb, write);
-    for (std::size_t t = 0; t < T; ++t) {
-      const std::size_t kx = t % g.kw, ky = (t / g.kw) % g.kh, ch = t / (g.kw * g.kh);
-      float* ic = img.data() + ch * HW;
-      const float* ct = col.data() + t * P;
-      for (std::size_t q = 0; q < P; ++q) {
-        const std::size_t oy = q / g.wo, ox = q % g.wo;
-        const std::size_t iy = oy * g.p.stride[0] + ky * g.p.dilation[0];
-        const std::size_t ix = ox * g.p.stride[1] + kx * g.p.dilation[1];
-        if (iy < g.p.padding[0] || ix < g.p.padding[1]) continue;
-        const std::size_t yy = iy - g.p.padding[0], xx = ix - g.p.padding[1];
-        if (yy < g.h && xx < g.w) ic[yy * g.w + xx] += ct[q];
-      }
+  const std::size_t KK = g.kh * g.kw;
+  const std::size_t chunk =
+      std::clamp<std::size_t>((std::size_t(1) << 24) / std::max<std::size_t>(1, P * T), 1, g.n);
+  std::vector<float> col(chunk * P * T);
+  for (std::size_t gr = 0; gr < g.groups; ++gr) {
+    for (std::size_t n0 = 0; n0 < g.n; n0 += chunk) {
+      const std::size_t images = std::min(chunk, g.n - n0);
+      // A = dy^T (rows n*P + q, depth Cog): element (j, i) at dyf[(n*Co + gr*Cog + i) * P + q].
+      const auto pa = [&](std::size_t j0, std::size_t rows, std::size_t k0, std::size_t kc,
+                          float* out) {
+        std::size_t base[MR];
+        for (std::size_t r = 0; r < rows; ++r) {
+          const std::size_t j = n0 * P + j0 + r;
+          base[r] = ((j / P) * g.co + gr * Cog + k0) * P + j % P;
+        }
+        for (std::size_t k = 0; k < kc; ++k) {
+          float* o = out + k * MR;
+          for (std::size_t r = 0; r < rows; ++r) o[r] = dyf[base[r] + k * P];
+          for (std::size_t r = rows; r < MR; ++r) o[r] = 0.0F;
+        }
+      };
+      // B = W_g (Cog x T), packed as its transpose: element (t, i) at wf[(gr*Cog + i) * T + t].
+      strided_packer<float, gemm_nr, false> pb{wf + gr * Cog * T, 1, T};
+      const auto write = [&](std::size_t j, std::size_t t0, const float* acc, std::size_t len) {
+        std::copy(acc, acc + len, col.data() + j * T + t0);
+      };
+      gemm_float(ctx, images * P, T, Cog, pa, pb, write);
+      for_rows(ctx, images * Cg, P * KK, [&](std::size_t b, std::size_t e) {
+        std::vector<float> img(HW);
+        for (std::size_t plane = b; plane < e; ++plane) {
+          const std::size_t n = plane / Cg, ch = plane % Cg;
+          std::fill(img.begin(), img.end(), 0.0F);
+          for (std::size_t q = 0; q < P; ++q) {
+            const float* c = col.data() + (n * P + q) * T + ch * KK;
+            const std::size_t oy = q / g.wo, ox = q % g.wo;
+            for (std::size_t ky = 0; ky < g.kh; ++ky) {
+              const std::size_t iy = oy * g.p.stride[0] + ky * g.p.dilation[0];
+              if (iy < g.p.padding[0] || iy - g.p.padding[0] >= g.h) continue;
+              float* row = img.data() + (iy - g.p.padding[0]) * g.w;
+              for (std::size_t kx = 0; kx < g.kw; ++kx) {
+                const std::size_t ix = ox * g.p.stride[1] + kx * g.p.dilation[1];
+                if (ix < g.p.padding[1] || ix - g.p.padding[1] >= g.w) continue;
+                row[ix - g.p.padding[1]] += c[ky * g.kw + kx];
+              }
+            }
+          }
+          store_block(img.data(), dx + ((n0 + n) * g.c + gr * Cg + ch) * HW, HW);
+        }
+      });
     }
-    store_block(img.data(), dx + (n * g.c + gr * Cg) * HW, Cg * HW);
-  });
+  }
 }
 
 /// dw[g*Cog + i, t] = sum over images n and pixels q of dy[n, g*Cog + i, q] col(x[n, g])[t, q]:
@@ -275,20 +310,8 @@ void conv_backward_weights_float(const cpu_context& ctx, const conv_geometry& g,
       }
     };
     // B (N*P x T) packed as its transpose: element (t, n*P + q) = col(x[n, gr])[t, q].
-    const auto pb = [&](std::size_t t0, std::size_t cols, std::size_t k0, std::size_t kc,
-                        float* out) {
-      std::size_t n = k0 / P, q = k0 % P;
-      for (std::size_t k = 0; k < kc; ++k) {
-        const float* xn = xf + (n * g.c + gr * g.cg()) * g.h * g.w;
-        float* o = out + k * gemm_nr;
-        for (std::size_t c = 0; c < cols; ++c) o[c] = im2col_at(g, xn, t0 + c, q);
-        for (std::size_t c = cols; c < gemm_nr; ++c) o[c] = 0.0F;
-        if (++q == P) {
-          q = 0;
-          ++n;
-        }
-      }
-    };
+    const im2col_reader col(g, xf + gr * g.cg() * g.h * g.w, g.c * g.h * g.w);
+    im2col_tap_packer<gemm_nr> pb{&col};
     TW* out = dw + gr * Cog * T;
     const auto write = [&](std::size_t i, std::size_t j0, const float* acc, std::size_t len) {
       store_block(acc, out + i * T + j0, len);
