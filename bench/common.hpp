@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -74,6 +75,23 @@ inline std::string fixed(double v, int digits = 2) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f", digits, v);
   return buf;
+}
+
+/// The SIMD instruction set the float micro-kernel of precis's gemm and conv was compiled
+/// for (chosen at compile time, as in kernels/cpu/gemm_kernel.hpp).
+inline const char* simd_name() {
+#if defined(__AVX512F__)
+  return "AVX-512";
+#elif defined(__AVX2__) && defined(__FMA__)
+  return "AVX2+FMA";
+#else
+  return "portable 16-byte vectors";
+#endif
+}
+
+/// `v` as fixed(), or "n/a" when missing (a baseline this CPU cannot run).
+inline std::string fixed_or_na(const std::optional<double>& v, int digits = 2) {
+  return v ? fixed(*v, digits) : std::string("n/a");
 }
 
 /// `--csv <path>` from the command line, or empty.

@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -44,7 +45,8 @@ precis::host_tensor<T, 4> random4(std::array<std::size_t, 4> s, std::mt19937& g)
 }
 
 /// oneDNN forward convolution in data type `dt`, timed; weights reordered once first.
-double time_dnnl(const layer& l, std::size_t n, std::size_t ho, dnnl::memory::data_type dt,
+/// Empty when oneDNN has no implementation on this CPU (bf16 needs AVX-512 in oneDNN 2.x).
+std::optional<double> time_dnnl(const layer& l, std::size_t n, std::size_t ho, dnnl::memory::data_type dt,
                  void* x, void* w, void* y, int reps) {
   using tag = dnnl::memory::format_tag;
   using dim = dnnl::memory::dim;
@@ -56,7 +58,14 @@ double time_dnnl(const layer& l, std::size_t n, std::size_t ho, dnnl::memory::da
   dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
                                     xm, wm_any, ym, {dim(l.s), dim(l.s)}, {dim(l.p), dim(l.p)},
                                     {dim(l.p), dim(l.p)});
-  dnnl::convolution_forward::primitive_desc pd(d, eng);
+  std::optional<dnnl::convolution_forward::primitive_desc> maybe;
+  try {
+    maybe.emplace(d, eng);
+  } catch (const dnnl::error& e) {
+    if (e.status != dnnl_unimplemented) throw;
+    return std::nullopt;
+  }
+  const auto& pd = *maybe;
   dnnl::memory xmem(xm, eng, x), ymem(ym, eng, y), wuser({wd, dt, tag::oihw}, eng, w);
   dnnl::memory wmem(pd.weights_desc(), eng);
   dnnl::reorder(wuser, wmem).execute(strm, wuser, wmem);
@@ -104,21 +113,27 @@ int main(int argc, char** argv) {
       // Let the other library's idle threads stop spinning before each measurement.
       const auto settle = [] { std::this_thread::sleep_for(std::chrono::milliseconds(400)); };
       settle();
-      const double t_df = time_dnnl(l, batch, ho, dnnl::memory::data_type::f32, xf.data(), wf.data(), yf.data(), reps);
-      const double t_db = time_dnnl(l, batch, ho, dnnl::memory::data_type::bf16,
+      const auto t_df = time_dnnl(l, batch, ho, dnnl::memory::data_type::f32, xf.data(), wf.data(), yf.data(), reps);
+      const auto t_db = time_dnnl(l, batch, ho, dnnl::memory::data_type::bf16,
                                     const_cast<precis::bfloat16*>(xb.data()),
                                     const_cast<precis::bfloat16*>(wb.data()), yd.data(), reps);
       settle();
       const double t_b = precis_bench::best_ms([&] { precis::conv2d<precis::presets::bf16_mixed>(ctx, xb, wb, yb, p); }, reps);
       const double t_h = precis_bench::best_ms([&] { precis::conv2d<precis::presets::fp16_mixed>(ctx, xh, wh, yh, p); }, reps);
       const auto gf = [&](double ms) { return flop / ms * 1e-6; };
+      const auto gf_or = [&](const std::optional<double>& ms) {
+        return ms ? std::optional<double>(gf(*ms)) : std::nullopt;
+      };
+      const auto ratio = [&](const std::optional<double>& ms) {
+        return ms ? std::optional<double>(*ms / t_b) : std::nullopt;
+      };
       tab.add({l.name, std::to_string(threads), precis_bench::fixed(flop * 1e-9, 2),
-               precis_bench::fixed(gf(t_df), 1), precis_bench::fixed(gf(t_db), 1),
+               precis_bench::fixed_or_na(gf_or(t_df), 1), precis_bench::fixed_or_na(gf_or(t_db), 1),
                precis_bench::fixed(gf(t_b), 1), precis_bench::fixed(gf(t_h), 1),
-               precis_bench::fixed(t_db / t_b), precis_bench::fixed(t_df / t_b)});
+               precis_bench::fixed_or_na(ratio(t_db)), precis_bench::fixed_or_na(ratio(t_df))});
     }
   }
-  std::printf("batch %zu, NCHW\n", batch);
+  std::printf("batch %zu, NCHW; precis micro-kernel: %s\n", batch, precis_bench::simd_name());
   tab.print();
   if (const auto path = precis_bench::csv_path(argc, argv); !path.empty()) tab.write_csv(path);
 }
