@@ -91,14 +91,16 @@ conv_geometry conv_geometry_of(std::string_view name, const X& x, const W& w,
   return g;
 }
 
-/// A tensor's elements as floats (rounded to tfloat32 when TF32), converted in parallel.
+/// A tensor's elements as floats (rounded to tfloat32 when TF32), converted in parallel
+/// into an uninitialised buffer.
 template <bool TF32, class T>
-std::vector<float> to_float(const cpu_context& ctx, const T* src, std::size_t n) {
-  std::vector<float> out(n);
+float_buffer to_float(const cpu_context& ctx, const T* src, std::size_t n) {
+  float_buffer out(n);
+  float* o = out.get();
   parallel_for(ctx, n, elements_per_thread, [&](std::size_t b, std::size_t e) {
-    load_block(src + b, out.data() + b, e - b);
+    load_block(src + b, o + b, e - b);
     if constexpr (TF32 && std::is_same_v<T, float>) {
-      for (std::size_t i = b; i < e; ++i) out[i] = round_tf32(out[i]);
+      for (std::size_t i = b; i < e; ++i) o[i] = round_tf32(o[i]);
     }
   });
   return out;
@@ -204,17 +206,21 @@ void conv_forward_float(const cpu_context& ctx, const conv_geometry& g, const fl
     im2col_pixel_packer<gemm_mr> pa{&col};
     // Element (channel i, tap t) at w[(gr*Cog + i) * T + t].
     strided_packer<TW, gemm_nr, TF32 && std::is_same_v<TW, float>> pb{w + gr * Cog * T, T, 1};
-    // Row j = n*P + q holds pixel q of image n for channels i0 .. i0 + len; the channels
-    // of one pixel are P elements apart in y.
-    const auto write = [&](std::size_t j, std::size_t i0, const float* acc, std::size_t len) {
-      TY* out = y + ((j / P) * g.co + gr * Cog + i0) * P + j % P;
+    // Rows j0 .. j0 + rows are consecutive pixels (j = n*P + q: pixel q of image n), so a
+    // channel's values in them are runs of consecutive elements of y, one per image.
+    const auto write = [&](std::size_t j0, std::size_t rows, std::size_t i0, std::size_t cols,
+                           const float* acc, std::size_t ld) {
       float v[block_size];
-      TY r[block_size];
-      for (std::size_t s = 0; s < len; s += block_size) {
-        const std::size_t l = std::min(block_size, len - s);
-        for (std::size_t k = 0; k < l; ++k) v[k] = acc[s + k] + bias_f[i0 + s + k];
-        store_block(v, r, l);
-        for (std::size_t k = 0; k < l; ++k) out[(s + k) * P] = r[k];
+      for (std::size_t r = 0; r < rows;) {
+        const std::size_t j = j0 + r, q = j % P;
+        const std::size_t run = std::min({rows - r, P - q, block_size});
+        TY* out = y + ((j / P) * g.co + gr * Cog + i0) * P + q;
+        for (std::size_t c = 0; c < cols; ++c) {
+          const float b = bias_f[i0 + c], *a = acc + r * ld + c;
+          for (std::size_t k = 0; k < run; ++k) v[k] = a[k * ld] + b;
+          store_block(v, out + c * P, run);
+        }
+        r += run;
       }
     };
     gemm_float(ctx, g.n * P, Cog, T, pa, pb, write);
@@ -234,7 +240,7 @@ void conv_backward_data_float(const cpu_context& ctx, const conv_geometry& g, co
   const std::size_t KK = g.kh * g.kw;
   const std::size_t chunk =
       std::clamp<std::size_t>((std::size_t(1) << 24) / std::max<std::size_t>(1, P * T), 1, g.n);
-  std::vector<float> col(chunk * P * T);
+  float_buffer col(chunk * P * T);  // every element is written by the product
   for (std::size_t gr = 0; gr < g.groups; ++gr) {
     for (std::size_t n0 = 0; n0 < g.n; n0 += chunk) {
       const std::size_t images = std::min(chunk, g.n - n0);
@@ -255,7 +261,7 @@ void conv_backward_data_float(const cpu_context& ctx, const conv_geometry& g, co
       // B = W_g (Cog x T), packed as its transpose: element (t, i) at wf[(gr*Cog + i) * T + t].
       strided_packer<float, gemm_nr, false> pb{wf + gr * Cog * T, 1, T};
       const auto write = [&](std::size_t j, std::size_t t0, const float* acc, std::size_t len) {
-        std::copy(acc, acc + len, col.data() + j * T + t0);
+        std::copy(acc, acc + len, col.get() + j * T + t0);
       };
       gemm_float(ctx, images * P, T, Cog, pa, pb, write);
       for_rows(ctx, images * Cg, P * KK, [&](std::size_t b, std::size_t e) {
@@ -264,7 +270,7 @@ void conv_backward_data_float(const cpu_context& ctx, const conv_geometry& g, co
           const std::size_t n = plane / Cg, ch = plane % Cg;
           std::fill(img.begin(), img.end(), 0.0F);
           for (std::size_t q = 0; q < P; ++q) {
-            const float* c = col.data() + (n * P + q) * T + ch * KK;
+            const float* c = col.get() + (n * P + q) * T + ch * KK;
             const std::size_t oy = q / g.wo, ox = q % g.wo;
             for (std::size_t ky = 0; ky < g.kh; ++ky) {
               const std::size_t iy = oy * g.p.stride[0] + ky * g.p.dilation[0];
@@ -353,7 +359,7 @@ void conv2d(const cpu_context& ctx, const host_tensor<TX, 4>& x, const host_tens
   check_shape("precis::conv2d: y", y, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
   constexpr bool tf32 = detail::conv_tf32_v<P>;
   const auto xf = detail::to_float<tf32>(ctx, x.data(), x.size());
-  detail::conv_forward_float<tf32>(ctx, g, xf.data(), w.data(), static_cast<const TY*>(nullptr), y.data());
+  detail::conv_forward_float<tf32>(ctx, g, xf.get(), w.data(), static_cast<const TY*>(nullptr), y.data());
 }
 
 /// As conv2d, plus bias [Co] added to every pixel of its channel before the one rounding.
@@ -366,7 +372,7 @@ void conv2d(const cpu_context& ctx, const host_tensor<TX, 4>& x, const host_tens
   check_shape("precis::conv2d: y", y, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
   constexpr bool tf32 = detail::conv_tf32_v<P>;
   const auto xf = detail::to_float<tf32>(ctx, x.data(), x.size());
-  detail::conv_forward_float<tf32>(ctx, g, xf.data(), w.data(), bias.data(), y.data());
+  detail::conv_forward_float<tf32>(ctx, g, xf.get(), w.data(), bias.data(), y.data());
 }
 
 /// dx = dL/dx of y = conv2d(x, w) from dy (x's shape is dx's shape).
@@ -380,7 +386,7 @@ void conv2d_backward_data(const cpu_context& ctx, const host_tensor<TG, 4>& dy,
   constexpr bool tf32 = detail::conv_tf32_v<P>;
   const auto dyf = detail::to_float<tf32>(ctx, dy.data(), dy.size());
   const auto wf = detail::to_float<tf32>(ctx, w.data(), w.size());
-  detail::conv_backward_data_float(ctx, g, dyf.data(), wf.data(), dx.data());
+  detail::conv_backward_data_float(ctx, g, dyf.get(), wf.get(), dx.data());
 }
 
 /// dw = dL/dw of y = conv2d(x, w) from x and dy, summed over the batch in float.
@@ -394,7 +400,7 @@ void conv2d_backward_weights(const cpu_context& ctx, const host_tensor<TX, 4>& x
   constexpr bool tf32 = detail::conv_tf32_v<P>;
   const auto xf = detail::to_float<tf32>(ctx, x.data(), x.size());
   const auto dyf = detail::to_float<tf32>(ctx, dy.data(), dy.size());
-  detail::conv_backward_weights_float(ctx, g, xf.data(), dyf.data(), dw.data());
+  detail::conv_backward_weights_float(ctx, g, xf.get(), dyf.get(), dw.data());
 }
 
 /// Transposed convolution (PyTorch's ConvTranspose2d without output_padding): x [N, Ci, H, W],
@@ -444,7 +450,7 @@ void conv_transpose2d(const cpu_context& ctx, const host_tensor<TX, 4>& x,
   constexpr bool tf32 = detail::conv_tf32_v<P>;
   const auto xf = detail::to_float<tf32>(ctx, x.data(), x.size());
   const auto wf = detail::to_float<tf32>(ctx, w.data(), w.size());
-  detail::conv_backward_data_float(ctx, g, xf.data(), wf.data(), y.data());
+  detail::conv_backward_data_float(ctx, g, xf.get(), wf.get(), y.data());
 }
 
 /// dx of y = conv_transpose2d(x, w): the forward convolution of dy with w.

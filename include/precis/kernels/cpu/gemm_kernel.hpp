@@ -155,8 +155,22 @@ inline float round_tf32(float x) {
 /// One thread's share of C = op(A) op(B) in float: rows [m0, m1) and columns [n0, n1).
 /// `pack_a(i0, rows, k0, kc, out)` writes the float values op(A)[i0 + r][k0 + k] to
 /// out[k * MR + r] for r < rows and zero for rows <= r < MR; `pack_b(j0, cols, k0, kc,
-/// out)` writes op(B)[k0 + k][j0 + c] to out[k * NR + c] likewise. `epilogue(i, j0, acc,
-/// n)` receives the n finished float sums of row i starting at column j0.
+/// out)` writes op(B)[k0 + k][j0 + c] to out[k * NR + c] likewise. The finished float sums
+/// go to the epilogue a row at a time, `epilogue(i, j0, acc, n)` (n sums of row i from
+/// column j0), or, when it takes six arguments, a block at a time, `epilogue(i0, rows, j0,
+/// cols, acc, ld)` (row i0 + r at acc + r * ld), for outputs whose columns are not
+/// contiguous in memory.
+template <class Epilogue>
+void finish_rows(Epilogue& epilogue, std::size_t i0, std::size_t rows, std::size_t j0,
+                 std::size_t cols, const float* acc, std::size_t ld) {
+  if constexpr (std::is_invocable_v<Epilogue&, std::size_t, std::size_t, std::size_t,
+                                    std::size_t, const float*, std::size_t>) {
+    epilogue(i0, rows, j0, cols, acc, ld);
+  } else {
+    for (std::size_t r = 0; r < rows; ++r) epilogue(i0 + r, j0, acc + r * ld, cols);
+  }
+}
+
 template <class PackA, class PackB, class Epilogue>
 void gemm_serial(std::size_t m0, std::size_t m1, std::size_t n0, std::size_t n1, std::size_t K,
                  PackA& pack_a, PackB& pack_b, Epilogue& epilogue) {
@@ -193,12 +207,12 @@ void gemm_serial(std::size_t m0, std::size_t m1, std::size_t n0, std::size_t n1,
           }
         }
         if (pc + kc >= K) {
-          for (std::size_t i = ic; i < ic + mc; ++i) epilogue(m0 + i, jc, ws.get() + i * ldw, nc);
+          finish_rows(epilogue, m0 + ic, mc, jc, nc, ws.get() + ic * ldw, ldw);
         }
       }
     }
     if (K == 0) {
-      for (std::size_t i = 0; i < M; ++i) epilogue(m0 + i, jc, ws.get() + i * ldw, nc);
+      finish_rows(epilogue, m0, M, jc, nc, ws.get(), ldw);
     }
   }
 }
