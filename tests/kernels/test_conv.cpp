@@ -167,6 +167,67 @@ TEST_CASE_TEMPLATE("conv_transpose2d is the adjoint of conv2d, forward and backw
   CHECK(rel_error(dw, ref_backward_weights(g, to_double(dy), xd)) < bound<T>());
 }
 
+TEST_CASE_TEMPLATE("conv_transpose2d with output_padding adds the rows a stride leaves open",
+                   Cfg, fp32_config, bf16_config) {
+  using T = typename Cfg::T;
+  using P = typename Cfg::P;
+  // The convolution y [10 x 11] -> x [5 x 6] (stride 2); conv_transpose2d of x needs
+  // output_padding {1, 0} to give back 10 x 11 rather than 9 x 11.
+  geo g{2, 6, 10, 11, 4, 3, 3, params(2, 1, 1, 2)};
+  REQUIRE(g.ho() == 5);
+  REQUIRE(g.wo() == 6);
+  precis::conv2d_params p = g.p;
+  p.output_padding = {1, 0};
+  const auto xt_ = random_tensor<T, 4>(g.ys());
+  const auto w = random_tensor<T, 4>(g.ws());
+  auto y = poisoned<T, 4>(g.xs());
+  const precis::cpu_context ctx{2};
+  precis::conv_transpose2d<P>(ctx, xt_, w, y, p);
+  CHECK(rel_error(y, ref_backward_data(g, to_double(xt_), to_double(w))) < bound<T>());
+  const auto dy = random_tensor<T, 4>(g.xs());
+  auto dx = poisoned<T, 4>(g.ys());
+  precis::conv_transpose2d_backward_data<P>(ctx, dy, w, dx, p);
+  CHECK(rel_error(dx, ref_forward(g, to_double(dy), to_double(w))) < bound<T>());
+  auto dw = poisoned<T, 4>(g.ws());
+  precis::conv_transpose2d_backward_weights<P>(ctx, xt_, dy, dw, p);
+  CHECK(rel_error(dw, ref_backward_weights(g, to_double(dy), to_double(xt_))) < bound<T>());
+  // Without it the output is one row short; too large a value, or one given to a
+  // convolution, is refused before anything is written.
+  auto short_y = poisoned<T, 4>(shape4{2, 6, 10, 11});
+  check_error([&] { precis::conv_transpose2d<P>(ctx, xt_, w, short_y, g.p); }, "y",
+              "[2, 6, 9, 11]");
+  precis::conv2d_params too_big = p;
+  too_big.output_padding = {2, 0};
+  check_error([&] { precis::conv_transpose2d<P>(ctx, xt_, w, y, too_big); }, "output_padding 2",
+              "stride (2)");
+  auto yc = poisoned<T, 4>(g.ys());
+  check_error([&] { precis::conv2d<P>(ctx, dy, w, yc, p); }, "conv_transpose2d only");
+  CHECK(std::isnan(float(yc(0, 0, 0, 0))));
+}
+
+TEST_CASE_TEMPLATE("conv2d_backward_bias sums dy per channel, as float64 does", Cfg, fp32_config,
+                   bf16_config, fp16_config) {
+  using T = typename Cfg::T;
+  using P = typename Cfg::P;
+  const auto dy = random_tensor<T, 4>({3, 5, 9, 7});
+  std::vector<double> ref(5, 0.0);
+  for (std::size_t n = 0; n < 3; ++n)
+    for (std::size_t c = 0; c < 5; ++c)
+      for (std::size_t i = 0; i < 9; ++i)
+        for (std::size_t j = 0; j < 7; ++j) ref[c] += to_double(dy(n, c, i, j));
+  host_tensor<double, 1> refd = host_tensor<double, 1>::from_shape({5});
+  std::copy(ref.begin(), ref.end(), refd.begin());
+  for (unsigned threads : {1U, 2U}) {
+    auto db = poisoned<T, 1>(std::array<std::size_t, 1>{5});
+    precis::conv2d_backward_bias<P>(precis::cpu_context{threads}, dy, db);
+    CHECK(rel_error(db, refd) < bound<T>());
+  }
+  auto bad = poisoned<T, 1>(std::array<std::size_t, 1>{4});
+  check_error([&] { precis::conv2d_backward_bias<P>(precis::cpu_context{1}, dy, bad); }, "db",
+              "[4]", "[5]");
+  CHECK(std::isnan(float(bad(0))));
+}
+
 TEST_CASE("conv2d gives the same bits on 1, 2 and 3 threads") {
   using P = precis::presets::bf16_mixed;
   using T = precis::bfloat16;

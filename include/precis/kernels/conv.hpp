@@ -34,12 +34,18 @@ namespace precis {
 
 /// Geometry of a 2-D convolution, PyTorch's Conv2d arguments: output size
 /// (in + 2 pad - dilation (k - 1) - 1) / stride + 1 per axis; `groups` splits channels
-/// into independent convolutions (groups == channels: depthwise).
+/// into independent convolutions (groups == channels: depthwise). `output_padding` belongs
+/// to conv_transpose2d alone (PyTorch's ConvTranspose2d argument: rows and columns added at
+/// the bottom and right of its output, each less than the stride or the dilation, so that
+/// a stride-s convolution's several input sizes can all be produced); the convolutions and
+/// the transposed convolution's backward passes, whose sizes it does not change, reject a
+/// nonzero value there.
 struct conv2d_params {
   std::array<std::size_t, 2> stride{1, 1};
   std::array<std::size_t, 2> padding{0, 0};
   std::array<std::size_t, 2> dilation{1, 1};
   std::size_t groups = 1;
+  std::array<std::size_t, 2> output_padding{0, 0};
 };
 
 namespace detail {
@@ -72,6 +78,8 @@ conv_geometry conv_geometry_of(std::string_view name, const X& x, const W& w,
   check_argument(p.groups >= 1 && p.stride[0] >= 1 && p.stride[1] >= 1 && p.dilation[0] >= 1 &&
                      p.dilation[1] >= 1,
                  n + ":", "stride, dilation and groups must be at least 1");
+  check_argument(p.output_padding[0] == 0 && p.output_padding[1] == 0, n + ":",
+                 "output_padding is an argument of conv_transpose2d only");
   if (g.c % p.groups != 0 || g.co % p.groups != 0) {
     throw error(n + ": groups = " + std::to_string(p.groups) + " must divide the input channels (" +
                 std::to_string(g.c) + ") and the output channels (" + std::to_string(g.co) + ")");
@@ -403,10 +411,39 @@ void conv2d_backward_weights(const cpu_context& ctx, const host_tensor<TX, 4>& x
   detail::conv_backward_weights_float(ctx, g, xf.get(), dyf.get(), dw.data());
 }
 
-/// Transposed convolution (PyTorch's ConvTranspose2d without output_padding): x [N, Ci, H, W],
-/// w [Ci, Co / groups, KH, KW], y [N, Co, Ho, Wo] with Ho = (H - 1) stride - 2 pad +
-/// dilation (KH - 1) + 1. It is the backward-data of the convolution y -> x with weight w,
-/// so it shares that code and its semantics.
+/// db = dL/dbias of y = conv2d(x, w, bias) from dy [N, Co, Ho, Wo]: per channel, the sum
+/// over images and then pixels, in that order, in the accumulate type of op::reduction
+/// under P (as precis::sum), rounded once to TB. (gemm's bias gradient is
+/// `sum<P>(ctx, dc, 0, db)`.)
+template <Policy P, kernel_element TG, kernel_element TB>
+void conv2d_backward_bias(const cpu_context& ctx, const host_tensor<TG, 4>& dy,
+                          host_tensor<TB, 1>& db) {
+  const std::size_t n = std::size_t(dy.shape()[0]), co = std::size_t(dy.shape()[1]);
+  const std::size_t pixels = std::size_t(dy.shape()[2]) * std::size_t(dy.shape()[3]);
+  check_shape("precis::conv2d_backward_bias: db", db, detail::dims<1>({co}));
+  using M = detail::math_t<op::reduction, P, TG>;
+  using Acc = detail::accumulate_t<op::reduction, P>;
+  detail::for_rows(ctx, co, n * pixels, [&](std::size_t b, std::size_t e) {
+    std::array<M, detail::block_size> buf;
+    for (std::size_t c = b; c < e; ++c) {
+      accumulator<Acc> acc;
+      for (std::size_t i = 0; i < n; ++i) {
+        const TG* plane = dy.data() + (i * co + c) * pixels;
+        for (std::size_t q = 0; q < pixels; q += detail::block_size) {
+          const std::size_t len = std::min(detail::block_size, pixels - q);
+          detail::load_block(plane + q, buf.data(), len);
+          for (std::size_t k = 0; k < len; ++k) detail::accumulate(acc, buf[k]);
+        }
+      }
+      db.data()[c] = round_to<TB>(acc.value());
+    }
+  });
+}
+
+/// Transposed convolution (PyTorch's ConvTranspose2d): x [N, Ci, H, W], w [Ci, Co / groups,
+/// KH, KW], y [N, Co, Ho, Wo] with Ho = (H - 1) stride - 2 pad + dilation (KH - 1) + 1 +
+/// output_padding. It is the backward-data of the convolution y -> x with weight w, so it
+/// shares that code and its semantics.
 template <Policy P, class TX, class TW, class TY>
 void conv_transpose2d(const cpu_context& ctx, const host_tensor<TX, 4>& x,
                       const host_tensor<TW, 4>& w, host_tensor<TY, 4>& y,
@@ -419,8 +456,16 @@ void conv_transpose2d(const cpu_context& ctx, const host_tensor<TX, 4>& x,
   check_shape(name + ": w", w,
               detail::dims<4>({ci, std::size_t(w.shape()[1]), kh, kw}));
   const std::size_t co = std::size_t(w.shape()[1]) * p.groups;
+  for (std::size_t a = 0; a < 2; ++a) {
+    if (p.output_padding[a] >= std::max(p.stride[a], p.dilation[a])) {
+      throw error(name + ": output_padding " + std::to_string(p.output_padding[a]) +
+                  " must be less than the stride (" + std::to_string(p.stride[a]) +
+                  ") or the dilation (" + std::to_string(p.dilation[a]) + ")");
+    }
+  }
   const auto out = [&](std::size_t in, std::size_t k, std::size_t a) {
-    const std::size_t full = (in - 1) * p.stride[a] + p.dilation[a] * (k - 1) + 1;
+    const std::size_t full =
+        (in - 1) * p.stride[a] + p.dilation[a] * (k - 1) + 1 + p.output_padding[a];
     if (in == 0 || k == 0 || full <= 2 * p.padding[a]) {
       throw error(name + ": padding leaves no output for input " + shape_string(x.shape()) +
                   " and kernel " + shape_string(w.shape()));
@@ -441,6 +486,7 @@ void conv_transpose2d(const cpu_context& ctx, const host_tensor<TX, 4>& x,
   g.kw = kw;
   g.groups = p.groups;
   g.p = p;
+  g.p.output_padding = {0, 0};
   g.ho = std::size_t(x.shape()[2]);
   g.wo = std::size_t(x.shape()[3]);
   if (ci % p.groups != 0) {
@@ -453,20 +499,34 @@ void conv_transpose2d(const cpu_context& ctx, const host_tensor<TX, 4>& x,
   detail::conv_backward_data_float(ctx, g, xf.get(), wf.get(), y.data());
 }
 
-/// dx of y = conv_transpose2d(x, w): the forward convolution of dy with w.
+namespace detail {
+
+/// The parameters of the convolution a transposed convolution is the adjoint of: the same,
+/// without output_padding (the extra output rows are inputs the convolution's last stride
+/// step does not reach, which the input size already says).
+inline conv2d_params adjoint_params(conv2d_params p) {
+  p.output_padding = {0, 0};
+  return p;
+}
+
+}  // namespace detail
+
+/// dx of y = conv_transpose2d(x, w) (same `p`, output_padding included): the forward
+/// convolution of dy with w.
 template <Policy P, class TG, class TW, class TX>
 void conv_transpose2d_backward_data(const cpu_context& ctx, const host_tensor<TG, 4>& dy,
                                     const host_tensor<TW, 4>& w, host_tensor<TX, 4>& dx,
                                     const conv2d_params& p = {}) {
-  conv2d<P>(ctx, dy, w, dx, p);
+  conv2d<P>(ctx, dy, w, dx, detail::adjoint_params(p));
 }
 
-/// dw of y = conv_transpose2d(x, w): the weight gradient of the convolution dy -> x.
+/// dw of y = conv_transpose2d(x, w) (same `p`): the weight gradient of the convolution
+/// dy -> x.
 template <Policy P, class TX, class TG, class TW>
 void conv_transpose2d_backward_weights(const cpu_context& ctx, const host_tensor<TX, 4>& x,
                                        const host_tensor<TG, 4>& dy, host_tensor<TW, 4>& dw,
                                        const conv2d_params& p = {}) {
-  conv2d_backward_weights<P>(ctx, dy, x, dw, p);
+  conv2d_backward_weights<P>(ctx, dy, x, dw, detail::adjoint_params(p));
 }
 
 }  // namespace precis
