@@ -30,7 +30,7 @@ template <class Acc>
 class accumulator {
  public:
   using value_type = opmath_t<Acc>;
-  PRECIS_HOST_DEVICE constexpr accumulator() = default;
+  constexpr accumulator() = default;
   PRECIS_HOST_DEVICE constexpr explicit accumulator(value_type v) : sum_(round(v)) {}
   PRECIS_HOST_DEVICE constexpr void add(value_type x) { sum_ = round(sum_ + x); }
   PRECIS_HOST_DEVICE constexpr value_type value() const { return sum_; }

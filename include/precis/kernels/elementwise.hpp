@@ -51,25 +51,50 @@ void check_suffix_shape(std::string_view what, const host_tensor<A, N>& a,
   }
 }
 
+// The functors below are shared by the host kernels and the device ones
+// (kernels/cuda/elementwise.hpp): on the host they call the C++ library's functions, in
+// device code CUDA's, for float and double alike.
+namespace math {
+#if PRECIS_DEVICE_CODE
+template <class M>
+PRECIS_HOST_DEVICE M erf(M x) { return ::erf(x); }
+template <class M>
+PRECIS_HOST_DEVICE M exp(M x) { return ::exp(x); }
+template <class M>
+PRECIS_HOST_DEVICE M tanh(M x) { return ::tanh(x); }
+template <class M>
+PRECIS_HOST_DEVICE M log(M x) { return ::log(x); }
+#else
+template <class M>
+PRECIS_HOST_DEVICE M erf(M x) { return std::erf(x); }
+template <class M>
+PRECIS_HOST_DEVICE M exp(M x) { return std::exp(x); }
+template <class M>
+PRECIS_HOST_DEVICE M tanh(M x) { return std::tanh(x); }
+template <class M>
+PRECIS_HOST_DEVICE M log(M x) { return std::log(x); }
+#endif
+}  // namespace math
+
 template <class M>
 struct relu_fn {
-  M operator()(M x) const { return x < M(0) ? M(0) : x; }  // keeps NaN
+  PRECIS_HOST_DEVICE M operator()(M x) const { return x < M(0) ? M(0) : x; }  // keeps NaN
 };
 template <class M>
 struct relu_grad_fn {
-  M operator()(M dy, M x) const { return x > M(0) ? dy : M(0); }
+  PRECIS_HOST_DEVICE M operator()(M dy, M x) const { return x > M(0) ? dy : M(0); }
 };
 
 template <class M>
 struct gelu_erf_fn {
-  M operator()(M x) const { return M(0.5) * x * (M(1) + std::erf(x * M(std::numbers::sqrt2 / 2))); }
+  PRECIS_HOST_DEVICE M operator()(M x) const { return M(0.5) * x * (M(1) + math::erf(x * M(std::numbers::sqrt2 / 2))); }
 };
 template <class M>
 struct gelu_erf_grad_fn {
   // d/dx x Phi(x) = Phi(x) + x phi(x)
-  M operator()(M dy, M x) const {
-    const M cdf = M(0.5) * (M(1) + std::erf(x * M(std::numbers::sqrt2 / 2)));
-    const M pdf = std::exp(M(-0.5) * x * x) * M(std::numbers::inv_sqrtpi / std::numbers::sqrt2);
+  PRECIS_HOST_DEVICE M operator()(M dy, M x) const {
+    const M cdf = M(0.5) * (M(1) + math::erf(x * M(std::numbers::sqrt2 / 2)));
+    const M pdf = math::exp(M(-0.5) * x * x) * M(std::numbers::inv_sqrtpi / std::numbers::sqrt2);
     return dy * (cdf + x * pdf);
   }
 };
@@ -79,14 +104,14 @@ inline constexpr double gelu_c = 0.044715;
 
 template <class M>
 struct gelu_tanh_fn {
-  M operator()(M x) const {
-    return M(0.5) * x * (M(1) + std::tanh(M(gelu_k) * (x + M(gelu_c) * x * x * x)));
+  PRECIS_HOST_DEVICE M operator()(M x) const {
+    return M(0.5) * x * (M(1) + math::tanh(M(gelu_k) * (x + M(gelu_c) * x * x * x)));
   }
 };
 template <class M>
 struct gelu_tanh_grad_fn {
-  M operator()(M dy, M x) const {
-    const M t = std::tanh(M(gelu_k) * (x + M(gelu_c) * x * x * x));
+  PRECIS_HOST_DEVICE M operator()(M dy, M x) const {
+    const M t = math::tanh(M(gelu_k) * (x + M(gelu_c) * x * x * x));
     const M dinner = M(gelu_k) * (M(1) + M(3 * gelu_c) * x * x);
     return dy * (M(0.5) * (M(1) + t) + M(0.5) * x * (M(1) - t * t) * dinner);
   }
@@ -95,11 +120,11 @@ struct gelu_tanh_grad_fn {
 template <class M>
 struct sigmoid_fn {
   // exp(-x) overflows to infinity for x < -88 (float); 1 / (1 + inf) is then the exact 0.
-  M operator()(M x) const { return M(1) / (M(1) + std::exp(-x)); }
+  PRECIS_HOST_DEVICE M operator()(M x) const { return M(1) / (M(1) + math::exp(-x)); }
 };
 template <class M>
 struct sigmoid_grad_fn {
-  M operator()(M dy, M x) const {
+  PRECIS_HOST_DEVICE M operator()(M dy, M x) const {
     const M s = sigmoid_fn<M>{}(x);
     return dy * s * (M(1) - s);
   }
@@ -107,12 +132,12 @@ struct sigmoid_grad_fn {
 
 template <class M>
 struct tanh_fn {
-  M operator()(M x) const { return std::tanh(x); }
+  PRECIS_HOST_DEVICE M operator()(M x) const { return math::tanh(x); }
 };
 template <class M>
 struct tanh_grad_fn {
-  M operator()(M dy, M x) const {
-    const M t = std::tanh(x);
+  PRECIS_HOST_DEVICE M operator()(M dy, M x) const {
+    const M t = math::tanh(x);
     return dy * (M(1) - t * t);
   }
 };

@@ -20,8 +20,10 @@
 
 namespace precis {
 
-/// The epilogue fused into a cuBLASLt product.
-enum class lt_epilogue { none, bias, relu_bias, gelu_bias };
+/// The epilogue fused into a cuBLASLt product. `gelu_bias` is cuBLASLt's own GELU, whose
+/// formula is cuBLASLt's; precis::gemm's gelu epilogue on device tensors uses precis's
+/// exact (erf) GELU instead (kernels/cuda/gemm.hpp).
+enum class lt_epilogue { none, bias, relu, relu_bias, gelu_bias };
 
 namespace detail::cuda {
 
@@ -119,7 +121,10 @@ void lt_matmul(cuda_context& ctx, const lt_product<TA, TB, TC>& p) {
   const cublasOperation_t op_second = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // applies to A
   set(desc.get(), CUBLASLT_MATMUL_DESC_TRANSA, op_first, "cublasLtMatmulDescSetAttribute(TRANSA)");
   set(desc.get(), CUBLASLT_MATMUL_DESC_TRANSB, op_second, "cublasLtMatmulDescSetAttribute(TRANSB)");
-  if (p.epilogue != lt_epilogue::none) {
+  if (p.epilogue == lt_epilogue::relu) {
+    set(desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_RELU,
+        "cublasLtMatmulDescSetAttribute(EPILOGUE)");
+  } else if (p.epilogue != lt_epilogue::none) {
     if (!p.bias) throw error("precis::lt_matmul: the bias epilogues need a bias pointer");
     const cublasLtEpilogue_t e = p.epilogue == lt_epilogue::bias        ? CUBLASLT_EPILOGUE_BIAS
                                  : p.epilogue == lt_epilogue::relu_bias ? CUBLASLT_EPILOGUE_RELU_BIAS

@@ -1,0 +1,209 @@
+// precis/kernels/cuda/elementwise.hpp: the elementwise kernels of kernels/elementwise.hpp
+// on device tensors, with the same calls (a cuda_context in place of the cpu_context): add,
+// mul (b broadcast over a's leading axes), relu, gelu, sigmoid, tanh and their backward
+// passes. The same functors compute every element, in the same math type, rounded once;
+// only the device's libm (erf, exp, tanh, within a few ulps of the host's) differs.
+// Shapes are checked on the host before anything is launched. Compiled by nvcc only
+// (include from a .cu file).
+#pragma once
+
+#include <precis/config.hpp>
+#include <precis/kernels/cuda_context.hpp>
+#include <precis/kernels/elementwise.hpp>
+#include <precis/tensor/device_tensor.hpp>
+
+#if defined(__CUDACC__)
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace precis {
+
+namespace detail::cuda {
+
+/// One element as the math type M (formats decode exactly to float first).
+template <class M, class T>
+__device__ inline M device_load(T x) {
+  if constexpr (precis_format<T>) {
+    return static_cast<M>(float(x));
+  } else {
+    return static_cast<M>(x);
+  }
+}
+
+/// Blocks for a grid-stride loop over n elements.
+inline unsigned grid_for(std::size_t n, unsigned threads = 256) {
+  const std::size_t blocks = (n + threads - 1) / threads;
+  return unsigned(std::clamp<std::size_t>(blocks, 1, 4096));
+}
+
+template <class M, template <class> class Fn, class X, class Y>
+__global__ void unary_kernel(const X* x, Y* y, std::size_t n) {
+  const Fn<M> f{};
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    y[i] = round_to<Y>(f(device_load<M>(x[i])));
+  }
+}
+
+template <class M, template <class> class Fn, class DY, class X, class DX>
+__global__ void unary_backward_kernel(const DY* dy, const X* x, DX* dx, std::size_t n) {
+  const Fn<M> f{};
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    dx[i] = round_to<DX>(f(device_load<M>(dy[i]), device_load<M>(x[i])));
+  }
+}
+
+/// out[i] = f(a[i], b[i % nb]): b repeated over a's leading axes.
+template <class M, class Fn, class A, class B, class Out>
+__global__ void binary_kernel(const A* a, const B* b, Out* out, std::size_t n, std::size_t nb) {
+  const Fn f{};
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    out[i] = round_to<Out>(f(device_load<M>(a[i]), device_load<M>(b[i % nb])));
+  }
+}
+
+template <class M>
+struct add_op {
+  __device__ M operator()(M a, M b) const { return a + b; }
+};
+template <class M>
+struct mul_op {
+  __device__ M operator()(M a, M b) const { return a * b; }
+};
+
+template <Policy P, template <class> class Fn, class X, class Y, std::size_t N>
+void unary(std::string_view name, cuda_context& ctx, const device_tensor<X, N>& x,
+           device_tensor<Y, N>& y) {
+  using M = math_t<op::elementwise, P, X>;
+  check_shape(std::string(name) + ": y", y, x.shape());
+  const std::size_t n = x.size();
+  if (n == 0) return;
+  unary_kernel<M, Fn><<<grid_for(n), 256, 0, ctx.stream()>>>(x.data(), y.data(), n);
+  check(cudaGetLastError(), std::string(name).c_str());
+}
+
+template <Policy P, template <class> class Fn, class DY, class X, class DX, std::size_t N>
+void unary_backward(std::string_view name, cuda_context& ctx, const device_tensor<DY, N>& dy,
+                    const device_tensor<X, N>& x, device_tensor<DX, N>& dx) {
+  using M = math_t<op::elementwise, P, DY, X>;
+  check_same_shape(std::string(name) + ": dy and x", dy, x);
+  check_shape(std::string(name) + ": dx", dx, x.shape());
+  const std::size_t n = x.size();
+  if (n == 0) return;
+  unary_backward_kernel<M, Fn><<<grid_for(n), 256, 0, ctx.stream()>>>(dy.data(), x.data(),
+                                                                       dx.data(), n);
+  check(cudaGetLastError(), std::string(name).c_str());
+}
+
+template <Policy P, template <class> class Op, class A, std::size_t N, class B, std::size_t K,
+          class Out>
+void binary(std::string_view name, cuda_context& ctx, const device_tensor<A, N>& a,
+            const device_tensor<B, K>& b, device_tensor<Out, N>& out) {
+  static_assert(K <= N, "precis: a broadcast operand has at most the other's rank");
+  using M = math_t<op::elementwise, P, A, B>;
+  // b's shape must be a suffix of a's (as on the host).
+  bool suffix = true;
+  for (std::size_t i = 0; i < K; ++i) suffix &= b.shape()[i] == a.shape()[N - K + i];
+  if (!suffix) {
+    throw error(std::string(name) + ": b has shape " + shape_string(b.shape()) +
+                ", expected a's shape " + shape_string(a.shape()) + " or a suffix of it");
+  }
+  check_shape(std::string(name) + ": out", out, a.shape());
+  const std::size_t n = a.size(), nb = b.size();
+  if (n == 0) return;
+  binary_kernel<M, Op<M>><<<grid_for(n), 256, 0, ctx.stream()>>>(a.data(), b.data(), out.data(),
+                                                                 n, nb);
+  check(cudaGetLastError(), std::string(name).c_str());
+}
+
+}  // namespace detail::cuda
+
+/// out = a + b on the device, b of a's shape or a suffix of it (see the host add).
+template <Policy P, kernel_element A, std::size_t N, kernel_element B, std::size_t K,
+          kernel_element Out>
+void add(cuda_context& ctx, const device_tensor<A, N>& a, const device_tensor<B, K>& b,
+         device_tensor<Out, N>& out) {
+  detail::cuda::binary<P, detail::cuda::add_op>("precis::add", ctx, a, b, out);
+}
+
+/// out = a * b on the device, b broadcast as in add.
+template <Policy P, kernel_element A, std::size_t N, kernel_element B, std::size_t K,
+          kernel_element Out>
+void mul(cuda_context& ctx, const device_tensor<A, N>& a, const device_tensor<B, K>& b,
+         device_tensor<Out, N>& out) {
+  detail::cuda::binary<P, detail::cuda::mul_op>("precis::mul", ctx, a, b, out);
+}
+
+/// y = max(x, 0) on the device (NaN stays NaN).
+template <Policy P, kernel_element X, kernel_element Y, std::size_t N>
+void relu(cuda_context& ctx, const device_tensor<X, N>& x, device_tensor<Y, N>& y) {
+  detail::cuda::unary<P, detail::relu_fn>("precis::relu", ctx, x, y);
+}
+
+/// dx = dy where x > 0, else 0, on the device.
+template <Policy P, kernel_element DY, kernel_element X, kernel_element DX, std::size_t N>
+void relu_backward(cuda_context& ctx, const device_tensor<DY, N>& dy,
+                   const device_tensor<X, N>& x, device_tensor<DX, N>& dx) {
+  detail::cuda::unary_backward<P, detail::relu_grad_fn>("precis::relu_backward", ctx, dy, x, dx);
+}
+
+/// y = gelu(x) on the device, exact (erf) by default or the tanh approximation.
+template <Policy P, kernel_element X, kernel_element Y, std::size_t N>
+void gelu(cuda_context& ctx, const device_tensor<X, N>& x, device_tensor<Y, N>& y,
+          gelu_approximation approximate = gelu_approximation::none) {
+  if (approximate == gelu_approximation::tanh) {
+    detail::cuda::unary<P, detail::gelu_tanh_fn>("precis::gelu", ctx, x, y);
+  } else {
+    detail::cuda::unary<P, detail::gelu_erf_fn>("precis::gelu", ctx, x, y);
+  }
+}
+
+/// dx = dy * gelu'(x) on the device, for the same approximation as the forward pass.
+template <Policy P, kernel_element DY, kernel_element X, kernel_element DX, std::size_t N>
+void gelu_backward(cuda_context& ctx, const device_tensor<DY, N>& dy,
+                   const device_tensor<X, N>& x, device_tensor<DX, N>& dx,
+                   gelu_approximation approximate = gelu_approximation::none) {
+  if (approximate == gelu_approximation::tanh) {
+    detail::cuda::unary_backward<P, detail::gelu_tanh_grad_fn>("precis::gelu_backward", ctx, dy,
+                                                               x, dx);
+  } else {
+    detail::cuda::unary_backward<P, detail::gelu_erf_grad_fn>("precis::gelu_backward", ctx, dy,
+                                                              x, dx);
+  }
+}
+
+/// y = 1 / (1 + exp(-x)) on the device.
+template <Policy P, kernel_element X, kernel_element Y, std::size_t N>
+void sigmoid(cuda_context& ctx, const device_tensor<X, N>& x, device_tensor<Y, N>& y) {
+  detail::cuda::unary<P, detail::sigmoid_fn>("precis::sigmoid", ctx, x, y);
+}
+
+/// dx = dy * s (1 - s), s = sigmoid(x), on the device.
+template <Policy P, kernel_element DY, kernel_element X, kernel_element DX, std::size_t N>
+void sigmoid_backward(cuda_context& ctx, const device_tensor<DY, N>& dy,
+                      const device_tensor<X, N>& x, device_tensor<DX, N>& dx) {
+  detail::cuda::unary_backward<P, detail::sigmoid_grad_fn>("precis::sigmoid_backward", ctx, dy, x,
+                                                           dx);
+}
+
+/// y = tanh(x) on the device.
+template <Policy P, kernel_element X, kernel_element Y, std::size_t N>
+void tanh(cuda_context& ctx, const device_tensor<X, N>& x, device_tensor<Y, N>& y) {
+  detail::cuda::unary<P, detail::tanh_fn>("precis::tanh", ctx, x, y);
+}
+
+/// dx = dy * (1 - tanh(x)^2) on the device.
+template <Policy P, kernel_element DY, kernel_element X, kernel_element DX, std::size_t N>
+void tanh_backward(cuda_context& ctx, const device_tensor<DY, N>& dy,
+                   const device_tensor<X, N>& x, device_tensor<DX, N>& dx) {
+  detail::cuda::unary_backward<P, detail::tanh_grad_fn>("precis::tanh_backward", ctx, dy, x, dx);
+}
+
+}  // namespace precis
+
+#endif

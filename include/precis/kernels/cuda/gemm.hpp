@@ -1,0 +1,149 @@
+// precis/kernels/cuda/gemm.hpp: precis::gemm on device tensors, with the calls of
+// kernels/gemm.hpp (a cuda_context in place of the cpu_context), through cuBLASLt with the
+// policy's types: bfloat16 or float16 operands with float compute, float operands exact
+// (pedantic) or TF32 under a tfloat32 compute type. Shapes are checked on the host, with the
+// host's messages, before anything is launched.
+//
+// Epilogues: none and relu (with or without bias) run inside cuBLASLt, which rounds once
+// after them. gelu is precis's exact (erf) GELU, as on the host: the product is written in
+// float to a stream-ordered scratch buffer and one kernel adds beta * C and the bias,
+// applies GELU and rounds once. Batched products run one cuBLASLt call per batch item.
+// float8 operands need per-tensor scales: use precis::lt_matmul for them. Compiled by nvcc
+// only (include from a .cu file).
+#pragma once
+
+#include <precis/config.hpp>
+#include <precis/kernels/cuda/blas_lt.hpp>
+#include <precis/kernels/cuda/elementwise.hpp>
+#include <precis/kernels/gemm.hpp>
+
+#if defined(__CUDACC__)
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace precis {
+
+namespace detail::cuda {
+
+/// The element types a device product accepts under P, on top of the host's rules.
+template <Policy P, class TA, class TB, class TC, class TBias>
+constexpr void check_device_gemm_types() {
+  check_gemm_types<op::matmul, P, TA, TB, TC>();
+  static_assert(!is_float8_v<TA> && !is_float8_v<TB>,
+                "precis: float8 products on the device need per-tensor scales; call "
+                "precis::lt_matmul with a_scale and b_scale");
+  static_assert(std::is_same_v<TA, TB>,
+                "precis: cuBLASLt multiplies operands of one type (bfloat16 x bfloat16, "
+                "float16 x float16, float x float); cast one of them with precis::cast first");
+  static_assert(!std::is_same_v<TA, double> && !std::is_same_v<TC, double>,
+                "precis: device products take float, bfloat16 or float16, not double");
+  static_assert(std::is_same_v<accumulate_t<op::matmul, P>, float>,
+                "precis: device products accumulate in float (tensor cores); a policy with a "
+                "narrower accumulator has no cuBLASLt equivalent");
+  static_assert(std::is_same_v<TBias, TC>,
+                "precis: on the device a bias has the output's element type (cuBLASLt's rule)");
+}
+
+/// c[i] = round(gelu(t[i] + beta * c[i] + bias[i % n])): the gelu epilogue after a float
+/// product (alpha already applied).
+template <class TC, class TBias>
+__global__ void finish_gelu(const float* t, TC* c, const TBias* bias, std::size_t total,
+                            std::size_t n, float beta) {
+  const gelu_erf_fn<float> gelu{};
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < total;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    float v = t[i];
+    if (beta != 0.0F) v += beta * device_load<float>(c[i]);
+    if (bias != nullptr) v += device_load<float>(bias[i % n]);
+    c[i] = round_to<TC>(gelu(v));
+  }
+}
+
+/// One row-major product C (M x N) = epilogue(alpha op(A) op(B) + beta C + bias).
+template <class Compute, class T, class TC, class TBias>
+void device_product(cuda_context& ctx, std::size_t M, std::size_t N, std::size_t K, const T* a,
+                    const T* b, const TBias* bias, TC* c, const gemm_options& o) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    throw error("precis::gemm: K = 0 on the device (cuBLASLt takes no empty products)");
+  }
+  if (o.epilogue == gemm_epilogue::gelu) {
+    device_tensor<float, 1> scratch({M * N}, ctx.stream());
+    lt_product<T, T, float> p;
+    p.m = std::int64_t(M), p.n = std::int64_t(N), p.k = std::int64_t(K);
+    p.a = a, p.b = b, p.c = scratch.data();
+    p.trans_a = o.trans_a, p.trans_b = o.trans_b;
+    p.alpha = o.alpha, p.beta = 0.0F;
+    lt_matmul<Compute>(ctx, p);
+    finish_gelu<<<grid_for(M * N), 256, 0, ctx.stream()>>>(scratch.data(), c, bias, M * N, N,
+                                                           o.beta);
+    check(cudaGetLastError(), "precis::gemm (gelu epilogue)");
+    return;
+  }
+  lt_product<T, T, TC> p;
+  p.m = std::int64_t(M), p.n = std::int64_t(N), p.k = std::int64_t(K);
+  p.a = a, p.b = b, p.c = c;
+  p.trans_a = o.trans_a, p.trans_b = o.trans_b;
+  p.alpha = o.alpha, p.beta = o.beta;
+  p.bias = bias;
+  const bool relu = o.epilogue == gemm_epilogue::relu;
+  p.epilogue = bias != nullptr ? (relu ? lt_epilogue::relu_bias : lt_epilogue::bias)
+                               : (relu ? lt_epilogue::relu : lt_epilogue::none);
+  lt_matmul<Compute>(ctx, p);
+}
+
+template <Policy P>
+using device_compute_t = typename kernel_policy_t<op::matmul, P>::compute_type;
+
+}  // namespace detail::cuda
+
+/// C = epilogue(alpha op(A) op(B) + beta C) on the device (see the host gemm).
+template <Policy P, class TA, class TB, class TC>
+void gemm(cuda_context& ctx, const device_tensor<TA, 2>& a, const device_tensor<TB, 2>& b,
+          device_tensor<TC, 2>& c, const gemm_options& o = {}) {
+  detail::cuda::check_device_gemm_types<P, TA, TB, TC, TC>();
+  const auto mnk = detail::check_gemm("precis::gemm", a, b, o, 0);
+  check_shape("precis::gemm: c", c, detail::dims2(mnk[0], mnk[1]));
+  detail::cuda::device_product<detail::cuda::device_compute_t<P>>(
+      ctx, mnk[0], mnk[1], mnk[2], a.data(), b.data(), static_cast<const TC*>(nullptr), c.data(),
+      o);
+}
+
+/// As gemm, plus `bias` (N values, of C's type) added to every row before the epilogue.
+template <Policy P, class TA, class TB, class TBias, class TC>
+void gemm(cuda_context& ctx, const device_tensor<TA, 2>& a, const device_tensor<TB, 2>& b,
+          const device_tensor<TBias, 1>& bias, device_tensor<TC, 2>& c,
+          const gemm_options& o = {}) {
+  detail::cuda::check_device_gemm_types<P, TA, TB, TC, TBias>();
+  const auto mnk = detail::check_gemm("precis::gemm", a, b, o, 0);
+  check_shape("precis::gemm: bias", bias, std::array<std::size_t, 1>{mnk[1]});
+  check_shape("precis::gemm: c", c, detail::dims2(mnk[0], mnk[1]));
+  detail::cuda::device_product<detail::cuda::device_compute_t<P>>(
+      ctx, mnk[0], mnk[1], mnk[2], a.data(), b.data(), bias.data(), c.data(), o);
+}
+
+/// Batched product on the device: c[i] = alpha op(a[i]) op(b[i]) + beta c[i] for every i
+/// of the first axis.
+template <Policy P, class TA, class TB, class TC>
+void gemm(cuda_context& ctx, const device_tensor<TA, 3>& a, const device_tensor<TB, 3>& b,
+          device_tensor<TC, 3>& c, const gemm_options& o = {}) {
+  detail::cuda::check_device_gemm_types<P, TA, TB, TC, TC>();
+  const std::size_t batch = a.shape()[0];
+  const auto mnk = detail::check_gemm("precis::gemm (batched)", a, b, o, 1);
+  const std::size_t M = mnk[0], N = mnk[1], K = mnk[2];
+  check_shape("precis::gemm (batched): b", b,
+              std::array<std::size_t, 3>{batch, b.shape()[1], b.shape()[2]});
+  check_shape("precis::gemm (batched): c", c, std::array<std::size_t, 3>{batch, M, N});
+  for (std::size_t i = 0; i < batch; ++i) {
+    detail::cuda::device_product<detail::cuda::device_compute_t<P>>(
+        ctx, M, N, K, a.data() + i * M * K, b.data() + i * K * N, static_cast<const TC*>(nullptr),
+        c.data() + i * M * N, o);
+  }
+}
+
+}  // namespace precis
+
+#endif

@@ -1,0 +1,165 @@
+// precis/kernels/cuda/softmax.hpp: softmax and log-softmax along the last axis of device
+// tensors, forward and backward, with the calls of kernels/softmax.hpp (a cuda_context in
+// place of the cpu_context). One block per row: the row's maximum is subtracted before exp
+// (NaN wins, as on the host), the sum of exp(x - max) is kept in the policy's accumulate
+// type (each thread's running sum, then the partial sums added in a fixed tree order), and
+// each output is rounded once. Compiled by nvcc only (include from a .cu file).
+#pragma once
+
+#include <precis/config.hpp>
+#include <precis/kernels/cuda/elementwise.hpp>
+#include <precis/kernels/softmax.hpp>
+
+#if defined(__CUDACC__)
+
+#include <cmath>
+#include <cstddef>
+#include <string>
+
+namespace precis {
+
+namespace detail::cuda {
+
+inline constexpr unsigned row_threads = 256;
+
+/// The larger of two values, NaN winning (the host's row_max rule).
+template <class M>
+__device__ inline M max_nan(M a, M b) {
+  return (!::isnan(a) && (b > a || ::isnan(b))) ? b : a;
+}
+
+/// Combines every thread's `v` with `op` (warp shuffles, then the warps' results in warp
+/// order); every thread of the block gets the result. `shared` holds 32 values.
+template <class M, class Op>
+__device__ M block_reduce(M v, Op op, M* shared) {
+  for (int o = 16; o > 0; o /= 2) v = op(v, __shfl_down_sync(0xFFFFFFFFU, v, o));
+  const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  __syncthreads();  // `shared` may still be read from a previous reduction
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    M r = shared[0];
+    for (unsigned w = 1; w < (blockDim.x + 31) / 32; ++w) r = op(r, shared[w]);
+    shared[0] = r;
+  }
+  __syncthreads();
+  return shared[0];
+}
+
+/// Adds two partial sums as the accumulate type Acc does.
+template <class Acc, class M>
+struct acc_add {
+  __device__ M operator()(M a, M b) const {
+    accumulator<Acc> s(static_cast<typename accumulator<Acc>::value_type>(a));
+    s.add(static_cast<typename accumulator<Acc>::value_type>(b));
+    return static_cast<M>(s.value());
+  }
+};
+
+template <class M>
+struct max_op {
+  __device__ M operator()(M a, M b) const { return max_nan(a, b); }
+};
+
+template <class M, class Acc, bool Log, class X, class Y>
+__global__ void softmax_rows(const X* x, Y* y, std::size_t cols) {
+  __shared__ M shared[32];
+  const X* row = x + blockIdx.x * cols;
+  Y* out = y + blockIdx.x * cols;
+  M m = -static_cast<M>(INFINITY);
+  for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x) m = max_nan(m, device_load<M>(row[j]));
+  m = block_reduce(m, max_op<M>{}, shared);
+  accumulator<Acc> s;
+  for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    s.add(static_cast<typename accumulator<Acc>::value_type>(math::exp(device_load<M>(row[j]) - m)));
+  }
+  const M total = block_reduce(static_cast<M>(s.value()), acc_add<Acc, M>{}, shared);
+  const M lse = math::log(total);
+  for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    const M v = device_load<M>(row[j]) - m;
+    out[j] = round_to<Y>(Log ? v - lse : math::exp(v) / total);
+  }
+}
+
+// softmax: dx = y (dy - sum(dy y)); log_softmax: dx = dy - exp(y) sum(dy).
+template <class M, class Acc, bool Log, class DY, class Y, class DX>
+__global__ void softmax_backward_rows(const DY* dy, const Y* y, DX* dx, std::size_t cols) {
+  __shared__ M shared[32];
+  const std::size_t base = blockIdx.x * cols;
+  accumulator<Acc> s;
+  for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    const M g = device_load<M>(dy[base + j]);
+    s.add(static_cast<typename accumulator<Acc>::value_type>(Log ? g : g * device_load<M>(y[base + j])));
+  }
+  const M total = block_reduce(static_cast<M>(s.value()), acc_add<Acc, M>{}, shared);
+  for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    const M g = device_load<M>(dy[base + j]), p = device_load<M>(y[base + j]);
+    dx[base + j] = round_to<DX>(Log ? g - math::exp(p) * total : p * (g - total));
+  }
+}
+
+template <op_kind Op, Policy P, bool Log, class X, class Y, std::size_t N>
+void softmax_forward(std::string_view name, cuda_context& ctx, const device_tensor<X, N>& x,
+                     device_tensor<Y, N>& y) {
+  using M = math_t<Op, P, X>;
+  using Acc = accumulate_t<Op, P>;
+  check_shape(std::string(name) + ": y", y, x.shape());
+  const auto [rows, cols] = rows_and_cols(x);
+  if (rows == 0 || cols == 0) return;
+  softmax_rows<M, Acc, Log><<<unsigned(rows), row_threads, 0, ctx.stream()>>>(x.data(), y.data(),
+                                                                               cols);
+  check(cudaGetLastError(), name);
+}
+
+template <op_kind Op, Policy P, bool Log, class DY, class Y, class DX, std::size_t N>
+void softmax_backward(std::string_view name, cuda_context& ctx, const device_tensor<DY, N>& dy,
+                      const device_tensor<Y, N>& y, device_tensor<DX, N>& dx) {
+  using M = math_t<Op, P, DY, Y>;
+  using Acc = accumulate_t<Op, P>;
+  check_same_shape(std::string(name) + ": dy and y", dy, y);
+  check_shape(std::string(name) + ": dx", dx, y.shape());
+  const auto [rows, cols] = rows_and_cols(y);
+  if (rows == 0 || cols == 0) return;
+  softmax_backward_rows<M, Acc, Log><<<unsigned(rows), row_threads, 0, ctx.stream()>>>(
+      dy.data(), y.data(), dx.data(), cols);
+  check(cudaGetLastError(), name);
+}
+
+}  // namespace detail::cuda
+
+/// y = softmax(x) along the last axis, on the device.
+template <Policy P, kernel_element X, kernel_element Y, std::size_t N>
+  requires(N >= 1)
+void softmax(cuda_context& ctx, const device_tensor<X, N>& x, device_tensor<Y, N>& y) {
+  detail::cuda::softmax_forward<op::softmax, P, false>("precis::softmax", ctx, x, y);
+}
+
+/// y = log_softmax(x) along the last axis, on the device ((x - max) - log(sum), never
+/// log(softmax)).
+template <Policy P, kernel_element X, kernel_element Y, std::size_t N>
+  requires(N >= 1)
+void log_softmax(cuda_context& ctx, const device_tensor<X, N>& x, device_tensor<Y, N>& y) {
+  detail::cuda::softmax_forward<op::log_softmax, P, true>("precis::log_softmax", ctx, x, y);
+}
+
+/// dx = y * (dy - sum(dy * y)) along the last axis, from the forward output y, on the device.
+template <Policy P, kernel_element DY, kernel_element Y, kernel_element DX, std::size_t N>
+  requires(N >= 1)
+void softmax_backward(cuda_context& ctx, const device_tensor<DY, N>& dy,
+                      const device_tensor<Y, N>& y, device_tensor<DX, N>& dx) {
+  detail::cuda::softmax_backward<op::softmax, P, false>("precis::softmax_backward", ctx, dy, y,
+                                                        dx);
+}
+
+/// dx = dy - exp(y) * sum(dy) along the last axis, from y = log_softmax(x), on the device.
+template <Policy P, kernel_element DY, kernel_element Y, kernel_element DX, std::size_t N>
+  requires(N >= 1)
+void log_softmax_backward(cuda_context& ctx, const device_tensor<DY, N>& dy,
+                          const device_tensor<Y, N>& y, device_tensor<DX, N>& dx) {
+  detail::cuda::softmax_backward<op::log_softmax, P, true>("precis::log_softmax_backward", ctx,
+                                                           dy, y, dx);
+}
+
+}  // namespace precis
+
+#endif

@@ -1,0 +1,227 @@
+// The device kernels with the CPU kernels' calls (gemm with every transpose and epilogue,
+// elementwise, softmax) against the CPU kernels on the same random inputs: max |device -
+// host| / max |host| within the output type's bound (one rounding of each, plus float
+// arithmetic in another order and the device's libm). Outputs are poisoned with NaN before
+// each call. Shape errors are thrown before anything is launched. Exits 77 (skipped) where
+// no GPU is present.
+#include <precis/kernels/cuda/gemm.hpp>
+#include <precis/kernels/cuda/softmax.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <random>
+#include <string>
+
+namespace {
+
+int failures = 0;
+std::mt19937 rng(std::random_device{}());
+
+template <class T>
+constexpr double bound() {
+  if constexpr (std::is_same_v<T, float>) return 1e-5;
+  else if constexpr (std::is_same_v<T, precis::bfloat16>) return 1e-2;
+  else return 2e-3;  // float16
+}
+
+template <class T, std::size_t N>
+precis::host_tensor<T, N> random_tensor(const std::array<std::size_t, N>& shape, float scale = 1.0F) {
+  std::normal_distribution<float> d(0.0F, scale);
+  auto t = precis::host_tensor<T, N>::from_shape(shape);
+  for (auto& v : t) v = T(d(rng));
+  return t;
+}
+
+/// A device tensor of the shape, every byte 0xFF (NaN in float, bfloat16 and float16).
+template <class T, std::size_t N>
+precis::device_tensor<T, N> poisoned(const std::array<std::size_t, N>& shape) {
+  precis::device_tensor<T, N> d(shape);
+  precis::check(cudaMemset(d.data(), 0xFF, d.size() * sizeof(T)), "cudaMemset");
+  return d;
+}
+
+template <class T, std::size_t N>
+void compare(const std::string& what, precis::cuda_context& ctx, const precis::device_tensor<T, N>& got,
+             const precis::host_tensor<T, N>& want, double limit = bound<T>()) {
+  const auto g = precis::to_host(got, ctx.stream());
+  double err = 0, norm = 0;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const double a = float(g.data()[i]), b = float(want.data()[i]);
+    if (!std::isfinite(a) || !std::isfinite(b)) {
+      err = std::numeric_limits<double>::infinity();
+      break;
+    }
+    err = std::max(err, std::abs(a - b));
+    norm = std::max(norm, std::abs(b));
+  }
+  const double rel = norm == 0 ? err : err / norm;
+  if (!(rel < limit)) {
+    std::printf("FAILED: %s: device vs host %g >= %g\n", what.c_str(), rel, limit);
+    ++failures;
+  }
+}
+
+template <class F>
+void expect_error(const std::string& what, F f, const std::string& needle) {
+  try {
+    f();
+  } catch (const precis::error& e) {
+    if (std::string(e.what()).find(needle) != std::string::npos) return;
+    std::printf("FAILED: %s: message \"%s\" lacks \"%s\"\n", what.c_str(), e.what(), needle.c_str());
+    ++failures;
+    return;
+  }
+  std::printf("FAILED: %s: no precis::error\n", what.c_str());
+  ++failures;
+}
+
+template <class P, class T>
+void check_gemm(precis::cuda_context& ctx, const precis::cpu_context& cpu) {
+  const std::size_t M = 67, N = 96, K = 130;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      for (auto epi : {precis::gemm_epilogue::none, precis::gemm_epilogue::relu,
+                       precis::gemm_epilogue::gelu}) {
+        for (bool with_bias : {false, true}) {
+          precis::gemm_options o{.trans_a = ta, .trans_b = tb, .alpha = 0.75F, .beta = 0.5F,
+                                 .epilogue = epi};
+          const auto a = random_tensor<T, 2>(ta ? std::array<std::size_t, 2>{K, M}
+                                                : std::array<std::size_t, 2>{M, K});
+          const auto b = random_tensor<T, 2>(tb ? std::array<std::size_t, 2>{N, K}
+                                                : std::array<std::size_t, 2>{K, N});
+          const auto bias = random_tensor<T, 1>({N});
+          auto c = random_tensor<T, 2>({M, N});  // beta != 0 reads it
+          const auto da = precis::to_device(a), db = precis::to_device(b);
+          const auto dbias = precis::to_device(bias);
+          auto dc = precis::to_device(c);
+          if (with_bias) {
+            precis::gemm<P>(cpu, a, b, bias, c, o);
+            precis::gemm<P>(ctx, da, db, dbias, dc, o);
+          } else {
+            precis::gemm<P>(cpu, a, b, c, o);
+            precis::gemm<P>(ctx, da, db, dc, o);
+          }
+          compare("gemm ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) + " epilogue=" +
+                      std::to_string(int(epi)) + " bias=" + std::to_string(with_bias),
+                  ctx, dc, c);
+        }
+      }
+    }
+  }
+  // Batched.
+  const auto a3 = random_tensor<T, 3>({3, M, K});
+  const auto b3 = random_tensor<T, 3>({3, N, K});
+  auto c3 = precis::host_tensor<T, 3>::from_shape({3, M, N});
+  auto dc3 = poisoned<T, 3>({3, M, N});
+  const precis::gemm_options o{.trans_b = true};
+  precis::gemm<P>(cpu, a3, b3, c3, o);
+  precis::gemm<P>(ctx, precis::to_device(a3), precis::to_device(b3), dc3, o);
+  compare("batched gemm", ctx, dc3, c3);
+  // Shapes are checked before any launch.
+  auto wrong = poisoned<T, 2>({M, N + 1});
+  expect_error("gemm shape", [&] { precis::gemm<P>(ctx, precis::to_device(random_tensor<T, 2>({M, K})),
+                                                   precis::to_device(random_tensor<T, 2>({K, N})), wrong); },
+               "precis::gemm: c");
+}
+
+template <class P, class T>
+void check_elementwise(precis::cuda_context& ctx, const precis::cpu_context& cpu) {
+  const std::array<std::size_t, 3> shape{5, 37, 29};
+  const auto x = random_tensor<T, 3>(shape, 3.0F);
+  const auto dy = random_tensor<T, 3>(shape);
+  const auto b = random_tensor<T, 1>({29});
+  const auto dx_ = precis::to_device(x), ddy = precis::to_device(dy);
+  const auto db = precis::to_device(b);
+  auto y = precis::host_tensor<T, 3>::from_shape(shape);
+  auto dy_out = poisoned<T, 3>(shape);
+#define PRECIS_CHECK_UNARY(fn)                                           \
+  precis::fn<P>(cpu, x, y);                                              \
+  dy_out = poisoned<T, 3>(shape);                                        \
+  precis::fn<P>(ctx, dx_, dy_out);                                       \
+  compare(#fn, ctx, dy_out, y);                                          \
+  precis::fn##_backward<P>(cpu, dy, x, y);                               \
+  dy_out = poisoned<T, 3>(shape);                                        \
+  precis::fn##_backward<P>(ctx, ddy, dx_, dy_out);                       \
+  compare(#fn "_backward", ctx, dy_out, y);
+  PRECIS_CHECK_UNARY(relu)
+  PRECIS_CHECK_UNARY(gelu)
+  PRECIS_CHECK_UNARY(sigmoid)
+  PRECIS_CHECK_UNARY(tanh)
+#undef PRECIS_CHECK_UNARY
+  precis::gelu<P>(cpu, x, y, precis::gelu_approximation::tanh);
+  dy_out = poisoned<T, 3>(shape);
+  precis::gelu<P>(ctx, dx_, dy_out, precis::gelu_approximation::tanh);
+  compare("gelu tanh", ctx, dy_out, y);
+  precis::add<P>(cpu, x, b, y);
+  dy_out = poisoned<T, 3>(shape);
+  precis::add<P>(ctx, dx_, db, dy_out);
+  compare("add (broadcast)", ctx, dy_out, y);
+  precis::mul<P>(cpu, x, dy, y);
+  dy_out = poisoned<T, 3>(shape);
+  precis::mul<P>(ctx, dx_, ddy, dy_out);
+  compare("mul", ctx, dy_out, y);
+  const auto wrong_b = precis::to_device(random_tensor<T, 1>({28}));
+  expect_error("add shape", [&] { precis::add<P>(ctx, dx_, wrong_b, dy_out); }, "suffix");
+}
+
+template <class P, class T>
+void check_softmax(precis::cuda_context& ctx, const precis::cpu_context& cpu) {
+  for (std::size_t cols : {1U, 10U, 1000U, 4099U}) {
+    const std::array<std::size_t, 2> shape{7, cols};
+    const auto x = random_tensor<T, 2>(shape, 4.0F);
+    const auto dy = random_tensor<T, 2>(shape);
+    const auto dx_ = precis::to_device(x), ddy = precis::to_device(dy);
+    auto y = precis::host_tensor<T, 2>::from_shape(shape);
+    auto g = precis::host_tensor<T, 2>::from_shape(shape);
+    const std::string n = " cols=" + std::to_string(cols);
+    precis::softmax<P>(cpu, x, y);
+    auto d = poisoned<T, 2>(shape);
+    precis::softmax<P>(ctx, dx_, d);
+    compare("softmax" + n, ctx, d, y);
+    precis::softmax_backward<P>(cpu, dy, y, g);
+    auto dg = poisoned<T, 2>(shape);
+    precis::softmax_backward<P>(ctx, ddy, precis::to_device(y), dg);
+    compare("softmax_backward" + n, ctx, dg, g);
+    precis::log_softmax<P>(cpu, x, y);
+    d = poisoned<T, 2>(shape);
+    precis::log_softmax<P>(ctx, dx_, d);
+    compare("log_softmax" + n, ctx, d, y);
+    precis::log_softmax_backward<P>(cpu, dy, y, g);
+    dg = poisoned<T, 2>(shape);
+    precis::log_softmax_backward<P>(ctx, ddy, precis::to_device(y), dg);
+    compare("log_softmax_backward" + n, ctx, dg, g);
+  }
+  auto small = poisoned<T, 2>({7, 9});
+  expect_error("softmax shape",
+               [&] { precis::softmax<P>(ctx, precis::to_device(random_tensor<T, 2>({7, 10})), small); },
+               "precis::softmax: y");
+}
+
+}  // namespace
+
+int main() {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("skipped: no CUDA device\n");
+    return 77;
+  }
+  precis::cuda_context ctx;
+  const precis::cpu_context cpu{2};
+  using precis::bfloat16;
+  using precis::float16;
+  namespace presets = precis::presets;
+  check_gemm<presets::bf16_mixed, bfloat16>(ctx, cpu);
+  check_gemm<presets::fp16_mixed, float16>(ctx, cpu);
+  check_gemm<presets::fp32, float>(ctx, cpu);
+  check_elementwise<presets::bf16_mixed, bfloat16>(ctx, cpu);
+  check_elementwise<presets::fp16_mixed, float16>(ctx, cpu);
+  check_elementwise<presets::fp32, float>(ctx, cpu);
+  check_softmax<presets::bf16_mixed, bfloat16>(ctx, cpu);
+  check_softmax<presets::fp16_mixed, float16>(ctx, cpu);
+  check_softmax<presets::fp32, float>(ctx, cpu);
+  ctx.synchronize();
+  std::printf("%d failures\n", failures);
+  return failures == 0 ? 0 : 1;
+}
