@@ -1,10 +1,11 @@
 // The device kernels with the CPU kernels' calls (gemm with every transpose and epilogue,
-// elementwise, softmax) against the CPU kernels on the same random inputs: max |device -
+// elementwise, softmax, layer norm) against the CPU kernels on the same random inputs: max |device -
 // host| / max |host| within the output type's bound (one rounding of each, plus float
 // arithmetic in another order and the device's libm). Outputs are poisoned with NaN before
 // each call. Shape errors are thrown before anything is launched. Exits 77 (skipped) where
 // no GPU is present.
 #include <precis/kernels/cuda/gemm.hpp>
+#include <precis/kernels/cuda/norm.hpp>
 #include <precis/kernels/cuda/softmax.hpp>
 
 #include <algorithm>
@@ -199,6 +200,45 @@ void check_softmax(precis::cuda_context& ctx, const precis::cpu_context& cpu) {
                "precis::softmax: y");
 }
 
+template <class P, class T>
+void check_layer_norm(precis::cuda_context& ctx, const precis::cpu_context& cpu) {
+  for (std::size_t cols : {1U, 96U, 768U, 3000U}) {
+    const std::array<std::size_t, 3> shape{3, 5, cols};
+    const auto x = random_tensor<T, 3>(shape, 2.0F);
+    const auto dy = random_tensor<T, 3>(shape);
+    const auto gamma = random_tensor<T, 1>({cols}), beta = random_tensor<T, 1>({cols});
+    auto y = precis::host_tensor<T, 3>::from_shape(shape);
+    auto mean = precis::host_tensor<float, 2>::from_shape({3, 5});
+    auto rstd = mean;
+    precis::layer_norm<P>(cpu, x, gamma, beta, y, mean, rstd);
+    const auto dx_ = precis::to_device(x);
+    const auto dg = precis::to_device(gamma);
+    auto dyo = poisoned<T, 3>(shape);
+    auto dmean = poisoned<float, 2>({3, 5}), drstd = poisoned<float, 2>({3, 5});
+    precis::layer_norm<P>(ctx, dx_, dg, precis::to_device(beta), dyo, dmean, drstd);
+    const std::string n = " cols=" + std::to_string(cols);
+    compare("layer_norm" + n, ctx, dyo, y);
+    compare("layer_norm mean" + n, ctx, dmean, mean);
+    compare("layer_norm rstd" + n, ctx, drstd, rstd);
+    auto gx = precis::host_tensor<T, 3>::from_shape(shape);
+    auto ggamma = precis::host_tensor<T, 1>::from_shape({cols}), gbeta = ggamma;
+    precis::layer_norm_backward<P>(cpu, dy, x, gamma, mean, rstd, gx, ggamma, gbeta);
+    auto dgx = poisoned<T, 3>(shape);
+    auto dgg = poisoned<T, 1>({cols}), dgb = poisoned<T, 1>({cols});
+    // The device's own statistics: the same values within float rounding.
+    precis::layer_norm_backward<P>(ctx, precis::to_device(dy), dx_, dg, dmean, drstd, dgx, dgg, dgb);
+    compare("layer_norm_backward dx" + n, ctx, dgx, gx);
+    compare("layer_norm_backward dgamma" + n, ctx, dgg, ggamma);
+    compare("layer_norm_backward dbeta" + n, ctx, dgb, gbeta);
+  }
+  auto y = poisoned<T, 2>({4, 8});
+  auto m = poisoned<float, 1>({4}), r = poisoned<float, 1>({4});
+  const auto x = precis::to_device(random_tensor<T, 2>({4, 8}));
+  const auto g7 = precis::to_device(random_tensor<T, 1>({7}));
+  expect_error("layer_norm shape", [&] { precis::layer_norm<P>(ctx, x, g7, g7, y, m, r); },
+               "precis::layer_norm: gamma");
+}
+
 }  // namespace
 
 int main() {
@@ -221,6 +261,9 @@ int main() {
   check_softmax<presets::bf16_mixed, bfloat16>(ctx, cpu);
   check_softmax<presets::fp16_mixed, float16>(ctx, cpu);
   check_softmax<presets::fp32, float>(ctx, cpu);
+  check_layer_norm<presets::bf16_mixed, bfloat16>(ctx, cpu);
+  check_layer_norm<presets::fp16_mixed, float16>(ctx, cpu);
+  check_layer_norm<presets::fp32, float>(ctx, cpu);
   ctx.synchronize();
   std::printf("%d failures\n", failures);
   return failures == 0 ? 0 : 1;

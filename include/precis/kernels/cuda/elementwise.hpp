@@ -8,6 +8,7 @@
 #pragma once
 
 #include <precis/config.hpp>
+#include <precis/kernels/cuda/common.hpp>
 #include <precis/kernels/cuda_context.hpp>
 #include <precis/kernels/elementwise.hpp>
 #include <precis/tensor/device_tensor.hpp>
@@ -22,22 +23,6 @@
 namespace precis {
 
 namespace detail::cuda {
-
-/// One element as the math type M (formats decode exactly to float first).
-template <class M, class T>
-__device__ inline M device_load(T x) {
-  if constexpr (precis_format<T>) {
-    return static_cast<M>(float(x));
-  } else {
-    return static_cast<M>(x);
-  }
-}
-
-/// Blocks for a grid-stride loop over n elements.
-inline unsigned grid_for(std::size_t n, unsigned threads = 256) {
-  const std::size_t blocks = (n + threads - 1) / threads;
-  return unsigned(std::clamp<std::size_t>(blocks, 1, 4096));
-}
 
 template <class M, template <class> class Fn, class X, class Y>
 __global__ void unary_kernel(const X* x, Y* y, std::size_t n) {

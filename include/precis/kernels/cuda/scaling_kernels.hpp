@@ -6,6 +6,7 @@
 #pragma once
 
 #include <precis/config.hpp>
+#include <precis/kernels/cuda/common.hpp>
 #include <precis/kernels/cuda_context.hpp>
 #include <precis/kernels/unscale.hpp>
 #include <precis/scaling/scalers.hpp>
@@ -109,11 +110,6 @@ __global__ void cast_kernel(const From* in, To* out, std::size_t n) {
   }
 }
 
-inline unsigned grid_for(std::size_t n, unsigned block) {
-  const std::size_t blocks = (n + block - 1) / block;
-  return static_cast<unsigned>(blocks < 4096 ? (blocks == 0 ? 1 : blocks) : 4096);
-}
-
 }  // namespace detail::cuda
 
 /// Divides every element of the device tensors by `*scale` (a device pointer) and sets
@@ -132,13 +128,14 @@ void unscale_and_check_async(cuda_context& ctx, std::span<const std::span<T>> te
   if (chunks.empty()) return;
   const std::size_t bytes = chunks.size() * sizeof(chunks[0]);
   auto* table = static_cast<detail::cuda::chunk<T>*>(ctx.workspace(bytes));
+  // `chunks` is pageable host memory: CUDA copies it to a staging buffer before
+  // cudaMemcpyAsync returns (the runtime's documented behaviour for pageable sources), so
+  // it may go out of scope right after, and the host never waits for the device here.
   check(cudaMemcpyAsync(table, chunks.data(), bytes, cudaMemcpyHostToDevice, ctx.stream()),
         "cudaMemcpyAsync");
   detail::cuda::unscale_chunks<T>
       <<<static_cast<unsigned>(chunks.size()), 256, 0, ctx.stream()>>>(table, scale, found_inf);
   check(cudaGetLastError(), "unscale_chunks<<<>>>");
-  // The chunk table must outlive the copy of it.
-  check(cudaStreamSynchronize(ctx.stream()), "cudaStreamSynchronize");
 }
 
 /// The same as the host `unscale_and_check` (multiplies by `inv_scale`, returns whether a

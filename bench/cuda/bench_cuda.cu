@@ -1,0 +1,185 @@
+// Device benchmarks, ratios within one run on one GPU:
+//   1. precis::gemm on device tensors (bf16, 8192^3 by default) against the same cuBLASLt
+//      product called directly, its descriptors and algorithm chosen once outside the
+//      timing: what precis's per-call descriptor set-up costs;
+//   2. the same product in bf16, fp16, float with TF32 and exact float through precis::gemm:
+//      the low-precision speedups;
+//   3. the fused multi-tensor unscale + non-finite check (64 tensors) against a
+//      device-to-device copy of the same bytes (both read and write every byte once).
+// Times are medians of CUDA-event-timed repetitions after a warm-up. Exits 77 where no GPU
+// is present.
+//
+//   bench_cuda [--csv path] [--n N]
+#include <precis/kernels/cuda/gemm.hpp>
+#include <precis/kernels/cuda/scaling_kernels.hpp>
+
+#include "../common.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+/// Median time in ms of `reps` runs of f on ctx's stream, after `warm` unmeasured runs.
+template <class F>
+double median_ms(precis::cuda_context& ctx, F&& f, int reps = 20, int warm = 5) {
+  for (int i = 0; i < warm; ++i) f();
+  cudaEvent_t start, stop;
+  precis::check(cudaEventCreate(&start), "cudaEventCreate");
+  precis::check(cudaEventCreate(&stop), "cudaEventCreate");
+  std::vector<float> ms(std::size_t(reps), 0.0F);
+  for (int i = 0; i < reps; ++i) {
+    precis::check(cudaEventRecord(start, ctx.stream()), "cudaEventRecord");
+    f();
+    precis::check(cudaEventRecord(stop, ctx.stream()), "cudaEventRecord");
+    precis::check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    precis::check(cudaEventElapsedTime(&ms[std::size_t(i)], start, stop), "cudaEventElapsedTime");
+  }
+  (void)cudaEventDestroy(start);
+  (void)cudaEventDestroy(stop);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+/// A device tensor of normally distributed values (never zeros: they can run faster).
+template <class T, std::size_t N>
+precis::device_tensor<T, N> random_device(const std::array<std::size_t, N>& shape, std::mt19937& g) {
+  auto h = precis::host_tensor<T, N>::from_shape(shape);
+  std::normal_distribution<float> d(0.0F, 1.0F);
+  for (auto& v : h) v = T(d(g));
+  return precis::to_device(h);
+}
+
+/// The product C = A B (row-major, n x n) through cuBLASLt directly: descriptors, layouts
+/// and the algorithm made once; each call is one cublasLtMatmul.
+struct direct_lt {
+  precis::detail::cuda::matmul_desc desc;
+  precis::detail::cuda::matrix_layout layout;
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = std::size_t(32) << 20;
+
+  direct_lt(precis::cuda_context& ctx, std::size_t n) {
+    using namespace precis::detail::cuda;
+    cublasLtMatmulDesc_t raw = nullptr;
+    precis::check(cublasLtMatmulDescCreate(&raw, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    desc.reset(raw);
+    layout = precis::detail::cuda::layout(CUDA_R_16BF, n, n, std::int64_t(n));
+    cublasLtMatmulPreference_t rawp = nullptr;
+    precis::check(cublasLtMatmulPreferenceCreate(&rawp), "cublasLtMatmulPreferenceCreate");
+    matmul_preference pref(rawp);
+    const std::uint64_t ws = workspace_bytes;
+    precis::check(cublasLtMatmulPreferenceSetAttribute(pref.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                       &ws, sizeof ws),
+                  "cublasLtMatmulPreferenceSetAttribute");
+    int found = 0;
+    precis::check(cublasLtMatmulAlgoGetHeuristic(ctx.blas_lt(), desc.get(), layout.get(), layout.get(),
+                                                 layout.get(), layout.get(), pref.get(), 1, &heuristic, &found),
+                  "cublasLtMatmulAlgoGetHeuristic");
+    if (found == 0) throw precis::error("bench_cuda: no cuBLASLt algorithm for the direct product");
+    workspace = ctx.workspace(workspace_bytes);
+  }
+
+  void run(precis::cuda_context& ctx, const precis::bfloat16* a, const precis::bfloat16* b,
+           precis::bfloat16* c) const {
+    const float alpha = 1.0F, beta = 0.0F;
+    // Column-major view of row-major C = A B: C^T = B^T A^T.
+    precis::check(cublasLtMatmul(ctx.blas_lt(), desc.get(), &alpha, b, layout.get(), a, layout.get(), &beta, c,
+                                 layout.get(), c, layout.get(), &heuristic.algo, workspace, workspace_bytes,
+                                 ctx.stream()),
+                  "cublasLtMatmul");
+  }
+};
+
+template <class P, class T>
+double gemm_ms(precis::cuda_context& ctx, std::size_t n, std::mt19937& g) {
+  const auto a = random_device<T, 2>({n, n}, g), b = random_device<T, 2>({n, n}, g);
+  precis::device_tensor<T, 2> c({n, n});
+  return median_ms(ctx, [&] { precis::gemm<P>(ctx, a, b, c); });
+}
+
+template <class T>
+void unscale_row(precis::cuda_context& ctx, precis_bench::table& tab, const char* name, std::mt19937& g) {
+  const std::size_t tensors = 64, each = std::size_t(1) << 20;
+  std::vector<precis::device_tensor<T, 1>> grads;
+  for (std::size_t i = 0; i < tensors; ++i) grads.push_back(random_device<T, 1>({each}, g));
+  std::vector<std::span<T>> spans;
+  for (auto& t : grads) spans.push_back(t.span());
+  precis::device_tensor<float, 1> scale({1});
+  precis::device_tensor<int, 1> found({1});
+  const float one = 1.0F;  // scale 1 keeps the values as they are across repetitions
+  precis::check(cudaMemcpy(scale.data(), &one, sizeof one, cudaMemcpyHostToDevice), "cudaMemcpy");
+  precis::check(cudaMemset(found.data(), 0, sizeof(int)), "cudaMemset");
+  const std::size_t bytes = tensors * each * sizeof(T);
+  precis::device_tensor<unsigned char, 1> src({bytes}), dst({bytes});
+  const double t_unscale = median_ms(ctx, [&] {
+    precis::unscale_and_check_async(ctx, std::span<const std::span<T>>(spans), scale.data(), found.data());
+  });
+  const double t_copy = median_ms(ctx, [&] {
+    precis::check(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, ctx.stream()),
+                  "cudaMemcpyAsync");
+  });
+  const double gbs = 2.0 * double(bytes) / t_unscale * 1e-6, copy_gbs = 2.0 * double(bytes) / t_copy * 1e-6;
+  tab.add({name, std::to_string(bytes >> 20), precis_bench::fixed(t_unscale, 3), precis_bench::fixed(t_copy, 3),
+           precis_bench::fixed(gbs, 0), precis_bench::fixed(copy_gbs, 0), precis_bench::fixed(gbs / copy_gbs)});
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("skipped: no CUDA device\n");
+    return 77;
+  }
+  std::size_t n = 8192;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::string(argv[i]) == "--n") n = std::stoul(argv[i + 1]);
+  }
+  cudaDeviceProp prop{};
+  precis::check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  precis::cuda_context ctx;
+  std::mt19937 g(42);
+  const double flop = 2.0 * double(n) * double(n) * double(n);
+  const auto tflops = [&](double ms) { return flop / ms * 1e-9; };
+
+  // 1. precis::gemm vs the direct cuBLASLt call, bf16.
+  const auto a = random_device<precis::bfloat16, 2>({n, n}, g), b = random_device<precis::bfloat16, 2>({n, n}, g);
+  precis::device_tensor<precis::bfloat16, 2> c({n, n});
+  const direct_lt direct(ctx, n);
+  const double t_direct = median_ms(ctx, [&] { direct.run(ctx, a.data(), b.data(), c.data()); });
+  const double t_precis = median_ms(ctx, [&] { precis::gemm<precis::presets::bf16_mixed>(ctx, a, b, c); });
+
+  // 2. Low precision against float.
+  const double t_fp16 = gemm_ms<precis::presets::fp16_mixed, precis::float16>(ctx, n, g);
+  const double t_tf32 = gemm_ms<precis::presets::tf32, float>(ctx, n, g);
+  const double t_fp32 = gemm_ms<precis::presets::fp32, float>(ctx, n, g);
+  precis_bench::table gemm_tab({"product", "ms", "TFLOP/s", "vs direct cuBLASLt", "vs fp32", "vs tf32"});
+  const auto row = [&](const char* name, double ms, std::string vs_direct) {
+    gemm_tab.add({name, precis_bench::fixed(ms, 3), precis_bench::fixed(tflops(ms), 1), std::move(vs_direct),
+                  precis_bench::fixed(t_fp32 / ms), precis_bench::fixed(t_tf32 / ms)});
+  };
+  row("direct cuBLASLt bf16", t_direct, "1.00");
+  row("precis::gemm bf16", t_precis, precis_bench::fixed(t_direct / t_precis, 3));
+  row("precis::gemm fp16", t_fp16, "-");
+  row("precis::gemm tf32", t_tf32, "-");
+  row("precis::gemm fp32", t_fp32, "-");
+
+  // 3. Fused unscale vs a device-to-device copy of the same bytes.
+  precis_bench::table unscale_tab({"gradients", "MiB", "unscale ms", "copy ms", "unscale GB/s", "copy GB/s",
+                                   "fraction of copy bandwidth"});
+  unscale_row<float>(ctx, unscale_tab, "float", g);
+  unscale_row<precis::bfloat16>(ctx, unscale_tab, "bfloat16", g);
+  unscale_row<precis::float16>(ctx, unscale_tab, "float16", g);
+
+  std::printf("device: %s; products %zu^3\n", prop.name, n);
+  gemm_tab.print();
+  unscale_tab.print();
+  if (const auto path = precis_bench::csv_path(argc, argv); !path.empty()) {
+    gemm_tab.write_csv(path);
+    unscale_tab.write_csv(path + ".unscale.csv");
+  }
+}

@@ -1,0 +1,71 @@
+// precis/kernels/cuda/common.hpp: what the device kernels share: loading an element as
+// the math type, grid sizes, and a block-wide reduction in a fixed order. Private to
+// precis (namespace precis::detail::cuda). Compiled by nvcc only.
+#pragma once
+
+#include <precis/config.hpp>
+#include <precis/kernels/common.hpp>
+
+#if defined(__CUDACC__)
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+
+namespace precis::detail::cuda {
+
+/// One element as the math type M (formats decode exactly to float first).
+template <class M, class T>
+__device__ inline M device_load(T x) {
+  if constexpr (precis_format<T>) {
+    return static_cast<M>(float(x));
+  } else {
+    return static_cast<M>(x);
+  }
+}
+
+/// Blocks for a grid-stride loop over n elements.
+inline unsigned grid_for(std::size_t n, unsigned threads = 256) {
+  const std::size_t blocks = (n + threads - 1) / threads;
+  return unsigned(std::clamp<std::size_t>(blocks, 1, 4096));
+}
+
+inline constexpr unsigned row_threads = 256;
+
+/// The larger of two values, NaN winning (the host's row_max rule).
+template <class M>
+__device__ inline M max_nan(M a, M b) {
+  return (!::isnan(a) && (b > a || ::isnan(b))) ? b : a;
+}
+
+/// Combines every thread's `v` with `op` (warp shuffles, then the warps' results in warp
+/// order); every thread of the block gets the result. `shared` holds 32 values.
+template <class M, class Op>
+__device__ M block_reduce(M v, Op op, M* shared) {
+  for (int o = 16; o > 0; o /= 2) v = op(v, __shfl_down_sync(0xFFFFFFFFU, v, o));
+  const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  __syncthreads();  // `shared` may still be read from a previous reduction
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    M r = shared[0];
+    for (unsigned w = 1; w < (blockDim.x + 31) / 32; ++w) r = op(r, shared[w]);
+    shared[0] = r;
+  }
+  __syncthreads();
+  return shared[0];
+}
+
+/// Adds two partial sums as the accumulate type Acc does.
+template <class Acc, class M>
+struct acc_add {
+  __device__ M operator()(M a, M b) const {
+    accumulator<Acc> s(static_cast<typename accumulator<Acc>::value_type>(a));
+    s.add(static_cast<typename accumulator<Acc>::value_type>(b));
+    return static_cast<M>(s.value());
+  }
+};
+
+}  // namespace precis::detail::cuda
+
+#endif

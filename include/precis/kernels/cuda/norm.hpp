@@ -1,0 +1,158 @@
+// precis/kernels/cuda/norm.hpp: layer norm over the last axis of device tensors, forward
+// and backward, with the calls of kernels/norm.hpp (a cuda_context in place of the
+// cpu_context). Statistics in at least float (the policy's accumulate type for the sums,
+// two passes for the variance, as on the host); one block per row; dgamma and dbeta are
+// column sums, one thread per column adding the rows in order (the host's order). Shapes
+// and eps are checked on the host before anything is launched. Compiled by nvcc only.
+#pragma once
+
+#include <precis/config.hpp>
+#include <precis/kernels/cuda/common.hpp>
+#include <precis/kernels/cuda/elementwise.hpp>
+#include <precis/kernels/norm.hpp>
+
+#if defined(__CUDACC__)
+
+#include <array>
+#include <cstddef>
+
+namespace precis {
+
+namespace detail::cuda {
+
+template <class M, class Acc, class X, class G, class B, class Y, class S>
+__global__ void layer_norm_rows(const X* x, const G* gamma, const B* beta, Y* y, S* mean, S* rstd,
+                                std::size_t cols, M eps) {
+  __shared__ M shared[32];
+  using V = typename accumulator<Acc>::value_type;
+  const std::size_t base = blockIdx.x * cols;
+  accumulator<Acc> s;
+  for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x) s.add(V(device_load<M>(x[base + j])));
+  const M mu = block_reduce(M(s.value()), acc_add<Acc, M>{}, shared) / M(cols);
+  accumulator<Acc> q;
+  for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    const M d = device_load<M>(x[base + j]) - mu;
+    q.add(V(d * d));
+  }
+  const M var = block_reduce(M(q.value()), acc_add<Acc, M>{}, shared) / M(cols);
+  const M rs = M(1) / ::sqrt(var + eps);
+  for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    const M v = (device_load<M>(x[base + j]) - mu) * rs * device_load<M>(gamma[j]) +
+                device_load<M>(beta[j]);
+    y[base + j] = round_to<Y>(v);
+  }
+  if (threadIdx.x == 0) {
+    mean[blockIdx.x] = static_cast<S>(mu);
+    rstd[blockIdx.x] = static_cast<S>(rs);
+  }
+}
+
+// dx = rstd (g - mean_j(g) - xhat mean_j(g xhat)), g = dy gamma.
+template <class M, class Acc, class DY, class X, class G, class S, class DX>
+__global__ void layer_norm_backward_rows(const DY* dy, const X* x, const G* gamma, const S* mean,
+                                         const S* rstd, DX* dx, std::size_t cols) {
+  __shared__ M shared[32];
+  using V = typename accumulator<Acc>::value_type;
+  const std::size_t base = blockIdx.x * cols;
+  const M mu = static_cast<M>(mean[blockIdx.x]), rs = static_cast<M>(rstd[blockIdx.x]);
+  accumulator<Acc> sg, sgx;
+  for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    const M g = device_load<M>(dy[base + j]) * device_load<M>(gamma[j]);
+    const M xh = (device_load<M>(x[base + j]) - mu) * rs;
+    sg.add(V(g));
+    sgx.add(V(g * xh));
+  }
+  const M a = block_reduce(M(sg.value()), acc_add<Acc, M>{}, shared) / M(cols);
+  const M b = block_reduce(M(sgx.value()), acc_add<Acc, M>{}, shared) / M(cols);
+  for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    const M g = device_load<M>(dy[base + j]) * device_load<M>(gamma[j]);
+    const M xh = (device_load<M>(x[base + j]) - mu) * rs;
+    dx[base + j] = round_to<DX>(rs * (g - a - xh * b));
+  }
+}
+
+template <class M, class Acc, class DY, class X, class S, class DG, class DB>
+__global__ void layer_norm_param_grads(const DY* dy, const X* x, const S* mean, const S* rstd,
+                                       DG* dgamma, DB* dbeta, std::size_t rows, std::size_t cols) {
+  using V = typename accumulator<Acc>::value_type;
+  for (std::size_t j = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; j < cols;
+       j += std::size_t(gridDim.x) * blockDim.x) {
+    accumulator<Acc> ag, ab;
+    for (std::size_t r = 0; r < rows; ++r) {
+      const M gy = device_load<M>(dy[r * cols + j]);
+      const M xh = (device_load<M>(x[r * cols + j]) - static_cast<M>(mean[r])) *
+                   static_cast<M>(rstd[r]);
+      ag.add(V(gy * xh));
+      ab.add(V(gy));
+    }
+    dgamma[j] = round_to<DG>(ag.value());
+    dbeta[j] = round_to<DB>(ab.value());
+  }
+}
+
+}  // namespace detail::cuda
+
+/// Layer norm over the last axis on the device (see the host layer_norm): y, and the
+/// statistics `mean` and `rstd` the backward pass needs.
+template <Policy P, kernel_element X, kernel_element G, kernel_element B, kernel_element Y,
+          statistics_element S, std::size_t N>
+  requires(N >= 1)
+void layer_norm(cuda_context& ctx, const device_tensor<X, N>& x, const device_tensor<G, 1>& gamma,
+                const device_tensor<B, 1>& beta, device_tensor<Y, N>& y,
+                device_tensor<S, N - 1>& mean, device_tensor<S, N - 1>& rstd, double eps = 1e-5) {
+  using M = detail::math_t<op::layer_norm, P, X, G, B>;
+  using Acc = detail::accumulate_t<op::layer_norm, P>;
+  const std::array<std::size_t, 1> d{x.shape()[N - 1]};
+  check_shape("precis::layer_norm: gamma", gamma, d);
+  check_shape("precis::layer_norm: beta", beta, d);
+  check_shape("precis::layer_norm: y", y, x.shape());
+  check_shape("precis::layer_norm: mean", mean, detail::shape_without<N>(x, N - 1));
+  check_shape("precis::layer_norm: rstd", rstd, detail::shape_without<N>(x, N - 1));
+  detail::check_argument(d[0] > 0, "precis::layer_norm: x", "has an empty last axis");
+  detail::check_eps("precis::layer_norm", eps);
+  const std::size_t rows = mean.size();
+  if (rows == 0) return;
+  detail::cuda::layer_norm_rows<M, Acc><<<unsigned(rows), detail::cuda::row_threads, 0,
+                                          ctx.stream()>>>(x.data(), gamma.data(), beta.data(),
+                                                          y.data(), mean.data(), rstd.data(),
+                                                          d[0], static_cast<M>(eps));
+  check(cudaGetLastError(), "precis::layer_norm");
+}
+
+/// Gradients of layer_norm on the device from the saved `mean` and `rstd` (see the host
+/// layer_norm_backward).
+template <Policy P, kernel_element DY, kernel_element X, kernel_element G, statistics_element S,
+          kernel_element DX, kernel_element DG, kernel_element DB, std::size_t N>
+  requires(N >= 1)
+void layer_norm_backward(cuda_context& ctx, const device_tensor<DY, N>& dy,
+                         const device_tensor<X, N>& x, const device_tensor<G, 1>& gamma,
+                         const device_tensor<S, N - 1>& mean, const device_tensor<S, N - 1>& rstd,
+                         device_tensor<DX, N>& dx, device_tensor<DG, 1>& dgamma,
+                         device_tensor<DB, 1>& dbeta) {
+  using M = detail::math_t<op::layer_norm, P, DY, X, G>;
+  using Acc = detail::accumulate_t<op::layer_norm, P>;
+  const std::array<std::size_t, 1> d{x.shape()[N - 1]};
+  check_same_shape("precis::layer_norm_backward: dy and x", dy, x);
+  check_shape("precis::layer_norm_backward: gamma", gamma, d);
+  check_shape("precis::layer_norm_backward: mean", mean, detail::shape_without<N>(x, N - 1));
+  check_shape("precis::layer_norm_backward: rstd", rstd, detail::shape_without<N>(x, N - 1));
+  check_shape("precis::layer_norm_backward: dx", dx, x.shape());
+  check_shape("precis::layer_norm_backward: dgamma", dgamma, d);
+  check_shape("precis::layer_norm_backward: dbeta", dbeta, d);
+  const std::size_t rows = mean.size(), cols = d[0];
+  if (cols == 0) return;
+  if (rows != 0) {
+    detail::cuda::layer_norm_backward_rows<M, Acc><<<unsigned(rows), detail::cuda::row_threads, 0,
+                                                     ctx.stream()>>>(
+        dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(), dx.data(), cols);
+    check(cudaGetLastError(), "precis::layer_norm_backward");
+  }
+  detail::cuda::layer_norm_param_grads<M, Acc><<<detail::cuda::grid_for(cols), 256, 0,
+                                                 ctx.stream()>>>(
+      dy.data(), x.data(), mean.data(), rstd.data(), dgamma.data(), dbeta.data(), rows, cols);
+  check(cudaGetLastError(), "precis::layer_norm_backward (dgamma, dbeta)");
+}
+
+}  // namespace precis
+
+#endif
