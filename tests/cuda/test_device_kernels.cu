@@ -1,9 +1,10 @@
 // The device kernels with the CPU kernels' calls (gemm with every transpose and epilogue,
-// elementwise, softmax, layer norm) against the CPU kernels on the same random inputs: max |device -
+// elementwise, softmax, layer norm, convolution) against the CPU kernels on the same random inputs: max |device -
 // host| / max |host| within the output type's bound (one rounding of each, plus float
 // arithmetic in another order and the device's libm). Outputs are poisoned with NaN before
 // each call. Shape errors are thrown before anything is launched. Exits 77 (skipped) where
 // no GPU is present.
+#include <precis/kernels/cuda/conv.hpp>
 #include <precis/kernels/cuda/gemm.hpp>
 #include <precis/kernels/cuda/norm.hpp>
 #include <precis/kernels/cuda/softmax.hpp>
@@ -239,6 +240,49 @@ void check_layer_norm(precis::cuda_context& ctx, const precis::cpu_context& cpu)
                "precis::layer_norm: gamma");
 }
 
+template <class P, class T>
+void check_conv(precis::cuda_context& ctx, const precis::cpu_context& cpu) {
+  struct case_ {
+    std::size_t n, c, h, w, co, k, stride, pad, dilation, groups;
+  };
+  for (const case_& k : {case_{2, 8, 17, 15, 16, 3, 1, 1, 1, 1}, case_{3, 16, 14, 14, 32, 3, 2, 1, 1, 1},
+                         case_{2, 12, 11, 13, 12, 3, 1, 2, 2, 3}, case_{1, 8, 9, 9, 8, 3, 1, 1, 1, 8},
+                         case_{2, 64, 7, 7, 128, 1, 1, 0, 1, 1}}) {
+    precis::conv2d_params p;
+    p.stride = {k.stride, k.stride};
+    p.padding = {k.pad, k.pad};
+    p.dilation = {k.dilation, k.dilation};
+    p.groups = k.groups;
+    const std::size_t ho = (k.h + 2 * k.pad - k.dilation * (k.k - 1) - 1) / k.stride + 1;
+    const std::size_t wo = (k.w + 2 * k.pad - k.dilation * (k.k - 1) - 1) / k.stride + 1;
+    const std::array<std::size_t, 4> xs{k.n, k.c, k.h, k.w}, ws{k.co, k.c / k.groups, k.k, k.k},
+        ys{k.n, k.co, ho, wo};
+    const auto x = random_tensor<T, 4>(xs), w = random_tensor<T, 4>(ws), dy = random_tensor<T, 4>(ys);
+    const auto dx_ = precis::to_device(x), dw_ = precis::to_device(w), ddy = precis::to_device(dy);
+    const std::string n = " case c=" + std::to_string(k.c) + " co=" + std::to_string(k.co) +
+                          " groups=" + std::to_string(k.groups);
+    auto y = precis::host_tensor<T, 4>::from_shape(ys);
+    precis::conv2d<P>(cpu, x, w, y, p);
+    auto d = poisoned<T, 4>(ys);
+    precis::conv2d<P>(ctx, dx_, dw_, d, p);
+    compare("conv2d" + n, ctx, d, y);
+    auto gx = precis::host_tensor<T, 4>::from_shape(xs);
+    precis::conv2d_backward_data<P>(cpu, dy, w, gx, p);
+    auto dgx = poisoned<T, 4>(xs);
+    precis::conv2d_backward_data<P>(ctx, ddy, dw_, dgx, p);
+    compare("conv2d_backward_data" + n, ctx, dgx, gx);
+    auto gw = precis::host_tensor<T, 4>::from_shape(ws);
+    precis::conv2d_backward_weights<P>(cpu, x, dy, gw, p);
+    auto dgw = poisoned<T, 4>(ws);
+    precis::conv2d_backward_weights<P>(ctx, dx_, ddy, dgw, p);
+    compare("conv2d_backward_weights" + n, ctx, dgw, gw);
+  }
+  auto bad = poisoned<T, 4>({1, 4, 5, 5});
+  const auto x = precis::to_device(random_tensor<T, 4>({1, 3, 7, 7}));
+  const auto w = precis::to_device(random_tensor<T, 4>({4, 3, 3, 3}));
+  expect_error("conv2d shape", [&] { precis::conv2d<P>(ctx, x, w, bad); }, "precis::conv2d: y");
+}
+
 }  // namespace
 
 int main() {
@@ -264,6 +308,9 @@ int main() {
   check_layer_norm<presets::bf16_mixed, bfloat16>(ctx, cpu);
   check_layer_norm<presets::fp16_mixed, float16>(ctx, cpu);
   check_layer_norm<presets::fp32, float>(ctx, cpu);
+  check_conv<presets::bf16_mixed, bfloat16>(ctx, cpu);
+  check_conv<presets::fp16_mixed, float16>(ctx, cpu);
+  check_conv<presets::fp32, float>(ctx, cpu);
   ctx.synchronize();
   std::printf("%d failures\n", failures);
   return failures == 0 ? 0 : 1;
