@@ -5,11 +5,14 @@
 //   2. the same product in bf16, fp16, float with TF32 and exact float through precis::gemm:
 //      the low-precision speedups;
 //   3. the fused multi-tensor unscale + non-finite check (64 tensors) against a
-//      device-to-device copy of the same bytes (both read and write every byte once).
+//      device-to-device copy of the same bytes (both read and write every byte once);
+//   4. the forward convolutions of ResNet-18 (one of each distinct shape, batch 32) through
+//      precis::conv2d in bf16, fp16, float with TF32 and exact float.
 // Times are medians of CUDA-event-timed repetitions after a warm-up. Exits 77 where no GPU
 // is present.
 //
 //   bench_cuda [--csv path] [--n N]
+#include <precis/kernels/cuda/conv.hpp>
 #include <precis/kernels/cuda/gemm.hpp>
 #include <precis/kernels/cuda/scaling_kernels.hpp>
 
@@ -127,6 +130,37 @@ void unscale_row(precis::cuda_context& ctx, precis_bench::table& tab, const char
            precis_bench::fixed(gbs, 0), precis_bench::fixed(copy_gbs, 0), precis_bench::fixed(gbs / copy_gbs)});
 }
 
+struct conv_layer {
+  const char* name;
+  std::size_t c, h, co, k, s, p;
+};
+
+// ResNet-18 on 224x224 images: the stem and the distinct convolutions of each stage.
+const conv_layer resnet18[] = {
+    {"conv1 7x7/2", 3, 224, 64, 7, 2, 3},   {"l1 3x3", 64, 56, 64, 3, 1, 1},
+    {"l2 3x3/2", 64, 56, 128, 3, 2, 1},     {"l2 3x3", 128, 28, 128, 3, 1, 1},
+    {"l2 1x1/2", 64, 56, 128, 1, 2, 0},     {"l3 3x3/2", 128, 28, 256, 3, 2, 1},
+    {"l3 3x3", 256, 14, 256, 3, 1, 1},      {"l4 3x3/2", 256, 14, 512, 3, 2, 1},
+    {"l4 3x3", 512, 7, 512, 3, 1, 1},
+};
+
+/// Time of one forward pass over every layer of `resnet18`, each layer timed alone.
+template <class P, class T>
+double conv_stack_ms(precis::cuda_context& ctx, std::size_t batch, std::mt19937& g) {
+  double total = 0;
+  for (const conv_layer& l : resnet18) {
+    const std::size_t ho = (l.h + 2 * l.p - l.k) / l.s + 1;
+    const auto x = random_device<T, 4>({batch, l.c, l.h, l.h}, g);
+    const auto w = random_device<T, 4>({l.co, l.c, l.k, l.k}, g);
+    precis::device_tensor<T, 4> y({batch, l.co, ho, ho});
+    precis::conv2d_params p;
+    p.stride = {l.s, l.s};
+    p.padding = {l.p, l.p};
+    total += median_ms(ctx, [&] { precis::conv2d<P>(ctx, x, w, y, p); });
+  }
+  return total;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -175,11 +209,29 @@ int main(int argc, char** argv) {
   unscale_row<precis::bfloat16>(ctx, unscale_tab, "bfloat16", g);
   unscale_row<precis::float16>(ctx, unscale_tab, "float16", g);
 
+  // 4. The ResNet-18 convolution stack.
+  const std::size_t batch = 32;
+  const double c_bf16 = conv_stack_ms<precis::presets::bf16_mixed, precis::bfloat16>(ctx, batch, g);
+  const double c_fp16 = conv_stack_ms<precis::presets::fp16_mixed, precis::float16>(ctx, batch, g);
+  const double c_tf32 = conv_stack_ms<precis::presets::tf32, float>(ctx, batch, g);
+  const double c_fp32 = conv_stack_ms<precis::presets::fp32, float>(ctx, batch, g);
+  precis_bench::table conv_tab({"ResNet-18 conv stack (batch 32)", "ms", "vs fp32", "vs tf32"});
+  const auto conv_row = [&](const char* name, double ms) {
+    conv_tab.add({name, precis_bench::fixed(ms, 3), precis_bench::fixed(c_fp32 / ms),
+                  precis_bench::fixed(c_tf32 / ms)});
+  };
+  conv_row("bf16", c_bf16);
+  conv_row("fp16", c_fp16);
+  conv_row("tf32", c_tf32);
+  conv_row("fp32", c_fp32);
+
   std::printf("device: %s; products %zu^3\n", prop.name, n);
   gemm_tab.print();
   unscale_tab.print();
+  conv_tab.print();
   if (const auto path = precis_bench::csv_path(argc, argv); !path.empty()) {
     gemm_tab.write_csv(path);
     unscale_tab.write_csv(path + ".unscale.csv");
+    conv_tab.write_csv(path + ".conv.csv");
   }
 }
