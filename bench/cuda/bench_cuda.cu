@@ -17,6 +17,7 @@
 #include <precis/kernels/cuda/scaling_kernels.hpp>
 
 #include "../common.hpp"
+#include "../resnet18.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -130,26 +131,12 @@ void unscale_row(precis::cuda_context& ctx, precis_bench::table& tab, const char
            precis_bench::fixed(gbs, 0), precis_bench::fixed(copy_gbs, 0), precis_bench::fixed(gbs / copy_gbs)});
 }
 
-struct conv_layer {
-  const char* name;
-  std::size_t c, h, co, k, s, p;
-};
-
-// ResNet-18 on 224x224 images: the stem and the distinct convolutions of each stage.
-const conv_layer resnet18[] = {
-    {"conv1 7x7/2", 3, 224, 64, 7, 2, 3},   {"l1 3x3", 64, 56, 64, 3, 1, 1},
-    {"l2 3x3/2", 64, 56, 128, 3, 2, 1},     {"l2 3x3", 128, 28, 128, 3, 1, 1},
-    {"l2 1x1/2", 64, 56, 128, 1, 2, 0},     {"l3 3x3/2", 128, 28, 256, 3, 2, 1},
-    {"l3 3x3", 256, 14, 256, 3, 1, 1},      {"l4 3x3/2", 256, 14, 512, 3, 2, 1},
-    {"l4 3x3", 512, 7, 512, 3, 1, 1},
-};
-
-/// Time of one forward pass over every layer of `resnet18`, each layer timed alone.
+/// Time of one forward pass over ResNet-18's convolutions, each layer timed alone.
 template <class P, class T>
 double conv_stack_ms(precis::cuda_context& ctx, std::size_t batch, std::mt19937& g) {
   double total = 0;
-  for (const conv_layer& l : resnet18) {
-    const std::size_t ho = (l.h + 2 * l.p - l.k) / l.s + 1;
+  for (const precis_bench::conv_layer& l : precis_bench::resnet18_layers) {
+    const std::size_t ho = l.out();
     const auto x = random_device<T, 4>({batch, l.c, l.h, l.h}, g);
     const auto w = random_device<T, 4>({l.co, l.c, l.k, l.k}, g);
     precis::device_tensor<T, 4> y({batch, l.co, ho, ho});

@@ -8,6 +8,7 @@
 #include <precis/kernels/conv.hpp>
 
 #include "common.hpp"
+#include "resnet18.hpp"
 
 #include <dnnl.hpp>
 #include <omp.h>
@@ -22,19 +23,7 @@
 
 namespace {
 
-struct layer {
-  const char* name;
-  std::size_t c, h, co, k, s, p;
-};
-
-// ResNet-18 on 224x224 images: the stem and the distinct convolutions of each stage.
-const layer layers[] = {
-    {"conv1 7x7/2", 3, 224, 64, 7, 2, 3},   {"l1 3x3", 64, 56, 64, 3, 1, 1},
-    {"l2 3x3/2", 64, 56, 128, 3, 2, 1},     {"l2 3x3", 128, 28, 128, 3, 1, 1},
-    {"l2 1x1/2", 64, 56, 128, 1, 2, 0},     {"l3 3x3/2", 128, 28, 256, 3, 2, 1},
-    {"l3 3x3", 256, 14, 256, 3, 1, 1},      {"l4 3x3/2", 256, 14, 512, 3, 2, 1},
-    {"l4 3x3", 512, 7, 512, 3, 1, 1},
-};
+using layer = precis_bench::conv_layer;
 
 template <class T>
 precis::host_tensor<T, 4> random4(std::array<std::size_t, 4> s, std::mt19937& g) {
@@ -91,8 +80,8 @@ int main(int argc, char** argv) {
   for (int threads : {1, 2}) {
     omp_set_num_threads(threads);
     const precis::cpu_context ctx{unsigned(threads)};
-    for (const layer& l : layers) {
-      const std::size_t ho = (l.h + 2 * l.p - l.k) / l.s + 1;
+    for (const layer& l : precis_bench::resnet18_layers) {
+      const std::size_t ho = l.out();
       const double flop = 2.0 * double(batch * l.co * ho * ho) * double(l.c * l.k * l.k);
       const int reps = 15;  // best of many: this machine is shared and noisy
       precis::conv2d_params p;

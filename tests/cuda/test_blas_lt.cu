@@ -5,6 +5,8 @@
 #include <precis/kernels/cuda/blas_lt.hpp>
 #include <precis/tensor/device_tensor.hpp>
 
+#include "../gpu.hpp"
+
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -69,11 +71,7 @@ void check(precis::cuda_context& ctx, std::mt19937& g, std::int64_t m, std::int6
 }  // namespace
 
 int main() {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("skipped: no CUDA device\n");
-    return 77;
-  }
+  if (!precis_test::have_gpu()) return precis_test::skipped;
   precis::cuda_context ctx;
   std::mt19937 g(std::random_device{}());
   using precis::bfloat16;

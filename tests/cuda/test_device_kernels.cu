@@ -9,6 +9,8 @@
 #include <precis/kernels/cuda/norm.hpp>
 #include <precis/kernels/cuda/softmax.hpp>
 
+#include "../gpu.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -286,11 +288,7 @@ void check_conv(precis::cuda_context& ctx, const precis::cpu_context& cpu) {
 }  // namespace
 
 int main() {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("skipped: no CUDA device\n");
-    return 77;
-  }
+  if (!precis_test::have_gpu()) return precis_test::skipped;
   precis::cuda_context ctx;
   const precis::cpu_context cpu{2};
   using precis::bfloat16;

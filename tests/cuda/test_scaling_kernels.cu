@@ -4,6 +4,8 @@
 #include <precis/kernels/cuda/scaling_kernels.hpp>
 #include <precis/tensor/device_tensor.hpp>
 
+#include "../gpu.hpp"
+
 #include <bit>
 #include <cmath>
 #include <cstdio>
@@ -61,11 +63,7 @@ void check_unscale(precis::cuda_context& ctx, std::mt19937& g, bool poison) {
 }  // namespace
 
 int main() {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("skipped: no CUDA device\n");
-    return 77;
-  }
+  if (!precis_test::have_gpu()) return precis_test::skipped;
   precis::cuda_context ctx;
   std::mt19937 g(std::random_device{}());
   for (bool poison : {false, true}) {

@@ -4,6 +4,8 @@
 // functions). Exits 77 (skipped) where no GPU is present.
 #include <precis/numeric/numeric.hpp>
 
+#include "../gpu.hpp"
+
 #include <cuda_runtime.h>
 
 #include <bit>
@@ -47,11 +49,7 @@ __global__ void convert_everything(device_results* out) {
 }  // namespace
 
 int main() {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("skipped: no CUDA device\n");
-    return 77;
-  }
+  if (!precis_test::have_gpu()) return precis_test::skipped;
   device_results* d = nullptr;
   if (cudaMalloc(&d, sizeof(device_results)) != cudaSuccess) return 1;
   convert_everything<<<sweep / 256, 256>>>(d);
