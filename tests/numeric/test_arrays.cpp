@@ -14,8 +14,12 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#include <cfenv>
 #include <cstdlib>
 #include <vector>
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
 
 namespace {
 
@@ -85,6 +89,26 @@ TEST_CASE_TEMPLATE("array conversions equal the scalar ones", T, precis::float16
   check_encode<T, rounding::nearest_even, overflow::saturate>(x);
   check_encode<T, rounding::toward_zero, overflow::infinity>(x);
   check_decode<T>();
+}
+
+TEST_CASE_TEMPLATE("array rounding ignores the rounding mode, flush-to-zero and denormals-are-zero",
+                   T, precis::float16, precis::float8_e4m3, precis::float8_e5m2) {
+#if PRECIS_HAVE_F16C
+  if (!cpu_has_f16c_and_avx2()) std::exit(77);
+#endif
+  const auto x = sweep();
+  const int round = std::fegetround();
+  REQUIRE(std::fesetround(FE_TOWARDZERO) == 0);
+#if defined(__SSE__)
+  const unsigned csr = _mm_getcsr();
+  _mm_setcsr(csr | 0x8040U);  // flush-to-zero and denormals-are-zero
+#endif
+  check_encode<T, rounding::nearest_even, overflow::infinity>(x);
+  check_encode<T, rounding::nearest_even, overflow::saturate>(x);
+#if defined(__SSE__)
+  _mm_setcsr(csr);
+#endif
+  std::fesetround(round);
 }
 
 TEST_CASE("array conversion from double to float follows the rounding and overflow modes") {
