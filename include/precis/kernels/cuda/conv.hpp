@@ -3,6 +3,7 @@
 // of the cpu_context; NCHW; stride, padding, dilation, groups). The policy picks cuDNN's
 // math: bfloat16/float16 tensors on tensor cores with float accumulation; float tensors
 // exact (CUDNN_FMA_MATH) under float compute, TF32 allowed under a tfloat32 compute type.
+// x, w and y share one element type (cuDNN's rule; the signatures take one T).
 // Among the algorithms cuDNN's heuristics offer, the first deterministic one is taken, so a
 // step gives the same bits when repeated. Geometry and shapes are checked on the host, with
 // the host's messages, before anything is launched. Host code: usable from .cpp files with
@@ -112,13 +113,6 @@ auto pick_algorithm(const Perf* perf, int count, const char* what) {
               "this convolution");
 }
 
-template <Policy P, class TX, class TW, class TY>
-constexpr void check_device_conv_types() {
-  check_conv_types<P, TX, TW, TY>();
-  static_assert(std::is_same_v<TX, TW> && std::is_same_v<TX, TY>,
-                "precis: on the device a convolution's tensors share one element type (cuDNN's "
-                "rule); cast them with precis::cast first");
-}
 
 }  // namespace detail::cuda
 
@@ -126,7 +120,7 @@ constexpr void check_device_conv_types() {
 template <Policy P, class T>
 void conv2d(cuda_context& ctx, const device_tensor<T, 4>& x, const device_tensor<T, 4>& w,
             device_tensor<T, 4>& y, const conv2d_params& p = {}) {
-  detail::cuda::check_device_conv_types<P, T, T, T>();
+  detail::check_conv_types<P, T, T, T>();
   const auto g = detail::conv_geometry_of("precis::conv2d", x, w, p);
   check_shape("precis::conv2d: y", y, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
   if (x.size() == 0 || y.size() == 0) return;
@@ -149,7 +143,7 @@ template <Policy P, class T>
 void conv2d_backward_data(cuda_context& ctx, const device_tensor<T, 4>& dy,
                           const device_tensor<T, 4>& w, device_tensor<T, 4>& dx,
                           const conv2d_params& p = {}) {
-  detail::cuda::check_device_conv_types<P, T, T, T>();
+  detail::check_conv_types<P, T, T, T>();
   const auto g = detail::conv_geometry_of("precis::conv2d_backward_data", dx, w, p);
   check_shape("precis::conv2d_backward_data: dy", dy, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
   if (dx.size() == 0) return;
@@ -172,7 +166,7 @@ template <Policy P, class T>
 void conv2d_backward_weights(cuda_context& ctx, const device_tensor<T, 4>& x,
                              const device_tensor<T, 4>& dy, device_tensor<T, 4>& dw,
                              const conv2d_params& p = {}) {
-  detail::cuda::check_device_conv_types<P, T, T, T>();
+  detail::check_conv_types<P, T, T, T>();
   const auto g = detail::conv_geometry_of("precis::conv2d_backward_weights", x, dw, p);
   check_shape("precis::conv2d_backward_weights: dy", dy, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
   if (dw.size() == 0) return;
