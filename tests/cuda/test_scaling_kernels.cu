@@ -9,6 +9,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -85,6 +86,12 @@ int main() {
   precis::check(cudaMemset(amax.data(), 0, sizeof(float)), "cudaMemset");
   precis::amax_async(ctx, std::span<const precis::bfloat16>(dx.span()), amax.data());
   expect(precis::to_host(amax, ctx.stream())(0) == host_amax, "amax equals the host max");
+  // One NaN anywhere makes amax NaN (the float8 scalers then keep their scale).
+  x(777777) = std::numeric_limits<precis::bfloat16>::quiet_NaN();
+  dx = precis::to_device(x);
+  precis::check(cudaMemset(amax.data(), 0, sizeof(float)), "cudaMemset");
+  precis::amax_async(ctx, std::span<const precis::bfloat16>(dx.span()), amax.data());
+  expect(std::isnan(precis::to_host(amax, ctx.stream())(0)), "amax of a tensor with a NaN is NaN");
 
   // The device scale update follows dynamic_scaler step for step.
   precis::dynamic_scaler_options o;
@@ -114,6 +121,14 @@ int main() {
   precis::cast(ctx, std::span<const float>(df.span()), d8.span());
   const auto h8 = precis::to_host(d8, ctx.stream());
   for (std::size_t i = 0; i < f.size(); ++i) expect(h8(i).bits() == precis::float8_e4m3(f(i)).bits(), "cast to e4m3");
+  // Tensor casts with the host cast's modes give the host cast's bits.
+  const precis::cpu_context cpu{1};
+  auto want = precis::host_tensor<precis::float8_e5m2, 1>::from_shape({f.size()});
+  precis::cast<precis::rounding::toward_zero, precis::overflow::saturate>(cpu, f, want);
+  precis::device_tensor<precis::float8_e5m2, 1> d5({f.size()});
+  precis::cast<precis::rounding::toward_zero, precis::overflow::saturate>(ctx, df, d5);
+  const auto h5 = precis::to_host(d5, ctx.stream());
+  for (std::size_t i = 0; i < f.size(); ++i) expect(h5(i).bits() == want(i).bits(), "saturating toward-zero cast to e5m2");
 
   std::printf("%d failures\n", failures);
   return failures == 0 ? 0 : 1;

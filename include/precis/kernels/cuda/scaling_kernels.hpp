@@ -6,6 +6,7 @@
 #pragma once
 
 #include <precis/config.hpp>
+#include <precis/kernels/cuda/cast.hpp>
 #include <precis/kernels/cuda/common.hpp>
 #include <precis/kernels/cuda_context.hpp>
 #include <precis/kernels/unscale.hpp>
@@ -64,14 +65,14 @@ __global__ void amax_kernel(const T* x, std::size_t n, float* amax) {
   float m = 0.0f;
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
        i += std::size_t(gridDim.x) * blockDim.x) {
-    m = fmaxf(m, fabsf(float(x[i])));
+    m = max_nan(m, fabsf(float(x[i])));  // fmaxf would drop a NaN
   }
-  for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_down_sync(0xFFFFFFFFU, m, o));
+  for (int o = 16; o > 0; o /= 2) m = max_nan(m, __shfl_down_sync(0xFFFFFFFFU, m, o));
   __shared__ float warp_max[32];
   if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
   __syncthreads();
   if (threadIdx.x == 0) {
-    for (unsigned w = 1; w < blockDim.x / 32; ++w) m = fmaxf(m, warp_max[w]);
+    for (unsigned w = 1; w < blockDim.x / 32; ++w) m = max_nan(m, warp_max[w]);
     // Non-negative floats order as their bit patterns do; NaN (above +inf) wins, as it should.
     atomicMax(reinterpret_cast<unsigned*>(amax), __float_as_uint(m));
   }
@@ -94,18 +95,6 @@ __global__ void update_scale_kernel(device_scaler_state* s, const int* found_inf
       const float grown = s->scale * o.growth_factor;
       if (::isfinite(grown)) s->scale = grown > o.max_scale ? o.max_scale : grown;
       s->growth_tracker = 0;
-    }
-  }
-}
-
-template <class From, class To>
-__global__ void cast_kernel(const From* in, To* out, std::size_t n) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
-    if constexpr (std::is_same_v<To, float>) {
-      out[i] = float(in[i]);
-    } else {
-      out[i] = To(float(in[i]));
     }
   }
 }
@@ -156,7 +145,8 @@ bool unscale_and_check(cuda_context& ctx, std::span<const std::span<T>> tensors,
 }
 
 /// Folds max|x| of a device tensor into `*amax` (device; set it to 0 first), for float8
-/// scaling. Queued on ctx's stream.
+/// scaling. A NaN element makes the result NaN, which the float8 scalers refuse to record
+/// (the scale is kept). Queued on ctx's stream.
 template <class T>
 void amax_async(cuda_context& ctx, std::span<const T> x, float* amax) {
   if (x.empty()) return;
@@ -171,19 +161,6 @@ inline void update_scale_async(cuda_context& ctx, device_scaler_state* state, co
                                const dynamic_scaler_options& options) {
   detail::cuda::update_scale_kernel<><<<1, 1, 0, ctx.stream()>>>(state, found_inf, options);
   check(cudaGetLastError(), "update_scale_kernel<<<>>>");
-}
-
-/// Converts a device array element by element (rounding once to nearest-even).
-template <class From, class To>
-void cast(cuda_context& ctx, std::span<const From> in, std::span<To> out) {
-  if (in.size() != out.size()) {
-    throw error("precis::cast: the output has " + std::to_string(out.size()) +
-                " elements, the input has " + std::to_string(in.size()));
-  }
-  if (in.empty()) return;
-  detail::cuda::cast_kernel<From, To><<<detail::cuda::grid_for(in.size(), 256), 256, 0, ctx.stream()>>>(
-      in.data(), out.data(), in.size());
-  check(cudaGetLastError(), "cast_kernel<<<>>>");
 }
 
 }  // namespace precis
