@@ -64,6 +64,10 @@ template <class M>
 PRECIS_HOST_DEVICE M tanh(M x) { return ::tanh(x); }
 template <class M>
 PRECIS_HOST_DEVICE M log(M x) { return ::log(x); }
+template <class M>
+PRECIS_HOST_DEVICE M log1p(M x) { return ::log1p(x); }
+template <class M>
+PRECIS_HOST_DEVICE M abs(M x) { return ::fabs(x); }
 #else
 template <class M>
 PRECIS_HOST_DEVICE M erf(M x) { return std::erf(x); }
@@ -73,6 +77,10 @@ template <class M>
 PRECIS_HOST_DEVICE M tanh(M x) { return std::tanh(x); }
 template <class M>
 PRECIS_HOST_DEVICE M log(M x) { return std::log(x); }
+template <class M>
+PRECIS_HOST_DEVICE M log1p(M x) { return std::log1p(x); }
+template <class M>
+PRECIS_HOST_DEVICE M abs(M x) { return std::abs(x); }
 #endif
 }  // namespace math
 

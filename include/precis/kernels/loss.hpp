@@ -16,6 +16,7 @@
 #include <precis/kernels/common.hpp>
 #include <precis/kernels/context.hpp>
 #include <precis/kernels/cpu/support.hpp>
+#include <precis/kernels/elementwise.hpp>
 #include <precis/kernels/softmax.hpp>
 #include <precis/tensor/host_tensor.hpp>
 
@@ -79,16 +80,35 @@ void check_cross_entropy(std::string_view name, const host_tensor<X, 2>& logits,
   }
 }
 
-/// smooth-L1's term for difference d.
+/// smooth-L1's term for difference d (host and device).
 template <class M>
-M smooth_l1(M d, M beta) {
-  const M a = std::abs(d);
+PRECIS_HOST_DEVICE M smooth_l1(M d, M beta) {
+  const M a = math::abs(d);
   return a < beta ? M(0.5) * d * d / beta : a - M(0.5) * beta;
 }
 
+/// smooth-L1's derivative for difference d, without the 1/n (host and device).
 template <class M>
-M sign(M d) {
+PRECIS_HOST_DEVICE M smooth_l1_grad(M d, M beta) {
+  return math::abs(d) < beta ? d / beta : (d > M(0) ? M(1) : (d < M(0) ? M(-1) : M(0)));
+}
+
+template <class M>
+PRECIS_HOST_DEVICE M sign(M d) {
   return d > M(0) ? M(1) : (d < M(0) ? M(-1) : M(0));
+}
+
+/// binary cross-entropy with logits' term, max(x, 0) - x t + log1p(exp(-|x|)) (host and
+/// device).
+template <class M>
+PRECIS_HOST_DEVICE M bce_logits_term(M x, M t) {
+  return (x < M(0) ? M(0) : x) - x * t + math::log1p(math::exp(-math::abs(x)));
+}
+
+/// Its derivative in x, sigmoid(x) - t, without the 1/n.
+template <class M>
+PRECIS_HOST_DEVICE M bce_logits_grad(M x, M t) {
+  return M(1) / (M(1) + math::exp(-x)) - t;
 }
 
 }  // namespace detail
@@ -157,8 +177,7 @@ detail::math_t<op::loss, P, X, T> bce_with_logits(const cpu_context& ctx, const 
   const X* x = logits.data();
   const T* t = targets.data();
   const M s = detail::sum_terms<M, detail::accumulate_t<op::loss, P>>(ctx, n, [x, t](std::size_t i) {
-    const M v = detail::load<M>(x[i]);
-    return std::max(v, M(0)) - v * detail::load<M>(t[i]) + std::log1p(std::exp(-std::abs(v)));
+    return detail::bce_logits_term(detail::load<M>(x[i]), detail::load<M>(t[i]));
   });
   return s / static_cast<M>(n);
 }
@@ -176,8 +195,7 @@ void bce_with_logits_backward(const cpu_context& ctx, const host_tensor<X, N>& l
   const X* x = logits.data();
   const T* t = targets.data();
   detail::write_terms(ctx, n, dlogits.data(), [x, t, scale](std::size_t i) {
-    const M s = M(1) / (M(1) + std::exp(-detail::load<M>(x[i])));
-    return scale * (s - detail::load<M>(t[i]));
+    return scale * detail::bce_logits_grad(detail::load<M>(x[i]), detail::load<M>(t[i]));
   });
 }
 
@@ -312,8 +330,7 @@ void smooth_l1_loss_backward(const cpu_context& ctx, const host_tensor<X, N>& pr
   const X* p = pred.data();
   const T* t = target.data();
   detail::write_terms(ctx, n, dpred.data(), [p, t, b, scale](std::size_t i) {
-    const M d = detail::load<M>(p[i]) - detail::load<M>(t[i]);
-    return scale * (std::abs(d) < b ? d / b : detail::sign(d));
+    return scale * detail::smooth_l1_grad(detail::load<M>(p[i]) - detail::load<M>(t[i]), b);
   });
 }
 

@@ -1,0 +1,289 @@
+// precis/kernels/cuda/reduce.hpp: sum, mean, max and L2 norm of device tensors, over all
+// elements or along one axis, with the calls of kernels/reduce.hpp (a cuda_context in
+// place of the cpu_context).
+//
+// A whole-tensor reduction cannot return its value without the host waiting for the
+// device, so on the device it writes it to a one-element device tensor (`out`, shape {1},
+// rounded once to its element type) and returns at once; read it when you need it.
+//
+// Order of additions: an axis reduction gives each output element to one thread, which
+// adds its axis in index order in the accumulate type -- the host's order, so the result
+// is the host's. A whole-tensor reduction runs in two passes: a number of blocks that
+// depends only on the element count (never on the device) each reduce a strided share
+// (each thread in element order, then the block's threads in a fixed tree), and one block
+// adds the partial results in block order. Repeated calls give the same bits; the host's
+// single running sum may differ in the last places. Both passes keep sums in the policy's
+// accumulate type (rounded after every addition when narrower than float, as on the host).
+// Compiled by nvcc only (include from a .cu file).
+#pragma once
+
+#include <precis/config.hpp>
+#include <precis/kernels/cuda/common.hpp>
+#include <precis/kernels/cuda/elementwise.hpp>
+#include <precis/kernels/reduce.hpp>
+
+#if defined(__CUDACC__)
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace precis {
+
+namespace detail::cuda {
+
+/// K values of one element, what a reduction's term functor returns.
+template <class V, int K>
+struct term_values {
+  V v[K];
+};
+
+/// A running sum in Acc: its state, adding a term, combining two partial sums.
+template <class Acc>
+struct device_sum {
+  using state = typename accumulator<Acc>::value_type;
+  __device__ static state init() { return state(0); }
+  __device__ static state combine(state a, state b) {
+    accumulator<Acc> s(a);
+    s.add(b);
+    return s.value();
+  }
+  template <class M>
+  __device__ static state add(state s, M x) {
+    return combine(s, state(x));
+  }
+};
+
+/// The largest value, NaN winning (the host's max_reducer).
+template <class M>
+struct device_max {
+  using state = M;
+  __device__ static state init() { return -static_cast<M>(INFINITY); }
+  __device__ static state combine(state a, state b) { return max_nan(a, b); }
+  __device__ static state add(state s, M x) { return max_nan(s, x); }
+};
+
+template <class Red>
+struct combine_op {
+  __device__ typename Red::state operator()(typename Red::state a, typename Red::state b) const {
+    return Red::combine(a, b);
+  }
+};
+
+inline constexpr unsigned reduce_threads = 256;
+
+/// Blocks of a whole-tensor reduction's first pass: a function of n alone, so that the
+/// order of additions, and so the result, is the same on every device.
+inline unsigned reduce_blocks(std::size_t n) {
+  constexpr std::size_t per_block = std::size_t(reduce_threads) * 16;
+  return unsigned(std::clamp<std::size_t>((n + per_block - 1) / per_block, 1, 1024));
+}
+
+/// First pass: each block reduces the terms of its strided share into K partial states.
+template <class Red, int K, class Terms>
+__global__ void reduce_partials(Terms terms, std::size_t n, typename Red::state* partials) {
+  __shared__ typename Red::state shared[32];
+  typename Red::state s[K];
+  for (int k = 0; k < K; ++k) s[k] = Red::init();
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    const auto t = terms(i);
+    for (int k = 0; k < K; ++k) s[k] = Red::add(s[k], t.v[k]);
+  }
+  for (int k = 0; k < K; ++k) {
+    const auto r = block_reduce(s[k], combine_op<Red>{}, shared);
+    if (threadIdx.x == 0) partials[blockIdx.x * K + k] = r;
+  }
+}
+
+/// Second pass (one block): the partial states combined in block order, then
+/// finish(totals) by thread 0.
+template <class Red, int K, class Finish>
+__global__ void reduce_final(const typename Red::state* partials, unsigned count, Finish finish) {
+  __shared__ typename Red::state shared[32];
+  typename Red::state total[K];
+  for (int k = 0; k < K; ++k) {
+    typename Red::state s = Red::init();
+    for (unsigned i = threadIdx.x; i < count; i += blockDim.x) s = Red::combine(s, partials[i * K + k]);
+    total[k] = block_reduce(s, combine_op<Red>{}, shared);
+  }
+  if (threadIdx.x == 0) finish(total);
+}
+
+/// Reduces terms(i), i in [0, n) (K values each) with Red, then calls finish(totals) on the
+/// device. Queued on ctx's stream.
+template <class Red, int K, class Terms, class Finish>
+void reduce_terms(cuda_context& ctx, std::size_t n, const Terms& terms, const Finish& finish,
+                  std::string_view name) {
+  const unsigned blocks = reduce_blocks(n);
+  device_tensor<typename Red::state, 1> partials({std::size_t(blocks) * K}, ctx.stream());
+  reduce_partials<Red, K><<<blocks, reduce_threads, 0, ctx.stream()>>>(terms, n, partials.data());
+  check(cudaGetLastError(), name);
+  reduce_final<Red, K><<<1, reduce_threads, 0, ctx.stream()>>>(partials.data(), blocks, finish);
+  check(cudaGetLastError(), name);
+}
+
+enum class reduce_kind { sum, mean, max, l2 };
+
+template <reduce_kind Kind, class M, class Acc>
+using device_reducer_t =
+    std::conditional_t<Kind == reduce_kind::max, device_max<M>, device_sum<Acc>>;
+
+/// What an element adds: itself, or its square for the L2 norm.
+template <reduce_kind Kind, class M>
+__device__ inline M reduce_term(M v) {
+  if constexpr (Kind == reduce_kind::l2) {
+    return v * v;
+  } else {
+    return v;
+  }
+}
+
+/// The result from the final state of `count` elements (the host reducers' finish).
+template <reduce_kind Kind, class R, class S>
+__device__ inline R reduce_finish(S s, std::size_t count) {
+  if constexpr (Kind == reduce_kind::mean) {
+    return R(s) / static_cast<R>(count);
+  } else if constexpr (Kind == reduce_kind::l2) {
+    return ::sqrt(R(s));
+  } else {
+    return R(s);
+  }
+}
+
+template <reduce_kind Kind, class M, class T>
+struct tensor_terms {
+  const T* x;
+  __device__ term_values<M, 1> operator()(std::size_t i) const {
+    return {{reduce_term<Kind>(device_load<M>(x[i]))}};
+  }
+};
+
+template <reduce_kind Kind, class R, class U>
+struct scalar_finish {
+  U* out;
+  std::size_t count;
+  template <class S>
+  __device__ void operator()(const S* totals) const {
+    out[0] = round_to<U>(reduce_finish<Kind, R>(totals[0], count));
+  }
+};
+
+/// out[o * inner + i] = reduction over k of x[(o * count + k) * inner + i], one thread per
+/// output element, k in order.
+template <reduce_kind Kind, class M, class Acc, class R, class T, class U>
+__global__ void reduce_axis_kernel(const T* x, std::size_t outer, std::size_t count,
+                                   std::size_t inner, U* out) {
+  using Red = device_reducer_t<Kind, M, Acc>;
+  for (std::size_t idx = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; idx < outer * inner;
+       idx += std::size_t(gridDim.x) * blockDim.x) {
+    const std::size_t o = idx / inner, i = idx % inner;
+    const T* col = x + o * count * inner + i;
+    auto s = Red::init();
+    for (std::size_t k = 0; k < count; ++k) s = Red::add(s, reduce_term<Kind>(device_load<M>(col[k * inner])));
+    out[idx] = round_to<U>(reduce_finish<Kind, R>(s, count));
+  }
+}
+
+template <reduce_kind Kind, Policy P, class T, std::size_t N, class U>
+void reduce_all_to(std::string_view name, cuda_context& ctx, const device_tensor<T, N>& x,
+                   device_tensor<U, 1>& out) {
+  using M = math_t<op::reduction, P, T>;
+  using Acc = accumulate_t<op::reduction, P>;
+  using R = reduce_result_t<P, T>;
+  check_shape(std::string(name) + ": out", out, std::array<std::size_t, 1>{1});
+  if constexpr (Kind == reduce_kind::mean || Kind == reduce_kind::max) {
+    check_not_empty(std::string(name) + ": x", x);
+  }
+  reduce_terms<device_reducer_t<Kind, M, Acc>, 1>(ctx, x.size(), tensor_terms<Kind, M, T>{x.data()},
+                                                  scalar_finish<Kind, R, U>{out.data(), x.size()},
+                                                  name);
+}
+
+template <reduce_kind Kind, Policy P, class T, std::size_t N, class U>
+void reduce_axis_to(std::string_view name, cuda_context& ctx, const device_tensor<T, N>& x,
+                    std::size_t axis, device_tensor<U, N - 1>& out) {
+  check_argument(axis < N, std::string(name) + ": axis " + std::to_string(axis),
+                 "is out of range for a tensor of rank " + std::to_string(N));
+  check_shape(std::string(name) + ": out", out, shape_without<N>(x, axis));
+  const std::size_t count = x.shape()[axis];
+  const bool needs_elements = Kind == reduce_kind::mean || Kind == reduce_kind::max;
+  if (needs_elements && count == 0 && out.size() != 0) {
+    throw error(std::string(name) + ": axis " + std::to_string(axis) + " of shape " +
+                shape_string(x.shape()) + " is empty");
+  }
+  std::size_t outer = 1, inner = 1;
+  for (std::size_t i = 0; i < axis; ++i) outer *= x.shape()[i];
+  for (std::size_t i = axis + 1; i < N; ++i) inner *= x.shape()[i];
+  if (outer * inner == 0) return;
+  using M = math_t<op::reduction, P, T>;
+  reduce_axis_kernel<Kind, M, accumulate_t<op::reduction, P>, reduce_result_t<P, T>>
+      <<<grid_for(outer * inner), 256, 0, ctx.stream()>>>(x.data(), outer, count, inner, out.data());
+  check(cudaGetLastError(), name);
+}
+
+}  // namespace detail::cuda
+
+/// out[0] = the sum of all elements of x, on the device (out: shape {1}). 0 for an empty
+/// tensor. Queued on ctx's stream; nothing waits for it.
+template <Policy P, kernel_element T, std::size_t N, kernel_element U>
+void sum(cuda_context& ctx, const device_tensor<T, N>& x, device_tensor<U, 1>& out) {
+  detail::cuda::reduce_all_to<detail::cuda::reduce_kind::sum, P>("precis::sum", ctx, x, out);
+}
+
+/// out = x summed along `axis`, on the device (the host's order and result).
+template <Policy P, kernel_element T, std::size_t N, kernel_element U>
+  requires(N >= 1)
+void sum(cuda_context& ctx, const device_tensor<T, N>& x, std::size_t axis,
+         device_tensor<U, N - 1>& out) {
+  detail::cuda::reduce_axis_to<detail::cuda::reduce_kind::sum, P>("precis::sum", ctx, x, axis, out);
+}
+
+/// out[0] = the mean of all elements. Throws precis::error for an empty tensor.
+template <Policy P, kernel_element T, std::size_t N, kernel_element U>
+void mean(cuda_context& ctx, const device_tensor<T, N>& x, device_tensor<U, 1>& out) {
+  detail::cuda::reduce_all_to<detail::cuda::reduce_kind::mean, P>("precis::mean", ctx, x, out);
+}
+
+/// out = mean of x along `axis`, on the device.
+template <Policy P, kernel_element T, std::size_t N, kernel_element U>
+  requires(N >= 1)
+void mean(cuda_context& ctx, const device_tensor<T, N>& x, std::size_t axis,
+          device_tensor<U, N - 1>& out) {
+  detail::cuda::reduce_axis_to<detail::cuda::reduce_kind::mean, P>("precis::mean", ctx, x, axis, out);
+}
+
+/// out[0] = the largest element (NaN if any is NaN). Throws precis::error for an empty
+/// tensor.
+template <Policy P, kernel_element T, std::size_t N, kernel_element U>
+void max(cuda_context& ctx, const device_tensor<T, N>& x, device_tensor<U, 1>& out) {
+  detail::cuda::reduce_all_to<detail::cuda::reduce_kind::max, P>("precis::max", ctx, x, out);
+}
+
+/// out = max of x along `axis`, on the device.
+template <Policy P, kernel_element T, std::size_t N, kernel_element U>
+  requires(N >= 1)
+void max(cuda_context& ctx, const device_tensor<T, N>& x, std::size_t axis,
+         device_tensor<U, N - 1>& out) {
+  detail::cuda::reduce_axis_to<detail::cuda::reduce_kind::max, P>("precis::max", ctx, x, axis, out);
+}
+
+/// out[0] = sqrt(sum of squares), the squares summed in the accumulate type.
+template <Policy P, kernel_element T, std::size_t N, kernel_element U>
+void l2_norm(cuda_context& ctx, const device_tensor<T, N>& x, device_tensor<U, 1>& out) {
+  detail::cuda::reduce_all_to<detail::cuda::reduce_kind::l2, P>("precis::l2_norm", ctx, x, out);
+}
+
+/// out = L2 norm of x along `axis`, on the device.
+template <Policy P, kernel_element T, std::size_t N, kernel_element U>
+  requires(N >= 1)
+void l2_norm(cuda_context& ctx, const device_tensor<T, N>& x, std::size_t axis,
+             device_tensor<U, N - 1>& out) {
+  detail::cuda::reduce_axis_to<detail::cuda::reduce_kind::l2, P>("precis::l2_norm", ctx, x, axis, out);
+}
+
+}  // namespace precis
+
+#endif

@@ -1,0 +1,300 @@
+// The device reductions, losses and tensor casts against the CPU kernels on the same
+// random inputs. Axis reductions add in the host's order and must give the host's bits
+// for float accumulation; whole-tensor reductions and losses are compared within a bound
+// (another order of additions, the device's libm), and must give the same bits on every
+// call. Losses are checked with dloss given on the host and read from device memory;
+// cross-entropy with an out-of-range target gives NaN, not a read out of bounds. Outputs
+// are poisoned with NaN first. Exits 77 (skipped) where no GPU is present.
+#include <precis/kernels/cuda/cast.hpp>
+#include <precis/kernels/cuda/loss.hpp>
+#include <precis/kernels/cuda/reduce.hpp>
+
+#include "../gpu.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+
+namespace {
+
+int failures = 0;
+std::mt19937 rng(std::random_device{}());
+
+void expect(bool ok, const std::string& what) {
+  if (!ok) {
+    std::printf("FAILED: %s\n", what.c_str());
+    ++failures;
+  }
+}
+
+template <class T, std::size_t N>
+precis::host_tensor<T, N> random_tensor(const std::array<std::size_t, N>& shape, float mean = 0.0F,
+                                        float scale = 1.0F) {
+  std::normal_distribution<float> d(mean, scale);
+  auto t = precis::host_tensor<T, N>::from_shape(shape);
+  for (auto& v : t) v = T(d(rng));
+  return t;
+}
+
+template <class T, std::size_t N>
+precis::device_tensor<T, N> poisoned(const std::array<std::size_t, N>& shape) {
+  precis::device_tensor<T, N> d(shape);
+  precis::check(cudaMemset(d.data(), 0xFF, d.size() * sizeof(T)), "cudaMemset");
+  return d;
+}
+
+/// The one value of a {1} device tensor.
+template <class T>
+double scalar(precis::cuda_context& ctx, const precis::device_tensor<T, 1>& d) {
+  return double(precis::to_host(d, ctx.stream())(0));
+}
+
+void expect_close(const std::string& what, double got, double want, double rel) {
+  const double err = std::abs(got - want);
+  if (!(err <= rel * std::max(1.0, std::abs(want)))) {
+    std::printf("FAILED: %s: device %.9g, host %.9g\n", what.c_str(), got, want);
+    ++failures;
+  }
+}
+
+template <class T, std::size_t N>
+void compare(const std::string& what, precis::cuda_context& ctx, const precis::device_tensor<T, N>& got,
+             const precis::host_tensor<T, N>& want, double limit) {
+  const auto g = precis::to_host(got, ctx.stream());
+  double err = 0, norm = 0;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const double a = double(g.data()[i]), b = double(want.data()[i]);
+    if (!std::isfinite(a) || !std::isfinite(b)) {
+      err = std::numeric_limits<double>::infinity();
+      break;
+    }
+    err = std::max(err, std::abs(a - b));
+    norm = std::max(norm, std::abs(b));
+  }
+  const double rel = norm == 0 ? err : err / norm;
+  if (!(rel <= limit)) {
+    std::printf("FAILED: %s: device vs host %g > %g\n", what.c_str(), rel, limit);
+    ++failures;
+  }
+}
+
+template <class T, std::size_t N>
+bool same_bits(precis::cuda_context& ctx, const precis::device_tensor<T, N>& got,
+               const precis::host_tensor<T, N>& want) {
+  const auto g = precis::to_host(got, ctx.stream());
+  return std::memcmp(g.data(), want.data(), g.size() * sizeof(T)) == 0;
+}
+
+template <class F>
+void expect_error(const std::string& what, F f, const std::string& needle) {
+  try {
+    f();
+  } catch (const precis::error& e) {
+    if (std::string(e.what()).find(needle) != std::string::npos) return;
+    std::printf("FAILED: %s: message \"%s\" lacks \"%s\"\n", what.c_str(), e.what(), needle.c_str());
+    ++failures;
+    return;
+  }
+  std::printf("FAILED: %s: no precis::error\n", what.c_str());
+  ++failures;
+}
+
+template <class P, class T>
+void check_reductions(precis::cuda_context& ctx, const precis::cpu_context& cpu, const std::string& tag) {
+  // Whole tensor: sizes around the first pass's block boundaries.
+  for (std::size_t n : {1U, 255U, 4097U, 1000003U}) {
+    const auto x = random_tensor<T, 1>({n}, 0.5F);
+    const auto dx = precis::to_device(x);
+    auto out = poisoned<float, 1>({1});
+    const std::string w = tag + " n=" + std::to_string(n);
+    precis::sum<P>(ctx, dx, out);
+    const double s1 = scalar(ctx, out);
+    expect_close("sum" + w, s1, double(precis::sum<P>(cpu, x)), 1e-5);
+    precis::sum<P>(ctx, dx, out);
+    expect(scalar(ctx, out) == s1, "sum repeats its bits" + w);
+    precis::mean<P>(ctx, dx, out);
+    expect_close("mean" + w, scalar(ctx, out), double(precis::mean<P>(cpu, x)), 1e-5);
+    precis::max<P>(ctx, dx, out);
+    expect(scalar(ctx, out) == double(precis::max<P>(cpu, x)), "max" + w);
+    precis::l2_norm<P>(ctx, dx, out);
+    expect_close("l2_norm" + w, scalar(ctx, out), double(precis::l2_norm<P>(cpu, x)), 1e-5);
+  }
+  // NaN wins in max.
+  auto xn = random_tensor<T, 1>({5000});
+  xn(4321) = std::numeric_limits<T>::quiet_NaN();
+  auto out = poisoned<float, 1>({1});
+  precis::max<P>(ctx, precis::to_device(xn), out);
+  expect(std::isnan(scalar(ctx, out)), "max with a NaN is NaN" + tag);
+  // Along each axis: the host's order, so the host's bits.
+  const auto x = random_tensor<T, 3>({7, 129, 33});
+  const auto dx = precis::to_device(x);
+  for (std::size_t axis = 0; axis < 3; ++axis) {
+    std::array<std::size_t, 2> shape{};
+    for (std::size_t i = 0, j = 0; i < 3; ++i) {
+      if (i != axis) shape[j++] = x.shape()[i];
+    }
+    auto want = precis::host_tensor<float, 2>::from_shape(shape);
+    auto got = poisoned<float, 2>(shape);
+    const std::string w = tag + " axis " + std::to_string(axis);
+#define PRECIS_CHECK_AXIS(fn)                     \
+  precis::fn<P>(cpu, x, axis, want);              \
+  got = poisoned<float, 2>(shape);                \
+  precis::fn<P>(ctx, dx, axis, got);              \
+  expect(same_bits(ctx, got, want), #fn + w);
+    PRECIS_CHECK_AXIS(sum)
+    PRECIS_CHECK_AXIS(mean)
+    PRECIS_CHECK_AXIS(max)
+    PRECIS_CHECK_AXIS(l2_norm)
+#undef PRECIS_CHECK_AXIS
+  }
+  auto wrong = poisoned<float, 2>({7, 34});
+  expect_error("sum axis shape", [&] { precis::sum<P>(ctx, dx, 1, wrong); }, "precis::sum: out");
+  expect_error("sum axis range", [&] { precis::sum<P>(ctx, dx, 3, wrong); }, "axis 3");
+  auto two = poisoned<float, 1>({2});
+  expect_error("sum out shape", [&] { precis::sum<P>(ctx, dx, two); }, "precis::sum: out");
+  const precis::device_tensor<T, 1> empty({0});
+  expect_error("mean of empty", [&] { precis::mean<P>(ctx, empty, out); }, "precis::mean: x");
+}
+
+template <class P, class T>
+void check_losses(precis::cuda_context& ctx, const precis::cpu_context& cpu, const std::string& tag,
+                  double bound) {
+  // The scale a device scaler would hold, in device memory.
+  precis::host_tensor<float, 1> scale_h({1});
+  scale_h(0) = 1024.0F;
+  const auto scale_d = precis::to_device(scale_h);
+  auto loss = poisoned<float, 1>({1});
+
+  // Cross-entropy.
+  const std::size_t B = 37, C = 1001;
+  const auto logits = random_tensor<T, 2>({B, C}, 0.0F, 3.0F);
+  auto targets = precis::host_tensor<std::int32_t, 1>::from_shape({B});
+  std::uniform_int_distribution<std::int32_t> cls(0, std::int32_t(C) - 1);
+  for (auto& t : targets) t = cls(rng);
+  const auto dl = precis::to_device(logits);
+  auto dt = precis::to_device(targets);
+  precis::cross_entropy<P>(ctx, dl, dt, loss);
+  expect_close("cross_entropy" + tag, scalar(ctx, loss), double(precis::cross_entropy<P>(cpu, logits, targets)), 1e-5);
+  auto g = precis::host_tensor<T, 2>::from_shape({B, C});
+  auto dg = poisoned<T, 2>({B, C});
+  precis::cross_entropy_backward<P>(cpu, logits, targets, g, 1024.0);
+  precis::cross_entropy_backward<P>(ctx, dl, dt, dg, scale_d.data());
+  compare("cross_entropy_backward (device dloss)" + tag, ctx, dg, g, bound);
+  dg = poisoned<T, 2>({B, C});
+  precis::cross_entropy_backward<P>(ctx, dl, dt, dg, 1024.0);
+  compare("cross_entropy_backward (host dloss)" + tag, ctx, dg, g, bound);
+  targets(5) = std::int32_t(C);  // out of range
+  dt = precis::to_device(targets);
+  precis::cross_entropy<P>(ctx, dl, dt, loss);
+  expect(std::isnan(scalar(ctx, loss)), "cross_entropy with a bad target is NaN" + tag);
+  precis::cross_entropy_backward<P>(ctx, dl, dt, dg);
+  const auto hg = precis::to_host(dg, ctx.stream());
+  expect(std::isnan(float(hg(5, 0))) && std::isfinite(float(hg(4, 0))), "bad target: its row only is NaN" + tag);
+  const auto short_targets = precis::to_device(precis::host_tensor<std::int32_t, 1>::from_shape({B - 1}));
+  expect_error("cross_entropy targets shape", [&] { precis::cross_entropy<P>(ctx, dl, short_targets, loss); },
+               "precis::cross_entropy: targets");
+
+  // The pointwise losses, on a DBNet-sized map with 0/1 and probability targets.
+  const std::array<std::size_t, 3> shape{3, 97, 131};
+  const auto x = random_tensor<T, 3>(shape, 0.0F, 2.0F);
+  auto probs = precis::host_tensor<T, 3>::from_shape(shape);
+  auto binary = probs;
+  std::uniform_real_distribution<float> u(0.0F, 1.0F);
+  for (std::size_t i = 0; i < probs.size(); ++i) {
+    probs.data()[i] = T(u(rng));
+    binary.data()[i] = T(u(rng) < 0.3F ? 1.0F : 0.0F);
+  }
+  const auto dx = precis::to_device(x), dp = precis::to_device(probs), db = precis::to_device(binary);
+  auto gh = precis::host_tensor<T, 3>::from_shape(shape);
+  auto gd = poisoned<T, 3>(shape);
+
+  precis::bce_with_logits<P>(ctx, dx, db, loss);
+  expect_close("bce_with_logits" + tag, scalar(ctx, loss), double(precis::bce_with_logits<P>(cpu, x, binary)), 1e-5);
+  precis::bce_with_logits_backward<P>(cpu, x, binary, gh, 1024.0);
+  precis::bce_with_logits_backward<P>(ctx, dx, db, gd, scale_d.data());
+  compare("bce_with_logits_backward" + tag, ctx, gd, gh, bound);
+
+  precis::dice_loss<P>(ctx, dp, db, loss, 1.0);
+  const double dice = scalar(ctx, loss);
+  expect_close("dice_loss" + tag, dice, double(precis::dice_loss<P>(cpu, probs, binary, 1.0)), 1e-5);
+  precis::dice_loss<P>(ctx, dp, db, loss, 1.0);
+  expect(scalar(ctx, loss) == dice, "dice_loss repeats its bits" + tag);
+  precis::dice_loss_backward<P>(cpu, probs, binary, gh, 1.0, 1024.0);
+  gd = poisoned<T, 3>(shape);
+  precis::dice_loss_backward<P>(ctx, dp, db, gd, 1.0, scale_d.data());
+  compare("dice_loss_backward" + tag, ctx, gd, gh, bound);
+  expect_error("dice eps", [&] { precis::dice_loss<P>(ctx, dp, db, loss, -1.0); }, "eps");
+
+  precis::l1_loss<P>(ctx, dx, dp, loss);
+  expect_close("l1_loss" + tag, scalar(ctx, loss), double(precis::l1_loss<P>(cpu, x, probs)), 1e-5);
+  precis::l1_loss_backward<P>(cpu, x, probs, gh, 1024.0);
+  gd = poisoned<T, 3>(shape);
+  precis::l1_loss_backward<P>(ctx, dx, dp, gd, scale_d.data());
+  compare("l1_loss_backward" + tag, ctx, gd, gh, bound);
+
+  precis::smooth_l1_loss<P>(ctx, dx, dp, loss, 0.5);
+  expect_close("smooth_l1_loss" + tag, scalar(ctx, loss), double(precis::smooth_l1_loss<P>(cpu, x, probs, 0.5)), 1e-5);
+  precis::smooth_l1_loss_backward<P>(cpu, x, probs, gh, 0.5, 1024.0);
+  gd = poisoned<T, 3>(shape);
+  precis::smooth_l1_loss_backward<P>(ctx, dx, dp, gd, 0.5, scale_d.data());
+  compare("smooth_l1_loss_backward" + tag, ctx, gd, gh, bound);
+  expect_error("smooth_l1 beta", [&] { precis::smooth_l1_loss<P>(ctx, dx, dp, loss, NAN); }, "beta");
+
+  const auto other = precis::to_device(random_tensor<T, 3>({3, 97, 130}));
+  expect_error("pointwise loss shapes", [&] { precis::l1_loss<P>(ctx, dx, other, loss); },
+               "precis::l1_loss: input and target");
+}
+
+template <precis::rounding R, precis::overflow O, class To>
+void check_cast(precis::cuda_context& ctx, const precis::cpu_context& cpu) {
+  // Every float16 value as input, plus large and tiny floats around the target's range.
+  auto x = precis::host_tensor<float, 2>::from_shape({3, 65536});
+  for (std::uint32_t i = 0; i < 65536; ++i) {
+    x(0, i) = float(precis::float16::from_bits(std::uint16_t(i)));
+    x(1, i) = std::ldexp(float(i) - 32768.0F, 3);
+    x(2, i) = std::ldexp(float(i) - 32768.0F, -40);
+  }
+  auto want = precis::host_tensor<To, 2>::from_shape({3, 65536});
+  precis::cast<R, O>(cpu, x, want);
+  auto got = poisoned<To, 2>({3, 65536});
+  precis::cast<R, O>(ctx, precis::to_device(x), got);
+  expect(same_bits(ctx, got, want), "cast float -> " + std::to_string(sizeof(To)) + " bytes, modes " +
+                                        std::to_string(int(R)) + std::to_string(int(O)));
+  // And back: widening is exact.
+  auto back = precis::host_tensor<float, 2>::from_shape({3, 65536});
+  precis::cast(cpu, want, back);
+  auto dback = poisoned<float, 2>({3, 65536});
+  precis::cast(ctx, precis::to_device(want), dback);
+  expect(same_bits(ctx, dback, back), "cast back to float");
+}
+
+}  // namespace
+
+int main() {
+  if (!precis_test::have_gpu()) return precis_test::skipped;
+  precis::cuda_context ctx;
+  const precis::cpu_context cpu{2};
+  namespace presets = precis::presets;
+  using precis::bfloat16;
+  using precis::float16;
+  check_reductions<presets::bf16_mixed, bfloat16>(ctx, cpu, " (bf16)");
+  check_reductions<presets::fp16_mixed, float16>(ctx, cpu, " (fp16)");
+  check_reductions<presets::fp32, float>(ctx, cpu, " (fp32)");
+  check_losses<presets::bf16_mixed, bfloat16>(ctx, cpu, " (bf16)", 1e-2);
+  check_losses<presets::fp16_mixed, float16>(ctx, cpu, " (fp16)", 2e-3);
+  check_losses<presets::fp32, float>(ctx, cpu, " (fp32)", 1e-5);
+  using precis::overflow;
+  using precis::rounding;
+  check_cast<rounding::nearest_even, overflow::infinity, float16>(ctx, cpu);
+  check_cast<rounding::toward_zero, overflow::saturate, bfloat16>(ctx, cpu);
+  check_cast<rounding::nearest_even, overflow::saturate, precis::float8_e4m3>(ctx, cpu);
+  check_cast<rounding::nearest_even, overflow::infinity, precis::float8_e5m2>(ctx, cpu);
+  ctx.synchronize();
+  std::printf("%d failures\n", failures);
+  return failures == 0 ? 0 : 1;
+}
