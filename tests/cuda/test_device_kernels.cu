@@ -1,5 +1,5 @@
 // The device kernels with the CPU kernels' calls (gemm with every transpose and epilogue,
-// elementwise, softmax, layer norm, convolution) against the CPU kernels on the same random inputs: max |device -
+// batched; elementwise, softmax, layer norm, convolution and transposed convolution) against the CPU kernels on the same random inputs: max |device -
 // host| / max |host| within the output type's bound (one rounding of each, plus float
 // arithmetic in another order and the device's libm). Outputs are poisoned with NaN before
 // each call. Shape errors are thrown before anything is launched. Exits 77 (skipped) where
@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -121,8 +122,28 @@ void check_gemm(precis::cuda_context& ctx, const precis::cpu_context& cpu) {
   auto dc3 = poisoned<T, 3>({3, M, N});
   const precis::gemm_options o{.trans_b = true};
   precis::gemm<P>(cpu, a3, b3, c3, o);
-  precis::gemm<P>(ctx, precis::to_device(a3), precis::to_device(b3), dc3, o);
+  const auto da3 = precis::to_device(a3), db3 = precis::to_device(b3);
+  precis::gemm<P>(ctx, da3, db3, dc3, o);
   compare("batched gemm", ctx, dc3, c3);
+  // Batched with the gelu epilogue (one strided-batch product into float, then one kernel).
+  const precis::gemm_options og{.trans_b = true, .epilogue = precis::gemm_epilogue::gelu};
+  precis::gemm<P>(cpu, a3, b3, c3, og);
+  dc3 = poisoned<T, 3>({3, M, N});
+  precis::gemm<P>(ctx, da3, db3, dc3, og);
+  compare("batched gemm, gelu", ctx, dc3, c3);
+  // A repeated product reuses its plan: no new plan, and the same bits.
+  const std::size_t plans = ctx.plan_count();
+  const auto first = precis::to_host(dc3, ctx.stream());
+  precis::gemm<P>(ctx, da3, db3, dc3, og);
+  if (ctx.plan_count() != plans) {
+    std::printf("FAILED: a repeated gemm made a new plan (%zu -> %zu)\n", plans, ctx.plan_count());
+    ++failures;
+  }
+  const auto again = precis::to_host(dc3, ctx.stream());
+  if (std::memcmp(first.data(), again.data(), first.size() * sizeof(T)) != 0) {
+    std::printf("FAILED: a repeated gemm gave other bits\n");
+    ++failures;
+  }
   // Shapes are checked before any launch.
   auto wrong = poisoned<T, 2>({M, N + 1});
   expect_error("gemm shape", [&] { precis::gemm<P>(ctx, precis::to_device(random_tensor<T, 2>({M, K})),
@@ -279,10 +300,46 @@ void check_conv(precis::cuda_context& ctx, const precis::cpu_context& cpu) {
     precis::conv2d_backward_weights<P>(ctx, dx_, ddy, dgw, p);
     compare("conv2d_backward_weights" + n, ctx, dgw, gw);
   }
+  // Transposed convolutions (DBNet's upsampling head), with output_padding, in all passes.
+  for (const case_& k : {case_{2, 16, 8, 9, 8, 2, 2, 0, 1, 1}, case_{2, 12, 7, 7, 6, 3, 2, 1, 1, 3}}) {
+    precis::conv2d_params p;
+    p.stride = {k.stride, k.stride};
+    p.padding = {k.pad, k.pad};
+    p.groups = k.groups;
+    p.output_padding = {1, 1};
+    const std::size_t ho = (k.h - 1) * k.stride + (k.k - 1) + 1 + 1 - 2 * k.pad;
+    const std::size_t wo = (k.w - 1) * k.stride + (k.k - 1) + 1 + 1 - 2 * k.pad;
+    const std::array<std::size_t, 4> xs{k.n, k.c, k.h, k.w}, ws{k.c, k.co / k.groups, k.k, k.k},
+        ys{k.n, k.co, ho, wo};
+    const auto x = random_tensor<T, 4>(xs), w = random_tensor<T, 4>(ws), dy = random_tensor<T, 4>(ys);
+    const auto dx_ = precis::to_device(x), dw_ = precis::to_device(w), ddy = precis::to_device(dy);
+    const std::string n = " (transposed, c=" + std::to_string(k.c) + " groups=" + std::to_string(k.groups) + ")";
+    auto y = precis::host_tensor<T, 4>::from_shape(ys);
+    precis::conv_transpose2d<P>(cpu, x, w, y, p);
+    auto d = poisoned<T, 4>(ys);
+    precis::conv_transpose2d<P>(ctx, dx_, dw_, d, p);
+    compare("conv_transpose2d" + n, ctx, d, y);
+    auto gx = precis::host_tensor<T, 4>::from_shape(xs);
+    precis::conv_transpose2d_backward_data<P>(cpu, dy, w, gx, p);
+    auto dgx = poisoned<T, 4>(xs);
+    precis::conv_transpose2d_backward_data<P>(ctx, ddy, dw_, dgx, p);
+    compare("conv_transpose2d_backward_data" + n, ctx, dgx, gx);
+    auto gw = precis::host_tensor<T, 4>::from_shape(ws);
+    precis::conv_transpose2d_backward_weights<P>(cpu, x, dy, gw, p);
+    auto dgw = poisoned<T, 4>(ws);
+    precis::conv_transpose2d_backward_weights<P>(ctx, dx_, ddy, dgw, p);
+    compare("conv_transpose2d_backward_weights" + n, ctx, dgw, gw);
+  }
   auto bad = poisoned<T, 4>({1, 4, 5, 5});
   const auto x = precis::to_device(random_tensor<T, 4>({1, 3, 7, 7}));
   const auto w = precis::to_device(random_tensor<T, 4>({4, 3, 3, 3}));
   expect_error("conv2d shape", [&] { precis::conv2d<P>(ctx, x, w, bad); }, "precis::conv2d: y");
+  precis::conv2d_params op;
+  op.stride = {2, 2};
+  op.output_padding = {2, 2};
+  expect_error("conv_transpose2d output_padding",
+               [&] { precis::conv_transpose2d<P>(ctx, precis::to_device(random_tensor<T, 4>({1, 4, 5, 5})), w, bad, op); },
+               "output_padding 2");
 }
 
 }  // namespace

@@ -440,21 +440,26 @@ void conv2d_backward_bias(const cpu_context& ctx, const host_tensor<TG, 4>& dy,
   });
 }
 
-/// Transposed convolution (PyTorch's ConvTranspose2d): x [N, Ci, H, W], w [Ci, Co / groups,
-/// KH, KW], y [N, Co, Ho, Wo] with Ho = (H - 1) stride - 2 pad + dilation (KH - 1) + 1 +
-/// output_padding. It is the backward-data of the convolution y -> x with weight w, so it
-/// shares that code and its semantics.
-template <Policy P, class TX, class TW, class TY>
-void conv_transpose2d(const cpu_context& ctx, const host_tensor<TX, 4>& x,
-                      const host_tensor<TW, 4>& w, host_tensor<TY, 4>& y,
-                      const conv2d_params& p = {}) {
-  detail::check_conv_types<P, TX, TW, TY>();
-  const std::string name = "precis::conv_transpose2d";
-  detail::check_argument(p.groups >= 1, name + ":", "groups must be at least 1");
+namespace detail {
+
+/// The parameters of the convolution a transposed convolution is the adjoint of: the same,
+/// without output_padding (the extra output rows are inputs the convolution's last stride
+/// step does not reach, which the input size already says).
+inline conv2d_params adjoint_params(conv2d_params p) {
+  p.output_padding = {0, 0};
+  return p;
+}
+
+/// The geometry of the convolution y -> x that the transposed convolution x -> y (with w,
+/// p) is the adjoint of. Checks x, w, p and y's shape; throws precis::error naming shapes.
+template <class X, class W, class Y>
+conv_geometry transpose_geometry(std::string_view what, const X& x, const W& w, const Y& y,
+                                 const conv2d_params& p) {
+  const std::string name(what);
+  check_argument(p.groups >= 1, name + ":", "groups must be at least 1");
   const std::size_t n = std::size_t(x.shape()[0]), ci = std::size_t(x.shape()[1]);
   const std::size_t kh = std::size_t(w.shape()[2]), kw = std::size_t(w.shape()[3]);
-  check_shape(name + ": w", w,
-              detail::dims<4>({ci, std::size_t(w.shape()[1]), kh, kw}));
+  check_shape(name + ": w", w, dims<4>({ci, std::size_t(w.shape()[1]), kh, kw}));
   const std::size_t co = std::size_t(w.shape()[1]) * p.groups;
   for (std::size_t a = 0; a < 2; ++a) {
     if (p.output_padding[a] >= std::max(p.stride[a], p.dilation[a])) {
@@ -474,9 +479,9 @@ void conv_transpose2d(const cpu_context& ctx, const host_tensor<TX, 4>& x,
   };
   const std::size_t ho = out(std::size_t(x.shape()[2]), kh, 0);
   const std::size_t wo = out(std::size_t(x.shape()[3]), kw, 1);
-  check_shape(name + ": y", y, detail::dims<4>({n, co, ho, wo}));
+  check_shape(name + ": y", y, dims<4>({n, co, ho, wo}));
   // The forward convolution this is the adjoint of: y (co channels) -> x (ci channels).
-  detail::conv_geometry g{};
+  conv_geometry g{};
   g.n = n;
   g.c = co;
   g.h = ho;
@@ -485,31 +490,33 @@ void conv_transpose2d(const cpu_context& ctx, const host_tensor<TX, 4>& x,
   g.kh = kh;
   g.kw = kw;
   g.groups = p.groups;
-  g.p = p;
-  g.p.output_padding = {0, 0};
+  g.p = adjoint_params(p);
   g.ho = std::size_t(x.shape()[2]);
   g.wo = std::size_t(x.shape()[3]);
   if (ci % p.groups != 0) {
     throw error(name + ": groups = " + std::to_string(p.groups) + " must divide the channels " +
                 std::to_string(ci) + " of x " + shape_string(x.shape()));
   }
+  return g;
+}
+
+}  // namespace detail
+
+/// Transposed convolution (PyTorch's ConvTranspose2d): x [N, Ci, H, W], w [Ci, Co / groups,
+/// KH, KW], y [N, Co, Ho, Wo] with Ho = (H - 1) stride - 2 pad + dilation (KH - 1) + 1 +
+/// output_padding. It is the backward-data of the convolution y -> x with weight w, so it
+/// shares that code and its semantics.
+template <Policy P, class TX, class TW, class TY>
+void conv_transpose2d(const cpu_context& ctx, const host_tensor<TX, 4>& x,
+                      const host_tensor<TW, 4>& w, host_tensor<TY, 4>& y,
+                      const conv2d_params& p = {}) {
+  detail::check_conv_types<P, TX, TW, TY>();
+  const auto g = detail::transpose_geometry("precis::conv_transpose2d", x, w, y, p);
   constexpr bool tf32 = detail::conv_tf32_v<P>;
   const auto xf = detail::to_float<tf32>(ctx, x.data(), x.size());
   const auto wf = detail::to_float<tf32>(ctx, w.data(), w.size());
   detail::conv_backward_data_float(ctx, g, xf.get(), wf.get(), y.data());
 }
-
-namespace detail {
-
-/// The parameters of the convolution a transposed convolution is the adjoint of: the same,
-/// without output_padding (the extra output rows are inputs the convolution's last stride
-/// step does not reach, which the input size already says).
-inline conv2d_params adjoint_params(conv2d_params p) {
-  p.output_padding = {0, 0};
-  return p;
-}
-
-}  // namespace detail
 
 /// dx of y = conv_transpose2d(x, w) (same `p`, output_padding included): the forward
 /// convolution of dy with w.

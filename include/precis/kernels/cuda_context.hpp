@@ -1,11 +1,17 @@
 // precis/kernels/cuda_context.hpp: what device kernels run with: a stream, the cuBLASLt and cuDNN
-// handles, and a reusable workspace, all owned by one object the user holds (no globals).
+// handles, a reusable workspace and the plans made for earlier calls, all owned by one
+// object the user holds (no globals).
 #pragma once
 
 #include <precis/config.hpp>
 #include <precis/cuda_error.hpp>
 
 #include <cstddef>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <typeinfo>
+#include <unordered_map>
 #include <utility>
 
 #if PRECIS_CUDA
@@ -14,6 +20,7 @@ namespace precis {
 
 /// Runs kernels on one CUDA device and stream. Creating it creates a stream and the
 /// library handles; destroying it synchronises the stream and releases them. Move-only.
+/// Like a stream, a context is used by one host thread at a time.
 class cuda_context {
  public:
   /// A context on `device` with its own non-blocking stream.
@@ -58,6 +65,27 @@ class cuda_context {
     return workspace_;
   }
 
+  /// The plan of type Plan made for `key`: made by `make()` (returning a Plan) on the first
+  /// call with that key and kept until the context goes, so that library descriptors and
+  /// algorithm searches are paid once per shape rather than once per call. Key is a
+  /// trivially copyable value without padding (compared byte for byte).
+  template <class Plan, class Key, class Make>
+  Plan& plan(const Key& key, Make&& make) {
+    static_assert(std::has_unique_object_representations_v<Key>,
+                  "precis: a plan key is compared byte for byte: use an array of integers");
+    std::string k(typeid(Plan).name());
+    k.append(reinterpret_cast<const char*>(&key), sizeof key);
+    auto it = plans_.find(k);
+    if (it == plans_.end()) {
+      std::shared_ptr<void> made = std::make_shared<Plan>(make());
+      it = plans_.emplace(std::move(k), std::move(made)).first;
+    }
+    return *static_cast<Plan*>(it->second.get());
+  }
+
+  /// How many plans the context keeps.
+  std::size_t plan_count() const { return plans_.size(); }
+
   /// Waits for everything queued on the stream.
   void synchronize() const { check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
 
@@ -69,10 +97,12 @@ class cuda_context {
     std::swap(dnn_, o.dnn_);
     std::swap(workspace_, o.workspace_);
     std::swap(workspace_bytes_, o.workspace_bytes_);
+    std::swap(plans_, o.plans_);
   }
   // Destruction cannot throw: statuses are ignored here, the stream is drained first.
   void release() noexcept {
     if (stream_) (void)cudaStreamSynchronize(stream_);
+    plans_.clear();  // descriptors go before the handles
     if (workspace_) (void)cudaFree(workspace_);
     if (dnn_) (void)cudnnDestroy(dnn_);
     if (blas_) (void)cublasLtDestroy(blas_);
@@ -90,6 +120,7 @@ class cuda_context {
   cudnnHandle_t dnn_ = nullptr;
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = 0;
+  std::unordered_map<std::string, std::shared_ptr<void>> plans_;
 };
 
 }  // namespace precis

@@ -2,7 +2,11 @@
 // bfloat16/float16 inputs with float compute, float8 inputs with per-tensor scales, TF32
 // or exact float for float inputs, and the bias / ReLU / GELU epilogues. Row-major
 // operands are passed to cuBLASLt (column-major) as their transposes: C = A B becomes
-// C^T = B^T A^T. Host code: usable from .cpp files with PRECIS_CUDA=1 or from .cu files.
+// C^T = B^T A^T. Batches of products stored one after another run as one strided-batch
+// call. The descriptors and the algorithm cuBLASLt's heuristic picks are made once per
+// product shape, types, epilogue and operand alignment and kept in the context
+// (cuda_context::plan), so a repeated product costs only the cublasLtMatmul call. Host
+// code: usable from .cpp files with PRECIS_CUDA=1 or from .cu files.
 #pragma once
 
 #include <precis/config.hpp>
@@ -12,6 +16,7 @@
 
 #if PRECIS_CUDA
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -56,11 +61,40 @@ using matmul_desc = std::unique_ptr<cublasLtMatmulDescOpaque_t, lt_desc_deleter>
 using matrix_layout = std::unique_ptr<cublasLtMatrixLayoutOpaque_t, lt_desc_deleter>;
 using matmul_preference = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, lt_desc_deleter>;
 
-inline matrix_layout layout(cudaDataType_t t, std::uint64_t rows, std::uint64_t cols, std::int64_t ld) {
+/// A column-major rows x cols layout; `batch` of them `stride` elements apart when batch > 1.
+inline matrix_layout layout(cudaDataType_t t, std::uint64_t rows, std::uint64_t cols, std::int64_t ld,
+                            std::int64_t batch = 1, std::int64_t stride = 0) {
   cublasLtMatrixLayout_t l = nullptr;
   check(cublasLtMatrixLayoutCreate(&l, t, rows, cols, ld), "cublasLtMatrixLayoutCreate");
-  return matrix_layout(l);
+  matrix_layout owned(l);
+  if (batch > 1) {
+    const auto count = static_cast<std::int32_t>(batch);
+    check(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count),
+          "cublasLtMatrixLayoutSetAttribute(BATCH_COUNT)");
+    check(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                           sizeof stride),
+          "cublasLtMatrixLayoutSetAttribute(STRIDED_BATCH_OFFSET)");
+  }
+  return owned;
 }
+
+/// The largest power of two, at most 256, that divides the address: the alignment
+/// cuBLASLt's heuristic is told an operand has (it excludes kernels needing more).
+inline std::uint32_t alignment_of(const void* p) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  std::uint32_t r = 256;
+  while (r > 1 && a % r != 0) r /= 2;
+  return r;
+}
+
+/// What cuBLASLt keeps for one kind of product: descriptors and the chosen algorithm.
+struct lt_plan {
+  matmul_desc desc;
+  matrix_layout first, second, out;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+inline constexpr std::size_t lt_workspace_bytes = std::size_t(32) << 20;
 
 template <class V>
 void set(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const V& v, const char* what) {
@@ -86,17 +120,111 @@ struct lt_product {
   const void* bias = nullptr;  ///< N values, of TC's type (float for float8 outputs)
   const float* a_scale = nullptr;
   const float* b_scale = nullptr;
+  /// Products stored one after another (A, B, C items m*k, k*n, m*n elements apart), run
+  /// as one strided-batch call; the bias, when given, is shared by all.
+  std::int64_t batch = 1;
 };
 
-/// Runs one product on ctx's stream. `Compute` is the policy's compute type: tfloat32
-/// selects TF32 tensor cores for float operands; float keeps them exact (pedantic).
+namespace detail::cuda {
+
+template <class Compute, class TA, class TB>
+constexpr cublasComputeType_t lt_compute() {
+  if constexpr (std::is_same_v<Compute, tfloat32>) {
+    return CUBLAS_COMPUTE_32F_FAST_TF32;
+  } else if constexpr (std::is_same_v<TA, float> && std::is_same_v<TB, float>) {
+    return CUBLAS_COMPUTE_32F_PEDANTIC;
+  } else {
+    return CUBLAS_COMPUTE_32F;
+  }
+}
+
+inline cublasLtEpilogue_t lt_epilogue_of(lt_epilogue e) {
+  switch (e) {
+    case lt_epilogue::bias: return CUBLASLT_EPILOGUE_BIAS;
+    case lt_epilogue::relu: return CUBLASLT_EPILOGUE_RELU;
+    case lt_epilogue::relu_bias: return CUBLASLT_EPILOGUE_RELU_BIAS;
+    case lt_epilogue::gelu_bias: return CUBLASLT_EPILOGUE_GELU_BIAS;
+    default: return CUBLASLT_EPILOGUE_DEFAULT;
+  }
+}
+
+/// Sets the pointers a plan's descriptor holds for one call (bias, float8 scales).
+template <class TA, class TB, class TC>
+void set_call_pointers(cublasLtMatmulDesc_t desc, const lt_product<TA, TB, TC>& p) {
+  if (p.epilogue != lt_epilogue::none && p.epilogue != lt_epilogue::relu) {
+    set(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias, "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
+  }
+  if constexpr (is_float8_v<TA> || is_float8_v<TB>) {
+    // First operand in cuBLASLt's terms is B, second is A.
+    set(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, p.b_scale, "cublasLtMatmulDescSetAttribute(A_SCALE)");
+    set(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, p.a_scale, "cublasLtMatmulDescSetAttribute(B_SCALE)");
+  }
+}
+
+/// Makes the descriptors of product p and asks cuBLASLt's heuristic for its best algorithm
+/// for operands of the given alignments.
+template <class Compute, class TA, class TB, class TC>
+lt_plan make_lt_plan(cuda_context& ctx, const lt_product<TA, TB, TC>& p,
+                     const std::array<std::uint32_t, 3>& align) {
+  lt_plan plan;
+  cublasLtMatmulDesc_t raw = nullptr;
+  check(cublasLtMatmulDescCreate(&raw, lt_compute<Compute, TA, TB>(), CUDA_R_32F), "cublasLtMatmulDescCreate");
+  plan.desc.reset(raw);
+  // Column-major view: C^T (N x M) = op(B)^T (N x K) op(A)^T (K x M).
+  const cublasOperation_t op_first = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;   // applies to B
+  const cublasOperation_t op_second = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // applies to A
+  set(raw, CUBLASLT_MATMUL_DESC_TRANSA, op_first, "cublasLtMatmulDescSetAttribute(TRANSA)");
+  set(raw, CUBLASLT_MATMUL_DESC_TRANSB, op_second, "cublasLtMatmulDescSetAttribute(TRANSB)");
+  set(raw, CUBLASLT_MATMUL_DESC_EPILOGUE, lt_epilogue_of(p.epilogue), "cublasLtMatmulDescSetAttribute(EPILOGUE)");
+  set_call_pointers(raw, p);
+  // Stored shapes (row-major) seen as column-major: a row-major R x C matrix is a
+  // column-major C x R matrix with leading dimension C.
+  const std::uint64_t b_rows = p.trans_b ? std::uint64_t(p.k) : std::uint64_t(p.n);
+  const std::uint64_t b_cols = p.trans_b ? std::uint64_t(p.n) : std::uint64_t(p.k);
+  const std::uint64_t a_rows = p.trans_a ? std::uint64_t(p.m) : std::uint64_t(p.k);
+  const std::uint64_t a_cols = p.trans_a ? std::uint64_t(p.k) : std::uint64_t(p.m);
+  plan.first = layout(data_type<TB>(), b_rows, b_cols, std::int64_t(b_rows), p.batch, p.k * p.n);
+  plan.second = layout(data_type<TA>(), a_rows, a_cols, std::int64_t(a_rows), p.batch, p.m * p.k);
+  plan.out = layout(data_type<TC>(), std::uint64_t(p.n), std::uint64_t(p.m), p.n, p.batch, p.m * p.n);
+
+  cublasLtMatmulPreference_t rawp = nullptr;
+  check(cublasLtMatmulPreferenceCreate(&rawp), "cublasLtMatmulPreferenceCreate");
+  matmul_preference pref(rawp);
+  const std::uint64_t ws = lt_workspace_bytes;
+  check(cublasLtMatmulPreferenceSetAttribute(rawp, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
+        "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)");
+  // In cuBLASLt's terms A is precis's B, B is precis's A; C and D are precis's C.
+  const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  const std::uint32_t align_value[4] = {align[1], align[0], align[2], align[2]};
+  for (int i = 0; i < 4; ++i) {
+    check(cublasLtMatmulPreferenceSetAttribute(rawp, align_attr[i], &align_value[i], sizeof align_value[i]),
+          "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT)");
+  }
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  check(cublasLtMatmulAlgoGetHeuristic(ctx.blas_lt(), raw, plan.first.get(), plan.second.get(), plan.out.get(),
+                                       plan.out.get(), rawp, 1, &heuristic, &found),
+        "cublasLtMatmulAlgoGetHeuristic");
+  if (found == 0) throw error("precis::lt_matmul: cuBLASLt has no algorithm for this product");
+  plan.algo = heuristic.algo;
+  return plan;
+}
+
+}  // namespace detail::cuda
+
+/// Runs one product (or one strided batch of them) on ctx's stream. `Compute` is the
+/// policy's compute type: tfloat32 selects TF32 tensor cores for float operands; float
+/// keeps them exact (pedantic). The first call for a shape makes its plan (descriptors and
+/// cuBLASLt's heuristic choice); later calls reuse it.
 template <class Compute, class TA, class TB, class TC>
 void lt_matmul(cuda_context& ctx, const lt_product<TA, TB, TC>& p) {
   using namespace detail::cuda;
   constexpr bool fp8 = is_float8_v<TA> || is_float8_v<TB>;
-  if (p.m <= 0 || p.n <= 0 || p.k <= 0) {
-    throw error("precis::lt_matmul: M, N, K must be positive, got " + std::to_string(p.m) + ", " +
-                std::to_string(p.n) + ", " + std::to_string(p.k));
+  if (p.m <= 0 || p.n <= 0 || p.k <= 0 || p.batch <= 0) {
+    throw error("precis::lt_matmul: M, N, K and the batch must be positive, got " + std::to_string(p.m) +
+                ", " + std::to_string(p.n) + ", " + std::to_string(p.k) + ", " + std::to_string(p.batch));
   }
   if constexpr (fp8) {
     if (p.trans_a || !p.trans_b) {
@@ -109,60 +237,20 @@ void lt_matmul(cuda_context& ctx, const lt_product<TA, TB, TC>& p) {
     }
     if (!p.a_scale || !p.b_scale) throw error("precis::lt_matmul: float8 operands need a_scale and b_scale");
   }
-  const cublasComputeType_t compute =
-      std::is_same_v<Compute, tfloat32> ? CUBLAS_COMPUTE_32F_FAST_TF32
-      : (std::is_same_v<TA, float> && std::is_same_v<TB, float>) ? CUBLAS_COMPUTE_32F_PEDANTIC
-                                                                  : CUBLAS_COMPUTE_32F;
-  cublasLtMatmulDesc_t raw = nullptr;
-  check(cublasLtMatmulDescCreate(&raw, compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
-  matmul_desc desc(raw);
-  // Column-major view: C^T (N x M) = op(B)^T (N x K) op(A)^T (K x M).
-  const cublasOperation_t op_first = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;   // applies to B
-  const cublasOperation_t op_second = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // applies to A
-  set(desc.get(), CUBLASLT_MATMUL_DESC_TRANSA, op_first, "cublasLtMatmulDescSetAttribute(TRANSA)");
-  set(desc.get(), CUBLASLT_MATMUL_DESC_TRANSB, op_second, "cublasLtMatmulDescSetAttribute(TRANSB)");
-  if (p.epilogue == lt_epilogue::relu) {
-    set(desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_RELU,
-        "cublasLtMatmulDescSetAttribute(EPILOGUE)");
-  } else if (p.epilogue != lt_epilogue::none) {
-    if (!p.bias) throw error("precis::lt_matmul: the bias epilogues need a bias pointer");
-    const cublasLtEpilogue_t e = p.epilogue == lt_epilogue::bias        ? CUBLASLT_EPILOGUE_BIAS
-                                 : p.epilogue == lt_epilogue::relu_bias ? CUBLASLT_EPILOGUE_RELU_BIAS
-                                                                        : CUBLASLT_EPILOGUE_GELU_BIAS;
-    set(desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE, e, "cublasLtMatmulDescSetAttribute(EPILOGUE)");
-    set(desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias, "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
+  if (p.epilogue != lt_epilogue::none && p.epilogue != lt_epilogue::relu && !p.bias) {
+    throw error("precis::lt_matmul: the bias epilogues need a bias pointer");
   }
-  if constexpr (fp8) {
-    // First operand in cuBLASLt's terms is B, second is A.
-    set(desc.get(), CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, p.b_scale, "cublasLtMatmulDescSetAttribute(A_SCALE)");
-    set(desc.get(), CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, p.a_scale, "cublasLtMatmulDescSetAttribute(B_SCALE)");
-  }
-  // Stored shapes (row-major) seen as column-major: a row-major R x C matrix is a
-  // column-major C x R matrix with leading dimension C.
-  const std::uint64_t b_rows = p.trans_b ? std::uint64_t(p.k) : std::uint64_t(p.n);  // col-major rows of B's storage
-  const std::uint64_t b_cols = p.trans_b ? std::uint64_t(p.n) : std::uint64_t(p.k);
-  const std::uint64_t a_rows = p.trans_a ? std::uint64_t(p.m) : std::uint64_t(p.k);
-  const std::uint64_t a_cols = p.trans_a ? std::uint64_t(p.k) : std::uint64_t(p.m);
-  auto first = layout(data_type<TB>(), b_rows, b_cols, std::int64_t(b_rows));
-  auto second = layout(data_type<TA>(), a_rows, a_cols, std::int64_t(a_rows));
-  auto out = layout(data_type<TC>(), std::uint64_t(p.n), std::uint64_t(p.m), p.n);
-
-  constexpr std::size_t workspace_bytes = std::size_t(32) << 20;
-  void* workspace = ctx.workspace(workspace_bytes);
-  cublasLtMatmulPreference_t rawp = nullptr;
-  check(cublasLtMatmulPreferenceCreate(&rawp), "cublasLtMatmulPreferenceCreate");
-  matmul_preference pref(rawp);
-  const std::uint64_t ws = workspace_bytes;
-  check(cublasLtMatmulPreferenceSetAttribute(pref.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
-        "cublasLtMatmulPreferenceSetAttribute");
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int found = 0;
-  check(cublasLtMatmulAlgoGetHeuristic(ctx.blas_lt(), desc.get(), first.get(), second.get(), out.get(),
-                                       out.get(), pref.get(), 1, &heuristic, &found),
-        "cublasLtMatmulAlgoGetHeuristic");
-  if (found == 0) throw error("precis::lt_matmul: cuBLASLt has no algorithm for this product");
-  check(cublasLtMatmul(ctx.blas_lt(), desc.get(), &p.alpha, p.b, first.get(), p.a, second.get(), &p.beta, p.c,
-                       out.get(), p.c, out.get(), &heuristic.algo, workspace, workspace_bytes, ctx.stream()),
+  const std::array<std::uint32_t, 3> align{alignment_of(p.a), alignment_of(p.b), alignment_of(p.c)};
+  const std::array<std::int64_t, 14> key{
+      std::int64_t(lt_compute<Compute, TA, TB>()), std::int64_t(data_type<TA>()), std::int64_t(data_type<TB>()),
+      std::int64_t(data_type<TC>()), p.trans_a, p.trans_b, p.m, p.n, p.k, std::int64_t(p.epilogue), p.batch,
+      align[0], align[1], align[2]};
+  lt_plan& plan = ctx.plan<lt_plan>(key, [&] { return make_lt_plan<Compute>(ctx, p, align); });
+  set_call_pointers(plan.desc.get(), p);
+  void* workspace = ctx.workspace(lt_workspace_bytes);
+  check(cublasLtMatmul(ctx.blas_lt(), plan.desc.get(), &p.alpha, p.b, plan.first.get(), p.a, plan.second.get(),
+                       &p.beta, p.c, plan.out.get(), p.c, plan.out.get(), &plan.algo, workspace,
+                       lt_workspace_bytes, ctx.stream()),
         "cublasLtMatmul");
 }
 

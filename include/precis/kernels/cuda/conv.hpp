@@ -1,16 +1,19 @@
-// precis/kernels/cuda/conv.hpp: conv2d forward, backward-data and backward-weights on
-// device tensors through cuDNN, with the calls of kernels/conv.hpp (a cuda_context in place
-// of the cpu_context; NCHW; stride, padding, dilation, groups). The policy picks cuDNN's
-// math: bfloat16/float16 tensors on tensor cores with float accumulation; float tensors
-// exact (CUDNN_FMA_MATH) under float compute, TF32 allowed under a tfloat32 compute type.
+// precis/kernels/cuda/conv.hpp: conv2d forward, backward-data and backward-weights, and
+// the transposed convolution with its two backward passes, on device tensors through
+// cuDNN, with the calls of kernels/conv.hpp (a cuda_context in place of the cpu_context;
+// NCHW; stride, padding, dilation, groups, output_padding). The policy picks cuDNN's math:
+// bfloat16/float16 tensors on tensor cores with float accumulation; float tensors exact
+// (CUDNN_FMA_MATH) under float compute, TF32 allowed under a tfloat32 compute type.
 // x, w and y share one element type (cuDNN's rule; the signatures take one T).
 // Among the algorithms cuDNN's heuristics offer, the first deterministic one is taken, so a
-// step gives the same bits when repeated. Geometry and shapes are checked on the host, with
-// the host's messages, before anything is launched. Host code: usable from .cpp files with
-// PRECIS_CUDA=1 or from .cu files.
+// step gives the same bits when repeated. The descriptors and that choice are made once per
+// geometry, type and pass and kept in the context (cuda_context::plan). Geometry and shapes
+// are checked on the host, with the host's messages, before anything is launched. Host
+// code: usable from .cpp files with PRECIS_CUDA=1 or from .cu files.
 //
-// Not here yet: the bias overload (cuDNN rounds the convolution before a separate bias
-// addition could happen; precis rounds once) and the transposed convolution.
+// Not here: the bias overload. cuDNN's convolutions round their output before a separate
+// bias addition could happen, where the host conv2d rounds once after the bias; a device
+// bias would need a float output and a finishing kernel, as the gelu epilogue of gemm has.
 #pragma once
 
 #include <precis/config.hpp>
@@ -22,6 +25,7 @@
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -51,40 +55,35 @@ struct dnn_deleter {
 
 /// The cuDNN descriptors of one convolution x [N, C, H, W] * w [Co, C/groups, KH, KW] ->
 /// y [N, Co, Ho, Wo], made from precis's geometry.
-template <class T>
 struct conv_descriptors {
   std::unique_ptr<cudnnTensorStruct, dnn_deleter> x, y;
   std::unique_ptr<cudnnFilterStruct, dnn_deleter> w;
   std::unique_ptr<cudnnConvolutionStruct, dnn_deleter> conv;
 
-  conv_descriptors(const conv_geometry& g, cudnnMathType_t math) {
+  conv_descriptors(const conv_geometry& g, cudnnDataType_t type, cudnnMathType_t math) {
     cudnnTensorDescriptor_t t = nullptr;
     check(cudnnCreateTensorDescriptor(&t), "cudnnCreateTensorDescriptor");
     x.reset(t);
-    check(cudnnSetTensor4dDescriptor(x.get(), CUDNN_TENSOR_NCHW, dnn_type<T>(), int(g.n), int(g.c),
-                                     int(g.h), int(g.w)),
+    check(cudnnSetTensor4dDescriptor(t, CUDNN_TENSOR_NCHW, type, int(g.n), int(g.c), int(g.h), int(g.w)),
           "cudnnSetTensor4dDescriptor(x)");
     check(cudnnCreateTensorDescriptor(&t), "cudnnCreateTensorDescriptor");
     y.reset(t);
-    check(cudnnSetTensor4dDescriptor(y.get(), CUDNN_TENSOR_NCHW, dnn_type<T>(), int(g.n), int(g.co),
-                                     int(g.ho), int(g.wo)),
+    check(cudnnSetTensor4dDescriptor(t, CUDNN_TENSOR_NCHW, type, int(g.n), int(g.co), int(g.ho), int(g.wo)),
           "cudnnSetTensor4dDescriptor(y)");
     cudnnFilterDescriptor_t f = nullptr;
     check(cudnnCreateFilterDescriptor(&f), "cudnnCreateFilterDescriptor");
     w.reset(f);
-    check(cudnnSetFilter4dDescriptor(w.get(), dnn_type<T>(), CUDNN_TENSOR_NCHW, int(g.co),
-                                     int(g.cg()), int(g.kh), int(g.kw)),
+    check(cudnnSetFilter4dDescriptor(f, type, CUDNN_TENSOR_NCHW, int(g.co), int(g.cg()), int(g.kh), int(g.kw)),
           "cudnnSetFilter4dDescriptor");
     cudnnConvolutionDescriptor_t c = nullptr;
     check(cudnnCreateConvolutionDescriptor(&c), "cudnnCreateConvolutionDescriptor");
     conv.reset(c);
-    check(cudnnSetConvolution2dDescriptor(conv.get(), int(g.p.padding[0]), int(g.p.padding[1]),
-                                          int(g.p.stride[0]), int(g.p.stride[1]),
-                                          int(g.p.dilation[0]), int(g.p.dilation[1]),
+    check(cudnnSetConvolution2dDescriptor(c, int(g.p.padding[0]), int(g.p.padding[1]), int(g.p.stride[0]),
+                                          int(g.p.stride[1]), int(g.p.dilation[0]), int(g.p.dilation[1]),
                                           CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
           "cudnnSetConvolution2dDescriptor");
-    check(cudnnSetConvolutionGroupCount(conv.get(), int(g.groups)), "cudnnSetConvolutionGroupCount");
-    check(cudnnSetConvolutionMathType(conv.get(), math), "cudnnSetConvolutionMathType");
+    check(cudnnSetConvolutionGroupCount(c, int(g.groups)), "cudnnSetConvolutionGroupCount");
+    check(cudnnSetConvolutionMathType(c, math), "cudnnSetConvolutionMathType");
   }
 };
 
@@ -103,16 +102,91 @@ constexpr cudnnMathType_t dnn_math() {
 
 /// The first deterministic algorithm of cuDNN's ranked list that ran its checks.
 template <class Perf>
-auto pick_algorithm(const Perf* perf, int count, const char* what) {
+auto pick_algorithm(const Perf* perf, int count, std::string_view what) {
   for (int i = 0; i < count; ++i) {
     if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].determinism == CUDNN_DETERMINISTIC) {
       return perf[i];
     }
   }
-  throw error(std::string("precis::") + what + ": cuDNN offers no deterministic algorithm for "
-              "this convolution");
+  throw error(std::string(what) + ": cuDNN offers no deterministic algorithm for this convolution");
 }
 
+/// The three passes of one convolution, in cuDNN's terms.
+enum class conv_pass { forward, backward_data, backward_filter };
+
+/// What is kept for one pass of one convolution: its descriptors and cuDNN's algorithm.
+struct conv_plan {
+  conv_descriptors d;
+  int algo = 0;
+  std::size_t workspace = 0;
+};
+
+inline conv_plan make_conv_plan(cuda_context& ctx, const conv_geometry& g, cudnnDataType_t type,
+                                cudnnMathType_t math, conv_pass pass, std::string_view name) {
+  conv_plan plan{conv_descriptors(g, type, math)};
+  const conv_descriptors& d = plan.d;
+  int count = 0;
+  if (pass == conv_pass::forward) {
+    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    check(cudnnGetConvolutionForwardAlgorithm_v7(ctx.dnn(), d.x.get(), d.w.get(), d.conv.get(), d.y.get(),
+                                                 CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf),
+          "cudnnGetConvolutionForwardAlgorithm_v7");
+    const auto a = pick_algorithm(perf, count, name);
+    plan.algo = int(a.algo), plan.workspace = a.memory;
+  } else if (pass == conv_pass::backward_data) {
+    cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    check(cudnnGetConvolutionBackwardDataAlgorithm_v7(ctx.dnn(), d.w.get(), d.y.get(), d.conv.get(), d.x.get(),
+                                                      CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perf),
+          "cudnnGetConvolutionBackwardDataAlgorithm_v7");
+    const auto a = pick_algorithm(perf, count, name);
+    plan.algo = int(a.algo), plan.workspace = a.memory;
+  } else {
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    check(cudnnGetConvolutionBackwardFilterAlgorithm_v7(ctx.dnn(), d.x.get(), d.y.get(), d.conv.get(),
+                                                        d.w.get(), CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+                                                        &count, perf),
+          "cudnnGetConvolutionBackwardFilterAlgorithm_v7");
+    const auto a = pick_algorithm(perf, count, name);
+    plan.algo = int(a.algo), plan.workspace = a.memory;
+  }
+  return plan;
+}
+
+/// Runs one pass of the convolution with geometry g (x -> y with w), reusing its plan:
+/// forward reads (x, w) and writes y; backward_data reads (dy, w) and writes dx;
+/// backward_filter reads (x, dy) and writes dw.
+template <Policy P, class T>
+void run_conv(cuda_context& ctx, conv_pass pass, const conv_geometry& g, const T* in0, const T* in1,
+              T* out, std::string_view name) {
+  constexpr cudnnMathType_t math = dnn_math<P, T>();
+  const std::array<std::int64_t, 19> key{
+      std::int64_t(pass), std::int64_t(dnn_type<T>()), std::int64_t(math), std::int64_t(g.n),
+      std::int64_t(g.c), std::int64_t(g.h), std::int64_t(g.w), std::int64_t(g.co), std::int64_t(g.kh),
+      std::int64_t(g.kw), std::int64_t(g.ho), std::int64_t(g.wo), std::int64_t(g.p.stride[0]),
+      std::int64_t(g.p.stride[1]), std::int64_t(g.p.padding[0]), std::int64_t(g.p.padding[1]),
+      std::int64_t(g.p.dilation[0]), std::int64_t(g.p.dilation[1]), std::int64_t(g.groups)};
+  const conv_plan& plan = ctx.plan<conv_plan>(
+      key, [&] { return make_conv_plan(ctx, g, dnn_type<T>(), math, pass, name); });
+  const conv_descriptors& d = plan.d;
+  void* ws = plan.workspace != 0 ? ctx.workspace(plan.workspace) : nullptr;
+  const float one = 1.0F, zero = 0.0F;
+  if (pass == conv_pass::forward) {
+    check(cudnnConvolutionForward(ctx.dnn(), &one, d.x.get(), in0, d.w.get(), in1, d.conv.get(),
+                                  cudnnConvolutionFwdAlgo_t(plan.algo), ws, plan.workspace, &zero, d.y.get(),
+                                  out),
+          "cudnnConvolutionForward");
+  } else if (pass == conv_pass::backward_data) {
+    check(cudnnConvolutionBackwardData(ctx.dnn(), &one, d.w.get(), in1, d.y.get(), in0, d.conv.get(),
+                                       cudnnConvolutionBwdDataAlgo_t(plan.algo), ws, plan.workspace, &zero,
+                                       d.x.get(), out),
+          "cudnnConvolutionBackwardData");
+  } else {
+    check(cudnnConvolutionBackwardFilter(ctx.dnn(), &one, d.x.get(), in0, d.y.get(), in1, d.conv.get(),
+                                         cudnnConvolutionBwdFilterAlgo_t(plan.algo), ws, plan.workspace,
+                                         &zero, d.w.get(), out),
+          "cudnnConvolutionBackwardFilter");
+  }
+}
 
 }  // namespace detail::cuda
 
@@ -124,18 +198,8 @@ void conv2d(cuda_context& ctx, const device_tensor<T, 4>& x, const device_tensor
   const auto g = detail::conv_geometry_of("precis::conv2d", x, w, p);
   check_shape("precis::conv2d: y", y, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
   if (x.size() == 0 || y.size() == 0) return;
-  detail::cuda::conv_descriptors<T> d(g, detail::cuda::dnn_math<P, T>());
-  cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-  int count = 0;
-  check(cudnnGetConvolutionForwardAlgorithm_v7(ctx.dnn(), d.x.get(), d.w.get(), d.conv.get(), d.y.get(),
-                                               CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf),
-        "cudnnGetConvolutionForwardAlgorithm_v7");
-  const auto algo = detail::cuda::pick_algorithm(perf, count, "conv2d");
-  void* ws = algo.memory != 0 ? ctx.workspace(algo.memory) : nullptr;
-  const float one = 1.0F, zero = 0.0F;
-  check(cudnnConvolutionForward(ctx.dnn(), &one, d.x.get(), x.data(), d.w.get(), w.data(), d.conv.get(),
-                                algo.algo, ws, algo.memory, &zero, d.y.get(), y.data()),
-        "cudnnConvolutionForward");
+  detail::cuda::run_conv<P>(ctx, detail::cuda::conv_pass::forward, g, x.data(), w.data(), y.data(),
+                            "precis::conv2d");
 }
 
 /// dx = dL/dx of y = conv2d(x, w) from dy, on the device.
@@ -147,18 +211,8 @@ void conv2d_backward_data(cuda_context& ctx, const device_tensor<T, 4>& dy,
   const auto g = detail::conv_geometry_of("precis::conv2d_backward_data", dx, w, p);
   check_shape("precis::conv2d_backward_data: dy", dy, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
   if (dx.size() == 0) return;
-  detail::cuda::conv_descriptors<T> d(g, detail::cuda::dnn_math<P, T>());
-  cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-  int count = 0;
-  check(cudnnGetConvolutionBackwardDataAlgorithm_v7(ctx.dnn(), d.w.get(), d.y.get(), d.conv.get(), d.x.get(),
-                                                    CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perf),
-        "cudnnGetConvolutionBackwardDataAlgorithm_v7");
-  const auto algo = detail::cuda::pick_algorithm(perf, count, "conv2d_backward_data");
-  void* ws = algo.memory != 0 ? ctx.workspace(algo.memory) : nullptr;
-  const float one = 1.0F, zero = 0.0F;
-  check(cudnnConvolutionBackwardData(ctx.dnn(), &one, d.w.get(), w.data(), d.y.get(), dy.data(), d.conv.get(),
-                                     algo.algo, ws, algo.memory, &zero, d.x.get(), dx.data()),
-        "cudnnConvolutionBackwardData");
+  detail::cuda::run_conv<P>(ctx, detail::cuda::conv_pass::backward_data, g, dy.data(), w.data(),
+                            dx.data(), "precis::conv2d_backward_data");
 }
 
 /// dw = dL/dw of y = conv2d(x, w) from x and dy, summed over the batch, on the device.
@@ -170,19 +224,39 @@ void conv2d_backward_weights(cuda_context& ctx, const device_tensor<T, 4>& x,
   const auto g = detail::conv_geometry_of("precis::conv2d_backward_weights", x, dw, p);
   check_shape("precis::conv2d_backward_weights: dy", dy, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
   if (dw.size() == 0) return;
-  detail::cuda::conv_descriptors<T> d(g, detail::cuda::dnn_math<P, T>());
-  cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-  int count = 0;
-  check(cudnnGetConvolutionBackwardFilterAlgorithm_v7(ctx.dnn(), d.x.get(), d.y.get(), d.conv.get(),
-                                                      d.w.get(), CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
-                                                      &count, perf),
-        "cudnnGetConvolutionBackwardFilterAlgorithm_v7");
-  const auto algo = detail::cuda::pick_algorithm(perf, count, "conv2d_backward_weights");
-  void* ws = algo.memory != 0 ? ctx.workspace(algo.memory) : nullptr;
-  const float one = 1.0F, zero = 0.0F;
-  check(cudnnConvolutionBackwardFilter(ctx.dnn(), &one, d.x.get(), x.data(), d.y.get(), dy.data(), d.conv.get(),
-                                       algo.algo, ws, algo.memory, &zero, d.w.get(), dw.data()),
-        "cudnnConvolutionBackwardFilter");
+  detail::cuda::run_conv<P>(ctx, detail::cuda::conv_pass::backward_filter, g, x.data(), dy.data(),
+                            dw.data(), "precis::conv2d_backward_weights");
+}
+
+/// y = conv_transpose2d(x, w) on the device (see the host conv_transpose2d: w [Ci, Co /
+/// groups, KH, KW], output_padding < stride or dilation): cuDNN's backward-data of the
+/// convolution y -> x.
+template <Policy P, class T>
+void conv_transpose2d(cuda_context& ctx, const device_tensor<T, 4>& x, const device_tensor<T, 4>& w,
+                      device_tensor<T, 4>& y, const conv2d_params& p = {}) {
+  detail::check_conv_types<P, T, T, T>();
+  const auto g = detail::transpose_geometry("precis::conv_transpose2d", x, w, y, p);
+  if (y.size() == 0) return;
+  detail::cuda::run_conv<P>(ctx, detail::cuda::conv_pass::backward_data, g, x.data(), w.data(),
+                            y.data(), "precis::conv_transpose2d");
+}
+
+/// dx of y = conv_transpose2d(x, w) (same `p`), on the device: the forward convolution of
+/// dy with w.
+template <Policy P, class T>
+void conv_transpose2d_backward_data(cuda_context& ctx, const device_tensor<T, 4>& dy,
+                                    const device_tensor<T, 4>& w, device_tensor<T, 4>& dx,
+                                    const conv2d_params& p = {}) {
+  conv2d<P>(ctx, dy, w, dx, detail::adjoint_params(p));
+}
+
+/// dw of y = conv_transpose2d(x, w) (same `p`), on the device: the weight gradient of the
+/// convolution dy -> x.
+template <Policy P, class T>
+void conv_transpose2d_backward_weights(cuda_context& ctx, const device_tensor<T, 4>& x,
+                                       const device_tensor<T, 4>& dy, device_tensor<T, 4>& dw,
+                                       const conv2d_params& p = {}) {
+  conv2d_backward_weights<P>(ctx, dy, x, dw, detail::adjoint_params(p));
 }
 
 }  // namespace precis

@@ -7,7 +7,7 @@
 // Epilogues: none and relu (with or without bias) run inside cuBLASLt, which rounds once
 // after them. gelu is precis's exact (erf) GELU, as on the host: the product is written in
 // float to a stream-ordered scratch buffer and one kernel adds beta * C and the bias,
-// applies GELU and rounds once. Batched products run one cuBLASLt call per batch item.
+// applies GELU and rounds once. A batched product is one strided-batch cuBLASLt call.
 // float8 operands need per-tensor scales: use precis::lt_matmul for them. Compiled by nvcc
 // only (include from a .cu file).
 #pragma once
@@ -62,29 +62,34 @@ __global__ void finish_gelu(const float* t, TC* c, const TBias* bias, std::size_
   }
 }
 
-/// One row-major product C (M x N) = epilogue(alpha op(A) op(B) + beta C + bias).
+/// `batch` row-major products, stored one after another, C (M x N) = epilogue(alpha op(A)
+/// op(B) + beta C + bias).
 template <class Compute, class T, class TC, class TBias>
-void device_product(cuda_context& ctx, std::size_t M, std::size_t N, std::size_t K, const T* a,
-                    const T* b, const TBias* bias, TC* c, const gemm_options& o) {
-  if (M == 0 || N == 0) return;
+void device_product(cuda_context& ctx, std::size_t batch, std::size_t M, std::size_t N,
+                    std::size_t K, const T* a, const T* b, const TBias* bias, TC* c,
+                    const gemm_options& o) {
+  if (batch == 0 || M == 0 || N == 0) return;
   if (K == 0) {
     throw error("precis::gemm: K = 0 on the device (cuBLASLt takes no empty products)");
   }
   if (o.epilogue == gemm_epilogue::gelu) {
-    device_tensor<float, 1> scratch({M * N}, ctx.stream());
+    const std::size_t total = batch * M * N;
+    device_tensor<float, 1> scratch({total}, ctx.stream());
     lt_product<T, T, float> p;
     p.m = std::int64_t(M), p.n = std::int64_t(N), p.k = std::int64_t(K);
+    p.batch = std::int64_t(batch);
     p.a = a, p.b = b, p.c = scratch.data();
     p.trans_a = o.trans_a, p.trans_b = o.trans_b;
     p.alpha = o.alpha, p.beta = 0.0F;
     lt_matmul<Compute>(ctx, p);
-    finish_gelu<<<grid_for(M * N), 256, 0, ctx.stream()>>>(scratch.data(), c, bias, M * N, N,
+    finish_gelu<<<grid_for(total), 256, 0, ctx.stream()>>>(scratch.data(), c, bias, total, N,
                                                            o.beta);
     check(cudaGetLastError(), "precis::gemm (gelu epilogue)");
     return;
   }
   lt_product<T, T, TC> p;
   p.m = std::int64_t(M), p.n = std::int64_t(N), p.k = std::int64_t(K);
+  p.batch = std::int64_t(batch);
   p.a = a, p.b = b, p.c = c;
   p.trans_a = o.trans_a, p.trans_b = o.trans_b;
   p.alpha = o.alpha, p.beta = o.beta;
@@ -108,8 +113,8 @@ void gemm(cuda_context& ctx, const device_tensor<TA, 2>& a, const device_tensor<
   const auto mnk = detail::check_gemm("precis::gemm", a, b, o, 0);
   check_shape("precis::gemm: c", c, detail::dims2(mnk[0], mnk[1]));
   detail::cuda::device_product<detail::cuda::device_compute_t<P>>(
-      ctx, mnk[0], mnk[1], mnk[2], a.data(), b.data(), static_cast<const TC*>(nullptr), c.data(),
-      o);
+      ctx, 1, mnk[0], mnk[1], mnk[2], a.data(), b.data(), static_cast<const TC*>(nullptr),
+      c.data(), o);
 }
 
 /// As gemm, plus `bias` (N values, of C's type) added to every row before the epilogue.
@@ -122,7 +127,7 @@ void gemm(cuda_context& ctx, const device_tensor<TA, 2>& a, const device_tensor<
   check_shape("precis::gemm: bias", bias, std::array<std::size_t, 1>{mnk[1]});
   check_shape("precis::gemm: c", c, detail::dims2(mnk[0], mnk[1]));
   detail::cuda::device_product<detail::cuda::device_compute_t<P>>(
-      ctx, mnk[0], mnk[1], mnk[2], a.data(), b.data(), bias.data(), c.data(), o);
+      ctx, 1, mnk[0], mnk[1], mnk[2], a.data(), b.data(), bias.data(), c.data(), o);
 }
 
 /// Batched product on the device: c[i] = alpha op(a[i]) op(b[i]) + beta c[i] for every i
@@ -137,11 +142,8 @@ void gemm(cuda_context& ctx, const device_tensor<TA, 3>& a, const device_tensor<
   check_shape("precis::gemm (batched): b", b,
               std::array<std::size_t, 3>{batch, b.shape()[1], b.shape()[2]});
   check_shape("precis::gemm (batched): c", c, std::array<std::size_t, 3>{batch, M, N});
-  for (std::size_t i = 0; i < batch; ++i) {
-    detail::cuda::device_product<detail::cuda::device_compute_t<P>>(
-        ctx, M, N, K, a.data() + i * M * K, b.data() + i * K * N, static_cast<const TC*>(nullptr),
-        c.data() + i * M * N, o);
-  }
+  detail::cuda::device_product<detail::cuda::device_compute_t<P>>(
+      ctx, batch, M, N, K, a.data(), b.data(), static_cast<const TC*>(nullptr), c.data(), o);
 }
 
 }  // namespace precis
