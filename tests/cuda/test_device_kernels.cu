@@ -9,7 +9,7 @@
 #include <precis/kernels/cuda/norm.hpp>
 #include <precis/kernels/cuda/softmax.hpp>
 
-#include "../gpu.hpp"
+#include "device_test.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -21,66 +21,7 @@
 
 namespace {
 
-int failures = 0;
-std::mt19937 rng(std::random_device{}());
-
-template <class T>
-constexpr double bound() {
-  if constexpr (std::is_same_v<T, float>) return 1e-5;
-  else if constexpr (std::is_same_v<T, precis::bfloat16>) return 1e-2;
-  else return 2e-3;  // float16
-}
-
-template <class T, std::size_t N>
-precis::host_tensor<T, N> random_tensor(const std::array<std::size_t, N>& shape, float scale = 1.0F) {
-  std::normal_distribution<float> d(0.0F, scale);
-  auto t = precis::host_tensor<T, N>::from_shape(shape);
-  for (auto& v : t) v = T(d(rng));
-  return t;
-}
-
-/// A device tensor of the shape, every byte 0xFF (NaN in float, bfloat16 and float16).
-template <class T, std::size_t N>
-precis::device_tensor<T, N> poisoned(const std::array<std::size_t, N>& shape) {
-  precis::device_tensor<T, N> d(shape);
-  precis::check(cudaMemset(d.data(), 0xFF, d.size() * sizeof(T)), "cudaMemset");
-  return d;
-}
-
-template <class T, std::size_t N>
-void compare(const std::string& what, precis::cuda_context& ctx, const precis::device_tensor<T, N>& got,
-             const precis::host_tensor<T, N>& want, double limit = bound<T>()) {
-  const auto g = precis::to_host(got, ctx.stream());
-  double err = 0, norm = 0;
-  for (std::size_t i = 0; i < g.size(); ++i) {
-    const double a = float(g.data()[i]), b = float(want.data()[i]);
-    if (!std::isfinite(a) || !std::isfinite(b)) {
-      err = std::numeric_limits<double>::infinity();
-      break;
-    }
-    err = std::max(err, std::abs(a - b));
-    norm = std::max(norm, std::abs(b));
-  }
-  const double rel = norm == 0 ? err : err / norm;
-  if (!(rel < limit)) {
-    std::printf("FAILED: %s: device vs host %g >= %g\n", what.c_str(), rel, limit);
-    ++failures;
-  }
-}
-
-template <class F>
-void expect_error(const std::string& what, F f, const std::string& needle) {
-  try {
-    f();
-  } catch (const precis::error& e) {
-    if (std::string(e.what()).find(needle) != std::string::npos) return;
-    std::printf("FAILED: %s: message \"%s\" lacks \"%s\"\n", what.c_str(), e.what(), needle.c_str());
-    ++failures;
-    return;
-  }
-  std::printf("FAILED: %s: no precis::error\n", what.c_str());
-  ++failures;
-}
+using namespace precis_test;
 
 template <class P, class T>
 void check_gemm(precis::cuda_context& ctx, const precis::cpu_context& cpu) {
@@ -367,6 +308,5 @@ int main() {
   check_conv<presets::fp16_mixed, float16>(ctx, cpu);
   check_conv<presets::fp32, float>(ctx, cpu);
   ctx.synchronize();
-  std::printf("%d failures\n", failures);
-  return failures == 0 ? 0 : 1;
+  return precis_test::finish();
 }

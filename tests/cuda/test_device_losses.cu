@@ -1,15 +1,15 @@
 // The device reductions, losses and tensor casts against the CPU kernels on the same
-// random inputs. Axis reductions add in the host's order and must give the host's bits
-// for float accumulation; whole-tensor reductions and losses are compared within a bound
-// (another order of additions, the device's libm), and must give the same bits on every
-// call. Losses are checked with dloss given on the host and read from device memory;
+// random inputs. Axis sums, means and maxima add in the host's order and must give the
+// host's bits; whole-tensor reductions are held to the exact (double) result and to the
+// host's, losses to the host's within a bound (another order of additions, the device's
+// libm), and must give the same bits on every call. Losses are checked with dloss given on the host and read from device memory;
 // cross-entropy with an out-of-range target gives NaN, not a read out of bounds. Outputs
 // are poisoned with NaN first. Exits 77 (skipped) where no GPU is present.
 #include <precis/kernels/cuda/cast.hpp>
 #include <precis/kernels/cuda/loss.hpp>
 #include <precis/kernels/cuda/reduce.hpp>
 
-#include "../gpu.hpp"
+#include "device_test.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -22,31 +22,7 @@
 
 namespace {
 
-int failures = 0;
-std::mt19937 rng(std::random_device{}());
-
-void expect(bool ok, const std::string& what) {
-  if (!ok) {
-    std::printf("FAILED: %s\n", what.c_str());
-    ++failures;
-  }
-}
-
-template <class T, std::size_t N>
-precis::host_tensor<T, N> random_tensor(const std::array<std::size_t, N>& shape, float mean = 0.0F,
-                                        float scale = 1.0F) {
-  std::normal_distribution<float> d(mean, scale);
-  auto t = precis::host_tensor<T, N>::from_shape(shape);
-  for (auto& v : t) v = T(d(rng));
-  return t;
-}
-
-template <class T, std::size_t N>
-precis::device_tensor<T, N> poisoned(const std::array<std::size_t, N>& shape) {
-  precis::device_tensor<T, N> d(shape);
-  precis::check(cudaMemset(d.data(), 0xFF, d.size() * sizeof(T)), "cudaMemset");
-  return d;
-}
+using namespace precis_test;
 
 /// The one value of a {1} device tensor.
 template <class T>
@@ -62,67 +38,36 @@ void expect_close(const std::string& what, double got, double want, double rel) 
   }
 }
 
-template <class T, std::size_t N>
-void compare(const std::string& what, precis::cuda_context& ctx, const precis::device_tensor<T, N>& got,
-             const precis::host_tensor<T, N>& want, double limit) {
-  const auto g = precis::to_host(got, ctx.stream());
-  double err = 0, norm = 0;
-  for (std::size_t i = 0; i < g.size(); ++i) {
-    const double a = double(g.data()[i]), b = double(want.data()[i]);
-    if (!std::isfinite(a) || !std::isfinite(b)) {
-      err = std::numeric_limits<double>::infinity();
-      break;
-    }
-    err = std::max(err, std::abs(a - b));
-    norm = std::max(norm, std::abs(b));
-  }
-  const double rel = norm == 0 ? err : err / norm;
-  if (!(rel <= limit)) {
-    std::printf("FAILED: %s: device vs host %g > %g\n", what.c_str(), rel, limit);
-    ++failures;
-  }
-}
-
-template <class T, std::size_t N>
-bool same_bits(precis::cuda_context& ctx, const precis::device_tensor<T, N>& got,
-               const precis::host_tensor<T, N>& want) {
-  const auto g = precis::to_host(got, ctx.stream());
-  return std::memcmp(g.data(), want.data(), g.size() * sizeof(T)) == 0;
-}
-
-template <class F>
-void expect_error(const std::string& what, F f, const std::string& needle) {
-  try {
-    f();
-  } catch (const precis::error& e) {
-    if (std::string(e.what()).find(needle) != std::string::npos) return;
-    std::printf("FAILED: %s: message \"%s\" lacks \"%s\"\n", what.c_str(), e.what(), needle.c_str());
-    ++failures;
-    return;
-  }
-  std::printf("FAILED: %s: no precis::error\n", what.c_str());
-  ++failures;
-}
-
 template <class P, class T>
 void check_reductions(precis::cuda_context& ctx, const precis::cpu_context& cpu, const std::string& tag) {
   // Whole tensor: sizes around the first pass's block boundaries.
   for (std::size_t n : {1U, 255U, 4097U, 1000003U}) {
-    const auto x = random_tensor<T, 1>({n}, 0.5F);
+    const auto x = random_tensor<T, 1>({n}, 1.0F, 0.5F);
     const auto dx = precis::to_device(x);
     auto out = poisoned<float, 1>({1});
     const std::string w = tag + " n=" + std::to_string(n);
+    // The exact sums of the rounded inputs: the device's tree of float sums stays within
+    // 1e-5 of them; the host's single running float sum drifts by up to ~1e-4 over 1M
+    // values, so the device is held to the exact value and to the host within 1e-3.
+    double exact = 0, squares = 0;
+    for (const auto& v : x) {
+      exact += double(v);
+      squares += double(v) * double(v);
+    }
     precis::sum<P>(ctx, dx, out);
     const double s1 = scalar(ctx, out);
-    expect_close("sum" + w, s1, double(precis::sum<P>(cpu, x)), 1e-5);
+    expect_close("sum" + w, s1, exact, 1e-5);
+    expect_close("sum vs host" + w, s1, double(precis::sum<P>(cpu, x)), 1e-3);
     precis::sum<P>(ctx, dx, out);
     expect(scalar(ctx, out) == s1, "sum repeats its bits" + w);
     precis::mean<P>(ctx, dx, out);
-    expect_close("mean" + w, scalar(ctx, out), double(precis::mean<P>(cpu, x)), 1e-5);
+    expect_close("mean" + w, scalar(ctx, out), exact / double(n), 1e-5);
+    expect_close("mean vs host" + w, scalar(ctx, out), double(precis::mean<P>(cpu, x)), 1e-3);
     precis::max<P>(ctx, dx, out);
     expect(scalar(ctx, out) == double(precis::max<P>(cpu, x)), "max" + w);
     precis::l2_norm<P>(ctx, dx, out);
-    expect_close("l2_norm" + w, scalar(ctx, out), double(precis::l2_norm<P>(cpu, x)), 1e-5);
+    expect_close("l2_norm" + w, scalar(ctx, out), std::sqrt(squares), 1e-5);
+    expect_close("l2_norm vs host" + w, scalar(ctx, out), double(precis::l2_norm<P>(cpu, x)), 1e-3);
   }
   // NaN wins in max.
   auto xn = random_tensor<T, 1>({5000});
@@ -149,8 +94,12 @@ void check_reductions(precis::cuda_context& ctx, const precis::cpu_context& cpu,
     PRECIS_CHECK_AXIS(sum)
     PRECIS_CHECK_AXIS(mean)
     PRECIS_CHECK_AXIS(max)
-    PRECIS_CHECK_AXIS(l2_norm)
 #undef PRECIS_CHECK_AXIS
+    // Squares may be fused into the additions on the device (one rounding fewer).
+    precis::l2_norm<P>(cpu, x, axis, want);
+    got = poisoned<float, 2>(shape);
+    precis::l2_norm<P>(ctx, dx, axis, got);
+    compare("l2_norm" + w, ctx, got, want, 1e-6);
   }
   auto wrong = poisoned<float, 2>({7, 34});
   expect_error("sum axis shape", [&] { precis::sum<P>(ctx, dx, 1, wrong); }, "precis::sum: out");
@@ -163,7 +112,7 @@ void check_reductions(precis::cuda_context& ctx, const precis::cpu_context& cpu,
 
 template <class P, class T>
 void check_losses(precis::cuda_context& ctx, const precis::cpu_context& cpu, const std::string& tag,
-                  double bound) {
+                  double limit) {
   // The scale a device scaler would hold, in device memory.
   precis::host_tensor<float, 1> scale_h({1});
   scale_h(0) = 1024.0F;
@@ -172,7 +121,7 @@ void check_losses(precis::cuda_context& ctx, const precis::cpu_context& cpu, con
 
   // Cross-entropy.
   const std::size_t B = 37, C = 1001;
-  const auto logits = random_tensor<T, 2>({B, C}, 0.0F, 3.0F);
+  const auto logits = random_tensor<T, 2>({B, C}, 3.0F);
   auto targets = precis::host_tensor<std::int32_t, 1>::from_shape({B});
   std::uniform_int_distribution<std::int32_t> cls(0, std::int32_t(C) - 1);
   for (auto& t : targets) t = cls(rng);
@@ -184,10 +133,10 @@ void check_losses(precis::cuda_context& ctx, const precis::cpu_context& cpu, con
   auto dg = poisoned<T, 2>({B, C});
   precis::cross_entropy_backward<P>(cpu, logits, targets, g, 1024.0);
   precis::cross_entropy_backward<P>(ctx, dl, dt, dg, scale_d.data());
-  compare("cross_entropy_backward (device dloss)" + tag, ctx, dg, g, bound);
+  compare("cross_entropy_backward (device dloss)" + tag, ctx, dg, g, limit);
   dg = poisoned<T, 2>({B, C});
   precis::cross_entropy_backward<P>(ctx, dl, dt, dg, 1024.0);
-  compare("cross_entropy_backward (host dloss)" + tag, ctx, dg, g, bound);
+  compare("cross_entropy_backward (host dloss)" + tag, ctx, dg, g, limit);
   targets(5) = std::int32_t(C);  // out of range
   dt = precis::to_device(targets);
   precis::cross_entropy<P>(ctx, dl, dt, loss);
@@ -199,9 +148,10 @@ void check_losses(precis::cuda_context& ctx, const precis::cpu_context& cpu, con
   expect_error("cross_entropy targets shape", [&] { precis::cross_entropy<P>(ctx, dl, short_targets, loss); },
                "precis::cross_entropy: targets");
 
-  // The pointwise losses, on a DBNet-sized map with 0/1 and probability targets.
+  // The pointwise losses, on a DBNet-sized map with 0/1 and probability targets. The host
+  // sums 38k terms in one running float sum (relative drift ~1e-5), hence 1e-4.
   const std::array<std::size_t, 3> shape{3, 97, 131};
-  const auto x = random_tensor<T, 3>(shape, 0.0F, 2.0F);
+  const auto x = random_tensor<T, 3>(shape, 2.0F);
   auto probs = precis::host_tensor<T, 3>::from_shape(shape);
   auto binary = probs;
   std::uniform_real_distribution<float> u(0.0F, 1.0F);
@@ -214,35 +164,35 @@ void check_losses(precis::cuda_context& ctx, const precis::cpu_context& cpu, con
   auto gd = poisoned<T, 3>(shape);
 
   precis::bce_with_logits<P>(ctx, dx, db, loss);
-  expect_close("bce_with_logits" + tag, scalar(ctx, loss), double(precis::bce_with_logits<P>(cpu, x, binary)), 1e-5);
+  expect_close("bce_with_logits" + tag, scalar(ctx, loss), double(precis::bce_with_logits<P>(cpu, x, binary)), 1e-4);
   precis::bce_with_logits_backward<P>(cpu, x, binary, gh, 1024.0);
   precis::bce_with_logits_backward<P>(ctx, dx, db, gd, scale_d.data());
-  compare("bce_with_logits_backward" + tag, ctx, gd, gh, bound);
+  compare("bce_with_logits_backward" + tag, ctx, gd, gh, limit);
 
   precis::dice_loss<P>(ctx, dp, db, loss, 1.0);
   const double dice = scalar(ctx, loss);
-  expect_close("dice_loss" + tag, dice, double(precis::dice_loss<P>(cpu, probs, binary, 1.0)), 1e-5);
+  expect_close("dice_loss" + tag, dice, double(precis::dice_loss<P>(cpu, probs, binary, 1.0)), 1e-4);
   precis::dice_loss<P>(ctx, dp, db, loss, 1.0);
   expect(scalar(ctx, loss) == dice, "dice_loss repeats its bits" + tag);
   precis::dice_loss_backward<P>(cpu, probs, binary, gh, 1.0, 1024.0);
   gd = poisoned<T, 3>(shape);
   precis::dice_loss_backward<P>(ctx, dp, db, gd, 1.0, scale_d.data());
-  compare("dice_loss_backward" + tag, ctx, gd, gh, bound);
+  compare("dice_loss_backward" + tag, ctx, gd, gh, limit);
   expect_error("dice eps", [&] { precis::dice_loss<P>(ctx, dp, db, loss, -1.0); }, "eps");
 
   precis::l1_loss<P>(ctx, dx, dp, loss);
-  expect_close("l1_loss" + tag, scalar(ctx, loss), double(precis::l1_loss<P>(cpu, x, probs)), 1e-5);
+  expect_close("l1_loss" + tag, scalar(ctx, loss), double(precis::l1_loss<P>(cpu, x, probs)), 1e-4);
   precis::l1_loss_backward<P>(cpu, x, probs, gh, 1024.0);
   gd = poisoned<T, 3>(shape);
   precis::l1_loss_backward<P>(ctx, dx, dp, gd, scale_d.data());
-  compare("l1_loss_backward" + tag, ctx, gd, gh, bound);
+  compare("l1_loss_backward" + tag, ctx, gd, gh, limit);
 
   precis::smooth_l1_loss<P>(ctx, dx, dp, loss, 0.5);
-  expect_close("smooth_l1_loss" + tag, scalar(ctx, loss), double(precis::smooth_l1_loss<P>(cpu, x, probs, 0.5)), 1e-5);
+  expect_close("smooth_l1_loss" + tag, scalar(ctx, loss), double(precis::smooth_l1_loss<P>(cpu, x, probs, 0.5)), 1e-4);
   precis::smooth_l1_loss_backward<P>(cpu, x, probs, gh, 0.5, 1024.0);
   gd = poisoned<T, 3>(shape);
   precis::smooth_l1_loss_backward<P>(ctx, dx, dp, gd, 0.5, scale_d.data());
-  compare("smooth_l1_loss_backward" + tag, ctx, gd, gh, bound);
+  compare("smooth_l1_loss_backward" + tag, ctx, gd, gh, limit);
   expect_error("smooth_l1 beta", [&] { precis::smooth_l1_loss<P>(ctx, dx, dp, loss, NAN); }, "beta");
 
   const auto other = precis::to_device(random_tensor<T, 3>({3, 97, 130}));
@@ -295,6 +245,5 @@ int main() {
   check_cast<rounding::nearest_even, overflow::saturate, precis::float8_e4m3>(ctx, cpu);
   check_cast<rounding::nearest_even, overflow::infinity, precis::float8_e5m2>(ctx, cpu);
   ctx.synchronize();
-  std::printf("%d failures\n", failures);
-  return failures == 0 ? 0 : 1;
+  return precis_test::finish();
 }

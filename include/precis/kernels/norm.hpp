@@ -177,8 +177,9 @@ void layer_norm_backward(const cpu_context& ctx, const host_tensor<DY, N>& dy, c
 
 namespace detail {
 
-template <class X, std::size_t N, class... T>
-void check_channel_tensors(std::string_view name, const host_tensor<X, N>& x,
+/// Checks that every named tensor has shape [C], C = x's axis 1 (host or device tensors).
+template <class XT, class... T>
+void check_channel_tensors(std::string_view name, const XT& x,
                            const std::pair<std::string_view, const T*>&... ts) {
   const std::array<std::size_t, 1> c{std::size_t(x.shape()[1])};
   (check_shape(std::string(name) + ": " + std::string(ts.first), *ts.second, c), ...);
@@ -187,6 +188,19 @@ void check_channel_tensors(std::string_view name, const host_tensor<X, N>& x,
 template <class T>
 std::pair<std::string_view, const T*> named(std::string_view name, const T& t) {
   return {name, &t};
+}
+
+/// Training mode needs two values per channel, a momentum in [0, 1] and a valid eps.
+template <class XT>
+void check_batch_norm_train_arguments(std::string_view name, const XT& x, double momentum, double eps) {
+  const auto d = batch_norm_dims(x);
+  if (d[0] * d[2] < 2 && d[1] > 0) {
+    throw error(std::string(name) + ": x has shape " + shape_string(x.shape()) +
+                ", expected more than one value per channel in training mode");
+  }
+  check_argument(std::isfinite(momentum) && momentum >= 0 && momentum <= 1, std::string(name) + ": momentum",
+                 "must be in [0, 1], is " + std::to_string(momentum));
+  check_eps(name, eps);
 }
 
 }  // namespace detail
@@ -217,14 +231,7 @@ void batch_norm_train(const cpu_context& ctx, const host_tensor<X, N>& x, const 
   check_shape(std::string(name) + ": y", y, detail::shape_array<N>(x));
   const auto d = detail::batch_norm_dims(x);
   const std::size_t count = d[0] * d[2];
-  if (count < 2 && d[1] > 0) {
-    throw error(std::string(name) + ": x has shape " + shape_string(x.shape()) +
-                ", expected more than one value per channel in training mode");
-  }
-  detail::check_argument(std::isfinite(momentum) && momentum >= 0 && momentum <= 1,
-                         std::string(name) + ": momentum",
-                         "must be in [0, 1], is " + std::to_string(momentum));
-  detail::check_eps(name, eps);
+  detail::check_batch_norm_train_arguments(name, x, momentum, eps);
   const M e = static_cast<M>(eps), mom = static_cast<M>(momentum);
   detail::for_rows(ctx, d[1], count, [&](std::size_t begin, std::size_t end) {
     std::vector<M> v(count);

@@ -1,9 +1,12 @@
-// precis/kernels/cuda/norm.hpp: layer norm over the last axis of device tensors, forward
-// and backward, with the calls of kernels/norm.hpp (a cuda_context in place of the
-// cpu_context). Statistics in at least float (the policy's accumulate type for the sums,
-// two passes for the variance, as on the host); one block per row; dgamma and dbeta are
-// column sums, one thread per column adding the rows in order (the host's order). Shapes
-// and eps are checked on the host before anything is launched. Compiled by nvcc only.
+// precis/kernels/cuda/norm.hpp: layer norm over the last axis and batch norm over axis 1 of
+// device tensors, forward and backward, with the calls of kernels/norm.hpp (a cuda_context
+// in place of the cpu_context). Statistics in at least float (the policy's accumulate type
+// for the sums, two passes for the variance, as on the host). Layer norm: one block per
+// row; dgamma and dbeta are column sums, one thread per column adding the rows in order
+// (the host's order). Batch norm: one block per channel for the statistics, the running
+// statistics (PyTorch's update, unbiased running variance) and the backward sums; inference
+// is elementwise. Shapes and arguments are checked on the host before anything is
+// launched. Compiled by nvcc only.
 #pragma once
 
 #include <precis/config.hpp>
@@ -90,6 +93,91 @@ __global__ void layer_norm_param_grads(const DY* dy, const X* x, const S* mean, 
   }
 }
 
+/// Element j of channel c of x viewed as [batch, channels, inner].
+template <class T>
+__device__ inline const T& channel_at(const T* x, std::size_t channels, std::size_t inner, std::size_t c,
+                                      std::size_t j) {
+  return x[((j / inner) * channels + c) * inner + j % inner];
+}
+
+template <class M, class Acc, class X, class G, class B, class R, class Y, class S>
+__global__ void batch_norm_train_channels(const X* x, const G* gamma, const B* beta, R* running_mean,
+                                          R* running_var, Y* y, S* save_mean, S* save_rstd,
+                                          std::size_t channels, std::size_t inner, std::size_t count,
+                                          M eps, M momentum) {
+  __shared__ M shared[32];
+  using V = typename accumulator<Acc>::value_type;
+  const std::size_t c = blockIdx.x;
+  accumulator<Acc> s;
+  for (std::size_t j = threadIdx.x; j < count; j += blockDim.x) {
+    s.add(V(device_load<M>(channel_at(x, channels, inner, c, j))));
+  }
+  const M mu = block_reduce(M(s.value()), acc_add<Acc, M>{}, shared) / M(count);
+  accumulator<Acc> q;
+  for (std::size_t j = threadIdx.x; j < count; j += blockDim.x) {
+    const M d = device_load<M>(channel_at(x, channels, inner, c, j)) - mu;
+    q.add(V(d * d));
+  }
+  const M var = block_reduce(M(q.value()), acc_add<Acc, M>{}, shared) / M(count);
+  const M rs = M(1) / ::sqrt(var + eps);
+  const M g = device_load<M>(gamma[c]), bt = device_load<M>(beta[c]);
+  for (std::size_t j = threadIdx.x; j < count; j += blockDim.x) {
+    const std::size_t at = ((j / inner) * channels + c) * inner + j % inner;
+    y[at] = round_to<Y>((device_load<M>(x[at]) - mu) * rs * g + bt);
+  }
+  if (threadIdx.x == 0) {
+    save_mean[c] = static_cast<S>(mu);
+    save_rstd[c] = static_cast<S>(rs);
+    const M unbiased = var * static_cast<M>(count) / static_cast<M>(count - 1);
+    running_mean[c] = static_cast<R>((M(1) - momentum) * static_cast<M>(running_mean[c]) + momentum * mu);
+    running_var[c] = static_cast<R>((M(1) - momentum) * static_cast<M>(running_var[c]) + momentum * unbiased);
+  }
+}
+
+template <class M, class X, class G, class B, class R, class Y>
+__global__ void batch_norm_infer_kernel(const X* x, const G* gamma, const B* beta, const R* running_mean,
+                                        const R* running_var, Y* y, std::size_t channels,
+                                        std::size_t inner, std::size_t n, M eps) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    const std::size_t c = (i / inner) % channels;
+    const M mu = static_cast<M>(running_mean[c]);
+    const M rs = M(1) / ::sqrt(static_cast<M>(running_var[c]) + eps);
+    y[i] = round_to<Y>((device_load<M>(x[i]) - mu) * rs * device_load<M>(gamma[c]) + device_load<M>(beta[c]));
+  }
+}
+
+// dbeta = sum(dy), dgamma = sum(dy xhat), dx = gamma rstd (dy - dbeta / count - xhat dgamma / count).
+template <class M, class Acc, class DY, class X, class G, class S, class DX, class DG, class DB>
+__global__ void batch_norm_backward_channels(const DY* dy, const X* x, const G* gamma, const S* save_mean,
+                                             const S* save_rstd, DX* dx, DG* dgamma, DB* dbeta,
+                                             std::size_t channels, std::size_t inner, std::size_t count) {
+  __shared__ M shared[32];
+  using V = typename accumulator<Acc>::value_type;
+  const std::size_t c = blockIdx.x;
+  const M mu = static_cast<M>(save_mean[c]), rs = static_cast<M>(save_rstd[c]);
+  accumulator<Acc> sdy, sdyx;
+  for (std::size_t j = threadIdx.x; j < count; j += blockDim.x) {
+    const M g = device_load<M>(channel_at(dy, channels, inner, c, j));
+    const M xh = (device_load<M>(channel_at(x, channels, inner, c, j)) - mu) * rs;
+    sdy.add(V(g));
+    sdyx.add(V(g * xh));
+  }
+  const M sum_dy = block_reduce(M(sdy.value()), acc_add<Acc, M>{}, shared);
+  const M sum_dyx = block_reduce(M(sdyx.value()), acc_add<Acc, M>{}, shared);
+  const M k = device_load<M>(gamma[c]) * rs;
+  const M a = sum_dy / static_cast<M>(count), b = sum_dyx / static_cast<M>(count);
+  for (std::size_t j = threadIdx.x; j < count; j += blockDim.x) {
+    const std::size_t at = ((j / inner) * channels + c) * inner + j % inner;
+    const M xh = (device_load<M>(x[at]) - mu) * rs;
+    dx[at] = round_to<DX>(k * (device_load<M>(dy[at]) - a - xh * b));
+  }
+  if (threadIdx.x == 0) {
+    dgamma[c] = round_to<DG>(sum_dyx);
+    dbeta[c] = round_to<DB>(sum_dy);
+  }
+}
+
 }  // namespace detail::cuda
 
 /// Layer norm over the last axis on the device (see the host layer_norm): y, and the
@@ -151,6 +239,86 @@ void layer_norm_backward(cuda_context& ctx, const device_tensor<DY, N>& dy,
                                                  ctx.stream()>>>(
       dy.data(), x.data(), mean.data(), rstd.data(), dgamma.data(), dbeta.data(), rows, cols);
   check(cudaGetLastError(), "precis::layer_norm_backward (dgamma, dbeta)");
+}
+
+/// Batch norm in training mode on the device (see the host batch_norm_train: channels on
+/// axis 1, PyTorch's momentum and unbiased running variance, save_mean / save_rstd for the
+/// backward pass).
+template <Policy P, kernel_element X, kernel_element G, kernel_element B, statistics_element R,
+          kernel_element Y, statistics_element S, std::size_t N>
+  requires(N >= 2)
+void batch_norm_train(cuda_context& ctx, const device_tensor<X, N>& x, const device_tensor<G, 1>& gamma,
+                      const device_tensor<B, 1>& beta, device_tensor<R, 1>& running_mean,
+                      device_tensor<R, 1>& running_var, device_tensor<Y, N>& y,
+                      device_tensor<S, 1>& save_mean, device_tensor<S, 1>& save_rstd,
+                      double momentum = 0.1, double eps = 1e-5) {
+  using M = detail::math_t<op::batch_norm, P, X, G, B>;
+  using Acc = detail::accumulate_t<op::batch_norm, P>;
+  constexpr std::string_view name = "precis::batch_norm_train";
+  detail::check_channel_tensors(name, x, detail::named("gamma", gamma), detail::named("beta", beta),
+                                detail::named("running_mean", running_mean),
+                                detail::named("running_var", running_var),
+                                detail::named("save_mean", save_mean), detail::named("save_rstd", save_rstd));
+  check_shape(std::string(name) + ": y", y, x.shape());
+  detail::check_batch_norm_train_arguments(name, x, momentum, eps);
+  const auto d = detail::batch_norm_dims(x);
+  if (d[1] == 0) return;
+  detail::cuda::batch_norm_train_channels<M, Acc><<<unsigned(d[1]), detail::cuda::row_threads, 0, ctx.stream()>>>(
+      x.data(), gamma.data(), beta.data(), running_mean.data(), running_var.data(), y.data(), save_mean.data(),
+      save_rstd.data(), d[1], d[2], d[0] * d[2], static_cast<M>(eps), static_cast<M>(momentum));
+  check(cudaGetLastError(), name);
+}
+
+/// Batch norm in inference mode on the device, from the running statistics (see the host
+/// batch_norm_infer; the same formula as training mode).
+template <Policy P, kernel_element X, kernel_element G, kernel_element B, statistics_element R,
+          kernel_element Y, std::size_t N>
+  requires(N >= 2)
+void batch_norm_infer(cuda_context& ctx, const device_tensor<X, N>& x, const device_tensor<G, 1>& gamma,
+                      const device_tensor<B, 1>& beta, const device_tensor<R, 1>& running_mean,
+                      const device_tensor<R, 1>& running_var, device_tensor<Y, N>& y, double eps = 1e-5) {
+  using M = detail::math_t<op::batch_norm, P, X, G, B>;
+  constexpr std::string_view name = "precis::batch_norm_infer";
+  detail::check_channel_tensors(name, x, detail::named("gamma", gamma), detail::named("beta", beta),
+                                detail::named("running_mean", running_mean),
+                                detail::named("running_var", running_var));
+  check_shape(std::string(name) + ": y", y, x.shape());
+  detail::check_eps(name, eps);
+  const auto d = detail::batch_norm_dims(x);
+  const std::size_t n = x.size();
+  if (n == 0) return;
+  detail::cuda::batch_norm_infer_kernel<M><<<detail::cuda::grid_for(n), 256, 0, ctx.stream()>>>(
+      x.data(), gamma.data(), beta.data(), running_mean.data(), running_var.data(), y.data(), d[1], d[2], n,
+      static_cast<M>(eps));
+  check(cudaGetLastError(), name);
+}
+
+/// Gradients of batch_norm_train on the device from its saved statistics (see the host
+/// batch_norm_backward).
+template <Policy P, kernel_element DY, kernel_element X, kernel_element G, statistics_element S,
+          kernel_element DX, kernel_element DG, kernel_element DB, std::size_t N>
+  requires(N >= 2)
+void batch_norm_backward(cuda_context& ctx, const device_tensor<DY, N>& dy, const device_tensor<X, N>& x,
+                         const device_tensor<G, 1>& gamma, const device_tensor<S, 1>& save_mean,
+                         const device_tensor<S, 1>& save_rstd, device_tensor<DX, N>& dx,
+                         device_tensor<DG, 1>& dgamma, device_tensor<DB, 1>& dbeta) {
+  using M = detail::math_t<op::batch_norm, P, DY, X, G>;
+  using Acc = detail::accumulate_t<op::batch_norm, P>;
+  constexpr std::string_view name = "precis::batch_norm_backward";
+  check_same_shape(std::string(name) + ": dy and x", dy, x);
+  detail::check_channel_tensors(name, x, detail::named("gamma", gamma),
+                                detail::named("save_mean", save_mean),
+                                detail::named("save_rstd", save_rstd), detail::named("dgamma", dgamma),
+                                detail::named("dbeta", dbeta));
+  check_shape(std::string(name) + ": dx", dx, x.shape());
+  const auto d = detail::batch_norm_dims(x);
+  const std::size_t count = d[0] * d[2];
+  if (count == 0 || d[1] == 0) return;
+  detail::cuda::batch_norm_backward_channels<M, Acc>
+      <<<unsigned(d[1]), detail::cuda::row_threads, 0, ctx.stream()>>>(
+          dy.data(), x.data(), gamma.data(), save_mean.data(), save_rstd.data(), dx.data(), dgamma.data(),
+          dbeta.data(), d[1], d[2], count);
+  check(cudaGetLastError(), name);
 }
 
 }  // namespace precis

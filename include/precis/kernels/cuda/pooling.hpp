@@ -1,0 +1,388 @@
+// precis/kernels/cuda/pooling.hpp: max and average pooling, nearest and bilinear
+// upsampling (NCHW) on device tensors, forward and backward, with the calls of
+// kernels/pooling.hpp (a cuda_context in place of the cpu_context).
+//
+// Forward passes give each output element to one thread, which computes it as the host
+// does (the window read in row order, the first maximum winning, NaN winning; sums in the
+// accumulate type; one rounding). Backward passes gather rather than scatter: each input
+// element's thread visits the outputs that read it, in the host's raster order, and adds
+// their shares in the accumulate type -- no atomics, so the result does not depend on
+// scheduling and the additions come in the host's order. Shapes and windows are checked on
+// the host, with the host's messages, before anything is launched. Compiled by nvcc only.
+#pragma once
+
+#include <precis/config.hpp>
+#include <precis/kernels/cuda/common.hpp>
+#include <precis/kernels/cuda/elementwise.hpp>
+#include <precis/kernels/pooling.hpp>
+
+#if defined(__CUDACC__)
+
+#include <cstddef>
+#include <string>
+
+namespace precis {
+
+namespace detail::cuda {
+
+/// The window of output (oy, ox) clipped to the input (the host's window_at).
+__device__ inline window device_window(const pool_geometry& g, std::size_t oy, std::size_t ox) {
+  const std::size_t ty = oy * g.sh, tx = ox * g.sw;
+  return {ty < g.ph ? 0 : ty - g.ph, ty + g.kh - g.ph < g.h ? ty + g.kh - g.ph : g.h,
+          tx < g.pw ? 0 : tx - g.pw, tx + g.kw - g.pw < g.w ? tx + g.kw - g.pw : g.w};
+}
+
+/// Index in the plane of the window's first maximum, NaN winning (the host's argmax_in).
+template <class M, class T>
+__device__ std::size_t device_argmax(const T* x, std::size_t width, const window& w) {
+  std::size_t best = w.y0 * width + w.x0;
+  M bv = device_load<M>(x[best]);
+  for (std::size_t y = w.y0; y < w.y1; ++y) {
+    for (std::size_t xx = w.x0; xx < w.x1; ++xx) {
+      const M v = device_load<M>(x[y * width + xx]);
+      if (::isnan(bv)) return best;
+      if (v > bv || ::isnan(v)) {
+        bv = v;
+        best = y * width + xx;
+      }
+    }
+  }
+  return best;
+}
+
+/// The outputs along one axis whose windows hold input index i: [lo, hi).
+__device__ inline void outputs_reading(std::size_t i, std::size_t pad, std::size_t k, std::size_t s,
+                                       std::size_t outs, std::size_t& lo, std::size_t& hi) {
+  // o * s - pad <= i < o * s - pad + k
+  const std::size_t top = i + pad;  // o * s <= top and o * s > top - k
+  lo = top + 1 > k ? (top + 1 - k + s - 1) / s : 0;
+  hi = top / s + 1;
+  if (hi > outs) hi = outs;
+}
+
+template <class M, class X, class Y>
+__global__ void max_pool_kernel(const X* x, Y* y, pool_geometry g) {
+  const std::size_t n = g.planes * g.ho * g.wo;
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    const std::size_t pl = i / (g.ho * g.wo), o = i % (g.ho * g.wo);
+    const X* xp = x + pl * g.h * g.w;
+    y[i] = round_to<Y>(device_load<M>(xp[device_argmax<M>(xp, g.w, device_window(g, o / g.wo, o % g.wo))]));
+  }
+}
+
+template <class M, class Acc, class X, class G, class DX>
+__global__ void max_pool_backward_kernel(const X* x, const G* dy, DX* dx, pool_geometry g) {
+  const std::size_t n = g.planes * g.h * g.w;
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    const std::size_t pl = i / (g.h * g.w), at = i % (g.h * g.w);
+    const X* xp = x + pl * g.h * g.w;
+    const G* dyp = dy + pl * g.ho * g.wo;
+    std::size_t oy0, oy1, ox0, ox1;
+    outputs_reading(at / g.w, g.ph, g.kh, g.sh, g.ho, oy0, oy1);
+    outputs_reading(at % g.w, g.pw, g.kw, g.sw, g.wo, ox0, ox1);
+    accumulator<Acc> acc;
+    for (std::size_t oy = oy0; oy < oy1; ++oy) {
+      for (std::size_t ox = ox0; ox < ox1; ++ox) {
+        if (device_argmax<M>(xp, g.w, device_window(g, oy, ox)) == at) {
+          acc.add(static_cast<typename accumulator<Acc>::value_type>(device_load<M>(dyp[oy * g.wo + ox])));
+        }
+      }
+    }
+    dx[i] = round_to<DX>(acc.value());
+  }
+}
+
+__device__ inline std::size_t window_count(const pool_geometry& g, const window& w, bool include_pad) {
+  return include_pad ? g.kh * g.kw : (w.y1 - w.y0) * (w.x1 - w.x0);
+}
+
+template <class M, class Acc, class X, class Y>
+__global__ void avg_pool_kernel(const X* x, Y* y, pool_geometry g, bool include_pad) {
+  const std::size_t n = g.planes * g.ho * g.wo;
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    const std::size_t pl = i / (g.ho * g.wo), o = i % (g.ho * g.wo);
+    const X* xp = x + pl * g.h * g.w;
+    const window w = device_window(g, o / g.wo, o % g.wo);
+    accumulator<Acc> acc;
+    for (std::size_t yy = w.y0; yy < w.y1; ++yy) {
+      for (std::size_t xx = w.x0; xx < w.x1; ++xx) {
+        acc.add(static_cast<typename accumulator<Acc>::value_type>(device_load<M>(xp[yy * g.w + xx])));
+      }
+    }
+    y[i] = round_to<Y>(M(acc.value()) / M(window_count(g, w, include_pad)));
+  }
+}
+
+template <class M, class Acc, class G, class DX>
+__global__ void avg_pool_backward_kernel(const G* dy, DX* dx, pool_geometry g, bool include_pad) {
+  const std::size_t n = g.planes * g.h * g.w;
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    const std::size_t pl = i / (g.h * g.w), at = i % (g.h * g.w);
+    const G* dyp = dy + pl * g.ho * g.wo;
+    std::size_t oy0, oy1, ox0, ox1;
+    outputs_reading(at / g.w, g.ph, g.kh, g.sh, g.ho, oy0, oy1);
+    outputs_reading(at % g.w, g.pw, g.kw, g.sw, g.wo, ox0, ox1);
+    accumulator<Acc> acc;
+    for (std::size_t oy = oy0; oy < oy1; ++oy) {
+      for (std::size_t ox = ox0; ox < ox1; ++ox) {
+        const std::size_t count = window_count(g, device_window(g, oy, ox), include_pad);
+        acc.add(static_cast<typename accumulator<Acc>::value_type>(device_load<M>(dyp[oy * g.wo + ox]) / M(count)));
+      }
+    }
+    dx[i] = round_to<DX>(acc.value());
+  }
+}
+
+/// Sizes of a resampling: planes, input h x w, output ho x wo.
+struct resample_geometry {
+  std::size_t planes, h, w, ho, wo;
+};
+
+template <class XT, class YT>
+resample_geometry resample_geometry_of(const XT& small, const YT& large) {
+  return {small.shape()[0] * small.shape()[1], small.shape()[2], small.shape()[3], large.shape()[2],
+          large.shape()[3]};
+}
+
+template <class M, class X, class Y>
+__global__ void nearest_kernel(const X* x, Y* y, resample_geometry g) {
+  const std::size_t n = g.planes * g.ho * g.wo;
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    const std::size_t pl = i / (g.ho * g.wo), o = i % (g.ho * g.wo);
+    const std::size_t iy = (o / g.wo) * g.h / g.ho, ix = (o % g.wo) * g.w / g.wo;
+    y[i] = round_to<Y>(device_load<M>(x[pl * g.h * g.w + iy * g.w + ix]));
+  }
+}
+
+/// The outputs o in [0, outs) with o * in / outs == i: [lo, hi).
+__device__ inline void nearest_outputs(std::size_t i, std::size_t in, std::size_t outs, std::size_t& lo,
+                                       std::size_t& hi) {
+  lo = (i * outs + in - 1) / in;
+  hi = ((i + 1) * outs + in - 1) / in;
+  if (hi > outs) hi = outs;
+}
+
+template <class M, class Acc, class G, class DX>
+__global__ void nearest_backward_kernel(const G* dy, DX* dx, resample_geometry g) {
+  const std::size_t n = g.planes * g.h * g.w;
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    const std::size_t pl = i / (g.h * g.w), at = i % (g.h * g.w);
+    const G* dyp = dy + pl * g.ho * g.wo;
+    std::size_t oy0, oy1, ox0, ox1;
+    nearest_outputs(at / g.w, g.h, g.ho, oy0, oy1);
+    nearest_outputs(at % g.w, g.w, g.wo, ox0, ox1);
+    accumulator<Acc> acc;
+    for (std::size_t oy = oy0; oy < oy1; ++oy) {
+      for (std::size_t ox = ox0; ox < ox1; ++ox) {
+        acc.add(static_cast<typename accumulator<Acc>::value_type>(device_load<M>(dyp[oy * g.wo + ox])));
+      }
+    }
+    dx[i] = round_to<DX>(acc.value());
+  }
+}
+
+/// The host's bilinear_source and bilinear_taps, on the device.
+template <class M>
+__device__ inline void device_taps(std::size_t dst, std::size_t in, std::size_t out, bool align_corners,
+                                   std::size_t& i0, std::size_t& i1, M& w1) {
+  M s;
+  if (align_corners) {
+    s = out > 1 ? M(dst) * M(in - 1) / M(out - 1) : M(0);
+  } else {
+    s = (M(dst) + M(0.5)) * M(in) / M(out) - M(0.5);
+    if (s < M(0)) s = M(0);
+  }
+  i0 = std::size_t(s) < in - 1 ? std::size_t(s) : in - 1;
+  i1 = i0 + 1 < in - 1 ? i0 + 1 : in - 1;
+  w1 = s - M(i0);
+}
+
+template <class M, class X, class Y>
+__global__ void bilinear_kernel(const X* x, Y* y, resample_geometry g, bool align_corners) {
+  const std::size_t n = g.planes * g.ho * g.wo;
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    const std::size_t pl = i / (g.ho * g.wo), o = i % (g.ho * g.wo);
+    const X* xp = x + pl * g.h * g.w;
+    std::size_t y0, y1, x0, x1;
+    M fy, fx;
+    device_taps(o / g.wo, g.h, g.ho, align_corners, y0, y1, fy);
+    device_taps(o % g.wo, g.w, g.wo, align_corners, x0, x1, fx);
+    const auto at = [&](std::size_t yy, std::size_t xx) { return device_load<M>(xp[yy * g.w + xx]); };
+    y[i] = round_to<Y>((M(1) - fy) * ((M(1) - fx) * at(y0, x0) + fx * at(y0, x1)) +
+                       fy * ((M(1) - fx) * at(y1, x0) + fx * at(y1, x1)));
+  }
+}
+
+/// The first output o in [0, outs) whose lower tap is at least t (taps grow with o).
+template <class M>
+__device__ inline std::size_t first_with_tap(std::size_t t, std::size_t in, std::size_t outs, bool align) {
+  std::size_t lo = 0, hi = outs;
+  while (lo < hi) {
+    const std::size_t mid = lo + (hi - lo) / 2;
+    std::size_t i0, i1;
+    M w1;
+    device_taps(mid, in, outs, align, i0, i1, w1);
+    if (i0 < t) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+template <class M, class Acc, class G, class DX>
+__global__ void bilinear_backward_kernel(const G* dy, DX* dx, resample_geometry g, bool align) {
+  using V = typename accumulator<Acc>::value_type;
+  const std::size_t n = g.planes * g.h * g.w;
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    const std::size_t pl = i / (g.h * g.w), iy = (i % (g.h * g.w)) / g.w, ix = i % g.w;
+    const G* dyp = dy + pl * g.ho * g.wo;
+    // The outputs whose lower tap is iy - 1 or iy are the only ones that read row iy.
+    const std::size_t oy0 = first_with_tap<M>(iy == 0 ? 0 : iy - 1, g.h, g.ho, align);
+    const std::size_t oy1 = first_with_tap<M>(iy + 1, g.h, g.ho, align);
+    const std::size_t ox0 = first_with_tap<M>(ix == 0 ? 0 : ix - 1, g.w, g.wo, align);
+    const std::size_t ox1 = first_with_tap<M>(ix + 1, g.w, g.wo, align);
+    accumulator<Acc> acc;
+    for (std::size_t oy = oy0; oy < oy1; ++oy) {
+      std::size_t y0, y1;
+      M fy;
+      device_taps(oy, g.h, g.ho, align, y0, y1, fy);
+      for (std::size_t ox = ox0; ox < ox1; ++ox) {
+        std::size_t x0, x1;
+        M fx;
+        device_taps(ox, g.w, g.wo, align, x0, x1, fx);
+        const M gv = device_load<M>(dyp[oy * g.wo + ox]);
+        // The host adds the four taps in this order; a tap that is this element counts.
+        if (y0 == iy && x0 == ix) acc.add(V((M(1) - fy) * (M(1) - fx) * gv));
+        if (y0 == iy && x1 == ix) acc.add(V((M(1) - fy) * fx * gv));
+        if (y1 == iy && x0 == ix) acc.add(V(fy * (M(1) - fx) * gv));
+        if (y1 == iy && x1 == ix) acc.add(V(fy * fx * gv));
+      }
+    }
+    dx[i] = round_to<DX>(acc.value());
+  }
+}
+
+template <class Kernel, class... Args>
+void launch_over(cuda_context& ctx, std::size_t n, std::string_view name, Kernel kernel, Args... args) {
+  if (n == 0) return;
+  kernel<<<grid_for(n), 256, 0, ctx.stream()>>>(args...);
+  check(cudaGetLastError(), name);
+}
+
+}  // namespace detail::cuda
+
+/// y = max over each window of x on the device (see the host max_pool2d).
+template <Policy P, class TX, class TY>
+void max_pool2d(cuda_context& ctx, const device_tensor<TX, 4>& x, device_tensor<TY, 4>& y,
+                const pool2d_params& p = {}) {
+  detail::check_pool_types<P, TY, TX>();
+  using M = detail::math_t<op::pooling, P, TX>;
+  const auto g = detail::pool_geometry_of("precis::max_pool2d", x, p);
+  check_shape("precis::max_pool2d: y", y, detail::pooled_shape(x, g));
+  detail::cuda::launch_over(ctx, y.size(), "precis::max_pool2d", detail::cuda::max_pool_kernel<M, TX, TY>,
+                            x.data(), y.data(), g);
+}
+
+/// dx of y = max_pool2d(x) on the device: each dy goes to its window's first maximum.
+template <Policy P, class TX, class TG, class TDX>
+void max_pool2d_backward(cuda_context& ctx, const device_tensor<TX, 4>& x, const device_tensor<TG, 4>& dy,
+                         device_tensor<TDX, 4>& dx, const pool2d_params& p = {}) {
+  detail::check_pool_types<P, TDX, TX, TG>();
+  using M = detail::math_t<op::pooling, P, TX, TG>;
+  using Acc = detail::accumulate_t<op::pooling, P>;
+  const auto g = detail::pool_geometry_of("precis::max_pool2d_backward", x, p);
+  check_shape("precis::max_pool2d_backward: dy", dy, detail::pooled_shape(x, g));
+  check_shape("precis::max_pool2d_backward: dx", dx, x.shape());
+  detail::cuda::launch_over(ctx, dx.size(), "precis::max_pool2d_backward",
+                            detail::cuda::max_pool_backward_kernel<M, Acc, TX, TG, TDX>, x.data(), dy.data(),
+                            dx.data(), g);
+}
+
+/// y = mean over each window of x on the device (see the host avg_pool2d).
+template <Policy P, class TX, class TY>
+void avg_pool2d(cuda_context& ctx, const device_tensor<TX, 4>& x, device_tensor<TY, 4>& y,
+                const pool2d_params& p = {}) {
+  detail::check_pool_types<P, TY, TX>();
+  using M = detail::math_t<op::pooling, P, TX>;
+  using Acc = detail::accumulate_t<op::pooling, P>;
+  const auto g = detail::pool_geometry_of("precis::avg_pool2d", x, p);
+  check_shape("precis::avg_pool2d: y", y, detail::pooled_shape(x, g));
+  detail::cuda::launch_over(ctx, y.size(), "precis::avg_pool2d", detail::cuda::avg_pool_kernel<M, Acc, TX, TY>,
+                            x.data(), y.data(), g, p.count_include_pad);
+}
+
+/// dx of y = avg_pool2d(x) on the device: each dy spread evenly over its window.
+template <Policy P, class TG, class TDX>
+void avg_pool2d_backward(cuda_context& ctx, const device_tensor<TG, 4>& dy, device_tensor<TDX, 4>& dx,
+                         const pool2d_params& p = {}) {
+  detail::check_pool_types<P, TDX, TG>();
+  using M = detail::math_t<op::pooling, P, TG>;
+  using Acc = detail::accumulate_t<op::pooling, P>;
+  const auto g = detail::pool_geometry_of("precis::avg_pool2d_backward", dx, p);
+  check_shape("precis::avg_pool2d_backward: dy", dy, detail::pooled_shape(dx, g));
+  detail::cuda::launch_over(ctx, dx.size(), "precis::avg_pool2d_backward",
+                            detail::cuda::avg_pool_backward_kernel<M, Acc, TG, TDX>, dy.data(), dx.data(), g,
+                            p.count_include_pad);
+}
+
+/// Nearest-neighbour upsampling on the device (see the host upsample_nearest2d).
+template <Policy P, class TX, class TY>
+void upsample_nearest2d(cuda_context& ctx, const device_tensor<TX, 4>& x, device_tensor<TY, 4>& y) {
+  detail::check_pool_types<P, TY, TX>();
+  using M = detail::math_t<op::pooling, P, TX>;
+  detail::check_resample("precis::upsample_nearest2d", x, y);
+  detail::cuda::launch_over(ctx, y.size(), "precis::upsample_nearest2d", detail::cuda::nearest_kernel<M, TX, TY>,
+                            x.data(), y.data(), detail::cuda::resample_geometry_of(x, y));
+}
+
+/// dx of y = upsample_nearest2d(x) on the device: the sum of dy over the outputs each
+/// input fed.
+template <Policy P, class TG, class TDX>
+void upsample_nearest2d_backward(cuda_context& ctx, const device_tensor<TG, 4>& dy, device_tensor<TDX, 4>& dx) {
+  detail::check_pool_types<P, TDX, TG>();
+  using M = detail::math_t<op::pooling, P, TG>;
+  using Acc = detail::accumulate_t<op::pooling, P>;
+  detail::check_resample("precis::upsample_nearest2d_backward", dx, dy);
+  detail::cuda::launch_over(ctx, dx.size(), "precis::upsample_nearest2d_backward",
+                            detail::cuda::nearest_backward_kernel<M, Acc, TG, TDX>, dy.data(), dx.data(),
+                            detail::cuda::resample_geometry_of(dx, dy));
+}
+
+/// Bilinear upsampling on the device (see the host upsample_bilinear2d).
+template <Policy P, class TX, class TY>
+void upsample_bilinear2d(cuda_context& ctx, const device_tensor<TX, 4>& x, device_tensor<TY, 4>& y,
+                         bool align_corners = false) {
+  detail::check_pool_types<P, TY, TX>();
+  using M = detail::math_t<op::pooling, P, TX>;
+  detail::check_resample("precis::upsample_bilinear2d", x, y);
+  detail::cuda::launch_over(ctx, y.size(), "precis::upsample_bilinear2d", detail::cuda::bilinear_kernel<M, TX, TY>,
+                            x.data(), y.data(), detail::cuda::resample_geometry_of(x, y), align_corners);
+}
+
+/// dx of y = upsample_bilinear2d(x) on the device: each dy spread to its four neighbours
+/// with the forward weights, summed per input element in the accumulate type.
+template <Policy P, class TG, class TDX>
+void upsample_bilinear2d_backward(cuda_context& ctx, const device_tensor<TG, 4>& dy, device_tensor<TDX, 4>& dx,
+                                  bool align_corners = false) {
+  detail::check_pool_types<P, TDX, TG>();
+  using M = detail::math_t<op::pooling, P, TG>;
+  using Acc = detail::accumulate_t<op::pooling, P>;
+  detail::check_resample("precis::upsample_bilinear2d_backward", dx, dy);
+  detail::cuda::launch_over(ctx, dx.size(), "precis::upsample_bilinear2d_backward",
+                            detail::cuda::bilinear_backward_kernel<M, Acc, TG, TDX>, dy.data(), dx.data(),
+                            detail::cuda::resample_geometry_of(dx, dy), align_corners);
+}
+
+}  // namespace precis
+
+#endif

@@ -1,0 +1,170 @@
+// The device pooling, upsampling and batch-norm kernels against the CPU kernels on the
+// same random inputs, forward and backward, within the output type's bound; outputs are
+// poisoned with NaN first. Pooling covers overlapping and padded windows (whose backward
+// passes gather several outputs per input), count_include_pad both ways, upsampling by
+// integer and non-integer factors with and without align_corners. Batch norm covers rank 2
+// and 4, the running statistics and inference mode. Shape errors are thrown before any
+// launch. Exits 77 (skipped) where no GPU is present.
+#include <precis/kernels/cuda/norm.hpp>
+#include <precis/kernels/cuda/pooling.hpp>
+
+#include "device_test.hpp"
+
+#include <array>
+#include <cstddef>
+#include <string>
+
+namespace {
+
+using namespace precis_test;
+
+precis::pool2d_params window(std::size_t k, std::size_t s, std::size_t pad, bool include_pad) {
+  precis::pool2d_params p;
+  p.kernel = {k, k};
+  p.stride = {s, s};
+  p.padding = {pad, pad};
+  p.count_include_pad = include_pad;
+  return p;
+}
+
+template <class P, class T>
+void check_pooling(precis::cuda_context& ctx, const precis::cpu_context& cpu, const std::string& tag) {
+  const std::array<std::size_t, 4> xs{2, 5, 17, 14};
+  const auto x = random_tensor<T, 4>(xs);
+  const auto dx_ = precis::to_device(x);
+  for (const auto& p : {window(2, 2, 0, true), window(3, 2, 1, true), window(3, 2, 1, false),
+                        window(3, 1, 1, false), window(5, 3, 2, true)}) {
+    const std::size_t ho = (xs[2] + 2 * p.padding[0] - p.kernel[0]) / p.stride[0] + 1;
+    const std::size_t wo = (xs[3] + 2 * p.padding[1] - p.kernel[1]) / p.stride[1] + 1;
+    const std::array<std::size_t, 4> ys{xs[0], xs[1], ho, wo};
+    const auto dy = random_tensor<T, 4>(ys);
+    const auto ddy = precis::to_device(dy);
+    const std::string w = tag + " k=" + std::to_string(p.kernel[0]) + " s=" + std::to_string(p.stride[0]) +
+                          " pad=" + std::to_string(p.padding[0]) + " include_pad=" + std::to_string(p.count_include_pad);
+    auto y = precis::host_tensor<T, 4>::from_shape(ys);
+    auto gx = precis::host_tensor<T, 4>::from_shape(xs);
+    auto d = poisoned<T, 4>(ys);
+    precis::max_pool2d<P>(cpu, x, y, p);
+    precis::max_pool2d<P>(ctx, dx_, d, p);
+    expect(same_bits(ctx, d, y), "max_pool2d gives the host's bits" + w);
+    auto dg = poisoned<T, 4>(xs);
+    precis::max_pool2d_backward<P>(cpu, x, dy, gx, p);
+    precis::max_pool2d_backward<P>(ctx, dx_, ddy, dg, p);
+    compare("max_pool2d_backward" + w, ctx, dg, gx);
+    d = poisoned<T, 4>(ys);
+    precis::avg_pool2d<P>(cpu, x, y, p);
+    precis::avg_pool2d<P>(ctx, dx_, d, p);
+    compare("avg_pool2d" + w, ctx, d, y);
+    dg = poisoned<T, 4>(xs);
+    precis::avg_pool2d_backward<P>(cpu, dy, gx, p);
+    precis::avg_pool2d_backward<P>(ctx, ddy, dg, p);
+    compare("avg_pool2d_backward" + w, ctx, dg, gx);
+  }
+  // Ties: the first maximum of the window takes the gradient, as on the host.
+  auto flat = precis::host_tensor<T, 4>::from_shape({1, 1, 4, 4});
+  for (auto& v : flat) v = T(1.0F);
+  const auto dflat = precis::to_device(flat);
+  const auto g1 = random_tensor<T, 4>({1, 1, 2, 2});
+  auto want = precis::host_tensor<T, 4>::from_shape({1, 1, 4, 4});
+  precis::max_pool2d_backward<P>(cpu, flat, g1, want, window(2, 2, 0, true));
+  auto got = poisoned<T, 4>({1, 1, 4, 4});
+  precis::max_pool2d_backward<P>(ctx, dflat, precis::to_device(g1), got, window(2, 2, 0, true));
+  expect(same_bits(ctx, got, want), "max_pool2d_backward ties go to the first maximum" + tag);
+
+  // Upsampling: x2 (DBNet's FPN), and 7 -> 17 / 9 -> 4 (non-integer factors, down too).
+  for (const auto& out : {std::array<std::size_t, 2>{34, 28}, std::array<std::size_t, 2>{40, 31},
+                          std::array<std::size_t, 2>{9, 4}}) {
+    const std::array<std::size_t, 4> ys{xs[0], xs[1], out[0], out[1]};
+    const auto dy = random_tensor<T, 4>(ys);
+    const auto ddy = precis::to_device(dy);
+    const std::string w = tag + " to " + std::to_string(out[0]) + "x" + std::to_string(out[1]);
+    auto y = precis::host_tensor<T, 4>::from_shape(ys);
+    auto gx = precis::host_tensor<T, 4>::from_shape(xs);
+    auto d = poisoned<T, 4>(ys);
+    precis::upsample_nearest2d<P>(cpu, x, y);
+    precis::upsample_nearest2d<P>(ctx, dx_, d);
+    expect(same_bits(ctx, d, y), "upsample_nearest2d gives the host's bits" + w);
+    auto dg = poisoned<T, 4>(xs);
+    precis::upsample_nearest2d_backward<P>(cpu, dy, gx);
+    precis::upsample_nearest2d_backward<P>(ctx, ddy, dg);
+    compare("upsample_nearest2d_backward" + w, ctx, dg, gx);
+    for (bool align : {false, true}) {
+      const std::string wa = w + " align_corners=" + std::to_string(align);
+      d = poisoned<T, 4>(ys);
+      precis::upsample_bilinear2d<P>(cpu, x, y, align);
+      precis::upsample_bilinear2d<P>(ctx, dx_, d, align);
+      compare("upsample_bilinear2d" + wa, ctx, d, y);
+      dg = poisoned<T, 4>(xs);
+      precis::upsample_bilinear2d_backward<P>(cpu, dy, gx, align);
+      precis::upsample_bilinear2d_backward<P>(ctx, ddy, dg, align);
+      compare("upsample_bilinear2d_backward" + wa, ctx, dg, gx);
+    }
+  }
+  auto wrong = poisoned<T, 4>({2, 5, 8, 8});
+  expect_error("max_pool2d shape", [&] { precis::max_pool2d<P>(ctx, dx_, wrong, window(2, 2, 0, true)); },
+               "precis::max_pool2d: y");
+  expect_error("pool padding", [&] { precis::avg_pool2d<P>(ctx, dx_, wrong, window(2, 2, 2, true)); },
+               "padding");
+}
+
+template <class P, class T, std::size_t N>
+void check_batch_norm(precis::cuda_context& ctx, const precis::cpu_context& cpu,
+                      const std::array<std::size_t, N>& xs, const std::string& tag) {
+  const std::size_t c = xs[1];
+  const auto x = random_tensor<T, N>(xs, 2.0F, 0.5F), dy = random_tensor<T, N>(xs);
+  const auto gamma = random_tensor<T, 1>({c}), beta = random_tensor<T, 1>({c});
+  auto rm = random_tensor<float, 1>({c}), rv = random_tensor<float, 1>({c}, 0.1F, 1.0F);
+  auto drm = precis::to_device(rm), drv = precis::to_device(rv);
+  auto y = precis::host_tensor<T, N>::from_shape(xs);
+  auto sm = precis::host_tensor<float, 1>::from_shape({c}), sr = sm;
+  precis::batch_norm_train<P>(cpu, x, gamma, beta, rm, rv, y, sm, sr, 0.1, 1e-5);
+  const auto dx_ = precis::to_device(x);
+  const auto dg = precis::to_device(gamma), db = precis::to_device(beta);
+  auto d = poisoned<T, N>(xs);
+  auto dsm = poisoned<float, 1>({c}), dsr = poisoned<float, 1>({c});
+  precis::batch_norm_train<P>(ctx, dx_, dg, db, drm, drv, d, dsm, dsr, 0.1, 1e-5);
+  compare("batch_norm_train" + tag, ctx, d, y);
+  compare("batch_norm_train save_mean" + tag, ctx, dsm, sm);
+  compare("batch_norm_train save_rstd" + tag, ctx, dsr, sr);
+  compare("batch_norm_train running_mean" + tag, ctx, drm, rm);
+  compare("batch_norm_train running_var" + tag, ctx, drv, rv);
+  precis::batch_norm_infer<P>(cpu, x, gamma, beta, rm, rv, y, 1e-5);
+  d = poisoned<T, N>(xs);
+  precis::batch_norm_infer<P>(ctx, dx_, dg, db, drm, drv, d, 1e-5);
+  compare("batch_norm_infer" + tag, ctx, d, y);
+  auto gx = precis::host_tensor<T, N>::from_shape(xs);
+  auto gg = precis::host_tensor<T, 1>::from_shape({c}), gb = gg;
+  precis::batch_norm_backward<P>(cpu, dy, x, gamma, sm, sr, gx, gg, gb);
+  auto dgx = poisoned<T, N>(xs);
+  auto dgg = poisoned<T, 1>({c}), dgb = poisoned<T, 1>({c});
+  precis::batch_norm_backward<P>(ctx, precis::to_device(dy), dx_, dg, dsm, dsr, dgx, dgg, dgb);
+  compare("batch_norm_backward dx" + tag, ctx, dgx, gx);
+  compare("batch_norm_backward dgamma" + tag, ctx, dgg, gg);
+  compare("batch_norm_backward dbeta" + tag, ctx, dgb, gb);
+  const auto g7 = precis::to_device(random_tensor<T, 1>({c + 1}));
+  expect_error("batch_norm gamma shape",
+               [&] { precis::batch_norm_train<P>(ctx, dx_, g7, db, drm, drv, d, dsm, dsr); },
+               "precis::batch_norm_train: gamma");
+  expect_error("batch_norm momentum",
+               [&] { precis::batch_norm_train<P>(ctx, dx_, dg, db, drm, drv, d, dsm, dsr, 1.5); }, "momentum");
+}
+
+}  // namespace
+
+int main() {
+  if (!precis_test::have_gpu()) return precis_test::skipped;
+  precis::cuda_context ctx;
+  const precis::cpu_context cpu{2};
+  namespace presets = precis::presets;
+  using precis::bfloat16;
+  using precis::float16;
+  check_pooling<presets::bf16_mixed, bfloat16>(ctx, cpu, " (bf16)");
+  check_pooling<presets::fp16_mixed, float16>(ctx, cpu, " (fp16)");
+  check_pooling<presets::fp32, float>(ctx, cpu, " (fp32)");
+  check_batch_norm<presets::bf16_mixed, bfloat16, 4>(ctx, cpu, {4, 6, 9, 11}, " (bf16, rank 4)");
+  check_batch_norm<presets::fp16_mixed, float16, 4>(ctx, cpu, {4, 6, 9, 11}, " (fp16, rank 4)");
+  check_batch_norm<presets::fp32, float, 4>(ctx, cpu, {4, 6, 9, 11}, " (fp32, rank 4)");
+  check_batch_norm<presets::fp32, float, 2>(ctx, cpu, {300, 17}, " (fp32, rank 2)");
+  ctx.synchronize();
+  return precis_test::finish();
+}
