@@ -1,7 +1,9 @@
 // Device benchmarks, ratios within one run on one GPU:
-//   1. precis::gemm on device tensors (bf16, 8192^3 by default) against the same cuBLASLt
-//      product called directly, its descriptors and algorithm chosen once outside the
-//      timing: what precis's per-call descriptor set-up costs;
+//   1. precis::gemm on device tensors (bf16, 8192^3 by default, and 1024^3 where the host
+//      side of a call weighs more) against the same cuBLASLt product called directly, its
+//      descriptors and algorithm chosen once outside the timing: what precis's per-call
+//      work (shape checks, the plan lookup in the context, setting the call's pointers)
+//      costs;
 //   2. the same product in bf16, fp16, float with TF32 and exact float through precis::gemm:
 //      the low-precision speedups;
 //   3. the fused multi-tensor unscale + non-finite check (64 tensors) against a
@@ -185,6 +187,15 @@ int main(int argc, char** argv) {
   };
   row("direct cuBLASLt bf16", t_direct, "1.00");
   row("precis::gemm bf16", t_precis, precis_bench::fixed(t_direct / t_precis, 3));
+  // The same comparison on a small product, where host-side work is a larger share.
+  const std::size_t small = 1024;
+  const auto as = random_device<precis::bfloat16, 2>({small, small}, g);
+  const auto bs = random_device<precis::bfloat16, 2>({small, small}, g);
+  precis::device_tensor<precis::bfloat16, 2> cs({small, small});
+  const direct_lt direct_small(ctx, small);
+  const double t_direct_small = median_ms(ctx, [&] { direct_small.run(ctx, as.data(), bs.data(), cs.data()); }, 200);
+  const double t_precis_small =
+      median_ms(ctx, [&] { precis::gemm<precis::presets::bf16_mixed>(ctx, as, bs, cs); }, 200);
   row("precis::gemm fp16", t_fp16, "-");
   row("precis::gemm tf32", t_tf32, "-");
   row("precis::gemm fp32", t_fp32, "-");
@@ -214,6 +225,8 @@ int main(int argc, char** argv) {
 
   std::printf("device: %s; products %zu^3\n", prop.name, n);
   gemm_tab.print();
+  std::printf("bf16 %zu^3: direct cuBLASLt %.4f ms, precis::gemm %.4f ms, ratio %.3f\n", small, t_direct_small,
+              t_precis_small, t_direct_small / t_precis_small);
   unscale_tab.print();
   conv_tab.print();
   if (const auto path = precis_bench::csv_path(argc, argv); !path.empty()) {
