@@ -190,9 +190,16 @@ std::pair<std::string_view, const T*> named(std::string_view name, const T& t) {
   return {name, &t};
 }
 
-/// Training mode needs two values per channel, a momentum in [0, 1] and a valid eps.
-template <class XT>
-void check_batch_norm_train_arguments(std::string_view name, const XT& x, double momentum, double eps) {
+/// The checks of batch_norm_train (host and device tensors): channel tensors of shape [C],
+/// y of x's shape, two values per channel, momentum in [0, 1], a valid eps.
+template <std::size_t N, class XT, class GT, class BT, class RT, class YT, class ST>
+void check_batch_norm_train(std::string_view name, const XT& x, const GT& gamma, const BT& beta,
+                            const RT& running_mean, const RT& running_var, const YT& y, const ST& save_mean,
+                            const ST& save_rstd, double momentum, double eps) {
+  check_channel_tensors(name, x, named("gamma", gamma), named("beta", beta), named("running_mean", running_mean),
+                        named("running_var", running_var), named("save_mean", save_mean),
+                        named("save_rstd", save_rstd));
+  check_shape(std::string(name) + ": y", y, shape_array<N>(x));
   const auto d = batch_norm_dims(x);
   if (d[0] * d[2] < 2 && d[1] > 0) {
     throw error(std::string(name) + ": x has shape " + shape_string(x.shape()) +
@@ -201,6 +208,27 @@ void check_batch_norm_train_arguments(std::string_view name, const XT& x, double
   check_argument(std::isfinite(momentum) && momentum >= 0 && momentum <= 1, std::string(name) + ": momentum",
                  "must be in [0, 1], is " + std::to_string(momentum));
   check_eps(name, eps);
+}
+
+/// The checks of batch_norm_infer (host and device tensors).
+template <std::size_t N, class XT, class GT, class BT, class RT, class YT>
+void check_batch_norm_infer(std::string_view name, const XT& x, const GT& gamma, const BT& beta,
+                            const RT& running_mean, const RT& running_var, const YT& y, double eps) {
+  check_channel_tensors(name, x, named("gamma", gamma), named("beta", beta), named("running_mean", running_mean),
+                        named("running_var", running_var));
+  check_shape(std::string(name) + ": y", y, shape_array<N>(x));
+  check_eps(name, eps);
+}
+
+/// The checks of batch_norm_backward (host and device tensors).
+template <std::size_t N, class DYT, class XT, class GT, class ST, class DXT, class DGT, class DBT>
+void check_batch_norm_backward(std::string_view name, const DYT& dy, const XT& x, const GT& gamma,
+                               const ST& save_mean, const ST& save_rstd, const DXT& dx, const DGT& dgamma,
+                               const DBT& dbeta) {
+  check_same_shape(std::string(name) + ": dy and x", dy, x);
+  check_channel_tensors(name, x, named("gamma", gamma), named("save_mean", save_mean),
+                        named("save_rstd", save_rstd), named("dgamma", dgamma), named("dbeta", dbeta));
+  check_shape(std::string(name) + ": dx", dx, shape_array<N>(x));
 }
 
 }  // namespace detail
@@ -224,14 +252,10 @@ void batch_norm_train(const cpu_context& ctx, const host_tensor<X, N>& x, const 
   using M = detail::math_t<op::batch_norm, P, X, G, B>;
   using Acc = detail::accumulate_t<op::batch_norm, P>;
   constexpr std::string_view name = "precis::batch_norm_train";
-  detail::check_channel_tensors(name, x, detail::named("gamma", gamma), detail::named("beta", beta),
-                                detail::named("running_mean", running_mean),
-                                detail::named("running_var", running_var),
-                                detail::named("save_mean", save_mean), detail::named("save_rstd", save_rstd));
-  check_shape(std::string(name) + ": y", y, detail::shape_array<N>(x));
+  detail::check_batch_norm_train<N>(name, x, gamma, beta, running_mean, running_var, y, save_mean, save_rstd,
+                                    momentum, eps);
   const auto d = detail::batch_norm_dims(x);
   const std::size_t count = d[0] * d[2];
-  detail::check_batch_norm_train_arguments(name, x, momentum, eps);
   const M e = static_cast<M>(eps), mom = static_cast<M>(momentum);
   detail::for_rows(ctx, d[1], count, [&](std::size_t begin, std::size_t end) {
     std::vector<M> v(count);
@@ -263,11 +287,7 @@ void batch_norm_infer(const cpu_context& ctx, const host_tensor<X, N>& x, const 
                       const host_tensor<R, 1>& running_var, host_tensor<Y, N>& y, double eps = 1e-5) {
   using M = detail::math_t<op::batch_norm, P, X, G, B>;
   constexpr std::string_view name = "precis::batch_norm_infer";
-  detail::check_channel_tensors(name, x, detail::named("gamma", gamma), detail::named("beta", beta),
-                                detail::named("running_mean", running_mean),
-                                detail::named("running_var", running_var));
-  check_shape(std::string(name) + ": y", y, detail::shape_array<N>(x));
-  detail::check_eps(name, eps);
+  detail::check_batch_norm_infer<N>(name, x, gamma, beta, running_mean, running_var, y, eps);
   const auto d = detail::batch_norm_dims(x);
   const M e = static_cast<M>(eps);
   // Per channel, y = x * scale + shift would round differently from the training formula;
@@ -300,12 +320,7 @@ void batch_norm_backward(const cpu_context& ctx, const host_tensor<DY, N>& dy, c
   using M = detail::math_t<op::batch_norm, P, DY, X, G>;
   using Acc = detail::accumulate_t<op::batch_norm, P>;
   constexpr std::string_view name = "precis::batch_norm_backward";
-  check_same_shape(std::string(name) + ": dy and x", dy, x);
-  detail::check_channel_tensors(name, x, detail::named("gamma", gamma),
-                                detail::named("save_mean", save_mean),
-                                detail::named("save_rstd", save_rstd), detail::named("dgamma", dgamma),
-                                detail::named("dbeta", dbeta));
-  check_shape(std::string(name) + ": dx", dx, detail::shape_array<N>(x));
+  detail::check_batch_norm_backward<N>(name, dy, x, gamma, save_mean, save_rstd, dx, dgamma, dbeta);
   const auto d = detail::batch_norm_dims(x);
   const std::size_t count = d[0] * d[2];
   if (count == 0) return;

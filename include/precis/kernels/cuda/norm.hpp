@@ -255,12 +255,8 @@ void batch_norm_train(cuda_context& ctx, const device_tensor<X, N>& x, const dev
   using M = detail::math_t<op::batch_norm, P, X, G, B>;
   using Acc = detail::accumulate_t<op::batch_norm, P>;
   constexpr std::string_view name = "precis::batch_norm_train";
-  detail::check_channel_tensors(name, x, detail::named("gamma", gamma), detail::named("beta", beta),
-                                detail::named("running_mean", running_mean),
-                                detail::named("running_var", running_var),
-                                detail::named("save_mean", save_mean), detail::named("save_rstd", save_rstd));
-  check_shape(std::string(name) + ": y", y, x.shape());
-  detail::check_batch_norm_train_arguments(name, x, momentum, eps);
+  detail::check_batch_norm_train<N>(name, x, gamma, beta, running_mean, running_var, y, save_mean, save_rstd,
+                                    momentum, eps);
   const auto d = detail::batch_norm_dims(x);
   if (d[1] == 0) return;
   detail::cuda::batch_norm_train_channels<M, Acc><<<unsigned(d[1]), detail::cuda::row_threads, 0, ctx.stream()>>>(
@@ -279,11 +275,7 @@ void batch_norm_infer(cuda_context& ctx, const device_tensor<X, N>& x, const dev
                       const device_tensor<R, 1>& running_var, device_tensor<Y, N>& y, double eps = 1e-5) {
   using M = detail::math_t<op::batch_norm, P, X, G, B>;
   constexpr std::string_view name = "precis::batch_norm_infer";
-  detail::check_channel_tensors(name, x, detail::named("gamma", gamma), detail::named("beta", beta),
-                                detail::named("running_mean", running_mean),
-                                detail::named("running_var", running_var));
-  check_shape(std::string(name) + ": y", y, x.shape());
-  detail::check_eps(name, eps);
+  detail::check_batch_norm_infer<N>(name, x, gamma, beta, running_mean, running_var, y, eps);
   const auto d = detail::batch_norm_dims(x);
   const std::size_t n = x.size();
   if (n == 0) return;
@@ -305,12 +297,7 @@ void batch_norm_backward(cuda_context& ctx, const device_tensor<DY, N>& dy, cons
   using M = detail::math_t<op::batch_norm, P, DY, X, G>;
   using Acc = detail::accumulate_t<op::batch_norm, P>;
   constexpr std::string_view name = "precis::batch_norm_backward";
-  check_same_shape(std::string(name) + ": dy and x", dy, x);
-  detail::check_channel_tensors(name, x, detail::named("gamma", gamma),
-                                detail::named("save_mean", save_mean),
-                                detail::named("save_rstd", save_rstd), detail::named("dgamma", dgamma),
-                                detail::named("dbeta", dbeta));
-  check_shape(std::string(name) + ": dx", dx, x.shape());
+  detail::check_batch_norm_backward<N>(name, dy, x, gamma, save_mean, save_rstd, dx, dgamma, dbeta);
   const auto d = detail::batch_norm_dims(x);
   const std::size_t count = d[0] * d[2];
   if (count == 0 || d[1] == 0) return;
