@@ -83,13 +83,13 @@ int main() {
   }
   auto dx = precis::to_device(x);
   precis::device_tensor<float, 1> amax({1});
-  precis::check(cudaMemset(amax.data(), 0, sizeof(float)), "cudaMemset");
+  precis::check(cudaMemsetAsync(amax.data(), 0, sizeof(float), ctx.stream()), "cudaMemsetAsync");
   precis::amax_async(ctx, std::span<const precis::bfloat16>(dx.span()), amax.data());
   expect(precis::to_host(amax, ctx.stream())(0) == host_amax, "amax equals the host max");
   // One NaN anywhere makes amax NaN (the float8 scalers then keep their scale).
   x(777777) = std::numeric_limits<precis::bfloat16>::quiet_NaN();
   dx = precis::to_device(x);
-  precis::check(cudaMemset(amax.data(), 0, sizeof(float)), "cudaMemset");
+  precis::check(cudaMemsetAsync(amax.data(), 0, sizeof(float), ctx.stream()), "cudaMemsetAsync");
   precis::amax_async(ctx, std::span<const precis::bfloat16>(dx.span()), amax.data());
   expect(std::isnan(precis::to_host(amax, ctx.stream())(0)), "amax of a tensor with a NaN is NaN");
 
@@ -101,16 +101,76 @@ int main() {
   precis::dynamic_scaler host_scaler(o);
   precis::device_tensor<precis::device_scaler_state, 1> state({1});
   precis::device_scaler_state s0{o.init_scale, 0, o.hysteresis};
-  precis::check(cudaMemcpy(state.data(), &s0, sizeof s0, cudaMemcpyHostToDevice), "cudaMemcpy");
+  precis::check(cudaMemcpyAsync(state.data(), &s0, sizeof s0, cudaMemcpyHostToDevice, ctx.stream()), "cudaMemcpyAsync");
   precis::device_tensor<int, 1> flag({1});
   for (int step = 0; step < 200; ++step) {
     const int inf = (step % 7 == 3 || (step > 100 && step < 140)) ? 1 : 0;
-    precis::check(cudaMemcpy(flag.data(), &inf, sizeof inf, cudaMemcpyHostToDevice), "cudaMemcpy");
+    precis::check(cudaMemcpyAsync(flag.data(), &inf, sizeof inf, cudaMemcpyHostToDevice, ctx.stream()), "cudaMemcpyAsync");
     precis::update_scale_async(ctx, state.data(), flag.data(), o);
     host_scaler.update(inf != 0);
     const auto s = precis::to_host(state, ctx.stream())(0);
     expect(s.scale == host_scaler.scale(), "device scale equals host scale");
     expect(s.growth_tracker == host_scaler.growth_tracker(), "growth trackers agree");
+  }
+
+  // The device state goes back into a host scaler (to checkpoint it) and comes from one.
+  {
+    precis::dynamic_scaler stored(o);
+    precis::store_device_state(ctx, state.data(), stored);
+    expect(stored.scale() == host_scaler.scale(), "stored scale equals the host scale");
+    expect(stored.growth_tracker() == host_scaler.growth_tracker(), "stored growth tracker");
+    expect(stored.hysteresis_left() == host_scaler.hysteresis_left(), "stored hysteresis");
+    precis::dynamic_scaler fresh(o);
+    precis::load_device_state(ctx, host_scaler, state.data());
+    precis::store_device_state(ctx, state.data(), fresh);
+    expect(fresh.scale() == host_scaler.scale(), "load then store keeps the scale");
+    // An inconsistent device state is refused and leaves the host scaler as it was.
+    precis::device_scaler_state bad{-1.0f, 0, 1};
+    precis::check(cudaMemcpyAsync(state.data(), &bad, sizeof bad, cudaMemcpyHostToDevice, ctx.stream()), "cudaMemcpyAsync");
+    bool threw = false;
+    try {
+      precis::store_device_state(ctx, state.data(), fresh);
+    } catch (const precis::error&) {
+      threw = true;
+    }
+    expect(threw && fresh.scale() == host_scaler.scale(), "a bad device state is refused");
+  }
+
+  // Float8 delayed scaling on the device against the host recipe, step for step: the
+  // scaled cast's bits, and the scale and amax history after every update (a NaN step
+  // and an all-zero step are not recorded).
+  {
+    precis::delayed_scaling_options fo;
+    fo.history_length = 5;
+    fo.margin = 1;
+    precis::delayed_scaling<precis::float8_e4m3> host_recipe(fo);
+    precis::device_delayed_scaling<precis::float8_e4m3> dev_recipe(ctx, host_recipe);
+    auto xs = precis::host_tensor<precis::bfloat16, 1>::from_shape({50001});
+    precis::device_tensor<precis::float8_e4m3, 1> x8({xs.size()});
+    for (int step = 0; step < 12; ++step) {
+      const float spread = std::ldexp(1.0f, (step * 5) % 17 - 6);
+      std::normal_distribution<float> dd(0.0f, spread);
+      for (auto& v : xs) v = precis::bfloat16(step == 7 ? 0.0f : dd(g));
+      if (step == 4) xs(123) = std::numeric_limits<precis::bfloat16>::quiet_NaN();
+      const auto dxs = precis::to_device(xs);
+      precis::scaled_cast_async(ctx, dxs, x8, dev_recipe.scale(), dev_recipe.amax());
+      dev_recipe.update_async(ctx);
+      const auto h8 = precis::to_host(x8, ctx.stream());
+      float amax = 0.0f;
+      bool same = true;
+      for (std::size_t i = 0; i < xs.size(); ++i) {
+        const float v = float(xs(i));
+        amax = std::isnan(v) || std::isnan(amax) ? NAN : std::max(amax, std::fabs(v));
+        const auto want = precis::saturate_cast<precis::float8_e4m3>(v * host_recipe.scale());
+        same &= h8(i).bits() == want.bits();
+      }
+      expect(same, "scaled cast gives the host's bits");
+      host_recipe.update(amax);
+      precis::delayed_scaling<precis::float8_e4m3> back(fo);
+      dev_recipe.store(ctx, back);
+      expect(back.scale() == host_recipe.scale(), "device delayed scale equals the host's");
+      expect(back.amax_history() == host_recipe.amax_history(), "device amax history equals the host's");
+    }
   }
 
   // Casts against the host conversion.

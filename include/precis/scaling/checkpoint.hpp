@@ -29,6 +29,7 @@
 #include <ostream>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -276,4 +277,75 @@ void load_state(Stateful& s, std::istream& in) {
   load_state(s, std::string_view(bytes));
 }
 
+namespace detail {
+
+/// One named field of a stateful object (a scaler or a float8 recipe), reached through its
+/// visit_state: copied into `value` (read) or overwritten from it (write).
+template <class T>
+class field_access {
+ public:
+  field_access(std::string_view name, T& value, bool write) : name_(name), value_(&value), write_(write) {}
+  template <class V>
+  void field(std::string_view n, V& v) {
+    visit(n, v);
+  }
+  void floats(std::string_view n, std::vector<float>& v) { visit(n, v); }
+  void history(std::string_view n, std::vector<scale_change>& v) { visit(n, v); }
+  bool found() const { return found_; }
+
+ private:
+  template <class V>
+  void visit(std::string_view n, V& v) {
+    if constexpr (std::is_same_v<V, T>) {
+      if (n != name_) return;
+      found_ = true;
+      if (write_) {
+        v = *value_;
+      } else {
+        *value_ = v;
+      }
+    }
+  }
+  std::string_view name_;
+  T* value_;
+  bool write_;
+  bool found_ = false;
+};
+
+template <class Stateful, class T>
+void access_field(Stateful& s, std::string_view name, T& value, bool write) {
+  field_access<T> a(name, value, write);
+  s.visit_state(a);
+  if (!a.found()) {
+    throw error("precis: " + std::string(Stateful::kind) + " has no state field \"" + std::string(name) +
+                "\" of that type");
+  }
+}
+
+}  // namespace detail
+
+/// The value of the field `name` of s's state, as save_state writes it (T: float,
+/// std::uint32_t, std::uint64_t or std::vector<float>). Throws precis::error when s has no
+/// such field of type T.
+template <class T, class Stateful>
+T state_field(const Stateful& s, std::string_view name) {
+  T value{};
+  detail::access_field(const_cast<Stateful&>(s), name, value, false);  // reads only
+  return value;
+}
+
+/// Replaces fields of s's state at once: `assign(set)` calls set(name, value) for each, on
+/// a copy of s, which is then validated and moved into s. Throws precis::error, leaving s
+/// unchanged, for an unknown field or an inconsistent result (as load_state does).
+template <class Stateful, class Assign>
+void assign_state_fields(Stateful& s, Assign&& assign) {
+  Stateful copy = s;
+  assign([&copy](std::string_view name, auto value) { detail::access_field(copy, name, value, true); });
+  if (auto problem = copy.validate(); !problem.empty()) {
+    throw error("precis: cannot set the " + std::string(Stateful::kind) + " state: " + problem);
+  }
+  s = std::move(copy);
+}
+
 }  // namespace precis
+

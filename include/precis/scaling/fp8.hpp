@@ -41,11 +41,19 @@ constexpr float fp8_max() {
                 "precis: float8 scaling recipes are for float8_e4m3 and float8_e5m2");
   return float(format_traits<Format>::max());
 }
-inline float scale_from_amax(float fmax, float amax, std::int32_t margin, float previous) {
+/// The scale that maps amax to fmax / 2^margin (host and device).
+PRECIS_HOST_DEVICE float scale_from_amax(float fmax, float amax, std::int32_t margin, float previous) {
+#if PRECIS_DEVICE_CODE
+  using ::isfinite;
+  const auto ldexp = [](float v, int e) { return ::ldexpf(v, e); };
+#else
+  using std::isfinite;
+  const auto ldexp = [](float v, int e) { return std::ldexp(v, e); };
+#endif
   // A zero or non-finite amax says nothing about the range: keep the previous scale.
-  if (!(amax > 0.0f) || !std::isfinite(amax)) return previous;
-  const float s = std::ldexp(fmax / amax, -margin);
-  return std::isfinite(s) && s > 0.0f ? s : previous;
+  if (!(amax > 0.0f) || !isfinite(amax)) return previous;
+  const float s = ldexp(fmax / amax, -margin);
+  return isfinite(s) && s > 0.0f ? s : previous;
 }
 }  // namespace detail
 

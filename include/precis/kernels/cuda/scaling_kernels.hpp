@@ -1,8 +1,11 @@
 // precis/kernels/cuda/scaling_kernels.hpp: the loss-scaling kernels on the device: the
 // fused multi-tensor unscale + non-finite check (float, bfloat16, float16 gradients), the
-// amax reduction for float8 scaling, and the dynamic scale update, all stream-ordered
-// with no host synchronisation (except the convenience overload that returns a bool).
-// Compiled by nvcc only (include from a .cu file).
+// amax reduction and the scaled cast for float8, and the scale updates (dynamic loss
+// scaling, float8 delayed scaling) on state kept in device memory, all stream-ordered with
+// no host synchronisation (except the convenience overload that returns a bool and the
+// copies of a state back to its host object, which wait). A device state is loaded from
+// and stored back to the host scaler or recipe it mirrors, so that it can be checkpointed
+// with save_state like any other. Compiled by nvcc only (include from a .cu file).
 #pragma once
 
 #include <precis/config.hpp>
@@ -10,7 +13,10 @@
 #include <precis/kernels/cuda/common.hpp>
 #include <precis/kernels/cuda_context.hpp>
 #include <precis/kernels/unscale.hpp>
+#include <precis/scaling/checkpoint.hpp>
+#include <precis/scaling/fp8.hpp>
 #include <precis/scaling/scalers.hpp>
+#include <precis/tensor/device_tensor.hpp>
 
 #if defined(__CUDACC__)
 
@@ -99,6 +105,69 @@ __global__ void update_scale_kernel(device_scaler_state* s, const int* found_inf
   }
 }
 
+/// out[i] = saturate_cast<F>(x[i] * *scale), and max|x[i]| folded into *amax (NaN wins):
+/// the float8 cast of a tensor with this step's scale, measuring the amax the next scale
+/// comes from, in one pass.
+template <class F, class T>
+__global__ void scaled_cast_kernel(const T* x, F* out, std::size_t n, const float* scale, float* amax) {
+  const float s = *scale;
+  float m = 0.0F;
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    const float v = float(x[i]);
+    out[i] = saturate_cast<F>(v * s);
+    m = max_nan(m, fabsf(v));
+  }
+  for (int o = 16; o > 0; o /= 2) m = max_nan(m, __shfl_down_sync(0xFFFFFFFFU, m, o));
+  __shared__ float warp_max[32];
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (unsigned w = 1; w < blockDim.x / 32; ++w) m = max_nan(m, warp_max[w]);
+    atomicMax(reinterpret_cast<unsigned*>(amax), __float_as_uint(m));
+  }
+}
+
+/// The delayed-scaling update of delayed_scaling::update, step for step, by one block: the
+/// amax recorded when positive and finite, the reference (the history's max, or the
+/// latest) and the new scale; *amax is then zeroed for the next step's measurement.
+struct delayed_header {
+  float scale;
+  float inverse_scale;
+  std::uint32_t next;
+  std::uint32_t recorded;
+};
+
+// A template so that the header can define it in every translation unit.
+template <class Header = delayed_header>
+__global__ void delayed_update_kernel(Header* h, float* history, std::uint32_t length, float* amax,
+                                      int most_recent, std::int32_t margin, float fmax) {
+  __shared__ float shared[32];
+  const Header old = *h;  // every thread reads before thread 0 writes
+  const float a = *amax;
+  const bool record = a > 0.0F && ::isfinite(a);
+  __syncthreads();
+  if (threadIdx.x == 0 && record) history[old.next] = a;
+  __syncthreads();
+  const std::uint32_t next = record ? (old.next + 1) % length : old.next;
+  const std::uint32_t recorded = old.recorded + (record ? 1U : 0U);
+  float reference = 0.0F;
+  if (recorded > 0) {  // the same for every thread
+    if (most_recent) {
+      reference = history[(next + length - 1) % length];
+    } else {
+      float m = 0.0F;
+      for (std::uint32_t i = threadIdx.x; i < length; i += blockDim.x) m = fmaxf(m, history[i]);
+      reference = block_reduce(m, [](float x, float y) { return fmaxf(x, y); }, shared);
+    }
+  }
+  if (threadIdx.x == 0) {
+    const float scale = scale_from_amax(fmax, reference, margin, old.scale);
+    *h = {scale, 1.0F / scale, next, recorded};
+    *amax = 0.0F;
+  }
+}
+
 }  // namespace detail::cuda
 
 /// Divides every element of the device tensors by `*scale` (a device pointer) and sets
@@ -163,6 +232,131 @@ inline void update_scale_async(cuda_context& ctx, device_scaler_state* state, co
   check(cudaGetLastError(), "update_scale_kernel<<<>>>");
 }
 
+/// Copies the scale and counters of a host dynamic scaler into a device state (queued on
+/// ctx's stream; `s` may go away once this returns).
+inline void load_device_state(cuda_context& ctx, const dynamic_scaler& s, device_scaler_state* state) {
+  const device_scaler_state h{s.scale(), s.growth_tracker(), s.hysteresis_left()};
+  check(cudaMemcpyAsync(state, &h, sizeof h, cudaMemcpyHostToDevice, ctx.stream()), "cudaMemcpyAsync");
+  // A pageable source is staged before cudaMemcpyAsync returns: `h` may go out of scope.
+}
+
+/// Writes a device state back into the host scaler it mirrors (its scale and counters; the
+/// host's step counts and scale history are the host's), e.g. before save_state. Waits for
+/// the device. Throws precis::error, leaving `s` unchanged, when the device state is not a
+/// consistent state of `s` (a scale outside its bounds, counters out of range).
+inline void store_device_state(cuda_context& ctx, const device_scaler_state* state, dynamic_scaler& s) {
+  device_scaler_state h{};
+  check(cudaMemcpyAsync(&h, state, sizeof h, cudaMemcpyDeviceToHost, ctx.stream()), "cudaMemcpyAsync");
+  ctx.synchronize();
+  assign_state_fields(s, [&](auto set) {
+    set("scale", h.scale);
+    set("growth_tracker", h.growth_tracker);
+    set("hysteresis_left", h.hysteresis_left);
+  });
+}
+
+/// A float8 delayed-scaling recipe (delayed_scaling<Format>, single process) whose state --
+/// scale, inverse scale, amax history -- lives in device memory, so that a training step
+/// casts with the scale, measures the amax and updates the scale without the host reading
+/// anything. Load it from and store it to a host delayed_scaling<Format> to checkpoint it.
+template <class Format>
+class device_delayed_scaling {
+ public:
+  using format = Format;
+
+  /// The state of `host` (options, scale, history) copied to the device on ctx's stream.
+  device_delayed_scaling(cuda_context& ctx, const delayed_scaling<Format>& host)
+      : options_(host.options()),
+        header_({1}, ctx.stream()),
+        history_({host.options().history_length}, ctx.stream()),
+        amax_({1}, ctx.stream()) {
+    load(ctx, host);
+  }
+
+  /// Replaces the device state with `host`'s (same history length). Queued on ctx's stream.
+  void load(cuda_context& ctx, const delayed_scaling<Format>& host) {
+    if (host.options().history_length != options_.history_length) {
+      throw error("precis::device_delayed_scaling: the host recipe keeps " +
+                  std::to_string(host.options().history_length) + " amax values, this one " +
+                  std::to_string(options_.history_length));
+    }
+    options_ = host.options();
+    // Staged copies (pageable sources), so the host vectors may go when this returns.
+    const detail::cuda::delayed_header h{host.scale(), host.inverse_scale(),
+                                         state_field<std::uint32_t>(host, "next"),
+                                         state_field<std::uint32_t>(host, "recorded")};
+    const std::vector<float> history = state_field<std::vector<float>>(host, "amax_history");
+    check(cudaMemcpyAsync(header_.data(), &h, sizeof h, cudaMemcpyHostToDevice, ctx.stream()), "cudaMemcpyAsync");
+    check(cudaMemcpyAsync(history_.data(), history.data(), history.size() * sizeof(float), cudaMemcpyHostToDevice,
+                          ctx.stream()),
+          "cudaMemcpyAsync");
+    check(cudaMemsetAsync(amax_.data(), 0, sizeof(float), ctx.stream()), "cudaMemsetAsync");
+  }
+
+  /// Writes the device state into `host` (whose options must be this recipe's), waiting
+  /// for the device. Throws precis::error, leaving `host` unchanged, on an inconsistent
+  /// state.
+  void store(cuda_context& ctx, delayed_scaling<Format>& host) const {
+    if (host.options().history_length != options_.history_length) {
+      throw error("precis::device_delayed_scaling: the host recipe keeps " +
+                  std::to_string(host.options().history_length) + " amax values, this one " +
+                  std::to_string(options_.history_length));
+    }
+    detail::cuda::delayed_header h{};
+    std::vector<float> history(options_.history_length);
+    check(cudaMemcpyAsync(&h, header_.data(), sizeof h, cudaMemcpyDeviceToHost, ctx.stream()), "cudaMemcpyAsync");
+    check(cudaMemcpyAsync(history.data(), history_.data(), history.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                          ctx.stream()),
+          "cudaMemcpyAsync");
+    ctx.synchronize();
+    assign_state_fields(host, [&](auto set) {
+      set("scale", h.scale);
+      set("next", h.next);
+      set("recorded", h.recorded);
+      set("amax_history", history);
+    });
+  }
+
+  /// Device pointers: multiply by *scale() before casting to Format (scaled_cast does),
+  /// by *inverse_scale() after reading Format values (lt_matmul's a_scale / b_scale).
+  const float* scale() const { return &header_.data()->scale; }
+  const float* inverse_scale() const { return &header_.data()->inverse_scale; }
+  /// The amax measured since the last update (scaled_cast folds into it; zeroed by update).
+  float* amax() { return amax_.data(); }
+
+  /// delayed_scaling::update on the device: records the measured amax, computes the next
+  /// scale and zeroes the amax. Queued on ctx's stream; no host synchronisation.
+  void update_async(cuda_context& ctx) {
+    detail::cuda::delayed_update_kernel<><<<1, 256, 0, ctx.stream()>>>(
+        header_.data(), history_.data(), options_.history_length, amax_.data(),
+        options_.algorithm == amax_algorithm::most_recent ? 1 : 0, options_.margin,
+        detail::fp8_max<Format>());
+    check(cudaGetLastError(), "precis::device_delayed_scaling::update_async");
+  }
+
+ private:
+  delayed_scaling_options options_;
+  device_tensor<detail::cuda::delayed_header, 1> header_;
+  device_tensor<float, 1> history_;
+  device_tensor<float, 1> amax_;
+};
+
+/// out = saturate_cast<F>(x * *scale) element by element on the device (F a float8 format;
+/// *scale a device float, e.g. device_delayed_scaling::scale()), folding max|x| into *amax
+/// (device; NaN wins) in the same pass. Throws precis::error naming both shapes, before
+/// any launch, when they differ.
+template <class F, kernel_element T, std::size_t N>
+void scaled_cast_async(cuda_context& ctx, const device_tensor<T, N>& x, device_tensor<F, N>& out,
+                       const float* scale, float* amax) {
+  static_assert(is_float8_v<F>, "precis: scaled_cast_async casts to float8_e4m3 or float8_e5m2");
+  check_shape("precis::scaled_cast_async: out", out, x.shape());
+  if (x.size() == 0) return;
+  detail::cuda::scaled_cast_kernel<F><<<detail::cuda::grid_for(x.size(), 256), 256, 0, ctx.stream()>>>(
+      x.data(), out.data(), x.size(), scale, amax);
+  check(cudaGetLastError(), "precis::scaled_cast_async");
+}
+
 }  // namespace precis
+
 
 #endif
