@@ -117,8 +117,8 @@ void unscale_row(precis::cuda_context& ctx, precis_bench::table& tab, const char
   precis::device_tensor<float, 1> scale({1});
   precis::device_tensor<int, 1> found({1});
   const float one = 1.0F;  // scale 1 keeps the values as they are across repetitions
-  precis::check(cudaMemcpy(scale.data(), &one, sizeof one, cudaMemcpyHostToDevice), "cudaMemcpy");
-  precis::check(cudaMemset(found.data(), 0, sizeof(int)), "cudaMemset");
+  precis::check(cudaMemcpyAsync(scale.data(), &one, sizeof one, cudaMemcpyHostToDevice, ctx.stream()), "cudaMemcpyAsync");
+  precis::check(cudaMemsetAsync(found.data(), 0, sizeof(int), ctx.stream()), "cudaMemsetAsync");
   const std::size_t bytes = tensors * each * sizeof(T);
   precis::device_tensor<unsigned char, 1> src({bytes}), dst({bytes});
   const double t_unscale = median_ms(ctx, [&] {

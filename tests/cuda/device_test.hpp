@@ -55,10 +55,13 @@ precis::host_tensor<T, N> random_tensor(const std::array<std::size_t, N>& shape,
 }
 
 /// A device tensor of the shape, every byte 0xFF (NaN in float, bfloat16 and float16).
+/// The fill is finished before this returns: the legacy default stream it runs on is not
+/// ordered with a context's non-blocking stream.
 template <class T, std::size_t N>
 precis::device_tensor<T, N> poisoned(const std::array<std::size_t, N>& shape) {
   precis::device_tensor<T, N> d(shape);
   precis::check(cudaMemset(d.data(), 0xFF, d.size() * sizeof(T)), "cudaMemset");
+  precis::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   return d;
 }
 

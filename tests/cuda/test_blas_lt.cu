@@ -36,7 +36,7 @@ void check(precis::cuda_context& ctx, std::mt19937& g, std::int64_t m, std::int6
   precis::device_tensor<TC, 2> dC({std::size_t(m), std::size_t(n)});
   precis::device_tensor<float, 1> scales({2});
   const float inv[2] = {1.0f / a_scale, 1.0f / b_scale};
-  precis::check(cudaMemcpy(scales.data(), inv, sizeof inv, cudaMemcpyHostToDevice), "cudaMemcpy");
+  precis::check(cudaMemcpyAsync(scales.data(), inv, sizeof inv, cudaMemcpyHostToDevice, ctx.stream()), "cudaMemcpyAsync");
   precis::lt_product<TA, TB, TC> p;
   p.m = m, p.n = n, p.k = k, p.a = dA.data(), p.b = dB.data(), p.c = dC.data();
   p.trans_a = ta, p.trans_b = tb, p.epilogue = epi, p.bias = dbias.data();

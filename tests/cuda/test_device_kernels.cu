@@ -85,6 +85,17 @@ void check_gemm(precis::cuda_context& ctx, const precis::cpu_context& cpu) {
     std::printf("FAILED: a repeated gemm gave other bits\n");
     ++failures;
   }
+  // An empty product (K = 0) gives epilogue(beta * C + bias), as on the host.
+  {
+    const precis::gemm_options o0{.beta = 0.5F, .epilogue = precis::gemm_epilogue::relu};
+    const auto a0 = random_tensor<T, 2>({M, 0}), b0 = random_tensor<T, 2>({0, N});
+    const auto bias = random_tensor<T, 1>({N});
+    auto c0 = random_tensor<T, 2>({M, N});
+    auto dc0 = precis::to_device(c0);
+    precis::gemm<P>(cpu, a0, b0, bias, c0, o0);
+    precis::gemm<P>(ctx, precis::to_device(a0), precis::to_device(b0), precis::to_device(bias), dc0, o0);
+    compare("gemm K = 0", ctx, dc0, c0);
+  }
   // Shapes are checked before any launch.
   auto wrong = poisoned<T, 2>({M, N + 1});
   expect_error("gemm shape", [&] { precis::gemm<P>(ctx, precis::to_device(random_tensor<T, 2>({M, K})),
@@ -206,6 +217,9 @@ void check_layer_norm(precis::cuda_context& ctx, const precis::cpu_context& cpu)
 
 template <class P, class T>
 void check_conv(precis::cuda_context& ctx, const precis::cpu_context& cpu) {
+  // cuDNN's deterministic float algorithms include FFT and Winograd ones, whose error can
+  // reach several float ulps of the largest output: float convolutions get 5e-5.
+  const double conv_bound = std::is_same_v<T, float> ? 5e-5 : bound<T>();
   struct case_ {
     std::size_t n, c, h, w, co, k, stride, pad, dilation, groups;
   };
@@ -229,17 +243,17 @@ void check_conv(precis::cuda_context& ctx, const precis::cpu_context& cpu) {
     precis::conv2d<P>(cpu, x, w, y, p);
     auto d = poisoned<T, 4>(ys);
     precis::conv2d<P>(ctx, dx_, dw_, d, p);
-    compare("conv2d" + n, ctx, d, y);
+    compare("conv2d" + n, ctx, d, y, conv_bound);
     auto gx = precis::host_tensor<T, 4>::from_shape(xs);
     precis::conv2d_backward_data<P>(cpu, dy, w, gx, p);
     auto dgx = poisoned<T, 4>(xs);
     precis::conv2d_backward_data<P>(ctx, ddy, dw_, dgx, p);
-    compare("conv2d_backward_data" + n, ctx, dgx, gx);
+    compare("conv2d_backward_data" + n, ctx, dgx, gx, conv_bound);
     auto gw = precis::host_tensor<T, 4>::from_shape(ws);
     precis::conv2d_backward_weights<P>(cpu, x, dy, gw, p);
     auto dgw = poisoned<T, 4>(ws);
     precis::conv2d_backward_weights<P>(ctx, dx_, ddy, dgw, p);
-    compare("conv2d_backward_weights" + n, ctx, dgw, gw);
+    compare("conv2d_backward_weights" + n, ctx, dgw, gw, conv_bound);
   }
   // Transposed convolutions (DBNet's upsampling head), with output_padding, in all passes.
   for (const case_& k : {case_{2, 16, 8, 9, 8, 2, 2, 0, 1, 1}, case_{2, 12, 7, 7, 6, 3, 2, 1, 1, 3}}) {
@@ -259,17 +273,33 @@ void check_conv(precis::cuda_context& ctx, const precis::cpu_context& cpu) {
     precis::conv_transpose2d<P>(cpu, x, w, y, p);
     auto d = poisoned<T, 4>(ys);
     precis::conv_transpose2d<P>(ctx, dx_, dw_, d, p);
-    compare("conv_transpose2d" + n, ctx, d, y);
+    compare("conv_transpose2d" + n, ctx, d, y, conv_bound);
     auto gx = precis::host_tensor<T, 4>::from_shape(xs);
     precis::conv_transpose2d_backward_data<P>(cpu, dy, w, gx, p);
     auto dgx = poisoned<T, 4>(xs);
     precis::conv_transpose2d_backward_data<P>(ctx, ddy, dw_, dgx, p);
-    compare("conv_transpose2d_backward_data" + n, ctx, dgx, gx);
+    compare("conv_transpose2d_backward_data" + n, ctx, dgx, gx, conv_bound);
     auto gw = precis::host_tensor<T, 4>::from_shape(ws);
     precis::conv_transpose2d_backward_weights<P>(cpu, x, dy, gw, p);
     auto dgw = poisoned<T, 4>(ws);
     precis::conv_transpose2d_backward_weights<P>(ctx, dx_, ddy, dgw, p);
-    compare("conv_transpose2d_backward_weights" + n, ctx, dgw, gw);
+    compare("conv_transpose2d_backward_weights" + n, ctx, dgw, gw, conv_bound);
+  }
+  // Empty sums: no images (the weight gradient is zero) and no input channels (y is zero).
+  {
+    precis::conv2d_params p;
+    const auto x0 = random_tensor<T, 4>({0, 4, 6, 6}), dy0 = random_tensor<T, 4>({0, 8, 4, 4});
+    auto gw = precis::host_tensor<T, 4>::from_shape({8, 4, 3, 3});
+    precis::conv2d_backward_weights<P>(cpu, x0, dy0, gw, p);
+    auto dgw = poisoned<T, 4>({8, 4, 3, 3});
+    precis::conv2d_backward_weights<P>(ctx, precis::to_device(x0), precis::to_device(dy0), dgw, p);
+    compare("conv2d_backward_weights of no images", ctx, dgw, gw);
+    const auto xc = random_tensor<T, 4>({2, 0, 6, 6}), wc = random_tensor<T, 4>({8, 0, 3, 3});
+    auto yc = precis::host_tensor<T, 4>::from_shape({2, 8, 4, 4});
+    precis::conv2d<P>(cpu, xc, wc, yc, p);
+    auto dyc = poisoned<T, 4>({2, 8, 4, 4});
+    precis::conv2d<P>(ctx, precis::to_device(xc), precis::to_device(wc), dyc, p);
+    compare("conv2d of no input channels", ctx, dyc, yc);
   }
   auto bad = poisoned<T, 4>({1, 4, 5, 5});
   const auto x = precis::to_device(random_tensor<T, 4>({1, 3, 7, 7}));

@@ -228,6 +228,28 @@ TEST_CASE_TEMPLATE("conv2d_backward_bias sums dy per channel, as float64 does", 
   CHECK(std::isnan(float(bad(0))));
 }
 
+TEST_CASE("convolutions with an empty sum write zeros") {
+  using P = precis::presets::bf16_mixed;
+  using T = precis::bfloat16;
+  const precis::cpu_context ctx{2};
+  const precis::conv2d_params p;
+  // No images: the weight gradient is a sum over nothing.
+  const auto x0 = random_tensor<T, 4>({0, 4, 6, 6}), dy0 = random_tensor<T, 4>({0, 8, 4, 4});
+  auto dw = poisoned<T, 4>(shape4{8, 4, 3, 3});
+  precis::conv2d_backward_weights<P>(ctx, x0, dy0, dw, p);
+  for (const auto& v : dw) CHECK(float(v) == 0.0F);
+  // No input channels: every output is a sum over nothing.
+  const auto xc = random_tensor<T, 4>({2, 0, 6, 6}), wc = random_tensor<T, 4>({8, 0, 3, 3});
+  auto y = poisoned<T, 4>(shape4{2, 8, 4, 4});
+  precis::conv2d<P>(ctx, xc, wc, y, p);
+  for (const auto& v : y) CHECK(float(v) == 0.0F);
+  // No output channels: nothing reaches the input.
+  const auto dyo = random_tensor<T, 4>({2, 0, 4, 4}), wo = random_tensor<T, 4>({0, 4, 3, 3});
+  auto dx = poisoned<T, 4>(shape4{2, 4, 6, 6});
+  precis::conv2d_backward_data<P>(ctx, dyo, wo, dx, p);
+  for (const auto& v : dx) CHECK(float(v) == 0.0F);
+}
+
 TEST_CASE("conv2d gives the same bits on 1, 2 and 3 threads") {
   using P = precis::presets::bf16_mixed;
   using T = precis::bfloat16;

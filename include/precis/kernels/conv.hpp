@@ -35,11 +35,12 @@ namespace precis {
 /// Geometry of a 2-D convolution, PyTorch's Conv2d arguments: output size
 /// (in + 2 pad - dilation (k - 1) - 1) / stride + 1 per axis; `groups` splits channels
 /// into independent convolutions (groups == channels: depthwise). `output_padding` belongs
-/// to conv_transpose2d alone (PyTorch's ConvTranspose2d argument: rows and columns added at
-/// the bottom and right of its output, each less than the stride or the dilation, so that
-/// a stride-s convolution's several input sizes can all be produced); the convolutions and
-/// the transposed convolution's backward passes, whose sizes it does not change, reject a
-/// nonzero value there.
+/// to conv_transpose2d and its backward passes (PyTorch's ConvTranspose2d argument: rows
+/// and columns added at the bottom and right of its output, each less than the stride, so
+/// that a stride-s convolution's several input sizes can all be produced; PyTorch also
+/// accepts values up to the dilation, which precis refuses because the transposed
+/// convolution would then no longer be the adjoint of a convolution of x's size); the
+/// convolutions reject a nonzero value.
 struct conv2d_params {
   std::array<std::size_t, 2> stride{1, 1};
   std::array<std::size_t, 2> padding{0, 0};
@@ -456,16 +457,21 @@ template <class X, class W, class Y>
 conv_geometry transpose_geometry(std::string_view what, const X& x, const W& w, const Y& y,
                                  const conv2d_params& p) {
   const std::string name(what);
-  check_argument(p.groups >= 1, name + ":", "groups must be at least 1");
+  check_argument(p.groups >= 1 && p.stride[0] >= 1 && p.stride[1] >= 1 && p.dilation[0] >= 1 &&
+                     p.dilation[1] >= 1,
+                 name + ":", "stride, dilation and groups must be at least 1");
   const std::size_t n = std::size_t(x.shape()[0]), ci = std::size_t(x.shape()[1]);
   const std::size_t kh = std::size_t(w.shape()[2]), kw = std::size_t(w.shape()[3]);
   check_shape(name + ": w", w, dims<4>({ci, std::size_t(w.shape()[1]), kh, kw}));
   const std::size_t co = std::size_t(w.shape()[1]) * p.groups;
+  // Below the stride, the extra rows are ones the adjoint convolution's last step does not
+  // reach, so it maps y back to x's size and the backward passes are that convolution.
+  // (PyTorch also allows output_padding up to the dilation; then the adjoint would have
+  // more outputs than x has rows.)
   for (std::size_t a = 0; a < 2; ++a) {
-    if (p.output_padding[a] >= std::max(p.stride[a], p.dilation[a])) {
+    if (p.output_padding[a] >= p.stride[a]) {
       throw error(name + ": output_padding " + std::to_string(p.output_padding[a]) +
-                  " must be less than the stride (" + std::to_string(p.stride[a]) +
-                  ") or the dilation (" + std::to_string(p.dilation[a]) + ")");
+                  " must be less than the stride (" + std::to_string(p.stride[a]) + ")");
     }
   }
   const auto out = [&](std::size_t in, std::size_t k, std::size_t a) {

@@ -19,6 +19,7 @@
 #include <precis/kernels/context.hpp>
 #include <precis/kernels/cpu/gemm_kernel.hpp>
 #include <precis/kernels/cpu/support.hpp>
+#include <precis/kernels/elementwise.hpp>
 #include <precis/tensor/host_tensor.hpp>
 
 #include <algorithm>
@@ -119,14 +120,15 @@ struct strided_packer {
   }
 };
 
-/// The activation of an epilogue, in math type M.
+/// The activation of an epilogue, in math type M (host and device: the relu and exact
+/// GELU functors of the elementwise kernels).
 template <class M>
-M apply_epilogue(gemm_epilogue e, M v) {
+PRECIS_HOST_DEVICE M apply_epilogue(gemm_epilogue e, M v) {
   switch (e) {
     case gemm_epilogue::relu:
-      return v < M(0) ? M(0) : v;
+      return relu_fn<M>{}(v);
     case gemm_epilogue::gelu:
-      return M(0.5) * v * (M(1) + std::erf(v * M(0.70710678118654752440)));
+      return gelu_erf_fn<M>{}(v);
     default:
       return v;
   }

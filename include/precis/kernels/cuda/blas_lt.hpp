@@ -78,10 +78,13 @@ inline matrix_layout layout(cudaDataType_t t, std::uint64_t rows, std::uint64_t 
   return owned;
 }
 
-/// The largest power of two, at most 256, that divides the address: the alignment
-/// cuBLASLt's heuristic is told an operand has (it excludes kernels needing more).
-inline std::uint32_t alignment_of(const void* p) {
-  const auto a = reinterpret_cast<std::uintptr_t>(p);
+/// The alignment cuBLASLt's heuristic is told an operand has (it then excludes kernels
+/// needing more): the largest power of two, at most 256, that divides the address, the
+/// leading dimension in bytes and, for a batch, the distance between items in bytes.
+inline std::uint32_t alignment_of(const void* p, std::size_t element_bytes, std::int64_t ld, std::int64_t batch,
+                                  std::int64_t stride) {
+  std::uint64_t a = reinterpret_cast<std::uintptr_t>(p) | (std::uint64_t(ld) * element_bytes);
+  if (batch > 1) a |= std::uint64_t(stride) * element_bytes;
   std::uint32_t r = 256;
   while (r > 1 && a % r != 0) r /= 2;
   return r;
@@ -222,9 +225,10 @@ template <class Compute, class TA, class TB, class TC>
 void lt_matmul(cuda_context& ctx, const lt_product<TA, TB, TC>& p) {
   using namespace detail::cuda;
   constexpr bool fp8 = is_float8_v<TA> || is_float8_v<TB>;
-  if (p.m <= 0 || p.n <= 0 || p.k <= 0 || p.batch <= 0) {
-    throw error("precis::lt_matmul: M, N, K and the batch must be positive, got " + std::to_string(p.m) +
-                ", " + std::to_string(p.n) + ", " + std::to_string(p.k) + ", " + std::to_string(p.batch));
+  if (p.m <= 0 || p.n <= 0 || p.k <= 0 || p.batch <= 0 || p.batch > 2147483647) {
+    throw error("precis::lt_matmul: M, N, K must be positive and the batch in [1, 2^31 - 1], got " +
+                std::to_string(p.m) + ", " + std::to_string(p.n) + ", " + std::to_string(p.k) + ", " +
+                std::to_string(p.batch));
   }
   if constexpr (fp8) {
     if (p.trans_a || !p.trans_b) {
@@ -240,7 +244,11 @@ void lt_matmul(cuda_context& ctx, const lt_product<TA, TB, TC>& p) {
   if (p.epilogue != lt_epilogue::none && p.epilogue != lt_epilogue::relu && !p.bias) {
     throw error("precis::lt_matmul: the bias epilogues need a bias pointer");
   }
-  const std::array<std::uint32_t, 3> align{alignment_of(p.a), alignment_of(p.b), alignment_of(p.c)};
+  // Leading dimensions as the layouts give them (rows of the column-major views).
+  const std::array<std::uint32_t, 3> align{
+      alignment_of(p.a, sizeof(TA), p.trans_a ? p.m : p.k, p.batch, p.m * p.k),
+      alignment_of(p.b, sizeof(TB), p.trans_b ? p.k : p.n, p.batch, p.k * p.n),
+      alignment_of(p.c, sizeof(TC), p.n, p.batch, p.m * p.n)};
   const std::array<std::int64_t, 14> key{
       std::int64_t(lt_compute<Compute, TA, TB>()), std::int64_t(data_type<TA>()), std::int64_t(data_type<TB>()),
       std::int64_t(data_type<TC>()), p.trans_a, p.trans_b, p.m, p.n, p.k, std::int64_t(p.epilogue), p.batch,

@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <string>
+#include <string_view>
 
 namespace precis::detail::cuda {
 
@@ -31,6 +33,16 @@ inline unsigned grid_for(std::size_t n, unsigned threads = 256) {
 }
 
 inline constexpr unsigned row_threads = 256;
+
+/// The grid of a one-block-per-row kernel; throws precis::error for more rows than a grid
+/// holds (2^31 - 1) instead of launching a truncated one.
+inline unsigned row_blocks(std::size_t rows, std::string_view name) {
+  if (rows > 2147483647U) {
+    throw error(std::string(name) + ": " + std::to_string(rows) +
+                " rows (one block each) exceed the 2^31 - 1 blocks of a CUDA grid");
+  }
+  return unsigned(rows);
+}
 
 /// The larger of two values, NaN winning (the host's row_max rule).
 template <class M>
@@ -65,6 +77,15 @@ struct acc_add {
     return static_cast<M>(s.value());
   }
 };
+
+/// The sum of every thread's running sum `s`, combined in Acc's value type (float or
+/// double: never rounded to a narrower math type on the way), as M; every thread gets it.
+template <class M, class Acc>
+__device__ M block_sum(const accumulator<Acc>& s) {
+  using V = typename accumulator<Acc>::value_type;
+  __shared__ V shared[32];
+  return static_cast<M>(block_reduce(s.value(), acc_add<Acc, V>{}, shared));
+}
 
 }  // namespace precis::detail::cuda
 

@@ -100,15 +100,26 @@ constexpr cudnnMathType_t dnn_math() {
   }
 }
 
-/// The first deterministic algorithm of cuDNN's ranked list that ran its checks.
+/// Whether an algorithm reported with math type `algo` keeps to the policy's `math`: never
+/// a down-conversion of the data, and no tensor cores (TF32) where the policy asks for
+/// exact float.
+inline bool math_allowed(cudnnMathType_t math, cudnnMathType_t algo) {
+  if (algo == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return false;
+  return math != CUDNN_FMA_MATH || algo == CUDNN_FMA_MATH || algo == CUDNN_DEFAULT_MATH;
+}
+
+/// The first deterministic algorithm of cuDNN's ranked list that ran its checks and keeps
+/// to the policy's math.
 template <class Perf>
-auto pick_algorithm(const Perf* perf, int count, std::string_view what) {
+auto pick_algorithm(const Perf* perf, int count, cudnnMathType_t math, std::string_view what) {
   for (int i = 0; i < count; ++i) {
-    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].determinism == CUDNN_DETERMINISTIC) {
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].determinism == CUDNN_DETERMINISTIC &&
+        math_allowed(math, perf[i].mathType)) {
       return perf[i];
     }
   }
-  throw error(std::string(what) + ": cuDNN offers no deterministic algorithm for this convolution");
+  throw error(std::string(what) + ": cuDNN offers no deterministic algorithm for this convolution "
+              "within the policy's math");
 }
 
 /// The three passes of one convolution, in cuDNN's terms.
@@ -131,14 +142,14 @@ inline conv_plan make_conv_plan(cuda_context& ctx, const conv_geometry& g, cudnn
     check(cudnnGetConvolutionForwardAlgorithm_v7(ctx.dnn(), d.x.get(), d.w.get(), d.conv.get(), d.y.get(),
                                                  CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf),
           "cudnnGetConvolutionForwardAlgorithm_v7");
-    const auto a = pick_algorithm(perf, count, name);
+    const auto a = pick_algorithm(perf, count, math, name);
     plan.algo = int(a.algo), plan.workspace = a.memory;
   } else if (pass == conv_pass::backward_data) {
     cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     check(cudnnGetConvolutionBackwardDataAlgorithm_v7(ctx.dnn(), d.w.get(), d.y.get(), d.conv.get(), d.x.get(),
                                                       CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perf),
           "cudnnGetConvolutionBackwardDataAlgorithm_v7");
-    const auto a = pick_algorithm(perf, count, name);
+    const auto a = pick_algorithm(perf, count, math, name);
     plan.algo = int(a.algo), plan.workspace = a.memory;
   } else {
     cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
@@ -146,7 +157,7 @@ inline conv_plan make_conv_plan(cuda_context& ctx, const conv_geometry& g, cudnn
                                                         d.w.get(), CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
                                                         &count, perf),
           "cudnnGetConvolutionBackwardFilterAlgorithm_v7");
-    const auto a = pick_algorithm(perf, count, name);
+    const auto a = pick_algorithm(perf, count, math, name);
     plan.algo = int(a.algo), plan.workspace = a.memory;
   }
   return plan;
@@ -188,6 +199,13 @@ void run_conv(cuda_context& ctx, conv_pass pass, const conv_geometry& g, const T
   }
 }
 
+/// Zeros: the result of a convolution pass whose sum is empty (no input channels, no
+/// images), which cuDNN does not take.
+template <class T>
+void zero_fill(cuda_context& ctx, device_tensor<T, 4>& t) {
+  check(cudaMemsetAsync(t.data(), 0, t.size() * sizeof(T), ctx.stream()), "cudaMemsetAsync");
+}
+
 }  // namespace detail::cuda
 
 /// y = conv2d(x, w) on the device (see the host conv2d).
@@ -197,7 +215,8 @@ void conv2d(cuda_context& ctx, const device_tensor<T, 4>& x, const device_tensor
   detail::check_conv_types<P, T, T, T>();
   const auto g = detail::conv_geometry_of("precis::conv2d", x, w, p);
   check_shape("precis::conv2d: y", y, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
-  if (x.size() == 0 || y.size() == 0) return;
+  if (y.size() == 0) return;
+  if (x.size() == 0 || w.size() == 0) return detail::cuda::zero_fill(ctx, y);
   detail::cuda::run_conv<P>(ctx, detail::cuda::conv_pass::forward, g, x.data(), w.data(), y.data(),
                             "precis::conv2d");
 }
@@ -211,6 +230,7 @@ void conv2d_backward_data(cuda_context& ctx, const device_tensor<T, 4>& dy,
   const auto g = detail::conv_geometry_of("precis::conv2d_backward_data", dx, w, p);
   check_shape("precis::conv2d_backward_data: dy", dy, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
   if (dx.size() == 0) return;
+  if (dy.size() == 0 || w.size() == 0) return detail::cuda::zero_fill(ctx, dx);
   detail::cuda::run_conv<P>(ctx, detail::cuda::conv_pass::backward_data, g, dy.data(), w.data(),
                             dx.data(), "precis::conv2d_backward_data");
 }
@@ -224,6 +244,7 @@ void conv2d_backward_weights(cuda_context& ctx, const device_tensor<T, 4>& x,
   const auto g = detail::conv_geometry_of("precis::conv2d_backward_weights", x, dw, p);
   check_shape("precis::conv2d_backward_weights: dy", dy, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
   if (dw.size() == 0) return;
+  if (x.size() == 0 || dy.size() == 0) return detail::cuda::zero_fill(ctx, dw);
   detail::cuda::run_conv<P>(ctx, detail::cuda::conv_pass::backward_filter, g, x.data(), dy.data(),
                             dw.data(), "precis::conv2d_backward_weights");
 }
@@ -237,6 +258,7 @@ void conv_transpose2d(cuda_context& ctx, const device_tensor<T, 4>& x, const dev
   detail::check_conv_types<P, T, T, T>();
   const auto g = detail::transpose_geometry("precis::conv_transpose2d", x, w, y, p);
   if (y.size() == 0) return;
+  if (x.size() == 0 || w.size() == 0) return detail::cuda::zero_fill(ctx, y);
   detail::cuda::run_conv<P>(ctx, detail::cuda::conv_pass::backward_data, g, x.data(), w.data(),
                             y.data(), "precis::conv_transpose2d");
 }

@@ -7,7 +7,9 @@
 // Epilogues: none and relu (with or without bias) run inside cuBLASLt, which rounds once
 // after them. gelu is precis's exact (erf) GELU, as on the host: the product is written in
 // float to a stream-ordered scratch buffer and one kernel adds beta * C and the bias,
-// applies GELU and rounds once. A batched product is one strided-batch cuBLASLt call.
+// applies GELU and rounds once; an empty product (K = 0) gives epilogue(beta * C + bias)
+// through the same kernel, as on the host. A batched product is one strided-batch cuBLASLt
+// call.
 // float8 operands need per-tensor scales: use precis::lt_matmul for them. Compiled by nvcc
 // only (include from a .cu file).
 #pragma once
@@ -47,18 +49,18 @@ constexpr void check_device_gemm_types() {
                 "precis: on the device a bias has the output's element type (cuBLASLt's rule)");
 }
 
-/// c[i] = round(gelu(t[i] + beta * c[i] + bias[i % n])): the gelu epilogue after a float
-/// product (alpha already applied).
+/// c[i] = round(epilogue(t[i] + beta * c[i] + bias[i % n])), t[i] = 0 when t is null: the
+/// gelu epilogue after a float product (alpha already applied), and an empty product (K =
+/// 0, where the host gives epilogue(beta * C + bias)). The host writer's steps, in order.
 template <class TC, class TBias>
-__global__ void finish_gelu(const float* t, TC* c, const TBias* bias, std::size_t total,
-                            std::size_t n, float beta) {
-  const gelu_erf_fn<float> gelu{};
+__global__ void finish_product(const float* t, TC* c, const TBias* bias, std::size_t total,
+                               std::size_t n, float beta, gemm_epilogue epilogue) {
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < total;
        i += std::size_t(gridDim.x) * blockDim.x) {
-    float v = t[i];
+    float v = t != nullptr ? t[i] : 0.0F;
     if (beta != 0.0F) v += beta * device_load<float>(c[i]);
     if (bias != nullptr) v += device_load<float>(bias[i % n]);
-    c[i] = round_to<TC>(gelu(v));
+    c[i] = round_to<TC>(apply_epilogue(epilogue, v));
   }
 }
 
@@ -69,11 +71,14 @@ void device_product(cuda_context& ctx, std::size_t batch, std::size_t M, std::si
                     std::size_t K, const T* a, const T* b, const TBias* bias, TC* c,
                     const gemm_options& o) {
   if (batch == 0 || M == 0 || N == 0) return;
-  if (K == 0) {
-    throw error("precis::gemm: K = 0 on the device (cuBLASLt takes no empty products)");
+  const std::size_t total = batch * M * N;
+  if (K == 0) {  // cuBLASLt takes no empty products: C = epilogue(beta * C + bias)
+    finish_product<<<grid_for(total), 256, 0, ctx.stream()>>>(static_cast<const float*>(nullptr), c,
+                                                              bias, total, N, o.beta, o.epilogue);
+    check(cudaGetLastError(), "precis::gemm (K = 0)");
+    return;
   }
   if (o.epilogue == gemm_epilogue::gelu) {
-    const std::size_t total = batch * M * N;
     device_tensor<float, 1> scratch({total}, ctx.stream());
     lt_product<T, T, float> p;
     p.m = std::int64_t(M), p.n = std::int64_t(N), p.k = std::int64_t(K);
@@ -82,8 +87,8 @@ void device_product(cuda_context& ctx, std::size_t batch, std::size_t M, std::si
     p.trans_a = o.trans_a, p.trans_b = o.trans_b;
     p.alpha = o.alpha, p.beta = 0.0F;
     lt_matmul<Compute>(ctx, p);
-    finish_gelu<<<grid_for(total), 256, 0, ctx.stream()>>>(scratch.data(), c, bias, total, N,
-                                                           o.beta);
+    finish_product<<<grid_for(total), 256, 0, ctx.stream()>>>(scratch.data(), c, bias, total, N,
+                                                              o.beta, o.epilogue);
     check(cudaGetLastError(), "precis::gemm (gelu epilogue)");
     return;
   }

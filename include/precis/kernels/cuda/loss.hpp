@@ -217,7 +217,7 @@ __device__ inline void row_max_and_sum(const X* row, std::size_t cols, M* shared
   for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x) {
     acc.add(static_cast<typename accumulator<Acc>::value_type>(math::exp(device_load<M>(row[j]) - m)));
   }
-  s = block_reduce(static_cast<M>(acc.value()), acc_add<Acc, M>{}, shared);
+  s = block_sum<M>(acc);
 }
 
 /// The target of row r as an index, or cols when it is outside [0, cols).
@@ -288,7 +288,7 @@ void cross_entropy(cuda_context& ctx, const device_tensor<X, 2>& logits,
   detail::cuda::check_loss_output(name, loss);
   const std::size_t rows = logits.shape()[0], cols = logits.shape()[1];
   device_tensor<M, 1> per_row({rows}, ctx.stream());
-  detail::cuda::cross_entropy_rows<M, Acc><<<unsigned(rows), detail::cuda::row_threads, 0, ctx.stream()>>>(
+  detail::cuda::cross_entropy_rows<M, Acc><<<detail::cuda::row_blocks(rows, name), detail::cuda::row_threads, 0, ctx.stream()>>>(
       logits.data(), targets.data(), per_row.data(), cols);
   check(cudaGetLastError(), name);
   detail::cuda::reduce_terms<detail::cuda::device_sum<Acc>, 1>(
@@ -309,7 +309,7 @@ void cross_entropy_backward(cuda_context& ctx, const device_tensor<X, 2>& logits
   check_shape(std::string(name) + ": dlogits", dlogits, logits.shape());
   const std::size_t rows = logits.shape()[0], cols = logits.shape()[1];
   detail::cuda::cross_entropy_backward_rows<M, Acc>
-      <<<unsigned(rows), detail::cuda::row_threads, 0, ctx.stream()>>>(
+      <<<detail::cuda::row_blocks(rows, name), detail::cuda::row_threads, 0, ctx.stream()>>>(
           logits.data(), targets.data(), dlogits.data(), rows, cols, dloss);
   check(cudaGetLastError(), name);
 }

@@ -26,18 +26,17 @@ namespace detail::cuda {
 template <class M, class Acc, class X, class G, class B, class Y, class S>
 __global__ void layer_norm_rows(const X* x, const G* gamma, const B* beta, Y* y, S* mean, S* rstd,
                                 std::size_t cols, M eps) {
-  __shared__ M shared[32];
   using V = typename accumulator<Acc>::value_type;
   const std::size_t base = blockIdx.x * cols;
   accumulator<Acc> s;
   for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x) s.add(V(device_load<M>(x[base + j])));
-  const M mu = block_reduce(M(s.value()), acc_add<Acc, M>{}, shared) / M(cols);
+  const M mu = block_sum<M>(s) / M(cols);
   accumulator<Acc> q;
   for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x) {
     const M d = device_load<M>(x[base + j]) - mu;
     q.add(V(d * d));
   }
-  const M var = block_reduce(M(q.value()), acc_add<Acc, M>{}, shared) / M(cols);
+  const M var = block_sum<M>(q) / M(cols);
   const M rs = M(1) / ::sqrt(var + eps);
   for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x) {
     const M v = (device_load<M>(x[base + j]) - mu) * rs * device_load<M>(gamma[j]) +
@@ -54,7 +53,6 @@ __global__ void layer_norm_rows(const X* x, const G* gamma, const B* beta, Y* y,
 template <class M, class Acc, class DY, class X, class G, class S, class DX>
 __global__ void layer_norm_backward_rows(const DY* dy, const X* x, const G* gamma, const S* mean,
                                          const S* rstd, DX* dx, std::size_t cols) {
-  __shared__ M shared[32];
   using V = typename accumulator<Acc>::value_type;
   const std::size_t base = blockIdx.x * cols;
   const M mu = static_cast<M>(mean[blockIdx.x]), rs = static_cast<M>(rstd[blockIdx.x]);
@@ -65,8 +63,8 @@ __global__ void layer_norm_backward_rows(const DY* dy, const X* x, const G* gamm
     sg.add(V(g));
     sgx.add(V(g * xh));
   }
-  const M a = block_reduce(M(sg.value()), acc_add<Acc, M>{}, shared) / M(cols);
-  const M b = block_reduce(M(sgx.value()), acc_add<Acc, M>{}, shared) / M(cols);
+  const M a = block_sum<M>(sg) / M(cols);
+  const M b = block_sum<M>(sgx) / M(cols);
   for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x) {
     const M g = device_load<M>(dy[base + j]) * device_load<M>(gamma[j]);
     const M xh = (device_load<M>(x[base + j]) - mu) * rs;
@@ -105,20 +103,19 @@ __global__ void batch_norm_train_channels(const X* x, const G* gamma, const B* b
                                           R* running_var, Y* y, S* save_mean, S* save_rstd,
                                           std::size_t channels, std::size_t inner, std::size_t count,
                                           M eps, M momentum) {
-  __shared__ M shared[32];
   using V = typename accumulator<Acc>::value_type;
   const std::size_t c = blockIdx.x;
   accumulator<Acc> s;
   for (std::size_t j = threadIdx.x; j < count; j += blockDim.x) {
     s.add(V(device_load<M>(channel_at(x, channels, inner, c, j))));
   }
-  const M mu = block_reduce(M(s.value()), acc_add<Acc, M>{}, shared) / M(count);
+  const M mu = block_sum<M>(s) / M(count);
   accumulator<Acc> q;
   for (std::size_t j = threadIdx.x; j < count; j += blockDim.x) {
     const M d = device_load<M>(channel_at(x, channels, inner, c, j)) - mu;
     q.add(V(d * d));
   }
-  const M var = block_reduce(M(q.value()), acc_add<Acc, M>{}, shared) / M(count);
+  const M var = block_sum<M>(q) / M(count);
   const M rs = M(1) / ::sqrt(var + eps);
   const M g = device_load<M>(gamma[c]), bt = device_load<M>(beta[c]);
   for (std::size_t j = threadIdx.x; j < count; j += blockDim.x) {
@@ -152,7 +149,6 @@ template <class M, class Acc, class DY, class X, class G, class S, class DX, cla
 __global__ void batch_norm_backward_channels(const DY* dy, const X* x, const G* gamma, const S* save_mean,
                                              const S* save_rstd, DX* dx, DG* dgamma, DB* dbeta,
                                              std::size_t channels, std::size_t inner, std::size_t count) {
-  __shared__ M shared[32];
   using V = typename accumulator<Acc>::value_type;
   const std::size_t c = blockIdx.x;
   const M mu = static_cast<M>(save_mean[c]), rs = static_cast<M>(save_rstd[c]);
@@ -163,8 +159,8 @@ __global__ void batch_norm_backward_channels(const DY* dy, const X* x, const G* 
     sdy.add(V(g));
     sdyx.add(V(g * xh));
   }
-  const M sum_dy = block_reduce(M(sdy.value()), acc_add<Acc, M>{}, shared);
-  const M sum_dyx = block_reduce(M(sdyx.value()), acc_add<Acc, M>{}, shared);
+  const M sum_dy = block_sum<M>(sdy);
+  const M sum_dyx = block_sum<M>(sdyx);
   const M k = device_load<M>(gamma[c]) * rs;
   const M a = sum_dy / static_cast<M>(count), b = sum_dyx / static_cast<M>(count);
   for (std::size_t j = threadIdx.x; j < count; j += blockDim.x) {
@@ -200,7 +196,7 @@ void layer_norm(cuda_context& ctx, const device_tensor<X, N>& x, const device_te
   detail::check_eps("precis::layer_norm", eps);
   const std::size_t rows = mean.size();
   if (rows == 0) return;
-  detail::cuda::layer_norm_rows<M, Acc><<<unsigned(rows), detail::cuda::row_threads, 0,
+  detail::cuda::layer_norm_rows<M, Acc><<<detail::cuda::row_blocks(rows, "precis::layer_norm"), detail::cuda::row_threads, 0,
                                           ctx.stream()>>>(x.data(), gamma.data(), beta.data(),
                                                           y.data(), mean.data(), rstd.data(),
                                                           d[0], static_cast<M>(eps));
@@ -230,7 +226,7 @@ void layer_norm_backward(cuda_context& ctx, const device_tensor<DY, N>& dy,
   const std::size_t rows = mean.size(), cols = d[0];
   if (cols == 0) return;
   if (rows != 0) {
-    detail::cuda::layer_norm_backward_rows<M, Acc><<<unsigned(rows), detail::cuda::row_threads, 0,
+    detail::cuda::layer_norm_backward_rows<M, Acc><<<detail::cuda::row_blocks(rows, "precis::layer_norm_backward"), detail::cuda::row_threads, 0,
                                                      ctx.stream()>>>(
         dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(), dx.data(), cols);
     check(cudaGetLastError(), "precis::layer_norm_backward");
@@ -259,7 +255,7 @@ void batch_norm_train(cuda_context& ctx, const device_tensor<X, N>& x, const dev
                                     momentum, eps);
   const auto d = detail::batch_norm_dims(x);
   if (d[1] == 0) return;
-  detail::cuda::batch_norm_train_channels<M, Acc><<<unsigned(d[1]), detail::cuda::row_threads, 0, ctx.stream()>>>(
+  detail::cuda::batch_norm_train_channels<M, Acc><<<detail::cuda::row_blocks(d[1], name), detail::cuda::row_threads, 0, ctx.stream()>>>(
       x.data(), gamma.data(), beta.data(), running_mean.data(), running_var.data(), y.data(), save_mean.data(),
       save_rstd.data(), d[1], d[2], d[0] * d[2], static_cast<M>(eps), static_cast<M>(momentum));
   check(cudaGetLastError(), name);
@@ -302,7 +298,7 @@ void batch_norm_backward(cuda_context& ctx, const device_tensor<DY, N>& dy, cons
   const std::size_t count = d[0] * d[2];
   if (count == 0 || d[1] == 0) return;
   detail::cuda::batch_norm_backward_channels<M, Acc>
-      <<<unsigned(d[1]), detail::cuda::row_threads, 0, ctx.stream()>>>(
+      <<<detail::cuda::row_blocks(d[1], name), detail::cuda::row_threads, 0, ctx.stream()>>>(
           dy.data(), x.data(), gamma.data(), save_mean.data(), save_rstd.data(), dx.data(), dgamma.data(),
           dbeta.data(), d[1], d[2], count);
   check(cudaGetLastError(), name);

@@ -37,7 +37,7 @@ __global__ void softmax_rows(const X* x, Y* y, std::size_t cols) {
   for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x) {
     s.add(static_cast<typename accumulator<Acc>::value_type>(math::exp(device_load<M>(row[j]) - m)));
   }
-  const M total = block_reduce(static_cast<M>(s.value()), acc_add<Acc, M>{}, shared);
+  const M total = block_sum<M>(s);
   const M lse = math::log(total);
   for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x) {
     const M v = device_load<M>(row[j]) - m;
@@ -48,14 +48,13 @@ __global__ void softmax_rows(const X* x, Y* y, std::size_t cols) {
 // softmax: dx = y (dy - sum(dy y)); log_softmax: dx = dy - exp(y) sum(dy).
 template <class M, class Acc, bool Log, class DY, class Y, class DX>
 __global__ void softmax_backward_rows(const DY* dy, const Y* y, DX* dx, std::size_t cols) {
-  __shared__ M shared[32];
   const std::size_t base = blockIdx.x * cols;
   accumulator<Acc> s;
   for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x) {
     const M g = device_load<M>(dy[base + j]);
     s.add(static_cast<typename accumulator<Acc>::value_type>(Log ? g : g * device_load<M>(y[base + j])));
   }
-  const M total = block_reduce(static_cast<M>(s.value()), acc_add<Acc, M>{}, shared);
+  const M total = block_sum<M>(s);
   for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x) {
     const M g = device_load<M>(dy[base + j]), p = device_load<M>(y[base + j]);
     dx[base + j] = round_to<DX>(Log ? g - math::exp(p) * total : p * (g - total));
@@ -70,7 +69,7 @@ void softmax_forward(std::string_view name, cuda_context& ctx, const device_tens
   check_shape(std::string(name) + ": y", y, x.shape());
   const auto [rows, cols] = rows_and_cols(x);
   if (rows == 0 || cols == 0) return;
-  softmax_rows<M, Acc, Log><<<unsigned(rows), row_threads, 0, ctx.stream()>>>(x.data(), y.data(),
+  softmax_rows<M, Acc, Log><<<row_blocks(rows, name), row_threads, 0, ctx.stream()>>>(x.data(), y.data(),
                                                                                cols);
   check(cudaGetLastError(), name);
 }
@@ -84,7 +83,7 @@ void softmax_backward(std::string_view name, cuda_context& ctx, const device_ten
   check_shape(std::string(name) + ": dx", dx, y.shape());
   const auto [rows, cols] = rows_and_cols(y);
   if (rows == 0 || cols == 0) return;
-  softmax_backward_rows<M, Acc, Log><<<unsigned(rows), row_threads, 0, ctx.stream()>>>(
+  softmax_backward_rows<M, Acc, Log><<<row_blocks(rows, name), row_threads, 0, ctx.stream()>>>(
       dy.data(), y.data(), dx.data(), cols);
   check(cudaGetLastError(), name);
 }
