@@ -146,3 +146,50 @@ TEST_CASE("float8 recipes keep their amax history across a checkpoint") {
   precis::load_state(c2, precis::save_state(c));
   CHECK(c2.scale() == c.scale());
 }
+
+TEST_CASE("state fields are read and set by name, validated, all or nothing") {
+  auto s = trained_scaler();
+  CHECK(precis::state_field<float>(s, "scale") == s.scale());
+  CHECK(precis::state_field<std::uint32_t>(s, "growth_tracker") == s.growth_tracker());
+  CHECK(precis::state_field<std::uint64_t>(s, "skipped_steps") == s.skipped_steps());
+  // Several fields at once (as a device state is copied back).
+  precis::assign_state_fields(s, [](auto set) {
+    set("scale", 16.0f);
+    set("growth_tracker", std::uint32_t{2});
+    set("hysteresis_left", std::uint32_t{1});
+  });
+  CHECK(s.scale() == 16.0f);
+  CHECK(s.growth_tracker() == 2);
+  CHECK(s.hysteresis_left() == 1);
+  // An inconsistent result changes nothing, even when an earlier field was fine.
+  const std::string before = precis::save_state(s);
+  CHECK_THROWS_WITH_AS(precis::assign_state_fields(s, [](auto set) {
+                         set("scale", 32.0f);
+                         set("growth_tracker", std::uint32_t{3});  // not below growth_interval 3
+                       }),
+                       doctest::Contains("growth_tracker must be below growth_interval"), precis::error);
+  CHECK(precis::save_state(s) == before);
+  // Unknown names and wrong types are refused by name.
+  CHECK_THROWS_WITH_AS(precis::state_field<float>(s, "no_such_field"), doctest::Contains("no_such_field"),
+                       precis::error);
+  CHECK_THROWS_WITH_AS(precis::state_field<std::uint32_t>(s, "scale"), doctest::Contains("\"scale\""),
+                       precis::error);
+  // The float8 recipe's history, as a whole array.
+  precis::delayed_scaling_options o;
+  o.history_length = 4;
+  precis::delayed_scaling<precis::float8_e4m3> d(o);
+  for (float a : {3.0f, 5.0f}) d.update(a);
+  const auto h = precis::state_field<std::vector<float>>(d, "amax_history");
+  CHECK(h == std::vector<float>{3.0f, 5.0f, 0.0f, 0.0f});
+  precis::delayed_scaling<precis::float8_e4m3> e(o);
+  precis::assign_state_fields(e, [&](auto set) {
+    set("amax_history", h);
+    set("next", std::uint32_t{2});
+    set("recorded", std::uint32_t{2});
+    set("scale", d.scale());
+  });
+  CHECK(e.amax_history() == d.amax_history());
+  e.update(1.0f);
+  d.update(1.0f);
+  CHECK(e.scale() == d.scale());
+}
