@@ -9,14 +9,20 @@
 //   3. the fused multi-tensor unscale + non-finite check (64 tensors) against a
 //      device-to-device copy of the same bytes (both read and write every byte once);
 //   4. the forward convolutions of ResNet-18 (one of each distinct shape, batch 32) through
-//      precis::conv2d in bf16, fp16, float with TF32 and exact float.
+//      precis::conv2d in bf16, fp16, float with TF32 and exact float;
+//   5. precis's own memory-bound kernels (relu, softmax, layer norm, sum, cast, the float8
+//      scaled cast) on bf16 tensors of 8192 x 4096: bytes read and written per second as a
+//      fraction of a device-to-device copy's.
 // Times are medians of CUDA-event-timed repetitions after a warm-up. Exits 77 where no GPU
 // is present.
 //
 //   bench_cuda [--csv path] [--n N]
 #include <precis/kernels/cuda/conv.hpp>
 #include <precis/kernels/cuda/gemm.hpp>
+#include <precis/kernels/cuda/norm.hpp>
+#include <precis/kernels/cuda/reduce.hpp>
 #include <precis/kernels/cuda/scaling_kernels.hpp>
+#include <precis/kernels/cuda/softmax.hpp>
 
 #include "../common.hpp"
 #include "../resnet18.hpp"
@@ -150,6 +156,43 @@ double conv_stack_ms(precis::cuda_context& ctx, std::size_t batch, std::mt19937&
   return total;
 }
 
+/// Own kernels against a device-to-device copy: GB/s of bytes read plus written.
+void bandwidth_rows(precis::cuda_context& ctx, precis_bench::table& tab, std::mt19937& g) {
+  using bf16 = precis::bfloat16;
+  using P = precis::presets::bf16_mixed;
+  const std::size_t rows = 8192, cols = 4096, n = rows * cols;
+  const auto x = random_device<bf16, 2>({rows, cols}, g);
+  precis::device_tensor<bf16, 2> y({rows, cols});
+  const auto gamma = random_device<bf16, 1>({cols}, g), beta = random_device<bf16, 1>({cols}, g);
+  precis::device_tensor<float, 1> mean({rows}), rstd({rows}), out({1}), scale({1}), amax({1});
+  const float one = 1.0F;
+  precis::check(cudaMemcpyAsync(scale.data(), &one, sizeof one, cudaMemcpyHostToDevice, ctx.stream()),
+                "cudaMemcpyAsync");
+  precis::check(cudaMemsetAsync(amax.data(), 0, sizeof(float), ctx.stream()), "cudaMemsetAsync");
+  precis::device_tensor<float, 2> xf({rows, cols});
+  precis::device_tensor<precis::float8_e4m3, 2> x8({rows, cols});
+  precis::device_tensor<unsigned char, 1> src({n * 2}), dst({n * 2});
+  const double t_copy = median_ms(ctx, [&] {
+    precis::check(cudaMemcpyAsync(dst.data(), src.data(), n * 2, cudaMemcpyDeviceToDevice, ctx.stream()),
+                  "cudaMemcpyAsync");
+  });
+  const double copy_gbs = 2.0 * double(n * 2) / t_copy * 1e-6;
+  const auto row = [&](const char* name, double bytes, double ms) {
+    const double gbs = bytes / ms * 1e-6;
+    tab.add({name, precis_bench::fixed(ms, 3), precis_bench::fixed(gbs, 0), precis_bench::fixed(copy_gbs, 0),
+             precis_bench::fixed(gbs / copy_gbs)});
+  };
+  const double bf = double(n) * 2;  // bytes of one bf16 tensor
+  row("relu bf16 -> bf16", 2 * bf, median_ms(ctx, [&] { precis::relu<P>(ctx, x, y); }));
+  row("softmax rows of 4096, bf16", 2 * bf, median_ms(ctx, [&] { precis::softmax<P>(ctx, x, y); }));
+  row("layer_norm rows of 4096, bf16", 2 * bf,
+      median_ms(ctx, [&] { precis::layer_norm<P>(ctx, x, gamma, beta, y, mean, rstd); }));
+  row("sum bf16 (whole tensor)", bf, median_ms(ctx, [&] { precis::sum<P>(ctx, x, out); }));
+  row("cast bf16 -> float", 3 * bf, median_ms(ctx, [&] { precis::cast(ctx, x, xf); }));
+  row("scaled_cast bf16 -> e4m3 + amax", 1.5 * bf,
+      median_ms(ctx, [&] { precis::scaled_cast_async(ctx, x, x8, scale.data(), amax.data()); }));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -223,15 +266,21 @@ int main(int argc, char** argv) {
   conv_row("tf32", c_tf32);
   conv_row("fp32", c_fp32);
 
+  // 5. Own memory-bound kernels against a copy.
+  precis_bench::table bw_tab({"kernel (8192 x 4096)", "ms", "GB/s", "copy GB/s", "fraction of copy bandwidth"});
+  bandwidth_rows(ctx, bw_tab, g);
+
   std::printf("device: %s; products %zu^3\n", prop.name, n);
   gemm_tab.print();
   std::printf("bf16 %zu^3: direct cuBLASLt %.4f ms, precis::gemm %.4f ms, ratio %.3f\n", small, t_direct_small,
               t_precis_small, t_direct_small / t_precis_small);
   unscale_tab.print();
   conv_tab.print();
+  bw_tab.print();
   if (const auto path = precis_bench::csv_path(argc, argv); !path.empty()) {
     gemm_tab.write_csv(path);
     unscale_tab.write_csv(path + ".unscale.csv");
     conv_tab.write_csv(path + ".conv.csv");
+    bw_tab.write_csv(path + ".bandwidth.csv");
   }
 }
