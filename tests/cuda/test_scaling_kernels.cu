@@ -61,6 +61,63 @@ void check_unscale(precis::cuda_context& ctx, std::mt19937& g, bool poison) {
   }
 }
 
+/// Device delayed scaling against the host recipe, step for step, from a recipe that has
+/// already run a few steps on the host: the scaled cast's bits, then the scale, inverse
+/// scale and amax history after every update (a NaN step and an all-zero step are not
+/// recorded; a history longer than a block's 256 threads is reduced in full).
+template <class F>
+void check_delayed(precis::cuda_context& ctx, std::mt19937& g, std::uint32_t length,
+                   precis::amax_algorithm algorithm, std::int32_t margin) {
+  precis::delayed_scaling_options fo;
+  fo.history_length = length;
+  fo.algorithm = algorithm;
+  fo.margin = margin;
+  precis::delayed_scaling<F> host_recipe(fo);
+  for (float a : {3.0f, 700.0f, 0.25f}) host_recipe.update(a);
+  precis::device_delayed_scaling<F> dev_recipe(ctx, host_recipe);
+  auto xs = precis::host_tensor<precis::bfloat16, 1>::from_shape({50001});
+  precis::device_tensor<F, 1> x8({xs.size()});
+  for (int step = 0; step < 12; ++step) {
+    const float spread = std::ldexp(1.0f, (step * 5) % 17 - 6);
+    std::normal_distribution<float> dd(0.0f, spread);
+    for (auto& v : xs) v = precis::bfloat16(step == 7 ? 0.0f : dd(g));
+    if (step == 4) xs(123) = std::numeric_limits<precis::bfloat16>::quiet_NaN();
+    const auto dxs = precis::to_device(xs);
+    precis::scaled_cast_async(ctx, dxs, x8, dev_recipe.scale(), dev_recipe.amax());
+    dev_recipe.update_async(ctx);
+    const auto h8 = precis::to_host(x8, ctx.stream());
+    float amax = 0.0f;
+    bool same = true;
+    for (std::size_t i = 0; i < xs.size(); ++i) {
+      const float v = float(xs(i));
+      amax = std::isnan(v) || std::isnan(amax) ? NAN : std::max(amax, std::fabs(v));
+      same &= h8(i).bits() == precis::saturate_cast<F>(v * host_recipe.scale()).bits();
+    }
+    expect(same, "scaled cast gives the host's bits");
+    host_recipe.update(amax);
+    precis::delayed_scaling<F> back(fo);
+    dev_recipe.store(ctx, back);
+    expect(back.scale() == host_recipe.scale(), "device delayed scale equals the host's");
+    expect(back.amax_history() == host_recipe.amax_history(), "device amax history equals the host's");
+    float inv = 0.0f;
+    precis::check(cudaMemcpyAsync(&inv, dev_recipe.inverse_scale(), sizeof inv, cudaMemcpyDeviceToHost,
+                                  ctx.stream()),
+                  "cudaMemcpyAsync");
+    ctx.synchronize();
+    expect(inv == host_recipe.inverse_scale(), "device inverse scale equals the host's");
+  }
+  precis::delayed_scaling_options other = fo;
+  other.margin = margin + 1;
+  precis::delayed_scaling<F> mismatched(other);
+  bool threw = false;
+  try {
+    dev_recipe.store(ctx, mismatched);
+  } catch (const precis::error&) {
+    threw = true;
+  }
+  expect(threw, "storing into a recipe with other options is refused");
+}
+
 }  // namespace
 
 int main() {
@@ -120,10 +177,18 @@ int main() {
     expect(stored.scale() == host_scaler.scale(), "stored scale equals the host scale");
     expect(stored.growth_tracker() == host_scaler.growth_tracker(), "stored growth tracker");
     expect(stored.hysteresis_left() == host_scaler.hysteresis_left(), "stored hysteresis");
+    // Load a state that differs from the device's in every field, then read it back.
+    precis::dynamic_scaler other(o);
+    precis::assign_state_fields(other, [](auto set) {
+      set("scale", 8.0f);
+      set("growth_tracker", std::uint32_t{1});
+      set("hysteresis_left", std::uint32_t{1});
+    });
     precis::dynamic_scaler fresh(o);
-    precis::load_device_state(ctx, host_scaler, state.data());
+    precis::load_device_state(ctx, other, state.data());
     precis::store_device_state(ctx, state.data(), fresh);
-    expect(fresh.scale() == host_scaler.scale(), "load then store keeps the scale");
+    expect(fresh.scale() == 8.0f && fresh.growth_tracker() == 1 && fresh.hysteresis_left() == 1,
+           "load then store carries scale, growth tracker and hysteresis");
     // An inconsistent device state is refused and leaves the host scaler as it was.
     precis::device_scaler_state bad{-1.0f, 0, 1};
     precis::check(cudaMemcpyAsync(state.data(), &bad, sizeof bad, cudaMemcpyHostToDevice, ctx.stream()), "cudaMemcpyAsync");
@@ -133,45 +198,13 @@ int main() {
     } catch (const precis::error&) {
       threw = true;
     }
-    expect(threw && fresh.scale() == host_scaler.scale(), "a bad device state is refused");
+    expect(threw && fresh.scale() == 8.0f, "a bad device state is refused");
   }
 
-  // Float8 delayed scaling on the device against the host recipe, step for step: the
-  // scaled cast's bits, and the scale and amax history after every update (a NaN step
-  // and an all-zero step are not recorded).
-  {
-    precis::delayed_scaling_options fo;
-    fo.history_length = 5;
-    fo.margin = 1;
-    precis::delayed_scaling<precis::float8_e4m3> host_recipe(fo);
-    precis::device_delayed_scaling<precis::float8_e4m3> dev_recipe(ctx, host_recipe);
-    auto xs = precis::host_tensor<precis::bfloat16, 1>::from_shape({50001});
-    precis::device_tensor<precis::float8_e4m3, 1> x8({xs.size()});
-    for (int step = 0; step < 12; ++step) {
-      const float spread = std::ldexp(1.0f, (step * 5) % 17 - 6);
-      std::normal_distribution<float> dd(0.0f, spread);
-      for (auto& v : xs) v = precis::bfloat16(step == 7 ? 0.0f : dd(g));
-      if (step == 4) xs(123) = std::numeric_limits<precis::bfloat16>::quiet_NaN();
-      const auto dxs = precis::to_device(xs);
-      precis::scaled_cast_async(ctx, dxs, x8, dev_recipe.scale(), dev_recipe.amax());
-      dev_recipe.update_async(ctx);
-      const auto h8 = precis::to_host(x8, ctx.stream());
-      float amax = 0.0f;
-      bool same = true;
-      for (std::size_t i = 0; i < xs.size(); ++i) {
-        const float v = float(xs(i));
-        amax = std::isnan(v) || std::isnan(amax) ? NAN : std::max(amax, std::fabs(v));
-        const auto want = precis::saturate_cast<precis::float8_e4m3>(v * host_recipe.scale());
-        same &= h8(i).bits() == want.bits();
-      }
-      expect(same, "scaled cast gives the host's bits");
-      host_recipe.update(amax);
-      precis::delayed_scaling<precis::float8_e4m3> back(fo);
-      dev_recipe.store(ctx, back);
-      expect(back.scale() == host_recipe.scale(), "device delayed scale equals the host's");
-      expect(back.amax_history() == host_recipe.amax_history(), "device amax history equals the host's");
-    }
-  }
+  // Float8 delayed scaling on the device against the host recipe (see check_delayed).
+  check_delayed<precis::float8_e4m3>(ctx, g, 5, precis::amax_algorithm::max, 1);
+  check_delayed<precis::float8_e5m2>(ctx, g, 300, precis::amax_algorithm::max, 0);
+  check_delayed<precis::float8_e4m3>(ctx, g, 300, precis::amax_algorithm::most_recent, 2);
 
   // Casts against the host conversion.
   auto f = precis::host_tensor<float, 1>::from_shape({100003});

@@ -189,6 +189,7 @@ TEST_CASE("state fields are read and set by name, validated, all or nothing") {
     set("scale", d.scale());
   });
   CHECK(e.amax_history() == d.amax_history());
+  CHECK(e.scale() == d.scale());
   e.update(1.0f);
   d.update(1.0f);
   CHECK(e.scale() == d.scale());

@@ -236,7 +236,8 @@ class checkpoint_reader {
 template <class Stateful>
 std::string save_state(const Stateful& s) {
   detail::checkpoint_writer fields;
-  const_cast<Stateful&>(s).visit_state(fields);  // the writer only reads
+  Stateful copy = s;  // visit_state also serves loading, so it takes a mutable object
+  copy.visit_state(fields);
   detail::checkpoint_writer out;
   out.bytes().append(detail::checkpoint_magic);
   out.put(scaler_checkpoint_version);
@@ -325,17 +326,19 @@ void access_field(Stateful& s, std::string_view name, T& value, bool write) {
 }  // namespace detail
 
 /// The value of the field `name` of s's state, as save_state writes it (T: float,
-/// std::uint32_t, std::uint64_t or std::vector<float>). Throws precis::error when s has no
-/// such field of type T.
+/// std::uint32_t, std::uint64_t or std::vector<float>, exactly the field's type). Throws
+/// precis::error when s has no such field of type T.
 template <class T, class Stateful>
 T state_field(const Stateful& s, std::string_view name) {
   T value{};
-  detail::access_field(const_cast<Stateful&>(s), name, value, false);  // reads only
+  Stateful copy = s;  // visit_state also serves loading, so it takes a mutable object
+  detail::access_field(copy, name, value, false);
   return value;
 }
 
-/// Replaces fields of s's state at once: `assign(set)` calls set(name, value) for each, on
-/// a copy of s, which is then validated and moved into s. Throws precis::error, leaving s
+/// Replaces fields of s's state at once: `assign(set)` calls set(name, value) for each
+/// (value of exactly the field's type: std::uint32_t{2}, not 2), on a copy of s, which is
+/// then validated and moved into s. Throws precis::error, leaving s
 /// unchanged, for an unknown field or an inconsistent result (as load_state does).
 template <class Stateful, class Assign>
 void assign_state_fields(Stateful& s, Assign&& assign) {

@@ -250,7 +250,7 @@ void conv2d_backward_weights(cuda_context& ctx, const device_tensor<T, 4>& x,
 }
 
 /// y = conv_transpose2d(x, w) on the device (see the host conv_transpose2d: w [Ci, Co /
-/// groups, KH, KW], output_padding < stride or dilation): cuDNN's backward-data of the
+/// groups, KH, KW], output_padding < stride): cuDNN's backward-data of the
 /// convolution y -> x.
 template <Policy P, class T>
 void conv_transpose2d(cuda_context& ctx, const device_tensor<T, 4>& x, const device_tensor<T, 4>& w,

@@ -49,16 +49,17 @@ constexpr void check_device_gemm_types() {
                 "precis: on the device a bias has the output's element type (cuBLASLt's rule)");
 }
 
-/// c[i] = round(epilogue(t[i] + beta * c[i] + bias[i % n])), t[i] = 0 when t is null: the
-/// gelu epilogue after a float product (alpha already applied), and an empty product (K =
-/// 0, where the host gives epilogue(beta * C + bias)). The host writer's steps, in order.
+/// c[i] = round(epilogue(t[i] + beta * c[i] + bias[i % n])), t[i] = alpha * 0 when t is
+/// null: the gelu epilogue after a float product (alpha already applied), and an empty
+/// product (K = 0, where the host gives epilogue(alpha * 0 + beta * C + bias)). The host
+/// writer's steps, in order, each rounded as there (no fused multiply-add).
 template <class TC, class TBias>
 __global__ void finish_product(const float* t, TC* c, const TBias* bias, std::size_t total,
-                               std::size_t n, float beta, gemm_epilogue epilogue) {
+                               std::size_t n, float alpha, float beta, gemm_epilogue epilogue) {
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < total;
        i += std::size_t(gridDim.x) * blockDim.x) {
-    float v = t != nullptr ? t[i] : 0.0F;
-    if (beta != 0.0F) v += beta * device_load<float>(c[i]);
+    float v = t != nullptr ? t[i] : alpha * 0.0F;
+    if (beta != 0.0F) v += __fmul_rn(beta, device_load<float>(c[i]));
     if (bias != nullptr) v += device_load<float>(bias[i % n]);
     c[i] = round_to<TC>(apply_epilogue(epilogue, v));
   }
@@ -74,7 +75,8 @@ void device_product(cuda_context& ctx, std::size_t batch, std::size_t M, std::si
   const std::size_t total = batch * M * N;
   if (K == 0) {  // cuBLASLt takes no empty products: C = epilogue(beta * C + bias)
     finish_product<<<grid_for(total), 256, 0, ctx.stream()>>>(static_cast<const float*>(nullptr), c,
-                                                              bias, total, N, o.beta, o.epilogue);
+                                                              bias, total, N, o.alpha, o.beta,
+                                                              o.epilogue);
     check(cudaGetLastError(), "precis::gemm (K = 0)");
     return;
   }
@@ -88,7 +90,7 @@ void device_product(cuda_context& ctx, std::size_t batch, std::size_t M, std::si
     p.alpha = o.alpha, p.beta = 0.0F;
     lt_matmul<Compute>(ctx, p);
     finish_product<<<grid_for(total), 256, 0, ctx.stream()>>>(scratch.data(), c, bias, total, N,
-                                                              o.beta, o.epilogue);
+                                                              o.alpha, o.beta, o.epilogue);
     check(cudaGetLastError(), "precis::gemm (gelu epilogue)");
     return;
   }

@@ -259,6 +259,8 @@ inline void store_device_state(cuda_context& ctx, const device_scaler_state* sta
 /// scale, inverse scale, amax history -- lives in device memory, so that a training step
 /// casts with the scale, measures the amax and updates the scale without the host reading
 /// anything. Load it from and store it to a host delayed_scaling<Format> to checkpoint it.
+/// Its memory is freed on the stream of the context it was made with: destroy it before
+/// that context.
 template <class Format>
 class device_delayed_scaling {
  public:
@@ -297,10 +299,13 @@ class device_delayed_scaling {
   /// for the device. Throws precis::error, leaving `host` unchanged, on an inconsistent
   /// state.
   void store(cuda_context& ctx, delayed_scaling<Format>& host) const {
-    if (host.options().history_length != options_.history_length) {
-      throw error("precis::device_delayed_scaling: the host recipe keeps " +
-                  std::to_string(host.options().history_length) + " amax values, this one " +
-                  std::to_string(options_.history_length));
+    const delayed_scaling_options& o = host.options();
+    if (o.history_length != options_.history_length || o.algorithm != options_.algorithm ||
+        o.margin != options_.margin) {
+      throw error("precis::device_delayed_scaling: the host recipe's options (history " +
+                  std::to_string(o.history_length) + ", margin " + std::to_string(o.margin) +
+                  ") are not this recipe's (history " + std::to_string(options_.history_length) +
+                  ", margin " + std::to_string(options_.margin) + ") or its amax algorithm differs");
     }
     detail::cuda::delayed_header h{};
     std::vector<float> history(options_.history_length);
@@ -319,8 +324,14 @@ class device_delayed_scaling {
 
   /// Device pointers: multiply by *scale() before casting to Format (scaled_cast does),
   /// by *inverse_scale() after reading Format values (lt_matmul's a_scale / b_scale).
-  const float* scale() const { return &header_.data()->scale; }
-  const float* inverse_scale() const { return &header_.data()->inverse_scale; }
+  const float* scale() const {
+    return reinterpret_cast<const float*>(reinterpret_cast<const char*>(header_.data()) +
+                                          offsetof(detail::cuda::delayed_header, scale));
+  }
+  const float* inverse_scale() const {
+    return reinterpret_cast<const float*>(reinterpret_cast<const char*>(header_.data()) +
+                                          offsetof(detail::cuda::delayed_header, inverse_scale));
+  }
   /// The amax measured since the last update (scaled_cast folds into it; zeroed by update).
   float* amax() { return amax_.data(); }
 
