@@ -66,6 +66,17 @@ __global__ void unscale_chunks(const chunk<T>* chunks, const float* scale, int* 
   if (__syncthreads_or(bad) && threadIdx.x == 0) *found_inf = 1;
 }
 
+/// Folds every thread's m (a magnitude, or NaN) into *amax: the block's maximum (NaN
+/// wins), then one atomicMax on its bits -- non-negative floats order as their bit patterns
+/// do, and NaN (above +inf) wins, as it should. A template so that every translation unit
+/// may define it.
+template <class M = float>
+__device__ void fold_amax(M m, float* amax) {
+  __shared__ M shared[32];
+  m = block_reduce(m, [](M a, M b) { return max_nan(a, b); }, shared);
+  if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned*>(amax), __float_as_uint(m));
+}
+
 template <class T>
 __global__ void amax_kernel(const T* x, std::size_t n, float* amax) {
   float m = 0.0f;
@@ -73,15 +84,7 @@ __global__ void amax_kernel(const T* x, std::size_t n, float* amax) {
        i += std::size_t(gridDim.x) * blockDim.x) {
     m = max_nan(m, fabsf(float(x[i])));  // fmaxf would drop a NaN
   }
-  for (int o = 16; o > 0; o /= 2) m = max_nan(m, __shfl_down_sync(0xFFFFFFFFU, m, o));
-  __shared__ float warp_max[32];
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (unsigned w = 1; w < blockDim.x / 32; ++w) m = max_nan(m, warp_max[w]);
-    // Non-negative floats order as their bit patterns do; NaN (above +inf) wins, as it should.
-    atomicMax(reinterpret_cast<unsigned*>(amax), __float_as_uint(m));
-  }
+  fold_amax(m, amax);
 }
 
 // A template so that the header can define it in every translation unit.
@@ -118,14 +121,7 @@ __global__ void scaled_cast_kernel(const T* x, F* out, std::size_t n, const floa
     out[i] = saturate_cast<F>(v * s);
     m = max_nan(m, fabsf(v));
   }
-  for (int o = 16; o > 0; o /= 2) m = max_nan(m, __shfl_down_sync(0xFFFFFFFFU, m, o));
-  __shared__ float warp_max[32];
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (unsigned w = 1; w < blockDim.x / 32; ++w) m = max_nan(m, warp_max[w]);
-    atomicMax(reinterpret_cast<unsigned*>(amax), __float_as_uint(m));
-  }
+  fold_amax(m, amax);
 }
 
 /// The delayed-scaling update of delayed_scaling::update, step for step, by one block: the
