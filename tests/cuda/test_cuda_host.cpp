@@ -1,0 +1,106 @@
+// The CUDA backend's host side, which runs without a GPU: a failing CUDA call throws
+// precis::cuda_error naming the call, the status and the source line (checked through the
+// failure a machine without a usable device gives: making a context); the alignment
+// cuBLASLt's heuristic is told; which cuDNN math types each policy accepts; the checks of a
+// transposed convolution's geometry. Built as C++ with PRECIS_CUDA=1 (precis::cuda).
+#include <precis/kernels/cuda/blas_lt.hpp>
+#include <precis/kernels/cuda/conv.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <string>
+
+TEST_CASE("a failing CUDA call throws precis::cuda_error naming the call, status and place") {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) {
+    precis::cuda_context ctx;  // a device is there: making a context works
+    CHECK(ctx.plan_count() == 0);
+    return;
+  }
+  try {
+    precis::cuda_context ctx;
+    FAIL("a context was made without a usable device");
+  } catch (const precis::cuda_error& e) {
+    const std::string what = e.what();
+    CHECK(what.find("cudaSetDevice failed: ") == 0);
+    CHECK(what.find("(status " + std::to_string(e.status()) + ")") != std::string::npos);
+    CHECK(what.find("cuda_context.hpp:") != std::string::npos);
+    CHECK(e.status() != 0);
+  }
+  // check() on a status passes success through and reports any other.
+  CHECK_NOTHROW(precis::check(cudaSuccess, "nothing"));
+  CHECK_THROWS_WITH_AS(precis::check(cudaErrorInvalidValue, "cudaMemcpy"),
+                       doctest::Contains("cudaMemcpy failed: invalid argument"), precis::cuda_error);
+  CHECK_THROWS_WITH_AS(precis::check(CUBLAS_STATUS_NOT_SUPPORTED, "cublasLtMatmul"),
+                       doctest::Contains("cublasLtMatmul failed: "), precis::cuda_error);
+  CHECK_THROWS_WITH_AS(precis::check(CUDNN_STATUS_BAD_PARAM, "cudnnConvolutionForward"),
+                       doctest::Contains("cudnnConvolutionForward failed: "), precis::cuda_error);
+}
+
+TEST_CASE("cuBLASLt is told the alignment the address, leading dimension and batch stride allow") {
+  using precis::detail::cuda::alignment_of;
+  const auto* base = reinterpret_cast<const void*>(std::uintptr_t(0x7f0000000000));
+  CHECK(alignment_of(base, 2, 4096, 1, 0) == 256);
+  CHECK(alignment_of(base, 2, 130, 1, 0) == 4);                       // 260-byte rows
+  CHECK(alignment_of(base, 2, 4096, 3, 67 * 130) == 4);               // items 17420 bytes apart
+  CHECK(alignment_of(base, 2, 4096, 1, 67 * 130) == 256);             // no batch: stride unused
+  CHECK(alignment_of(static_cast<const char*>(base) + 2, 2, 4096, 1, 0) == 2);
+  CHECK(alignment_of(static_cast<const char*>(base) + 48, 4, 4096, 1, 0) == 16);
+  CHECK(alignment_of(base, 1, 4095, 1, 0) == 1);                      // float8, odd rows
+}
+
+TEST_CASE("cuDNN algorithms are taken only within the policy's math") {
+  using precis::detail::cuda::math_allowed;
+  // Exact float: no tensor cores.
+  CHECK(math_allowed(CUDNN_FMA_MATH, CUDNN_FMA_MATH));
+  CHECK_FALSE(math_allowed(CUDNN_FMA_MATH, CUDNN_TENSOR_OP_MATH));
+  CHECK_FALSE(math_allowed(CUDNN_FMA_MATH, CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION));
+  // TF32 and half: tensor cores, never a down-conversion.
+  CHECK(math_allowed(CUDNN_DEFAULT_MATH, CUDNN_TENSOR_OP_MATH));
+  CHECK(math_allowed(CUDNN_TENSOR_OP_MATH, CUDNN_TENSOR_OP_MATH));
+  CHECK(math_allowed(CUDNN_TENSOR_OP_MATH, CUDNN_FMA_MATH));
+  CHECK_FALSE(math_allowed(CUDNN_TENSOR_OP_MATH, CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION));
+  // The policies' descriptor math.
+  namespace presets = precis::presets;
+  CHECK(precis::detail::cuda::dnn_math<presets::fp32, float>() == CUDNN_FMA_MATH);
+  CHECK(precis::detail::cuda::dnn_math<presets::tf32, float>() == CUDNN_DEFAULT_MATH);
+  CHECK(precis::detail::cuda::dnn_math<presets::bf16_mixed, precis::bfloat16>() == CUDNN_TENSOR_OP_MATH);
+}
+
+TEST_CASE("the transposed convolution's geometry is the adjoint convolution's, and checked") {
+  struct shaped {  // the part of a tensor the geometry checks read
+    std::array<std::size_t, 4> s;
+    const std::array<std::size_t, 4>& shape() const { return s; }
+    std::size_t dimension() const { return 4; }
+  };
+  precis::conv2d_params p;
+  p.stride = {2, 2};
+  p.padding = {1, 1};
+  p.output_padding = {1, 0};
+  const shaped x{{2, 12, 7, 7}}, w{{12, 2, 3, 3}}, y{{2, 6, 14, 13}};
+  p.groups = 3;
+  const auto g = precis::detail::transpose_geometry("t", x, w, y, p);
+  CHECK(g.n == 2);
+  CHECK(g.c == 6);   // the adjoint reads y's channels
+  CHECK(g.co == 12);
+  CHECK(g.h == 14);
+  CHECK(g.w == 13);
+  CHECK(g.ho == 7);
+  CHECK(g.wo == 7);
+  CHECK(g.p.output_padding == std::array<std::size_t, 2>{0, 0});
+  // output_padding must stay below the stride, even where the dilation is larger.
+  precis::conv2d_params q = p;
+  q.stride = {1, 1};
+  q.dilation = {2, 2};
+  q.output_padding = {1, 1};
+  CHECK_THROWS_WITH_AS(precis::detail::transpose_geometry("t", x, w, y, q),
+                       doctest::Contains("output_padding 1 must be less than the stride (1)"), precis::error);
+  q = p;
+  q.stride = {0, 2};
+  CHECK_THROWS_WITH_AS(precis::detail::transpose_geometry("t", x, w, y, q),
+                       doctest::Contains("stride, dilation and groups must be at least 1"), precis::error);
+  const shaped y_wrong{{2, 6, 13, 13}};
+  CHECK_THROWS_WITH_AS(precis::detail::transpose_geometry("t", x, w, y_wrong, p), doctest::Contains("t: y"),
+                       precis::error);
+}
