@@ -67,8 +67,9 @@ precis::device_tensor<T, N> poisoned(const std::array<std::size_t, N>& shape) {
 
 /// max |device - host| / max |host| < limit; any non-finite value fails.
 template <class T, std::size_t N>
-void compare(const std::string& what, precis::cuda_context& ctx, const precis::device_tensor<T, N>& got,
-             const precis::host_tensor<T, N>& want, double limit = bound<T>()) {
+void compare(const std::string& what, precis::cuda_context& ctx,
+             const precis::device_tensor<T, N>& got, const precis::host_tensor<T, N>& want,
+             double limit = bound<T>()) {
   const auto g = precis::to_host(got, ctx.stream());
   double err = 0, norm = 0;
   for (std::size_t i = 0; i < g.size(); ++i) {
@@ -102,7 +103,8 @@ void expect_error(const std::string& what, F f, const std::string& needle) {
     f();
   } catch (const precis::error& e) {
     if (std::string(e.what()).find(needle) != std::string::npos) return;
-    std::printf("FAILED: %s: message \"%s\" lacks \"%s\"\n", what.c_str(), e.what(), needle.c_str());
+    std::printf("FAILED: %s: message \"%s\" lacks \"%s\"\n", what.c_str(), e.what(),
+                needle.c_str());
     ++failures;
     return;
   }

@@ -31,7 +31,8 @@ TEST_CASE("a failing CUDA call throws precis::cuda_error naming the call, status
   // check() on a status passes success through and reports any other.
   CHECK_NOTHROW(precis::check(cudaSuccess, "nothing"));
   CHECK_THROWS_WITH_AS(precis::check(cudaErrorInvalidValue, "cudaMemcpy"),
-                       doctest::Contains("cudaMemcpy failed: invalid argument"), precis::cuda_error);
+                       doctest::Contains("cudaMemcpy failed: invalid argument"),
+                       precis::cuda_error);
   CHECK_THROWS_WITH_AS(precis::check(CUBLAS_STATUS_NOT_SUPPORTED, "cublasLtMatmul"),
                        doctest::Contains("cublasLtMatmul failed: "), precis::cuda_error);
   CHECK_THROWS_WITH_AS(precis::check(CUDNN_STATUS_BAD_PARAM, "cudnnConvolutionForward"),
@@ -42,12 +43,12 @@ TEST_CASE("cuBLASLt is told the alignment the address, leading dimension and bat
   using precis::detail::cuda::alignment_of;
   const auto* base = reinterpret_cast<const void*>(std::uintptr_t(0x7f0000000000));
   CHECK(alignment_of(base, 2, 4096, 1, 0) == 256);
-  CHECK(alignment_of(base, 2, 130, 1, 0) == 4);                       // 260-byte rows
-  CHECK(alignment_of(base, 2, 4096, 3, 67 * 130) == 4);               // items 17420 bytes apart
-  CHECK(alignment_of(base, 2, 4096, 1, 67 * 130) == 256);             // no batch: stride unused
+  CHECK(alignment_of(base, 2, 130, 1, 0) == 4);            // 260-byte rows
+  CHECK(alignment_of(base, 2, 4096, 3, 67 * 130) == 4);    // items 17420 bytes apart
+  CHECK(alignment_of(base, 2, 4096, 1, 67 * 130) == 256);  // no batch: stride unused
   CHECK(alignment_of(static_cast<const char*>(base) + 2, 2, 4096, 1, 0) == 2);
   CHECK(alignment_of(static_cast<const char*>(base) + 48, 4, 4096, 1, 0) == 16);
-  CHECK(alignment_of(base, 1, 4095, 1, 0) == 1);                      // float8, odd rows
+  CHECK(alignment_of(base, 1, 4095, 1, 0) == 1);  // float8, odd rows
 }
 
 TEST_CASE("cuDNN algorithms are taken only within the policy's math") {
@@ -65,7 +66,8 @@ TEST_CASE("cuDNN algorithms are taken only within the policy's math") {
   namespace presets = precis::presets;
   CHECK(precis::detail::cuda::dnn_math<presets::fp32, float>() == CUDNN_FMA_MATH);
   CHECK(precis::detail::cuda::dnn_math<presets::tf32, float>() == CUDNN_DEFAULT_MATH);
-  CHECK(precis::detail::cuda::dnn_math<presets::bf16_mixed, precis::bfloat16>() == CUDNN_TENSOR_OP_MATH);
+  CHECK(precis::detail::cuda::dnn_math<presets::bf16_mixed, precis::bfloat16>() ==
+        CUDNN_TENSOR_OP_MATH);
 }
 
 TEST_CASE("the transposed convolution's geometry is the adjoint convolution's, and checked") {
@@ -82,7 +84,7 @@ TEST_CASE("the transposed convolution's geometry is the adjoint convolution's, a
   p.groups = 3;
   const auto g = precis::detail::transpose_geometry("t", x, w, y, p);
   CHECK(g.n == 2);
-  CHECK(g.c == 6);   // the adjoint reads y's channels
+  CHECK(g.c == 6);  // the adjoint reads y's channels
   CHECK(g.co == 12);
   CHECK(g.h == 14);
   CHECK(g.w == 13);
@@ -95,12 +97,14 @@ TEST_CASE("the transposed convolution's geometry is the adjoint convolution's, a
   q.dilation = {2, 2};
   q.output_padding = {1, 1};
   CHECK_THROWS_WITH_AS(precis::detail::transpose_geometry("t", x, w, y, q),
-                       doctest::Contains("output_padding 1 must be less than the stride (1)"), precis::error);
+                       doctest::Contains("output_padding 1 must be less than the stride (1)"),
+                       precis::error);
   q = p;
   q.stride = {0, 2};
   CHECK_THROWS_WITH_AS(precis::detail::transpose_geometry("t", x, w, y, q),
-                       doctest::Contains("stride, dilation and groups must be at least 1"), precis::error);
-  const shaped y_wrong{{2, 6, 13, 13}};
-  CHECK_THROWS_WITH_AS(precis::detail::transpose_geometry("t", x, w, y_wrong, p), doctest::Contains("t: y"),
+                       doctest::Contains("stride, dilation and groups must be at least 1"),
                        precis::error);
+  const shaped y_wrong{{2, 6, 13, 13}};
+  CHECK_THROWS_WITH_AS(precis::detail::transpose_geometry("t", x, w, y_wrong, p),
+                       doctest::Contains("t: y"), precis::error);
 }

@@ -2,9 +2,9 @@
 // random inputs. Axis sums, means and maxima add in the host's order and must give the
 // host's bits; whole-tensor reductions are held to the exact (double) result and to the
 // host's, losses to the host's within a bound (another order of additions, the device's
-// libm), and must give the same bits on every call. Losses are checked with dloss given on the host and read from device memory;
-// cross-entropy with an out-of-range target gives NaN, not a read out of bounds. Outputs
-// are poisoned with NaN first. Exits 77 (skipped) where no GPU is present.
+// libm), and must give the same bits on every call. Losses are checked with dloss given on the host
+// and read from device memory; cross-entropy with an out-of-range target gives NaN, not a read out
+// of bounds. Outputs are poisoned with NaN first. Exits 77 (skipped) where no GPU is present.
 #include <precis/kernels/cuda/cast.hpp>
 #include <precis/kernels/cuda/loss.hpp>
 #include <precis/kernels/cuda/reduce.hpp>
@@ -39,7 +39,8 @@ void expect_close(const std::string& what, double got, double want, double rel) 
 }
 
 template <class P, class T>
-void check_reductions(precis::cuda_context& ctx, const precis::cpu_context& cpu, const std::string& tag) {
+void check_reductions(precis::cuda_context& ctx, const precis::cpu_context& cpu,
+                      const std::string& tag) {
   // Whole tensor: sizes around the first pass's block boundaries.
   for (std::size_t n : {1U, 255U, 4097U, 1000003U}) {
     const auto x = random_tensor<T, 1>({n}, 1.0F, 0.5F);
@@ -86,10 +87,10 @@ void check_reductions(precis::cuda_context& ctx, const precis::cpu_context& cpu,
     auto want = precis::host_tensor<float, 2>::from_shape(shape);
     auto got = poisoned<float, 2>(shape);
     const std::string w = tag + " axis " + std::to_string(axis);
-#define PRECIS_CHECK_AXIS(fn)                     \
-  precis::fn<P>(cpu, x, axis, want);              \
-  got = poisoned<float, 2>(shape);                \
-  precis::fn<P>(ctx, dx, axis, got);              \
+#define PRECIS_CHECK_AXIS(fn)        \
+  precis::fn<P>(cpu, x, axis, want); \
+  got = poisoned<float, 2>(shape);   \
+  precis::fn<P>(ctx, dx, axis, got); \
   expect(same_bits(ctx, got, want), #fn + w);
     PRECIS_CHECK_AXIS(sum)
     PRECIS_CHECK_AXIS(mean)
@@ -102,12 +103,16 @@ void check_reductions(precis::cuda_context& ctx, const precis::cpu_context& cpu,
     compare("l2_norm" + w, ctx, got, want, 1e-6);
   }
   auto wrong = poisoned<float, 2>({7, 34});
-  expect_error("sum axis shape", [&] { precis::sum<P>(ctx, dx, 1, wrong); }, "precis::sum: out");
-  expect_error("sum axis range", [&] { precis::sum<P>(ctx, dx, 3, wrong); }, "axis 3");
+  expect_error(
+      "sum axis shape", [&] { precis::sum<P>(ctx, dx, 1, wrong); }, "precis::sum: out");
+  expect_error(
+      "sum axis range", [&] { precis::sum<P>(ctx, dx, 3, wrong); }, "axis 3");
   auto two = poisoned<float, 1>({2});
-  expect_error("sum out shape", [&] { precis::sum<P>(ctx, dx, two); }, "precis::sum: out");
+  expect_error(
+      "sum out shape", [&] { precis::sum<P>(ctx, dx, two); }, "precis::sum: out");
   const precis::device_tensor<T, 1> empty({0});
-  expect_error("mean of empty", [&] { precis::mean<P>(ctx, empty, out); }, "precis::mean: x");
+  expect_error(
+      "mean of empty", [&] { precis::mean<P>(ctx, empty, out); }, "precis::mean: x");
 }
 
 template <class P, class T>
@@ -128,7 +133,8 @@ void check_losses(precis::cuda_context& ctx, const precis::cpu_context& cpu, con
   const auto dl = precis::to_device(logits);
   auto dt = precis::to_device(targets);
   precis::cross_entropy<P>(ctx, dl, dt, loss);
-  expect_close("cross_entropy" + tag, scalar(ctx, loss), double(precis::cross_entropy<P>(cpu, logits, targets)), 1e-5);
+  expect_close("cross_entropy" + tag, scalar(ctx, loss),
+               double(precis::cross_entropy<P>(cpu, logits, targets)), 1e-5);
   auto g = precis::host_tensor<T, 2>::from_shape({B, C});
   auto dg = poisoned<T, 2>({B, C});
   precis::cross_entropy_backward<P>(cpu, logits, targets, g, 1024.0);
@@ -143,10 +149,14 @@ void check_losses(precis::cuda_context& ctx, const precis::cpu_context& cpu, con
   expect(std::isnan(scalar(ctx, loss)), "cross_entropy with a bad target is NaN" + tag);
   precis::cross_entropy_backward<P>(ctx, dl, dt, dg);
   const auto hg = precis::to_host(dg, ctx.stream());
-  expect(std::isnan(float(hg(5, 0))) && std::isfinite(float(hg(4, 0))), "bad target: its row only is NaN" + tag);
-  const auto short_targets = precis::to_device(precis::host_tensor<std::int32_t, 1>::from_shape({B - 1}));
-  expect_error("cross_entropy targets shape", [&] { precis::cross_entropy<P>(ctx, dl, short_targets, loss); },
-               "precis::cross_entropy: targets");
+  expect(std::isnan(float(hg(5, 0))) && std::isfinite(float(hg(4, 0))),
+         "bad target: its row only is NaN" + tag);
+  const auto short_targets =
+      precis::to_device(precis::host_tensor<std::int32_t, 1>::from_shape({B - 1}));
+  expect_error(
+      "cross_entropy targets shape",
+      [&] { precis::cross_entropy<P>(ctx, dl, short_targets, loss); },
+      "precis::cross_entropy: targets");
 
   // The pointwise losses, on a DBNet-sized map with 0/1 and probability targets. The host
   // sums 38k terms in one running float sum (relative drift ~1e-5), hence 1e-4.
@@ -159,26 +169,30 @@ void check_losses(precis::cuda_context& ctx, const precis::cpu_context& cpu, con
     probs.data()[i] = T(u(rng));
     binary.data()[i] = T(u(rng) < 0.3F ? 1.0F : 0.0F);
   }
-  const auto dx = precis::to_device(x), dp = precis::to_device(probs), db = precis::to_device(binary);
+  const auto dx = precis::to_device(x), dp = precis::to_device(probs),
+             db = precis::to_device(binary);
   auto gh = precis::host_tensor<T, 3>::from_shape(shape);
   auto gd = poisoned<T, 3>(shape);
 
   precis::bce_with_logits<P>(ctx, dx, db, loss);
-  expect_close("bce_with_logits" + tag, scalar(ctx, loss), double(precis::bce_with_logits<P>(cpu, x, binary)), 1e-4);
+  expect_close("bce_with_logits" + tag, scalar(ctx, loss),
+               double(precis::bce_with_logits<P>(cpu, x, binary)), 1e-4);
   precis::bce_with_logits_backward<P>(cpu, x, binary, gh, 1024.0);
   precis::bce_with_logits_backward<P>(ctx, dx, db, gd, scale_d.data());
   compare("bce_with_logits_backward" + tag, ctx, gd, gh, limit);
 
   precis::dice_loss<P>(ctx, dp, db, loss, 1.0);
   const double dice = scalar(ctx, loss);
-  expect_close("dice_loss" + tag, dice, double(precis::dice_loss<P>(cpu, probs, binary, 1.0)), 1e-4);
+  expect_close("dice_loss" + tag, dice, double(precis::dice_loss<P>(cpu, probs, binary, 1.0)),
+               1e-4);
   precis::dice_loss<P>(ctx, dp, db, loss, 1.0);
   expect(scalar(ctx, loss) == dice, "dice_loss repeats its bits" + tag);
   precis::dice_loss_backward<P>(cpu, probs, binary, gh, 1.0, 1024.0);
   gd = poisoned<T, 3>(shape);
   precis::dice_loss_backward<P>(ctx, dp, db, gd, 1.0, scale_d.data());
   compare("dice_loss_backward" + tag, ctx, gd, gh, limit);
-  expect_error("dice eps", [&] { precis::dice_loss<P>(ctx, dp, db, loss, -1.0); }, "eps");
+  expect_error(
+      "dice eps", [&] { precis::dice_loss<P>(ctx, dp, db, loss, -1.0); }, "eps");
 
   precis::l1_loss<P>(ctx, dx, dp, loss);
   expect_close("l1_loss" + tag, scalar(ctx, loss), double(precis::l1_loss<P>(cpu, x, probs)), 1e-4);
@@ -188,16 +202,19 @@ void check_losses(precis::cuda_context& ctx, const precis::cpu_context& cpu, con
   compare("l1_loss_backward" + tag, ctx, gd, gh, limit);
 
   precis::smooth_l1_loss<P>(ctx, dx, dp, loss, 0.5);
-  expect_close("smooth_l1_loss" + tag, scalar(ctx, loss), double(precis::smooth_l1_loss<P>(cpu, x, probs, 0.5)), 1e-4);
+  expect_close("smooth_l1_loss" + tag, scalar(ctx, loss),
+               double(precis::smooth_l1_loss<P>(cpu, x, probs, 0.5)), 1e-4);
   precis::smooth_l1_loss_backward<P>(cpu, x, probs, gh, 0.5, 1024.0);
   gd = poisoned<T, 3>(shape);
   precis::smooth_l1_loss_backward<P>(ctx, dx, dp, gd, 0.5, scale_d.data());
   compare("smooth_l1_loss_backward" + tag, ctx, gd, gh, limit);
-  expect_error("smooth_l1 beta", [&] { precis::smooth_l1_loss<P>(ctx, dx, dp, loss, NAN); }, "beta");
+  expect_error(
+      "smooth_l1 beta", [&] { precis::smooth_l1_loss<P>(ctx, dx, dp, loss, NAN); }, "beta");
 
   const auto other = precis::to_device(random_tensor<T, 3>({3, 97, 130}));
-  expect_error("pointwise loss shapes", [&] { precis::l1_loss<P>(ctx, dx, other, loss); },
-               "precis::l1_loss: input and target");
+  expect_error(
+      "pointwise loss shapes", [&] { precis::l1_loss<P>(ctx, dx, other, loss); },
+      "precis::l1_loss: input and target");
 }
 
 template <precis::rounding R, precis::overflow O, class To>
@@ -213,8 +230,9 @@ void check_cast(precis::cuda_context& ctx, const precis::cpu_context& cpu) {
   precis::cast<R, O>(cpu, x, want);
   auto got = poisoned<To, 2>({3, 65536});
   precis::cast<R, O>(ctx, precis::to_device(x), got);
-  expect(same_bits(ctx, got, want), "cast float -> " + std::to_string(sizeof(To)) + " bytes, modes " +
-                                        std::to_string(int(R)) + std::to_string(int(O)));
+  expect(same_bits(ctx, got, want), "cast float -> " + std::to_string(sizeof(To)) +
+                                        " bytes, modes " + std::to_string(int(R)) +
+                                        std::to_string(int(O)));
   // And back: widening is exact.
   auto back = precis::host_tensor<float, 2>::from_shape({3, 65536});
   precis::cast(cpu, want, back);

@@ -28,7 +28,8 @@ precis::pool2d_params window(std::size_t k, std::size_t s, std::size_t pad, bool
 }
 
 template <class P, class T>
-void check_pooling(precis::cuda_context& ctx, const precis::cpu_context& cpu, const std::string& tag) {
+void check_pooling(precis::cuda_context& ctx, const precis::cpu_context& cpu,
+                   const std::string& tag) {
   const std::array<std::size_t, 4> xs{2, 5, 17, 14};
   const auto x = random_tensor<T, 4>(xs);
   const auto dx_ = precis::to_device(x);
@@ -39,8 +40,10 @@ void check_pooling(precis::cuda_context& ctx, const precis::cpu_context& cpu, co
     const std::array<std::size_t, 4> ys{xs[0], xs[1], ho, wo};
     const auto dy = random_tensor<T, 4>(ys);
     const auto ddy = precis::to_device(dy);
-    const std::string w = tag + " k=" + std::to_string(p.kernel[0]) + " s=" + std::to_string(p.stride[0]) +
-                          " pad=" + std::to_string(p.padding[0]) + " include_pad=" + std::to_string(p.count_include_pad);
+    const std::string w = tag + " k=" + std::to_string(p.kernel[0]) +
+                          " s=" + std::to_string(p.stride[0]) +
+                          " pad=" + std::to_string(p.padding[0]) +
+                          " include_pad=" + std::to_string(p.count_include_pad);
     auto y = precis::host_tensor<T, 4>::from_shape(ys);
     auto gx = precis::host_tensor<T, 4>::from_shape(xs);
     auto d = poisoned<T, 4>(ys);
@@ -101,10 +104,12 @@ void check_pooling(precis::cuda_context& ctx, const precis::cpu_context& cpu, co
     }
   }
   auto wrong = poisoned<T, 4>({2, 5, 8, 8});
-  expect_error("max_pool2d shape", [&] { precis::max_pool2d<P>(ctx, dx_, wrong, window(2, 2, 0, true)); },
-               "precis::max_pool2d: y");
-  expect_error("pool padding", [&] { precis::avg_pool2d<P>(ctx, dx_, wrong, window(2, 2, 2, true)); },
-               "padding");
+  expect_error(
+      "max_pool2d shape", [&] { precis::max_pool2d<P>(ctx, dx_, wrong, window(2, 2, 0, true)); },
+      "precis::max_pool2d: y");
+  expect_error(
+      "pool padding", [&] { precis::avg_pool2d<P>(ctx, dx_, wrong, window(2, 2, 2, true)); },
+      "padding");
 }
 
 template <class P, class T, std::size_t N>
@@ -142,11 +147,14 @@ void check_batch_norm(precis::cuda_context& ctx, const precis::cpu_context& cpu,
   compare("batch_norm_backward dgamma" + tag, ctx, dgg, gg);
   compare("batch_norm_backward dbeta" + tag, ctx, dgb, gb);
   const auto g7 = precis::to_device(random_tensor<T, 1>({c + 1}));
-  expect_error("batch_norm gamma shape",
-               [&] { precis::batch_norm_train<P>(ctx, dx_, g7, db, drm, drv, d, dsm, dsr); },
-               "precis::batch_norm_train: gamma");
-  expect_error("batch_norm momentum",
-               [&] { precis::batch_norm_train<P>(ctx, dx_, dg, db, drm, drv, d, dsm, dsr, 1.5); }, "momentum");
+  expect_error(
+      "batch_norm gamma shape",
+      [&] { precis::batch_norm_train<P>(ctx, dx_, g7, db, drm, drv, d, dsm, dsr); },
+      "precis::batch_norm_train: gamma");
+  expect_error(
+      "batch_norm momentum",
+      [&] { precis::batch_norm_train<P>(ctx, dx_, dg, db, drm, drv, d, dsm, dsr, 1.5); },
+      "momentum");
 }
 
 }  // namespace

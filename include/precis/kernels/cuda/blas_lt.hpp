@@ -223,7 +223,7 @@ lt_plan make_lt_plan(cuda_context& ctx, const lt_product<TA, TB, TC>& p,
 /// cuBLASLt's heuristic choice); later calls reuse it.
 template <class Compute, class TA, class TB, class TC>
 void lt_matmul(cuda_context& ctx, const lt_product<TA, TB, TC>& p) {
-  using namespace detail::cuda;
+  namespace cu = detail::cuda;
   constexpr bool fp8 = is_float8_v<TA> || is_float8_v<TB>;
   if (p.m <= 0 || p.n <= 0 || p.k <= 0 || p.batch <= 0 || p.batch > 2147483647) {
     throw error("precis::lt_matmul: M, N, K must be positive and the batch in [1, 2^31 - 1], got " +
@@ -246,19 +246,19 @@ void lt_matmul(cuda_context& ctx, const lt_product<TA, TB, TC>& p) {
   }
   // Leading dimensions as the layouts give them (rows of the column-major views).
   const std::array<std::uint32_t, 3> align{
-      alignment_of(p.a, sizeof(TA), p.trans_a ? p.m : p.k, p.batch, p.m * p.k),
-      alignment_of(p.b, sizeof(TB), p.trans_b ? p.k : p.n, p.batch, p.k * p.n),
-      alignment_of(p.c, sizeof(TC), p.n, p.batch, p.m * p.n)};
+      cu::alignment_of(p.a, sizeof(TA), p.trans_a ? p.m : p.k, p.batch, p.m * p.k),
+      cu::alignment_of(p.b, sizeof(TB), p.trans_b ? p.k : p.n, p.batch, p.k * p.n),
+      cu::alignment_of(p.c, sizeof(TC), p.n, p.batch, p.m * p.n)};
   const std::array<std::int64_t, 14> key{
-      std::int64_t(lt_compute<Compute, TA, TB>()), std::int64_t(data_type<TA>()), std::int64_t(data_type<TB>()),
-      std::int64_t(data_type<TC>()), p.trans_a, p.trans_b, p.m, p.n, p.k, std::int64_t(p.epilogue), p.batch,
+      std::int64_t(cu::lt_compute<Compute, TA, TB>()), std::int64_t(cu::data_type<TA>()), std::int64_t(cu::data_type<TB>()),
+      std::int64_t(cu::data_type<TC>()), p.trans_a, p.trans_b, p.m, p.n, p.k, std::int64_t(p.epilogue), p.batch,
       align[0], align[1], align[2]};
-  lt_plan& plan = ctx.plan<lt_plan>(key, [&] { return make_lt_plan<Compute>(ctx, p, align); });
-  set_call_pointers(plan.desc.get(), p);
-  void* workspace = ctx.workspace(lt_workspace_bytes);
+  cu::lt_plan& plan = ctx.plan<cu::lt_plan>(key, [&] { return cu::make_lt_plan<Compute>(ctx, p, align); });
+  cu::set_call_pointers(plan.desc.get(), p);
+  void* workspace = ctx.workspace(cu::lt_workspace_bytes);
   check(cublasLtMatmul(ctx.blas_lt(), plan.desc.get(), &p.alpha, p.b, plan.first.get(), p.a, plan.second.get(),
                        &p.beta, p.c, plan.out.get(), p.c, plan.out.get(), &plan.algo, workspace,
-                       lt_workspace_bytes, ctx.stream()),
+                       cu::lt_workspace_bytes, ctx.stream()),
         "cublasLtMatmul");
 }
 

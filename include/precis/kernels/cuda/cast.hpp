@@ -65,8 +65,8 @@ void cast_elements(cuda_context& ctx, const From* in, To* out, std::size_t n) {
 /// out = in converted element by element on the device, as the host cast<R, O> does
 /// (nearest-even and IEEE overflow by default; overflow::saturate clamps to +-max).
 /// Throws precis::error naming both sizes, before any launch, when they differ.
-template <rounding R = rounding::nearest_even, overflow O = overflow::infinity,
-          kernel_element From, kernel_element To>
+template <rounding R = rounding::nearest_even, overflow O = overflow::infinity, kernel_element From,
+          kernel_element To>
 void cast(cuda_context& ctx, std::span<const From> in, std::span<To> out) {
   if (in.size() != out.size()) {
     throw error("precis::cast: the output has " + std::to_string(out.size()) +
@@ -77,8 +77,8 @@ void cast(cuda_context& ctx, std::span<const From> in, std::span<To> out) {
 
 /// out = in converted element by element on the device (see the host cast). Throws
 /// precis::error naming both shapes, before any launch, when they differ.
-template <rounding R = rounding::nearest_even, overflow O = overflow::infinity,
-          kernel_element From, kernel_element To, std::size_t N>
+template <rounding R = rounding::nearest_even, overflow O = overflow::infinity, kernel_element From,
+          kernel_element To, std::size_t N>
 void cast(cuda_context& ctx, const device_tensor<From, N>& in, device_tensor<To, N>& out) {
   check_shape("precis::cast: out", out, in.shape());
   detail::cuda::cast_elements<R, O>(ctx, in.data(), out.data(), in.size());

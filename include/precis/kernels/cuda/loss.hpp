@@ -38,10 +38,10 @@ namespace precis {
 /// d(objective)/d(loss) for a device backward kernel: a value known on the host, or a
 /// float in device memory read by the kernel (for a loss scale kept on the device).
 struct device_dloss {
-  double value = 1.0;             ///< used when `device` is null
-  const float* device = nullptr;  ///< a device pointer, read when the kernel runs
-  device_dloss(double v = 1.0) : value(v) {}          // NOLINT(google-explicit-constructor)
-  device_dloss(const float* d) : device(d) {}         // NOLINT(google-explicit-constructor)
+  double value = 1.0;                          ///< used when `device` is null
+  const float* device = nullptr;               ///< a device pointer, read when the kernel runs
+  device_dloss(double v = 1.0) : value(v) {}   // NOLINT(google-explicit-constructor)
+  device_dloss(const float* d) : device(d) {}  // NOLINT(google-explicit-constructor)
 };
 
 namespace detail::cuda {
@@ -139,11 +139,13 @@ void pointwise_backward(std::string_view name, cuda_context& ctx, const device_t
                         const device_dloss& dloss) {
   using M = math_t<op::loss, P, X, T>;
   check_pointwise_loss(name, x, t);
-  check_shape(std::string(name) + ": d" + (Kind == pointwise_loss::bce_with_logits ? "logits" : "pred"),
-              dx, x.shape());
-  write_terms(ctx, x.size(), dx.data(),
-              pointwise_grads<Kind, M, X, T>{x.data(), t.data(), static_cast<M>(beta), dloss, x.size()},
-              name);
+  check_shape(
+      std::string(name) + ": d" + (Kind == pointwise_loss::bce_with_logits ? "logits" : "pred"), dx,
+      x.shape());
+  write_terms(
+      ctx, x.size(), dx.data(),
+      pointwise_grads<Kind, M, X, T>{x.data(), t.data(), static_cast<M>(beta), dloss, x.size()},
+      name);
 }
 
 inline void check_nonnegative(std::string_view name, const char* arg, double v) {
@@ -211,11 +213,14 @@ struct dice_grads {
 template <class M, class Acc, class X>
 __device__ inline void row_max_and_sum(const X* row, std::size_t cols, M* shared, M& m, M& s) {
   m = -static_cast<M>(INFINITY);
-  for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x) m = max_nan(m, device_load<M>(row[j]));
-  m = block_reduce(m, [](M a, M b) { return max_nan(a, b); }, shared);
+  for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x)
+    m = max_nan(m, device_load<M>(row[j]));
+  m = block_reduce(
+      m, [](M a, M b) { return max_nan(a, b); }, shared);
   accumulator<Acc> acc;
   for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x) {
-    acc.add(static_cast<typename accumulator<Acc>::value_type>(math::exp(device_load<M>(row[j]) - m)));
+    acc.add(
+        static_cast<typename accumulator<Acc>::value_type>(math::exp(device_load<M>(row[j]) - m)));
   }
   s = block_sum<M>(acc);
 }
@@ -232,21 +237,24 @@ __device__ inline std::size_t target_index(const I* targets, std::size_t r, std:
 
 // per_row[r] = max + log(sum) - logits[r, target[r]] (NaN for a bad target).
 template <class M, class Acc, class X, class I>
-__global__ void cross_entropy_rows(const X* logits, const I* targets, M* per_row, std::size_t cols) {
+__global__ void cross_entropy_rows(const X* logits, const I* targets, M* per_row,
+                                   std::size_t cols) {
   __shared__ M shared[32];
   const X* row = logits + blockIdx.x * cols;
   M m, s;
   row_max_and_sum<M, Acc>(row, cols, shared, m, s);
   if (threadIdx.x == 0) {
     const std::size_t t = target_index(targets, blockIdx.x, cols);
-    per_row[blockIdx.x] = t == cols ? static_cast<M>(NAN) : m + math::log(s) - device_load<M>(row[t]);
+    per_row[blockIdx.x] =
+        t == cols ? static_cast<M>(NAN) : m + math::log(s) - device_load<M>(row[t]);
   }
 }
 
 // dlogits = dloss (softmax - onehot) / rows; a bad target makes the row NaN.
 template <class M, class Acc, class X, class I, class DX>
 __global__ void cross_entropy_backward_rows(const X* logits, const I* targets, DX* dlogits,
-                                            std::size_t rows, std::size_t cols, device_dloss dloss) {
+                                            std::size_t rows, std::size_t cols,
+                                            device_dloss dloss) {
   __shared__ M shared[32];
   const X* row = logits + blockIdx.x * cols;
   DX* out = dlogits + blockIdx.x * cols;
@@ -270,7 +278,8 @@ struct row_terms {
 template <class X, class I>
 void check_device_cross_entropy(std::string_view name, const device_tensor<X, 2>& logits,
                                 const device_tensor<I, 1>& targets) {
-  check_shape(std::string(name) + ": targets", targets, std::array<std::size_t, 1>{logits.shape()[0]});
+  check_shape(std::string(name) + ": targets", targets,
+              std::array<std::size_t, 1>{logits.shape()[0]});
   check_not_empty(std::string(name) + ": logits", logits);
 }
 
@@ -288,8 +297,9 @@ void cross_entropy(cuda_context& ctx, const device_tensor<X, 2>& logits,
   detail::cuda::check_loss_output(name, loss);
   const std::size_t rows = logits.shape()[0], cols = logits.shape()[1];
   device_tensor<M, 1> per_row({rows}, ctx.stream());
-  detail::cuda::cross_entropy_rows<M, Acc><<<detail::cuda::row_blocks(rows, name), detail::cuda::row_threads, 0, ctx.stream()>>>(
-      logits.data(), targets.data(), per_row.data(), cols);
+  detail::cuda::cross_entropy_rows<M, Acc>
+      <<<detail::cuda::row_blocks(rows, name), detail::cuda::row_threads, 0, ctx.stream()>>>(
+          logits.data(), targets.data(), per_row.data(), cols);
   check(cudaGetLastError(), name);
   detail::cuda::reduce_terms<detail::cuda::device_sum<Acc>, 1>(
       ctx, rows, detail::cuda::row_terms<M>{per_row.data()},
@@ -336,8 +346,8 @@ void bce_with_logits_backward(cuda_context& ctx, const device_tensor<X, N>& logi
 /// dice_loss; the three sums in the accumulate type). Throws precis::error for a negative
 /// or non-finite eps.
 template <Policy P, kernel_element X, kernel_element T, std::size_t N, kernel_element L>
-void dice_loss(cuda_context& ctx, const device_tensor<X, N>& pred, const device_tensor<T, N>& target,
-               device_tensor<L, 1>& loss, double eps = 1.0) {
+void dice_loss(cuda_context& ctx, const device_tensor<X, N>& pred,
+               const device_tensor<T, N>& target, device_tensor<L, 1>& loss, double eps = 1.0) {
   using M = detail::math_t<op::loss, P, X, T>;
   constexpr std::string_view name = "precis::dice_loss";
   detail::check_pointwise_loss(name, pred, target);
@@ -364,7 +374,8 @@ void dice_loss_backward(cuda_context& ctx, const device_tensor<X, N>& pred,
       ctx, pred.size(), detail::cuda::dice_terms<M, X, T>{pred.data(), target.data()},
       detail::cuda::dice_ratio_finish<M>{ratio.data(), static_cast<M>(eps)}, name);
   detail::cuda::write_terms(ctx, pred.size(), dpred.data(),
-                            detail::cuda::dice_grads<M, T>{target.data(), ratio.data(), dloss}, name);
+                            detail::cuda::dice_grads<M, T>{target.data(), ratio.data(), dloss},
+                            name);
 }
 
 /// loss[0] = the mean of |pred - target|, on the device.
@@ -388,7 +399,8 @@ void l1_loss_backward(cuda_context& ctx, const device_tensor<X, N>& pred,
 /// smooth_l1_loss). Throws precis::error for a negative or non-finite beta.
 template <Policy P, kernel_element X, kernel_element T, std::size_t N, kernel_element L>
 void smooth_l1_loss(cuda_context& ctx, const device_tensor<X, N>& pred,
-                    const device_tensor<T, N>& target, device_tensor<L, 1>& loss, double beta = 1.0) {
+                    const device_tensor<T, N>& target, device_tensor<L, 1>& loss,
+                    double beta = 1.0) {
   detail::cuda::check_nonnegative("precis::smooth_l1_loss", "beta", beta);
   detail::cuda::pointwise_forward<detail::cuda::pointwise_loss::smooth_l1, P>(
       "precis::smooth_l1_loss", ctx, pred, target, loss, beta);

@@ -67,7 +67,8 @@ __global__ void max_pool_kernel(const X* x, Y* y, pool_geometry g) {
        i += std::size_t(gridDim.x) * blockDim.x) {
     const std::size_t pl = i / (g.ho * g.wo), o = i % (g.ho * g.wo);
     const X* xp = x + pl * g.h * g.w;
-    y[i] = round_to<Y>(device_load<M>(xp[device_argmax<M>(xp, g.w, device_window(g, o / g.wo, o % g.wo))]));
+    y[i] = round_to<Y>(
+        device_load<M>(xp[device_argmax<M>(xp, g.w, device_window(g, o / g.wo, o % g.wo))]));
   }
 }
 
@@ -86,7 +87,8 @@ __global__ void max_pool_backward_kernel(const X* x, const G* dy, DX* dx, pool_g
     for (std::size_t oy = oy0; oy < oy1; ++oy) {
       for (std::size_t ox = ox0; ox < ox1; ++ox) {
         if (device_argmax<M>(xp, g.w, device_window(g, oy, ox)) == at) {
-          acc.add(static_cast<typename accumulator<Acc>::value_type>(device_load<M>(dyp[oy * g.wo + ox])));
+          acc.add(static_cast<typename accumulator<Acc>::value_type>(
+              device_load<M>(dyp[oy * g.wo + ox])));
         }
       }
     }
@@ -94,7 +96,8 @@ __global__ void max_pool_backward_kernel(const X* x, const G* dy, DX* dx, pool_g
   }
 }
 
-__device__ inline std::size_t window_count(const pool_geometry& g, const window& w, bool include_pad) {
+__device__ inline std::size_t window_count(const pool_geometry& g, const window& w,
+                                           bool include_pad) {
   return include_pad ? g.kh * g.kw : (w.y1 - w.y0) * (w.x1 - w.x0);
 }
 
@@ -109,7 +112,8 @@ __global__ void avg_pool_kernel(const X* x, Y* y, pool_geometry g, bool include_
     accumulator<Acc> acc;
     for (std::size_t yy = w.y0; yy < w.y1; ++yy) {
       for (std::size_t xx = w.x0; xx < w.x1; ++xx) {
-        acc.add(static_cast<typename accumulator<Acc>::value_type>(device_load<M>(xp[yy * g.w + xx])));
+        acc.add(
+            static_cast<typename accumulator<Acc>::value_type>(device_load<M>(xp[yy * g.w + xx])));
       }
     }
     y[i] = round_to<Y>(M(acc.value()) / M(window_count(g, w, include_pad)));
@@ -130,7 +134,8 @@ __global__ void avg_pool_backward_kernel(const G* dy, DX* dx, pool_geometry g, b
     for (std::size_t oy = oy0; oy < oy1; ++oy) {
       for (std::size_t ox = ox0; ox < ox1; ++ox) {
         const std::size_t count = window_count(g, device_window(g, oy, ox), include_pad);
-        acc.add(static_cast<typename accumulator<Acc>::value_type>(device_load<M>(dyp[oy * g.wo + ox]) / M(count)));
+        acc.add(static_cast<typename accumulator<Acc>::value_type>(
+            device_load<M>(dyp[oy * g.wo + ox]) / M(count)));
       }
     }
     dx[i] = round_to<DX>(acc.value());
@@ -160,8 +165,8 @@ __global__ void nearest_kernel(const X* x, Y* y, resample_geometry g) {
 }
 
 /// The outputs o in [0, outs) with o * in / outs == i: [lo, hi).
-__device__ inline void nearest_outputs(std::size_t i, std::size_t in, std::size_t outs, std::size_t& lo,
-                                       std::size_t& hi) {
+__device__ inline void nearest_outputs(std::size_t i, std::size_t in, std::size_t outs,
+                                       std::size_t& lo, std::size_t& hi) {
   lo = (i * outs + in - 1) / in;
   hi = ((i + 1) * outs + in - 1) / in;
   if (hi > outs) hi = outs;
@@ -180,7 +185,8 @@ __global__ void nearest_backward_kernel(const G* dy, DX* dx, resample_geometry g
     accumulator<Acc> acc;
     for (std::size_t oy = oy0; oy < oy1; ++oy) {
       for (std::size_t ox = ox0; ox < ox1; ++ox) {
-        acc.add(static_cast<typename accumulator<Acc>::value_type>(device_load<M>(dyp[oy * g.wo + ox])));
+        acc.add(static_cast<typename accumulator<Acc>::value_type>(
+            device_load<M>(dyp[oy * g.wo + ox])));
       }
     }
     dx[i] = round_to<DX>(acc.value());
@@ -189,8 +195,8 @@ __global__ void nearest_backward_kernel(const G* dy, DX* dx, resample_geometry g
 
 /// The host's bilinear_source and bilinear_taps, on the device.
 template <class M>
-__device__ inline void device_taps(std::size_t dst, std::size_t in, std::size_t out, bool align_corners,
-                                   std::size_t& i0, std::size_t& i1, M& w1) {
+__device__ inline void device_taps(std::size_t dst, std::size_t in, std::size_t out,
+                                   bool align_corners, std::size_t& i0, std::size_t& i1, M& w1) {
   M s;
   if (align_corners) {
     s = out > 1 ? M(dst) * M(in - 1) / M(out - 1) : M(0);
@@ -214,7 +220,9 @@ __global__ void bilinear_kernel(const X* x, Y* y, resample_geometry g, bool alig
     M fy, fx;
     device_taps(o / g.wo, g.h, g.ho, align_corners, y0, y1, fy);
     device_taps(o % g.wo, g.w, g.wo, align_corners, x0, x1, fx);
-    const auto at = [&](std::size_t yy, std::size_t xx) { return device_load<M>(xp[yy * g.w + xx]); };
+    const auto at = [&](std::size_t yy, std::size_t xx) {
+      return device_load<M>(xp[yy * g.w + xx]);
+    };
     y[i] = round_to<Y>((M(1) - fy) * ((M(1) - fx) * at(y0, x0) + fx * at(y0, x1)) +
                        fy * ((M(1) - fx) * at(y1, x0) + fx * at(y1, x1)));
   }
@@ -222,7 +230,8 @@ __global__ void bilinear_kernel(const X* x, Y* y, resample_geometry g, bool alig
 
 /// The first output o in [0, outs) whose lower tap is at least t (taps grow with o).
 template <class M>
-__device__ inline std::size_t first_with_tap(std::size_t t, std::size_t in, std::size_t outs, bool align) {
+__device__ inline std::size_t first_with_tap(std::size_t t, std::size_t in, std::size_t outs,
+                                             bool align) {
   std::size_t lo = 0, hi = outs;
   while (lo < hi) {
     const std::size_t mid = lo + (hi - lo) / 2;
@@ -273,7 +282,8 @@ __global__ void bilinear_backward_kernel(const G* dy, DX* dx, resample_geometry 
 }
 
 template <class Kernel, class... Args>
-void launch_over(cuda_context& ctx, std::size_t n, std::string_view name, Kernel kernel, Args... args) {
+void launch_over(cuda_context& ctx, std::size_t n, std::string_view name, Kernel kernel,
+                 Args... args) {
   if (n == 0) return;
   kernel<<<grid_for(n), 256, 0, ctx.stream()>>>(args...);
   check(cudaGetLastError(), name);
@@ -289,14 +299,15 @@ void max_pool2d(cuda_context& ctx, const device_tensor<TX, 4>& x, device_tensor<
   using M = detail::math_t<op::pooling, P, TX>;
   const auto g = detail::pool_geometry_of("precis::max_pool2d", x, p);
   check_shape("precis::max_pool2d: y", y, detail::pooled_shape(x, g));
-  detail::cuda::launch_over(ctx, y.size(), "precis::max_pool2d", detail::cuda::max_pool_kernel<M, TX, TY>,
-                            x.data(), y.data(), g);
+  detail::cuda::launch_over(ctx, y.size(), "precis::max_pool2d",
+                            detail::cuda::max_pool_kernel<M, TX, TY>, x.data(), y.data(), g);
 }
 
 /// dx of y = max_pool2d(x) on the device: each dy goes to its window's first maximum.
 template <Policy P, class TX, class TG, class TDX>
-void max_pool2d_backward(cuda_context& ctx, const device_tensor<TX, 4>& x, const device_tensor<TG, 4>& dy,
-                         device_tensor<TDX, 4>& dx, const pool2d_params& p = {}) {
+void max_pool2d_backward(cuda_context& ctx, const device_tensor<TX, 4>& x,
+                         const device_tensor<TG, 4>& dy, device_tensor<TDX, 4>& dx,
+                         const pool2d_params& p = {}) {
   detail::check_pool_types<P, TDX, TX, TG>();
   using M = detail::math_t<op::pooling, P, TX, TG>;
   using Acc = detail::accumulate_t<op::pooling, P>;
@@ -304,8 +315,8 @@ void max_pool2d_backward(cuda_context& ctx, const device_tensor<TX, 4>& x, const
   check_shape("precis::max_pool2d_backward: dy", dy, detail::pooled_shape(x, g));
   check_shape("precis::max_pool2d_backward: dx", dx, x.shape());
   detail::cuda::launch_over(ctx, dx.size(), "precis::max_pool2d_backward",
-                            detail::cuda::max_pool_backward_kernel<M, Acc, TX, TG, TDX>, x.data(), dy.data(),
-                            dx.data(), g);
+                            detail::cuda::max_pool_backward_kernel<M, Acc, TX, TG, TDX>, x.data(),
+                            dy.data(), dx.data(), g);
 }
 
 /// y = mean over each window of x on the device (see the host avg_pool2d).
@@ -317,22 +328,23 @@ void avg_pool2d(cuda_context& ctx, const device_tensor<TX, 4>& x, device_tensor<
   using Acc = detail::accumulate_t<op::pooling, P>;
   const auto g = detail::pool_geometry_of("precis::avg_pool2d", x, p);
   check_shape("precis::avg_pool2d: y", y, detail::pooled_shape(x, g));
-  detail::cuda::launch_over(ctx, y.size(), "precis::avg_pool2d", detail::cuda::avg_pool_kernel<M, Acc, TX, TY>,
-                            x.data(), y.data(), g, p.count_include_pad);
+  detail::cuda::launch_over(ctx, y.size(), "precis::avg_pool2d",
+                            detail::cuda::avg_pool_kernel<M, Acc, TX, TY>, x.data(), y.data(), g,
+                            p.count_include_pad);
 }
 
 /// dx of y = avg_pool2d(x) on the device: each dy spread evenly over its window.
 template <Policy P, class TG, class TDX>
-void avg_pool2d_backward(cuda_context& ctx, const device_tensor<TG, 4>& dy, device_tensor<TDX, 4>& dx,
-                         const pool2d_params& p = {}) {
+void avg_pool2d_backward(cuda_context& ctx, const device_tensor<TG, 4>& dy,
+                         device_tensor<TDX, 4>& dx, const pool2d_params& p = {}) {
   detail::check_pool_types<P, TDX, TG>();
   using M = detail::math_t<op::pooling, P, TG>;
   using Acc = detail::accumulate_t<op::pooling, P>;
   const auto g = detail::pool_geometry_of("precis::avg_pool2d_backward", dx, p);
   check_shape("precis::avg_pool2d_backward: dy", dy, detail::pooled_shape(dx, g));
   detail::cuda::launch_over(ctx, dx.size(), "precis::avg_pool2d_backward",
-                            detail::cuda::avg_pool_backward_kernel<M, Acc, TG, TDX>, dy.data(), dx.data(), g,
-                            p.count_include_pad);
+                            detail::cuda::avg_pool_backward_kernel<M, Acc, TG, TDX>, dy.data(),
+                            dx.data(), g, p.count_include_pad);
 }
 
 /// Nearest-neighbour upsampling on the device (see the host upsample_nearest2d).
@@ -341,21 +353,23 @@ void upsample_nearest2d(cuda_context& ctx, const device_tensor<TX, 4>& x, device
   detail::check_pool_types<P, TY, TX>();
   using M = detail::math_t<op::pooling, P, TX>;
   detail::check_resample("precis::upsample_nearest2d", x, y);
-  detail::cuda::launch_over(ctx, y.size(), "precis::upsample_nearest2d", detail::cuda::nearest_kernel<M, TX, TY>,
-                            x.data(), y.data(), detail::cuda::resample_geometry_of(x, y));
+  detail::cuda::launch_over(ctx, y.size(), "precis::upsample_nearest2d",
+                            detail::cuda::nearest_kernel<M, TX, TY>, x.data(), y.data(),
+                            detail::cuda::resample_geometry_of(x, y));
 }
 
 /// dx of y = upsample_nearest2d(x) on the device: the sum of dy over the outputs each
 /// input fed.
 template <Policy P, class TG, class TDX>
-void upsample_nearest2d_backward(cuda_context& ctx, const device_tensor<TG, 4>& dy, device_tensor<TDX, 4>& dx) {
+void upsample_nearest2d_backward(cuda_context& ctx, const device_tensor<TG, 4>& dy,
+                                 device_tensor<TDX, 4>& dx) {
   detail::check_pool_types<P, TDX, TG>();
   using M = detail::math_t<op::pooling, P, TG>;
   using Acc = detail::accumulate_t<op::pooling, P>;
   detail::check_resample("precis::upsample_nearest2d_backward", dx, dy);
   detail::cuda::launch_over(ctx, dx.size(), "precis::upsample_nearest2d_backward",
-                            detail::cuda::nearest_backward_kernel<M, Acc, TG, TDX>, dy.data(), dx.data(),
-                            detail::cuda::resample_geometry_of(dx, dy));
+                            detail::cuda::nearest_backward_kernel<M, Acc, TG, TDX>, dy.data(),
+                            dx.data(), detail::cuda::resample_geometry_of(dx, dy));
 }
 
 /// Bilinear upsampling on the device (see the host upsample_bilinear2d).
@@ -365,22 +379,23 @@ void upsample_bilinear2d(cuda_context& ctx, const device_tensor<TX, 4>& x, devic
   detail::check_pool_types<P, TY, TX>();
   using M = detail::math_t<op::pooling, P, TX>;
   detail::check_resample("precis::upsample_bilinear2d", x, y);
-  detail::cuda::launch_over(ctx, y.size(), "precis::upsample_bilinear2d", detail::cuda::bilinear_kernel<M, TX, TY>,
-                            x.data(), y.data(), detail::cuda::resample_geometry_of(x, y), align_corners);
+  detail::cuda::launch_over(ctx, y.size(), "precis::upsample_bilinear2d",
+                            detail::cuda::bilinear_kernel<M, TX, TY>, x.data(), y.data(),
+                            detail::cuda::resample_geometry_of(x, y), align_corners);
 }
 
 /// dx of y = upsample_bilinear2d(x) on the device: each dy spread to its four neighbours
 /// with the forward weights, summed per input element in the accumulate type.
 template <Policy P, class TG, class TDX>
-void upsample_bilinear2d_backward(cuda_context& ctx, const device_tensor<TG, 4>& dy, device_tensor<TDX, 4>& dx,
-                                  bool align_corners = false) {
+void upsample_bilinear2d_backward(cuda_context& ctx, const device_tensor<TG, 4>& dy,
+                                  device_tensor<TDX, 4>& dx, bool align_corners = false) {
   detail::check_pool_types<P, TDX, TG>();
   using M = detail::math_t<op::pooling, P, TG>;
   using Acc = detail::accumulate_t<op::pooling, P>;
   detail::check_resample("precis::upsample_bilinear2d_backward", dx, dy);
   detail::cuda::launch_over(ctx, dx.size(), "precis::upsample_bilinear2d_backward",
-                            detail::cuda::bilinear_backward_kernel<M, Acc, TG, TDX>, dy.data(), dx.data(),
-                            detail::cuda::resample_geometry_of(dx, dy), align_corners);
+                            detail::cuda::bilinear_backward_kernel<M, Acc, TG, TDX>, dy.data(),
+                            dx.data(), detail::cuda::resample_geometry_of(dx, dy), align_corners);
 }
 
 }  // namespace precis

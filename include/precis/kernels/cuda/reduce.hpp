@@ -106,7 +106,8 @@ __global__ void reduce_final(const typename Red::state* partials, unsigned count
   typename Red::state total[K];
   for (int k = 0; k < K; ++k) {
     typename Red::state s = Red::init();
-    for (unsigned i = threadIdx.x; i < count; i += blockDim.x) s = Red::combine(s, partials[i * K + k]);
+    for (unsigned i = threadIdx.x; i < count; i += blockDim.x)
+      s = Red::combine(s, partials[i * K + k]);
     total[k] = block_reduce(s, combine_op<Red>{}, shared);
   }
   if (threadIdx.x == 0) finish(total);
@@ -182,7 +183,8 @@ __global__ void reduce_axis_kernel(const T* x, std::size_t outer, std::size_t co
     const std::size_t o = idx / inner, i = idx % inner;
     const T* col = x + o * count * inner + i;
     auto s = Red::init();
-    for (std::size_t k = 0; k < count; ++k) s = Red::add(s, reduce_term<Kind>(device_load<M>(col[k * inner])));
+    for (std::size_t k = 0; k < count; ++k)
+      s = Red::add(s, reduce_term<Kind>(device_load<M>(col[k * inner])));
     out[idx] = round_to<U>(reduce_finish<Kind, R>(s, count));
   }
 }
@@ -220,7 +222,8 @@ void reduce_axis_to(std::string_view name, cuda_context& ctx, const device_tenso
   if (outer * inner == 0) return;
   using M = math_t<op::reduction, P, T>;
   reduce_axis_kernel<Kind, M, accumulate_t<op::reduction, P>, reduce_result_t<P, T>>
-      <<<grid_for(outer * inner), 256, 0, ctx.stream()>>>(x.data(), outer, count, inner, out.data());
+      <<<grid_for(outer * inner), 256, 0, ctx.stream()>>>(x.data(), outer, count, inner,
+                                                          out.data());
   check(cudaGetLastError(), name);
 }
 
@@ -235,9 +238,8 @@ void sum(cuda_context& ctx, const device_tensor<T, N>& x, device_tensor<U, 1>& o
 
 /// out = x summed along `axis`, on the device (the host's order and result).
 template <Policy P, kernel_element T, std::size_t N, kernel_element U>
-  requires(N >= 1)
-void sum(cuda_context& ctx, const device_tensor<T, N>& x, std::size_t axis,
-         device_tensor<U, N - 1>& out) {
+requires(N >= 1) void sum(cuda_context& ctx, const device_tensor<T, N>& x, std::size_t axis,
+                          device_tensor<U, N - 1>& out) {
   detail::cuda::reduce_axis_to<detail::cuda::reduce_kind::sum, P>("precis::sum", ctx, x, axis, out);
 }
 
@@ -249,10 +251,10 @@ void mean(cuda_context& ctx, const device_tensor<T, N>& x, device_tensor<U, 1>& 
 
 /// out = mean of x along `axis`, on the device.
 template <Policy P, kernel_element T, std::size_t N, kernel_element U>
-  requires(N >= 1)
-void mean(cuda_context& ctx, const device_tensor<T, N>& x, std::size_t axis,
-          device_tensor<U, N - 1>& out) {
-  detail::cuda::reduce_axis_to<detail::cuda::reduce_kind::mean, P>("precis::mean", ctx, x, axis, out);
+requires(N >= 1) void mean(cuda_context& ctx, const device_tensor<T, N>& x, std::size_t axis,
+                           device_tensor<U, N - 1>& out) {
+  detail::cuda::reduce_axis_to<detail::cuda::reduce_kind::mean, P>("precis::mean", ctx, x, axis,
+                                                                   out);
 }
 
 /// out[0] = the largest element (NaN if any is NaN). Throws precis::error for an empty
@@ -264,9 +266,8 @@ void max(cuda_context& ctx, const device_tensor<T, N>& x, device_tensor<U, 1>& o
 
 /// out = max of x along `axis`, on the device.
 template <Policy P, kernel_element T, std::size_t N, kernel_element U>
-  requires(N >= 1)
-void max(cuda_context& ctx, const device_tensor<T, N>& x, std::size_t axis,
-         device_tensor<U, N - 1>& out) {
+requires(N >= 1) void max(cuda_context& ctx, const device_tensor<T, N>& x, std::size_t axis,
+                          device_tensor<U, N - 1>& out) {
   detail::cuda::reduce_axis_to<detail::cuda::reduce_kind::max, P>("precis::max", ctx, x, axis, out);
 }
 
@@ -278,10 +279,10 @@ void l2_norm(cuda_context& ctx, const device_tensor<T, N>& x, device_tensor<U, 1
 
 /// out = L2 norm of x along `axis`, on the device.
 template <Policy P, kernel_element T, std::size_t N, kernel_element U>
-  requires(N >= 1)
-void l2_norm(cuda_context& ctx, const device_tensor<T, N>& x, std::size_t axis,
-             device_tensor<U, N - 1>& out) {
-  detail::cuda::reduce_axis_to<detail::cuda::reduce_kind::l2, P>("precis::l2_norm", ctx, x, axis, out);
+requires(N >= 1) void l2_norm(cuda_context& ctx, const device_tensor<T, N>& x, std::size_t axis,
+                              device_tensor<U, N - 1>& out) {
+  detail::cuda::reduce_axis_to<detail::cuda::reduce_kind::l2, P>("precis::l2_norm", ctx, x, axis,
+                                                                 out);
 }
 
 }  // namespace precis
