@@ -92,6 +92,8 @@ const geo geometries[] = {
     {3, 4, 10, 10, 4, 3, 3, params(1, 2, 2, 4)},  // depthwise, dilated
     {2, 6, 9, 12, 9, 1, 1, params(1, 0, 1, 3)},
     {1, 5, 14, 14, 7, 5, 5, params(3, 2, 1, 1)},
+    {2, 6, 11, 9, 8, 1, 1, params(2, 0, 1, 1)},  // strided 1x1: only the sampled pixels read
+    {1, 8, 10, 7, 4, 1, 1, params(3, 0, 2, 2)},  // strided, grouped, dilation irrelevant
 };
 
 }  // namespace
