@@ -158,6 +158,27 @@ inline conv_geometry sampled_geometry(conv_geometry g) {
   return g;
 }
 
+/// dx of a strided 1x1 convolution from `sampled`, the input gradient at the pixels the
+/// stride reads ([N, C, Ho, Wo]): those pixels copied, every other pixel zero (no output
+/// read it).
+template <class TX>
+void scatter_sampled(const cpu_context& ctx, const TX* sampled, const conv_geometry& g, TX* dx) {
+  const std::size_t planes = g.n * g.c;
+  parallel_for(ctx, planes, std::max<std::size_t>(1, elements_per_thread / std::max<std::size_t>(1, g.h * g.w)),
+               [&](std::size_t b, std::size_t e) {
+                 for (std::size_t pl = b; pl < e; ++pl) {
+                   TX* out = dx + pl * g.h * g.w;
+                   std::fill(out, out + g.h * g.w, round_to<TX>(0.0F));
+                   const TX* in = sampled + pl * g.ho * g.wo;
+                   for (std::size_t oy = 0; oy < g.ho; ++oy) {
+                     for (std::size_t ox = 0; ox < g.wo; ++ox) {
+                       out[oy * g.p.stride[0] * g.w + ox * g.p.stride[1]] = in[oy * g.wo + ox];
+                     }
+                   }
+                 }
+               });
+}
+
 /// The input of a forward or weight-gradient pass as floats, with the geometry to run it
 /// under: the sampled pixels for a strided 1x1 convolution, the whole tensor otherwise.
 template <bool TF32, class T>
@@ -447,6 +468,14 @@ void conv2d_backward_data(const cpu_context& ctx, const host_tensor<TG, 4>& dy,
   constexpr bool tf32 = detail::conv_tf32_v<P>;
   const auto dyf = detail::to_float<tf32>(ctx, dy.data(), dy.size());
   const auto wf = detail::to_float<tf32>(ctx, w.data(), w.size());
+  if (detail::is_strided_pointwise(g)) {
+    // Each read pixel gets exactly one product (no overlap), the others none: compute the
+    // read pixels' gradients compactly, then place them.
+    std::vector<TX> sampled(g.n * g.c * g.ho * g.wo);
+    detail::conv_backward_data_float(ctx, detail::sampled_geometry(g), dyf.get(), wf.get(), sampled.data());
+    detail::scatter_sampled(ctx, sampled.data(), g, dx.data());
+    return;
+  }
   detail::conv_backward_data_float(ctx, g, dyf.get(), wf.get(), dx.data());
 }
 
