@@ -28,7 +28,6 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
-#include <utility>
 #include <vector>
 
 namespace precis {
@@ -114,78 +113,6 @@ float_buffer to_float(const cpu_context& ctx, const T* src, std::size_t n) {
     }
   });
   return out;
-}
-
-/// Whether the convolution is 1x1, unpadded and strided: it reads only the pixels its
-/// stride lands on, so it is run as the stride-1 convolution of those pixels.
-inline bool is_strided_pointwise(const conv_geometry& g) {
-  return g.kh == 1 && g.kw == 1 && g.p.padding[0] == 0 && g.p.padding[1] == 0 &&
-         (g.p.stride[0] > 1 || g.p.stride[1] > 1);
-}
-
-/// The pixels a strided 1x1 convolution reads, as a compact float image [N, C, Ho, Wo]
-/// (rounded to tfloat32 when TF32): a quarter of the input at stride 2, converted alone.
-template <bool TF32, class T>
-float_buffer sampled_to_float(const cpu_context& ctx, const T* src, const conv_geometry& g) {
-  const std::size_t rows = g.n * g.c * g.ho;
-  float_buffer out(rows * g.wo);
-  float* o = out.get();
-  parallel_for(ctx, rows, std::max<std::size_t>(1, elements_per_thread / std::max<std::size_t>(1, g.wo)),
-               [&](std::size_t b, std::size_t e) {
-                 for (std::size_t r = b; r < e; ++r) {  // r = (image, channel) plane * Ho + oy
-                   const T* in = src + (r / g.ho) * g.h * g.w + (r % g.ho) * g.p.stride[0] * g.w;
-                   float* dst = o + r * g.wo;
-                   for (std::size_t ox = 0; ox < g.wo; ++ox) {
-                     const float v = load<float>(in[ox * g.p.stride[1]]);
-                     if constexpr (TF32 && std::is_same_v<T, float>) {
-                       dst[ox] = round_tf32(v);
-                     } else {
-                       dst[ox] = v;
-                     }
-                   }
-                 }
-               });
-  return out;
-}
-
-/// The stride-1 convolution over the sampled pixels: the same products, summed in the
-/// same order, so the same bits.
-inline conv_geometry sampled_geometry(conv_geometry g) {
-  g.h = g.ho;
-  g.w = g.wo;
-  g.p.stride = {1, 1};
-  g.p.dilation = {1, 1};
-  return g;
-}
-
-/// dx of a strided 1x1 convolution from `sampled`, the input gradient at the pixels the
-/// stride reads ([N, C, Ho, Wo]): those pixels copied, every other pixel zero (no output
-/// read it).
-template <class TX>
-void scatter_sampled(const cpu_context& ctx, const TX* sampled, const conv_geometry& g, TX* dx) {
-  const std::size_t planes = g.n * g.c;
-  parallel_for(ctx, planes, std::max<std::size_t>(1, elements_per_thread / std::max<std::size_t>(1, g.h * g.w)),
-               [&](std::size_t b, std::size_t e) {
-                 for (std::size_t pl = b; pl < e; ++pl) {
-                   TX* out = dx + pl * g.h * g.w;
-                   std::fill(out, out + g.h * g.w, round_to<TX>(0.0F));
-                   const TX* in = sampled + pl * g.ho * g.wo;
-                   for (std::size_t oy = 0; oy < g.ho; ++oy) {
-                     for (std::size_t ox = 0; ox < g.wo; ++ox) {
-                       out[oy * g.p.stride[0] * g.w + ox * g.p.stride[1]] = in[oy * g.wo + ox];
-                     }
-                   }
-                 }
-               });
-}
-
-/// The input of a forward or weight-gradient pass as floats, with the geometry to run it
-/// under: the sampled pixels for a strided 1x1 convolution, the whole tensor otherwise.
-template <bool TF32, class T>
-std::pair<float_buffer, conv_geometry> conv_input_float(const cpu_context& ctx, const T* x, std::size_t n,
-                                                        const conv_geometry& g) {
-  if (is_strided_pointwise(g)) return {sampled_to_float<TF32>(ctx, x, g), sampled_geometry(g)};
-  return {to_float<TF32>(ctx, x, n), g};
 }
 
 /// The im2col matrix of one group, col[t, n*P + q] = x[n, group channel ch, oy*s - pad +
@@ -440,8 +367,8 @@ void conv2d(const cpu_context& ctx, const host_tensor<TX, 4>& x, const host_tens
   const auto g = detail::conv_geometry_of("precis::conv2d", x, w, p);
   check_shape("precis::conv2d: y", y, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
   constexpr bool tf32 = detail::conv_tf32_v<P>;
-  const auto [xf, gx] = detail::conv_input_float<tf32>(ctx, x.data(), x.size(), g);
-  detail::conv_forward_float<tf32>(ctx, gx, xf.get(), w.data(), static_cast<const TY*>(nullptr), y.data());
+  const auto xf = detail::to_float<tf32>(ctx, x.data(), x.size());
+  detail::conv_forward_float<tf32>(ctx, g, xf.get(), w.data(), static_cast<const TY*>(nullptr), y.data());
 }
 
 /// As conv2d, plus bias [Co] added to every pixel of its channel before the one rounding.
@@ -453,8 +380,8 @@ void conv2d(const cpu_context& ctx, const host_tensor<TX, 4>& x, const host_tens
   check_shape("precis::conv2d: bias", bias, detail::dims<1>({g.co}));
   check_shape("precis::conv2d: y", y, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
   constexpr bool tf32 = detail::conv_tf32_v<P>;
-  const auto [xf, gx] = detail::conv_input_float<tf32>(ctx, x.data(), x.size(), g);
-  detail::conv_forward_float<tf32>(ctx, gx, xf.get(), w.data(), bias.data(), y.data());
+  const auto xf = detail::to_float<tf32>(ctx, x.data(), x.size());
+  detail::conv_forward_float<tf32>(ctx, g, xf.get(), w.data(), bias.data(), y.data());
 }
 
 /// dx = dL/dx of y = conv2d(x, w) from dy (x's shape is dx's shape).
@@ -468,14 +395,6 @@ void conv2d_backward_data(const cpu_context& ctx, const host_tensor<TG, 4>& dy,
   constexpr bool tf32 = detail::conv_tf32_v<P>;
   const auto dyf = detail::to_float<tf32>(ctx, dy.data(), dy.size());
   const auto wf = detail::to_float<tf32>(ctx, w.data(), w.size());
-  if (detail::is_strided_pointwise(g)) {
-    // Each read pixel gets exactly one product (no overlap), the others none: compute the
-    // read pixels' gradients compactly, then place them.
-    std::vector<TX> sampled(g.n * g.c * g.ho * g.wo);
-    detail::conv_backward_data_float(ctx, detail::sampled_geometry(g), dyf.get(), wf.get(), sampled.data());
-    detail::scatter_sampled(ctx, sampled.data(), g, dx.data());
-    return;
-  }
   detail::conv_backward_data_float(ctx, g, dyf.get(), wf.get(), dx.data());
 }
 
@@ -488,9 +407,9 @@ void conv2d_backward_weights(const cpu_context& ctx, const host_tensor<TX, 4>& x
   const auto g = detail::conv_geometry_of("precis::conv2d_backward_weights", x, dw, p);
   check_shape("precis::conv2d_backward_weights: dy", dy, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
   constexpr bool tf32 = detail::conv_tf32_v<P>;
-  const auto [xf, gx] = detail::conv_input_float<tf32>(ctx, x.data(), x.size(), g);
+  const auto xf = detail::to_float<tf32>(ctx, x.data(), x.size());
   const auto dyf = detail::to_float<tf32>(ctx, dy.data(), dy.size());
-  detail::conv_backward_weights_float(ctx, gx, xf.get(), dyf.get(), dw.data());
+  detail::conv_backward_weights_float(ctx, g, xf.get(), dyf.get(), dw.data());
 }
 
 /// db = dL/dbias of y = conv2d(x, w, bias) from dy [N, Co, Ho, Wo]: per channel, the sum
