@@ -72,6 +72,25 @@ __global__ void max_pool_kernel(const X* x, Y* y, pool_geometry g) {
   }
 }
 
+/// The sum in Acc of the shares of the outputs whose windows hold element `at` of a plane,
+/// in raster order (the host's order of additions): share(oy, ox, v) sets v to output
+/// (oy, ox)'s share and returns true, or returns false where that output gives none.
+template <class M, class Acc, class Share>
+__device__ typename accumulator<Acc>::value_type gather_windows(const pool_geometry& g, std::size_t at,
+                                                                Share share) {
+  std::size_t oy0, oy1, ox0, ox1;
+  outputs_reading(at / g.w, g.ph, g.kh, g.sh, g.ho, oy0, oy1);
+  outputs_reading(at % g.w, g.pw, g.kw, g.sw, g.wo, ox0, ox1);
+  accumulator<Acc> acc;
+  M v;
+  for (std::size_t oy = oy0; oy < oy1; ++oy) {
+    for (std::size_t ox = ox0; ox < ox1; ++ox) {
+      if (share(oy, ox, v)) acc.add(static_cast<typename accumulator<Acc>::value_type>(v));
+    }
+  }
+  return acc.value();
+}
+
 template <class M, class Acc, class X, class G, class DX>
 __global__ void max_pool_backward_kernel(const X* x, const G* dy, DX* dx, pool_geometry g) {
   const std::size_t n = g.planes * g.h * g.w;
@@ -80,19 +99,11 @@ __global__ void max_pool_backward_kernel(const X* x, const G* dy, DX* dx, pool_g
     const std::size_t pl = i / (g.h * g.w), at = i % (g.h * g.w);
     const X* xp = x + pl * g.h * g.w;
     const G* dyp = dy + pl * g.ho * g.wo;
-    std::size_t oy0, oy1, ox0, ox1;
-    outputs_reading(at / g.w, g.ph, g.kh, g.sh, g.ho, oy0, oy1);
-    outputs_reading(at % g.w, g.pw, g.kw, g.sw, g.wo, ox0, ox1);
-    accumulator<Acc> acc;
-    for (std::size_t oy = oy0; oy < oy1; ++oy) {
-      for (std::size_t ox = ox0; ox < ox1; ++ox) {
-        if (device_argmax<M>(xp, g.w, device_window(g, oy, ox)) == at) {
-          acc.add(static_cast<typename accumulator<Acc>::value_type>(
-              device_load<M>(dyp[oy * g.wo + ox])));
-        }
-      }
-    }
-    dx[i] = round_to<DX>(acc.value());
+    dx[i] = round_to<DX>(gather_windows<M, Acc>(g, at, [&](std::size_t oy, std::size_t ox, M& v) {
+      if (device_argmax<M>(xp, g.w, device_window(g, oy, ox)) != at) return false;
+      v = device_load<M>(dyp[oy * g.wo + ox]);
+      return true;
+    }));
   }
 }
 
@@ -127,18 +138,11 @@ __global__ void avg_pool_backward_kernel(const G* dy, DX* dx, pool_geometry g, b
        i += std::size_t(gridDim.x) * blockDim.x) {
     const std::size_t pl = i / (g.h * g.w), at = i % (g.h * g.w);
     const G* dyp = dy + pl * g.ho * g.wo;
-    std::size_t oy0, oy1, ox0, ox1;
-    outputs_reading(at / g.w, g.ph, g.kh, g.sh, g.ho, oy0, oy1);
-    outputs_reading(at % g.w, g.pw, g.kw, g.sw, g.wo, ox0, ox1);
-    accumulator<Acc> acc;
-    for (std::size_t oy = oy0; oy < oy1; ++oy) {
-      for (std::size_t ox = ox0; ox < ox1; ++ox) {
-        const std::size_t count = window_count(g, device_window(g, oy, ox), include_pad);
-        acc.add(static_cast<typename accumulator<Acc>::value_type>(
-            device_load<M>(dyp[oy * g.wo + ox]) / M(count)));
-      }
-    }
-    dx[i] = round_to<DX>(acc.value());
+    dx[i] = round_to<DX>(gather_windows<M, Acc>(g, at, [&](std::size_t oy, std::size_t ox, M& v) {
+      const std::size_t count = window_count(g, device_window(g, oy, ox), include_pad);
+      v = device_load<M>(dyp[oy * g.wo + ox]) / M(count);
+      return true;
+    }));
   }
 }
 
