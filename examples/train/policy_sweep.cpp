@@ -106,9 +106,9 @@ using fp16_unsafe = unsafe<presets::fp16_mixed, rule::unscaled_gradients>;
 // The loss of the unsafe configuration also sums in float16 (rule::fp32_operation waived).
 using fp16_unsafe_loss = unsafe<policy<float16, float16, float16, float>, rule::unscaled_gradients, rule::fp32_operation>;
 
-template <class Layers, class Loss, class Scaler>
+template <class Map, class Loss, class Scaler>
 struct entry {
-  using layers = Layers;
+  using map = Map;
   using loss = Loss;
   using scaler = Scaler;
   std::string_view name;
@@ -116,10 +116,13 @@ struct entry {
 };
 
 const auto sweep = hana::make_tuple(
-    entry<presets::fp32, presets::fp32, no_scaling>{"fp32", "reference"},
-    entry<presets::bf16_mixed, presets::bf16_mixed, no_scaling>{"bf16_mixed", "bfloat16, no scaler needed"},
-    entry<presets::fp16_mixed, presets::fp16_mixed, dynamic_scaler>{"fp16_mixed", "float16 + dynamic scaler"},
-    entry<fp16_unsafe, fp16_unsafe_loss, no_scaling>{"fp16_unsafe", "float16, no scaler, fp16 loss"});
+    entry<decltype(make_policy_map(presets::fp32{})), presets::fp32, no_scaling>{"fp32", "reference"},
+    entry<decltype(make_policy_map(presets::bf16_mixed{})), presets::bf16_mixed, no_scaling>{
+        "bf16_mixed", "bfloat16, no scaler needed"},
+    entry<decltype(make_policy_map(presets::fp16_mixed{})), presets::fp16_mixed, dynamic_scaler>{
+        "fp16_mixed", "float16 + dynamic scaler"},
+    entry<decltype(make_policy_map(fp16_unsafe{})), fp16_unsafe_loss, no_scaling>{"fp16_unsafe",
+                                                                                  "float16, no scaler, fp16 loss"});
 
 // `depth` hidden blocks of linear + sigmoid, then the classifier, with PyTorch's default
 // initialisation (uniform in +-1/sqrt(fan_in)). A sigmoid's derivative is at most 1/4, so
@@ -128,17 +131,19 @@ const auto sweep = hana::make_tuple(
 // float, bfloat16, or float16 with a loss scale. Without one, their float16 gradients are 0.
 inline constexpr std::size_t depth = 6;
 
-template <class P, std::size_t... I>
-auto make_model(const config& c, std::index_sequence<I...>) {
-  auto block = [&](std::size_t i) {
-    return std::make_tuple(nn::linear<P>(i == 0 ? c.features : c.hidden, c.hidden, {c.seed * 100 + i + 1}), nn::sigmoid<P>{});
-  };
-  return std::apply([](auto&&... layers) { return nn::make_sequential(std::move(layers)...); },
-                    std::tuple_cat(block(I)..., std::make_tuple(nn::linear<P>(c.hidden, c.classes, {c.seed * 100 + depth + 1}))));
-}
-template <class P>
-auto make_model(const config& c) {
-  return make_model<P>(c, std::make_index_sequence<depth>{});
+// The classifier, tagged so that a map could give it a policy of its own.
+struct classifier : layer<op::matmul> {
+  static constexpr std::string_view name = "classifier";
+};
+
+// One hidden block: a linear layer and a sigmoid.
+auto block(std::size_t in, std::size_t out) { return nn::seq(nn::linear(in, out), nn::sigmoid()); }
+
+// The blueprint, written once; each entry builds it from its own map.
+auto blueprint(const config& c) {
+  return nn::seq(nn::named("input", block(c.features, c.hidden)),
+                 nn::named("hidden", nn::repeat<depth - 1>(block(c.hidden, c.hidden))),
+                 nn::linear<classifier>(c.hidden, c.classes));
 }
 
 struct result {
@@ -160,10 +165,10 @@ host_tensor<T, 2> rows_as(const host_tensor<float, 2>& x, std::size_t begin, std
 
 template <class Entry>
 result train_one(const Entry& e, const config& c, const dataset& train, const dataset& test) {
-  using P = typename Entry::layers;
-  using S = typename P::storage_type;
+  using Map = typename Entry::map;
+  using S = typename Map::default_policy::storage_type;
   const cpu_context ctx{c.threads};
-  auto model = make_model<P>(c);
+  auto model = nn::build<S, 2>(Map{}, blueprint(c), {.seed = c.seed});
   nn::softmax_cross_entropy<typename Entry::loss> loss;
   adamw opt(model.masters(), {.lr = c.lr, .weight_decay = 0.0f});
   warmup_cosine schedule(c.lr, c.steps / 20, c.steps, 1e-4f);
@@ -181,15 +186,23 @@ result train_one(const Entry& e, const config& c, const dataset& train, const da
     xs.push_back(rows_as<S>(train.x, b * c.batch, c.batch));
     ys.push_back(xt::view(train.y, xt::range(b * c.batch, (b + 1) * c.batch)));
   }
+  // The first layer's weight gradient, where float16 without a scaler loses the most.
+  const host_tensor<float, 2>* first_grad = nullptr;
+  model.for_each_parameter([&](const std::string& path, auto& p) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(p.grad())>, host_tensor<float, 2>>) {
+      if (path == "input.0.weight") first_grad = &p.grad();
+    }
+  });
+  if (first_grad == nullptr) throw error("policy_sweep: the model has no parameter input.0.weight");
   const auto start = std::chrono::steady_clock::now();
   for (std::size_t s = 0; s < c.steps; ++s) {
-    std::vector<nn::micro_batch<S, std::int32_t>> parts;
+    std::vector<typename decltype(tr)::batch_type> parts;
     for (std::size_t m = 0; m < c.micro; ++m) {
       const std::size_t b = (s * c.micro + m) % batches;
       parts.push_back({xs[b], ys[b]});
     }
     r.records.push_back(tr.step(ctx, parts));
-    const auto& g = model.template layer<0>().weight().grad();
+    const auto& g = *first_grad;
     r.zero_grads += double(std::count(g.begin(), g.end(), 0.0f)) / double(g.size()) / double(c.steps);
     if (tty || (s + 1) % (c.steps / 4) == 0 || s + 1 == c.steps) {
       std::printf("%s  %-12s step %4zu/%zu  loss %8.4f  scale %8g%s", tty ? "\r" : "", r.name.c_str(), s + 1,
@@ -199,11 +212,11 @@ result train_one(const Entry& e, const config& c, const dataset& train, const da
   }
   const auto stop = std::chrono::steady_clock::now();
   if (tty) std::printf("\n");
-  r.activation_bytes = model.activation_bytes() + loss.activation_bytes();  // of a training step
+  r.activation_bytes = model.activation_bytes() + loss.own_bytes();  // of a training step
   r.ms_per_step = std::chrono::duration<double, std::milli>(stop - start).count() / double(c.steps);
   const auto tx = rows_as<S>(test.x, 0, test.x.shape()[0]);
   // Evaluated with the layers' policy's loss (float sums), the same measure for every entry.
-  nn::softmax_cross_entropy<P> eval_loss;
+  nn::softmax_cross_entropy<typename Map::default_policy> eval_loss;
   const auto ev = nn::evaluate(ctx, model, eval_loss, tx, test.y);
   r.loss = ev.loss;
   r.accuracy = ev.accuracy;

@@ -1,9 +1,10 @@
-// nn layers keep activations in 16- or 32-bit types: a linear layer under a float8 policy
-// does not compile (float8 belongs to kernel-level matrix products with a scaling recipe).
+// nn layers keep activations in 16- or 32-bit types: a model built under fp8_hybrid (float8
+// storage for matrix products) does not compile until the layer's products take float8
+// inputs with their own scaling recipes.
 #include <precis/precis.hpp>
 
 int main() {
   using namespace precis;
-  nn::linear<presets::fp8_hybrid> layer(16, 16);
-  (void)layer;
+  auto model = nn::build<bfloat16, 2>(presets::fp8_hybrid{}, nn::linear(16, 16));
+  (void)model;
 }

@@ -4,6 +4,6 @@
 
 int main() {
   using namespace precis;
-  nn::linear<presets::bf16_pure> layer(16, 16);
-  (void)layer;
+  auto model = nn::build<bfloat16, 2>(presets::bf16_pure{}, nn::linear(16, 16));
+  (void)model;
 }

@@ -1,6 +1,7 @@
 // nn::trainer: a step under each preset lowers the loss, accumulation equals one batch,
 // clipping sees unscaled gradients, non-finite steps change nothing, and a run resumed
 // from a checkpoint continues bit-identically.
+#include <precis/nn/shape.hpp>
 #include <precis/precis.hpp>
 
 #include <doctest/doctest.h>
@@ -47,8 +48,11 @@ batch<T> make_batch(std::size_t rows, std::uint64_t seed) {
 
 template <class P>
 auto small_model(std::uint64_t seed) {
-  return nn::make_sequential(nn::linear<P>(16, 32, {seed}), nn::gelu<P>{}, nn::linear<P>(32, 4, {seed + 1}));
+  return nn::build<typename P::storage_type, 2>(P{}, nn::seq(nn::linear(16, 32), nn::gelu(), nn::linear(32, 4)),
+                                                {.seed = seed});
 }
+template <class T>
+using batch_of = nn::micro_batch<host_tensor<T, 2>, host_tensor<std::int32_t, 1>>;
 
 template <class Model>
 std::vector<float> masters_of(Model& m) {
@@ -94,7 +98,7 @@ TEST_CASE("two micro-batches give the step one batch of both gives") {
   batch<float> h1{xt::view(whole.x, xt::range(0, 32), xt::all()), xt::view(whole.t, xt::range(0, 32))};
   batch<float> h2{xt::view(whole.x, xt::range(32, 64), xt::all()), xt::view(whole.t, xt::range(32, 64))};
   const auto ra = ta.step(ctx, whole.x, whole.t);
-  const std::array<nn::micro_batch<float, std::int32_t>, 2> parts{{{h1.x, h1.t}, {h2.x, h2.t}}};
+  const std::array<batch_of<float>, 2> parts{{{h1.x, h1.t}, {h2.x, h2.t}}};
   const auto rb = tb.step(ctx, parts);
   CHECK(rb.loss == doctest::Approx(ra.loss).epsilon(1e-6));
   CHECK(rb.grad_norm == doctest::Approx(ra.grad_norm).epsilon(1e-5));
@@ -155,9 +159,10 @@ namespace {
 using resume_policy = presets::fp16_mixed;
 
 auto resume_model(std::uint64_t seed) {
-  using P = resume_policy;
-  return nn::make_sequential(nn::linear<P>(16, 32, {seed}), nn::batch_norm<P>(32), nn::gelu<P>{},
-                             nn::dropout<P>(0.2, seed + 7), nn::linear<P>(32, 4, {seed + 1}));
+  return nn::build<float16, 2>(resume_policy{},
+                               nn::seq(nn::linear(16, 32), nn::batch_norm(32), nn::gelu(), nn::dropout(0.2),
+                                       nn::linear(32, 4)),
+                               {.seed = seed});
 }
 using resume_model_t = decltype(resume_model(0));
 
@@ -177,7 +182,7 @@ struct run {
     std::vector<nn::step_record> out;
     for (std::size_t s = from; s < to; ++s) {
       const auto b1 = make_batch<float16>(32, 100 + 2 * s), b2 = make_batch<float16>(32, 101 + 2 * s);
-      const std::array<nn::micro_batch<float16, std::int32_t>, 2> parts{{{b1.x, b1.t}, {b2.x, b2.t}}};
+      const std::array<batch_of<float16>, 2> parts{{{b1.x, b1.t}, {b2.x, b2.t}}};
       out.push_back(tr.step(ctx, parts));
     }
     return out;
@@ -217,9 +222,9 @@ TEST_CASE("a run resumed from a checkpoint continues bit-identically") {
   const auto a = masters_of(straight.model), b = masters_of(resumed.model);
   REQUIRE(a.size() == b.size());
   CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-  CHECK(straight.model.layer<1>().running_mean() == resumed.model.layer<1>().running_mean());
-  CHECK(straight.model.layer<1>().running_var() == resumed.model.layer<1>().running_var());
-  CHECK(straight.model.layer<3>().calls() == resumed.model.layer<3>().calls());
+  CHECK(straight.model.root().child<1>().running_mean() == resumed.model.root().child<1>().running_mean());
+  CHECK(straight.model.root().child<1>().running_var() == resumed.model.root().child<1>().running_var());
+  CHECK(straight.model.root().child<3>().calls() == resumed.model.root().child<3>().calls());
 
   // A truncated checkpoint is refused and leaves everything as it was.
   {
@@ -235,17 +240,36 @@ TEST_CASE("a run resumed from a checkpoint continues bit-identically") {
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("a checkpoint of another model shape is refused") {
+namespace {
+struct encoder_fc : layer<op::matmul> {
+  static constexpr std::string_view name = "encoder_fc";
+};
+struct decoder_fc : layer<op::matmul> {
+  static constexpr std::string_view name = "decoder_fc";
+};
+}  // namespace
+
+TEST_CASE("a checkpoint of another model (other shapes, other names) is refused; nothing changes") {
   const auto dir = std::filesystem::temp_directory_path() /
                    ("precis_shape_" + std::to_string(precis_test::rng()()));
   std::filesystem::create_directories(dir);
   const auto file = dir / "ckpt.bin";
-  auto small = nn::make_sequential(nn::linear<presets::fp32>(4, 3, {1}));
-  auto large = nn::make_sequential(nn::linear<presets::fp32>(4, 5, {1}));
+  using P = presets::fp32;
+  auto small = nn::build<float, 2>(P{}, nn::seq(nn::linear<encoder_fc>(4, 3)), {.seed = 1});
+  auto large = nn::build<float, 2>(P{}, nn::seq(nn::linear<encoder_fc>(4, 5)), {.seed = 1});
+  auto renamed = nn::build<float, 2>(P{}, nn::seq(nn::linear<decoder_fc>(4, 3)), {.seed = 1});
   save_checkpoint(file, small);
   const auto kept = masters_of(large);
-  CHECK_THROWS_WITH_AS(load_checkpoint(file, large), doctest::Contains("0.weight has 12 values, the model has 20"),
-                       error);
+  CHECK_THROWS_WITH_AS(load_checkpoint(file, large),
+                       doctest::Contains("encoder_fc.weight has 12 values, the model has 20"), error);
   CHECK(masters_of(large) == kept);
+  const auto kept_renamed = masters_of(renamed);
+  CHECK_THROWS_WITH_AS(load_checkpoint(file, renamed), doctest::Contains("decoder_fc.weight"), error);
+  CHECK(masters_of(renamed) == kept_renamed);
+  // The same model loads, and the parameters are named by their paths.
+  auto same = nn::build<float, 2>(P{}, nn::seq(nn::linear<encoder_fc>(4, 3)), {.seed = 9});
+  load_checkpoint(file, same);
+  CHECK(masters_of(same) == masters_of(small));
+  CHECK(same.parameter_names() == std::vector<std::string>{"encoder_fc.weight", "encoder_fc.bias"});
   std::filesystem::remove_all(dir);
 }

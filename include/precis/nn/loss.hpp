@@ -2,7 +2,8 @@
 #pragma once
 
 #include <precis/kernels/loss.hpp>
-#include <precis/nn/layers.hpp>
+#include <precis/nn/module.hpp>
+#include <precis/policy/map.hpp>
 
 #include <concepts>
 #include <cstddef>
@@ -16,14 +17,20 @@ namespace precis::nn {
 /// float16, the failure the rule exists for. backward(dloss) gives dloss * (softmax -
 /// onehot) / batch in P's gradient type; pass the loss scale as dloss when scaling.
 template <Policy P, std::integral Target = std::int32_t>
-class basic_softmax_cross_entropy : public layer_base<P, op::loss> {
-  using base = layer_base<P, op::loss>;
-  using S = typename base::input_type;
-  using G = typename base::input_grad_type;
+class basic_softmax_cross_entropy {
+  using S = typename P::storage_type;
+  using G = typename P::gradient_type;
 
  public:
   static constexpr std::string_view name = "softmax_cross_entropy";
+  /// The (resolved) policy it runs under.
+  using policy_type = P;
+  using input_type = S;
+  using input_grad_type = G;
+  /// It reads logits [batch, classes].
+  static constexpr std::size_t input_rank = 2;
   using target_type = Target;
+  using target_tensor = host_tensor<Target, 1>;
   /// The type the loss value is computed in (float, or double under a double policy).
   using value_type = precis::detail::math_t<op::loss, P, S>;
 
@@ -36,15 +43,15 @@ class basic_softmax_cross_entropy : public layer_base<P, op::loss> {
   }
   const host_tensor<G, 2>& backward(const cpu_context& ctx, double dloss = 1.0) {
     const auto& logits = logits_.get(name);
-    detail::ensure_shape(dx_, std::size_t(logits.shape()[0]), std::size_t(logits.shape()[1]));
+    detail::ensure(dx_, detail::shape_of<2>(logits));
     cross_entropy_backward<P>(ctx, logits, *targets_, dx_, dloss);
     return dx_;
   }
   std::string shape() const { return "-"; }
-  std::size_t activation_bytes() const { return detail::tensor_bytes(dx_); }
+  std::size_t own_bytes() const { return detail::bytes_of(dx_); }
 
  private:
-  detail::saved_input<S> logits_;
+  detail::saved<host_tensor<S, 2>> logits_;
   const host_tensor<Target, 1>* targets_ = nullptr;
   host_tensor<G, 2> dx_;
 };
@@ -53,6 +60,12 @@ class basic_softmax_cross_entropy : public layer_base<P, op::loss> {
 /// rule::fp32_operation unless P waives it).
 template <Policy P, std::integral Target = std::int32_t>
 using softmax_cross_entropy = basic_softmax_cross_entropy<kernel_policy_t<op::loss, P>, Target>;
+
+/// The softmax cross-entropy loss under the policy `Map` gives `Tag` (op::loss): the loss
+/// of a model built from that map reads the model's output type when the map gives the
+/// loss the storage type of the model's last layer.
+template <Layer Tag, class Map, std::integral Target = std::int32_t>
+using softmax_cross_entropy_for = basic_softmax_cross_entropy<policy_for_t<Tag, Map>, Target>;
 
 /// How many rows of `logits` have their largest value (the first, on ties) at the target.
 template <class T, std::integral I>

@@ -137,14 +137,6 @@ class parameter {
 /// evaluation (dropout off, running statistics).
 enum class mode { train, eval };
 
-/// Uniform initialisation in [-bound, bound] from a seed: the same values on every
-/// platform (a 64-bit counter hash, not a standard-library distribution).
-struct uniform_init {
-  std::uint64_t seed = 0;
-  /// The bound; 0 means PyTorch's default for linear layers, 1 / sqrt(fan_in).
-  double bound = 0.0;
-};
-
 namespace detail {
 
 /// SplitMix64's finaliser: a well-mixed 64-bit value from a counter.
@@ -168,55 +160,6 @@ void fill_uniform(parameter<S, M, N>& p, std::uint64_t seed, std::uint64_t strea
     m.data()[i] = static_cast<M>((2.0 * unit_random(seed, stream, i) - 1.0) * bound);
   }
   p.refresh();
-}
-
-/// The input a layer saw in its last forward pass, kept by address for the backward pass
-/// (the producer owns it). A copied layer has seen no input.
-template <class T>
-class saved_input {
- public:
-  saved_input() = default;
-  saved_input(const saved_input&) {}
-  saved_input& operator=(const saved_input&) {
-    p_ = nullptr;
-    return *this;
-  }
-  ~saved_input() = default;
-  void set(const host_tensor<T, 2>& x) { p_ = &x; }
-  const host_tensor<T, 2>& get(std::string_view layer) const {
-    if (p_ == nullptr) {
-      throw error("precis::nn::" + std::string(layer) +
-                  ": backward() called without a forward() since the layer was made or copied");
-    }
-    return *p_;
-  }
-
- private:
-  const host_tensor<T, 2>* p_ = nullptr;
-};
-
-/// Resizes `t` to rows x cols when it is not already that shape.
-template <class T>
-void ensure_shape(host_tensor<T, 2>& t, std::size_t rows, std::size_t cols) {
-  if (std::size_t(t.shape()[0]) != rows || std::size_t(t.shape()[1]) != cols) t.resize({rows, cols});
-}
-template <class T>
-void ensure_shape(host_tensor<T, 1>& t, std::size_t n) {
-  if (std::size_t(t.shape()[0]) != n) t.resize({n});
-}
-
-template <class T, std::size_t N>
-std::size_t tensor_bytes(const host_tensor<T, N>& t) {
-  return t.size() * sizeof(T);
-}
-
-/// Checks that x is [batch, features] with the layer's feature count.
-template <class T>
-void check_features(std::string_view layer, const host_tensor<T, 2>& x, std::size_t features) {
-  if (std::size_t(x.shape()[1]) != features || x.shape()[0] == 0) {
-    throw error("precis::nn::" + std::string(layer) + ": expected an input of shape [batch, " +
-                std::to_string(features) + "] with batch > 0, got " + shape_string(x.shape()));
-  }
 }
 
 }  // namespace detail

@@ -6,7 +6,7 @@
 #pragma once
 
 #include <precis/nn/loss.hpp>
-#include <precis/nn/sequential.hpp>
+#include <precis/nn/build.hpp>
 #include <precis/scaling/gradients.hpp>
 #include <precis/scaling/scalers.hpp>
 
@@ -35,17 +35,19 @@ struct step_record {
   float lr = 0.0f;          ///< the optimizer's learning rate for this step
 };
 
-/// One micro-batch: inputs [batch, features] and integer targets [batch].
-template <class X, class I>
+/// One micro-batch: the model's inputs and the loss's targets (tensors the caller owns).
+template <class X, class T>
 struct micro_batch {
-  const host_tensor<X, 2>& inputs;
-  const host_tensor<I, 1>& targets;
+  const X& inputs;
+  const T& targets;
 };
 
 /// The schedule of a trainer without one: the optimizer's learning rate is left alone.
 struct no_schedule {};
 
-/// Trains `Model` (an nn::chain) on `Loss` (nn::softmax_cross_entropy) with `Optimizer`
+/// Trains `Model` (an nn::model from nn::build) on `Loss` (nn::softmax_cross_entropy, or any
+/// loss with input_type / input_grad_type / input_rank / target_tensor, forward(ctx, y,
+/// targets) returning the loss and backward(ctx, dloss) the gradient of y) with `Optimizer`
 /// (precis::sgd, precis::adamw) under `Scaler` (precis::no_scaling, static_scaler,
 /// dynamic_scaler), advancing `Schedule` (e.g. precis::warmup_cosine) on applied steps.
 /// Holds references: the objects are the caller's, so they can be checkpointed together
@@ -59,13 +61,15 @@ class trainer {
   static_assert(std::is_same_v<typename Model::output_type, typename Loss::input_type> &&
                     std::is_same_v<typename Model::output_grad_type, typename Loss::input_grad_type>,
                 "precis: the loss must read the model's output type and give its gradient type; "
-                "give the loss the policy of the model's last layer");
-  static_assert(Model::template check_scaler<Scaler>() &&
-                check_scaler<typename Loss::policy_type, Scaler>());
+                "give the loss's tag the policy of the model's last layer in the map");
+  static_assert(Model::output_rank == Loss::input_rank,
+                "precis: the loss reads tensors of another rank than the model gives");
+  static_assert(check_scaler<typename Loss::policy_type, Scaler>());
 
  public:
-  using input_type = typename Model::input_type;
-  using target_type = typename Loss::target_type;
+  using input_tensor = typename Model::input_tensor;
+  using target_tensor = typename Loss::target_tensor;
+  using batch_type = micro_batch<input_tensor, target_tensor>;
 
   trainer(Model& model, Loss& loss, Optimizer& opt, Scaler& scaler, train_options o = {})
     requires std::is_same_v<Schedule, no_schedule>
@@ -79,7 +83,7 @@ class trainer {
 
   /// One optimizer step over `batches` (gradient accumulation: each micro-batch's loss is
   /// divided by their count, so the step sees the mean of their gradients).
-  step_record step(const cpu_context& ctx, std::span<const micro_batch<input_type, target_type>> batches) {
+  step_record step(const cpu_context& ctx, std::span<const batch_type> batches) {
     if (batches.empty()) throw error("precis::nn::trainer::step: no micro-batches were given");
     step_record r;
     r.step = scaler_->steps();
@@ -106,14 +110,15 @@ class trainer {
     return r;
   }
   /// One optimizer step on one batch.
-  step_record step(const cpu_context& ctx, const host_tensor<input_type, 2>& inputs,
-                   const host_tensor<target_type, 1>& targets) {
-    const micro_batch<input_type, target_type> b{inputs, targets};
-    return step(ctx, std::span<const micro_batch<input_type, target_type>>(&b, 1));
+  step_record step(const cpu_context& ctx, const input_tensor& inputs, const target_tensor& targets) {
+    const batch_type b{inputs, targets};
+    return step(ctx, std::span<const batch_type>(&b, 1));
   }
 
  private:
   void check_options() const {
+    // Rule b for every layer: instantiating the check is what makes it a compile error.
+    (void)model_->template check_scaler<Scaler>();
     if (!(options_.max_grad_norm >= 0.0)) throw error("precis::nn::trainer: max_grad_norm must be >= 0");
   }
 
@@ -132,8 +137,8 @@ struct evaluation {
 };
 
 template <class Model, class Loss>
-evaluation evaluate(const cpu_context& ctx, Model& model, Loss& loss, const host_tensor<typename Model::input_type, 2>& x,
-                    const host_tensor<typename Loss::target_type, 1>& targets) {
+evaluation evaluate(const cpu_context& ctx, Model& model, Loss& loss, const typename Model::input_tensor& x,
+                    const typename Loss::target_tensor& targets) {
   const auto& y = model.forward(ctx, x, mode::eval);
   evaluation e;
   e.loss = double(loss.forward(ctx, y, targets));

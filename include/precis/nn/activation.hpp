@@ -1,0 +1,110 @@
+// precis/nn/activation.hpp: elementwise activations on tensors of any rank.
+//
+//     nn::relu()  nn::gelu<mlp_act>()  nn::sigmoid()  nn::tanh()
+//
+// Each runs under its tag's policy resolved for op::elementwise: f(x) in the compute
+// type's opmath (float for 16-bit formats), rounded once to the storage type; backward
+// reads the forward input: dx = dy f'(x), rounded once to the gradient type.
+#pragma once
+
+#include <precis/kernels/elementwise.hpp>
+#include <precis/nn/module.hpp>
+
+#include <string>
+#include <string_view>
+
+namespace precis::nn {
+
+namespace detail {
+
+// An activation: its name and the kernels' elementwise functors for f(x) and dy f'(x).
+template <template <class> class Fn, template <class> class Grad>
+struct activation_functions {
+  template <class M>
+  using fn = Fn<M>;
+  template <class M>
+  using grad = Grad<M>;
+};
+struct relu_kernel : activation_functions<precis::detail::relu_fn, precis::detail::relu_grad_fn> {
+  static constexpr std::string_view name = "relu";
+};
+struct gelu_kernel : activation_functions<precis::detail::gelu_erf_fn, precis::detail::gelu_erf_grad_fn> {
+  static constexpr std::string_view name = "gelu";
+};
+struct sigmoid_kernel : activation_functions<precis::detail::sigmoid_fn, precis::detail::sigmoid_grad_fn> {
+  static constexpr std::string_view name = "sigmoid";
+};
+struct tanh_kernel : activation_functions<precis::detail::tanh_fn, precis::detail::tanh_grad_fn> {
+  static constexpr std::string_view name = "tanh";
+};
+
+}  // namespace detail
+
+template <Layer Tag, Policy P, class Kernel, std::size_t R, class Ctx>
+class activation_layer;
+
+/// Blueprint of an activation (see nn::relu and the others).
+template <Layer Tag, class Kernel>
+struct activation_spec {
+  template <class Map, class Ctx, class In, class G, std::size_t R>
+  using module_type = activation_layer<Tag, policy_for_t<Tag, Map>, Kernel, R, Ctx>;
+};
+
+/// max(x, 0).
+template <Layer Tag = tags::relu>
+constexpr activation_spec<Tag, detail::relu_kernel> relu() {
+  return {};
+}
+/// x Phi(x), the exact (erf) GELU.
+template <Layer Tag = tags::gelu>
+constexpr activation_spec<Tag, detail::gelu_kernel> gelu() {
+  return {};
+}
+/// 1 / (1 + exp(-x)).
+template <Layer Tag = tags::sigmoid>
+constexpr activation_spec<Tag, detail::sigmoid_kernel> sigmoid() {
+  return {};
+}
+/// tanh(x).
+template <Layer Tag = tags::tanh>
+constexpr activation_spec<Tag, detail::tanh_kernel> tanh() {
+  return {};
+}
+
+/// An elementwise activation built for tag Tag under the resolved policy P.
+template <Layer Tag, Policy P, class Kernel, std::size_t R, class Ctx>
+class activation_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
+  using base = layer_base<Tag, P, op::elementwise, R, R, Ctx>;
+  using S = typename base::input_type;
+  using G = typename base::input_grad_type;
+
+ public:
+  static constexpr std::string_view kind = Kernel::name;
+
+  activation_layer() = default;
+  explicit activation_layer(const activation_spec<Tag, Kernel>&) {}
+
+  shape_t<R> output_shape(const shape_t<R>& in, std::string_view) const { return in; }
+
+  const host_tensor<S, R>& forward(const cpu_context& ctx, const host_tensor<S, R>& x, mode = mode::train) {
+    detail::ensure(y_, detail::shape_of<R>(x));
+    precis::detail::unary<P, Kernel::template fn>("precis::nn::" + std::string(kind), ctx, x, y_);
+    x_.set(x);
+    return y_;
+  }
+  const host_tensor<G, R>& backward(const cpu_context& ctx, const host_tensor<G, R>& dy) {
+    const auto& x = x_.get(kind);
+    detail::ensure(dx_, detail::shape_of<R>(x));
+    precis::detail::unary_backward<P, Kernel::template grad>("precis::nn::" + std::string(kind), ctx, dy, x, dx_);
+    return dx_;
+  }
+  std::string shape() const { return "-"; }
+  std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
+
+ private:
+  host_tensor<S, R> y_;
+  host_tensor<G, R> dx_;
+  detail::saved<host_tensor<S, R>> x_;
+};
+
+}  // namespace precis::nn

@@ -1,0 +1,281 @@
+// precis/nn/build.hpp: a blueprint resolved against a policy map gives a model.
+//
+//     struct fc2 : precis::layer<op::matmul, max_abs<200000>> {};
+//     auto mlp(std::size_t d) {
+//       return nn::seq(nn::linear<fc1>(d, 4 * d), nn::gelu(), nn::linear<fc2>(4 * d, d));
+//     }
+//     constexpr auto map = precis::make_policy_map(presets::bf16_mixed{},
+//                                                   precis::for_layer<fc2>(presets::fp32{}));
+//     auto model = nn::build<bfloat16, 3>(map, mlp(256), {.seed = 1});
+//
+// build<Input, Rank>(map, blueprint) resolves every layer's policy from the map (layer
+// override > operation-kind override > default, then the rule set; every rule checked for
+// every layer at compile time), threads the element types and ranks through the blueprint
+// and inserts an nn::cast wherever neighbours differ: the model's type spells, for each
+// layer, its tag and its storage / compute / accumulate types, and every cast. A model
+// built from another map is another type. A policy may stand for a map with no overrides.
+//
+// Parameters are drawn from the build seed and each layer's path, so every layer (and
+// every block of a repeat) gets its own values and a model is the same on every machine.
+#pragma once
+
+#include <precis/nn/compose.hpp>
+#include <precis/nn/module.hpp>
+#include <precis/policy/map.hpp>
+#include <precis/scaling/scalers.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <set>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+namespace precis::nn {
+
+/// Options of nn::build.
+struct build_options {
+  /// Seed of the parameters' initial values (and of dropout masks).
+  std::uint64_t seed = 0;
+};
+
+namespace detail {
+
+template <class T>
+struct is_policy_map : std::false_type {};
+template <class D, class O, class L>
+struct is_policy_map<policy_map<D, O, L>> : std::true_type {};
+
+template <class MapOrPolicy>
+auto as_map() {
+  if constexpr (is_policy_map<std::remove_cvref_t<MapOrPolicy>>::value) {
+    return std::remove_cvref_t<MapOrPolicy>{};
+  } else {
+    static_assert(Policy<MapOrPolicy>, "precis: nn::build takes a policy map (precis::make_policy_map) or a policy");
+    return make_policy_map(MapOrPolicy{});
+  }
+}
+
+template <class M>
+concept with_decay_rule = requires(std::string_view s) {
+  { M::decays(s) } -> std::convertible_to<bool>;
+};
+
+}  // namespace detail
+
+/// A built model: the root module of a blueprint resolved against `Map`, with what training
+/// needs (parameters in a fixed order, weight-decay groups, checkpoints named by path).
+template <class Root, class Map>
+class model {
+ public:
+  using root_type = Root;
+  using map_type = Map;
+  using context_type = typename Root::context_type;
+  using input_type = typename Root::input_type;
+  using input_grad_type = typename Root::input_grad_type;
+  using output_type = typename Root::output_type;
+  using output_grad_type = typename Root::output_grad_type;
+  static constexpr std::size_t input_rank = Root::input_rank;
+  static constexpr std::size_t output_rank = Root::output_rank;
+  using input_tensor = tensor_t<context_type, input_type, input_rank>;
+  using output_tensor = tensor_t<context_type, output_type, output_rank>;
+  using output_grad_tensor = tensor_t<context_type, output_grad_type, output_rank>;
+  /// The master type of its parameters.
+  using master_type = float;
+  /// Checkpoint kind (see precis::save_checkpoint).
+  static constexpr std::string_view kind = "precis.nn.model";
+
+  /// Builds from the root module's blueprint and draws the parameters from `seed`.
+  template <class Spec>
+  model(const Spec& blueprint, build_options o) : root_(blueprint) {
+    check_paths();
+    reset(o.seed);
+  }
+
+  /// Draws every parameter again from `seed` (each layer from the seed and its path).
+  void reset(std::uint64_t seed) {
+    walk(root_, root_path(), [&](const std::string& path, auto& node) {
+      if constexpr (leaf<std::remove_cvref_t<decltype(node)>>) node.reset(detail::seed_for(seed, path));
+    });
+  }
+
+  /// The output shape for an input of shape `in`; throws precis::error naming the first
+  /// layer (by path) that cannot take what reaches it, with both shapes.
+  shape_t<output_rank> output_shape(const shape_t<input_rank>& in) const { return root_.output_shape(in, root_path()); }
+
+  /// The model's output for x. Every layer's shape is checked before any runs. x must stay
+  /// alive and unchanged until backward().
+  const output_tensor& forward(const context_type& ctx, const input_tensor& x, mode m = mode::train) {
+    out_shape_ = output_shape(detail::shape_of<input_rank>(x));
+    return root_.forward(ctx, x, m);
+  }
+  /// Backpropagates dy (the loss's gradient with respect to the output), adding the
+  /// parameters' gradients to what they hold; returns the gradient with respect to x.
+  const tensor_t<context_type, input_grad_type, input_rank>& backward(const context_type& ctx,
+                                                                       const output_grad_tensor& dy) {
+    if (detail::shape_of<output_rank>(dy) != out_shape_) {
+      throw error("precis::nn::model::backward: dy has shape " + shape_string(dy.shape()) +
+                  ", the last forward pass gave " + shape_string(out_shape_));
+    }
+    return root_.backward(ctx, dy);
+  }
+
+  Root& root() { return root_; }
+  const Root& root() const { return root_; }
+
+  /// Calls f(path, layer) for every layer (leaf module), in order.
+  template <class F>
+  void for_each_layer(F&& f) {
+    walk(root_, root_path(), [&](const std::string& path, auto& node) {
+      if constexpr (leaf<std::remove_cvref_t<decltype(node)>>) f(path, node);
+    });
+  }
+  template <class F>
+  void for_each_layer(F&& f) const {
+    walk(root_, root_path(), [&](const std::string& path, const auto& node) {
+      if constexpr (leaf<std::remove_cvref_t<decltype(node)>>) f(path, node);
+    });
+  }
+  /// Calls f(path, parameter) for every parameter ("encoder.3.mlp.fc2.weight"), in order.
+  template <class F>
+  void for_each_parameter(F&& f) {
+    for_each_layer([&](const std::string& path, auto& l) {
+      for_each_parameter_of(l, [&](std::string_view name, auto& p) { f(join_path(path, name), p); });
+    });
+  }
+  template <class F>
+  void for_each_parameter(F&& f) const {
+    for_each_layer([&](const std::string& path, const auto& l) {
+      for_each_parameter_of(l, [&](std::string_view name, const auto& p) { f(join_path(path, name), p); });
+    });
+  }
+
+  /// Zeroes every parameter's gradient (before a step's first micro-batch).
+  void zero_grad() {
+    for_each_parameter([](const std::string&, auto& p) { p.zero_grad(); });
+  }
+  /// Rounds every master weight to its working copy (after each applied optimizer step).
+  void refresh(const cpu_context& ctx = {}) {
+    for_each_parameter([&](const std::string&, auto& p) { p.refresh(ctx); });
+  }
+  /// The master weights, in a fixed order (the optimizer's view of the model).
+  std::vector<std::span<float>> masters() {
+    std::vector<std::span<float>> out;
+    for_each_parameter([&](const std::string&, auto& p) { out.push_back(p.master_span()); });
+    return out;
+  }
+  /// The gradients, in the order of masters(): a precis::gradients container.
+  std::vector<std::span<float>> gradients() {
+    std::vector<std::span<float>> out;
+    for_each_parameter([&](const std::string&, auto& p) { out.push_back(p.grad_span()); });
+    return out;
+  }
+  /// For each tensor of masters(), whether weight decay applies: to the weights of linear
+  /// and convolution layers, not to biases, norm parameters or embeddings (as the ViT and
+  /// DBNet recipes have it). Give it to the optimizer (precis::adamw's `decay`).
+  std::vector<bool> decay_mask() const {
+    std::vector<bool> out;
+    for_each_layer([&](const std::string&, const auto& l) {
+      using L = std::remove_cvref_t<decltype(l)>;
+      for_each_parameter_of(l, [&](std::string_view name, const auto&) {
+        if constexpr (detail::with_decay_rule<L>) {
+          out.push_back(L::decays(name));
+        } else {
+          out.push_back(name == "weight");
+        }
+      });
+    });
+    return out;
+  }
+  /// The paths of masters(), in its order.
+  std::vector<std::string> parameter_names() const {
+    std::vector<std::string> out;
+    for_each_parameter([&](const std::string& path, const auto&) { out.push_back(path); });
+    return out;
+  }
+  /// Number of trainable values.
+  std::size_t parameter_count() const {
+    std::size_t n = 0;
+    for_each_parameter([&](const std::string&, const auto& p) { n += p.size(); });
+    return n;
+  }
+  /// Bytes of master weights, working copies and gradients.
+  std::size_t parameter_bytes() const {
+    std::size_t n = 0;
+    for_each_parameter([&](const std::string&, const auto& p) { n += p.bytes(); });
+    return n;
+  }
+  /// Bytes of the activations, activation gradients and saved statistics of the last
+  /// forward and backward passes.
+  std::size_t activation_bytes() const {
+    std::size_t n = 0;
+    walk(root_, root_path(), [&](const std::string&, const auto& node) { n += node.own_bytes(); });
+    return n;
+  }
+
+  /// True when every layer's gradients fit `Scaler`: a layer with float16 gradients and a
+  /// scaler that does not scale fails to compile with rule b's message (unless its policy
+  /// waives rule::unscaled_gradients).
+  template <class Scaler>
+  bool check_scaler() const {
+    bool ok = true;
+    for_each_layer([&](const std::string&, const auto& l) {
+      using L = std::remove_cvref_t<decltype(l)>;
+      if constexpr (has_policy<L>) {
+        constexpr bool fits = precis::check_scaler<typename L::policy_type, Scaler>();
+        ok = ok && fits;
+      }
+    });
+    return ok;
+  }
+
+  /// Checkpoint fields: every layer's state under its path.
+  template <class Archive>
+  void visit_state(Archive& a) {
+    for_each_layer([&](const std::string& path, auto& l) { l.visit_state(a, path.empty() ? path : path + "."); });
+  }
+  std::string validate() const {
+    std::string out;
+    for_each_layer([&](const std::string&, const auto& l) {
+      const std::string p = l.validate();
+      if (!p.empty()) out += (out.empty() ? "" : "; ") + p;
+    });
+    return out;
+  }
+
+ private:
+  // Parameters and checkpoint fields are named by path: two layers at one path would mix.
+  void check_paths() const {
+    std::set<std::string> seen;
+    for_each_layer([&](const std::string& path, const auto&) {
+      if (!seen.insert(path).second) {
+        throw error("precis::nn::build: two layers have the path \"" + path_or_root(path) +
+                    "\"; give one another tag or wrap it in nn::named");
+      }
+    });
+  }
+
+  // A named root gives its name to every path.
+  std::string root_path() const { return std::string(root_.name()); }
+
+  Root root_;
+  shape_t<output_rank> out_shape_{};
+};
+
+/// The model `blueprint` builds into under `map` (or a single policy) for inputs of
+/// element type `Input` and rank `Rank` on context `Ctx`. See the file comment.
+template <class Input, std::size_t Rank, class Ctx = cpu_context, class MapOrPolicy, class Spec>
+auto build(MapOrPolicy, const Spec& blueprint, build_options o = {}) {
+  using Map = decltype(detail::as_map<MapOrPolicy>());
+  using Root = detail::resolve_spec_t<Spec, Map, Ctx, Input, Input, Rank>;
+  return model<Root, Map>(blueprint, o);
+}
+
+/// The type nn::build gives for these arguments.
+template <class Input, std::size_t Rank, class MapOrPolicy, class Spec, class Ctx = cpu_context>
+using model_t = model<detail::resolve_spec_t<Spec, decltype(detail::as_map<MapOrPolicy>()), Ctx, Input, Input, Rank>,
+                      decltype(detail::as_map<MapOrPolicy>())>;
+
+}  // namespace precis::nn

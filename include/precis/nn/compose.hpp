@@ -1,0 +1,719 @@
+// precis/nn/compose.hpp: composition of blueprints, and the modules they build into.
+//
+//     nn::seq(a, b, c)                       a, then b, then c
+//     nn::residual(body)                     body(x) + x
+//     nn::residual(body, shortcut)           body(x) + shortcut(x) (a projection)
+//     nn::add(a, b, ...)                     parallel branches on one input, summed
+//     nn::concat(axis, a, b, ...)            parallel branches, joined along `axis`
+//     nn::repeat<12>(block)                  12 blocks of one type (an array, one instantiation)
+//     nn::named("encoder", node)             names a node in paths ("encoder.3.mlp.fc2")
+//
+// Edges: nn::build resolves each node against the policy map with the element types and
+// rank that reach it. Where a layer reads another type than the one before it stores
+// (or gives another gradient type), build wraps it in nn::cast_in, and where a branch ends
+// in another type than the first branch, in nn::cast_out: the casts are in the model's
+// type. A hand-written model whose edges do not fit does not compile (nn::edge_fits).
+//
+// Joins: branch outputs are added in float (double for double tensors) and rounded once
+// to the output type; in the backward pass the input gradient is the sum of the branches'
+// input gradients, likewise added in float and rounded once.
+#pragma once
+
+#include <precis/kernels/context.hpp>
+#include <precis/nn/cast.hpp>
+#include <precis/nn/module.hpp>
+
+#include <array>
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace precis::nn {
+
+/// The check every edge of a hand-assembled model makes: the module `To` (tag `ToTag`)
+/// reads what `From` (tag `FromTag`) gives, both values and gradients, at the same rank.
+/// The tags and types appear in the compiler's note under the message.
+template <class FromTag, class FromType, class FromGrad, class ToTag, class ToType, class ToGrad, bool RankFits>
+struct edge_fits {
+  static_assert(std::is_same_v<FromType, ToType> && std::is_same_v<FromGrad, ToGrad>,
+                "precis: an edge joins layers of different storage or gradient types (see "
+                "edge_fits<from tag, from type, from gradient, to tag, to type, to gradient> "
+                "below); build the model with nn::build, which inserts the nn::cast, or put "
+                "nn::cast_layer<from type, to type, from gradient, to gradient, rank> between them");
+  static_assert(RankFits,
+                "precis: an edge joins a layer's output to a layer that reads another rank; put "
+                "a reshape (nn::flatten, nn::reshape) between them");
+  static constexpr bool value = true;
+};
+
+namespace detail {
+
+template <class M>
+struct tag_of {
+  using type = M;  // modules without a tag name themselves
+};
+template <leaf M>
+struct tag_of<M> {
+  using type = typename M::tag_type;
+};
+
+template <class A, class B>
+inline constexpr bool fits_v =
+    edge_fits<typename tag_of<A>::type, typename A::output_type, typename A::output_grad_type,
+              typename tag_of<B>::type, typename B::input_type, typename B::input_grad_type,
+              A::output_rank == B::input_rank>::value;
+
+template <class... Ms>
+constexpr bool neighbours_fit() {
+  if constexpr (sizeof...(Ms) < 2) {
+    return true;
+  } else {
+    using T = std::tuple<Ms...>;
+    return []<std::size_t... I>(std::index_sequence<I...>) {
+      return (fits_v<std::tuple_element_t<I, T>, std::tuple_element_t<I + 1, T>> && ...);
+    }(std::make_index_sequence<sizeof...(Ms) - 1>{});
+  }
+}
+
+/// The float type values of T and U are added in.
+template <class... T>
+using sum_type_t = std::conditional_t<(std::is_same_v<T, double> || ...), double, float>;
+
+/// out[i] = sum over the inputs' element i, added in float (or double) and rounded once.
+template <class Out, class... In>
+void add_rounded(const cpu_context& ctx, Out* out, std::size_t n, const In*... in) {
+  using A = sum_type_t<Out, In...>;
+  precis::detail::parallel_for(ctx, n, std::size_t(1) << 15, [&](std::size_t b, std::size_t e) {
+    for (std::size_t i = b; i < e; ++i) out[i] = round_to<Out>((A(0) + ... + static_cast<A>(in[i])));
+  });
+}
+
+/// Elements before, along and after `axis` of a shape.
+template <std::size_t R>
+std::array<std::size_t, 3> split_at(const shape_t<R>& s, std::size_t axis) {
+  std::size_t outer = 1, inner = 1;
+  for (std::size_t i = 0; i < axis; ++i) outer *= s[i];
+  for (std::size_t i = axis + 1; i < R; ++i) inner *= s[i];
+  return {outer, s[axis], inner};
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------
+// Adapters that build inserts at edges.
+
+/// M, its input first converted by `Cast` (inserted by nn::build where M reads another type
+/// than the one that reaches it).
+template <class Cast, class M>
+class cast_in {
+  static_assert(detail::fits_v<Cast, M>);
+
+ public:
+  using context_type = typename M::context_type;
+  using input_type = typename Cast::input_type;
+  using input_grad_type = typename Cast::input_grad_type;
+  using output_type = typename M::output_type;
+  using output_grad_type = typename M::output_grad_type;
+  static constexpr std::size_t input_rank = Cast::input_rank;
+  static constexpr std::size_t output_rank = M::output_rank;
+
+  template <class Spec>
+  explicit cast_in(const Spec& s) : m_(s) {}
+
+  std::string_view name() const { return m_.name(); }
+  auto output_shape(const shape_t<input_rank>& in, std::string_view path) const { return m_.output_shape(in, path); }
+  template <class X>
+  const auto& forward(const context_type& ctx, const X& x, mode m = mode::train) {
+    return m_.forward(ctx, cast_.forward(ctx, x, m), m);
+  }
+  template <class D>
+  const auto& backward(const context_type& ctx, const D& dy) {
+    return cast_.backward(ctx, m_.backward(ctx, dy));
+  }
+  std::size_t own_bytes() const { return 0; }
+  template <class Self, class F>
+  static void for_each_child(Self& self, F&& f) {
+    f("", self.cast_);
+    f("", self.m_);
+  }
+  /// The module after the cast.
+  M& inner() { return m_; }
+
+ private:
+  Cast cast_;
+  M m_;
+};
+
+/// M, its output then converted by `Cast` (inserted by nn::build where a branch ends in
+/// another type than the join's).
+template <class M, class Cast>
+class cast_out {
+  static_assert(detail::fits_v<M, Cast>);
+
+ public:
+  using context_type = typename M::context_type;
+  using input_type = typename M::input_type;
+  using input_grad_type = typename M::input_grad_type;
+  using output_type = typename Cast::output_type;
+  using output_grad_type = typename Cast::output_grad_type;
+  static constexpr std::size_t input_rank = M::input_rank;
+  static constexpr std::size_t output_rank = Cast::output_rank;
+
+  template <class Spec>
+  explicit cast_out(const Spec& s) : m_(s) {}
+
+  std::string_view name() const { return m_.name(); }
+  auto output_shape(const shape_t<input_rank>& in, std::string_view path) const { return m_.output_shape(in, path); }
+  template <class X>
+  const auto& forward(const context_type& ctx, const X& x, mode m = mode::train) {
+    return cast_.forward(ctx, m_.forward(ctx, x, m), m);
+  }
+  template <class D>
+  const auto& backward(const context_type& ctx, const D& dy) {
+    return m_.backward(ctx, cast_.backward(ctx, dy));
+  }
+  std::size_t own_bytes() const { return 0; }
+  template <class Self, class F>
+  static void for_each_child(Self& self, F&& f) {
+    f("", self.m_);
+    f("", self.cast_);
+  }
+
+ private:
+  M m_;
+  Cast cast_;
+};
+
+namespace detail {
+
+/// The module `Spec` builds into when (In, G, R) reach it, with a cast in front where it
+/// reads another type.
+template <class Spec, class Map, class Ctx, class In, class G, std::size_t R>
+struct resolve_spec {
+  using raw = typename Spec::template module_type<Map, Ctx, In, G, R>;
+  static_assert(raw::input_rank == R,
+                "precis: a layer reads tensors of another rank than the one before it gives; put "
+                "a reshape (nn::flatten, nn::reshape) between them");
+  static constexpr bool fits =
+      std::is_same_v<typename raw::input_type, In> && std::is_same_v<typename raw::input_grad_type, G>;
+  using type = std::conditional_t<
+      fits, raw, cast_in<cast_layer<In, typename raw::input_type, G, typename raw::input_grad_type, R, Ctx>, raw>>;
+};
+template <class Spec, class Map, class Ctx, class In, class G, std::size_t R>
+using resolve_spec_t = typename resolve_spec<Spec, Map, Ctx, In, G, R>::type;
+
+/// M with a cast after it where it ends in another type than (Out, GOut).
+template <class M, class Out, class GOut>
+using ending_in_t =
+    std::conditional_t<std::is_same_v<typename M::output_type, Out> && std::is_same_v<typename M::output_grad_type, GOut>,
+                       M,
+                       cast_out<M, cast_layer<typename M::output_type, Out, GOut, typename M::output_grad_type,
+                                              M::output_rank, typename M::context_type>>>;
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------
+// Sequence
+
+template <class... Ms>
+class sequence;
+
+/// Blueprint of a sequence (nn::seq).
+template <class... Ss>
+struct seq_spec {
+  std::tuple<Ss...> children;
+
+  template <class Map, class Ctx, class In, class G, std::size_t R, class Done, class... Rest>
+  struct fold;
+  template <class Map, class Ctx, class In, class G, std::size_t R, class... Done>
+  struct fold<Map, Ctx, In, G, R, sequence<Done...>> {
+    using type = sequence<Done...>;
+  };
+  template <class Map, class Ctx, class In, class G, std::size_t R, class... Done, class S, class... Rest>
+  struct fold<Map, Ctx, In, G, R, sequence<Done...>, S, Rest...> {
+    using M = detail::resolve_spec_t<S, Map, Ctx, In, G, R>;
+    using type = typename fold<Map, Ctx, typename M::output_type, typename M::output_grad_type, M::output_rank,
+                               sequence<Done..., M>, Rest...>::type;
+  };
+
+  template <class Map, class Ctx, class In, class G, std::size_t R>
+  using module_type = typename fold<Map, Ctx, In, G, R, sequence<>, Ss...>::type;
+};
+
+/// Runs `nodes` in order (a blueprint node).
+template <class... Ss>
+constexpr seq_spec<Ss...> seq(Ss... nodes) {
+  static_assert(sizeof...(Ss) > 0, "precis: nn::seq needs at least one node");
+  return {std::tuple<Ss...>(nodes...)};
+}
+
+/// Modules run in order; neighbours must fit (nn::edge_fits). Children are named by their
+/// own name in paths, or by their position.
+template <class... Ms>
+class sequence {
+  static_assert(sizeof...(Ms) > 0, "precis: a sequence needs at least one module");
+  static_assert(detail::neighbours_fit<Ms...>());
+  using children_type = std::tuple<Ms...>;
+  static constexpr std::size_t count = sizeof...(Ms);
+  using first = std::tuple_element_t<0, children_type>;
+  using last = std::tuple_element_t<count - 1, children_type>;
+
+ public:
+  using context_type = typename first::context_type;
+  using input_type = typename first::input_type;
+  using input_grad_type = typename first::input_grad_type;
+  using output_type = typename last::output_type;
+  using output_grad_type = typename last::output_grad_type;
+  static constexpr std::size_t input_rank = first::input_rank;
+  static constexpr std::size_t output_rank = last::output_rank;
+
+  template <class... Ss>
+  explicit sequence(const seq_spec<Ss...>& s)
+      : sequence(s, std::make_index_sequence<sizeof...(Ss)>{}) {}
+  /// From modules (a hand-assembled model).
+  explicit sequence(Ms... modules) : children_(std::move(modules)...) {}
+
+  std::string_view name() const { return ""; }
+
+  shape_t<output_rank> output_shape(const shape_t<input_rank>& in, std::string_view path) const {
+    return shape_from<0>(in, path);
+  }
+  template <class X>
+  const auto& forward(const context_type& ctx, const X& x, mode m = mode::train) {
+    return forward_from<0>(ctx, x, m);
+  }
+  template <class D>
+  const auto& backward(const context_type& ctx, const D& dy) {
+    return backward_from<count - 1>(ctx, dy);
+  }
+  std::size_t own_bytes() const { return 0; }
+
+  template <class Self, class F>
+  static void for_each_child(Self& self, F&& f) {
+    for_each_indexed(self, f, std::make_index_sequence<count>{});
+  }
+  /// Child I.
+  template <std::size_t I>
+  auto& child() {
+    return std::get<I>(children_);
+  }
+  static constexpr std::size_t size() { return count; }
+
+ private:
+  template <class Spec, std::size_t... I>
+  sequence(const Spec& s, std::index_sequence<I...>) : children_(Ms(std::get<I>(s.children))...) {}
+
+  template <class Self, class F, std::size_t... I>
+  static void for_each_indexed(Self& self, F& f, std::index_sequence<I...>) {
+    (f(component<I>(std::get<I>(self.children_)), std::get<I>(self.children_)), ...);
+  }
+  template <std::size_t I, class C>
+  static std::string component(const C& c) {
+    return c.name().empty() ? std::to_string(I) : std::string(c.name());
+  }
+  template <std::size_t I, class S>
+  auto shape_from(const S& in, std::string_view path) const {
+    const auto& c = std::get<I>(children_);
+    const auto out = c.output_shape(in, join_path(path, component<I>(c)));
+    if constexpr (I + 1 == count) {
+      return out;
+    } else {
+      return shape_from<I + 1>(out, path);
+    }
+  }
+  template <std::size_t I, class X>
+  const auto& forward_from(const context_type& ctx, const X& x, mode m) {
+    const auto& y = std::get<I>(children_).forward(ctx, x, m);
+    if constexpr (I + 1 == count) {
+      return y;
+    } else {
+      return forward_from<I + 1>(ctx, y, m);
+    }
+  }
+  template <std::size_t I, class D>
+  const auto& backward_from(const context_type& ctx, const D& dy) {
+    const auto& dx = std::get<I>(children_).backward(ctx, dy);
+    if constexpr (I == 0) {
+      return dx;
+    } else {
+      return backward_from<I - 1>(ctx, dx);
+    }
+  }
+
+  children_type children_;
+};
+
+// ---------------------------------------------------------------------------------------
+// Parallel branches
+
+/// How parallel branches are joined.
+enum class join_kind { add, concat };
+
+template <join_kind Join, bool Residual, class... Ms>
+class branches;
+
+/// Blueprint of parallel branches (nn::add, nn::concat, nn::residual).
+template <join_kind Join, bool Residual, class... Ss>
+struct branches_spec {
+  std::tuple<Ss...> children;
+  std::size_t axis = 0;  ///< the concatenation axis
+
+  template <class Map, class Ctx, class In, class G, std::size_t R>
+  struct resolved {
+    using first = detail::resolve_spec_t<std::tuple_element_t<0, std::tuple<Ss...>>, Map, Ctx, In, G, R>;
+    using type = branches<Join, Residual,
+                          detail::ending_in_t<detail::resolve_spec_t<Ss, Map, Ctx, In, G, R>,
+                                              typename first::output_type, typename first::output_grad_type>...>;
+  };
+  template <class Map, class Ctx, class In, class G, std::size_t R>
+  using module_type = typename resolved<Map, Ctx, In, G, R>::type;
+};
+
+/// Branches on one input, their outputs added (a blueprint node).
+template <class... Ss>
+constexpr branches_spec<join_kind::add, false, Ss...> add(Ss... branches) {
+  static_assert(sizeof...(Ss) >= 2, "precis: nn::add joins at least two branches");
+  return {std::tuple<Ss...>(branches...), 0};
+}
+/// Branches on one input, their outputs concatenated along `axis` (a blueprint node).
+template <class... Ss>
+constexpr branches_spec<join_kind::concat, false, Ss...> concat(std::size_t axis, Ss... branches) {
+  static_assert(sizeof...(Ss) >= 2, "precis: nn::concat joins at least two branches");
+  return {std::tuple<Ss...>(branches...), axis};
+}
+/// body(x) + x (a blueprint node). The body's layers are named in paths as if the residual
+/// were not there.
+template <class Body>
+constexpr branches_spec<join_kind::add, true, Body, identity_spec> residual(Body body) {
+  return {std::tuple<Body, identity_spec>(body, identity_spec{}), 0};
+}
+/// body(x) + shortcut(x): a projection shortcut, named "shortcut" in paths.
+template <class Body, class Shortcut>
+constexpr branches_spec<join_kind::add, true, Body, Shortcut> residual(Body body, Shortcut shortcut) {
+  return {std::tuple<Body, Shortcut>(body, shortcut), 0};
+}
+
+/// Parallel branches on one input, joined by adding (`Join` add) or concatenating along an
+/// axis. All branches take the same input and end in the same types (build casts them).
+template <join_kind Join, bool Residual, class... Ms>
+class branches {
+  using children_type = std::tuple<Ms...>;
+  static constexpr std::size_t count = sizeof...(Ms);
+  using first = std::tuple_element_t<0, children_type>;
+  static_assert(count >= 2, "precis: parallel branches need at least two branches");
+  static_assert(((std::is_same_v<typename Ms::input_type, typename first::input_type> &&
+                  std::is_same_v<typename Ms::input_grad_type, typename first::input_grad_type> &&
+                  Ms::input_rank == first::input_rank) &&
+                 ...),
+                "precis: parallel branches must read the same input type, gradient type and rank");
+
+ public:
+  using context_type = typename first::context_type;
+  using input_type = typename first::input_type;
+  using input_grad_type = typename first::input_grad_type;
+  using output_type = typename first::output_type;
+  using output_grad_type = typename first::output_grad_type;
+  static constexpr std::size_t input_rank = first::input_rank;
+  static constexpr std::size_t output_rank = first::output_rank;
+
+ private:
+  template <class M>
+  static constexpr bool joins_v = std::is_same_v<typename M::output_type, output_type> &&
+                                  std::is_same_v<typename M::output_grad_type, output_grad_type> &&
+                                  M::output_rank == output_rank;
+  static_assert((joins_v<Ms> && ...),
+                "precis: joined branches must end in the same storage type, gradient type and rank; "
+                "build the model with nn::build, which inserts nn::cast_out, or cast the branch yourself");
+
+ public:
+  template <class... Ss>
+  explicit branches(const branches_spec<Join, Residual, Ss...>& s)
+      : branches(s, std::make_index_sequence<sizeof...(Ss)>{}) {}
+
+  std::string_view name() const { return ""; }
+
+  shape_t<output_rank> output_shape(const shape_t<input_rank>& in, std::string_view path) const {
+    shape_t<output_rank> out{};
+    std::size_t i = 0;
+    std::apply(
+        [&](const auto&... c) {
+          ((joined_shape(out, c.output_shape(in, join_path(path, component(i, c))), i, path), ++i), ...);
+        },
+        children_);
+    return out;
+  }
+
+  template <class X>
+  const auto& forward(const context_type& ctx, const X& x, mode m = mode::train) {
+    const auto outs = std::apply(
+        [&](auto&... c) { return std::tuple<decltype(&c.forward(ctx, x, m))...>{&c.forward(ctx, x, m)...}; },
+        children_);
+    if constexpr (Join == join_kind::add) {
+      detail::ensure(y_, detail::shape_of<output_rank>(*std::get<0>(outs)));
+      std::apply([&](auto... o) { detail::add_rounded(ctx, y_.data(), y_.size(), o->data()...); }, outs);
+    } else {
+      shape_t<output_rank> shape = detail::shape_of<output_rank>(*std::get<0>(outs));
+      shape[axis_] = 0;
+      std::apply([&](auto... o) { ((shape[axis_] += std::size_t(o->shape()[axis_])), ...); }, outs);
+      detail::ensure(y_, shape);
+      std::size_t offset = 0, i = 0;
+      std::apply([&](auto... o) { ((widths_[i++] = std::size_t(o->shape()[axis_])), ...); }, outs);
+      std::apply([&](auto... o) { (copy_into(*o, offset), ...); }, outs);
+    }
+    return y_;
+  }
+
+  template <class D>
+  const auto& backward(const context_type& ctx, const D& dy) {
+    std::size_t offset = 0;
+    const auto dxs = [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return std::tuple<decltype(&std::get<I>(children_).backward(ctx, dy))...>{
+          &std::get<I>(children_).backward(ctx, slice_for(dy, I, offset))...};
+    }(std::make_index_sequence<count>{});
+    detail::ensure(dx_, detail::shape_of<input_rank>(*std::get<0>(dxs)));
+    std::apply([&](auto... d) { detail::add_rounded(ctx, dx_.data(), dx_.size(), d->data()...); }, dxs);
+    return dx_;
+  }
+
+  /// Branch I.
+  template <std::size_t I>
+  auto& child() {
+    return std::get<I>(children_);
+  }
+
+  std::size_t own_bytes() const {
+    std::size_t n = detail::bytes_of(y_) + detail::bytes_of(dx_);
+    for (const auto& s : slices_) n += detail::bytes_of(s);
+    return n;
+  }
+  template <class Self, class F>
+  static void for_each_child(Self& self, F&& f) {
+    std::size_t i = 0;
+    std::apply([&](auto&... c) { ((f(component(i, c), c), ++i), ...); }, self.children_);
+  }
+
+ private:
+  template <class Spec, std::size_t... I>
+  branches(const Spec& s, std::index_sequence<I...>) : children_(Ms(std::get<I>(s.children))...), axis_(s.axis) {
+    if (axis_ >= output_rank) {
+      throw error("precis::nn::concat: axis " + std::to_string(axis_) + " is out of range for tensors of rank " +
+                  std::to_string(output_rank));
+    }
+    if constexpr (Join == join_kind::concat) {
+      slices_.resize(count);
+      widths_.resize(count);
+    }
+  }
+
+  template <class C>
+  static std::string component(std::size_t i, const C& c) {
+    if constexpr (Residual) {
+      return i == 0 ? std::string(c.name()) : std::string("shortcut");
+    } else {
+      return c.name().empty() ? std::to_string(i) : std::string(c.name());
+    }
+  }
+
+  void joined_shape(shape_t<output_rank>& out, const shape_t<output_rank>& s, std::size_t i,
+                    std::string_view path) const {
+    if (i == 0) {
+      out = s;
+      return;
+    }
+    bool fits = true;
+    for (std::size_t a = 0; a < output_rank; ++a) fits = fits && (a == axis_ && Join == join_kind::concat ? true : s[a] == out[a]);
+    if (!fits) {
+      throw error("precis::nn: the branches joined at " + path_or_root(path) + " give shapes " + shape_string(out) +
+                  " and " + shape_string(s) +
+                  (Join == join_kind::add ? ", which cannot be added" : ", which differ outside the concatenation axis"));
+    }
+    if constexpr (Join == join_kind::concat) out[axis_] += s[axis_];
+  }
+
+  template <class T>
+  void copy_into(const host_tensor<T, output_rank>& part, std::size_t& offset) {
+    const auto d = detail::split_at<output_rank>(detail::shape_of<output_rank>(part), axis_);
+    const std::size_t total = std::size_t(y_.shape()[axis_]);
+    for (std::size_t o = 0; o < d[0]; ++o) {
+      std::copy_n(part.data() + o * d[1] * d[2], d[1] * d[2], y_.data() + (o * total + offset) * d[2]);
+    }
+    offset += d[1];
+  }
+
+  // The gradient of branch i: dy itself for an add; its part of dy for a concatenation.
+  template <class D>
+  const D& slice_for(const D& dy, std::size_t i, std::size_t& offset) {
+    if constexpr (Join == join_kind::add) {
+      return dy;
+    } else {
+      const std::size_t width = widths_[i];
+      auto& s = slices_[i];
+      shape_t<output_rank> shape = detail::shape_of<output_rank>(dy);
+      shape[axis_] = width;
+      detail::ensure(s, shape);
+      const auto d = detail::split_at<output_rank>(shape, axis_);
+      const std::size_t total = std::size_t(dy.shape()[axis_]);
+      for (std::size_t o = 0; o < d[0]; ++o) {
+        std::copy_n(dy.data() + (o * total + offset) * d[2], d[1] * d[2], s.data() + o * d[1] * d[2]);
+      }
+      offset += width;
+      return s;
+    }
+  }
+  children_type children_;
+  std::size_t axis_;
+  host_tensor<output_type, output_rank> y_;
+  host_tensor<input_grad_type, input_rank> dx_;
+  std::vector<host_tensor<output_grad_type, output_rank>> slices_;  // concat: each branch's dy
+  std::vector<std::size_t> widths_;                                 // concat: each branch's width
+};
+
+// ---------------------------------------------------------------------------------------
+// Repeat
+
+template <std::size_t N, class M>
+class repeat_block;
+
+/// Blueprint of N blocks of one blueprint (nn::repeat).
+template <std::size_t N, class S>
+struct repeat_spec {
+  S block;
+  template <class Map, class Ctx, class In, class G, std::size_t R>
+  using module_type = repeat_block<N, detail::resolve_spec_t<S, Map, Ctx, In, G, R>>;
+};
+
+/// N blocks built from `block`, run in order, named 0 .. N-1 in paths (a blueprint node).
+/// The block must end in the types and rank it starts with.
+template <std::size_t N, class S>
+constexpr repeat_spec<N, S> repeat(S block) {
+  static_assert(N > 0, "precis: nn::repeat<N> needs N > 0");
+  return {block};
+}
+
+/// N modules of one type, held in an array: twelve encoder blocks are one instantiation.
+template <std::size_t N, class M>
+class repeat_block {
+  static_assert(std::is_same_v<typename M::output_type, typename M::input_type> &&
+                    std::is_same_v<typename M::output_grad_type, typename M::input_grad_type> &&
+                    M::output_rank == M::input_rank,
+                "precis: nn::repeat<N>(block) needs a block that ends in the storage type, gradient "
+                "type and rank it starts with; give the block's last layer the policy of its first, "
+                "or repeat a block that ends in a cast");
+
+ public:
+  using context_type = typename M::context_type;
+  using input_type = typename M::input_type;
+  using input_grad_type = typename M::input_grad_type;
+  using output_type = typename M::output_type;
+  using output_grad_type = typename M::output_grad_type;
+  static constexpr std::size_t input_rank = M::input_rank;
+  static constexpr std::size_t output_rank = M::output_rank;
+
+  template <class S>
+  explicit repeat_block(const repeat_spec<N, S>& s) : repeat_block(s.block, std::make_index_sequence<N>{}) {}
+
+  std::string_view name() const { return ""; }
+  shape_t<output_rank> output_shape(const shape_t<input_rank>& in, std::string_view path) const {
+    auto s = in;
+    for (std::size_t i = 0; i < N; ++i) s = blocks_[i].output_shape(s, join_path(path, std::to_string(i)));
+    return s;
+  }
+  const tensor_t<context_type, output_type, output_rank>& forward(const context_type& ctx,
+                                                                  const tensor_t<context_type, input_type, input_rank>& x,
+                                                                  mode m = mode::train) {
+    const auto* y = &blocks_[0].forward(ctx, x, m);
+    for (std::size_t i = 1; i < N; ++i) y = &blocks_[i].forward(ctx, *y, m);
+    return *y;
+  }
+  const tensor_t<context_type, input_grad_type, input_rank>& backward(
+      const context_type& ctx, const tensor_t<context_type, output_grad_type, output_rank>& dy) {
+    const auto* d = &blocks_[N - 1].backward(ctx, dy);
+    for (std::size_t i = N - 1; i-- > 0;) d = &blocks_[i].backward(ctx, *d);
+    return *d;
+  }
+  std::size_t own_bytes() const { return 0; }
+  template <class Self, class F>
+  static void for_each_child(Self& self, F&& f) {
+    for (std::size_t i = 0; i < N; ++i) f(std::to_string(i), self.blocks_[i]);
+  }
+  /// Block i.
+  M& operator[](std::size_t i) { return blocks_[i]; }
+  static constexpr std::size_t size() { return N; }
+
+ private:
+  template <class S, std::size_t... I>
+  repeat_block(const S& s, std::index_sequence<I...>) : blocks_{((void)I, M(s))...} {}
+
+  std::array<M, N> blocks_;
+};
+
+// ---------------------------------------------------------------------------------------
+// Names
+
+template <class M>
+class named_module;
+
+/// Blueprint of a named node (nn::named).
+template <class S>
+struct named_spec {
+  std::string_view name;
+  S node;
+  template <class Map, class Ctx, class In, class G, std::size_t R>
+  using module_type = named_module<detail::resolve_spec_t<S, Map, Ctx, In, G, R>>;
+};
+
+/// `node`, called `name` in paths ("encoder", "mlp"). The name must outlive the blueprint
+/// (a string literal does).
+template <class S>
+constexpr named_spec<S> named(std::string_view name, S node) {
+  return {name, node};
+}
+
+/// A module with a name of its own in paths.
+template <class M>
+class named_module {
+ public:
+  using context_type = typename M::context_type;
+  using input_type = typename M::input_type;
+  using input_grad_type = typename M::input_grad_type;
+  using output_type = typename M::output_type;
+  using output_grad_type = typename M::output_grad_type;
+  static constexpr std::size_t input_rank = M::input_rank;
+  static constexpr std::size_t output_rank = M::output_rank;
+
+  template <class S>
+  explicit named_module(const named_spec<S>& s) : name_(s.name), m_(s.node) {
+    if (name_.empty() || name_.find('.') != std::string::npos) {
+      throw error("precis::nn::named: a name must be non-empty and hold no '.', got \"" + name_ + "\"");
+    }
+  }
+
+  std::string_view name() const { return name_; }
+  shape_t<output_rank> output_shape(const shape_t<input_rank>& in, std::string_view path) const {
+    return m_.output_shape(in, path);
+  }
+  template <class X>
+  const auto& forward(const context_type& ctx, const X& x, mode m = mode::train) {
+    return m_.forward(ctx, x, m);
+  }
+  template <class D>
+  const auto& backward(const context_type& ctx, const D& dy) {
+    return m_.backward(ctx, dy);
+  }
+  std::size_t own_bytes() const { return 0; }
+  template <class Self, class F>
+  static void for_each_child(Self& self, F&& f) {
+    f("", self.m_);
+  }
+  M& inner() { return m_; }
+
+ private:
+  std::string name_;
+  M m_;
+};
+
+}  // namespace precis::nn

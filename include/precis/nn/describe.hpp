@@ -1,0 +1,82 @@
+// precis/nn/describe.hpp: a built model as a table, with the same policy columns as
+// precis::describe<Layers...>(map) (policy/describe.hpp): one row function serves both.
+#pragma once
+
+#include <precis/nn/build.hpp>
+#include <precis/policy/describe.hpp>
+
+#include <cstdio>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace precis::nn {
+
+namespace detail {
+
+template <class T>
+struct is_cast_layer : std::false_type {};
+template <class In, class Out, class GIn, class GOut, std::size_t R, class Ctx>
+struct is_cast_layer<cast_layer<In, Out, GIn, GOut, R, Ctx>> : std::true_type {};
+
+inline std::string byte_string(std::size_t bytes) {
+  char buf[32];
+  if (bytes < 10 * 1024) {
+    std::snprintf(buf, sizeof buf, "%zu B", bytes);
+  } else if (bytes < 10 * 1024 * 1024) {
+    std::snprintf(buf, sizeof buf, "%.1f KiB", double(bytes) / 1024.0);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1f MiB", double(bytes) / (1024.0 * 1024.0));
+  }
+  return buf;
+}
+
+}  // namespace detail
+
+/// The model as a table: for each layer its path, kind and shape, then the policy columns of
+/// precis::describe (tag, operation kind, storage / compute / accumulate / master /
+/// gradient, float8 recipe, the map entry that decided it, waived rules, notes such as
+/// "fp32 by rule"), its parameter count and bytes; every cast build inserted, with the
+/// conversion it makes; then totals.
+template <class Root, class Map>
+std::string describe(const model<Root, Map>& m) {
+  std::vector<std::vector<std::string>> rows{{"path", "kind", "shape", "layer", "op", "storage", "compute",
+                                              "accumulate", "master", "gradient", "fp8", "from", "waived", "notes",
+                                              "params", "bytes"}};
+  walk(m.root(), std::string(m.root().name()), [&](const std::string& path, const auto& node) {
+    using N = std::remove_cvref_t<decltype(node)>;
+    if constexpr (leaf<N>) {
+      std::size_t count = 0, bytes = 0;
+      for_each_parameter_of(node, [&](std::string_view, const auto& p) {
+        count += p.size();
+        bytes += p.bytes();
+      });
+      std::vector<std::string> row{path_or_root(path), std::string(N::kind), node.shape()};
+      if constexpr (has_policy<N>) {
+        static_assert(std::is_same_v<typename N::policy_type, policy_for_t<typename N::tag_type, Map>>);
+        for (auto& c : precis::detail::describe_row<typename N::tag_type, Map>()) row.push_back(std::move(c));
+      } else {
+        row.insert(row.end(), {std::string(precis::detail::layer_name<typename N::tag_type>()), "-",
+                               std::string(type_name_v<typename N::output_type>), "-", "-", "-",
+                               std::string(type_name_v<typename N::output_grad_type>), "-", "-", "-", "-"});
+      }
+      row.push_back(std::to_string(count));
+      row.push_back(count == 0 ? "-" : detail::byte_string(bytes));
+      rows.push_back(std::move(row));
+    } else if constexpr (detail::is_cast_layer<N>::value) {
+      rows.push_back({path_or_root(path), "cast", node.shape(), "-", "-",
+                      std::string(type_name_v<typename N::output_type>), "-", "-", "-",
+                      std::string(type_name_v<typename N::output_grad_type>) + "->" +
+                          std::string(type_name_v<typename N::input_grad_type>),
+                      "-", "build", "-", "inserted cast", "0", "-"});
+    }
+  });
+  std::vector<std::string> total(rows.front().size(), "");
+  total[0] = "total";
+  total[total.size() - 2] = std::to_string(m.parameter_count());
+  total[total.size() - 1] = detail::byte_string(m.parameter_bytes());
+  rows.push_back(std::move(total));
+  return precis::detail::format_table(rows);
+}
+
+}  // namespace precis::nn

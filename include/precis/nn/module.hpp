@@ -1,0 +1,345 @@
+// precis/nn/module.hpp: what every built layer and combinator (a *module*) provides, and
+// the pieces they share.
+//
+// A module is the concrete, typed form of one node of a blueprint (see nn/build.hpp). It
+// names its element types and ranks:
+//
+//     input_type, input_grad_type, input_rank      what forward() reads, backward() returns
+//     output_type, output_grad_type, output_rank   what forward() returns, backward() reads
+//     context_type                                 the context its kernels run on
+//
+// and offers
+//
+//     const tensor<output_type, output_rank>& forward(const context_type&, const tensor<input_type, input_rank>&, mode)
+//     const tensor<input_grad_type, input_rank>& backward(const context_type&, const tensor<output_grad_type, output_rank>&)
+//     std::array<size_t, output_rank> output_shape(const std::array<size_t, input_rank>&, std::string_view path) const
+//     std::string_view name() const          its component of a path ("" : its position)
+//     std::size_t own_bytes() const          bytes of the buffers it holds itself
+//
+// Leaves (layers) also name their tag (`tag_type`), the resolved policy (`policy_type`, or
+// none for layers that only move data), `shape()` for describe, their parameters through
+// `for_each_parameter(self, f)` and `reset(seed)`. Combinators expose their children through
+// `for_each_child(self, f)`; nn::walk visits a whole model with each node's path.
+//
+// Buffers: a module owns its outputs and its input gradient and keeps the address of its
+// last input for the backward pass, so the input must stay alive and unchanged until
+// backward() (the enclosing model arranges that).
+#pragma once
+
+#include <precis/kernels/context.hpp>
+#include <precis/nn/parameter.hpp>
+#include <precis/policy/describe.hpp>
+#include <precis/policy/layer.hpp>
+#include <precis/tensor/host_tensor.hpp>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+namespace precis::nn {
+
+/// The tensor type a module on context `Ctx` holds. Specialised for each context: host
+/// tensors for cpu_context here, device tensors for cuda_context in the CUDA headers.
+template <class Ctx>
+struct context_traits;
+
+template <>
+struct context_traits<cpu_context> {
+  template <class T, std::size_t N>
+  using tensor = host_tensor<T, N>;
+};
+
+/// A rank-N tensor of T on context Ctx.
+template <class Ctx, class T, std::size_t N>
+using tensor_t = typename context_traits<Ctx>::template tensor<T, N>;
+
+/// A shape of rank N.
+template <std::size_t N>
+using shape_t = std::array<std::size_t, N>;
+
+/// The layer tags nn's blueprint functions use when given none: a map can override them by
+/// operation kind, not one by one. Their layers are named by position in paths.
+namespace tags {
+/// Base of the default tags.
+template <op_kind Op>
+struct positional_tag : precis::layer<Op> {
+  static constexpr bool positional = true;
+};
+struct linear : positional_tag<op::matmul> {
+  static constexpr std::string_view name = "linear";
+};
+struct conv2d : positional_tag<op::conv> {
+  static constexpr std::string_view name = "conv2d";
+};
+struct conv_transpose2d : positional_tag<op::conv> {
+  static constexpr std::string_view name = "conv_transpose2d";
+};
+struct relu : positional_tag<op::elementwise> {
+  static constexpr std::string_view name = "relu";
+};
+struct gelu : positional_tag<op::elementwise> {
+  static constexpr std::string_view name = "gelu";
+};
+struct sigmoid : positional_tag<op::elementwise> {
+  static constexpr std::string_view name = "sigmoid";
+};
+struct tanh : positional_tag<op::elementwise> {
+  static constexpr std::string_view name = "tanh";
+};
+struct dropout : positional_tag<op::elementwise> {
+  static constexpr std::string_view name = "dropout";
+};
+struct scale : positional_tag<op::elementwise> {
+  static constexpr std::string_view name = "scale";
+};
+struct layer_norm : positional_tag<op::layer_norm> {
+  static constexpr std::string_view name = "layer_norm";
+};
+struct batch_norm : positional_tag<op::batch_norm> {
+  static constexpr std::string_view name = "batch_norm";
+};
+struct max_pool2d : positional_tag<op::pooling> {
+  static constexpr std::string_view name = "max_pool2d";
+};
+struct avg_pool2d : positional_tag<op::pooling> {
+  static constexpr std::string_view name = "avg_pool2d";
+};
+struct global_avg_pool : positional_tag<op::reduction> {
+  static constexpr std::string_view name = "global_avg_pool";
+};
+struct upsample : positional_tag<op::pooling> {
+  static constexpr std::string_view name = "upsample";
+};
+struct softmax : positional_tag<op::softmax> {
+  static constexpr std::string_view name = "softmax";
+};
+struct embedding : positional_tag<op::elementwise> {
+  static constexpr std::string_view name = "embedding";
+};
+struct attention : positional_tag<op::matmul> {
+  static constexpr std::string_view name = "attention";
+};
+struct loss : positional_tag<op::loss> {
+  static constexpr std::string_view name = "loss";
+};
+}  // namespace tags
+
+/// True for the tags in nn::tags, whose layers are named by their position.
+template <class Tag>
+inline constexpr bool positional_tag_v = requires { requires Tag::positional; };
+
+/// The name a tag gives its layer in paths: "" for nn::tags (the position is used), the
+/// tag's `name`, or its type's name without namespaces.
+template <Layer Tag>
+constexpr std::string_view path_name() {
+  if constexpr (positional_tag_v<Tag>) {
+    return "";
+  } else if constexpr (requires { std::string_view(Tag::name); }) {
+    return Tag::name;
+  } else {
+    constexpr std::string_view full = precis::detail::type_name<Tag>();
+    constexpr auto colon = full.rfind("::");
+    return colon == std::string_view::npos ? full : full.substr(colon + 2);
+  }
+}
+
+/// "a.b" from "a" and "b"; either may be empty.
+inline std::string join_path(std::string_view a, std::string_view b) {
+  if (a.empty()) return std::string(b);
+  if (b.empty()) return std::string(a);
+  return std::string(a) + "." + std::string(b);
+}
+
+/// A model's path as describe and errors print it: "(model)" for the root.
+inline std::string path_or_root(std::string_view path) {
+  return path.empty() ? std::string("(model)") : std::string(path);
+}
+
+/// True for modules with children (combinators).
+template <class M>
+concept composite = requires(M& m) { M::for_each_child(m, [](std::string_view, auto&) {}); };
+
+/// Calls f(path, node) for `node` and, depth first, every module below it. `Self` may be
+/// const: one walker serves both.
+template <class Self, class F>
+void walk(Self& node, const std::string& path, F&& f) {
+  f(path, node);
+  if constexpr (composite<std::remove_const_t<Self>>) {
+    std::remove_const_t<Self>::for_each_child(node, [&](std::string_view component, auto& child) {
+      walk(child, join_path(path, component), f);
+    });
+  }
+}
+
+/// True for modules with parameters or state of their own (layers).
+template <class M>
+concept leaf = requires { typename M::tag_type; };
+
+/// True for leaves that run under a policy (layers that only move or cast data have none).
+template <class M>
+concept has_policy = leaf<M> && requires { typename M::policy_type; };
+
+/// Calls f(name, parameter) for each parameter of a leaf (none for other modules).
+template <class Self, class F>
+void for_each_parameter_of(Self& node, F&& f) {
+  if constexpr (requires { std::remove_const_t<Self>::for_each_parameter(node, f); }) {
+    std::remove_const_t<Self>::for_each_parameter(node, f);
+  }
+}
+
+namespace detail {
+
+/// The address of the input a module saw in its last forward pass (the producer owns it).
+/// A copied module has seen no input.
+template <class Tensor>
+class saved {
+ public:
+  saved() = default;
+  saved(const saved&) {}
+  saved& operator=(const saved&) {
+    p_ = nullptr;
+    return *this;
+  }
+  ~saved() = default;
+  void set(const Tensor& x) { p_ = &x; }
+  const Tensor& get(std::string_view layer) const {
+    if (p_ == nullptr) {
+      throw error("precis::nn::" + std::string(layer) +
+                  ": backward() called without a forward() since the layer was made or copied");
+    }
+    return *p_;
+  }
+
+ private:
+  const Tensor* p_ = nullptr;
+};
+
+/// The shape of a tensor as an array of its rank.
+template <std::size_t N, class X>
+shape_t<N> shape_of(const X& x) {
+  shape_t<N> s{};
+  for (std::size_t i = 0; i < N; ++i) s[i] = std::size_t(x.shape()[i]);
+  return s;
+}
+
+/// Resizes `t` to `shape` unless it already has it (buffers are reused across steps).
+template <class Tensor, std::size_t N>
+void ensure(Tensor& t, const shape_t<N>& shape) {
+  bool same = true;
+  for (std::size_t i = 0; i < N; ++i) same = same && std::size_t(t.shape()[i]) == shape[i];
+  if (!same) t.resize(shape);
+}
+
+/// The error a module throws when the shape it is given is not one it can take.
+[[noreturn]] inline void bad_shape(std::string_view path, std::string_view layer, std::string_view expected,
+                                   const std::string& got) {
+  throw error("precis::nn: layer " + path_or_root(path) + " (" + std::string(layer) + ") expects an input of shape " +
+              std::string(expected) + ", got " + got);
+}
+
+/// Elements of a shape.
+template <std::size_t N>
+std::size_t elements(const shape_t<N>& s) {
+  std::size_t n = 1;
+  for (auto d : s) n *= d;
+  return n;
+}
+
+template <class T, std::size_t N>
+std::size_t bytes_of(const host_tensor<T, N>& t) {
+  return t.size() * sizeof(T);
+}
+
+/// The seed of the parameters at `path` in a model built with `seed`: every layer draws its
+/// own values, and repeated blocks differ.
+inline std::uint64_t seed_for(std::uint64_t seed, std::string_view path) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a over the path, then mixed with the seed
+  for (char c : path) h = (h ^ std::uint8_t(c)) * 0x100000001b3ULL;
+  return mix64(seed ^ mix64(h));
+}
+
+}  // namespace detail
+
+}  // namespace precis::nn
+
+namespace precis::nn {
+
+/// The types a layer (a leaf module) under the resolved policy P names; Tag is its layer
+/// tag and must be of the operation kind `Op` the layer performs. Activations are stored
+/// in P's storage type, activation gradients in its gradient type; statistics (norm means
+/// and variances) in float, or double under a double policy.
+template <Layer Tag, Policy P, op_kind Op, std::size_t InRank, std::size_t OutRank, class Ctx>
+struct layer_base {
+  static_assert(std::is_same_v<typename Tag::op, Op>,
+                "precis: a layer's tag must be of the operation kind the layer performs "
+                "(precis::layer<op::matmul> for linear and attention products, op::conv for "
+                "convolutions, op::elementwise for activations, ...); see nn::tags");
+  static_assert(!is_float8_v<typename P::storage_type> && !is_float8_v<typename P::gradient_type>,
+                "precis: nn layers store activations in 16- or 32-bit types; float8 belongs in "
+                "the matrix products of a kernel-level recipe (precis::lt_matmul), not in "
+                "nn's storage; give this layer a bfloat16 or float16 policy in the map");
+  using tag_type = Tag;
+  /// The policy the layer runs under, resolved by the rule set for its operation kind.
+  using policy_type = P;
+  using operation = Op;
+  using context_type = Ctx;
+  using input_type = typename P::storage_type;
+  using output_type = typename P::storage_type;
+  using input_grad_type = typename P::gradient_type;
+  using output_grad_type = typename P::gradient_type;
+  using master_type = typename P::master_type;
+  using statistics_type = std::conditional_t<std::is_same_v<master_type, double>, double, float>;
+  static constexpr std::size_t input_rank = InRank;
+  static constexpr std::size_t output_rank = OutRank;
+  template <class T, std::size_t N>
+  using tensor = tensor_t<Ctx, T, N>;
+
+  std::string_view name() const { return path_name<Tag>(); }
+  /// Draws the parameters (and random state) from `seed`; nothing for most layers.
+  void reset(std::uint64_t) {}
+  template <class Archive>
+  void visit_state(Archive&, const std::string&) {}
+  std::string validate() const { return {}; }
+};
+
+/// The types of a layer that only moves data (reshape, permute, identity): it takes and
+/// gives T, with gradients G, whatever the policy; no tag decides its precision.
+template <class T, class G, std::size_t InRank, std::size_t OutRank, class Ctx>
+struct data_layer_base {
+  using context_type = Ctx;
+  using input_type = T;
+  using output_type = T;
+  using input_grad_type = G;
+  using output_grad_type = G;
+  static constexpr std::size_t input_rank = InRank;
+  static constexpr std::size_t output_rank = OutRank;
+  template <class U, std::size_t N>
+  using tensor = tensor_t<Ctx, U, N>;
+  std::string_view name() const { return ""; }
+};
+
+namespace detail {
+
+/// Saves or loads the parameters of a leaf under `prefix`.
+template <class Archive, class Leaf>
+void visit_parameters(Archive& a, const std::string& prefix, Leaf& l) {
+  for_each_parameter_of(l, [&](std::string_view name, auto& p) { p.visit_state(a, prefix + std::string(name)); });
+}
+
+/// What went wrong loading a leaf's parameters ("" when nothing).
+template <class Leaf>
+std::string parameter_problems(const Leaf& l) {
+  std::string out;
+  for_each_parameter_of(l, [&](std::string_view, const auto& p) {
+    if (!p.problem().empty()) out += (out.empty() ? "" : "; ") + p.problem();
+  });
+  return out;
+}
+
+}  // namespace detail
+
+}  // namespace precis::nn

@@ -1,0 +1,267 @@
+// precis/nn/norm.hpp: layer normalisation over the last axis and batch normalisation over
+// the channels (axis 1) of tensors of any rank.
+//
+//     nn::layer_norm<norm1>(768)      nn::batch_norm(64)
+//
+// Both run under their tags' policies resolved for op::layer_norm / op::batch_norm: the
+// rule set makes them compute and sum in float (or wider) whatever the storage type.
+// gamma starts at 1, beta at 0. Batch norm keeps float running statistics (PyTorch's
+// momentum rule and unbiased running variance), saved in checkpoints; it uses the batch's
+// statistics in training and the running ones in evaluation.
+#pragma once
+
+#include <precis/kernels/norm.hpp>
+#include <precis/nn/module.hpp>
+
+#include <array>
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace precis::nn {
+
+template <Layer Tag, Policy P, std::size_t R, class Ctx>
+class layer_norm_layer;
+template <Layer Tag, Policy P, std::size_t R, class Ctx>
+class batch_norm_layer;
+
+/// Blueprint of a layer norm over a last axis of `features`.
+template <Layer Tag>
+struct layer_norm_spec {
+  std::size_t features;
+  double eps = 1e-5;
+  template <class Map, class Ctx, class In, class G, std::size_t R>
+  using module_type = layer_norm_layer<Tag, policy_for_t<Tag, Map>, R, Ctx>;
+};
+/// Blueprint of a batch norm over `channels` on axis 1.
+template <Layer Tag>
+struct batch_norm_spec {
+  std::size_t channels;
+  double momentum = 0.1;
+  double eps = 1e-5;
+  template <class Map, class Ctx, class In, class G, std::size_t R>
+  using module_type = batch_norm_layer<Tag, policy_for_t<Tag, Map>, R, Ctx>;
+};
+
+/// Layer normalisation over a last axis of `features` values.
+template <Layer Tag = tags::layer_norm>
+constexpr layer_norm_spec<Tag> layer_norm(std::size_t features, double eps = 1e-5) {
+  return {features, eps};
+}
+/// Batch normalisation of `channels` channels (axis 1 of [N, C] or [N, C, H, W]).
+template <Layer Tag = tags::batch_norm>
+constexpr batch_norm_spec<Tag> batch_norm(std::size_t channels, double momentum = 0.1, double eps = 1e-5) {
+  return {channels, momentum, eps};
+}
+
+namespace detail {
+
+/// What the norm layers share: the per-feature scale gamma (starting at 1) and shift beta
+/// (starting at 0), their gradients, and the output and input-gradient buffers.
+template <Layer Tag, Policy P, op_kind Op, std::size_t R, class Ctx>
+class affine_norm : public layer_base<Tag, P, Op, R, R, Ctx> {
+  using base = layer_base<Tag, P, Op, R, R, Ctx>;
+
+ protected:
+  using S = typename base::input_type;
+  using G = typename base::input_grad_type;
+  using M = typename base::master_type;
+  using St = typename base::statistics_type;
+
+  affine_norm(std::string_view layer, std::size_t features)
+      : features_(features), gamma_({features}), beta_({features}) {
+    if (features == 0) throw error("precis::nn::" + std::string(layer) + ": needs features > 0");
+    reset_affine();
+  }
+  void reset_affine() {
+    gamma_.master().fill(M(1));
+    beta_.master().fill(M(0));
+    gamma_.refresh();
+    beta_.refresh();
+  }
+  void size_buffers(const shape_t<R>& shape) {
+    ensure(y_, shape);
+    ensure(dx_, shape);
+    ensure(dgamma_, shape_t<1>{features_});
+    ensure(dbeta_, shape_t<1>{features_});
+  }
+  void accumulate_affine() {
+    gamma_.accumulate(dgamma_);
+    beta_.accumulate(dbeta_);
+  }
+  std::size_t buffer_bytes() const {
+    return bytes_of(y_) + bytes_of(dx_) + bytes_of(dgamma_) + bytes_of(dbeta_);
+  }
+
+ public:
+  parameter<S, M, 1>& gamma() { return gamma_; }
+  parameter<S, M, 1>& beta() { return beta_; }
+  std::string shape() const { return std::to_string(features_); }
+  template <class Self, class F>
+  static void for_each_parameter(Self& self, F&& f) {
+    f("gamma", self.gamma_);
+    f("beta", self.beta_);
+  }
+  /// Norm parameters take no weight decay.
+  static constexpr bool decays(std::string_view) { return false; }
+
+ protected:
+  std::size_t features_;
+  parameter<S, M, 1> gamma_, beta_;
+  host_tensor<S, R> y_;
+  host_tensor<G, R> dx_;
+  host_tensor<G, 1> dgamma_, dbeta_;
+  saved<host_tensor<S, R>> x_;
+};
+
+}  // namespace detail
+
+/// Layer normalisation over the last axis, built for Tag under the resolved policy P.
+template <Layer Tag, Policy P, std::size_t R, class Ctx>
+class layer_norm_layer : public detail::affine_norm<Tag, P, op::layer_norm, R, Ctx> {
+  static_assert(R >= 1, "precis: nn::layer_norm works on the last axis of a tensor of rank >= 1");
+  using base = detail::affine_norm<Tag, P, op::layer_norm, R, Ctx>;
+  using typename base::S;
+  using typename base::G;
+  using typename base::St;
+
+ public:
+  static constexpr std::string_view kind = "layer_norm";
+
+  explicit layer_norm_layer(const layer_norm_spec<Tag>& s) : base(kind, s.features), eps_(s.eps) {}
+
+  void reset(std::uint64_t) { this->reset_affine(); }
+
+  shape_t<R> output_shape(const shape_t<R>& in, std::string_view path) const {
+    if (in[R - 1] != this->features_) {
+      detail::bad_shape(path, kind, "[..., " + std::to_string(this->features_) + "]", shape_string(in));
+    }
+    return in;
+  }
+
+  const host_tensor<S, R>& forward(const cpu_context& ctx, const host_tensor<S, R>& x, mode = mode::train) {
+    const auto shape = output_shape(detail::shape_of<R>(x), path_name<Tag>());
+    this->size_buffers(shape);
+    shape_t<R - 1> rows{};
+    for (std::size_t i = 0; i + 1 < R; ++i) rows[i] = shape[i];
+    detail::ensure(mean_, rows);
+    detail::ensure(rstd_, rows);
+    precis::layer_norm<P>(ctx, x, this->gamma_.value(), this->beta_.value(), this->y_, mean_, rstd_, eps_);
+    this->x_.set(x);
+    return this->y_;
+  }
+  const host_tensor<G, R>& backward(const cpu_context& ctx, const host_tensor<G, R>& dy) {
+    const auto& x = this->x_.get(kind);
+    layer_norm_backward<P>(ctx, dy, x, this->gamma_.value(), mean_, rstd_, this->dx_, this->dgamma_, this->dbeta_);
+    this->accumulate_affine();
+    return this->dx_;
+  }
+  std::size_t own_bytes() const { return this->buffer_bytes() + detail::bytes_of(mean_) + detail::bytes_of(rstd_); }
+  template <class Archive>
+  void visit_state(Archive& a, const std::string& prefix) {
+    detail::visit_parameters(a, prefix, *this);
+  }
+  std::string validate() const { return detail::parameter_problems(*this); }
+
+ private:
+  double eps_;
+  host_tensor<St, R - 1> mean_, rstd_;
+};
+
+/// Batch normalisation over axis 1, built for Tag under the resolved policy P.
+template <Layer Tag, Policy P, std::size_t R, class Ctx>
+class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, Ctx> {
+  static_assert(R >= 2, "precis: nn::batch_norm normalises axis 1 of [N, C, ...] tensors");
+  using base = detail::affine_norm<Tag, P, op::batch_norm, R, Ctx>;
+  using typename base::S;
+  using typename base::G;
+  using typename base::St;
+
+ public:
+  static constexpr std::string_view kind = "batch_norm";
+
+  explicit batch_norm_layer(const batch_norm_spec<Tag>& s)
+      : base(kind, s.channels),
+        momentum_(s.momentum),
+        eps_(s.eps),
+        running_mean_(shape_t<1>{s.channels}),
+        running_var_(shape_t<1>{s.channels}) {
+    if (!(s.momentum >= 0.0 && s.momentum <= 1.0)) throw error("precis::nn::batch_norm: momentum must be in [0, 1]");
+    reset_statistics();
+  }
+
+  void reset(std::uint64_t) {
+    this->reset_affine();
+    reset_statistics();
+  }
+
+  shape_t<R> output_shape(const shape_t<R>& in, std::string_view path) const {
+    if (in[1] != this->features_ || detail::elements(in) == 0) {
+      detail::bad_shape(path, kind, "[N, " + std::to_string(this->features_) + ", ...] with no empty axis",
+                        shape_string(in));
+    }
+    return in;
+  }
+
+  const host_tensor<S, R>& forward(const cpu_context& ctx, const host_tensor<S, R>& x, mode m = mode::train) {
+    this->size_buffers(output_shape(detail::shape_of<R>(x), path_name<Tag>()));
+    if (m == mode::train) {
+      detail::ensure(save_mean_, shape_t<1>{this->features_});
+      detail::ensure(save_rstd_, shape_t<1>{this->features_});
+      batch_norm_train<P>(ctx, x, this->gamma_.value(), this->beta_.value(), running_mean_, running_var_, this->y_,
+                          save_mean_, save_rstd_, momentum_, eps_);
+      this->x_.set(x);
+    } else {
+      batch_norm_infer<P>(ctx, x, this->gamma_.value(), this->beta_.value(), running_mean_, running_var_, this->y_,
+                          eps_);
+    }
+    return this->y_;
+  }
+  /// Backward of the last training-mode forward pass.
+  const host_tensor<G, R>& backward(const cpu_context& ctx, const host_tensor<G, R>& dy) {
+    const auto& x = this->x_.get(kind);
+    batch_norm_backward<P>(ctx, dy, x, this->gamma_.value(), save_mean_, save_rstd_, this->dx_, this->dgamma_,
+                           this->dbeta_);
+    this->accumulate_affine();
+    return this->dx_;
+  }
+
+  const host_tensor<St, 1>& running_mean() const { return running_mean_; }
+  const host_tensor<St, 1>& running_var() const { return running_var_; }
+  std::size_t own_bytes() const {
+    return this->buffer_bytes() + detail::bytes_of(save_mean_) + detail::bytes_of(save_rstd_);
+  }
+  template <class Archive>
+  void visit_state(Archive& a, const std::string& prefix) {
+    detail::visit_parameters(a, prefix, *this);
+    visit_statistics(a, prefix + "running_mean", running_mean_);
+    visit_statistics(a, prefix + "running_var", running_var_);
+  }
+  std::string validate() const {
+    const std::string p = detail::parameter_problems(*this);
+    return problem_.empty() ? p : p.empty() ? problem_ : p + "; " + problem_;
+  }
+
+ private:
+  void reset_statistics() {
+    running_mean_.fill(St(0));
+    running_var_.fill(St(1));
+  }
+  template <class Archive>
+  void visit_statistics(Archive& a, const std::string& name, host_tensor<St, 1>& t) {
+    std::vector<float> v(t.begin(), t.end());
+    a.floats(name, v);
+    if (v.size() != t.size()) {
+      problem_ = name + " has " + std::to_string(v.size()) + " values, the model has " + std::to_string(t.size());
+      return;
+    }
+    std::copy(v.begin(), v.end(), t.begin());
+  }
+
+  double momentum_, eps_;
+  host_tensor<St, 1> running_mean_, running_var_;
+  host_tensor<St, 1> save_mean_, save_rstd_;
+  std::string problem_;
+};
+
+}  // namespace precis::nn
