@@ -75,6 +75,25 @@ TEST_CASE("adamw follows PyTorch's rule (float64 reference), with bfloat16 gradi
   for (std::size_t k = 0; k < w.size(); ++k) CHECK(w[k] == doctest::Approx(rw[k]).epsilon(1e-4));
 }
 
+TEST_CASE("weight decay applies only to the tensors the decay flags name") {
+  // Zero gradients: a step only decays. AdamW's decoupled decay multiplies by 1 - lr * wd;
+  // SGD's L2 term moves the weight by lr * wd * w. The undecayed tensor must not move.
+  std::vector<float> w = random_floats(9, 1.0f), b = random_floats(3, 1.0f);
+  const auto w0 = w, b0 = b;
+  precis::adamw opt({std::span<float>(w), std::span<float>(b)}, {.lr = 0.1f, .weight_decay = 0.5f}, {true, false});
+  std::vector<std::vector<float>> g{std::vector<float>(9, 0.0f), std::vector<float>(3, 0.0f)};
+  opt.step(g);
+  for (std::size_t k = 0; k < w.size(); ++k) CHECK(w[k] == w0[k] * (1.0f - 0.1f * 0.5f));
+  CHECK(b == b0);
+  std::vector<float> sw = w0, sb = b0;
+  precis::sgd s({std::span<float>(sw), std::span<float>(sb)}, {.lr = 0.1f, .weight_decay = 0.5f}, {false, true});
+  s.step(g);
+  CHECK(sw == w0);
+  for (std::size_t k = 0; k < sb.size(); ++k) CHECK(sb[k] == b0[k] - 0.1f * (0.5f * b0[k]));
+  // One flag per tensor, or none.
+  CHECK_THROWS_AS(precis::adamw({std::span<float>(w), std::span<float>(b)}, {}, {true}), precis::error);
+}
+
 TEST_CASE("a skipped step changes neither weights nor state, and the schedule waits") {
   std::vector<float> w = random_floats(16, 1.0f);
   precis::adamw opt({std::span<float>(w)});

@@ -64,6 +64,17 @@ inline std::string check_buffers(const std::vector<std::vector<float>>& buffers,
   return {};
 }
 
+/// Which tensors take weight decay: all when `decay` is empty, else as it says (one flag
+/// per master tensor, e.g. nn::model::decay_mask(): no decay on biases, norms, embeddings).
+inline std::vector<bool> decay_flags(std::vector<bool> decay, std::size_t tensors, std::string_view who) {
+  if (decay.empty()) return std::vector<bool>(tensors, true);
+  if (decay.size() != tensors) {
+    throw error(std::string(who) + ": " + std::to_string(decay.size()) + " weight-decay flags for " +
+                std::to_string(tensors) + " parameter tensors");
+  }
+  return decay;
+}
+
 inline std::size_t buffer_bytes(const std::vector<std::vector<float>>& buffers) {
   std::size_t n = 0;
   for (const auto& b : buffers) n += b.size() * sizeof(float);
@@ -85,9 +96,13 @@ class sgd {
  public:
   static constexpr std::string_view kind = "sgd";
 
-  /// `masters`: the float master weights, in the order the gradients come in.
-  sgd(std::vector<std::span<float>> masters, sgd_options o = {})
-      : masters_(std::move(masters)), options_(o), velocity_(detail::zeros_like(masters_)) {
+  /// `masters`: the float master weights, in the order the gradients come in; `decay`: for
+  /// each of them, whether weight decay applies (empty: all).
+  sgd(std::vector<std::span<float>> masters, sgd_options o = {}, std::vector<bool> decay = {})
+      : masters_(std::move(masters)),
+        options_(o),
+        decay_(detail::decay_flags(std::move(decay), masters_.size(), "precis::sgd")),
+        velocity_(detail::zeros_like(masters_)) {
     if (!(o.lr >= 0.0f) || !(o.momentum >= 0.0f) || !(o.weight_decay >= 0.0f)) {
       throw error("precis::sgd: lr, momentum and weight_decay must be non-negative");
     }
@@ -99,8 +114,9 @@ class sgd {
   void step(G& grads) {
     detail::for_each_master(masters_, grads, "precis::sgd", [&](std::size_t i, std::span<float> w, auto g) {
       auto& buf = velocity_[i];
+      const float wd = decay_[i] ? options_.weight_decay : 0.0f;
       for (std::size_t k = 0; k < w.size(); ++k) {
-        float d = float(g[k]) + options_.weight_decay * w[k];
+        float d = float(g[k]) + wd * w[k];
         if (options_.momentum != 0.0f) {
           buf[k] = steps_ == 0 ? d : options_.momentum * buf[k] + d;
           d = options_.nesterov ? d + options_.momentum * buf[k] : buf[k];
@@ -134,6 +150,7 @@ class sgd {
  private:
   std::vector<std::span<float>> masters_;
   sgd_options options_;
+  std::vector<bool> decay_;
   std::vector<std::vector<float>> velocity_;
   std::uint64_t steps_ = 0;
 };
@@ -153,9 +170,11 @@ class adamw {
  public:
   static constexpr std::string_view kind = "adamw";
 
-  adamw(std::vector<std::span<float>> masters, adamw_options o = {})
+  /// `decay`: for each master tensor, whether weight decay applies (empty: all of them).
+  adamw(std::vector<std::span<float>> masters, adamw_options o = {}, std::vector<bool> decay = {})
       : masters_(std::move(masters)),
         options_(o),
+        decay_(detail::decay_flags(std::move(decay), masters_.size(), "precis::adamw")),
         m_(detail::zeros_like(masters_)),
         v_(detail::zeros_like(masters_)) {
     if (!(o.lr >= 0.0f) || !(o.beta1 >= 0.0f && o.beta1 < 1.0f) || !(o.beta2 >= 0.0f && o.beta2 < 1.0f) ||
@@ -174,9 +193,10 @@ class adamw {
     detail::for_each_master(masters_, grads, "precis::adamw", [&](std::size_t i, std::span<float> w, auto g) {
       auto& m = m_[i];
       auto& v = v_[i];
+      const float keep = decay_[i] ? 1.0f - options_.lr * options_.weight_decay : 1.0f;
       for (std::size_t k = 0; k < w.size(); ++k) {
         const float gk = float(g[k]);
-        w[k] *= 1.0f - options_.lr * options_.weight_decay;
+        w[k] *= keep;
         m[k] = options_.beta1 * m[k] + (1.0f - options_.beta1) * gk;
         v[k] = options_.beta2 * v[k] + (1.0f - options_.beta2) * gk * gk;
         w[k] -= step_size * m[k] / (std::sqrt(v[k]) / bias2_sqrt + options_.eps);
@@ -210,6 +230,7 @@ class adamw {
  private:
   std::vector<std::span<float>> masters_;
   adamw_options options_;
+  std::vector<bool> decay_;
   std::vector<std::vector<float>> m_, v_;
   std::uint64_t steps_ = 0;
 };
