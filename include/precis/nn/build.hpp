@@ -79,9 +79,14 @@ class model {
   using output_grad_type = typename Root::output_grad_type;
   static constexpr std::size_t input_rank = Root::input_rank;
   static constexpr std::size_t output_rank = Root::output_rank;
-  using input_tensor = tensor_t<context_type, input_type, input_rank>;
-  using output_tensor = tensor_t<context_type, output_type, output_rank>;
-  using output_grad_tensor = tensor_t<context_type, output_grad_type, output_rank>;
+  /// What forward() reads: a tensor, or for several inputs a tuple of pointers to them.
+  using input_tensor = edge_value_t<context_type, input_type, input_rank>;
+  /// What forward() gives: a tensor, or for several outputs a tuple of pointers to them.
+  using output_tensor = edge_value_t<context_type, output_type, output_rank>;
+  /// What backward() reads: the gradient of the output(s).
+  using output_grad_tensor = edge_grad_t<context_type, output_grad_type, output_rank>;
+  using input_shape = edge_shape_t<input_type, input_rank>;
+  using output_shape_type = edge_shape_t<output_type, output_rank>;
   /// The master type of its parameters.
   using master_type = float;
   /// Checkpoint kind (see precis::save_checkpoint).
@@ -103,21 +108,21 @@ class model {
 
   /// The output shape for an input of shape `in`; throws precis::error naming the first
   /// layer (by path) that cannot take what reaches it, with both shapes.
-  shape_t<output_rank> output_shape(const shape_t<input_rank>& in) const { return root_.output_shape(in, root_path()); }
+  output_shape_type output_shape(const input_shape& in) const { return root_.output_shape(in, root_path()); }
 
-  /// The model's output for x. Every layer's shape is checked before any runs. x must stay
-  /// alive and unchanged until backward().
-  const output_tensor& forward(const context_type& ctx, const input_tensor& x, mode m = mode::train) {
-    out_shape_ = output_shape(detail::shape_of<input_rank>(x));
+  /// The model's output for x (a reference to the model's buffer, or for several outputs a
+  /// tuple of pointers to them). Every layer's shape is checked before any runs. x must
+  /// stay alive and unchanged until backward().
+  decltype(auto) forward(const context_type& ctx, const input_tensor& x, mode m = mode::train) {
+    out_shape_ = output_shape(detail::edge_shape_of<input_rank>(x));
     return root_.forward(ctx, x, m);
   }
-  /// Backpropagates dy (the loss's gradient with respect to the output), adding the
+  /// Backpropagates dy (the loss's gradient with respect to the output(s)), adding the
   /// parameters' gradients to what they hold; returns the gradient with respect to x.
-  const tensor_t<context_type, input_grad_type, input_rank>& backward(const context_type& ctx,
-                                                                       const output_grad_tensor& dy) {
-    if (detail::shape_of<output_rank>(dy) != out_shape_) {
-      throw error("precis::nn::model::backward: dy has shape " + shape_string(dy.shape()) +
-                  ", the last forward pass gave " + shape_string(out_shape_));
+  decltype(auto) backward(const context_type& ctx, const output_grad_tensor& dy) {
+    if (detail::edge_shape_of<output_rank>(dy) != out_shape_) {
+      throw error("precis::nn::model::backward: dy has shape " + detail::edge_shape_string(detail::edge_shape_of<output_rank>(dy)) +
+                  ", the last forward pass gave " + detail::edge_shape_string(out_shape_));
     }
     return root_.backward(ctx, dy);
   }
@@ -261,7 +266,7 @@ class model {
   std::string root_path() const { return std::string(root_.name()); }
 
   Root root_;
-  shape_t<output_rank> out_shape_{};
+  output_shape_type out_shape_{};
 };
 
 /// The model `blueprint` builds into under `map` (or a single policy) for inputs of

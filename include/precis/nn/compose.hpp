@@ -125,9 +125,11 @@ class cast_in {
   explicit cast_in(const Spec& s) : m_(s) {}
 
   std::string_view name() const { return m_.name(); }
-  auto output_shape(const shape_t<input_rank>& in, std::string_view path) const { return m_.output_shape(in, path); }
+  auto output_shape(const edge_shape_t<input_type, input_rank>& in, std::string_view path) const {
+    return m_.output_shape(in, path);
+  }
   template <class X>
-  const auto& forward(const context_type& ctx, const X& x, mode m = mode::train) {
+  decltype(auto) forward(const context_type& ctx, const X& x, mode m = mode::train) {
     return m_.forward(ctx, cast_.forward(ctx, x, m), m);
   }
   template <class D>
@@ -167,13 +169,15 @@ class cast_out {
   explicit cast_out(const Spec& s) : m_(s) {}
 
   std::string_view name() const { return m_.name(); }
-  auto output_shape(const shape_t<input_rank>& in, std::string_view path) const { return m_.output_shape(in, path); }
+  auto output_shape(const edge_shape_t<input_type, input_rank>& in, std::string_view path) const {
+    return m_.output_shape(in, path);
+  }
   template <class X>
   const auto& forward(const context_type& ctx, const X& x, mode m = mode::train) {
     return cast_.forward(ctx, m_.forward(ctx, x, m), m);
   }
   template <class D>
-  const auto& backward(const context_type& ctx, const D& dy) {
+  decltype(auto) backward(const context_type& ctx, const D& dy) {
     return m_.backward(ctx, cast_.backward(ctx, dy));
   }
   std::size_t own_bytes() const { return 0; }
@@ -200,8 +204,18 @@ struct resolve_spec {
                 "a reshape (nn::flatten, nn::reshape) between them");
   static constexpr bool fits =
       std::is_same_v<typename raw::input_type, In> && std::is_same_v<typename raw::input_grad_type, G>;
-  using type = std::conditional_t<
-      fits, raw, cast_in<cast_layer<In, typename raw::input_type, G, typename raw::input_grad_type, R, Ctx>, raw>>;
+  static_assert(fits || (!is_values_v<In> && !is_values_v<typename raw::input_type>),
+                "precis: a node reads a multi-tensor edge (nn::values) of other types than the one that "
+                "reaches it; cast its tensors in nn::each");
+  template <bool Fits, class = void>
+  struct pick {
+    using type = raw;
+  };
+  template <class V>
+  struct pick<false, V> {
+    using type = cast_in<cast_layer<In, typename raw::input_type, G, typename raw::input_grad_type, R, Ctx>, raw>;
+  };
+  using type = typename pick<fits>::type;
 };
 template <class Spec, class Map, class Ctx, class In, class G, std::size_t R>
 using resolve_spec_t = typename resolve_spec<Spec, Map, Ctx, In, G, R>::type;
@@ -279,15 +293,16 @@ class sequence {
 
   std::string_view name() const { return ""; }
 
-  shape_t<output_rank> output_shape(const shape_t<input_rank>& in, std::string_view path) const {
+  edge_shape_t<output_type, output_rank> output_shape(const edge_shape_t<input_type, input_rank>& in,
+                                                      std::string_view path) const {
     return shape_from<0>(in, path);
   }
   template <class X>
-  const auto& forward(const context_type& ctx, const X& x, mode m = mode::train) {
+  decltype(auto) forward(const context_type& ctx, const X& x, mode m = mode::train) {
     return forward_from<0>(ctx, x, m);
   }
   template <class D>
-  const auto& backward(const context_type& ctx, const D& dy) {
+  decltype(auto) backward(const context_type& ctx, const D& dy) {
     return backward_from<count - 1>(ctx, dy);
   }
   std::size_t own_bytes() const { return 0; }
@@ -325,21 +340,23 @@ class sequence {
       return shape_from<I + 1>(out, path);
     }
   }
+  // Children give a tensor by reference, or a multi-tensor edge (a tuple of pointers) by
+  // value: decltype(auto) passes either on as it came.
   template <std::size_t I, class X>
-  const auto& forward_from(const context_type& ctx, const X& x, mode m) {
-    const auto& y = std::get<I>(children_).forward(ctx, x, m);
+  decltype(auto) forward_from(const context_type& ctx, const X& x, mode m) {
     if constexpr (I + 1 == count) {
-      return y;
+      return std::get<I>(children_).forward(ctx, x, m);
     } else {
+      const auto& y = std::get<I>(children_).forward(ctx, x, m);
       return forward_from<I + 1>(ctx, y, m);
     }
   }
   template <std::size_t I, class D>
-  const auto& backward_from(const context_type& ctx, const D& dy) {
-    const auto& dx = std::get<I>(children_).backward(ctx, dy);
+  decltype(auto) backward_from(const context_type& ctx, const D& dy) {
     if constexpr (I == 0) {
-      return dx;
+      return std::get<I>(children_).backward(ctx, dy);
     } else {
+      const auto& dx = std::get<I>(children_).backward(ctx, dy);
       return backward_from<I - 1>(ctx, dx);
     }
   }
@@ -693,15 +710,16 @@ class named_module {
   }
 
   std::string_view name() const { return name_; }
-  shape_t<output_rank> output_shape(const shape_t<input_rank>& in, std::string_view path) const {
+  edge_shape_t<output_type, output_rank> output_shape(const edge_shape_t<input_type, input_rank>& in,
+                                                      std::string_view path) const {
     return m_.output_shape(in, path);
   }
   template <class X>
-  const auto& forward(const context_type& ctx, const X& x, mode m = mode::train) {
+  decltype(auto) forward(const context_type& ctx, const X& x, mode m = mode::train) {
     return m_.forward(ctx, x, m);
   }
   template <class D>
-  const auto& backward(const context_type& ctx, const D& dy) {
+  decltype(auto) backward(const context_type& ctx, const D& dy) {
     return m_.backward(ctx, dy);
   }
   std::size_t own_bytes() const { return 0; }

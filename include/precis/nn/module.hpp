@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -60,6 +61,54 @@ using tensor_t = typename context_traits<Ctx>::template tensor<T, N>;
 /// A shape of rank N.
 template <std::size_t N>
 using shape_t = std::array<std::size_t, N>;
+
+/// One tensor of a multi-tensor edge: element type T, gradient type G, rank R.
+template <class T, class G, std::size_t R>
+struct sig {
+  using type = T;
+  using grad_type = G;
+  static constexpr std::size_t rank = R;
+};
+
+/// Several tensors on one edge: what a node with several outputs gives (nn::fork,
+/// nn::taps) and a node with several inputs reads (nn::each, nn::top_down, nn::add_all,
+/// nn::concat_all). A module names such an edge with this type as both its value and its
+/// gradient type, and rank 0.
+template <class... Sigs>
+struct values {};
+
+/// True for nn::values<...>.
+template <class T>
+inline constexpr bool is_values_v = false;
+template <class... S>
+inline constexpr bool is_values_v<values<S...>> = true;
+
+namespace detail {
+template <class Ctx, class T, std::size_t R>
+struct edge_types {
+  using value = tensor_t<Ctx, T, R>;
+  using grad = value;
+  using shape = shape_t<R>;
+};
+template <class Ctx, class... S>
+struct edge_types<Ctx, values<S...>, 0> {
+  using value = std::tuple<const tensor_t<Ctx, typename S::type, S::rank>*...>;
+  using grad = std::tuple<const tensor_t<Ctx, typename S::grad_type, S::rank>*...>;
+  using shape = std::tuple<shape_t<S::rank>...>;
+};
+}  // namespace detail
+
+/// What an edge of element type T (or nn::values) and rank R passes forward: a tensor, or a
+/// tuple of pointers to the tensors of a multi-tensor edge.
+template <class Ctx, class T, std::size_t R>
+using edge_value_t = typename detail::edge_types<Ctx, T, R>::value;
+/// What it passes backward for gradient type G: a tensor, or a tuple of pointers to them.
+template <class Ctx, class G, std::size_t R>
+using edge_grad_t = std::conditional_t<is_values_v<G>, typename detail::edge_types<Ctx, G, R>::grad,
+                                       tensor_t<Ctx, G, R>>;
+/// The shape of such an edge: an array, or a tuple of arrays.
+template <class T, std::size_t R>
+using edge_shape_t = typename detail::edge_types<cpu_context, T, R>::shape;
 
 /// The layer tags nn's blueprint functions use when given none: a map can override them by
 /// operation kind, not one by one. Their layers are named by position in paths.
@@ -224,6 +273,32 @@ shape_t<N> shape_of(const X& x) {
   shape_t<N> s{};
   for (std::size_t i = 0; i < N; ++i) s[i] = std::size_t(x.shape()[i]);
   return s;
+}
+
+/// The shape of what an edge passes: a tensor's shape, or the tuple of shapes of a
+/// multi-tensor edge's tensors.
+template <class X>
+inline constexpr std::size_t rank_of_v = std::tuple_size_v<std::remove_cvref_t<decltype(std::declval<const X&>().shape())>>;
+
+template <std::size_t N, class X>
+auto edge_shape_of(const X& x) {
+  if constexpr (requires { std::tuple_size<X>::value; }) {
+    return std::apply([](const auto*... t) { return std::tuple{shape_of<rank_of_v<std::remove_cvref_t<decltype(*t)>>>(*t)...}; }, x);
+  } else {
+    return shape_of<N>(x);
+  }
+}
+
+/// "[2, 3]" for a shape, "([2, 3], [2, 5])" for the shapes of a multi-tensor edge.
+template <class S>
+std::string edge_shape_string(const S& s) {
+  if constexpr (requires { std::tuple_size<S>::value; } && !requires { s.size(); }) {
+    std::string out = "(";
+    std::apply([&](const auto&... e) { ((out += (out.size() > 1 ? ", " : "") + shape_string(e)), ...); }, s);
+    return out + ")";
+  } else {
+    return shape_string(s);
+  }
 }
 
 /// Resizes `t` to `shape` unless it already has it (buffers are reused across steps).

@@ -10,6 +10,7 @@
 #include <precis/nn/linear.hpp>
 #include <precis/nn/loss.hpp>
 #include <precis/nn/module.hpp>
+#include <precis/nn/multi.hpp>
 #include <precis/nn/norm.hpp>
 #include <precis/nn/parameter.hpp>
 #include <precis/nn/train.hpp>

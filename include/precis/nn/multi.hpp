@@ -1,0 +1,599 @@
+// precis/nn/multi.hpp: nodes with several outputs or several inputs.
+//
+//     nn::fork(a, b)              one input, the outputs of both branches (a detector's two heads)
+//     nn::taps(s1, s2, s3, s4)    a sequence that gives every stage's output (a backbone for an FPN)
+//     nn::each(n1, n2, ...)       node i on tensor i of a multi-tensor edge (lateral convolutions)
+//     nn::top_down(node)          p[last] = x[last], p[i] = x[i] + node(p[i + 1]) (an FPN's top-down path)
+//     nn::add_all()               the tensors of an edge summed into one
+//     nn::concat_all(axis)        the tensors of an edge concatenated along `axis`
+//
+// A multi-tensor edge has the type nn::values<nn::sig<T, G, R>...>; forward passes a tuple
+// of pointers to the tensors, backward a tuple of pointers to their gradients. A model may
+// end in one (a loss of several terms over several outputs reads it) or start with one
+// (several inputs). Sums are added in float (double for double tensors) and rounded once;
+// where a tensor reaches several consumers, its gradient is the sum of theirs, likewise.
+#pragma once
+
+#include <precis/nn/compose.hpp>
+#include <precis/nn/module.hpp>
+
+#include <array>
+#include <cstddef>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+namespace precis::nn {
+
+namespace detail {
+
+template <class M>
+using output_sig_t = sig<typename M::output_type, typename M::output_grad_type, M::output_rank>;
+
+template <class M>
+inline constexpr bool single_output_v = !is_values_v<typename M::output_type>;
+
+template <class... Ts>
+inline constexpr bool all_same_v = sizeof...(Ts) == 0 || (std::is_same_v<std::tuple_element_t<0, std::tuple<Ts...>>, Ts> && ...);
+
+template <class Child>
+std::string component_of(std::size_t i, const Child& c) {
+  return c.name().empty() ? std::to_string(i) : std::string(c.name());
+}
+
+/// The tuple of pointers to the elements of a buffer tuple.
+template <class Tuple>
+auto pointers_to(const Tuple& t) {
+  return std::apply([](const auto&... e) { return std::tuple{&e...}; }, t);
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------
+// fork: one input, several outputs
+
+template <class... Ms>
+class fork_module;
+
+/// Blueprint of nn::fork.
+template <class... Ss>
+struct fork_spec {
+  std::tuple<Ss...> children;
+  template <class Map, class Ctx, class In, class G, std::size_t R>
+  using module_type = fork_module<detail::resolve_spec_t<Ss, Map, Ctx, In, G, R>...>;
+};
+
+/// Branches on one input whose outputs all leave the node (a blueprint node): a head whose
+/// two maps feed a loss. The input's gradient is the sum of the branches'.
+template <class... Ss>
+constexpr fork_spec<Ss...> fork(Ss... branches) {
+  static_assert(sizeof...(Ss) >= 2, "precis: nn::fork needs at least two branches");
+  return {std::tuple<Ss...>(branches...)};
+}
+
+/// The module nn::fork builds into.
+template <class... Ms>
+class fork_module {
+  using children_type = std::tuple<Ms...>;
+  static constexpr std::size_t count = sizeof...(Ms);
+  using first = std::tuple_element_t<0, children_type>;
+  static_assert(((std::is_same_v<typename Ms::input_type, typename first::input_type> &&
+                  std::is_same_v<typename Ms::input_grad_type, typename first::input_grad_type> &&
+                  Ms::input_rank == first::input_rank) &&
+                 ...),
+                "precis: the branches of nn::fork must read the same input type, gradient type and rank");
+  static_assert((detail::single_output_v<Ms> && ...), "precis: each branch of nn::fork gives one tensor");
+
+ public:
+  using context_type = typename first::context_type;
+  using input_type = typename first::input_type;
+  using input_grad_type = typename first::input_grad_type;
+  using output_type = values<detail::output_sig_t<Ms>...>;
+  using output_grad_type = output_type;
+  static constexpr std::size_t input_rank = first::input_rank;
+  static constexpr std::size_t output_rank = 0;
+
+  template <class... Ss>
+  explicit fork_module(const fork_spec<Ss...>& s) : fork_module(s, std::make_index_sequence<count>{}) {}
+
+  std::string_view name() const { return ""; }
+  edge_shape_t<output_type, 0> output_shape(const shape_t<input_rank>& in, std::string_view path) const {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return edge_shape_t<output_type, 0>{std::get<I>(children_).output_shape(
+          in, join_path(path, detail::component_of(I, std::get<I>(children_))))...};
+    }(std::make_index_sequence<count>{});
+  }
+  template <class X>
+  edge_value_t<context_type, output_type, 0> forward(const context_type& ctx, const X& x, mode m = mode::train) {
+    return std::apply([&](auto&... c) { return edge_value_t<context_type, output_type, 0>{&c.forward(ctx, x, m)...}; },
+                      children_);
+  }
+  const tensor_t<context_type, input_grad_type, input_rank>& backward(const context_type& ctx,
+                                                                       const edge_grad_t<context_type, output_type, 0>& dy) {
+    const auto dxs = [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return std::tuple{&std::get<I>(children_).backward(ctx, *std::get<I>(dy))...};
+    }(std::make_index_sequence<count>{});
+    detail::ensure(dx_, detail::shape_of<input_rank>(*std::get<0>(dxs)));
+    std::apply([&](auto... d) { detail::add_rounded(ctx, dx_.data(), dx_.size(), d->data()...); }, dxs);
+    return dx_;
+  }
+  std::size_t own_bytes() const { return detail::bytes_of(dx_); }
+  template <class Self, class F>
+  static void for_each_child(Self& self, F&& f) {
+    std::size_t i = 0;
+    std::apply([&](auto&... c) { ((f(detail::component_of(i, c), c), ++i), ...); }, self.children_);
+  }
+  template <std::size_t I>
+  auto& child() {
+    return std::get<I>(children_);
+  }
+
+ private:
+  template <class Spec, std::size_t... I>
+  fork_module(const Spec& s, std::index_sequence<I...>) : children_(Ms(std::get<I>(s.children))...) {}
+
+  children_type children_;
+  tensor_t<context_type, input_grad_type, input_rank> dx_;
+};
+
+// ---------------------------------------------------------------------------------------
+// taps: a sequence that gives every child's output
+
+template <class... Ms>
+class taps_module;
+
+/// Blueprint of nn::taps.
+template <class... Ss>
+struct taps_spec {
+  seq_spec<Ss...> chain;
+  template <class Seq>
+  struct as_taps;
+  template <class... Ms>
+  struct as_taps<sequence<Ms...>> {
+    using type = taps_module<Ms...>;
+  };
+  template <class Map, class Ctx, class In, class G, std::size_t R>
+  using module_type = typename as_taps<typename seq_spec<Ss...>::template module_type<Map, Ctx, In, G, R>>::type;
+};
+
+/// `stages` in order, every stage's output leaving the node (a blueprint node): a backbone
+/// that gives its four feature maps to an FPN. A stage's output gradient is what comes
+/// from outside plus what the next stage gives back, added in float and rounded once.
+template <class... Ss>
+constexpr taps_spec<Ss...> taps(Ss... stages) {
+  static_assert(sizeof...(Ss) >= 2, "precis: nn::taps needs at least two stages");
+  return {seq_spec<Ss...>{std::tuple<Ss...>(stages...)}};
+}
+
+/// The module nn::taps builds into.
+template <class... Ms>
+class taps_module {
+  using children_type = std::tuple<Ms...>;
+  static constexpr std::size_t count = sizeof...(Ms);
+  using first = std::tuple_element_t<0, children_type>;
+  static_assert(detail::neighbours_fit<Ms...>());
+  static_assert((detail::single_output_v<Ms> && ...), "precis: each stage of nn::taps gives one tensor");
+
+ public:
+  using context_type = typename first::context_type;
+  using input_type = typename first::input_type;
+  using input_grad_type = typename first::input_grad_type;
+  using output_type = values<detail::output_sig_t<Ms>...>;
+  using output_grad_type = output_type;
+  static constexpr std::size_t input_rank = first::input_rank;
+  static constexpr std::size_t output_rank = 0;
+
+  template <class... Ss>
+  explicit taps_module(const taps_spec<Ss...>& s) : taps_module(s.chain, std::make_index_sequence<count>{}) {}
+
+  std::string_view name() const { return ""; }
+  edge_shape_t<output_type, 0> output_shape(const shape_t<input_rank>& in, std::string_view path) const {
+    edge_shape_t<output_type, 0> out{};
+    shapes_from<0>(in, path, out);
+    return out;
+  }
+  template <class X>
+  edge_value_t<context_type, output_type, 0> forward(const context_type& ctx, const X& x, mode m = mode::train) {
+    edge_value_t<context_type, output_type, 0> out{};
+    forward_from<0>(ctx, x, m, out);
+    return out;
+  }
+  const tensor_t<context_type, input_grad_type, input_rank>& backward(const context_type& ctx,
+                                                                       const edge_grad_t<context_type, output_type, 0>& dy) {
+    return backward_from<count - 1>(ctx, dy, *std::get<count - 1>(dy));
+  }
+  std::size_t own_bytes() const {
+    return std::apply([](const auto&... g) { return (std::size_t(0) + ... + detail::bytes_of(g)); }, sums_);
+  }
+  template <class Self, class F>
+  static void for_each_child(Self& self, F&& f) {
+    std::size_t i = 0;
+    std::apply([&](auto&... c) { ((f(detail::component_of(i, c), c), ++i), ...); }, self.children_);
+  }
+  template <std::size_t I>
+  auto& child() {
+    return std::get<I>(children_);
+  }
+
+ private:
+  template <class Spec, std::size_t... I>
+  taps_module(const Spec& s, std::index_sequence<I...>) : children_(Ms(std::get<I>(s.children))...) {}
+
+  template <std::size_t I, class S, class Out>
+  void shapes_from(const S& in, std::string_view path, Out& out) const {
+    const auto& c = std::get<I>(children_);
+    std::get<I>(out) = c.output_shape(in, join_path(path, detail::component_of(I, c)));
+    if constexpr (I + 1 < count) shapes_from<I + 1>(std::get<I>(out), path, out);
+  }
+  template <std::size_t I, class X, class Out>
+  void forward_from(const context_type& ctx, const X& x, mode m, Out& out) {
+    const auto& y = std::get<I>(children_).forward(ctx, x, m);
+    std::get<I>(out) = &y;
+    if constexpr (I + 1 < count) forward_from<I + 1>(ctx, y, m, out);
+  }
+  // Stage I's output gradient is `d` (the outside's plus the next stage's, summed).
+  template <std::size_t I, class D, class G>
+  const auto& backward_from(const context_type& ctx, const D& dy, const G& d) {
+    const auto& dx = std::get<I>(children_).backward(ctx, d);
+    if constexpr (I == 0) {
+      return dx;
+    } else {
+      auto& sum = std::get<I - 1>(sums_);
+      const auto& outside = *std::get<I - 1>(dy);
+      detail::ensure(sum, detail::shape_of<detail::rank_of_v<std::remove_cvref_t<decltype(outside)>>>(outside));
+      detail::add_rounded(ctx, sum.data(), sum.size(), outside.data(), dx.data());
+      return backward_from<I - 1>(ctx, dy, sum);
+    }
+  }
+
+  template <class M>
+  using grad_buffer = tensor_t<context_type, typename M::output_grad_type, M::output_rank>;
+  template <class Seq>
+  struct all_but_last;
+  template <std::size_t... I>
+  struct all_but_last<std::index_sequence<I...>> {
+    using type = std::tuple<grad_buffer<std::tuple_element_t<I, children_type>>...>;
+  };
+
+  children_type children_;
+  typename all_but_last<std::make_index_sequence<count - 1>>::type sums_;
+};
+
+// ---------------------------------------------------------------------------------------
+// each: node i on tensor i
+
+template <class... Ms>
+class each_module;
+
+namespace detail {
+template <class Specs, class Sigs, class Map, class Ctx>
+struct resolve_each;
+template <class... Ss, class... Sigs, class Map, class Ctx>
+struct resolve_each<std::tuple<Ss...>, values<Sigs...>, Map, Ctx> {
+  static_assert(sizeof...(Ss) == sizeof...(Sigs),
+                "precis: nn::each needs one node for each tensor of the edge it reads");
+  using type = each_module<resolve_spec_t<Ss, Map, Ctx, typename Sigs::type, typename Sigs::grad_type, Sigs::rank>...>;
+};
+}  // namespace detail
+
+/// Blueprint of nn::each.
+template <class... Ss>
+struct each_spec {
+  std::tuple<Ss...> children;
+  template <class Map, class Ctx, class In, class G, std::size_t R>
+  using module_type = typename detail::resolve_each<std::tuple<Ss...>, In, Map, Ctx>::type;
+};
+
+/// Node i applied to tensor i of a multi-tensor edge (a blueprint node).
+template <class... Ss>
+constexpr each_spec<Ss...> each(Ss... nodes) {
+  return {std::tuple<Ss...>(nodes...)};
+}
+
+/// The module nn::each builds into.
+template <class... Ms>
+class each_module {
+  using children_type = std::tuple<Ms...>;
+  static constexpr std::size_t count = sizeof...(Ms);
+  using first = std::tuple_element_t<0, children_type>;
+  static_assert((detail::single_output_v<Ms> && ...), "precis: each node of nn::each gives one tensor");
+
+ public:
+  using context_type = typename first::context_type;
+  using input_type = values<sig<typename Ms::input_type, typename Ms::input_grad_type, Ms::input_rank>...>;
+  using input_grad_type = input_type;
+  using output_type = values<detail::output_sig_t<Ms>...>;
+  using output_grad_type = output_type;
+  static constexpr std::size_t input_rank = 0;
+  static constexpr std::size_t output_rank = 0;
+
+  template <class... Ss>
+  explicit each_module(const each_spec<Ss...>& s) : each_module(s, std::make_index_sequence<count>{}) {}
+
+  std::string_view name() const { return ""; }
+  edge_shape_t<output_type, 0> output_shape(const edge_shape_t<input_type, 0>& in, std::string_view path) const {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return edge_shape_t<output_type, 0>{std::get<I>(children_).output_shape(
+          std::get<I>(in), join_path(path, detail::component_of(I, std::get<I>(children_))))...};
+    }(std::make_index_sequence<count>{});
+  }
+  edge_value_t<context_type, output_type, 0> forward(const context_type& ctx,
+                                                     const edge_value_t<context_type, input_type, 0>& x,
+                                                     mode m = mode::train) {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return edge_value_t<context_type, output_type, 0>{&std::get<I>(children_).forward(ctx, *std::get<I>(x), m)...};
+    }(std::make_index_sequence<count>{});
+  }
+  edge_grad_t<context_type, input_type, 0> backward(const context_type& ctx,
+                                                    const edge_grad_t<context_type, output_type, 0>& dy) {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return edge_grad_t<context_type, input_type, 0>{&std::get<I>(children_).backward(ctx, *std::get<I>(dy))...};
+    }(std::make_index_sequence<count>{});
+  }
+  std::size_t own_bytes() const { return 0; }
+  template <class Self, class F>
+  static void for_each_child(Self& self, F&& f) {
+    std::size_t i = 0;
+    std::apply([&](auto&... c) { ((f(detail::component_of(i, c), c), ++i), ...); }, self.children_);
+  }
+  template <std::size_t I>
+  auto& child() {
+    return std::get<I>(children_);
+  }
+
+ private:
+  template <class Spec, std::size_t... I>
+  each_module(const Spec& s, std::index_sequence<I...>) : children_(Ms(std::get<I>(s.children))...) {}
+
+  children_type children_;
+};
+
+// ---------------------------------------------------------------------------------------
+// top_down: p[last] = x[last], p[i] = x[i] + node(p[i + 1])
+
+template <class Edge, class M>
+class top_down_module;
+
+/// Blueprint of nn::top_down.
+template <class S>
+struct top_down_spec {
+  S node;
+  template <class Map, class Ctx, class In, class G, std::size_t R>
+  struct resolved;
+  template <class Map, class Ctx, class S0, class... Sigs, class G, std::size_t R>
+  struct resolved<Map, Ctx, values<S0, Sigs...>, G, R> {
+    static_assert((std::is_same_v<S0, Sigs> && ...),
+                  "precis: nn::top_down adds tensors of one element type, gradient type and rank; give "
+                  "the nodes before it one storage type in the map, or cast in nn::each");
+    using type = top_down_module<values<S0, Sigs...>,
+                                 detail::resolve_spec_t<S, Map, Ctx, typename S0::type, typename S0::grad_type, S0::rank>>;
+  };
+  template <class Map, class Ctx, class In, class G, std::size_t R>
+  using module_type = typename resolved<Map, Ctx, In, G, R>::type;
+};
+
+/// The top-down path of a feature pyramid (a blueprint node): on tensors x[0..n) (finest
+/// first), p[n-1] = x[n-1] and p[i] = x[i] + node(p[i + 1]), e.g. with node an upsampling
+/// by 2; the sums are added in float and rounded once. One node per level (n - 1 of them).
+template <class S>
+constexpr top_down_spec<S> top_down(S node) {
+  return {node};
+}
+
+/// The module nn::top_down builds into.
+template <class S0, class... Sigs, class M>
+class top_down_module<values<S0, Sigs...>, M> {
+  static constexpr std::size_t levels = 1 + sizeof...(Sigs);
+  using T = typename S0::type;
+  using G = typename S0::grad_type;
+  static constexpr std::size_t R = S0::rank;
+  static_assert(std::is_same_v<typename M::output_type, T> && std::is_same_v<typename M::output_grad_type, G> &&
+                    M::output_rank == R,
+                "precis: the node of nn::top_down must give the type and rank it reads (an upsampling)");
+
+ public:
+  using context_type = typename M::context_type;
+  using input_type = values<S0, Sigs...>;
+  using input_grad_type = input_type;
+  using output_type = input_type;
+  using output_grad_type = input_type;
+  static constexpr std::size_t input_rank = 0;
+  static constexpr std::size_t output_rank = 0;
+  using tensor = tensor_t<context_type, T, R>;
+  using grad_tensor = tensor_t<context_type, G, R>;
+
+  template <class S>
+  explicit top_down_module(const top_down_spec<S>& s) : top_down_module(s.node, std::make_index_sequence<levels - 1>{}) {}
+
+  std::string_view name() const { return ""; }
+  edge_shape_t<input_type, 0> output_shape(const edge_shape_t<input_type, 0>& in, std::string_view path) const {
+    const auto shapes = to_array(in);
+    for (std::size_t i = 0; i + 1 < levels; ++i) {
+      const auto up = nodes_[i].output_shape(shapes[i + 1], join_path(path, std::to_string(i)));
+      if (up != shapes[i]) {
+        throw error("precis::nn::top_down at " + path_or_root(path) + ": level " + std::to_string(i + 1) + " of shape " +
+                    shape_string(shapes[i + 1]) + " becomes " + shape_string(up) + ", but level " + std::to_string(i) +
+                    " has shape " + shape_string(shapes[i]));
+      }
+    }
+    return in;
+  }
+  edge_value_t<context_type, output_type, 0> forward(const context_type& ctx,
+                                                     const edge_value_t<context_type, input_type, 0>& x,
+                                                     mode m = mode::train) {
+    const auto xs = to_array(x);
+    std::array<const tensor*, levels> p{};
+    p[levels - 1] = xs[levels - 1];
+    for (std::size_t i = levels - 1; i-- > 0;) {
+      const auto& u = nodes_[i].forward(ctx, *p[i + 1], m);
+      detail::ensure(sums_[i], detail::shape_of<R>(*xs[i]));
+      detail::add_rounded(ctx, sums_[i].data(), sums_[i].size(), xs[i]->data(), u.data());
+      p[i] = &sums_[i];
+    }
+    return from_array<edge_value_t<context_type, output_type, 0>>(p);
+  }
+  edge_grad_t<context_type, input_type, 0> backward(const context_type& ctx,
+                                                    const edge_grad_t<context_type, output_type, 0>& dy) {
+    const auto ds = to_array(dy);
+    std::array<const grad_tensor*, levels> g{};
+    g[0] = ds[0];
+    for (std::size_t i = 1; i < levels; ++i) {
+      const auto& d = nodes_[i - 1].backward(ctx, *g[i - 1]);
+      detail::ensure(grads_[i - 1], detail::shape_of<R>(*ds[i]));
+      detail::add_rounded(ctx, grads_[i - 1].data(), grads_[i - 1].size(), ds[i]->data(), d.data());
+      g[i] = &grads_[i - 1];
+    }
+    return from_array<edge_grad_t<context_type, input_type, 0>>(g);
+  }
+  std::size_t own_bytes() const {
+    std::size_t n = 0;
+    for (const auto& t : sums_) n += detail::bytes_of(t);
+    for (const auto& t : grads_) n += detail::bytes_of(t);
+    return n;
+  }
+  template <class Self, class F>
+  static void for_each_child(Self& self, F&& f) {
+    for (std::size_t i = 0; i + 1 < levels; ++i) f(std::to_string(i), self.nodes_[i]);
+  }
+
+ private:
+  template <class S, std::size_t... I>
+  top_down_module(const S& s, std::index_sequence<I...>) : nodes_{((void)I, M(s))...} {}
+
+  template <class Tuple>
+  static auto to_array(const Tuple& t) {
+    return std::apply([](const auto&... e) { return std::array{e...}; }, t);
+  }
+  template <class Tuple, class A>
+  static Tuple from_array(const A& a) {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) { return Tuple{a[I]...}; }(std::make_index_sequence<levels>{});
+  }
+
+  std::array<M, levels - 1> nodes_;
+  std::array<tensor, levels - 1> sums_;       // p[i] for i < levels - 1
+  std::array<grad_tensor, levels - 1> grads_;  // the gradients of p[i] for i > 0
+};
+
+// ---------------------------------------------------------------------------------------
+// add_all / concat_all: a multi-tensor edge joined into one tensor
+
+template <join_kind Join, class Edge, class Ctx>
+class join_module;
+
+/// Blueprint of nn::add_all and nn::concat_all.
+template <join_kind Join>
+struct join_spec {
+  std::size_t axis = 0;
+  template <class Map, class Ctx, class In, class G, std::size_t R>
+  using module_type = join_module<Join, In, Ctx>;
+};
+
+/// The tensors of a multi-tensor edge added into one (a blueprint node).
+constexpr join_spec<join_kind::add> add_all() { return {0}; }
+/// The tensors of a multi-tensor edge concatenated along `axis` (a blueprint node).
+constexpr join_spec<join_kind::concat> concat_all(std::size_t axis) { return {axis}; }
+
+/// The module nn::add_all and nn::concat_all build into.
+template <join_kind Join, class S0, class... Sigs, class Ctx>
+class join_module<Join, values<S0, Sigs...>, Ctx> {
+  static_assert((std::is_same_v<S0, Sigs> && ...),
+                "precis: nn::add_all and nn::concat_all join tensors of one element type, gradient type and "
+                "rank; give the nodes before it one storage type in the map, or cast in nn::each");
+  static constexpr std::size_t count = 1 + sizeof...(Sigs);
+  using T = typename S0::type;
+  using G = typename S0::grad_type;
+  static constexpr std::size_t R = S0::rank;
+
+ public:
+  using context_type = Ctx;
+  using input_type = values<S0, Sigs...>;
+  using input_grad_type = input_type;
+  using output_type = T;
+  using output_grad_type = G;
+  static constexpr std::size_t input_rank = 0;
+  static constexpr std::size_t output_rank = R;
+
+  explicit join_module(const join_spec<Join>& s) : axis_(s.axis) {
+    if (axis_ >= R) {
+      throw error("precis::nn::concat_all: axis " + std::to_string(axis_) + " is out of range for tensors of rank " +
+                  std::to_string(R));
+    }
+  }
+
+  std::string_view name() const { return ""; }
+  shape_t<R> output_shape(const edge_shape_t<input_type, 0>& in, std::string_view path) const {
+    const auto shapes = std::apply([](const auto&... s) { return std::array{s...}; }, in);
+    shape_t<R> out = shapes[0];
+    for (std::size_t i = 1; i < count; ++i) {
+      for (std::size_t a = 0; a < R; ++a) {
+        if (shapes[i][a] != out[a] && !(Join == join_kind::concat && a == axis_)) {
+          throw error("precis::nn: the tensors joined at " + path_or_root(path) + " have shapes " +
+                      shape_string(shapes[0]) + " and " + shape_string(shapes[i]) +
+                      (Join == join_kind::add ? ", which cannot be added"
+                                              : ", which differ outside the concatenation axis"));
+        }
+      }
+      if constexpr (Join == join_kind::concat) out[axis_] += shapes[i][axis_];
+    }
+    return out;
+  }
+  const tensor_t<Ctx, T, R>& forward(const Ctx& ctx, const edge_value_t<Ctx, input_type, 0>& x, mode = mode::train) {
+    const auto shape = output_shape(detail::edge_shape_of<0>(x), "");
+    detail::ensure(y_, shape);
+    if constexpr (Join == join_kind::add) {
+      std::apply([&](auto... t) { detail::add_rounded(ctx, y_.data(), y_.size(), t->data()...); }, x);
+    } else {
+      std::size_t offset = 0, i = 0;
+      std::apply([&](auto... t) { ((widths_[i++] = std::size_t(t->shape()[axis_])), ...); }, x);
+      std::apply([&](auto... t) { (copy_part(*t, offset), ...); }, x);
+    }
+    return y_;
+  }
+  edge_grad_t<Ctx, input_type, 0> backward(const Ctx&, const tensor_t<Ctx, G, R>& dy) {
+    if constexpr (Join == join_kind::add) {
+      // Every input's gradient is dy itself.
+      return [&]<std::size_t... I>(std::index_sequence<I...>) {
+        return edge_grad_t<Ctx, input_type, 0>{((void)I, &dy)...};
+      }(std::make_index_sequence<count>{});
+    } else {
+      std::size_t offset = 0;
+      for (std::size_t i = 0; i < count; ++i) {
+        shape_t<R> s = detail::shape_of<R>(dy);
+        s[axis_] = widths_[i];
+        detail::ensure(parts_[i], s);
+        const auto d = detail::split_at<R>(s, axis_);
+        const std::size_t total = std::size_t(dy.shape()[axis_]);
+        for (std::size_t o = 0; o < d[0]; ++o) {
+          std::copy_n(dy.data() + (o * total + offset) * d[2], d[1] * d[2], parts_[i].data() + o * d[1] * d[2]);
+        }
+        offset += widths_[i];
+      }
+      return [&]<std::size_t... I>(std::index_sequence<I...>) {
+        return edge_grad_t<Ctx, input_type, 0>{&parts_[I]...};
+      }(std::make_index_sequence<count>{});
+    }
+  }
+  std::size_t own_bytes() const {
+    std::size_t n = detail::bytes_of(y_);
+    for (const auto& p : parts_) n += detail::bytes_of(p);
+    return n;
+  }
+
+ private:
+  void copy_part(const tensor_t<Ctx, T, R>& part, std::size_t& offset) {
+    const auto d = detail::split_at<R>(detail::shape_of<R>(part), axis_);
+    const std::size_t total = std::size_t(y_.shape()[axis_]);
+    for (std::size_t o = 0; o < d[0]; ++o) {
+      std::copy_n(part.data() + o * d[1] * d[2], d[1] * d[2], y_.data() + (o * total + offset) * d[2]);
+    }
+    offset += d[1];
+  }
+
+  std::size_t axis_;
+  tensor_t<Ctx, T, R> y_;
+  std::array<tensor_t<Ctx, G, R>, count> parts_;
+  std::array<std::size_t, count> widths_{};
+};
+
+}  // namespace precis::nn
