@@ -77,6 +77,9 @@ class activation_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
   using base = layer_base<Tag, P, op::elementwise, R, R, Ctx>;
   using S = typename base::input_type;
   using G = typename base::input_grad_type;
+  using io = context_traits<Ctx>;
+  template <class T>
+  using tensor = tensor_t<Ctx, T, R>;
 
  public:
   static constexpr std::string_view kind = Kernel::name;
@@ -86,25 +89,25 @@ class activation_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
 
   shape_t<R> output_shape(const shape_t<R>& in, std::string_view) const { return in; }
 
-  const host_tensor<S, R>& forward(const cpu_context& ctx, const host_tensor<S, R>& x, mode = mode::train) {
+  const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode = mode::train) {
     detail::ensure(y_, detail::shape_of<R>(x));
-    precis::detail::unary<P, Kernel::template fn>("precis::nn::" + std::string(kind), ctx, x, y_);
+    io::template unary<P, Kernel::template fn>("precis::nn::" + std::string(kind), ctx, x, y_);
     x_.set(x);
     return y_;
   }
-  const host_tensor<G, R>& backward(const cpu_context& ctx, const host_tensor<G, R>& dy) {
+  const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
     const auto& x = x_.get(kind);
     detail::ensure(dx_, detail::shape_of<R>(x));
-    precis::detail::unary_backward<P, Kernel::template grad>("precis::nn::" + std::string(kind), ctx, dy, x, dx_);
+    io::template unary_backward<P, Kernel::template grad>("precis::nn::" + std::string(kind), ctx, dy, x, dx_);
     return dx_;
   }
   std::string shape() const { return "-"; }
   std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
 
  private:
-  host_tensor<S, R> y_;
-  host_tensor<G, R> dx_;
-  detail::saved<host_tensor<S, R>> x_;
+  tensor<S> y_;
+  tensor<G> dx_;
+  detail::saved<tensor<S>> x_;
 };
 
 }  // namespace precis::nn

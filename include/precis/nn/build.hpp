@@ -113,13 +113,13 @@ class model {
   /// The model's output for x (a reference to the model's buffer, or for several outputs a
   /// tuple of pointers to them). Every layer's shape is checked before any runs. x must
   /// stay alive and unchanged until backward().
-  decltype(auto) forward(const context_type& ctx, const input_tensor& x, mode m = mode::train) {
+  decltype(auto) forward(context_ref_t<context_type> ctx, const input_tensor& x, mode m = mode::train) {
     out_shape_ = output_shape(detail::edge_shape_of<input_rank>(x));
     return root_.forward(ctx, x, m);
   }
   /// Backpropagates dy (the loss's gradient with respect to the output(s)), adding the
   /// parameters' gradients to what they hold; returns the gradient with respect to x.
-  decltype(auto) backward(const context_type& ctx, const output_grad_tensor& dy) {
+  decltype(auto) backward(context_ref_t<context_type> ctx, const output_grad_tensor& dy) {
     if (detail::edge_shape_of<output_rank>(dy) != out_shape_) {
       throw error("precis::nn::model::backward: dy has shape " + detail::edge_shape_string(detail::edge_shape_of<output_rank>(dy)) +
                   ", the last forward pass gave " + detail::edge_shape_string(out_shape_));
@@ -162,8 +162,13 @@ class model {
     for_each_parameter([](const std::string&, auto& p) { p.zero_grad(); });
   }
   /// Rounds every master weight to its working copy (after each applied optimizer step).
-  void refresh(const cpu_context& ctx = {}) {
+  void refresh(context_ref_t<context_type> ctx) {
     for_each_parameter([&](const std::string&, auto& p) { p.refresh(ctx); });
+  }
+  void refresh()
+    requires std::is_same_v<context_type, cpu_context>
+  {
+    refresh(cpu_context{1});
   }
   /// The master weights, in a fixed order (the optimizer's view of the model).
   std::vector<std::span<float>> masters() {

@@ -29,22 +29,22 @@ class cast_layer {
   std::string_view name() const { return ""; }
   shape_t<R> output_shape(const shape_t<R>& in, std::string_view) const { return in; }
 
-  const host_tensor<Out, R>& forward(const cpu_context& ctx, const host_tensor<In, R>& x, mode = mode::train) {
+  const tensor_t<Ctx, Out, R>& forward(context_ref_t<Ctx> ctx, const tensor_t<Ctx, In, R>& x, mode = mode::train) {
     detail::ensure(y_, detail::shape_of<R>(x));
-    precis::cast(ctx, x, y_);
+    context_traits<Ctx>::cast(ctx, x, y_);
     return y_;
   }
-  const host_tensor<GIn, R>& backward(const cpu_context& ctx, const host_tensor<GOut, R>& dy) {
+  const tensor_t<Ctx, GIn, R>& backward(context_ref_t<Ctx> ctx, const tensor_t<Ctx, GOut, R>& dy) {
     detail::ensure(dx_, detail::shape_of<R>(dy));
-    precis::cast(ctx, dy, dx_);
+    context_traits<Ctx>::cast(ctx, dy, dx_);
     return dx_;
   }
   std::string shape() const { return std::string(type_name_v<In>) + "->" + std::string(type_name_v<Out>); }
   std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
 
  private:
-  host_tensor<Out, R> y_;
-  host_tensor<GIn, R> dx_;
+  tensor_t<Ctx, Out, R> y_;
+  tensor_t<Ctx, GIn, R> dx_;
 };
 
 template <class T, class G, std::size_t R, class Ctx>
@@ -67,8 +67,10 @@ class identity_layer : public data_layer_base<T, G, R, R, Ctx> {
   identity_layer() = default;
   explicit identity_layer(const identity_spec&) {}
   shape_t<R> output_shape(const shape_t<R>& in, std::string_view) const { return in; }
-  const host_tensor<T, R>& forward(const cpu_context&, const host_tensor<T, R>& x, mode = mode::train) { return x; }
-  const host_tensor<G, R>& backward(const cpu_context&, const host_tensor<G, R>& dy) { return dy; }
+  const tensor_t<Ctx, T, R>& forward(context_ref_t<Ctx>, const tensor_t<Ctx, T, R>& x, mode = mode::train) {
+    return x;
+  }
+  const tensor_t<Ctx, G, R>& backward(context_ref_t<Ctx>, const tensor_t<Ctx, G, R>& dy) { return dy; }
   std::string shape() const { return "-"; }
   std::size_t own_bytes() const { return 0; }
 };

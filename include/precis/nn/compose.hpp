@@ -129,11 +129,11 @@ class cast_in {
     return m_.output_shape(in, path);
   }
   template <class X>
-  decltype(auto) forward(const context_type& ctx, const X& x, mode m = mode::train) {
+  decltype(auto) forward(context_ref_t<context_type> ctx, const X& x, mode m = mode::train) {
     return m_.forward(ctx, cast_.forward(ctx, x, m), m);
   }
   template <class D>
-  const auto& backward(const context_type& ctx, const D& dy) {
+  const auto& backward(context_ref_t<context_type> ctx, const D& dy) {
     return cast_.backward(ctx, m_.backward(ctx, dy));
   }
   std::size_t own_bytes() const { return 0; }
@@ -173,11 +173,11 @@ class cast_out {
     return m_.output_shape(in, path);
   }
   template <class X>
-  const auto& forward(const context_type& ctx, const X& x, mode m = mode::train) {
+  const auto& forward(context_ref_t<context_type> ctx, const X& x, mode m = mode::train) {
     return cast_.forward(ctx, m_.forward(ctx, x, m), m);
   }
   template <class D>
-  decltype(auto) backward(const context_type& ctx, const D& dy) {
+  decltype(auto) backward(context_ref_t<context_type> ctx, const D& dy) {
     return m_.backward(ctx, cast_.backward(ctx, dy));
   }
   std::size_t own_bytes() const { return 0; }
@@ -298,11 +298,11 @@ class sequence {
     return shape_from<0>(in, path);
   }
   template <class X>
-  decltype(auto) forward(const context_type& ctx, const X& x, mode m = mode::train) {
+  decltype(auto) forward(context_ref_t<context_type> ctx, const X& x, mode m = mode::train) {
     return forward_from<0>(ctx, x, m);
   }
   template <class D>
-  decltype(auto) backward(const context_type& ctx, const D& dy) {
+  decltype(auto) backward(context_ref_t<context_type> ctx, const D& dy) {
     return backward_from<count - 1>(ctx, dy);
   }
   std::size_t own_bytes() const { return 0; }
@@ -343,7 +343,7 @@ class sequence {
   // Children give a tensor by reference, or a multi-tensor edge (a tuple of pointers) by
   // value: decltype(auto) passes either on as it came.
   template <std::size_t I, class X>
-  decltype(auto) forward_from(const context_type& ctx, const X& x, mode m) {
+  decltype(auto) forward_from(context_ref_t<context_type> ctx, const X& x, mode m) {
     if constexpr (I + 1 == count) {
       return std::get<I>(children_).forward(ctx, x, m);
     } else {
@@ -352,7 +352,7 @@ class sequence {
     }
   }
   template <std::size_t I, class D>
-  decltype(auto) backward_from(const context_type& ctx, const D& dy) {
+  decltype(auto) backward_from(context_ref_t<context_type> ctx, const D& dy) {
     if constexpr (I == 0) {
       return std::get<I>(children_).backward(ctx, dy);
     } else {
@@ -438,6 +438,7 @@ class branches {
   static constexpr std::size_t output_rank = first::output_rank;
 
  private:
+  using io = context_traits<context_type>;
   template <class M>
   static constexpr bool joins_v = std::is_same_v<typename M::output_type, output_type> &&
                                   std::is_same_v<typename M::output_grad_type, output_grad_type> &&
@@ -465,13 +466,13 @@ class branches {
   }
 
   template <class X>
-  const auto& forward(const context_type& ctx, const X& x, mode m = mode::train) {
+  const auto& forward(context_ref_t<context_type> ctx, const X& x, mode m = mode::train) {
     const auto outs = std::apply(
         [&](auto&... c) { return std::tuple<decltype(&c.forward(ctx, x, m))...>{&c.forward(ctx, x, m)...}; },
         children_);
     if constexpr (Join == join_kind::add) {
       detail::ensure(y_, detail::shape_of<output_rank>(*std::get<0>(outs)));
-      std::apply([&](auto... o) { detail::add_rounded(ctx, y_.data(), y_.size(), o->data()...); }, outs);
+      std::apply([&](auto... o) { io::add_rounded(ctx, y_, *o...); }, outs);
     } else {
       shape_t<output_rank> shape = detail::shape_of<output_rank>(*std::get<0>(outs));
       shape[axis_] = 0;
@@ -485,14 +486,14 @@ class branches {
   }
 
   template <class D>
-  const auto& backward(const context_type& ctx, const D& dy) {
+  const auto& backward(context_ref_t<context_type> ctx, const D& dy) {
     std::size_t offset = 0;
     const auto dxs = [&]<std::size_t... I>(std::index_sequence<I...>) {
       return std::tuple<decltype(&std::get<I>(children_).backward(ctx, dy))...>{
           &std::get<I>(children_).backward(ctx, slice_for(dy, I, offset))...};
     }(std::make_index_sequence<count>{});
     detail::ensure(dx_, detail::shape_of<input_rank>(*std::get<0>(dxs)));
-    std::apply([&](auto... d) { detail::add_rounded(ctx, dx_.data(), dx_.size(), d->data()...); }, dxs);
+    std::apply([&](auto... d) { io::add_rounded(ctx, dx_, *d...); }, dxs);
     return dx_;
   }
 
@@ -583,9 +584,9 @@ class branches {
   }
   children_type children_;
   std::size_t axis_;
-  host_tensor<output_type, output_rank> y_;
-  host_tensor<input_grad_type, input_rank> dx_;
-  std::vector<host_tensor<output_grad_type, output_rank>> slices_;  // concat: each branch's dy
+  tensor_t<context_type, output_type, output_rank> y_;
+  tensor_t<context_type, input_grad_type, input_rank> dx_;
+  std::vector<tensor_t<context_type, output_grad_type, output_rank>> slices_;  // concat: each branch's dy
   std::vector<std::size_t> widths_;                                 // concat: each branch's width
 };
 
@@ -639,7 +640,7 @@ class repeat_block {
     for (std::size_t i = 0; i < N; ++i) s = blocks_[i].output_shape(s, join_path(path, std::to_string(i)));
     return s;
   }
-  const tensor_t<context_type, output_type, output_rank>& forward(const context_type& ctx,
+  const tensor_t<context_type, output_type, output_rank>& forward(context_ref_t<context_type> ctx,
                                                                   const tensor_t<context_type, input_type, input_rank>& x,
                                                                   mode m = mode::train) {
     const auto* y = &blocks_[0].forward(ctx, x, m);
@@ -647,7 +648,7 @@ class repeat_block {
     return *y;
   }
   const tensor_t<context_type, input_grad_type, input_rank>& backward(
-      const context_type& ctx, const tensor_t<context_type, output_grad_type, output_rank>& dy) {
+      context_ref_t<context_type> ctx, const tensor_t<context_type, output_grad_type, output_rank>& dy) {
     const auto* d = &blocks_[N - 1].backward(ctx, dy);
     for (std::size_t i = N - 1; i-- > 0;) d = &blocks_[i].backward(ctx, *d);
     return *d;
@@ -715,11 +716,11 @@ class named_module {
     return m_.output_shape(in, path);
   }
   template <class X>
-  decltype(auto) forward(const context_type& ctx, const X& x, mode m = mode::train) {
+  decltype(auto) forward(context_ref_t<context_type> ctx, const X& x, mode m = mode::train) {
     return m_.forward(ctx, x, m);
   }
   template <class D>
-  decltype(auto) backward(const context_type& ctx, const D& dy) {
+  decltype(auto) backward(context_ref_t<context_type> ctx, const D& dy) {
     return m_.backward(ctx, dy);
   }
   std::size_t own_bytes() const { return 0; }

@@ -26,6 +26,9 @@
 // backward() (the enclosing model arranges that).
 #pragma once
 
+// Lets precis/nn/cuda.hpp check that it comes first (see there).
+#define PRECIS_NN_INCLUDED 1
+
 #include <precis/kernels/context.hpp>
 #include <precis/nn/parameter.hpp>
 #include <precis/policy/describe.hpp>
@@ -42,21 +45,6 @@
 #include <utility>
 
 namespace precis::nn {
-
-/// The tensor type a module on context `Ctx` holds. Specialised for each context: host
-/// tensors for cpu_context here, device tensors for cuda_context in the CUDA headers.
-template <class Ctx>
-struct context_traits;
-
-template <>
-struct context_traits<cpu_context> {
-  template <class T, std::size_t N>
-  using tensor = host_tensor<T, N>;
-};
-
-/// A rank-N tensor of T on context Ctx.
-template <class Ctx, class T, std::size_t N>
-using tensor_t = typename context_traits<Ctx>::template tensor<T, N>;
 
 /// A shape of rank N.
 template <std::size_t N>
@@ -306,7 +294,12 @@ template <class Tensor, std::size_t N>
 void ensure(Tensor& t, const shape_t<N>& shape) {
   bool same = true;
   for (std::size_t i = 0; i < N; ++i) same = same && std::size_t(t.shape()[i]) == shape[i];
-  if (!same) t.resize(shape);
+  if (same) return;
+  if constexpr (requires { t.resize(shape); }) {
+    t.resize(shape);
+  } else {
+    t = Tensor(shape);  // device tensors are reallocated
+  }
 }
 
 /// The error a module throws when the shape it is given is not one it can take.
@@ -324,9 +317,9 @@ std::size_t elements(const shape_t<N>& s) {
   return n;
 }
 
-template <class T, std::size_t N>
-std::size_t bytes_of(const host_tensor<T, N>& t) {
-  return t.size() * sizeof(T);
+template <class Tensor>
+std::size_t bytes_of(const Tensor& t) {
+  return t.size() * sizeof(*t.data());
 }
 
 /// The seed of the parameters at `path` in a model built with `seed`: every layer draws its

@@ -105,11 +105,11 @@ class fork_module {
     }(std::make_index_sequence<count>{});
   }
   template <class X>
-  edge_value_t<context_type, output_type, 0> forward(const context_type& ctx, const X& x, mode m = mode::train) {
+  edge_value_t<context_type, output_type, 0> forward(context_ref_t<context_type> ctx, const X& x, mode m = mode::train) {
     return std::apply([&](auto&... c) { return edge_value_t<context_type, output_type, 0>{&c.forward(ctx, x, m)...}; },
                       children_);
   }
-  const tensor_t<context_type, input_grad_type, input_rank>& backward(const context_type& ctx,
+  const tensor_t<context_type, input_grad_type, input_rank>& backward(context_ref_t<context_type> ctx,
                                                                        const edge_grad_t<context_type, output_type, 0>& dy) {
     const auto dxs = [&]<std::size_t... I>(std::index_sequence<I...>) {
       return std::tuple{&std::get<I>(children_).backward(ctx, *std::get<I>(dy))...};
@@ -194,12 +194,12 @@ class taps_module {
     return out;
   }
   template <class X>
-  edge_value_t<context_type, output_type, 0> forward(const context_type& ctx, const X& x, mode m = mode::train) {
+  edge_value_t<context_type, output_type, 0> forward(context_ref_t<context_type> ctx, const X& x, mode m = mode::train) {
     edge_value_t<context_type, output_type, 0> out{};
     forward_from<0>(ctx, x, m, out);
     return out;
   }
-  const tensor_t<context_type, input_grad_type, input_rank>& backward(const context_type& ctx,
+  const tensor_t<context_type, input_grad_type, input_rank>& backward(context_ref_t<context_type> ctx,
                                                                        const edge_grad_t<context_type, output_type, 0>& dy) {
     return backward_from<count - 1>(ctx, dy, *std::get<count - 1>(dy));
   }
@@ -227,14 +227,14 @@ class taps_module {
     if constexpr (I + 1 < count) shapes_from<I + 1>(std::get<I>(out), path, out);
   }
   template <std::size_t I, class X, class Out>
-  void forward_from(const context_type& ctx, const X& x, mode m, Out& out) {
+  void forward_from(context_ref_t<context_type> ctx, const X& x, mode m, Out& out) {
     const auto& y = std::get<I>(children_).forward(ctx, x, m);
     std::get<I>(out) = &y;
     if constexpr (I + 1 < count) forward_from<I + 1>(ctx, y, m, out);
   }
   // Stage I's output gradient is `d` (the outside's plus the next stage's, summed).
   template <std::size_t I, class D, class G>
-  const auto& backward_from(const context_type& ctx, const D& dy, const G& d) {
+  const auto& backward_from(context_ref_t<context_type> ctx, const D& dy, const G& d) {
     const auto& dx = std::get<I>(children_).backward(ctx, d);
     if constexpr (I == 0) {
       return dx;
@@ -318,14 +318,14 @@ class each_module {
           std::get<I>(in), join_path(path, detail::component_of(I, std::get<I>(children_))))...};
     }(std::make_index_sequence<count>{});
   }
-  edge_value_t<context_type, output_type, 0> forward(const context_type& ctx,
+  edge_value_t<context_type, output_type, 0> forward(context_ref_t<context_type> ctx,
                                                      const edge_value_t<context_type, input_type, 0>& x,
                                                      mode m = mode::train) {
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
       return edge_value_t<context_type, output_type, 0>{&std::get<I>(children_).forward(ctx, *std::get<I>(x), m)...};
     }(std::make_index_sequence<count>{});
   }
-  edge_grad_t<context_type, input_type, 0> backward(const context_type& ctx,
+  edge_grad_t<context_type, input_type, 0> backward(context_ref_t<context_type> ctx,
                                                     const edge_grad_t<context_type, output_type, 0>& dy) {
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
       return edge_grad_t<context_type, input_type, 0>{&std::get<I>(children_).backward(ctx, *std::get<I>(dy))...};
@@ -419,7 +419,7 @@ class top_down_module<values<S0, Sigs...>, M> {
     }
     return in;
   }
-  edge_value_t<context_type, output_type, 0> forward(const context_type& ctx,
+  edge_value_t<context_type, output_type, 0> forward(context_ref_t<context_type> ctx,
                                                      const edge_value_t<context_type, input_type, 0>& x,
                                                      mode m = mode::train) {
     const auto xs = to_array(x);
@@ -433,7 +433,7 @@ class top_down_module<values<S0, Sigs...>, M> {
     }
     return from_array<edge_value_t<context_type, output_type, 0>>(p);
   }
-  edge_grad_t<context_type, input_type, 0> backward(const context_type& ctx,
+  edge_grad_t<context_type, input_type, 0> backward(context_ref_t<context_type> ctx,
                                                     const edge_grad_t<context_type, output_type, 0>& dy) {
     const auto ds = to_array(dy);
     std::array<const grad_tensor*, levels> g{};
@@ -538,7 +538,7 @@ class join_module<Join, values<S0, Sigs...>, Ctx> {
     }
     return out;
   }
-  const tensor_t<Ctx, T, R>& forward(const Ctx& ctx, const edge_value_t<Ctx, input_type, 0>& x, mode = mode::train) {
+  const tensor_t<Ctx, T, R>& forward(context_ref_t<Ctx> ctx, const edge_value_t<Ctx, input_type, 0>& x, mode = mode::train) {
     const auto shape = output_shape(detail::edge_shape_of<0>(x), "");
     detail::ensure(y_, shape);
     if constexpr (Join == join_kind::add) {
@@ -550,7 +550,7 @@ class join_module<Join, values<S0, Sigs...>, Ctx> {
     }
     return y_;
   }
-  edge_grad_t<Ctx, input_type, 0> backward(const Ctx&, const tensor_t<Ctx, G, R>& dy) {
+  edge_grad_t<Ctx, input_type, 0> backward(context_ref_t<Ctx>, const tensor_t<Ctx, G, R>& dy) {
     if constexpr (Join == join_kind::add) {
       // Every input's gradient is dy itself.
       return [&]<std::size_t... I>(std::index_sequence<I...>) {

@@ -67,6 +67,9 @@ class affine_norm : public layer_base<Tag, P, Op, R, R, Ctx> {
   using G = typename base::input_grad_type;
   using M = typename base::master_type;
   using St = typename base::statistics_type;
+  using io = context_traits<Ctx>;
+  template <class T, std::size_t N = R>
+  using tensor = tensor_t<Ctx, T, N>;
 
   affine_norm(std::string_view layer, std::size_t features)
       : features_(features), gamma_({features}), beta_({features}) {
@@ -74,10 +77,12 @@ class affine_norm : public layer_base<Tag, P, Op, R, R, Ctx> {
     reset_affine();
   }
   void reset_affine() {
-    gamma_.master().fill(M(1));
-    beta_.master().fill(M(0));
-    gamma_.refresh();
-    beta_.refresh();
+    io::fill(gamma_.master(), M(1));
+    io::fill(beta_.master(), M(0));
+    if constexpr (std::is_same_v<Ctx, cpu_context>) {
+      gamma_.refresh();
+      beta_.refresh();
+    }
   }
   void size_buffers(const shape_t<R>& shape) {
     ensure(y_, shape);
@@ -85,17 +90,17 @@ class affine_norm : public layer_base<Tag, P, Op, R, R, Ctx> {
     ensure(dgamma_, shape_t<1>{features_});
     ensure(dbeta_, shape_t<1>{features_});
   }
-  void accumulate_affine() {
-    gamma_.accumulate(dgamma_);
-    beta_.accumulate(dbeta_);
+  void accumulate_affine(context_ref_t<Ctx> ctx) {
+    gamma_.accumulate(ctx, dgamma_);
+    beta_.accumulate(ctx, dbeta_);
   }
   std::size_t buffer_bytes() const {
     return bytes_of(y_) + bytes_of(dx_) + bytes_of(dgamma_) + bytes_of(dbeta_);
   }
 
  public:
-  parameter<S, M, 1>& gamma() { return gamma_; }
-  parameter<S, M, 1>& beta() { return beta_; }
+  parameter<S, M, 1, Ctx>& gamma() { return gamma_; }
+  parameter<S, M, 1, Ctx>& beta() { return beta_; }
   std::string shape() const { return std::to_string(features_); }
   template <class Self, class F>
   static void for_each_parameter(Self& self, F&& f) {
@@ -107,11 +112,11 @@ class affine_norm : public layer_base<Tag, P, Op, R, R, Ctx> {
 
  protected:
   std::size_t features_;
-  parameter<S, M, 1> gamma_, beta_;
-  host_tensor<S, R> y_;
-  host_tensor<G, R> dx_;
-  host_tensor<G, 1> dgamma_, dbeta_;
-  saved<host_tensor<S, R>> x_;
+  parameter<S, M, 1, Ctx> gamma_, beta_;
+  tensor<S> y_;
+  tensor<G> dx_;
+  tensor<G, 1> dgamma_, dbeta_;
+  saved<tensor<S>> x_;
 };
 
 }  // namespace detail
@@ -124,6 +129,8 @@ class layer_norm_layer : public detail::affine_norm<Tag, P, op::layer_norm, R, C
   using typename base::S;
   using typename base::G;
   using typename base::St;
+  template <class T, std::size_t N = R>
+  using tensor = tensor_t<Ctx, T, N>;
 
  public:
   static constexpr std::string_view kind = "layer_norm";
@@ -139,7 +146,7 @@ class layer_norm_layer : public detail::affine_norm<Tag, P, op::layer_norm, R, C
     return in;
   }
 
-  const host_tensor<S, R>& forward(const cpu_context& ctx, const host_tensor<S, R>& x, mode = mode::train) {
+  const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode = mode::train) {
     const auto shape = output_shape(detail::shape_of<R>(x), path_name<Tag>());
     this->size_buffers(shape);
     shape_t<R - 1> rows{};
@@ -150,10 +157,10 @@ class layer_norm_layer : public detail::affine_norm<Tag, P, op::layer_norm, R, C
     this->x_.set(x);
     return this->y_;
   }
-  const host_tensor<G, R>& backward(const cpu_context& ctx, const host_tensor<G, R>& dy) {
+  const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
     const auto& x = this->x_.get(kind);
     layer_norm_backward<P>(ctx, dy, x, this->gamma_.value(), mean_, rstd_, this->dx_, this->dgamma_, this->dbeta_);
-    this->accumulate_affine();
+    this->accumulate_affine(ctx);
     return this->dx_;
   }
   std::size_t own_bytes() const { return this->buffer_bytes() + detail::bytes_of(mean_) + detail::bytes_of(rstd_); }
@@ -165,7 +172,7 @@ class layer_norm_layer : public detail::affine_norm<Tag, P, op::layer_norm, R, C
 
  private:
   double eps_;
-  host_tensor<St, R - 1> mean_, rstd_;
+  tensor<St, R - 1> mean_, rstd_;
 };
 
 /// Batch normalisation over axis 1, built for Tag under the resolved policy P.
@@ -176,6 +183,8 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
   using typename base::S;
   using typename base::G;
   using typename base::St;
+  template <class T, std::size_t N = R>
+  using tensor = tensor_t<Ctx, T, N>;
 
  public:
   static constexpr std::string_view kind = "batch_norm";
@@ -203,7 +212,7 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
     return in;
   }
 
-  const host_tensor<S, R>& forward(const cpu_context& ctx, const host_tensor<S, R>& x, mode m = mode::train) {
+  const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode m = mode::train) {
     this->size_buffers(output_shape(detail::shape_of<R>(x), path_name<Tag>()));
     if (m == mode::train) {
       detail::ensure(save_mean_, shape_t<1>{this->features_});
@@ -218,16 +227,16 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
     return this->y_;
   }
   /// Backward of the last training-mode forward pass.
-  const host_tensor<G, R>& backward(const cpu_context& ctx, const host_tensor<G, R>& dy) {
+  const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
     const auto& x = this->x_.get(kind);
     batch_norm_backward<P>(ctx, dy, x, this->gamma_.value(), save_mean_, save_rstd_, this->dx_, this->dgamma_,
                            this->dbeta_);
-    this->accumulate_affine();
+    this->accumulate_affine(ctx);
     return this->dx_;
   }
 
-  const host_tensor<St, 1>& running_mean() const { return running_mean_; }
-  const host_tensor<St, 1>& running_var() const { return running_var_; }
+  const tensor<St, 1>& running_mean() const { return running_mean_; }
+  const tensor<St, 1>& running_var() const { return running_var_; }
   std::size_t own_bytes() const {
     return this->buffer_bytes() + detail::bytes_of(save_mean_) + detail::bytes_of(save_rstd_);
   }
@@ -243,24 +252,26 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
   }
 
  private:
+  using io = context_traits<Ctx>;
   void reset_statistics() {
-    running_mean_.fill(St(0));
-    running_var_.fill(St(1));
+    io::fill(running_mean_, St(0));
+    io::fill(running_var_, St(1));
   }
   template <class Archive>
-  void visit_statistics(Archive& a, const std::string& name, host_tensor<St, 1>& t) {
-    std::vector<float> v(t.begin(), t.end());
+  void visit_statistics(Archive& a, const std::string& name, tensor<St, 1>& t) {
+    const auto held = io::download(t);
+    std::vector<float> v(held.begin(), held.end());
     a.floats(name, v);
     if (v.size() != t.size()) {
       problem_ = name + " has " + std::to_string(v.size()) + " values, the model has " + std::to_string(t.size());
       return;
     }
-    std::copy(v.begin(), v.end(), t.begin());
+    io::upload(t, std::vector<St>(v.begin(), v.end()));
   }
 
   double momentum_, eps_;
-  host_tensor<St, 1> running_mean_, running_var_;
-  host_tensor<St, 1> save_mean_, save_rstd_;
+  tensor<St, 1> running_mean_, running_var_;
+  tensor<St, 1> save_mean_, save_rstd_;
   std::string problem_;
 };
 

@@ -15,6 +15,8 @@
 #include <precis/config.hpp>
 #include <precis/kernels/cast.hpp>
 #include <precis/kernels/common.hpp>
+#include <precis/kernels/context.hpp>
+#include <precis/kernels/elementwise.hpp>
 #include <precis/tensor/host_tensor.hpp>
 
 #include <array>
@@ -29,11 +31,80 @@
 
 namespace precis::nn {
 
-/// A trainable tensor of rank N: master weights and gradient in M (float or double),
-/// the working copy in S. Its buffers never move: assigning a parameter copies the values
-/// into the existing storage, so an optimizer holding spans of the master weights stays
-/// valid when a checkpoint is loaded into the model.
-template <class S, class M, std::size_t N>
+/// The tensor type a module on context `Ctx` holds, how it is passed (`ref`), and the few
+/// operations nn needs besides the kernels (`io`). Specialised for each context: host
+/// tensors for cpu_context here, device tensors for cuda_context in precis/nn/cuda.hpp.
+template <class Ctx>
+struct context_traits;
+
+template <>
+struct context_traits<cpu_context> {
+  template <class T, std::size_t N>
+  using tensor = host_tensor<T, N>;
+  /// How modules take the context.
+  using ref = const cpu_context&;
+
+  /// Sets every element to v.
+  template <class T, std::size_t N>
+  static void fill(host_tensor<T, N>& t, T v) {
+    t.fill(v);
+  }
+  /// Copies host values in (values.size() == t.size()).
+  template <class T, std::size_t N>
+  static void upload(host_tensor<T, N>& t, const std::vector<T>& values) {
+    std::copy(values.begin(), values.end(), t.begin());
+  }
+  /// The values, on the host.
+  template <class T, std::size_t N>
+  static std::vector<T> download(const host_tensor<T, N>& t) {
+    return std::vector<T>(t.begin(), t.end());
+  }
+  /// sum += part elementwise, in sum's type (part already rounded to its own type).
+  template <class M, class G, std::size_t N>
+  static void accumulate(ref, host_tensor<M, N>& sum, const host_tensor<G, N>& part) {
+    M* g = sum.data();
+    const G* p = part.data();
+    for (std::size_t i = 0, n = sum.size(); i < n; ++i) g[i] += static_cast<M>(p[i]);
+  }
+  /// out = in converted, each value rounded once (nearest-even).
+  template <class In, class Out, std::size_t N>
+  static void cast(ref ctx, const host_tensor<In, N>& in, host_tensor<Out, N>& out) {
+    precis::cast(ctx, in, out);
+  }
+  /// out = the sum of the inputs, added in float (double for double tensors) and rounded once.
+  template <class Out, std::size_t N, class... In>
+  static void add_rounded(ref ctx, host_tensor<Out, N>& out, const host_tensor<In, N>&... in) {
+    using A = std::conditional_t<(std::is_same_v<Out, double> || ... || std::is_same_v<In, double>), double, float>;
+    Out* o = out.data();
+    precis::detail::parallel_for(ctx, out.size(), std::size_t(1) << 15, [&](std::size_t b, std::size_t e) {
+      for (std::size_t i = b; i < e; ++i) o[i] = round_to<Out>((A(0) + ... + static_cast<A>(in.data()[i])));
+    });
+  }
+  /// y = f(x) and dx = g(dy, x) elementwise under policy P.
+  template <Policy P, template <class> class Fn, class X, class Y, std::size_t N>
+  static void unary(std::string_view name, ref ctx, const host_tensor<X, N>& x, host_tensor<Y, N>& y) {
+    precis::detail::unary<P, Fn>(name, ctx, x, y);
+  }
+  template <Policy P, template <class> class Fn, class DY, class X, class DX, std::size_t N>
+  static void unary_backward(std::string_view name, ref ctx, const host_tensor<DY, N>& dy, const host_tensor<X, N>& x,
+                             host_tensor<DX, N>& dx) {
+    precis::detail::unary_backward<P, Fn>(name, ctx, dy, x, dx);
+  }
+};
+
+/// A rank-N tensor of T on context Ctx.
+template <class Ctx, class T, std::size_t N>
+using tensor_t = typename context_traits<Ctx>::template tensor<T, N>;
+
+/// How modules on context Ctx take it: `const cpu_context&`, `cuda_context&`.
+template <class Ctx>
+using context_ref_t = typename context_traits<Ctx>::ref;
+
+/// A trainable tensor of rank N on context Ctx: master weights and gradient in M (float or
+/// double), the working copy in S. Its buffers never move: assigning a parameter copies the
+/// values into the existing storage, so an optimizer holding spans of the master weights
+/// stays valid when a checkpoint is loaded into the model.
+template <class S, class M, std::size_t N, class Ctx = cpu_context>
 class parameter {
   static_assert(std::is_same_v<M, float> || std::is_same_v<M, double>,
                 "precis: nn layers keep master weights in float (or double); a policy with "
@@ -43,11 +114,14 @@ class parameter {
   using storage_type = S;
   using master_type = M;
   using shape_type = std::array<std::size_t, N>;
+  template <class T>
+  using tensor = tensor_t<Ctx, T, N>;
+  using io = context_traits<Ctx>;
 
   explicit parameter(const shape_type& shape) : master_(shape), grad_(shape) {
-    master_.fill(M(0));
-    grad_.fill(M(0));
-    if constexpr (!same_storage) working_ = host_tensor<S, N>(shape);
+    io::fill(master_, M(0));
+    io::fill(grad_, M(0));
+    if constexpr (!same_storage) working_ = tensor<S>(shape);
   }
   parameter(const parameter&) = default;
   /// Copies the values of `other` into this parameter's buffers (they keep their
@@ -63,10 +137,10 @@ class parameter {
   ~parameter() = default;
 
   /// The master weights (update them, then call refresh()).
-  host_tensor<M, N>& master() { return master_; }
-  const host_tensor<M, N>& master() const { return master_; }
+  tensor<M>& master() { return master_; }
+  const tensor<M>& master() const { return master_; }
   /// The working copy the kernels read: the master rounded to S at the last refresh().
-  const host_tensor<S, N>& value() const {
+  const tensor<S>& value() const {
     if constexpr (same_storage) {
       return master_;
     } else {
@@ -74,21 +148,38 @@ class parameter {
     }
   }
   /// The gradient, accumulated over backward passes since zero_grad().
-  host_tensor<M, N>& grad() { return grad_; }
-  const host_tensor<M, N>& grad() const { return grad_; }
+  tensor<M>& grad() { return grad_; }
+  const tensor<M>& grad() const { return grad_; }
 
   /// Rounds the master weights to the working copy (nearest-even), once per step.
-  void refresh(const cpu_context& ctx = {}) {
-    if constexpr (!same_storage) precis::cast(ctx, master_, working_);
+  void refresh(context_ref_t<Ctx> ctx) {
+    if constexpr (!same_storage) io::cast(ctx, master_, working_);
   }
-  void zero_grad() { grad_.fill(M(0)); }
+  void refresh()
+    requires std::is_same_v<Ctx, cpu_context>
+  {
+    refresh(cpu_context{1});
+  }
+  void zero_grad() { io::fill(grad_, M(0)); }
   /// grad += part, elementwise in M (part is a gradient already rounded to its type).
   template <class G>
-  void accumulate(const host_tensor<G, N>& part) {
+  void accumulate(context_ref_t<Ctx> ctx, const tensor<G>& part) {
     check_same_shape("precis::nn::parameter: gradient", part, master_);
-    M* g = grad_.data();
-    const G* p = part.data();
-    for (std::size_t i = 0, n = size(); i < n; ++i) g[i] += static_cast<M>(p[i]);
+    io::accumulate(ctx, grad_, part);
+  }
+  template <class G>
+    requires std::is_same_v<Ctx, cpu_context>
+  void accumulate(const tensor<G>& part) {
+    accumulate(cpu_context{1}, part);
+  }
+  /// Sets the master weights from host values (then refreshes the working copy).
+  void set(context_ref_t<Ctx> ctx, const std::vector<M>& values) {
+    if (values.size() != size()) {
+      throw error("precis::nn::parameter: " + std::to_string(values.size()) + " values for a parameter of " +
+                  std::to_string(size()));
+    }
+    io::upload(master_, values);
+    refresh(ctx);
   }
 
   std::span<M> master_span() { return {master_.data(), size()}; }
@@ -101,15 +192,16 @@ class parameter {
   /// tensor of the wrong size is reported by validate().
   template <class Archive>
   void visit_state(Archive& a, const std::string& name) {
-    std::vector<float> v(master_.begin(), master_.end());
+    const auto m = io::download(master_);
+    std::vector<float> v(m.begin(), m.end());
     a.floats(name, v);
     if (v.size() != size()) {
       problem_ = name + " has " + std::to_string(v.size()) + " values, the model has " +
                  std::to_string(size());
       return;
     }
-    std::copy(v.begin(), v.end(), master_.begin());
-    refresh();
+    io::upload(master_, std::vector<M>(v.begin(), v.end()));
+    if constexpr (std::is_same_v<Ctx, cpu_context>) refresh();
   }
   /// Empty, or what a load found wrong.
   const std::string& problem() const { return problem_; }
@@ -127,9 +219,9 @@ class parameter {
     problem_ = other.problem_;
   }
 
-  host_tensor<M, N> master_;
-  host_tensor<M, N> grad_;
-  host_tensor<S, N> working_;  // empty when S is M
+  tensor<M> master_;
+  tensor<M> grad_;
+  tensor<S> working_;  // empty when S is M
   std::string problem_;
 };
 
@@ -153,13 +245,17 @@ constexpr double unit_random(std::uint64_t seed, std::uint64_t stream, std::uint
   return double(h >> 11) * 0x1.0p-53;
 }
 
-template <class S, class M, std::size_t N>
-void fill_uniform(parameter<S, M, N>& p, std::uint64_t seed, std::uint64_t stream, double bound) {
-  auto& m = p.master();
-  for (std::size_t i = 0; i < m.size(); ++i) {
-    m.data()[i] = static_cast<M>((2.0 * unit_random(seed, stream, i) - 1.0) * bound);
+/// Fills the master weights uniformly in [-bound, bound] from (seed, stream) and rounds
+/// them to the working copy.
+template <class S, class M, std::size_t N, class Ctx>
+void fill_uniform(parameter<S, M, N, Ctx>& p, std::uint64_t seed, std::uint64_t stream, double bound) {
+  std::vector<M> v(p.size());
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<M>((2.0 * unit_random(seed, stream, i) - 1.0) * bound);
+  if constexpr (std::is_same_v<Ctx, cpu_context>) {
+    p.set(cpu_context{1}, v);
+  } else {
+    context_traits<Ctx>::upload(p.master(), v);  // the working copy follows at the model's refresh
   }
-  p.refresh();
 }
 
 }  // namespace detail

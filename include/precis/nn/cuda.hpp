@@ -1,0 +1,85 @@
+// precis/nn/cuda.hpp: nn modules on device tensors (context cuda_context), from CUDA code.
+//
+//     #include <precis/nn/cuda.hpp>      // first: before any other precis/nn header
+//     auto block = nn::build<bfloat16, 4, precis::cuda_context>(map, basic_block(64));
+//     block.refresh(ctx);                 // round the initial masters to the working copies
+//     const auto& y = block.forward(ctx, x);  // x: a device_tensor<bfloat16, 4>
+//
+// Layers call their kernels by qualified name (precis::conv2d, precis::batch_norm_train):
+// the device overloads must be declared before the layers' templates are, so this header
+// includes the CUDA kernels, then nn. What runs on the device: the layers whose kernels
+// exist there (convolutions without bias, batch norm, layer norm, activations, casts),
+// sequences, residuals and two-branch adds. Training still steps on the host: the
+// optimizers read master weights in host memory.
+#pragma once
+
+#ifdef PRECIS_NN_INCLUDED
+#error "precis: include <precis/nn/cuda.hpp> before the other precis/nn headers (and before precis/precis.hpp)"
+#endif
+
+#include <precis/kernels/cuda/cast.hpp>
+#include <precis/kernels/cuda/conv.hpp>
+#include <precis/kernels/cuda/elementwise.hpp>
+#include <precis/kernels/cuda/norm.hpp>
+#include <precis/kernels/cuda/pooling.hpp>
+#include <precis/kernels/cuda_context.hpp>
+#include <precis/tensor/device_tensor.hpp>
+
+#include <precis/nn/parameter.hpp>
+
+#include <cstddef>
+#include <string_view>
+#include <vector>
+
+namespace precis::nn {
+
+template <>
+struct context_traits<cuda_context> {
+  template <class T, std::size_t N>
+  using tensor = device_tensor<T, N>;
+  using ref = cuda_context&;
+
+  // fill, upload and download are synchronous copies: they serve initialisation and
+  // checkpoints, not the training step.
+  template <class T, std::size_t N>
+  static void fill(device_tensor<T, N>& t, T v) {
+    upload(t, std::vector<T>(t.size(), v));
+  }
+  template <class T, std::size_t N>
+  static void upload(device_tensor<T, N>& t, const std::vector<T>& values) {
+    if (values.size() != t.size()) throw error("precis::nn: uploading a tensor of another size");
+    if (t.size() != 0) check(cudaMemcpy(t.data(), values.data(), t.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+  template <class T, std::size_t N>
+  static std::vector<T> download(const device_tensor<T, N>& t) {
+    std::vector<T> out(t.size());
+    if (t.size() != 0) check(cudaMemcpy(out.data(), t.data(), t.size() * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy");
+    return out;
+  }
+  template <class M, class G, std::size_t N>
+  static void accumulate(ref ctx, device_tensor<M, N>& sum, const device_tensor<G, N>& part) {
+    precis::add<policy<G, float, float, float, G>>(ctx, sum, part, sum);
+  }
+  template <class In, class Out, std::size_t N>
+  static void cast(ref ctx, const device_tensor<In, N>& in, device_tensor<Out, N>& out) {
+    precis::cast(ctx, in, out);
+  }
+  template <class Out, std::size_t N, class... In>
+  static void add_rounded(ref ctx, device_tensor<Out, N>& out, const device_tensor<In, N>&... in) {
+    static_assert(sizeof...(In) == 2, "precis: on the device, joins by addition take two branches");
+    [&](const auto& a, const auto& b) { precis::add<policy<Out, float, float, float, Out>>(ctx, a, b, out); }(in...);
+  }
+  template <Policy P, template <class> class Fn, class X, class Y, std::size_t N>
+  static void unary(std::string_view name, ref ctx, const device_tensor<X, N>& x, device_tensor<Y, N>& y) {
+    precis::detail::cuda::unary<P, Fn>(name, ctx, x, y);
+  }
+  template <Policy P, template <class> class Fn, class DY, class X, class DX, std::size_t N>
+  static void unary_backward(std::string_view name, ref ctx, const device_tensor<DY, N>& dy,
+                             const device_tensor<X, N>& x, device_tensor<DX, N>& dx) {
+    precis::detail::cuda::unary_backward<P, Fn>(name, ctx, dy, x, dx);
+  }
+};
+
+}  // namespace precis::nn
+
+#include <precis/nn/nn.hpp>
