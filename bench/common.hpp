@@ -94,6 +94,26 @@ inline std::string fixed_or_na(const std::optional<double>& v, int digits = 2) {
   return v ? fixed(*v, digits) : std::string("n/a");
 }
 
+/// The CPU's model name (Linux: /proc/cpuinfo), or "unknown CPU".
+inline std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
+    }
+  }
+  return "unknown CPU";
+}
+
+/// Prints the machine a benchmark ran on: CPU model, hardware threads, the SIMD set the
+/// kernels were compiled for.
+inline void print_machine() {
+  std::printf("CPU: %s, %u hardware threads; kernels compiled for %s\n", cpu_model().c_str(),
+              std::thread::hardware_concurrency(), simd_name());
+}
+
 /// `--csv <path>` from the command line, or empty.
 inline std::string csv_path(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; ++i) {

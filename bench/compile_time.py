@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""Compile-time cost of precis's policy maps.
+"""Compile-time cost of precis's policy maps and models.
 
-Compiles bench/compile_time/baseline.cpp (the policy headers alone) and
-bench/compile_time/policy_map_64.cpp (64 layer overrides, every layer resolved) with
-each compiler, several times, and prints the best wall time and peak compiler memory
-of each, and the difference.
+Compiles pairs of sources with each compiler, several times, and prints the best wall
+time and peak compiler memory of each and the difference:
+- bench/compile_time/baseline.cpp (the policy headers alone) against
+  bench/compile_time/policy_map_64.cpp (64 layer overrides, every layer resolved);
+- bench/compile_time/nn_baseline.cpp (all of precis, no model) against
+  bench/compile_time/vit_b_blueprint.cpp (a 12-block ViT-B blueprint built from a map
+  with a dozen layer overrides: forward, backward and describe instantiated).
 
     python3 bench/compile_time.py [--runs 3] [--compiler g++ --compiler clang++] [--csv out.csv]
 """
@@ -55,18 +58,21 @@ def main():
     parser.add_argument("--csv")
     args = parser.parse_args()
     compilers = args.compiler or ["g++", "clang++"]
+    pairs = [("policy map, 64 layers", "baseline.cpp", "policy_map_64.cpp"),
+             ("ViT-B/16 model, 12 overrides", "nn_baseline.cpp", "vit_b_blueprint.cpp")]
     rows = []
     for cxx in compilers:
-        base_t, base_m = measure(cxx, os.path.join(HERE, "compile_time", "baseline.cpp"), args.runs)
-        map_t, map_m = measure(cxx, os.path.join(HERE, "compile_time", "policy_map_64.cpp"), args.runs)
-        rows.append((cxx, base_t, map_t, map_t - base_t, base_m / 1024, map_m / 1024))
-    print(f"{'compiler':10} {'headers s':>10} {'64-layer map s':>15} {'extra s':>8} "
-          f"{'headers MiB':>12} {'map MiB':>8}")
-    for cxx, bt, mt, dt, bm, mm in rows:
-        print(f"{cxx:10} {bt:10.2f} {mt:15.2f} {dt:8.2f} {bm:12.0f} {mm:8.0f}")
+        for what, base, case in pairs:
+            base_t, base_m = measure(cxx, os.path.join(HERE, "compile_time", base), args.runs)
+            case_t, case_m = measure(cxx, os.path.join(HERE, "compile_time", case), args.runs)
+            rows.append((cxx, what, base_t, case_t, case_t - base_t, base_m / 1024, case_m / 1024))
+    print(f"{'compiler':10} {'case':30} {'baseline s':>10} {'case s':>8} {'extra s':>8} "
+          f"{'baseline MiB':>12} {'case MiB':>9}")
+    for cxx, what, bt, ct, dt, bm, cm in rows:
+        print(f"{cxx:10} {what:30} {bt:10.2f} {ct:8.2f} {dt:8.2f} {bm:12.0f} {cm:9.0f}")
     if args.csv:
         with open(args.csv, "w") as f:
-            f.write("compiler,headers_s,map_s,extra_s,headers_mib,map_mib\n")
+            f.write("compiler,case,baseline_s,case_s,extra_s,baseline_mib,case_mib\n")
             for r in rows:
                 f.write(",".join(str(v) for v in r) + "\n")
 

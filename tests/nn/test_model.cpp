@@ -173,14 +173,14 @@ TEST_CASE("paths name layers by tag, name and position; every repeated block has
   for (std::size_t i = 0; i < expected.size(); ++i) CHECK(decay[i] == expected[i].ends_with("weight"));
   // Values come from the seed and the path: the two blocks differ, a rebuild repeats them.
   auto& blocks = m.root().child<0>().inner();
-  CHECK(blocks[0].child<0>().child<1>().weight().master() != blocks[1].child<0>().child<1>().weight().master());
+  CHECK(blocks.first().child<0>().child<1>().weight().master() != blocks[1].child<0>().child<1>().weight().master());
   auto again = nn::build<float, 2>(presets::fp32{}, composite(4), {.seed = 3});
   CHECK(again.masters().size() == m.masters().size());
   for (std::size_t i = 0; i < m.masters().size(); ++i) {
     CHECK(std::equal(m.masters()[i].begin(), m.masters()[i].end(), again.masters()[i].begin()));
   }
   // Linear layers start uniform in +-1/sqrt(fan_in), as PyTorch's.
-  for (float v : blocks[0].child<0>().child<1>().weight().master()) CHECK(std::fabs(v) <= 0.5f);
+  for (float v : blocks.first().child<0>().child<1>().weight().master()) CHECK(std::fabs(v) <= 0.5f);
 }
 
 TEST_CASE("nn::build resolves every layer from the map: default, op overrides, layer overrides, waivers") {
@@ -248,6 +248,32 @@ TEST_CASE("a cast build inserts rounds once each way and shows in describe") {
   CHECK(table.find("inserted cast") != std::string::npos);
   CHECK(table.find("bfloat16->float") != std::string::npos);
   CHECK(table.find("float->bfloat16") != std::string::npos);
+
+  // A residual whose body ends in float: the shortcut is cast up to join it, and the join's
+  // float gradient reaches the bfloat16 input through the cast back, rounded once.
+  auto r = nn::build<bfloat16, 2>(map, nn::residual(nn::linear<fc2>(4, 4, nn::no_bias)), {.seed = 3});
+  const auto& ry = r.forward(ctx, x);
+  static_assert(std::is_same_v<std::remove_cvref_t<decltype(ry)>, host_tensor<float, 2>>);
+  host_tensor<float, 2> xf(x.shape());
+  std::copy(x.begin(), x.end(), xf.begin());  // bfloat16 -> float is exact
+  const auto body = r.root().child<0>().inner().forward(ctx, xf);
+  for (std::size_t i = 0; i < ry.size(); ++i) CHECK(ry.data()[i] == body.data()[i] + float(x.data()[i]));
+  host_tensor<float, 2> rdy(ry.shape());
+  rdy.fill(1.0f / 3.0f);
+  const auto& rdx = r.backward(ctx, rdy);
+  static_assert(std::is_same_v<std::remove_cvref_t<decltype(rdx)>, host_tensor<bfloat16, 2>>);
+  const auto& w = r.root().child<0>().inner().weight().master();
+  for (std::size_t row = 0; row < 3; ++row) {
+    for (std::size_t k = 0; k < 4; ++k) {
+      // d/dx of x W^T + x: column sums of W times dy, plus dy; the body's float gradient is
+      // rounded to bfloat16 by its cast, then added to the shortcut's in float, rounded once.
+      float through_body = 0.0f;
+      for (std::size_t o = 0; o < 4; ++o) through_body += rdy(row, o) * w(o, k);
+      const float body_bf16 = float(bfloat16(through_body));
+      const float shortcut_bf16 = float(bfloat16(rdy(row, k)));
+      CHECK(rdx(row, k).bits() == bfloat16(body_bf16 + shortcut_bf16).bits());
+    }
+  }
 }
 
 TEST_CASE("describe prints one row per layer with its path, resolved policy and the entry that decided it") {

@@ -233,7 +233,13 @@ class model {
     bool ok = true;
     for_each_layer([&](const std::string&, const auto& l) {
       using L = std::remove_cvref_t<decltype(l)>;
-      if constexpr (has_policy<L>) {
+      if constexpr (requires { typename L::policy_types; }) {
+        // A layer made of pieces (attention): every piece's gradients.
+        constexpr bool fits = []<class... Ps>(std::type_identity<std::tuple<Ps...>>) {
+          return (precis::check_scaler<Ps, Scaler>() && ...);
+        }(std::type_identity<typename L::policy_types>{});
+        ok = ok && fits;
+      } else if constexpr (has_policy<L>) {
         constexpr bool fits = precis::check_scaler<typename L::policy_type, Scaler>();
         ok = ok && fits;
       }

@@ -225,7 +225,7 @@ template <class M, class Out, class GOut>
 using ending_in_t =
     std::conditional_t<std::is_same_v<typename M::output_type, Out> && std::is_same_v<typename M::output_grad_type, GOut>,
                        M,
-                       cast_out<M, cast_layer<typename M::output_type, Out, GOut, typename M::output_grad_type,
+                       cast_out<M, cast_layer<typename M::output_type, Out, typename M::output_grad_type, GOut,
                                               M::output_rank, typename M::context_type>>>;
 
 }  // namespace detail
@@ -593,7 +593,7 @@ class branches {
 // ---------------------------------------------------------------------------------------
 // Repeat
 
-template <std::size_t N, class M>
+template <std::size_t N, class First, class Rest>
 class repeat_block;
 
 /// Blueprint of N blocks of one blueprint (nn::repeat).
@@ -601,72 +601,98 @@ template <std::size_t N, class S>
 struct repeat_spec {
   S block;
   template <class Map, class Ctx, class In, class G, std::size_t R>
-  using module_type = repeat_block<N, detail::resolve_spec_t<S, Map, Ctx, In, G, R>>;
+  struct resolved {
+    using first = detail::resolve_spec_t<S, Map, Ctx, In, G, R>;
+    // The later blocks read what the first gives (a per-layer map may change the type a
+    // block ends in): at most two block types, however many blocks.
+    using rest = detail::resolve_spec_t<S, Map, Ctx, typename first::output_type, typename first::output_grad_type,
+                                        first::output_rank>;
+    using type = repeat_block<N, first, rest>;
+  };
+  template <class Map, class Ctx, class In, class G, std::size_t R>
+  using module_type = typename resolved<Map, Ctx, In, G, R>::type;
 };
 
 /// N blocks built from `block`, run in order, named 0 .. N-1 in paths (a blueprint node).
-/// The block must end in the types and rank it starts with.
+/// Blocks after the first read what the block before gives; they must end in what they
+/// read, so the N blocks are at most two types (the first, and an array of the rest).
 template <std::size_t N, class S>
 constexpr repeat_spec<N, S> repeat(S block) {
   static_assert(N > 0, "precis: nn::repeat<N> needs N > 0");
   return {block};
 }
 
-/// N modules of one type, held in an array: twelve encoder blocks are one instantiation.
-template <std::size_t N, class M>
+/// N modules: the first of type First, the others of one type Rest, held in an array, so
+/// twelve encoder blocks are at most two instantiations.
+template <std::size_t N, class First, class Rest>
 class repeat_block {
-  static_assert(std::is_same_v<typename M::output_type, typename M::input_type> &&
-                    std::is_same_v<typename M::output_grad_type, typename M::input_grad_type> &&
-                    M::output_rank == M::input_rank,
+  static_assert(N == 1 || (std::is_same_v<typename Rest::output_type, typename Rest::input_type> &&
+                           std::is_same_v<typename Rest::output_grad_type, typename Rest::input_grad_type> &&
+                           Rest::output_rank == Rest::input_rank),
                 "precis: nn::repeat<N>(block) needs a block that ends in the storage type, gradient "
-                "type and rank it starts with; give the block's last layer the policy of its first, "
-                "or repeat a block that ends in a cast");
+                "type and rank it starts with (from its second copy on); give the block's first and last "
+                "layers one policy in the map, or end the block in a cast");
+  using last = std::conditional_t<N == 1, First, Rest>;
 
  public:
-  using context_type = typename M::context_type;
-  using input_type = typename M::input_type;
-  using input_grad_type = typename M::input_grad_type;
-  using output_type = typename M::output_type;
-  using output_grad_type = typename M::output_grad_type;
-  static constexpr std::size_t input_rank = M::input_rank;
-  static constexpr std::size_t output_rank = M::output_rank;
+  using context_type = typename First::context_type;
+  using input_type = typename First::input_type;
+  using input_grad_type = typename First::input_grad_type;
+  using output_type = typename last::output_type;
+  using output_grad_type = typename last::output_grad_type;
+  static constexpr std::size_t input_rank = First::input_rank;
+  static constexpr std::size_t output_rank = last::output_rank;
 
   template <class S>
-  explicit repeat_block(const repeat_spec<N, S>& s) : repeat_block(s.block, std::make_index_sequence<N>{}) {}
+  explicit repeat_block(const repeat_spec<N, S>& s) : first_(s.block), rest_(make_rest(s.block, std::make_index_sequence<N - 1>{})) {}
 
   std::string_view name() const { return ""; }
   shape_t<output_rank> output_shape(const shape_t<input_rank>& in, std::string_view path) const {
-    auto s = in;
-    for (std::size_t i = 0; i < N; ++i) s = blocks_[i].output_shape(s, join_path(path, std::to_string(i)));
+    auto s = first_.output_shape(in, join_path(path, "0"));
+    for (std::size_t i = 0; i + 1 < N; ++i) s = rest_[i].output_shape(s, join_path(path, std::to_string(i + 1)));
     return s;
   }
   const tensor_t<context_type, output_type, output_rank>& forward(context_ref_t<context_type> ctx,
                                                                   const tensor_t<context_type, input_type, input_rank>& x,
                                                                   mode m = mode::train) {
-    const auto* y = &blocks_[0].forward(ctx, x, m);
-    for (std::size_t i = 1; i < N; ++i) y = &blocks_[i].forward(ctx, *y, m);
-    return *y;
+    const auto& y0 = first_.forward(ctx, x, m);
+    if constexpr (N == 1) {
+      return y0;
+    } else {
+      const auto* y = &rest_[0].forward(ctx, y0, m);
+      for (std::size_t i = 1; i + 1 < N; ++i) y = &rest_[i].forward(ctx, *y, m);
+      return *y;
+    }
   }
   const tensor_t<context_type, input_grad_type, input_rank>& backward(
       context_ref_t<context_type> ctx, const tensor_t<context_type, output_grad_type, output_rank>& dy) {
-    const auto* d = &blocks_[N - 1].backward(ctx, dy);
-    for (std::size_t i = N - 1; i-- > 0;) d = &blocks_[i].backward(ctx, *d);
-    return *d;
+    if constexpr (N == 1) {
+      return first_.backward(ctx, dy);
+    } else {
+      const auto* d = &rest_[N - 2].backward(ctx, dy);
+      for (std::size_t i = N - 2; i-- > 0;) d = &rest_[i].backward(ctx, *d);
+      return first_.backward(ctx, *d);
+    }
   }
   std::size_t own_bytes() const { return 0; }
   template <class Self, class F>
   static void for_each_child(Self& self, F&& f) {
-    for (std::size_t i = 0; i < N; ++i) f(std::to_string(i), self.blocks_[i]);
+    f(std::string("0"), self.first_);
+    for (std::size_t i = 0; i + 1 < N; ++i) f(std::to_string(i + 1), self.rest_[i]);
   }
-  /// Block i.
-  M& operator[](std::size_t i) { return blocks_[i]; }
+  /// The first block, and block i >= 1.
+  First& first() { return first_; }
+  Rest& operator[](std::size_t i) { return rest_[i - 1]; }
   static constexpr std::size_t size() { return N; }
 
  private:
   template <class S, std::size_t... I>
-  repeat_block(const S& s, std::index_sequence<I...>) : blocks_{((void)I, M(s))...} {}
+  static std::array<Rest, N - 1> make_rest(const S& s, std::index_sequence<I...>) {
+    return {((void)I, Rest(s))...};
+  }
 
-  std::array<M, N> blocks_;
+  First first_;
+  std::array<Rest, N - 1> rest_;
 };
 
 // ---------------------------------------------------------------------------------------

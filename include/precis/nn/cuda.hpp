@@ -13,6 +13,11 @@
 // optimizers read master weights in host memory.
 #pragma once
 
+#include <precis/config.hpp>
+
+// Device kernels are CUDA code: outside nvcc this header declares nothing.
+#if defined(__CUDACC__)
+
 #ifdef PRECIS_NN_INCLUDED
 #error "precis: include <precis/nn/cuda.hpp> before the other precis/nn headers (and before precis/precis.hpp)"
 #endif
@@ -83,3 +88,5 @@ struct context_traits<cuda_context> {
 }  // namespace precis::nn
 
 #include <precis/nn/nn.hpp>
+
+#endif  // __CUDACC__

@@ -19,6 +19,16 @@ struct is_cast_layer : std::false_type {};
 template <class In, class Out, class GIn, class GOut, std::size_t R, class Ctx>
 struct is_cast_layer<cast_layer<In, Out, GIn, GOut, R, Ctx>> : std::true_type {};
 
+/// A piece's name in paths: its tag's name, or the tag's kind for positional tags.
+template <class Tag>
+std::string path_name_or_kind() {
+  if constexpr (positional_tag_v<Tag>) {
+    return std::string(Tag::name);
+  } else {
+    return std::string(path_name<Tag>());
+  }
+}
+
 inline std::string byte_string(std::size_t bytes) {
   char buf[32];
   if (bytes < 10 * 1024) {
@@ -52,7 +62,24 @@ std::string describe(const model<Root, Map>& m) {
         bytes += p.bytes();
       });
       std::vector<std::string> row{path_or_root(path), std::string(N::kind), node.shape()};
-      if constexpr (has_policy<N>) {
+      if constexpr (requires { typename N::piece_tags; }) {
+        // A layer made of tagged pieces (attention): a row for each piece under its path.
+        [&]<class... Tags>(std::type_identity<std::tuple<Tags...>>) {
+          bool first = true;
+          (
+              [&] {
+                std::vector<std::string> piece{join_path(path, detail::path_name_or_kind<Tags>()), std::string(N::kind),
+                                               first ? node.shape() : "-"};
+                for (auto& c : precis::detail::describe_row<Tags, Map>()) piece.push_back(std::move(c));
+                piece.push_back(first ? std::to_string(count) : "");
+                piece.push_back(first ? (count == 0 ? "-" : detail::byte_string(bytes)) : "");
+                rows.push_back(std::move(piece));
+                first = false;
+              }(),
+              ...);
+        }(std::type_identity<typename N::piece_tags>{});
+        return;
+      } else if constexpr (has_policy<N>) {
         static_assert(std::is_same_v<typename N::policy_type, policy_for_t<typename N::tag_type, Map>>);
         for (auto& c : precis::detail::describe_row<typename N::tag_type, Map>()) row.push_back(std::move(c));
       } else {
@@ -69,6 +96,13 @@ std::string describe(const model<Root, Map>& m) {
                       std::string(type_name_v<typename N::output_grad_type>) + "->" +
                           std::string(type_name_v<typename N::input_grad_type>),
                       "-", "build", "-", "inserted cast", "0", "-"});
+    } else if constexpr (!composite<N> && requires { N::kind; node.shape(); } &&
+                         !std::is_same_v<N, identity_layer<typename N::input_type, typename N::input_grad_type,
+                                                           N::input_rank, typename N::context_type>>) {
+      // Layers that only move data (reshape, patchify, ...): no policy of their own.
+      rows.push_back({path_or_root(path), std::string(N::kind), node.shape(), "-", "-",
+                      std::string(type_name_v<typename N::output_type>), "-", "-", "-",
+                      std::string(type_name_v<typename N::output_grad_type>), "-", "-", "-", "-", "0", "-"});
     }
   });
   std::vector<std::string> total(rows.front().size(), "");

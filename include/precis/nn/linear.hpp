@@ -20,11 +20,6 @@
 
 namespace precis::nn {
 
-/// Whether a linear or convolution layer adds a bias.
-enum class bias_mode { with_bias, no_bias };
-inline constexpr bias_mode with_bias = bias_mode::with_bias;
-inline constexpr bias_mode no_bias = bias_mode::no_bias;
-
 template <Layer Tag, Policy P, std::size_t R, class Ctx>
 class linear_layer;
 

@@ -50,6 +50,11 @@ namespace precis::nn {
 template <std::size_t N>
 using shape_t = std::array<std::size_t, N>;
 
+/// Whether a linear or convolution layer adds a bias.
+enum class bias_mode { with_bias, no_bias };
+inline constexpr bias_mode with_bias = bias_mode::with_bias;
+inline constexpr bias_mode no_bias = bias_mode::no_bias;
+
 /// One tensor of a multi-tensor edge: element type T, gradient type G, rank R.
 template <class T, class G, std::size_t R>
 struct sig {
@@ -156,9 +161,6 @@ struct softmax : positional_tag<op::softmax> {
 };
 struct embedding : positional_tag<op::elementwise> {
   static constexpr std::string_view name = "embedding";
-};
-struct attention : positional_tag<op::matmul> {
-  static constexpr std::string_view name = "attention";
 };
 struct loss : positional_tag<op::loss> {
   static constexpr std::string_view name = "loss";

@@ -124,6 +124,7 @@ class parameter {
     if constexpr (!same_storage) working_ = tensor<S>(shape);
   }
   parameter(const parameter&) = default;
+  parameter(parameter&&) noexcept = default;
   /// Copies the values of `other` into this parameter's buffers (they keep their
   /// addresses). Throws precis::error when the shapes differ.
   parameter& operator=(const parameter& other) {

@@ -1,0 +1,452 @@
+// precis/nn/attention.hpp: softmax over the last axis, and multi-head self-attention as one
+// layer made of tagged pieces.
+//
+//     nn::softmax()                                      any rank, op::softmax
+//     nn::attention(768, 12)                             default tags (nn::tags::attention_*)
+//     nn::attention<qkv, scores, attn_softmax, context, proj>(768, 12)
+//
+// Attention on x [N, T, D] with H heads of dh = D / H values:
+//
+//     qkv     = x Wqkv^T + bqkv          [N, T, 3D]   linear, QkvTag's policy
+//     q, k, v = the three thirds, split into heads   [N*H, T, dh]
+//     scores  = q k^T / sqrt(dh)         [N*H, T, T]  batched product, ScoresTag's policy
+//     probs   = softmax(scores)          [N*H, T, T]  SoftmaxTag's policy (float math by rule)
+//     context = probs v                  [N*H, T, dh] batched product, ContextTag's policy
+//     y       = merge(context) Wout^T + bout [N, T, D] linear, OutTag's policy
+//
+// The layout of qkv's 3D outputs is PyTorch's (nn.MultiheadAttention's in_proj, timm's
+// qkv): q, then k, then v, each head-major (head h holds values h*dh .. h*dh + dh - 1).
+// Each piece stores its output in its own policy's storage type and its input gradient in
+// its gradient type; where two neighbouring pieces store different types, the layer
+// converts between them with precis::cast (each value rounded once, nearest-even), as
+// nn::build does between layers: q and k reach the scores product in its storage type, v
+// and the probabilities reach the context product in its storage type, and so on back.
+// 1/sqrt(dh) is the products' alpha, a float (exact for the usual powers of two; under a
+// double policy, 1/sqrt(dh) rounded to float, in forward and backward alike).
+// Parameters: "qkv.weight" [3D, D], "qkv.bias", "out.weight" [D, D], "out.bias"; linear
+// initialisation (uniform +-1/sqrt(D)).
+#pragma once
+
+#include <precis/kernels/cast.hpp>
+#include <precis/kernels/gemm.hpp>
+#include <precis/kernels/softmax.hpp>
+#include <precis/nn/linear.hpp>
+#include <precis/nn/module.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+
+namespace precis::nn {
+
+namespace tags {
+/// Default tag of attention's input projection (q, k and v).
+struct attention_qkv : positional_tag<op::matmul> {
+  static constexpr std::string_view name = "qkv";
+};
+/// Default tag of attention's scores product q k^T.
+struct attention_scores : positional_tag<op::matmul> {
+  static constexpr std::string_view name = "scores";
+};
+/// Default tag of attention's softmax over the scores.
+struct attention_softmax : positional_tag<op::softmax> {
+  static constexpr std::string_view name = "softmax";
+};
+/// Default tag of attention's context product probabilities x v.
+struct attention_context : positional_tag<op::matmul> {
+  static constexpr std::string_view name = "context";
+};
+/// Default tag of attention's output projection.
+struct attention_out : positional_tag<op::matmul> {
+  static constexpr std::string_view name = "out";
+};
+}  // namespace tags
+
+// ---------------------------------------------------------------------------------------
+// softmax
+
+template <Layer Tag, Policy P, std::size_t R, class Ctx>
+class softmax_layer;
+
+/// Blueprint of nn::softmax.
+template <Layer Tag>
+struct softmax_spec {
+  template <class Map, class Ctx, class In, class G, std::size_t R>
+  using module_type = softmax_layer<Tag, policy_for_t<Tag, Map>, R, Ctx>;
+};
+
+/// Softmax over the last axis (a blueprint node).
+template <Layer Tag = tags::softmax>
+constexpr softmax_spec<Tag> softmax() {
+  return {};
+}
+
+/// Softmax over the last axis of a rank-R tensor under the resolved policy P: max
+/// subtracted, exp and sums in float at least (the rule set for op::softmax), each output
+/// rounded once to the storage type. Backward reads its own output: dx = y (dy - sum(dy y)).
+template <Layer Tag, Policy P, std::size_t R, class Ctx>
+class softmax_layer : public layer_base<Tag, P, op::softmax, R, R, Ctx> {
+  static_assert(std::is_same_v<Ctx, cpu_context>,
+                "precis: nn::softmax runs on host tensors so far; build the model for cpu_context");
+  static_assert(R >= 1, "precis: nn::softmax works on the last axis of a tensor of rank >= 1");
+  using base = layer_base<Tag, P, op::softmax, R, R, Ctx>;
+  using S = typename base::input_type;
+  using G = typename base::input_grad_type;
+
+ public:
+  static constexpr std::string_view kind = "softmax";
+
+  softmax_layer() = default;
+  explicit softmax_layer(const softmax_spec<Tag>&) {}
+
+  shape_t<R> output_shape(const shape_t<R>& in, std::string_view path) const {
+    if (in[R - 1] == 0) detail::bad_shape(path, kind, "[..., K] with K > 0", shape_string(in));
+    return in;
+  }
+  const host_tensor<S, R>& forward(const cpu_context& ctx, const host_tensor<S, R>& x,
+                                   mode = mode::train) {
+    detail::ensure(y_, output_shape(detail::shape_of<R>(x), path_name<Tag>()));
+    precis::softmax<P>(ctx, x, y_);
+    return y_;
+  }
+  const host_tensor<G, R>& backward(const cpu_context& ctx, const host_tensor<G, R>& dy) {
+    check_same_shape("precis::nn::softmax: dy and the output", dy, y_);
+    detail::ensure(dx_, detail::shape_of<R>(dy));
+    precis::softmax_backward<P>(ctx, dy, y_, dx_);
+    return dx_;
+  }
+  std::string shape() const { return "-"; }
+  std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
+
+ private:
+  host_tensor<S, R> y_;
+  host_tensor<G, R> dx_;
+};
+
+// ---------------------------------------------------------------------------------------
+// attention
+
+template <Layer QkvTag, Layer ScoresTag, Layer SoftmaxTag, Layer ContextTag, Layer OutTag,
+          class Map, class Ctx>
+class attention_layer;
+
+/// Blueprint of nn::attention.
+template <Layer QkvTag, Layer ScoresTag, Layer SoftmaxTag, Layer ContextTag, Layer OutTag>
+struct attention_spec {
+  std::size_t dim, heads;
+  template <class Map, class Ctx, class In, class G, std::size_t R>
+  using module_type = attention_layer<QkvTag, ScoresTag, SoftmaxTag, ContextTag, OutTag, Map, Ctx>;
+};
+
+/// Multi-head self-attention on [N, T, dim] with `heads` heads (dim a multiple of heads),
+/// each piece under its own tag's policy (a blueprint node; see the file comment).
+template <Layer QkvTag = tags::attention_qkv, Layer ScoresTag = tags::attention_scores,
+          Layer SoftmaxTag = tags::attention_softmax, Layer ContextTag = tags::attention_context,
+          Layer OutTag = tags::attention_out>
+constexpr attention_spec<QkvTag, ScoresTag, SoftmaxTag, ContextTag, OutTag> attention(
+    std::size_t dim, std::size_t heads) {
+  return {dim, heads};
+}
+
+namespace detail {
+
+/// `x` as a tensor of To: x itself when it already is one, else `buffer` holding x cast
+/// to To (each value rounded once).
+template <class To, class From, std::size_t N>
+const host_tensor<To, N>& as_type(const cpu_context& ctx, const host_tensor<From, N>& x,
+                                  host_tensor<To, N>& buffer) {
+  if constexpr (std::is_same_v<To, From>) {
+    return x;
+  } else {
+    ensure(buffer, shape_of<N>(x));
+    precis::cast(ctx, x, buffer);
+    return buffer;
+  }
+}
+
+/// The geometry of one attention call: items, tokens, width and heads.
+struct heads_geometry {
+  std::size_t n, t, d, h;
+  std::size_t dh() const { return d / h; }
+  shape_t<3> per_head() const { return {n * h, t, d / h}; }
+  shape_t<3> square() const { return {n * h, t, t}; }
+};
+
+/// `x` as a tensor of To after as_type(ctx, x, buffer) has run: x itself, or the buffer
+/// that holds its cast (the backward pass reads what the forward pass converted).
+template <class To, class From, std::size_t N>
+const host_tensor<To, N>& as_cast(const host_tensor<From, N>& x, const host_tensor<To, N>& buffer) {
+  if constexpr (std::is_same_v<To, From>) {
+    return x;
+  } else {
+    return buffer;
+  }
+}
+
+/// Calls f(row offset, head offset) for every run of dh values that one head holds in the
+/// `width`-wide rows of [N, T, width] (starting at column `offset`) and in [N*H, T, dh].
+template <class F>
+void for_each_head_run(const heads_geometry& g, std::size_t width, std::size_t offset, F&& f) {
+  const std::size_t dh = g.dh();
+  for (std::size_t n = 0; n < g.n; ++n) {
+    for (std::size_t h = 0; h < g.h; ++h) {
+      for (std::size_t t = 0; t < g.t; ++t)
+        f((n * g.t + t) * width + offset + h * dh, ((n * g.h + h) * g.t + t) * dh);
+    }
+  }
+}
+
+/// heads [N*H, T, dh] = the heads of rows [N, T, width] from column `offset` on.
+template <class U>
+void split_heads(const heads_geometry& g, const U* rows, std::size_t width, std::size_t offset,
+                 U* heads) {
+  for_each_head_run(g, width, offset, [&](std::size_t r, std::size_t e) {
+    std::copy_n(rows + r, g.dh(), heads + e);
+  });
+}
+
+/// The heads [N*H, T, dh] put back into rows [N, T, width] from column `offset` on.
+template <class U>
+void merge_heads(const heads_geometry& g, const U* heads, U* rows, std::size_t width,
+                 std::size_t offset) {
+  for_each_head_run(g, width, offset, [&](std::size_t r, std::size_t e) {
+    std::copy_n(heads + e, g.dh(), rows + r);
+  });
+}
+
+}  // namespace detail
+
+/// Multi-head self-attention (see nn::attention and the file comment), its five pieces'
+/// policies resolved from `Map` by their tags. For describe and the model, the layer's tag
+/// and policy are the qkv piece's; the others are member types (`scores_policy`, ...).
+/// Named by its position in paths (its tags name its pieces, not the layer): wrap it in
+/// nn::named to give it a name.
+template <Layer QkvTag, Layer ScoresTag, Layer SoftmaxTag, Layer ContextTag, Layer OutTag,
+          class Map, class Ctx>
+class attention_layer
+    : public layer_base<QkvTag, policy_for_t<QkvTag, Map>, op::matmul, 3, 3, Ctx> {
+  static_assert(
+      std::is_same_v<Ctx, cpu_context>,
+      "precis: nn::attention runs on host tensors so far; build the model for cpu_context");
+  static_assert(
+      std::is_same_v<typename ScoresTag::op, op::matmul> &&
+          std::is_same_v<typename ContextTag::op, op::matmul> &&
+          std::is_same_v<typename OutTag::op, op::matmul>,
+      "precis: nn::attention's scores, context and out tags must be precis::layer<op::matmul> "
+      "(they are matrix products); see nn::tags::attention_scores");
+  static_assert(std::is_same_v<typename SoftmaxTag::op, op::softmax>,
+                "precis: nn::attention's softmax tag must be precis::layer<op::softmax>; see "
+                "nn::tags::attention_softmax");
+
+ public:
+  using qkv_policy = policy_for_t<QkvTag, Map>;
+  using scores_policy = policy_for_t<ScoresTag, Map>;
+  using softmax_policy = policy_for_t<SoftmaxTag, Map>;
+  using context_policy = policy_for_t<ContextTag, Map>;
+  using out_policy = policy_for_t<OutTag, Map>;
+  /// Every piece's policy: qkv, scores, softmax, context, out.
+  using policy_types =
+      std::tuple<qkv_policy, scores_policy, softmax_policy, context_policy, out_policy>;
+  /// Every piece's tag, in the order of policy_types (describe prints a row for each).
+  using piece_tags = std::tuple<QkvTag, ScoresTag, SoftmaxTag, ContextTag, OutTag>;
+
+ private:
+  using base = layer_base<QkvTag, qkv_policy, op::matmul, 3, 3, Ctx>;
+  template <class P>
+  static constexpr bool narrow_v =
+      is_float8_v<typename P::storage_type> || is_float8_v<typename P::gradient_type>;
+  static_assert(
+      !narrow_v<scores_policy> && !narrow_v<softmax_policy> && !narrow_v<context_policy> &&
+          !narrow_v<out_policy>,
+      "precis: nn layers store activations in 16- or 32-bit types; give attention's scores, "
+      "context and out tags a bfloat16 or float16 policy in the map");
+
+  using Sq = typename qkv_policy::storage_type;
+  using Gq = typename qkv_policy::gradient_type;
+  using Ss = typename scores_policy::storage_type;
+  using Gs = typename scores_policy::gradient_type;
+  using Sm = typename softmax_policy::storage_type;
+  using Gm = typename softmax_policy::gradient_type;
+  using Sc = typename context_policy::storage_type;
+  using Gc = typename context_policy::gradient_type;
+  using So = typename out_policy::storage_type;
+  using Go = typename out_policy::gradient_type;
+  using qkv_linear = linear_layer<QkvTag, qkv_policy, 3, Ctx>;
+  using out_linear = linear_layer<OutTag, out_policy, 3, Ctx>;
+
+ public:
+  static constexpr std::string_view kind = "attention";
+  using output_type = So;
+  using output_grad_type = Go;
+
+  explicit attention_layer(
+      const attention_spec<QkvTag, ScoresTag, SoftmaxTag, ContextTag, OutTag>& s)
+      : dim_(s.dim),
+        heads_(s.heads),
+        qkv_(check(s)),
+        out_(linear_spec<OutTag>{s.dim, s.dim, with_bias}) {}
+
+  std::string_view name() const { return ""; }
+
+  /// Draws both projections from `seed` (each from its own stream).
+  void reset(std::uint64_t seed) {
+    qkv_.reset(detail::seed_for(seed, "qkv"));
+    out_.reset(detail::seed_for(seed, "out"));
+  }
+
+  shape_t<3> output_shape(const shape_t<3>& in, std::string_view path) const {
+    if (in[2] != dim_ || detail::elements(in) == 0) {
+      detail::bad_shape(path, kind, "[N, T, " + std::to_string(dim_) + "] with no empty axis",
+                        shape_string(in));
+    }
+    return in;
+  }
+
+  const host_tensor<So, 3>& forward(const cpu_context& ctx, const host_tensor<Sq, 3>& x,
+                                    mode m = mode::train) {
+    const auto in = output_shape(detail::shape_of<3>(x), kind);
+    g_ = {in[0], in[1], dim_, heads_};
+    const auto& qkv = qkv_.forward(ctx, x, m);
+    split(qkv, 0, q_);
+    split(qkv, dim_, k_);
+    split(qkv, 2 * dim_, v_);
+    const auto& q = detail::as_type(ctx, q_, q_s_);
+    const auto& k = detail::as_type(ctx, k_, k_s_);
+    detail::ensure(scores_, g_.square());
+    gemm_options o;
+    o.trans_b = true;
+    o.alpha = alpha();
+    gemm<scores_policy>(ctx, q, k, scores_, o);
+    const auto& s = detail::as_type(ctx, scores_, scores_m_);
+    detail::ensure(probs_, g_.square());
+    precis::softmax<softmax_policy>(ctx, s, probs_);
+    const auto& p = detail::as_type(ctx, probs_, probs_c_);
+    const auto& v = detail::as_type(ctx, v_, v_c_);
+    detail::ensure(context_, g_.per_head());
+    gemm<context_policy>(ctx, p, v, context_);
+    detail::ensure(merged_, in);
+    detail::merge_heads(g_, context_.data(), merged_.data(), dim_, 0);
+    return out_.forward(ctx, detail::as_type(ctx, merged_, merged_o_), m);
+  }
+
+  const host_tensor<Gq, 3>& backward(const cpu_context& ctx, const host_tensor<Go, 3>& dy) {
+    if (g_.n == 0) {
+      throw error(
+          "precis::nn::attention: backward() called without a forward() since the layer was made");
+    }
+    check_shape("precis::nn::attention: dy", dy, shape_t<3>{g_.n, g_.t, g_.d});
+    const auto& dmerged = out_.backward(ctx, dy);
+    // Context: dp = dc v^T, dv = p^T dc.
+    detail::ensure(dcontext_, g_.per_head());
+    detail::split_heads(g_, dmerged.data(), dim_, 0, dcontext_.data());
+    const auto& dc = detail::as_type(ctx, dcontext_, dcontext_c_);
+    const auto& p = detail::as_cast(probs_, probs_c_);
+    const auto& v = detail::as_cast(v_, v_c_);
+    detail::ensure(dprobs_, g_.square());
+    gemm_options o;
+    o.trans_b = true;
+    gemm<context_policy>(ctx, dc, v, dprobs_, o);
+    detail::ensure(dv_, g_.per_head());
+    o = {};
+    o.trans_a = true;
+    gemm<context_policy>(ctx, p, dc, dv_, o);
+    // Softmax.
+    const auto& dp = detail::as_type(ctx, dprobs_, dprobs_m_);
+    detail::ensure(dscores_, g_.square());
+    precis::softmax_backward<softmax_policy>(ctx, dp, probs_, dscores_);
+    // Scores: dq = alpha ds k, dk = alpha ds^T q.
+    const auto& ds = detail::as_type(ctx, dscores_, dscores_s_);
+    const auto& q = detail::as_cast(q_, q_s_);
+    const auto& k = detail::as_cast(k_, k_s_);
+    detail::ensure(dq_, g_.per_head());
+    detail::ensure(dk_, g_.per_head());
+    o = {};
+    o.alpha = alpha();
+    gemm<scores_policy>(ctx, ds, k, dq_, o);
+    o.trans_a = true;
+    gemm<scores_policy>(ctx, ds, q, dk_, o);
+    // Back into qkv's rows, in its gradient type.
+    detail::ensure(dqkv_, shape_t<3>{g_.n, g_.t, 3 * dim_});
+    merge(detail::as_type(ctx, dq_, dq_q_), 0);
+    merge(detail::as_type(ctx, dk_, dk_q_), dim_);
+    merge(detail::as_type(ctx, dv_, dv_q_), 2 * dim_);
+    return qkv_.backward(ctx, dqkv_);
+  }
+
+  qkv_linear& qkv() { return qkv_; }
+  out_linear& out() { return out_; }
+  std::string shape() const {
+    return std::to_string(dim_) + ", " + std::to_string(heads_) + " heads";
+  }
+  std::size_t own_bytes() const {
+    std::size_t n = qkv_.own_bytes() + out_.own_bytes();
+    const auto add = [&n](const auto&... t) { ((n += detail::bytes_of(t)), ...); };
+    add(q_, k_, v_, q_s_, k_s_, v_c_, scores_, scores_m_, probs_, probs_c_, context_, merged_,
+        merged_o_);
+    add(dcontext_, dcontext_c_, dprobs_, dprobs_m_, dv_, dscores_, dscores_s_, dq_, dk_, dq_q_,
+        dk_q_, dv_q_, dqkv_);
+    return n;
+  }
+
+  template <class Self, class F>
+  static void for_each_parameter(Self& self, F&& f) {
+    qkv_linear::for_each_parameter(self.qkv_, [&](std::string_view n, auto& p) {
+      f(n == "weight" ? "qkv.weight" : "qkv.bias", p);
+    });
+    out_linear::for_each_parameter(self.out_, [&](std::string_view n, auto& p) {
+      f(n == "weight" ? "out.weight" : "out.bias", p);
+    });
+  }
+  /// Weight decay applies to the projections' weights, not their biases.
+  static constexpr bool decays(std::string_view parameter) {
+    return parameter == "qkv.weight" || parameter == "out.weight";
+  }
+  template <class Archive>
+  void visit_state(Archive& a, const std::string& prefix) {
+    detail::visit_parameters(a, prefix, *this);
+  }
+  std::string validate() const { return detail::parameter_problems(*this); }
+
+ private:
+  static linear_spec<QkvTag> check(
+      const attention_spec<QkvTag, ScoresTag, SoftmaxTag, ContextTag, OutTag>& s) {
+    if (s.dim == 0 || s.heads == 0 || s.dim % s.heads != 0) {
+      throw error(
+          "precis::nn::attention: needs dim > 0 and a number of heads that divides it, got dim " +
+          std::to_string(s.dim) + " and " + std::to_string(s.heads) + " heads");
+    }
+    return {s.dim, 3 * s.dim, with_bias};
+  }
+  float alpha() const { return static_cast<float>(1.0 / std::sqrt(double(g_.dh()))); }
+
+  void split(const host_tensor<Sq, 3>& qkv, std::size_t offset, host_tensor<Sq, 3>& heads) const {
+    detail::ensure(heads, g_.per_head());
+    detail::split_heads(g_, qkv.data(), 3 * dim_, offset, heads.data());
+  }
+  void merge(const host_tensor<Gq, 3>& heads, std::size_t offset) {
+    detail::merge_heads(g_, heads.data(), dqkv_.data(), 3 * dim_, offset);
+  }
+
+  std::size_t dim_, heads_;
+  detail::heads_geometry g_{};
+  qkv_linear qkv_;
+  out_linear out_;
+  // Forward: each piece's output, and (suffix) its cast to the next piece's storage type,
+  // empty when the two types are the same.
+  host_tensor<Sq, 3> q_, k_, v_;
+  host_tensor<Ss, 3> q_s_, k_s_, scores_;
+  host_tensor<Sm, 3> scores_m_, probs_;
+  host_tensor<Sc, 3> v_c_, probs_c_, context_, merged_;
+  host_tensor<So, 3> merged_o_;
+  // Backward, likewise in gradient types.
+  host_tensor<Go, 3> dcontext_;
+  host_tensor<Gc, 3> dcontext_c_, dprobs_, dv_;
+  host_tensor<Gm, 3> dprobs_m_, dscores_;
+  host_tensor<Gs, 3> dscores_s_, dq_, dk_;
+  host_tensor<Gq, 3> dq_q_, dk_q_, dv_q_, dqkv_;
+};
+
+}  // namespace precis::nn

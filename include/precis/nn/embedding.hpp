@@ -1,0 +1,234 @@
+// precis/nn/embedding.hpp: the learned vectors a Vision Transformer adds to its patch
+// tokens.
+//
+//     nn::class_token(768)                 [N, T, D] -> [N, T + 1, D], a learned token first
+//     nn::position_embedding(197, 768)     [N, T, D] + a learned [T, D] table
+//
+// Both run under their tag's policy (default nn::tags::embedding, op::elementwise): the
+// values are the parameter's working copy in the storage type; the addition is done in the
+// policy's opmath type and rounded once. Their gradients are sums over the batch, kept in
+// the reduction rule's accumulate type (float at least), rounded once to the gradient type
+// and then added to the master-type gradient, as every parameter's are. They start uniform
+// in +-0.02 (the ViT recipes draw N(0, 0.02^2) or a truncation of it; the scale is what
+// matters) and take no weight decay.
+#pragma once
+
+#include <precis/kernels/elementwise.hpp>
+#include <precis/nn/module.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+namespace precis::nn {
+
+namespace detail {
+/// The bound of the embeddings' uniform initial values.
+inline constexpr double embedding_init_bound = 0.02;
+}  // namespace detail
+
+template <Layer Tag, Policy P, std::size_t R, class Ctx>
+class class_token_layer;
+template <Layer Tag, Policy P, std::size_t R, class Ctx>
+class position_embedding_layer;
+
+/// Blueprint of nn::class_token.
+template <Layer Tag>
+struct class_token_spec {
+  std::size_t dim;
+  template <class Map, class Ctx, class In, class G, std::size_t R>
+  using module_type = class_token_layer<Tag, policy_for_t<Tag, Map>, R, Ctx>;
+};
+/// Blueprint of nn::position_embedding.
+template <Layer Tag>
+struct position_embedding_spec {
+  std::size_t tokens, dim;
+  template <class Map, class Ctx, class In, class G, std::size_t R>
+  using module_type = position_embedding_layer<Tag, policy_for_t<Tag, Map>, R, Ctx>;
+};
+
+/// A learned token of `dim` values put before every item's tokens (a blueprint node).
+template <Layer Tag = tags::embedding>
+constexpr class_token_spec<Tag> class_token(std::size_t dim) {
+  return {dim};
+}
+/// A learned [tokens, dim] table added to every item (a blueprint node).
+template <Layer Tag = tags::embedding>
+constexpr position_embedding_spec<Tag> position_embedding(std::size_t tokens, std::size_t dim) {
+  return {tokens, dim};
+}
+
+namespace detail {
+
+/// out[j] = sum over the N items of f(n, j), in the reduction rule's types, rounded once
+/// to the gradient type G: the batch sum every embedding's gradient is.
+template <Policy P, class G, class F>
+void batch_sum(const cpu_context& ctx, std::size_t items, std::size_t width, G* out, F value) {
+  using M = precis::detail::math_t<op::reduction, P, G>;
+  using Acc = precis::detail::accumulate_t<op::reduction, P>;
+  precis::detail::sum_rows<M, Acc>(ctx, items, width, out, [&](std::size_t i) {
+    return precis::detail::load<M>(value(i / width, i % width));
+  });
+}
+
+}  // namespace detail
+
+/// The learned class token, built for Tag under the resolved policy P (see nn::class_token).
+template <Layer Tag, Policy P, std::size_t R, class Ctx>
+class class_token_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
+  static_assert(
+      std::is_same_v<Ctx, cpu_context>,
+      "precis: nn::class_token runs on host tensors so far; build the model for cpu_context");
+  static_assert(R == 3, "precis: nn::class_token takes [N, T, D] token sequences (rank 3)");
+  using base = layer_base<Tag, P, op::elementwise, R, R, Ctx>;
+  using S = typename base::input_type;
+  using G = typename base::input_grad_type;
+  using M = typename base::master_type;
+
+ public:
+  static constexpr std::string_view kind = "class_token";
+
+  explicit class_token_layer(const class_token_spec<Tag>& s) : dim_(s.dim), token_({s.dim}) {
+    if (s.dim == 0) throw error("precis::nn::class_token: needs dim > 0");
+  }
+
+  void reset(std::uint64_t seed) {
+    detail::fill_uniform(token_, seed, 0, detail::embedding_init_bound);
+  }
+
+  shape_t<3> output_shape(const shape_t<3>& in, std::string_view path) const {
+    if (in[2] != dim_)
+      detail::bad_shape(path, kind, "[N, T, " + std::to_string(dim_) + "]", shape_string(in));
+    return {in[0], in[1] + 1, in[2]};
+  }
+
+  const host_tensor<S, 3>& forward(const cpu_context&, const host_tensor<S, 3>& x,
+                                   mode = mode::train) {
+    const auto out = output_shape(detail::shape_of<3>(x), path_name<Tag>());
+    detail::ensure(y_, out);
+    const std::size_t t = out[1] - 1, d = dim_;
+    const S* tok = token_.value().data();
+    for (std::size_t n = 0; n < out[0]; ++n) {
+      std::copy_n(tok, d, y_.data() + n * (t + 1) * d);
+      std::copy_n(x.data() + n * t * d, t * d, y_.data() + (n * (t + 1) + 1) * d);
+    }
+    return y_;
+  }
+  const host_tensor<G, 3>& backward(const cpu_context& ctx, const host_tensor<G, 3>& dy) {
+    check_same_shape("precis::nn::class_token: dy and the output", dy, y_);
+    const std::size_t items = std::size_t(dy.shape()[0]), t = std::size_t(dy.shape()[1]) - 1,
+                      d = dim_;
+    detail::ensure(dx_, shape_t<3>{items, t, d});
+    for (std::size_t n = 0; n < items; ++n) {
+      std::copy_n(dy.data() + (n * (t + 1) + 1) * d, t * d, dx_.data() + n * t * d);
+    }
+    detail::ensure(dtoken_, shape_t<1>{d});
+    const G* g = dy.data();
+    detail::batch_sum<P>(ctx, items, d, dtoken_.data(),
+                         [&](std::size_t n, std::size_t j) { return g[n * (t + 1) * d + j]; });
+    token_.accumulate(dtoken_);
+    return dx_;
+  }
+
+  parameter<S, M, 1>& token() { return token_; }
+  std::string shape() const { return std::to_string(dim_); }
+  std::size_t own_bytes() const {
+    return detail::bytes_of(y_) + detail::bytes_of(dx_) + detail::bytes_of(dtoken_);
+  }
+  template <class Self, class F>
+  static void for_each_parameter(Self& self, F&& f) {
+    f("token", self.token_);
+  }
+  /// Embeddings take no weight decay.
+  static constexpr bool decays(std::string_view) { return false; }
+  template <class Archive>
+  void visit_state(Archive& a, const std::string& prefix) {
+    detail::visit_parameters(a, prefix, *this);
+  }
+  std::string validate() const { return detail::parameter_problems(*this); }
+
+ private:
+  std::size_t dim_;
+  parameter<S, M, 1> token_;
+  host_tensor<S, 3> y_;
+  host_tensor<G, 3> dx_;
+  host_tensor<G, 1> dtoken_;
+};
+
+/// The learned position embedding, built for Tag under the resolved policy P (see
+/// nn::position_embedding). Its input gradient is dy itself (no copy).
+template <Layer Tag, Policy P, std::size_t R, class Ctx>
+class position_embedding_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
+  static_assert(std::is_same_v<Ctx, cpu_context>,
+                "precis: nn::position_embedding runs on host tensors so far; build the model for "
+                "cpu_context");
+  static_assert(R == 3, "precis: nn::position_embedding takes [N, T, D] token sequences (rank 3)");
+  using base = layer_base<Tag, P, op::elementwise, R, R, Ctx>;
+  using S = typename base::input_type;
+  using G = typename base::input_grad_type;
+  using M = typename base::master_type;
+
+ public:
+  static constexpr std::string_view kind = "position_embedding";
+
+  explicit position_embedding_layer(const position_embedding_spec<Tag>& s)
+      : tokens_(s.tokens), dim_(s.dim), table_({s.tokens, s.dim}) {
+    if (s.tokens == 0 || s.dim == 0)
+      throw error("precis::nn::position_embedding: needs tokens > 0 and dim > 0");
+  }
+
+  void reset(std::uint64_t seed) {
+    detail::fill_uniform(table_, seed, 0, detail::embedding_init_bound);
+  }
+
+  shape_t<3> output_shape(const shape_t<3>& in, std::string_view path) const {
+    if (in[1] != tokens_ || in[2] != dim_) {
+      detail::bad_shape(path, kind,
+                        "[N, " + std::to_string(tokens_) + ", " + std::to_string(dim_) + "]",
+                        shape_string(in));
+    }
+    return in;
+  }
+
+  const host_tensor<S, 3>& forward(const cpu_context& ctx, const host_tensor<S, 3>& x,
+                                   mode = mode::train) {
+    detail::ensure(y_, output_shape(detail::shape_of<3>(x), path_name<Tag>()));
+    precis::add<P>(ctx, x, table_.value(), y_);
+    return y_;
+  }
+  const host_tensor<G, 3>& backward(const cpu_context& ctx, const host_tensor<G, 3>& dy) {
+    check_same_shape("precis::nn::position_embedding: dy and the output", dy, y_);
+    detail::ensure(dtable_, shape_t<2>{tokens_, dim_});
+    const std::size_t width = tokens_ * dim_;
+    const G* g = dy.data();
+    detail::batch_sum<P>(ctx, std::size_t(dy.shape()[0]), width, dtable_.data(),
+                         [&](std::size_t n, std::size_t j) { return g[n * width + j]; });
+    table_.accumulate(dtable_);
+    return dy;
+  }
+
+  parameter<S, M, 2>& table() { return table_; }
+  std::string shape() const { return std::to_string(tokens_) + "x" + std::to_string(dim_); }
+  std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dtable_); }
+  template <class Self, class F>
+  static void for_each_parameter(Self& self, F&& f) {
+    f("table", self.table_);
+  }
+  /// Embeddings take no weight decay.
+  static constexpr bool decays(std::string_view) { return false; }
+  template <class Archive>
+  void visit_state(Archive& a, const std::string& prefix) {
+    detail::visit_parameters(a, prefix, *this);
+  }
+  std::string validate() const { return detail::parameter_problems(*this); }
+
+ private:
+  std::size_t tokens_, dim_;
+  parameter<S, M, 2> table_;
+  host_tensor<S, 3> y_;
+  host_tensor<G, 2> dtable_;
+};
+
+}  // namespace precis::nn

@@ -1,0 +1,353 @@
+// precis/nn/pooling.hpp: pooling and upsampling layers on [N, C, H, W].
+//
+//     nn::max_pool2d({.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}})
+//     nn::avg_pool2d<pool>({.kernel = {2, 2}})
+//     nn::global_avg_pool()                 // [N, C, H, W] -> [N, C]
+//     nn::upsample_nearest(2)               // [N, C, H, W] -> [N, C, 2H, 2W]
+//     nn::upsample_bilinear(2, true)        // align_corners
+//
+// Pooling and upsampling run under their tags' policies resolved for op::pooling through
+// kernels/pooling.hpp: window sums and gradient sums in the accumulate type, each output
+// rounded once; max pooling's gradient goes to the window's first maximum. Global average
+// pooling runs under op::reduction (the rule set makes its sums float or wider): each
+// channel's mean is one running sum over H * W in element order, divided once and rounded
+// once; backward gives every input element dy / (H * W), computed in the math type and
+// rounded once to the gradient type (host only so far). None of these layers has parameters.
+#pragma once
+
+#include <precis/kernels/pooling.hpp>
+#include <precis/kernels/reduce.hpp>
+#include <precis/nn/module.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+namespace precis::nn {
+
+template <Layer Tag, Policy P, class Kernel, class Ctx>
+class pool2d_layer;
+template <Layer Tag, Policy P, class Kernel, class Ctx>
+class upsample_layer;
+template <Layer Tag, Policy P, class Ctx>
+class global_avg_pool_layer;
+
+namespace detail {
+
+/// The layer L, built only on rank-4 tensors: nn::build reports any other rank here.
+template <std::size_t R, class L>
+struct pool_on_images {
+  static_assert(R == 4,
+                "precis: nn's pooling and upsampling layers (max_pool2d, avg_pool2d, "
+                "global_avg_pool, upsample_nearest, upsample_bilinear) take [N, C, H, W] tensors "
+                "(rank 4); build with nn::build<T, 4>, or reshape to rank 4 before the layer");
+  using type = L;
+};
+
+// The pooling kernels a pool2d_layer runs: forward y from x, backward dx from x and dy, on
+// any context with these kernels (by qualified name: the device overloads come first).
+struct max_pool_kernel {
+  static constexpr std::string_view name = "max_pool2d";
+  template <Policy P, class C, class X, class Y>
+  static void forward(C& ctx, const X& x, Y& y, const pool2d_params& p) {
+    precis::max_pool2d<P>(ctx, x, y, p);
+  }
+  template <Policy P, class C, class X, class DY, class DX>
+  static void backward(C& ctx, const X& x, const DY& dy, DX& dx, const pool2d_params& p) {
+    precis::max_pool2d_backward<P>(ctx, x, dy, dx, p);
+  }
+};
+struct avg_pool_kernel {
+  static constexpr std::string_view name = "avg_pool2d";
+  template <Policy P, class C, class X, class Y>
+  static void forward(C& ctx, const X& x, Y& y, const pool2d_params& p) {
+    precis::avg_pool2d<P>(ctx, x, y, p);
+  }
+  template <Policy P, class C, class X, class DY, class DX>
+  static void backward(C& ctx, const X&, const DY& dy, DX& dx, const pool2d_params& p) {
+    precis::avg_pool2d_backward<P>(ctx, dy, dx, p);
+  }
+};
+
+// The resampling kernels an upsample_layer runs (sizes come from the tensors' shapes).
+struct nearest_kernel {
+  static constexpr std::string_view name = "upsample_nearest";
+  template <Policy P, class C, class X, class Y>
+  static void forward(C& ctx, const X& x, Y& y, bool) {
+    precis::upsample_nearest2d<P>(ctx, x, y);
+  }
+  template <Policy P, class C, class DY, class DX>
+  static void backward(C& ctx, const DY& dy, DX& dx, bool) {
+    precis::upsample_nearest2d_backward<P>(ctx, dy, dx);
+  }
+};
+struct bilinear_kernel {
+  static constexpr std::string_view name = "upsample_bilinear";
+  template <Policy P, class C, class X, class Y>
+  static void forward(C& ctx, const X& x, Y& y, bool align_corners) {
+    precis::upsample_bilinear2d<P>(ctx, x, y, align_corners);
+  }
+  template <Policy P, class C, class DY, class DX>
+  static void backward(C& ctx, const DY& dy, DX& dx, bool align_corners) {
+    precis::upsample_bilinear2d_backward<P>(ctx, dy, dx, align_corners);
+  }
+};
+
+/// "[N > 0, C > 0, H >= 2, W >= 2]": the inputs a parameter-free spatial layer takes.
+inline std::string any_image_string(std::size_t min_h, std::size_t min_w) {
+  return "[N > 0, C > 0, H >= " + std::to_string(min_h) + ", W >= " + std::to_string(min_w) + "]";
+}
+
+/// True when no axis of the shape is empty.
+inline bool no_empty_axis(const shape_t<4>& s) { return elements(s) != 0; }
+
+}  // namespace detail
+
+/// Blueprint of a max or average pooling (see nn::max_pool2d, nn::avg_pool2d).
+template <Layer Tag, class Kernel>
+struct pool2d_spec {
+  pool2d_params params{};
+  template <class Map, class Ctx, class In, class G, std::size_t R>
+  using module_type =
+      typename detail::pool_on_images<R,
+                                      pool2d_layer<Tag, policy_for_t<Tag, Map>, Kernel, Ctx>>::type;
+};
+/// Blueprint of an upsampling by an integer factor (see nn::upsample_nearest,
+/// nn::upsample_bilinear).
+template <Layer Tag, class Kernel>
+struct upsample_spec {
+  std::size_t scale;
+  bool align_corners = false;
+  template <class Map, class Ctx, class In, class G, std::size_t R>
+  using module_type = typename detail::pool_on_images<
+      R, upsample_layer<Tag, policy_for_t<Tag, Map>, Kernel, Ctx>>::type;
+};
+/// Blueprint of a global average pooling (see nn::global_avg_pool).
+template <Layer Tag>
+struct global_avg_pool_spec {
+  template <class Map, class Ctx, class In, class G, std::size_t R>
+  using module_type = typename detail::pool_on_images<
+      R, global_avg_pool_layer<Tag, policy_for_t<Tag, Map>, Ctx>>::type;
+};
+
+/// The maximum over each window (PyTorch's MaxPool2d; a zero stride means the kernel's).
+template <Layer Tag = tags::max_pool2d>
+constexpr pool2d_spec<Tag, detail::max_pool_kernel> max_pool2d(pool2d_params params = {}) {
+  return {params};
+}
+/// The mean over each window (PyTorch's AvgPool2d, count_include_pad as given).
+template <Layer Tag = tags::avg_pool2d>
+constexpr pool2d_spec<Tag, detail::avg_pool_kernel> avg_pool2d(pool2d_params params = {}) {
+  return {params};
+}
+/// The mean of each channel over H and W: [N, C, H, W] -> [N, C].
+template <Layer Tag = tags::global_avg_pool>
+constexpr global_avg_pool_spec<Tag> global_avg_pool() {
+  return {};
+}
+/// Nearest-neighbour upsampling by `scale` along H and W (PyTorch's `nearest`).
+template <Layer Tag = tags::upsample>
+constexpr upsample_spec<Tag, detail::nearest_kernel> upsample_nearest(std::size_t scale) {
+  return {scale, false};
+}
+/// Bilinear upsampling by `scale` along H and W (PyTorch's `bilinear`).
+template <Layer Tag = tags::upsample>
+constexpr upsample_spec<Tag, detail::bilinear_kernel> upsample_bilinear(
+    std::size_t scale, bool align_corners = false) {
+  return {scale, align_corners};
+}
+
+/// Max or average pooling built for tag Tag under the resolved policy P: [N, C, H, W] ->
+/// [N, C, Ho, Wo], Ho = (H + 2 padding - kernel) / stride + 1.
+template <Layer Tag, Policy P, class Kernel, class Ctx>
+class pool2d_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
+  using base = layer_base<Tag, P, op::pooling, 4, 4, Ctx>;
+  using S = typename base::input_type;
+  using G = typename base::input_grad_type;
+  template <class T, std::size_t N = 4>
+  using tensor = tensor_t<Ctx, T, N>;
+
+ public:
+  static constexpr std::string_view kind = Kernel::name;
+
+  explicit pool2d_layer(const pool2d_spec<Tag, Kernel>& s) : p_(s.params) {
+    const auto& k = p_.kernel;
+    if (k[0] == 0 || k[1] == 0 || 2 * p_.padding[0] > k[0] || 2 * p_.padding[1] > k[1]) {
+      throw error("precis::nn::" + std::string(kind) +
+                  ": needs a kernel of at least 1x1 and padding at most half the kernel, got "
+                  "kernel " +
+                  shape_string(k) + " and padding " + shape_string(p_.padding));
+    }
+  }
+
+  shape_t<4> output_shape(const shape_t<4>& in, std::string_view path) const {
+    const std::size_t ho = out_size(in[2], 0), wo = out_size(in[3], 1);
+    if (!detail::no_empty_axis(in) || ho == 0 || wo == 0) {
+      detail::bad_shape(path, kind, detail::any_image_string(min_in(0), min_in(1)),
+                        shape_string(in));
+    }
+    return {in[0], in[1], ho, wo};
+  }
+
+  const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode = mode::train) {
+    detail::ensure(y_, output_shape(detail::shape_of<4>(x), path_name<Tag>()));
+    Kernel::template forward<P>(ctx, x, y_, p_);
+    x_.set(x);
+    return y_;
+  }
+  const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
+    const auto& x = x_.get(kind);
+    check_same_shape("precis::nn::" + std::string(kind) + ": dy and the output", dy, y_);
+    detail::ensure(dx_, detail::shape_of<4>(x));
+    Kernel::template backward<P>(ctx, x, dy, dx_, p_);
+    return dx_;
+  }
+
+  std::string shape() const {
+    std::string s = std::to_string(p_.kernel[0]) + "x" + std::to_string(p_.kernel[1]);
+    s += " s" + std::to_string(stride(0)) + "x" + std::to_string(stride(1));
+    if (p_.padding != std::array<std::size_t, 2>{0, 0}) {
+      s += " p" + std::to_string(p_.padding[0]) + "x" + std::to_string(p_.padding[1]);
+    }
+    if (std::is_same_v<Kernel, detail::avg_pool_kernel> && !p_.count_include_pad)
+      s += " no pad count";
+    return s;
+  }
+  std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
+
+ private:
+  std::size_t stride(std::size_t a) const {
+    return p_.stride[a] == 0 ? p_.kernel[a] : p_.stride[a];
+  }
+  std::size_t out_size(std::size_t in, std::size_t a) const {
+    const std::size_t padded = in + 2 * p_.padding[a];
+    return in == 0 || padded < p_.kernel[a] ? 0 : (padded - p_.kernel[a]) / stride(a) + 1;
+  }
+  std::size_t min_in(std::size_t a) const {
+    return p_.kernel[a] > 2 * p_.padding[a] + 1 ? p_.kernel[a] - 2 * p_.padding[a] : 1;
+  }
+
+  pool2d_params p_;
+  tensor<S> y_;
+  tensor<G> dx_;
+  detail::saved<tensor<S>> x_;
+};
+
+/// Upsampling by an integer factor built for tag Tag under the resolved policy P:
+/// [N, C, H, W] -> [N, C, H scale, W scale].
+template <Layer Tag, Policy P, class Kernel, class Ctx>
+class upsample_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
+  using base = layer_base<Tag, P, op::pooling, 4, 4, Ctx>;
+  using S = typename base::input_type;
+  using G = typename base::input_grad_type;
+  template <class T, std::size_t N = 4>
+  using tensor = tensor_t<Ctx, T, N>;
+
+ public:
+  static constexpr std::string_view kind = Kernel::name;
+
+  explicit upsample_layer(const upsample_spec<Tag, Kernel>& s)
+      : scale_(s.scale), align_corners_(s.align_corners) {
+    if (scale_ == 0) throw error("precis::nn::" + std::string(kind) + ": needs scale >= 1");
+  }
+
+  shape_t<4> output_shape(const shape_t<4>& in, std::string_view path) const {
+    if (!detail::no_empty_axis(in)) {
+      detail::bad_shape(path, kind, detail::any_image_string(1, 1), shape_string(in));
+    }
+    return {in[0], in[1], in[2] * scale_, in[3] * scale_};
+  }
+
+  const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode = mode::train) {
+    detail::ensure(y_, output_shape(detail::shape_of<4>(x), path_name<Tag>()));
+    Kernel::template forward<P>(ctx, x, y_, align_corners_);
+    x_.set(x);
+    return y_;
+  }
+  const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
+    const auto& x = x_.get(kind);
+    check_same_shape("precis::nn::" + std::string(kind) + ": dy and the output", dy, y_);
+    detail::ensure(dx_, detail::shape_of<4>(x));
+    Kernel::template backward<P>(ctx, dy, dx_, align_corners_);
+    return dx_;
+  }
+
+  std::string shape() const {
+    return "x" + std::to_string(scale_) + (align_corners_ ? " align_corners" : "");
+  }
+  std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
+
+ private:
+  std::size_t scale_;
+  bool align_corners_;
+  tensor<S> y_;
+  tensor<G> dx_;
+  detail::saved<tensor<S>> x_;
+};
+
+/// Global average pooling built for tag Tag under the resolved policy P (op::reduction):
+/// [N, C, H, W] -> [N, C].
+template <Layer Tag, Policy P, class Ctx>
+class global_avg_pool_layer : public layer_base<Tag, P, op::reduction, 4, 2, Ctx> {
+  static_assert(std::is_same_v<Ctx, cpu_context>,
+                "precis: nn::global_avg_pool runs on the host (cpu_context) only so far; on the "
+                "device use nn::avg_pool2d with a window of the whole image ([N, C, 1, 1]) and a "
+                "reshape");
+  using base = layer_base<Tag, P, op::reduction, 4, 2, Ctx>;
+  using S = typename base::input_type;
+  using G = typename base::input_grad_type;
+
+ public:
+  static constexpr std::string_view kind = "global_avg_pool";
+
+  global_avg_pool_layer() = default;
+  explicit global_avg_pool_layer(const global_avg_pool_spec<Tag>&) {}
+
+  shape_t<2> output_shape(const shape_t<4>& in, std::string_view path) const {
+    if (!detail::no_empty_axis(in)) {
+      detail::bad_shape(path, kind, detail::any_image_string(1, 1), shape_string(in));
+    }
+    return {in[0], in[1]};
+  }
+
+  const host_tensor<S, 2>& forward(const cpu_context& ctx, const host_tensor<S, 4>& x,
+                                   mode = mode::train) {
+    const auto in = detail::shape_of<4>(x);
+    detail::ensure(y_, output_shape(in, path_name<Tag>()));
+    using Mt = precis::detail::math_t<op::reduction, P, S>;
+    using Red = precis::detail::mean_reducer<Mt, precis::detail::accumulate_t<op::reduction, P>,
+                                             precis::detail::reduce_result_t<P, S>>;
+    // x as [N * C, H * W, 1]: one mean per (image, channel), over its plane in element order.
+    precis::detail::reduce_axis<Red, Mt>(ctx, x.data(), in[0] * in[1], in[2] * in[3], 1, y_.data());
+    x_.set(x);
+    return y_;
+  }
+  const host_tensor<G, 4>& backward(const cpu_context& ctx, const host_tensor<G, 2>& dy) {
+    const auto& x = x_.get(kind);
+    check_same_shape("precis::nn::global_avg_pool: dy and the output", dy, y_);
+    const auto in = detail::shape_of<4>(x);
+    detail::ensure(dx_, in);
+    using Mt = precis::detail::math_t<op::reduction, P, G>;
+    const std::size_t pixels = in[2] * in[3];
+    precis::detail::for_rows(ctx, in[0] * in[1], pixels, [&](std::size_t b, std::size_t e) {
+      for (std::size_t plane = b; plane < e; ++plane) {
+        const G share = round_to<G>(precis::detail::load<Mt>(dy.data()[plane]) / Mt(pixels));
+        std::fill_n(dx_.data() + plane * pixels, pixels, share);
+      }
+    });
+    return dx_;
+  }
+
+  std::string shape() const { return "HxW->1"; }
+  std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
+
+ private:
+  host_tensor<S, 2> y_;
+  host_tensor<G, 4> dx_;
+  detail::saved<host_tensor<S, 4>> x_;
+};
+
+}  // namespace precis::nn

@@ -1,0 +1,79 @@
+// A ResNet basic block with a projection shortcut (convolutions, batch norm, ReLU, residual
+// add) built by nn::build from one blueprint on the host and on the device (cuda_context):
+// the same masters, the same input; the device's output, input gradient and parameter
+// gradients against the host's within the storage type's bound. Exits 77 (skipped) where
+// no GPU is present.
+#include <precis/nn/cuda.hpp>  // first: the device kernels, then nn
+
+#include "device_test.hpp"
+
+#include <array>
+#include <cstddef>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace precis_test;
+using namespace precis;
+
+struct conv1 : layer<op::conv> {
+  static constexpr std::string_view name = "conv1";
+};
+struct conv2 : layer<op::conv> {
+  static constexpr std::string_view name = "conv2";
+};
+struct proj : layer<op::conv> {
+  static constexpr std::string_view name = "proj";
+};
+
+auto basic_block(std::size_t in, std::size_t out) {
+  const conv2d_params s2p1{.stride = {2, 2}, .padding = {1, 1}}, p1{.padding = {1, 1}}, s2{.stride = {2, 2}};
+  return nn::seq(nn::residual(nn::seq(nn::conv2d<conv1>(in, out, 3, s2p1, nn::no_bias), nn::batch_norm(out), nn::relu(),
+                                      nn::conv2d<conv2>(out, out, 3, p1, nn::no_bias), nn::batch_norm(out)),
+                              nn::seq(nn::conv2d<proj>(in, out, 1, s2, nn::no_bias), nn::batch_norm(out))),
+                 nn::relu());
+}
+
+template <class P>
+void check_block(cuda_context& ctx, const std::string& tag) {
+  using S = typename P::storage_type;
+  using G = typename P::gradient_type;
+  const cpu_context cpu{2};
+  auto host = nn::build<S, 4>(P{}, basic_block(8, 16), {.seed = 7});
+  auto device = nn::build<S, 4, cuda_context>(P{}, basic_block(8, 16), {.seed = 7});
+  // The same masters on both (drawn from the same seed and paths; copied to be sure).
+  std::map<std::string, std::vector<float>> masters;
+  host.for_each_parameter([&](const std::string& path, auto& p) {
+    masters[path] = std::vector<float>(p.master().begin(), p.master().end());
+  });
+  device.for_each_parameter([&](const std::string& path, auto& p) { p.set(ctx, masters.at(path)); });
+  device.zero_grad();
+  host.zero_grad();
+
+  const auto x = random_tensor<S, 4>({2, 8, 12, 10});
+  const auto dy = random_tensor<G, 4>({2, 16, 6, 5}, 0.1F);
+  const auto xd = to_device(x);
+  const auto dyd = to_device(dy);
+  const auto& y = host.forward(cpu, x);
+  compare(tag + " forward", ctx, device.forward(ctx, xd), y, 4 * bound<S>());
+  const auto& dx = host.backward(cpu, dy);
+  compare(tag + " input gradient", ctx, device.backward(ctx, dyd), dx, 4 * bound<G>());
+  host.for_each_parameter([&](const std::string& path, const auto& hp) {
+    device.for_each_parameter([&](const std::string& dpath, const auto& dp) {
+      if (dpath == path) compare(tag + " gradient of " + path, ctx, dp.grad(), hp.grad(), 4 * bound<G>());
+    });
+  });
+}
+
+}  // namespace
+
+int main() {
+  if (!have_gpu()) return skipped;
+  cuda_context ctx;
+  check_block<presets::fp32>(ctx, "fp32");
+  check_block<presets::bf16_mixed>(ctx, "bf16_mixed");
+  check_block<presets::fp16_mixed>(ctx, "fp16_mixed");
+  return finish();
+}
