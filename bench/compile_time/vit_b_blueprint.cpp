@@ -46,7 +46,7 @@ auto vit_b() {
 
 // Twelve layer overrides over three policies, and two operation-kind overrides.
 constexpr auto policies = make_policy_map(
-    presets::bf16_mixed{}, for_op<op::softmax>(presets::fp32{}), for_op<op::layer_norm>(presets::bf16_mixed{}),
+    presets::bf16_mixed{}, for_op<op::softmax>(presets::fp32{}), for_op<op::elementwise>(presets::bf16_mixed{}),
     for_layer<patch_embed>(presets::fp32{}), for_layer<norm1>(presets::fp32{}), for_layer<norm2>(presets::fp32{}),
     for_layer<qkv>(presets::fp16_mixed{}), for_layer<scores>(presets::fp16_mixed{}),
     for_layer<probs>(presets::fp32{}), for_layer<context>(presets::fp16_mixed{}), for_layer<proj>(presets::fp16_mixed{}),

@@ -61,10 +61,9 @@ struct context_traits<cpu_context> {
   }
   /// sum += part elementwise, in sum's type (part already rounded to its own type).
   template <class M, class G, std::size_t N>
-  static void accumulate(ref, host_tensor<M, N>& sum, const host_tensor<G, N>& part) {
-    M* g = sum.data();
-    const G* p = part.data();
-    for (std::size_t i = 0, n = sum.size(); i < n; ++i) g[i] += static_cast<M>(p[i]);
+  static void accumulate(ref ctx, host_tensor<M, N>& sum, const host_tensor<G, N>& part) {
+    // The elementwise kernel converts blocks of 16-bit values with the vector unit.
+    precis::add<policy<G, float, float, float, G>>(ctx, sum, part, sum);
   }
   /// out = in converted, each value rounded once (nearest-even).
   template <class In, class Out, std::size_t N>
@@ -74,11 +73,16 @@ struct context_traits<cpu_context> {
   /// out = the sum of the inputs, added in float (double for double tensors) and rounded once.
   template <class Out, std::size_t N, class... In>
   static void add_rounded(ref ctx, host_tensor<Out, N>& out, const host_tensor<In, N>&... in) {
-    using A = std::conditional_t<(std::is_same_v<Out, double> || ... || std::is_same_v<In, double>), double, float>;
-    Out* o = out.data();
-    precis::detail::parallel_for(ctx, out.size(), std::size_t(1) << 15, [&](std::size_t b, std::size_t e) {
-      for (std::size_t i = b; i < e; ++i) o[i] = round_to<Out>((A(0) + ... + static_cast<A>(in.data()[i])));
-    });
+    if constexpr (sizeof...(In) == 2) {
+      // Two terms (a residual): the elementwise kernel, which converts in vector blocks.
+      [&](const auto& a, const auto& b) { precis::add<policy<Out, float, float, float, Out>>(ctx, a, b, out); }(in...);
+    } else {
+      using A = std::conditional_t<(std::is_same_v<Out, double> || ... || std::is_same_v<In, double>), double, float>;
+      Out* o = out.data();
+      precis::detail::parallel_for(ctx, out.size(), std::size_t(1) << 15, [&](std::size_t b, std::size_t e) {
+        for (std::size_t i = b; i < e; ++i) o[i] = round_to<Out>((A(0) + ... + static_cast<A>(in.data()[i])));
+      });
+    }
   }
   /// y = f(x) and dx = g(dy, x) elementwise under policy P.
   template <Policy P, template <class> class Fn, class X, class Y, std::size_t N>
