@@ -58,8 +58,8 @@ def main():
     parser.add_argument("--csv")
     args = parser.parse_args()
     compilers = args.compiler or ["g++", "clang++"]
-    pairs = [("policy map, 64 layers", "baseline.cpp", "policy_map_64.cpp"),
-             ("ViT-B/16 model, 12 overrides", "nn_baseline.cpp", "vit_b_blueprint.cpp")]
+    pairs = [("policy_map_64_layers", "baseline.cpp", "policy_map_64.cpp"),
+             ("vit_b16_model_12_overrides", "nn_baseline.cpp", "vit_b_blueprint.cpp")]
     rows = []
     for cxx in compilers:
         for what, base, case in pairs:
