@@ -186,3 +186,23 @@ TEST_CASE("multi-tensor nodes name their children in paths and check shapes, nam
   const std::string table = nn::describe(m);
   CHECK(table.find("neck.2.0.1") != std::string::npos);
 }
+
+TEST_CASE("subtract: a - b of a two-tensor edge, as DBNet's binarization sigmoid(k (P - T)) reads it") {
+  // Gradients in double through fork -> subtract -> scale -> sigmoid.
+  auto m = nn::build<double, 2>(f64{}, nn::seq(nn::fork(nn::linear(3, 4), nn::seq(nn::tanh(), nn::linear(3, 4))),
+                                               nn::subtract(), nn::scale(5.0), nn::sigmoid()),
+                                {.seed = 4});
+  check_gradients(m, random_tensor<2>({2, 3}));
+  // Values: the difference is taken in float and rounded once to the storage type.
+  auto h = nn::build<float16, 2>(presets::fp16_mixed{}, nn::seq(nn::fork(nn::identity(), nn::scale(1.0 / 3.0)), nn::subtract()));
+  host_tensor<float16, 2> x(std::array<std::size_t, 2>{2, 3});
+  for (std::size_t i = 0; i < x.size(); ++i) x.data()[i] = float16(0.7f * float(i) - 1.1f);
+  const auto& y = h.forward(ctx, x);
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    const float third = float(float16(float(x.data()[i]) * float(1.0 / 3.0)));
+    CHECK(y.data()[i].bits() == float16(float(x.data()[i]) - third).bits());
+  }
+  auto bad = nn::build<float, 2>(presets::fp32{}, nn::seq(nn::fork(nn::linear(3, 4), nn::linear(3, 2)), nn::subtract()));
+  host_tensor<float, 2> xf(std::array<std::size_t, 2>{2, 3});
+  CHECK_THROWS_WITH_AS(bad.forward(ctx, xf), doctest::Contains("which cannot be subtracted"), error);
+}

@@ -368,7 +368,7 @@ class sequence {
 // Parallel branches
 
 /// How parallel branches are joined.
-enum class join_kind { add, concat };
+enum class join_kind { add, concat, subtract };
 
 template <join_kind Join, bool Residual, class... Ms>
 class branches;
@@ -418,6 +418,8 @@ constexpr branches_spec<join_kind::add, true, Body, Shortcut> residual(Body body
 /// axis. All branches take the same input and end in the same types (build casts them).
 template <join_kind Join, bool Residual, class... Ms>
 class branches {
+  static_assert(Join != join_kind::subtract, "precis: parallel branches join by add or concat; for a - b use "
+                                             "nn::fork(a, b) then nn::subtract()");
   using children_type = std::tuple<Ms...>;
   static constexpr std::size_t count = sizeof...(Ms);
   using first = std::tuple_element_t<0, children_type>;

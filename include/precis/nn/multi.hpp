@@ -6,6 +6,7 @@
 //     nn::top_down(node)          p[last] = x[last], p[i] = x[i] + node(p[i + 1]) (an FPN's top-down path)
 //     nn::add_all()               the tensors of an edge summed into one
 //     nn::concat_all(axis)        the tensors of an edge concatenated along `axis`
+//     nn::subtract()              the first tensor of a two-tensor edge minus the second
 //
 // A multi-tensor edge has the type nn::values<nn::sig<T, G, R>...>; forward passes a tuple
 // of pointers to the tensors, backward a tuple of pointers to their gradients. A model may
@@ -493,13 +494,20 @@ struct join_spec {
 constexpr join_spec<join_kind::add> add_all() { return {0}; }
 /// The tensors of a multi-tensor edge concatenated along `axis` (a blueprint node).
 constexpr join_spec<join_kind::concat> concat_all(std::size_t axis) { return {axis}; }
+/// a - b for the two tensors (a, b) of an edge (a blueprint node): DBNet's P - T, after
+/// nn::fork(probability_head, threshold_head).
+constexpr join_spec<join_kind::subtract> subtract() { return {0}; }
 
-/// The module nn::add_all and nn::concat_all build into.
+/// The module nn::add_all, nn::concat_all and nn::subtract build into. Differences, like
+/// sums, are taken in float (double for double tensors) and rounded once.
 template <join_kind Join, class S0, class... Sigs, class Ctx>
 class join_module<Join, values<S0, Sigs...>, Ctx> {
   static_assert((std::is_same_v<S0, Sigs> && ...),
-                "precis: nn::add_all and nn::concat_all join tensors of one element type, gradient type and "
-                "rank; give the nodes before it one storage type in the map, or cast in nn::each");
+                "precis: nn::add_all, nn::concat_all and nn::subtract join tensors of one element type, "
+                "gradient type and rank; give the nodes before it one storage type in the map, or cast in "
+                "nn::each");
+  static_assert(Join != join_kind::subtract || sizeof...(Sigs) == 1,
+                "precis: nn::subtract reads an edge of two tensors (a, b) and gives a - b");
   static constexpr std::size_t count = 1 + sizeof...(Sigs);
   using T = typename S0::type;
   using G = typename S0::grad_type;
@@ -530,8 +538,9 @@ class join_module<Join, values<S0, Sigs...>, Ctx> {
         if (shapes[i][a] != out[a] && !(Join == join_kind::concat && a == axis_)) {
           throw error("precis::nn: the tensors joined at " + path_or_root(path) + " have shapes " +
                       shape_string(shapes[0]) + " and " + shape_string(shapes[i]) +
-                      (Join == join_kind::add ? ", which cannot be added"
-                                              : ", which differ outside the concatenation axis"));
+                      (Join == join_kind::add        ? ", which cannot be added"
+                       : Join == join_kind::subtract ? ", which cannot be subtracted"
+                                                     : ", which differ outside the concatenation axis"));
         }
       }
       if constexpr (Join == join_kind::concat) out[axis_] += shapes[i][axis_];
@@ -543,6 +552,14 @@ class join_module<Join, values<S0, Sigs...>, Ctx> {
     detail::ensure(y_, shape);
     if constexpr (Join == join_kind::add) {
       std::apply([&](auto... t) { detail::add_rounded(ctx, y_.data(), y_.size(), t->data()...); }, x);
+    } else if constexpr (Join == join_kind::subtract) {
+      using A = detail::sum_type_t<T>;
+      const T* a = std::get<0>(x)->data();
+      const T* b = std::get<1>(x)->data();
+      T* y = y_.data();
+      precis::detail::parallel_for(ctx, y_.size(), std::size_t(1) << 15, [&](std::size_t lo, std::size_t hi) {
+        for (std::size_t i = lo; i < hi; ++i) y[i] = round_to<T>(static_cast<A>(a[i]) - static_cast<A>(b[i]));
+      });
     } else {
       std::size_t offset = 0, i = 0;
       std::apply([&](auto... t) { ((widths_[i++] = std::size_t(t->shape()[axis_])), ...); }, x);
@@ -556,6 +573,12 @@ class join_module<Join, values<S0, Sigs...>, Ctx> {
       return [&]<std::size_t... I>(std::index_sequence<I...>) {
         return edge_grad_t<Ctx, input_type, 0>{((void)I, &dy)...};
       }(std::make_index_sequence<count>{});
+    } else if constexpr (Join == join_kind::subtract) {
+      // da = dy, db = -dy (negation is exact in every format).
+      detail::ensure(parts_[1], detail::shape_of<R>(dy));
+      G* d = parts_[1].data();
+      for (std::size_t i = 0; i < dy.size(); ++i) d[i] = G(-dy.data()[i]);
+      return edge_grad_t<Ctx, input_type, 0>{&dy, &parts_[1]};
     } else {
       std::size_t offset = 0;
       for (std::size_t i = 0; i < count; ++i) {
