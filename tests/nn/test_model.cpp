@@ -427,3 +427,21 @@ TEST_CASE("same bits on 1 and 2 threads for every layer and block") {
   for (auto& v : img) v = bfloat16(d(precis_test::rng()));
   precis_test::check_thread_independent(nn::build<bfloat16, 4>(bf{}, nn::batch_norm(16), {.seed = 1}), img);
 }
+
+TEST_CASE("batch_norm's backward needs a training-mode forward; repeat<1> may change the rank") {
+  auto m = nn::build<float, 2>(presets::fp32{}, nn::seq(nn::linear(3, 4), nn::batch_norm(4)), {.seed = 1});
+  host_tensor<float, 2> x(std::array<std::size_t, 2>{5, 3});
+  for (std::size_t i = 0; i < x.size(); ++i) x.data()[i] = float(i % 7) - 3.0f;
+  host_tensor<float, 2> dy(std::array<std::size_t, 2>{5, 4});
+  dy.fill(1.0f);
+  m.forward(ctx, x, nn::mode::train);
+  m.forward(ctx, x, nn::mode::eval);
+  CHECK_THROWS_WITH_AS(m.backward(ctx, dy), doctest::Contains("after an evaluation-mode forward()"), error);
+  m.forward(ctx, x, nn::mode::train);
+  CHECK(m.backward(ctx, dy).shape() == x.shape());
+  // One block that changes the rank: repeat<1> resolves no second block type.
+  auto once = nn::build<float, 3>(presets::fp32{}, nn::repeat<1>(nn::seq(nn::linear(4, 4), nn::select_token(0))));
+  host_tensor<float, 3> t(std::array<std::size_t, 3>{2, 3, 4});
+  t.fill(0.5f);
+  CHECK(once.forward(ctx, t).shape() == std::array<std::size_t, 2>{2, 4});
+}

@@ -143,7 +143,7 @@ class model {
       if constexpr (leaf<std::remove_cvref_t<decltype(node)>>) f(path, node);
     });
   }
-  /// Calls f(path, parameter) for every parameter ("encoder.3.mlp.fc2.weight"), in order.
+  /// Calls f(path, parameter) for every parameter ("encoder.3.1.mlp.fc2.weight"), in order.
   template <class F>
   void for_each_parameter(F&& f) {
     for_each_layer([&](const std::string& path, auto& l) {

@@ -6,7 +6,7 @@
 //     nn::add(a, b, ...)                     parallel branches on one input, summed
 //     nn::concat(axis, a, b, ...)            parallel branches, joined along `axis`
 //     nn::repeat<12>(block)                  12 blocks of one type (an array, one instantiation)
-//     nn::named("encoder", node)             names a node in paths ("encoder.3.mlp.fc2")
+//     nn::named("encoder", node)             names a node in paths ("encoder.3.1.mlp.fc2")
 //
 // Edges: nn::build resolves each node against the policy map with the element types and
 // rank that reach it. Where a layer reads another type than the one before it stores
@@ -420,6 +420,9 @@ template <join_kind Join, bool Residual, class... Ms>
 class branches {
   static_assert(Join != join_kind::subtract, "precis: parallel branches join by add or concat; for a - b use "
                                              "nn::fork(a, b) then nn::subtract()");
+  static_assert(Join != join_kind::concat || std::is_same_v<typename std::tuple_element_t<0, std::tuple<Ms...>>::context_type,
+                                                            cpu_context>,
+                "precis: nn::concat runs on host tensors so far; build the model for cpu_context");
   using children_type = std::tuple<Ms...>;
   static constexpr std::size_t count = sizeof...(Ms);
   using first = std::tuple_element_t<0, children_type>;
@@ -606,9 +609,14 @@ struct repeat_spec {
   struct resolved {
     using first = detail::resolve_spec_t<S, Map, Ctx, In, G, R>;
     // The later blocks read what the first gives (a per-layer map may change the type a
-    // block ends in): at most two block types, however many blocks.
-    using rest = detail::resolve_spec_t<S, Map, Ctx, typename first::output_type, typename first::output_grad_type,
-                                        first::output_rank>;
+    // block ends in): at most two block types, however many blocks. With one block there
+    // is no later one to resolve (a block that changes the rank may be used once).
+    template <class F>
+    struct later {
+      using type = typename detail::resolve_spec<S, Map, Ctx, typename F::output_type, typename F::output_grad_type,
+                                                 F::output_rank>::type;
+    };
+    using rest = typename std::conditional_t<N == 1, std::type_identity<first>, later<first>>::type;
     using type = repeat_block<N, first, rest>;
   };
   template <class Map, class Ctx, class In, class G, std::size_t R>
@@ -651,7 +659,9 @@ class repeat_block {
   std::string_view name() const { return ""; }
   shape_t<output_rank> output_shape(const shape_t<input_rank>& in, std::string_view path) const {
     auto s = first_.output_shape(in, join_path(path, "0"));
-    for (std::size_t i = 0; i + 1 < N; ++i) s = rest_[i].output_shape(s, join_path(path, std::to_string(i + 1)));
+    if constexpr (N > 1) {
+      for (std::size_t i = 0; i + 1 < N; ++i) s = rest_[i].output_shape(s, join_path(path, std::to_string(i + 1)));
+    }
     return s;
   }
   const tensor_t<context_type, output_type, output_rank>& forward(context_ref_t<context_type> ctx,

@@ -43,6 +43,8 @@ constexpr linear_spec<Tag> linear(std::size_t in, std::size_t out, bias_mode bia
 template <Layer Tag, Policy P, std::size_t R, class Ctx>
 class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx> {
   static_assert(R >= 1, "precis: nn::linear works on the last axis of a tensor of rank >= 1");
+  static_assert(std::is_same_v<Ctx, cpu_context>,
+                "precis: nn::linear runs on host tensors so far; build the model for cpu_context");
   using base = layer_base<Tag, P, op::matmul, R, R, Ctx>;
   using S = typename base::input_type;
   using G = typename base::input_grad_type;

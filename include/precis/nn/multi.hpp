@@ -29,6 +29,10 @@ namespace precis::nn {
 
 namespace detail {
 
+/// The multi-tensor nodes run on host tensors so far.
+template <class Ctx>
+inline constexpr bool host_only_v = std::is_same_v<Ctx, cpu_context>;
+
 template <class M>
 using output_sig_t = sig<typename M::output_type, typename M::output_grad_type, M::output_rank>;
 
@@ -85,6 +89,8 @@ class fork_module {
                  ...),
                 "precis: the branches of nn::fork must read the same input type, gradient type and rank");
   static_assert((detail::single_output_v<Ms> && ...), "precis: each branch of nn::fork gives one tensor");
+  static_assert(detail::host_only_v<typename first::context_type>,
+                "precis: nn::fork runs on host tensors so far; build the model for cpu_context");
 
  public:
   using context_type = typename first::context_type;
@@ -175,6 +181,8 @@ class taps_module {
   using first = std::tuple_element_t<0, children_type>;
   static_assert(detail::neighbours_fit<Ms...>());
   static_assert((detail::single_output_v<Ms> && ...), "precis: each stage of nn::taps gives one tensor");
+  static_assert(detail::host_only_v<typename first::context_type>,
+                "precis: nn::taps runs on host tensors so far; build the model for cpu_context");
 
  public:
   using context_type = typename first::context_type;
@@ -299,6 +307,8 @@ class each_module {
   static constexpr std::size_t count = sizeof...(Ms);
   using first = std::tuple_element_t<0, children_type>;
   static_assert((detail::single_output_v<Ms> && ...), "precis: each node of nn::each gives one tensor");
+  static_assert(detail::host_only_v<typename first::context_type>,
+                "precis: nn::each runs on host tensors so far; build the model for cpu_context");
 
  public:
   using context_type = typename first::context_type;
@@ -392,6 +402,8 @@ class top_down_module<values<S0, Sigs...>, M> {
   static_assert(std::is_same_v<typename M::output_type, T> && std::is_same_v<typename M::output_grad_type, G> &&
                     M::output_rank == R,
                 "precis: the node of nn::top_down must give the type and rank it reads (an upsampling)");
+  static_assert(detail::host_only_v<typename M::context_type>,
+                "precis: nn::top_down runs on host tensors so far; build the model for cpu_context");
 
  public:
   using context_type = typename M::context_type;
@@ -508,6 +520,9 @@ class join_module<Join, values<S0, Sigs...>, Ctx> {
                 "nn::each");
   static_assert(Join != join_kind::subtract || sizeof...(Sigs) == 1,
                 "precis: nn::subtract reads an edge of two tensors (a, b) and gives a - b");
+  static_assert(detail::host_only_v<Ctx>,
+                "precis: nn::add_all, nn::concat_all and nn::subtract run on host tensors so far; build the "
+                "model for cpu_context");
   static constexpr std::size_t count = 1 + sizeof...(Sigs);
   using T = typename S0::type;
   using G = typename S0::grad_type;

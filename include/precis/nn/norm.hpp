@@ -224,10 +224,16 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
       batch_norm_infer<P>(ctx, x, this->gamma_.value(), this->beta_.value(), running_mean_, running_var_, this->y_,
                           eps_);
     }
+    last_train_ = m == mode::train;
     return this->y_;
   }
-  /// Backward of the last training-mode forward pass.
+  /// Backward of the last forward pass, which must have been in training mode (the batch
+  /// statistics' gradient; evaluation mode's running statistics are not differentiated).
   const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
+    if (!last_train_) {
+      throw error("precis::nn::batch_norm: backward() after an evaluation-mode forward(); the backward pass "
+                  "differentiates the batch statistics of a training-mode forward (mode::train)");
+    }
     const auto& x = this->x_.get(kind);
     batch_norm_backward<P>(ctx, dy, x, this->gamma_.value(), save_mean_, save_rstd_, this->dx_, this->dgamma_,
                            this->dbeta_);
@@ -270,6 +276,7 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
   }
 
   double momentum_, eps_;
+  bool last_train_ = false;
   tensor<St, 1> running_mean_, running_var_;
   tensor<St, 1> save_mean_, save_rstd_;
   std::string problem_;
