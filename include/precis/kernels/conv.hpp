@@ -9,8 +9,9 @@
 // converted to float once, the im2col panels are built while packing (never stored
 // whole), and gemm's float engine does the sums. Backward-data sums the per-tap float
 // partial products of the column matrix into a float image (col2im) and rounds once.
-// Policies with double math or a narrower-than-float accumulator are not taken here
-// (static_assert); gemm has the plain-loop path for those.
+// Double policies (math and sums in double, as float64 gradient checks want) run direct
+// loops, one running sum per output element. A narrower-than-float accumulator is not
+// taken here (static_assert); gemm has the plain-loop path for it.
 //
 // Shapes are checked before anything is written (precis::error names expected and actual
 // shapes); results are the same bits for every thread count.
@@ -335,6 +336,135 @@ void conv_backward_weights_float(const cpu_context& ctx, const conv_geometry& g,
   }
 }
 
+// Direct loops over a geometry g (x [n, c, h, w], w [co, c / groups, kh, kw], y [n, co,
+// ho, wo]) for double policies, which a gradient check in float64 needs and no model
+// trains with for speed. Each output element is one running sum in accumulate_t<op::conv,
+// P> of products in math_t<op::conv, P>, rounded once.
+
+/// y = conv(x, w) (+ bias, added to the sum before the rounding; bias may be nullptr).
+template <Policy P, class TX, class TW, class TB, class TY>
+void direct_conv_forward(const cpu_context& ctx, const conv_geometry& g,
+                         const TX* x, const TW* w, const TB* bias, TY* y) {
+  using M = math_t<op::conv, P, TX, TW>;
+  using Acc = accumulate_t<op::conv, P>;
+  const std::size_t cg = g.cg(), cog = g.cog(), pixels = g.pixels(), hw = g.h * g.w;
+  for_rows(ctx, g.n * g.co, pixels * g.taps(), [&](std::size_t b, std::size_t e) {
+    for (std::size_t plane = b; plane < e; ++plane) {
+      const std::size_t n = plane / g.co, o = plane % g.co;
+      const TX* xg = x + (n * g.c + (o / cog) * cg) * hw;
+      const TW* wo = w + o * g.taps();
+      for (std::size_t oy = 0; oy < g.ho; ++oy) {
+        for (std::size_t ox = 0; ox < g.wo; ++ox) {
+          accumulator<Acc> acc;
+          for (std::size_t c = 0; c < cg; ++c) {
+            for (std::size_t ky = 0; ky < g.kh; ++ky) {
+              const std::size_t iy = oy * g.p.stride[0] + ky * g.p.dilation[0];
+              if (iy < g.p.padding[0] || iy - g.p.padding[0] >= g.h) continue;
+              for (std::size_t kx = 0; kx < g.kw; ++kx) {
+                const std::size_t ix = ox * g.p.stride[1] + kx * g.p.dilation[1];
+                if (ix < g.p.padding[1] || ix - g.p.padding[1] >= g.w) continue;
+                accumulate(
+                    acc, load<M>(
+                             xg[c * hw + (iy - g.p.padding[0]) * g.w + ix - g.p.padding[1]]) *
+                             load<M>(wo[(c * g.kh + ky) * g.kw + kx]));
+              }
+            }
+          }
+          M v = static_cast<M>(acc.value());
+          if (bias != nullptr) v += load<M>(bias[o]);
+          y[plane * pixels + oy * g.wo + ox] = round_to<TY>(v);
+        }
+      }
+    }
+  });
+}
+
+/// dx of y = conv(x, w) from dy, each element gathered from the outputs it fed (+ bias per
+/// channel of dx: the transposed convolution is this pass; bias may be nullptr).
+template <Policy P, class TG, class TW, class TB, class TX>
+void direct_conv_backward_data(const cpu_context& ctx, const conv_geometry& g,
+                               const TG* dy, const TW* w, const TB* bias, TX* dx) {
+  using M = math_t<op::conv, P, TG, TW>;
+  using Acc = accumulate_t<op::conv, P>;
+  const std::size_t cg = g.cg(), cog = g.cog(), pixels = g.pixels(), hw = g.h * g.w;
+  for_rows(
+      ctx, g.n * g.c, hw * cog * g.kh * g.kw, [&](std::size_t b, std::size_t e) {
+        for (std::size_t plane = b; plane < e; ++plane) {
+          const std::size_t n = plane / g.c, ch = plane % g.c, gr = ch / cg, c = ch % cg;
+          for (std::size_t iy = 0; iy < g.h; ++iy) {
+            for (std::size_t ix = 0; ix < g.w; ++ix) {
+              accumulator<Acc> acc;
+              for (std::size_t i = 0; i < cog; ++i) {
+                const std::size_t o = gr * cog + i;
+                const TG* dyo = dy + (n * g.co + o) * pixels;
+                const TW* wo = w + (o * cg + c) * g.kh * g.kw;
+                for (std::size_t ky = 0; ky < g.kh; ++ky) {
+                  // Output row oy reads row iy through tap ky when oy * stride = iy + pad - ky * d.
+                  const std::size_t ty = iy + g.p.padding[0], dky = ky * g.p.dilation[0];
+                  if (ty < dky || (ty - dky) % g.p.stride[0] != 0) continue;
+                  const std::size_t oy = (ty - dky) / g.p.stride[0];
+                  if (oy >= g.ho) continue;
+                  for (std::size_t kx = 0; kx < g.kw; ++kx) {
+                    const std::size_t tx = ix + g.p.padding[1], dkx = kx * g.p.dilation[1];
+                    if (tx < dkx || (tx - dkx) % g.p.stride[1] != 0) continue;
+                    const std::size_t ox = (tx - dkx) / g.p.stride[1];
+                    if (ox >= g.wo) continue;
+                    accumulate(acc,
+                                               load<M>(dyo[oy * g.wo + ox]) *
+                                                   load<M>(wo[ky * g.kw + kx]));
+                  }
+                }
+              }
+              M v = static_cast<M>(acc.value());
+              if (bias != nullptr) v += load<M>(bias[ch]);
+              dx[plane * hw + iy * g.w + ix] = round_to<TX>(v);
+            }
+          }
+        }
+      });
+}
+
+/// dw of y = conv(x, w) from x and dy: each weight one sum over images and output pixels.
+template <Policy P, class TX, class TG, class TW>
+void direct_conv_backward_weights(const cpu_context& ctx, const conv_geometry& g,
+                                  const TX* x, const TG* dy, TW* dw) {
+  using M = math_t<op::conv, P, TX, TG>;
+  using Acc = accumulate_t<op::conv, P>;
+  const std::size_t cg = g.cg(), cog = g.cog(), pixels = g.pixels(), hw = g.h * g.w;
+  const std::size_t taps = g.taps();
+  for_rows(ctx, g.co * taps, g.n * pixels, [&](std::size_t b, std::size_t e) {
+    for (std::size_t idx = b; idx < e; ++idx) {
+      const std::size_t o = idx / taps, t = idx % taps;
+      const std::size_t c = t / (g.kh * g.kw), ky = (t / g.kw) % g.kh, kx = t % g.kw;
+      const std::size_t ch = (o / cog) * cg + c;
+      accumulator<Acc> acc;
+      for (std::size_t n = 0; n < g.n; ++n) {
+        const TX* xc = x + (n * g.c + ch) * hw;
+        const TG* dyo = dy + (n * g.co + o) * pixels;
+        for (std::size_t oy = 0; oy < g.ho; ++oy) {
+          const std::size_t iy = oy * g.p.stride[0] + ky * g.p.dilation[0];
+          if (iy < g.p.padding[0] || iy - g.p.padding[0] >= g.h) continue;
+          for (std::size_t ox = 0; ox < g.wo; ++ox) {
+            const std::size_t ix = ox * g.p.stride[1] + kx * g.p.dilation[1];
+            if (ix < g.p.padding[1] || ix - g.p.padding[1] >= g.w) continue;
+            accumulate(
+                acc,
+                load<M>(dyo[oy * g.wo + ox]) *
+                    load<M>(xc[(iy - g.p.padding[0]) * g.w + ix - g.p.padding[1]]));
+          }
+        }
+      }
+      dw[idx] = round_to<TW>(static_cast<M>(acc.value()));
+    }
+  });
+}
+
+/// True when P computes a convolution of TA and TB in double with a double accumulator
+/// (the direct loops above).
+template <Policy P, class TA, class TB>
+inline constexpr bool double_conv_v =
+    std::is_same_v<math_t<op::conv, P, TA, TB>, double> && std::is_same_v<accumulate_t<op::conv, P>, double>;
+
 /// The static checks of every convolution.
 template <Policy P, class TX, class TW, class TY>
 constexpr void check_conv_types() {
@@ -344,9 +474,10 @@ constexpr void check_conv_types() {
                 "precis: conv inputs must be the policy's storage or gradient type, or float; "
                 "cast them with precis::cast first, or call with the policy they were "
                 "stored under");
-  static_assert(float_engine_v<op::conv, P, TX, TW>,
-                "precis: conv computes in float with a float accumulator; for double tensors "
-                "or an unsafe narrow accumulator use gemm on an explicit im2col matrix");
+  static_assert(float_engine_v<op::conv, P, TX, TW> || double_conv_v<P, TX, TW>,
+                "precis: conv computes in float with a float accumulator (or in double under a "
+                "double policy); for an unsafe narrow accumulator use gemm on an explicit im2col "
+                "matrix");
 }
 
 template <Policy P>
@@ -366,9 +497,13 @@ void conv2d(const cpu_context& ctx, const host_tensor<TX, 4>& x, const host_tens
   detail::check_conv_types<P, TX, TW, TY>();
   const auto g = detail::conv_geometry_of("precis::conv2d", x, w, p);
   check_shape("precis::conv2d: y", y, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
-  constexpr bool tf32 = detail::conv_tf32_v<P>;
-  const auto xf = detail::to_float<tf32>(ctx, x.data(), x.size());
-  detail::conv_forward_float<tf32>(ctx, g, xf.get(), w.data(), static_cast<const TY*>(nullptr), y.data());
+  if constexpr (detail::double_conv_v<P, TX, TW>) {
+    detail::direct_conv_forward<P>(ctx, g, x.data(), w.data(), static_cast<const TY*>(nullptr), y.data());
+  } else {
+    constexpr bool tf32 = detail::conv_tf32_v<P>;
+    const auto xf = detail::to_float<tf32>(ctx, x.data(), x.size());
+    detail::conv_forward_float<tf32>(ctx, g, xf.get(), w.data(), static_cast<const TY*>(nullptr), y.data());
+  }
 }
 
 /// As conv2d, plus bias [Co] added to every pixel of its channel before the one rounding.
@@ -379,9 +514,13 @@ void conv2d(const cpu_context& ctx, const host_tensor<TX, 4>& x, const host_tens
   const auto g = detail::conv_geometry_of("precis::conv2d", x, w, p);
   check_shape("precis::conv2d: bias", bias, detail::dims<1>({g.co}));
   check_shape("precis::conv2d: y", y, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
-  constexpr bool tf32 = detail::conv_tf32_v<P>;
-  const auto xf = detail::to_float<tf32>(ctx, x.data(), x.size());
-  detail::conv_forward_float<tf32>(ctx, g, xf.get(), w.data(), bias.data(), y.data());
+  if constexpr (detail::double_conv_v<P, TX, TW>) {
+    detail::direct_conv_forward<P>(ctx, g, x.data(), w.data(), bias.data(), y.data());
+  } else {
+    constexpr bool tf32 = detail::conv_tf32_v<P>;
+    const auto xf = detail::to_float<tf32>(ctx, x.data(), x.size());
+    detail::conv_forward_float<tf32>(ctx, g, xf.get(), w.data(), bias.data(), y.data());
+  }
 }
 
 /// dx = dL/dx of y = conv2d(x, w) from dy (x's shape is dx's shape).
@@ -392,10 +531,14 @@ void conv2d_backward_data(const cpu_context& ctx, const host_tensor<TG, 4>& dy,
   detail::check_conv_types<P, TG, TW, TX>();
   const auto g = detail::conv_geometry_of("precis::conv2d_backward_data", dx, w, p);
   check_shape("precis::conv2d_backward_data: dy", dy, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
-  constexpr bool tf32 = detail::conv_tf32_v<P>;
-  const auto dyf = detail::to_float<tf32>(ctx, dy.data(), dy.size());
-  const auto wf = detail::to_float<tf32>(ctx, w.data(), w.size());
-  detail::conv_backward_data_float(ctx, g, dyf.get(), wf.get(), dx.data());
+  if constexpr (detail::double_conv_v<P, TG, TW>) {
+    detail::direct_conv_backward_data<P>(ctx, g, dy.data(), w.data(), static_cast<const TX*>(nullptr), dx.data());
+  } else {
+    constexpr bool tf32 = detail::conv_tf32_v<P>;
+    const auto dyf = detail::to_float<tf32>(ctx, dy.data(), dy.size());
+    const auto wf = detail::to_float<tf32>(ctx, w.data(), w.size());
+    detail::conv_backward_data_float(ctx, g, dyf.get(), wf.get(), dx.data());
+  }
 }
 
 /// dw = dL/dw of y = conv2d(x, w) from x and dy, summed over the batch in float.
@@ -406,10 +549,14 @@ void conv2d_backward_weights(const cpu_context& ctx, const host_tensor<TX, 4>& x
   detail::check_conv_types<P, TX, TG, TW>();
   const auto g = detail::conv_geometry_of("precis::conv2d_backward_weights", x, dw, p);
   check_shape("precis::conv2d_backward_weights: dy", dy, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
-  constexpr bool tf32 = detail::conv_tf32_v<P>;
-  const auto xf = detail::to_float<tf32>(ctx, x.data(), x.size());
-  const auto dyf = detail::to_float<tf32>(ctx, dy.data(), dy.size());
-  detail::conv_backward_weights_float(ctx, g, xf.get(), dyf.get(), dw.data());
+  if constexpr (detail::double_conv_v<P, TX, TG>) {
+    detail::direct_conv_backward_weights<P>(ctx, g, x.data(), dy.data(), dw.data());
+  } else {
+    constexpr bool tf32 = detail::conv_tf32_v<P>;
+    const auto xf = detail::to_float<tf32>(ctx, x.data(), x.size());
+    const auto dyf = detail::to_float<tf32>(ctx, dy.data(), dy.size());
+    detail::conv_backward_weights_float(ctx, g, xf.get(), dyf.get(), dw.data());
+  }
 }
 
 /// db = dL/dbias of y = conv2d(x, w, bias) from dy [N, Co, Ho, Wo]: per channel, the sum
@@ -518,10 +665,14 @@ void conv_transpose2d(const cpu_context& ctx, const host_tensor<TX, 4>& x,
                       const conv2d_params& p = {}) {
   detail::check_conv_types<P, TX, TW, TY>();
   const auto g = detail::transpose_geometry("precis::conv_transpose2d", x, w, y, p);
-  constexpr bool tf32 = detail::conv_tf32_v<P>;
-  const auto xf = detail::to_float<tf32>(ctx, x.data(), x.size());
-  const auto wf = detail::to_float<tf32>(ctx, w.data(), w.size());
-  detail::conv_backward_data_float(ctx, g, xf.get(), wf.get(), y.data());
+  if constexpr (detail::double_conv_v<P, TX, TW>) {
+    detail::direct_conv_backward_data<P>(ctx, g, x.data(), w.data(), static_cast<const TY*>(nullptr), y.data());
+  } else {
+    constexpr bool tf32 = detail::conv_tf32_v<P>;
+    const auto xf = detail::to_float<tf32>(ctx, x.data(), x.size());
+    const auto wf = detail::to_float<tf32>(ctx, w.data(), w.size());
+    detail::conv_backward_data_float(ctx, g, xf.get(), wf.get(), y.data());
+  }
 }
 
 /// dx of y = conv_transpose2d(x, w) (same `p`, output_padding included): the forward

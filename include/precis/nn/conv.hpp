@@ -10,12 +10,11 @@
 // sums are kept in float and the bias added there). Backward: dx, dW and db each rounded
 // once to the gradient type and added to the float gradients.
 //
-// The kernels take only float math with float sums; policies with double math (float64
-// gradient checks) or an unsafe narrower accumulator run direct loops here instead, with
-// the same rounding points: products and sums in the policy's math and accumulate types,
-// each output rounded once. Every output element is one sum in a fixed order, so results
-// do not depend on the thread count on either path. On a device context (precis/nn/cuda.hpp)
-// the layers call the device kernels of the same names; there they take no bias yet.
+// Under a double policy (float64 gradient checks) the kernels run in double; an unsafe
+// accumulator narrower than float is refused by the kernels, as everywhere. Every output
+// element is one sum in a fixed order, so results do not depend on the thread count. On a
+// device context (precis/nn/cuda.hpp) the layers call the device kernels of the same
+// names; there they take no bias yet.
 //
 // Layouts are PyTorch's: conv2d's weight is [out, in / groups, kh, kw], conv_transpose2d's
 // [in, out / groups, kh, kw]. Parameters start uniform in +-1/sqrt(fan_in), with fan_in =
@@ -115,12 +114,6 @@ constexpr conv_transpose2d_spec<Tag> conv_transpose2d(std::size_t in, std::size_
 
 namespace detail {
 
-/// True when kernels/conv.hpp takes P for storage S and gradients G (float math, float
-/// sums); otherwise the layers run the direct loops below.
-template <Policy P, class S, class G>
-inline constexpr bool conv_kernels_take_v = (precis::detail::float_engine_v<op::conv, P, S, S> &&
-                                             precis::detail::float_engine_v<op::conv, P, G, S>);
-
 /// Extent of a convolution's kernel along axis a, dilation included.
 inline std::size_t kernel_span(const std::array<std::size_t, 2>& k, const conv2d_params& p,
                                std::size_t a) {
@@ -193,128 +186,6 @@ inline void check_conv_arguments(std::string_view layer, std::size_t in, std::si
   }
 }
 
-// Direct loops over a kernels/conv.hpp geometry g (x [n, c, h, w], w [co, c / groups, kh, kw],
-// y [n, co, ho, wo]) for the policies the kernels do not take. Each output element is one
-// running sum in accumulate_t<op::conv, P> of products in math_t<op::conv, P>, rounded once.
-
-/// y = conv(x, w) (+ bias, added to the sum before the rounding; bias may be nullptr).
-template <Policy P, class TX, class TW, class TB, class TY>
-void direct_conv_forward(const cpu_context& ctx, const precis::detail::conv_geometry& g,
-                         const TX* x, const TW* w, const TB* bias, TY* y) {
-  using M = precis::detail::math_t<op::conv, P, TX, TW>;
-  using Acc = precis::detail::accumulate_t<op::conv, P>;
-  const std::size_t cg = g.cg(), cog = g.cog(), pixels = g.pixels(), hw = g.h * g.w;
-  precis::detail::for_rows(ctx, g.n * g.co, pixels * g.taps(), [&](std::size_t b, std::size_t e) {
-    for (std::size_t plane = b; plane < e; ++plane) {
-      const std::size_t n = plane / g.co, o = plane % g.co;
-      const TX* xg = x + (n * g.c + (o / cog) * cg) * hw;
-      const TW* wo = w + o * g.taps();
-      for (std::size_t oy = 0; oy < g.ho; ++oy) {
-        for (std::size_t ox = 0; ox < g.wo; ++ox) {
-          accumulator<Acc> acc;
-          for (std::size_t c = 0; c < cg; ++c) {
-            for (std::size_t ky = 0; ky < g.kh; ++ky) {
-              const std::size_t iy = oy * g.p.stride[0] + ky * g.p.dilation[0];
-              if (iy < g.p.padding[0] || iy - g.p.padding[0] >= g.h) continue;
-              for (std::size_t kx = 0; kx < g.kw; ++kx) {
-                const std::size_t ix = ox * g.p.stride[1] + kx * g.p.dilation[1];
-                if (ix < g.p.padding[1] || ix - g.p.padding[1] >= g.w) continue;
-                precis::detail::accumulate(
-                    acc, precis::detail::load<M>(
-                             xg[c * hw + (iy - g.p.padding[0]) * g.w + ix - g.p.padding[1]]) *
-                             precis::detail::load<M>(wo[(c * g.kh + ky) * g.kw + kx]));
-              }
-            }
-          }
-          M v = static_cast<M>(acc.value());
-          if (bias != nullptr) v += precis::detail::load<M>(bias[o]);
-          y[plane * pixels + oy * g.wo + ox] = round_to<TY>(v);
-        }
-      }
-    }
-  });
-}
-
-/// dx of y = conv(x, w) from dy, each element gathered from the outputs it fed (+ bias per
-/// channel of dx: the transposed convolution is this pass; bias may be nullptr).
-template <Policy P, class TG, class TW, class TB, class TX>
-void direct_conv_backward_data(const cpu_context& ctx, const precis::detail::conv_geometry& g,
-                               const TG* dy, const TW* w, const TB* bias, TX* dx) {
-  using M = precis::detail::math_t<op::conv, P, TG, TW>;
-  using Acc = precis::detail::accumulate_t<op::conv, P>;
-  const std::size_t cg = g.cg(), cog = g.cog(), pixels = g.pixels(), hw = g.h * g.w;
-  precis::detail::for_rows(
-      ctx, g.n * g.c, hw * cog * g.kh * g.kw, [&](std::size_t b, std::size_t e) {
-        for (std::size_t plane = b; plane < e; ++plane) {
-          const std::size_t n = plane / g.c, ch = plane % g.c, gr = ch / cg, c = ch % cg;
-          for (std::size_t iy = 0; iy < g.h; ++iy) {
-            for (std::size_t ix = 0; ix < g.w; ++ix) {
-              accumulator<Acc> acc;
-              for (std::size_t i = 0; i < cog; ++i) {
-                const std::size_t o = gr * cog + i;
-                const TG* dyo = dy + (n * g.co + o) * pixels;
-                const TW* wo = w + (o * cg + c) * g.kh * g.kw;
-                for (std::size_t ky = 0; ky < g.kh; ++ky) {
-                  // Output row oy reads row iy through tap ky when oy * stride = iy + pad - ky * d.
-                  const std::size_t ty = iy + g.p.padding[0], dky = ky * g.p.dilation[0];
-                  if (ty < dky || (ty - dky) % g.p.stride[0] != 0) continue;
-                  const std::size_t oy = (ty - dky) / g.p.stride[0];
-                  if (oy >= g.ho) continue;
-                  for (std::size_t kx = 0; kx < g.kw; ++kx) {
-                    const std::size_t tx = ix + g.p.padding[1], dkx = kx * g.p.dilation[1];
-                    if (tx < dkx || (tx - dkx) % g.p.stride[1] != 0) continue;
-                    const std::size_t ox = (tx - dkx) / g.p.stride[1];
-                    if (ox >= g.wo) continue;
-                    precis::detail::accumulate(acc,
-                                               precis::detail::load<M>(dyo[oy * g.wo + ox]) *
-                                                   precis::detail::load<M>(wo[ky * g.kw + kx]));
-                  }
-                }
-              }
-              M v = static_cast<M>(acc.value());
-              if (bias != nullptr) v += precis::detail::load<M>(bias[ch]);
-              dx[plane * hw + iy * g.w + ix] = round_to<TX>(v);
-            }
-          }
-        }
-      });
-}
-
-/// dw of y = conv(x, w) from x and dy: each weight one sum over images and output pixels.
-template <Policy P, class TX, class TG, class TW>
-void direct_conv_backward_weights(const cpu_context& ctx, const precis::detail::conv_geometry& g,
-                                  const TX* x, const TG* dy, TW* dw) {
-  using M = precis::detail::math_t<op::conv, P, TX, TG>;
-  using Acc = precis::detail::accumulate_t<op::conv, P>;
-  const std::size_t cg = g.cg(), cog = g.cog(), pixels = g.pixels(), hw = g.h * g.w;
-  const std::size_t taps = g.taps();
-  precis::detail::for_rows(ctx, g.co * taps, g.n * pixels, [&](std::size_t b, std::size_t e) {
-    for (std::size_t idx = b; idx < e; ++idx) {
-      const std::size_t o = idx / taps, t = idx % taps;
-      const std::size_t c = t / (g.kh * g.kw), ky = (t / g.kw) % g.kh, kx = t % g.kw;
-      const std::size_t ch = (o / cog) * cg + c;
-      accumulator<Acc> acc;
-      for (std::size_t n = 0; n < g.n; ++n) {
-        const TX* xc = x + (n * g.c + ch) * hw;
-        const TG* dyo = dy + (n * g.co + o) * pixels;
-        for (std::size_t oy = 0; oy < g.ho; ++oy) {
-          const std::size_t iy = oy * g.p.stride[0] + ky * g.p.dilation[0];
-          if (iy < g.p.padding[0] || iy - g.p.padding[0] >= g.h) continue;
-          for (std::size_t ox = 0; ox < g.wo; ++ox) {
-            const std::size_t ix = ox * g.p.stride[1] + kx * g.p.dilation[1];
-            if (ix < g.p.padding[1] || ix - g.p.padding[1] >= g.w) continue;
-            precis::detail::accumulate(
-                acc,
-                precis::detail::load<M>(dyo[oy * g.wo + ox]) *
-                    precis::detail::load<M>(xc[(iy - g.p.padding[0]) * g.w + ix - g.p.padding[1]]));
-          }
-        }
-      }
-      dw[idx] = round_to<TW>(static_cast<M>(acc.value()));
-    }
-  });
-}
-
 /// What both convolution layers share: the weight and optional bias, their gradients, the
 /// output and input-gradient buffers, initialisation, decay and checkpoint rules.
 template <Layer Tag, Policy P, class Ctx>
@@ -328,8 +199,6 @@ class conv_base : public layer_base<Tag, P, op::conv, 4, 4, Ctx> {
   template <class T, std::size_t N = 4>
   using tensor = tensor_t<Ctx, T, N>;
   static constexpr bool on_host = std::is_same_v<Ctx, cpu_context>;
-  /// Whether the kernels run this layer (always off the host), else the direct loops.
-  static constexpr bool kernels = !on_host || conv_kernels_take_v<P, S, G>;
 
   conv_base(std::string_view layer, std::size_t in, std::size_t out,
             const std::array<std::size_t, 2>& kernel, const conv2d_params& p, bias_mode bias,
@@ -444,16 +313,12 @@ class conv2d_layer : public detail::conv_base<Tag, P, Ctx> {
     const auto& w = this->weight_.value();
     if constexpr (!base::on_host) {
       precis::conv2d<P>(ctx, x, w, this->y_, this->params_);
-    } else if constexpr (base::kernels) {
+    } else {
       if (this->bias_on_) {
         precis::conv2d<P>(ctx, x, w, this->bias_.value(), this->y_, this->params_);
       } else {
         precis::conv2d<P>(ctx, x, w, this->y_, this->params_);
       }
-    } else {
-      const auto g = precis::detail::conv_geometry_of("precis::nn::conv2d", x, w, this->params_);
-      const S* bias = this->bias_on_ ? this->bias_.value().data() : nullptr;
-      detail::direct_conv_forward<P>(ctx, g, x.data(), w.data(), bias, this->y_.data());
     }
     this->x_.set(x);
     return this->y_;
@@ -465,15 +330,8 @@ class conv2d_layer : public detail::conv_base<Tag, P, Ctx> {
     const auto& w = this->weight_.value();
     detail::ensure(this->dx_, detail::shape_of<4>(x));
     detail::ensure(this->dw_, detail::shape_of<4>(w));
-    if constexpr (base::kernels) {
-      precis::conv2d_backward_data<P>(ctx, dy, w, this->dx_, this->params_);
-      precis::conv2d_backward_weights<P>(ctx, x, dy, this->dw_, this->params_);
-    } else {
-      const auto g = precis::detail::conv_geometry_of("precis::nn::conv2d", x, w, this->params_);
-      detail::direct_conv_backward_data<P>(ctx, g, dy.data(), w.data(),
-                                           static_cast<const S*>(nullptr), this->dx_.data());
-      detail::direct_conv_backward_weights<P>(ctx, g, x.data(), dy.data(), this->dw_.data());
-    }
+    precis::conv2d_backward_data<P>(ctx, dy, w, this->dx_, this->params_);
+    precis::conv2d_backward_weights<P>(ctx, x, dy, this->dw_, this->params_);
     this->accumulate_parameters(ctx, dy);
     return this->dx_;
   }
@@ -530,20 +388,16 @@ class conv_transpose2d_layer : public detail::conv_base<Tag, P, Ctx> {
     const auto& w = this->weight_.value();
     if constexpr (!base::on_host) {
       precis::conv_transpose2d<P>(ctx, x, w, this->y_, this->params_);
-    } else if constexpr (base::kernels) {
+    } else {
       if (this->bias_on_) {
-        // The kernel has no bias: its float sums are kept, the bias added, then one rounding.
+        // The kernel has no bias: its sums are kept in its math type (float, or double under
+        // a double policy), the bias added, then one rounding.
         detail::ensure(sums_, out);
         precis::conv_transpose2d<P>(ctx, x, w, sums_, this->params_);
         add_bias(ctx);
       } else {
         precis::conv_transpose2d<P>(ctx, x, w, this->y_, this->params_);
       }
-    } else {
-      const auto g = precis::detail::transpose_geometry("precis::nn::conv_transpose2d", x, w,
-                                                        this->y_, this->params_);
-      const S* bias = this->bias_on_ ? this->bias_.value().data() : nullptr;
-      detail::direct_conv_backward_data<P>(ctx, g, x.data(), w.data(), bias, this->y_.data());
     }
     this->x_.set(x);
     return this->y_;
@@ -555,17 +409,8 @@ class conv_transpose2d_layer : public detail::conv_base<Tag, P, Ctx> {
     const auto& w = this->weight_.value();
     detail::ensure(this->dx_, detail::shape_of<4>(x));
     detail::ensure(this->dw_, detail::shape_of<4>(w));
-    if constexpr (base::kernels) {
-      precis::conv_transpose2d_backward_data<P>(ctx, dy, w, this->dx_, this->params_);
-      precis::conv_transpose2d_backward_weights<P>(ctx, x, dy, this->dw_, this->params_);
-    } else {
-      // The convolution dy -> dx with this weight; its weight gradient pairs dy with x.
-      const auto g = precis::detail::transpose_geometry("precis::nn::conv_transpose2d", x, w, dy,
-                                                        this->params_);
-      detail::direct_conv_forward<P>(ctx, g, dy.data(), w.data(), static_cast<const S*>(nullptr),
-                                     this->dx_.data());
-      detail::direct_conv_backward_weights<P>(ctx, g, dy.data(), x.data(), this->dw_.data());
-    }
+    precis::conv_transpose2d_backward_data<P>(ctx, dy, w, this->dx_, this->params_);
+    precis::conv_transpose2d_backward_weights<P>(ctx, x, dy, this->dw_, this->params_);
     this->accumulate_parameters(ctx, dy);
     return this->dx_;
   }
@@ -587,7 +432,10 @@ class conv_transpose2d_layer : public detail::conv_base<Tag, P, Ctx> {
     return {in, out / p.groups, k[0], k[1]};
   }
 
-  // y = sums + bias per channel, in float (the kernels' math), rounded once to S.
+  // The kernel's math type: float, or double under a double policy.
+  using math_type = precis::detail::math_t<op::conv, P, S, S>;
+
+  // y = sums + bias per channel, in the math type, rounded once to S.
   void add_bias(const cpu_context& ctx) {
     const std::size_t channels = this->out_;
     const std::size_t pixels = std::size_t(sums_.shape()[2]) * std::size_t(sums_.shape()[3]);
@@ -595,15 +443,15 @@ class conv_transpose2d_layer : public detail::conv_base<Tag, P, Ctx> {
     precis::detail::for_rows(
         ctx, std::size_t(sums_.shape()[0]) * channels, pixels, [&](std::size_t lo, std::size_t hi) {
           for (std::size_t plane = lo; plane < hi; ++plane) {
-            const float shift = precis::detail::load<float>(b[plane % channels]);
-            const float* sums = sums_.data() + plane * pixels;
+            const math_type shift = precis::detail::load<math_type>(b[plane % channels]);
+            const math_type* sums = sums_.data() + plane * pixels;
             S* y = this->y_.data() + plane * pixels;
             for (std::size_t q = 0; q < pixels; ++q) y[q] = round_to<S>(sums[q] + shift);
           }
         });
   }
 
-  tensor<float> sums_;  // the float sums before the bias (host, kernels' path, with a bias)
+  tensor<math_type> sums_;  // the sums before the bias (host, with a bias)
 };
 
 }  // namespace precis::nn
