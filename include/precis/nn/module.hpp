@@ -8,17 +8,22 @@
 //     output_type, output_grad_type, output_rank   what forward() returns, backward() reads
 //     context_type                                 the context its kernels run on
 //
-// and offers
+// and offers (tensor: tensor_t<context_type, ...>; an edge of several tensors, nn::values,
+// passes a tuple of pointers instead, see nn/multi.hpp)
 //
-//     const tensor<output_type, output_rank>& forward(const context_type&, const tensor<input_type, input_rank>&, mode)
-//     const tensor<input_grad_type, input_rank>& backward(const context_type&, const tensor<output_grad_type, output_rank>&)
-//     std::array<size_t, output_rank> output_shape(const std::array<size_t, input_rank>&, std::string_view path) const
-//     std::string_view name() const          its component of a path ("" : its position)
+//     forward(context_ref_t<context_type>, const tensor<input_type, input_rank>&, mode)
+//         -> const tensor<output_type, output_rank>&
+//     backward(context_ref_t<context_type>, const tensor<output_grad_type, output_rank>&)
+//         -> const tensor<input_grad_type, input_rank>&
+//     output_shape(const shape_t<input_rank>&, std::string_view path) const -> shape_t<output_rank>
+//     std::string_view name() const          its component of a path ("": its position)
 //     std::size_t own_bytes() const          bytes of the buffers it holds itself
 //
-// Leaves (layers) also name their tag (`tag_type`), the resolved policy (`policy_type`, or
-// none for layers that only move data), `shape()` for describe, their parameters through
-// `for_each_parameter(self, f)` and `reset(seed)`. Combinators expose their children through
+// Layers (leaves) also name their tag (`tag_type`), the resolved policy (`policy_type`),
+// `kind` and `shape()` for describe, their parameters through the static
+// `for_each_parameter(self, f)`, `decays(name)` for weight decay, `reset(seed)`, and
+// `visit_state` / `validate` for checkpoints. Layers that only move data (reshape, cast)
+// have no tag or policy. Combinators expose their children through
 // `for_each_child(self, f)`; nn::walk visits a whole model with each node's path.
 //
 // Buffers: a module owns its outputs and its input gradient and keeps the address of its
