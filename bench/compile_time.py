@@ -7,7 +7,8 @@ time and peak compiler memory of each and the difference:
   bench/compile_time/policy_map_64.cpp (64 layer overrides, every layer resolved);
 - bench/compile_time/nn_baseline.cpp (all of precis, no model) against
   bench/compile_time/vit_b_blueprint.cpp (a 12-block ViT-B blueprint built from a map
-  with a dozen layer overrides: forward, backward and describe instantiated).
+  with a dozen layer overrides), in three stages: nn::build alone; with describe; with
+  describe and one forward and backward pass.
 
     python3 bench/compile_time.py [--runs 3] [--compiler g++ --compiler clang++] [--csv out.csv]
 """
@@ -22,10 +23,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def compile_once(compiler, source):
+def compile_once(compiler, source, flags=()):
     start = time.perf_counter()
     proc = subprocess.run(
-        [compiler, "-std=c++20", "-O2", "-c", "-I", os.path.join(ROOT, "include"),
+        [compiler, "-std=c++20", "-O2", "-c", "-I", os.path.join(ROOT, "include"), *flags,
          source, "-o", os.devnull],
         capture_output=True, text=True)
     elapsed = time.perf_counter() - start
@@ -37,10 +38,10 @@ def compile_once(compiler, source):
     return elapsed, peak
 
 
-def measure(compiler, source, runs):
+def measure(compiler, source, runs, flags=()):
     # A fresh interpreter per measurement, so ru_maxrss is this compile's alone.
     code = ("import sys; sys.path.insert(0, %r); import compile_time as c; "
-            "t, m = c.compile_once(%r, %r); print(t, m)") % (HERE, compiler, source)
+            "t, m = c.compile_once(%r, %r, %r); print(t, m)") % (HERE, compiler, source, tuple(flags))
     best_t, best_m = float("inf"), None
     for _ in range(runs):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -58,13 +59,19 @@ def main():
     parser.add_argument("--csv")
     args = parser.parse_args()
     compilers = args.compiler or ["g++", "clang++"]
-    pairs = [("policy_map_64_layers", "baseline.cpp", "policy_map_64.cpp"),
-             ("vit_b16_model_12_overrides", "nn_baseline.cpp", "vit_b_blueprint.cpp")]
+    pairs = [("policy_map_64_layers", "baseline.cpp", "policy_map_64.cpp", ()),
+             ("vit_b16_build", "nn_baseline.cpp", "vit_b_blueprint.cpp", ("-DPRECIS_BENCH_STAGE=1",)),
+             ("vit_b16_build_describe", "nn_baseline.cpp", "vit_b_blueprint.cpp", ("-DPRECIS_BENCH_STAGE=2",)),
+             ("vit_b16_build_describe_step", "nn_baseline.cpp", "vit_b_blueprint.cpp",
+              ("-DPRECIS_BENCH_STAGE=3",))]
     rows = []
     for cxx in compilers:
-        for what, base, case in pairs:
-            base_t, base_m = measure(cxx, os.path.join(HERE, "compile_time", base), args.runs)
-            case_t, case_m = measure(cxx, os.path.join(HERE, "compile_time", case), args.runs)
+        baselines = {}
+        for what, base, case, flags in pairs:
+            if base not in baselines:
+                baselines[base] = measure(cxx, os.path.join(HERE, "compile_time", base), args.runs)
+            base_t, base_m = baselines[base]
+            case_t, case_m = measure(cxx, os.path.join(HERE, "compile_time", case), args.runs, flags)
             rows.append((cxx, what, base_t, case_t, case_t - base_t, base_m / 1024, case_m / 1024))
     print(f"{'compiler':10} {'case':30} {'baseline s':>10} {'case s':>8} {'extra s':>8} "
           f"{'baseline MiB':>12} {'case MiB':>9}")

@@ -1,6 +1,8 @@
 // Compile-time cost of a model: a 12-block ViT-B/16 blueprint built from a policy map with a
-// dozen layer overrides, its forward and backward passes and describe instantiated (not
-// run). Compare with nn_baseline.cpp, which includes the same headers and builds nothing
+// dozen layer overrides (not run). PRECIS_BENCH_STAGE selects how much is instantiated:
+// 1 nn::build (every layer's policy resolved and checked, construction, initialisation),
+// 2 that and describe, 3 that and one forward and backward pass. Compare with
+// nn_baseline.cpp, which includes the same headers and builds nothing
 // (bench/compile_time.py).
 #include <precis/precis.hpp>
 
@@ -55,15 +57,24 @@ constexpr auto policies = make_policy_map(
 
 }  // namespace bench
 
+#ifndef PRECIS_BENCH_STAGE
+#define PRECIS_BENCH_STAGE 3
+#endif
+
 // Built only when run with an argument: the point is what the compiler does.
 int main(int argc, char**) {
   if (argc < 2) return 0;
   auto model = precis::nn::build<float, 4>(bench::policies, bench::vit_b(), {.seed = 1});
+  std::printf("%zu parameters\n", model.parameter_count());
+#if PRECIS_BENCH_STAGE >= 2
+  std::puts(precis::nn::describe(model).c_str());
+#endif
+#if PRECIS_BENCH_STAGE >= 3
   precis::host_tensor<float, 4> x(std::array<std::size_t, 4>{1, 3, 224, 224});
   const precis::cpu_context ctx{1};
   const auto& y = model.forward(ctx, x);
   precis::host_tensor<float, 2> dy(y.shape());
   model.backward(ctx, dy);
-  std::puts(precis::nn::describe(model).c_str());
+#endif
   return 0;
 }
