@@ -83,15 +83,6 @@ constexpr bool neighbours_fit() {
 template <class... T>
 using sum_type_t = std::conditional_t<(std::is_same_v<T, double> || ...), double, float>;
 
-/// out[i] = sum over the inputs' element i, added in float (or double) and rounded once.
-template <class Out, class... In>
-void add_rounded(const cpu_context& ctx, Out* out, std::size_t n, const In*... in) {
-  using A = sum_type_t<Out, In...>;
-  precis::detail::parallel_for(ctx, n, std::size_t(1) << 15, [&](std::size_t b, std::size_t e) {
-    for (std::size_t i = b; i < e; ++i) out[i] = round_to<Out>((A(0) + ... + static_cast<A>(in[i])));
-  });
-}
-
 /// Elements before, along and after `axis` of a shape.
 template <std::size_t R>
 std::array<std::size_t, 3> split_at(const shape_t<R>& s, std::size_t axis) {

@@ -122,7 +122,7 @@ class fork_module {
       return std::tuple{&std::get<I>(children_).backward(ctx, *std::get<I>(dy))...};
     }(std::make_index_sequence<count>{});
     detail::ensure(dx_, detail::shape_of<input_rank>(*std::get<0>(dxs)));
-    std::apply([&](auto... d) { detail::add_rounded(ctx, dx_.data(), dx_.size(), d->data()...); }, dxs);
+    std::apply([&](auto... d) { context_traits<context_type>::add_rounded(ctx, dx_, *d...); }, dxs);
     return dx_;
   }
   std::size_t own_bytes() const { return detail::bytes_of(dx_); }
@@ -251,7 +251,7 @@ class taps_module {
       auto& sum = std::get<I - 1>(sums_);
       const auto& outside = *std::get<I - 1>(dy);
       detail::ensure(sum, detail::shape_of<detail::rank_of_v<std::remove_cvref_t<decltype(outside)>>>(outside));
-      detail::add_rounded(ctx, sum.data(), sum.size(), outside.data(), dx.data());
+      context_traits<context_type>::add_rounded(ctx, sum, outside, dx);
       return backward_from<I - 1>(ctx, dy, sum);
     }
   }
@@ -441,7 +441,7 @@ class top_down_module<values<S0, Sigs...>, M> {
     for (std::size_t i = levels - 1; i-- > 0;) {
       const auto& u = nodes_[i].forward(ctx, *p[i + 1], m);
       detail::ensure(sums_[i], detail::shape_of<R>(*xs[i]));
-      detail::add_rounded(ctx, sums_[i].data(), sums_[i].size(), xs[i]->data(), u.data());
+      context_traits<context_type>::add_rounded(ctx, sums_[i], *xs[i], u);
       p[i] = &sums_[i];
     }
     return from_array<edge_value_t<context_type, output_type, 0>>(p);
@@ -454,7 +454,7 @@ class top_down_module<values<S0, Sigs...>, M> {
     for (std::size_t i = 1; i < levels; ++i) {
       const auto& d = nodes_[i - 1].backward(ctx, *g[i - 1]);
       detail::ensure(grads_[i - 1], detail::shape_of<R>(*ds[i]));
-      detail::add_rounded(ctx, grads_[i - 1].data(), grads_[i - 1].size(), ds[i]->data(), d.data());
+      context_traits<context_type>::add_rounded(ctx, grads_[i - 1], *ds[i], d);
       g[i] = &grads_[i - 1];
     }
     return from_array<edge_grad_t<context_type, input_type, 0>>(g);
@@ -566,7 +566,7 @@ class join_module<Join, values<S0, Sigs...>, Ctx> {
     const auto shape = output_shape(detail::edge_shape_of<0>(x), "");
     detail::ensure(y_, shape);
     if constexpr (Join == join_kind::add) {
-      std::apply([&](auto... t) { detail::add_rounded(ctx, y_.data(), y_.size(), t->data()...); }, x);
+      std::apply([&](auto... t) { context_traits<Ctx>::add_rounded(ctx, y_, *t...); }, x);
     } else if constexpr (Join == join_kind::subtract) {
       using A = detail::sum_type_t<T>;
       const T* a = std::get<0>(x)->data();
