@@ -29,7 +29,7 @@ TEST_CASE("sgd with momentum follows PyTorch's rule (float64 reference)") {
     std::vector<float> w = random_floats(37, 1.0f), b = random_floats(5, 1.0f);
     std::vector<double> rw(w.begin(), w.end()), rb(b.begin(), b.end());
     std::vector<double> vw(w.size()), vb(b.size());
-    precis::sgd_options o{0.05f, 0.9f, 0.01f, nesterov};
+    precis::sgd_options o{.lr = 0.05, .momentum = 0.9, .weight_decay = 0.01, .nesterov = nesterov};
     precis::sgd opt({std::span<float>(w), std::span<float>(b)}, o);
     for (int t = 0; t < 6; ++t) {
       std::vector<std::vector<float>> g{random_floats(w.size(), 0.3f), random_floats(b.size(), 0.3f)};
@@ -55,8 +55,8 @@ TEST_CASE("adamw follows PyTorch's rule (float64 reference), with bfloat16 gradi
   std::vector<float> w = random_floats(101, 1.0f);
   std::vector<double> rw(w.begin(), w.end()), m(w.size()), v(w.size());
   precis::adamw_options o;
-  o.lr = 0.01f;
-  o.weight_decay = 0.1f;
+  o.lr = 0.01;
+  o.weight_decay = 0.1;
   precis::adamw opt({std::span<float>(w)}, o);
   for (int t = 1; t <= 8; ++t) {
     std::vector<bfloat16> g(w.size());
@@ -77,19 +77,19 @@ TEST_CASE("adamw follows PyTorch's rule (float64 reference), with bfloat16 gradi
 
 TEST_CASE("weight decay applies only to the tensors the decay flags name") {
   // Zero gradients: a step only decays. AdamW's decoupled decay multiplies by 1 - lr * wd;
-  // SGD's L2 term moves the weight by lr * wd * w. The undecayed tensor must not move.
+  // SGD's L2 term adds wd * w to the gradient, then w = fma(d, -lr, w). The undecayed tensor must not move.
   std::vector<float> w = random_floats(9, 1.0f), b = random_floats(3, 1.0f);
   const auto w0 = w, b0 = b;
-  precis::adamw opt({std::span<float>(w), std::span<float>(b)}, {.lr = 0.1f, .weight_decay = 0.5f}, {true, false});
+  precis::adamw opt({std::span<float>(w), std::span<float>(b)}, {.lr = 0.1, .weight_decay = 0.5}, {true, false});
   std::vector<std::vector<float>> g{std::vector<float>(9, 0.0f), std::vector<float>(3, 0.0f)};
   opt.step(g);
-  for (std::size_t k = 0; k < w.size(); ++k) CHECK(w[k] == w0[k] * (1.0f - 0.1f * 0.5f));
+  for (std::size_t k = 0; k < w.size(); ++k) CHECK(w[k] == w0[k] * static_cast<float>(1.0 - 0.1 * 0.5));
   CHECK(b == b0);
   std::vector<float> sw = w0, sb = b0;
-  precis::sgd s({std::span<float>(sw), std::span<float>(sb)}, {.lr = 0.1f, .weight_decay = 0.5f}, {false, true});
+  precis::sgd s({std::span<float>(sw), std::span<float>(sb)}, {.lr = 0.1, .weight_decay = 0.5}, {false, true});
   s.step(g);
   CHECK(sw == w0);
-  for (std::size_t k = 0; k < sb.size(); ++k) CHECK(sb[k] == b0[k] - 0.1f * (0.5f * b0[k]));
+  for (std::size_t k = 0; k < sb.size(); ++k) CHECK(sb[k] == std::fma(0.5f * b0[k], -0.1f, b0[k]));
   // One flag per tensor, or none.
   CHECK_THROWS_AS(precis::adamw({std::span<float>(w), std::span<float>(b)}, {}, {true}), precis::error);
 }
@@ -136,7 +136,7 @@ TEST_CASE("warmup_cosine") {
 
 TEST_CASE("optimizer state survives a checkpoint and continues identically") {
   std::vector<float> w1 = random_floats(20, 1.0f), w2 = w1;
-  precis::sgd a({std::span<float>(w1)}, {0.1f, 0.9f, 0.0f, false});
+  precis::sgd a({std::span<float>(w1)}, {.lr = 0.1, .momentum = 0.9});
   for (int t = 0; t < 3; ++t) {
     std::vector<float> g = random_floats(20, 1.0f);
     a.step(g);
@@ -145,7 +145,7 @@ TEST_CASE("optimizer state survives a checkpoint and continues identically") {
   precis::sgd b({std::span<float>(w2)});
   precis::load_state(b, precis::save_state(a));
   CHECK(b.steps() == 3);
-  CHECK(b.lr() == 0.1f);
+  CHECK(b.lr() == 0.1);
   std::vector<float> g = random_floats(20, 1.0f), g2 = g;
   a.step(g);
   b.step(g2);
@@ -167,5 +167,5 @@ TEST_CASE("gradients that do not match the parameters are refused before any upd
   CHECK(w == std::vector<float>(4, 1.0f));
   std::vector<std::vector<float>> few{std::vector<float>(4, 1.0f)};
   CHECK_THROWS_AS(opt.step(few), precis::error);
-  CHECK_THROWS_AS(precis::sgd({std::span<float>(w)}, {0.1f, 0.0f, 0.0f, true}), precis::error);
+  CHECK_THROWS_AS(precis::sgd({std::span<float>(w)}, {.lr = 0.1, .nesterov = true}), precis::error);
 }

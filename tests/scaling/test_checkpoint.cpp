@@ -94,8 +94,10 @@ TEST_CASE("wrong version, wrong kind and garbage say what is wrong") {
   std::string bytes = precis::save_state(s);
   precis::dynamic_scaler target;
   std::string v2 = bytes;
-  v2[8] = 2;  // the version field follows the 8-byte magic
-  CHECK_THROWS_WITH(precis::load_state(target, v2), doctest::Contains("format version 2 is not supported"));
+  v2[8] = 7;  // the version field follows the 8-byte magic
+  CHECK_THROWS_WITH(precis::load_state(target, v2), doctest::Contains("format version 7 is not supported"));
+  v2[8] = 1;  // version 1 stored the scaler's factors as f32
+  CHECK_THROWS_WITH(precis::load_state(target, v2), doctest::Contains("format version 1 is not supported"));
   precis::static_scaler other(8.0f);
   CHECK_THROWS_WITH(precis::load_state(other, bytes),
                     doctest::Contains("holds the state of a dynamic_scaler, not of a static_scaler"));

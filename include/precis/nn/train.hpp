@@ -32,7 +32,7 @@ struct step_record {
   float next_scale = 1.0f;  ///< the loss scale for the next step
   bool skipped = false;     ///< some gradient was infinite or NaN: the optimizer did not step
   double grad_norm = 0.0;   ///< joint L2 norm of the unscaled gradients, before clipping
-  float lr = 0.0f;          ///< the optimizer's learning rate for this step
+  double lr = 0.0;          ///< the optimizer's learning rate for this step
 };
 
 /// One micro-batch: the model's inputs and the loss's targets (tensors the caller owns).

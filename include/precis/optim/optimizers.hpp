@@ -7,6 +7,7 @@
 #include <precis/config.hpp>
 #include <precis/scaling/gradients.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <span>
@@ -83,15 +84,25 @@ inline std::size_t buffer_bytes(const std::vector<std::vector<float>>& buffers) 
 
 }  // namespace detail
 
-/// Options of sgd (PyTorch's SGD: momentum buffer starts as the first gradient).
+/// Options of sgd: PyTorch's SGD, whose hyperparameters are doubles (Python floats).
 struct sgd_options {
-  float lr = 0.01f;
-  float momentum = 0.0f;
-  float weight_decay = 0.0f;  ///< L2 penalty added to the gradient
+  double lr = 0.01;
+  double momentum = 0.0;
+  double dampening = 0.0;     ///< the gradient's weight in the momentum buffer is 1 - dampening
+  double weight_decay = 0.0;  ///< L2 penalty added to the gradient
   bool nesterov = false;
 };
 
-/// Stochastic gradient descent with momentum, on float master weights.
+/// Stochastic gradient descent with momentum on float master weights: the same bits as
+/// torch.optim.SGD (foreach or for-loop) for float32 weights and gradients, every step.
+/// Per element, as PyTorch's CPU kernels compute it (each multiplier rounded to float from
+/// the double hyperparameter; fma is one rounding):
+///   d = fma(w, weight_decay, g)                                 (weight decay)
+///   b = d on the first step, else fma(d, 1 - dampening, b * momentum)
+///   d = nesterov ? fma(b, momentum, d) : b                      (with momentum)
+///   w = fma(d, -lr, w)
+/// Every fused operation is an explicit std::fma and no product feeds an addition, so the
+/// bits do not depend on -march or -ffp-contract (README, "Same bits under any flags").
 class sgd {
  public:
   static constexpr std::string_view kind = "sgd";
@@ -103,32 +114,37 @@ class sgd {
         options_(o),
         decay_(detail::decay_flags(std::move(decay), masters_.size(), "precis::sgd")),
         velocity_(detail::zeros_like(masters_)) {
-    if (!(o.lr >= 0.0f) || !(o.momentum >= 0.0f) || !(o.weight_decay >= 0.0f)) {
-      throw error("precis::sgd: lr, momentum and weight_decay must be non-negative");
-    }
-    if (o.nesterov && o.momentum == 0.0f) throw error("precis::sgd: nesterov needs momentum");
+    if (auto e = validate_options(o); !e.empty()) throw error("precis::sgd: " + e);
   }
 
   /// One update from the gradients (any gradient element type, read as float).
   template <gradients G>
   void step(G& grads) {
+    const auto& o = options_;
+    const float momentum = static_cast<float>(o.momentum);
+    const float kept = static_cast<float>(1.0 - o.dampening);
+    const float minus_lr = static_cast<float>(-o.lr);
+    const bool first = steps_ == 0;
     detail::for_each_master(masters_, grads, "precis::sgd", [&](std::size_t i, std::span<float> w, auto g) {
       auto& buf = velocity_[i];
-      const float wd = decay_[i] ? options_.weight_decay : 0.0f;
+      const float wd = static_cast<float>(o.weight_decay);
+      const bool decays = decay_[i] && o.weight_decay != 0.0;
       for (std::size_t k = 0; k < w.size(); ++k) {
-        float d = float(g[k]) + wd * w[k];
-        if (options_.momentum != 0.0f) {
-          buf[k] = steps_ == 0 ? d : options_.momentum * buf[k] + d;
-          d = options_.nesterov ? d + options_.momentum * buf[k] : buf[k];
+        float d = float(g[k]);
+        if (decays) d = std::fma(w[k], wd, d);
+        if (o.momentum != 0.0) {
+          buf[k] = first ? d : std::fma(d, kept, buf[k] * momentum);
+          d = o.nesterov ? std::fma(buf[k], momentum, d) : buf[k];
         }
-        w[k] -= options_.lr * d;
+        w[k] = std::fma(d, minus_lr, w[k]);
       }
     });
     ++steps_;
   }
 
-  float lr() const { return options_.lr; }
-  void set_lr(float lr) { options_.lr = lr; }
+  double lr() const { return options_.lr; }
+  void set_lr(double lr) { options_.lr = lr; }
+  const sgd_options& options() const { return options_; }
   /// Updates applied so far.
   std::uint64_t steps() const { return steps_; }
 
@@ -136,6 +152,7 @@ class sgd {
   void visit_state(Archive& a) {
     a.field("lr", options_.lr);
     a.field("momentum", options_.momentum);
+    a.field("dampening", options_.dampening);
     a.field("weight_decay", options_.weight_decay);
     std::uint32_t nesterov = options_.nesterov ? 1U : 0U;
     a.field("nesterov", nesterov);
@@ -143,11 +160,26 @@ class sgd {
     a.field("steps", steps_);
     detail::visit_buffers(a, "velocity", velocity_);
   }
-  std::string validate() const { return detail::check_buffers(velocity_, masters_, "velocity"); }
+  std::string validate() const {
+    if (auto e = validate_options(options_); !e.empty()) return e;
+    return detail::check_buffers(velocity_, masters_, "velocity");
+  }
   /// Bytes of optimizer state (the momentum buffers).
   std::size_t state_bytes() const { return detail::buffer_bytes(velocity_); }
 
  private:
+  static std::string validate_options(const sgd_options& o) {
+    if (!(o.lr >= 0.0) || !(o.momentum >= 0.0) || !(o.weight_decay >= 0.0) || !std::isfinite(o.lr) ||
+        !std::isfinite(o.momentum) || !std::isfinite(o.weight_decay)) {
+      return "lr, momentum and weight_decay must be finite and non-negative";
+    }
+    if (!(o.dampening >= 0.0 && o.dampening <= 1.0)) return "dampening must be in [0, 1]";
+    if (o.nesterov && (o.momentum == 0.0 || o.dampening != 0.0)) {
+      return "nesterov needs momentum and no dampening";
+    }
+    return {};
+  }
+
   std::vector<std::span<float>> masters_;
   sgd_options options_;
   std::vector<bool> decay_;
@@ -155,17 +187,28 @@ class sgd {
   std::uint64_t steps_ = 0;
 };
 
-/// Options of adamw (PyTorch's AdamW defaults).
+/// Options of adamw: PyTorch's AdamW defaults, doubles as PyTorch's hyperparameters are.
 struct adamw_options {
-  float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 0.01f;  ///< decoupled: w -= lr * weight_decay * w
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;  ///< decoupled: w *= 1 - lr * weight_decay
 };
 
-/// Adam with decoupled weight decay, on float master weights with float moments. Bias
-/// correction counts applied steps only.
+/// Adam with decoupled weight decay, on float master weights with float moments: the same
+/// bits as torch.optim.AdamW (foreach or for-loop; not fused=True, whose kernel orders
+/// the operations differently) for float32 weights and gradients, every step. Bias
+/// correction counts applied steps only. PyTorch's order, per element (constants formed
+/// in double from the hyperparameters, then rounded to float; fma is one rounding):
+///   w *= 1 - lr * weight_decay                     (its own pass, as in PyTorch)
+///   m = lerp(m, g, 1 - beta1)                      fma(1 - b1, g - m, m) for 1 - b1 < 0.5,
+///                                                  else fma((1 - b1) - 1, g - m, g)
+///   v = fma((1 - beta2) * g, g, v * beta2)
+///   w = w + (-lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+/// Every fused operation is an explicit std::fma and no product feeds an addition (the
+/// decay pass is a separate loop for that reason), so the bits do not depend on -march
+/// or -ffp-contract.
 class adamw {
  public:
   static constexpr std::string_view kind = "adamw";
@@ -177,36 +220,48 @@ class adamw {
         decay_(detail::decay_flags(std::move(decay), masters_.size(), "precis::adamw")),
         m_(detail::zeros_like(masters_)),
         v_(detail::zeros_like(masters_)) {
-    if (!(o.lr >= 0.0f) || !(o.beta1 >= 0.0f && o.beta1 < 1.0f) || !(o.beta2 >= 0.0f && o.beta2 < 1.0f) ||
-        !(o.eps > 0.0f) || !(o.weight_decay >= 0.0f)) {
-      throw error("precis::adamw: needs lr >= 0, betas in [0, 1), eps > 0, weight_decay >= 0");
-    }
+    if (auto e = validate_options(o); !e.empty()) throw error("precis::adamw: " + e);
   }
 
   template <gradients G>
   void step(G& grads) {
+    const auto& o = options_;
     const std::uint64_t t = steps_ + 1;
-    const double bias1 = 1.0 - std::pow(double(options_.beta1), double(t));
-    const double bias2 = 1.0 - std::pow(double(options_.beta2), double(t));
-    const float step_size = static_cast<float>(double(options_.lr) / bias1);
-    const float bias2_sqrt = static_cast<float>(std::sqrt(bias2));
+    // PyTorch forms these in double (Python floats) and its kernels round them to float.
+    const float keep = static_cast<float>(1.0 - o.lr * o.weight_decay);
+    const float lerp_weight = static_cast<float>(1.0 - o.beta1);
+    const bool small_weight = std::fabs(lerp_weight) < 0.5f;  // PyTorch's lerp switches form here
+    const float beta2 = static_cast<float>(o.beta2);
+    const float one_minus_beta2 = static_cast<float>(1.0 - o.beta2);
+    const float step_size = static_cast<float>(-(o.lr / (1.0 - std::pow(o.beta1, double(t)))));
+    const float bias2_sqrt = static_cast<float>(std::pow(1.0 - std::pow(o.beta2, double(t)), 0.5));
+    const float eps = static_cast<float>(o.eps);
+    constexpr std::size_t block = 4096;  // the decay pass runs a block ahead, in cache
     detail::for_each_master(masters_, grads, "precis::adamw", [&](std::size_t i, std::span<float> w, auto g) {
       auto& m = m_[i];
       auto& v = v_[i];
-      const float keep = decay_[i] ? 1.0f - options_.lr * options_.weight_decay : 1.0f;
-      for (std::size_t k = 0; k < w.size(); ++k) {
-        const float gk = float(g[k]);
-        w[k] *= keep;
-        m[k] = options_.beta1 * m[k] + (1.0f - options_.beta1) * gk;
-        v[k] = options_.beta2 * v[k] + (1.0f - options_.beta2) * gk * gk;
-        w[k] -= step_size * m[k] / (std::sqrt(v[k]) / bias2_sqrt + options_.eps);
+      const bool decays = decay_[i] && o.weight_decay != 0.0;
+      for (std::size_t b = 0; b < w.size(); b += block) {
+        const std::size_t e = std::min(w.size(), b + block);
+        if (decays) {
+          for (std::size_t k = b; k < e; ++k) w[k] *= keep;
+        }
+        for (std::size_t k = b; k < e; ++k) {
+          const float gk = float(g[k]);
+          const float diff = gk - m[k];
+          m[k] = small_weight ? std::fma(lerp_weight, diff, m[k]) : std::fma(lerp_weight - 1.0f, diff, gk);
+          v[k] = std::fma(one_minus_beta2 * gk, gk, v[k] * beta2);
+          const float denom = std::sqrt(v[k]) / bias2_sqrt + eps;
+          w[k] = w[k] + step_size * m[k] / denom;
+        }
       }
     });
     steps_ = t;
   }
 
-  float lr() const { return options_.lr; }
-  void set_lr(float lr) { options_.lr = lr; }
+  double lr() const { return options_.lr; }
+  void set_lr(double lr) { options_.lr = lr; }
+  const adamw_options& options() const { return options_; }
   std::uint64_t steps() const { return steps_; }
 
   template <class Archive>
@@ -221,6 +276,7 @@ class adamw {
     detail::visit_buffers(a, "v", v_);
   }
   std::string validate() const {
+    if (auto e = validate_options(options_); !e.empty()) return e;
     if (auto e = detail::check_buffers(m_, masters_, "m"); !e.empty()) return e;
     return detail::check_buffers(v_, masters_, "v");
   }
@@ -228,6 +284,15 @@ class adamw {
   std::size_t state_bytes() const { return detail::buffer_bytes(m_) + detail::buffer_bytes(v_); }
 
  private:
+  static std::string validate_options(const adamw_options& o) {
+    if (!(o.lr >= 0.0) || !std::isfinite(o.lr) || !(o.beta1 >= 0.0 && o.beta1 < 1.0) ||
+        !(o.beta2 >= 0.0 && o.beta2 < 1.0) || !(o.eps > 0.0) || !std::isfinite(o.eps) ||
+        !(o.weight_decay >= 0.0) || !std::isfinite(o.weight_decay)) {
+      return "needs finite lr >= 0, betas in [0, 1), eps > 0, weight_decay >= 0";
+    }
+    return {};
+  }
+
   std::vector<std::span<float>> masters_;
   adamw_options options_;
   std::vector<bool> decay_;
@@ -242,17 +307,15 @@ class warmup_cosine {
  public:
   static constexpr std::string_view kind = "warmup_cosine";
 
-  warmup_cosine(float base_lr, std::uint64_t warmup_steps, std::uint64_t total_steps, float final_lr = 0.0f)
+  warmup_cosine(double base_lr, std::uint64_t warmup_steps, std::uint64_t total_steps, double final_lr = 0.0)
       : base_(base_lr), final_(final_lr), warmup_(warmup_steps), total_(total_steps) {
-    if (total_steps == 0 || warmup_steps > total_steps) {
-      throw error("precis::warmup_cosine: needs 0 < total_steps and warmup_steps <= total_steps");
-    }
+    if (auto e = validate(); !e.empty()) throw error("precis::warmup_cosine: " + e);
   }
-  /// The learning rate for the current step.
-  float lr() const {
-    if (step_ < warmup_) return base_ * float(step_ + 1) / float(warmup_);
+  /// The learning rate for the current step (in double, as the optimizers take it).
+  double lr() const {
+    if (step_ < warmup_) return base_ * double(step_ + 1) / double(warmup_);
     const double progress = double(std::min(step_, total_) - warmup_) / double(std::max<std::uint64_t>(1, total_ - warmup_));
-    return static_cast<float>(final_ + (base_ - final_) * 0.5 * (1.0 + std::cos(3.14159265358979323846 * progress)));
+    return final_ + (base_ - final_) * 0.5 * (1.0 + std::cos(3.14159265358979323846 * progress));
   }
   /// Moves on by one step when the optimizer applied it (a skipped step does not count).
   void advance(bool applied) { step_ += applied ? 1U : 0U; }
@@ -268,11 +331,14 @@ class warmup_cosine {
   }
   std::string validate() const {
     if (total_ == 0 || warmup_ > total_) return "needs 0 < total_steps and warmup_steps <= total_steps";
+    if (!(base_ >= 0.0) || !(final_ >= 0.0) || !std::isfinite(base_) || !std::isfinite(final_)) {
+      return "the learning rates must be finite and non-negative";
+    }
     return {};
   }
 
  private:
-  float base_, final_;
+  double base_, final_;
   std::uint64_t warmup_, total_, step_ = 0;
 };
 

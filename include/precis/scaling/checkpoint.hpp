@@ -3,12 +3,12 @@
 //
 // Layout (little-endian):
 //   "PRECISSC"             8-byte magic
-//   u32 version            format version (1)
+//   u32 version            format version (2; version 1 had no f64 fields)
 //   u16 n, n bytes         the kind ("dynamic_scaler", "delayed_scaling", ...)
 //   u32 count              number of fields
 //   count x field:         u16 n, n bytes of name; u8 type; payload
 //                          type 1: f32; 2: u32; 3: u64; 4: u64 n, n x f32;
-//                          5: u64 n, n x (u64 step, f32 scale)
+//                          5: u64 n, n x (u64 step, f32 scale); 6: f64
 //   u32 crc                CRC-32 (IEEE) of every byte before it
 //
 // Loading reads into a copy, checks the magic, version, checksum, kind, every field's name
@@ -36,7 +36,7 @@
 namespace precis {
 
 /// Version of the checkpoint format this precis writes and reads.
-inline constexpr std::uint32_t scaler_checkpoint_version = 1;
+inline constexpr std::uint32_t scaler_checkpoint_version = 2;
 
 namespace detail {
 
@@ -56,7 +56,7 @@ inline std::uint32_t crc32(std::string_view bytes) {
 }
 
 constexpr std::string_view checkpoint_magic = "PRECISSC";
-enum class field_type : std::uint8_t { f32 = 1, u32 = 2, u64 = 3, f32_array = 4, history = 5 };
+enum class field_type : std::uint8_t { f32 = 1, u32 = 2, u64 = 3, f32_array = 4, history = 5, f64 = 6 };
 
 class checkpoint_writer {
  public:
@@ -77,6 +77,10 @@ class checkpoint_writer {
   }
   void field(std::string_view name, float& v) {
     begin_field(name, field_type::f32);
+    put(v);
+  }
+  void field(std::string_view name, double& v) {
+    begin_field(name, field_type::f64);
     put(v);
   }
   void field(std::string_view name, std::uint32_t& v) {
@@ -140,6 +144,7 @@ class checkpoint_reader {
         case field_type::f32: skip(4); break;
         case field_type::u32: skip(4); break;
         case field_type::u64: skip(8); break;
+        case field_type::f64: skip(8); break;
         case field_type::f32_array: skip_array(4); break;
         case field_type::history: skip_array(12); break;
         default: fail("field '" + name + "' has an unknown type");
@@ -152,6 +157,7 @@ class checkpoint_reader {
   }
 
   void field(std::string_view name, float& v) { v = scalar<float>(name, field_type::f32); }
+  void field(std::string_view name, double& v) { v = scalar<double>(name, field_type::f64); }
   void field(std::string_view name, std::uint32_t& v) { v = scalar<std::uint32_t>(name, field_type::u32); }
   void field(std::string_view name, std::uint64_t& v) { v = scalar<std::uint64_t>(name, field_type::u64); }
   void floats(std::string_view name, std::vector<float>& v) {
@@ -326,7 +332,7 @@ void access_field(Stateful& s, std::string_view name, T& value, bool write) {
 }  // namespace detail
 
 /// The value of the field `name` of s's state, as save_state writes it (T: float,
-/// std::uint32_t, std::uint64_t or std::vector<float>, exactly the field's type). Throws
+/// double, std::uint32_t, std::uint64_t or std::vector<float>, exactly the field's type). Throws
 /// precis::error when s has no such field of type T.
 template <class T, class Stateful>
 T state_field(const Stateful& s, std::string_view name) {
