@@ -17,20 +17,21 @@ using precis::dynamic_scaler_options;
 
 // PyTorch's _amp_update_scale_ rule (torch/csrc, GradScaler), transcribed on its own:
 // on inf: scale *= backoff, tracker = 0; else tracker += 1 and, at growth_interval, the
-// scale grows if the product is finite, and the tracker resets either way.
+// scale grows if the product is finite, and the tracker resets either way. The scale is a
+// float, the factors doubles: `float *= double` multiplies in double and rounds once.
 struct torch_reference {
   float scale;
   int tracker = 0;
-  float growth, backoff;
+  double growth, backoff;
   int interval;
   void update(bool inf) {
     if (inf) {
-      scale *= backoff;
+      scale = static_cast<float>(scale * backoff);
       tracker = 0;
     } else {
       const int successful = tracker + 1;
       if (successful == interval) {
-        const float grown = scale * growth;
+        const float grown = static_cast<float>(scale * growth);
         if (std::isfinite(grown)) scale = grown;
         tracker = 0;
       } else {

@@ -206,11 +206,13 @@ enum class at_minimum_scale {
   throw_error,      ///< throw precis::error after `max_skips_at_minimum` consecutive skips
 };
 
-/// Options of dynamic_scaler. The first four are PyTorch's GradScaler defaults.
+/// Options of dynamic_scaler. The first four are PyTorch's GradScaler defaults; the
+/// factors are doubles, as PyTorch's are, and the scale is multiplied by them in double
+/// and rounded to float once, as PyTorch does, so any factors give PyTorch's trajectory.
 struct dynamic_scaler_options {
   float init_scale = 65536.0f;          ///< 2^16
-  float growth_factor = 2.0f;           ///< after growth_interval finite steps
-  float backoff_factor = 0.5f;          ///< on a backoff
+  double growth_factor = 2.0;           ///< after growth_interval finite steps
+  double backoff_factor = 0.5;          ///< on a backoff
   std::uint32_t growth_interval = 2000; ///< consecutive finite steps before growing
   /// Back off only after this many consecutive non-finite steps (1: at every one, as
   /// PyTorch does; Apex and DeepSpeed offer more). Every non-finite step is skipped.
@@ -247,19 +249,20 @@ class basic_dynamic_scaler : public detail::scaler_base<basic_dynamic_scaler<Red
   std::uint32_t hysteresis_left() const { return hysteresis_left_; }
   bool at_minimum() const { return scale_ <= options_.min_scale; }
 
-  /// The scale update after a step: PyTorch's rule, with hysteresis and bounds.
+  /// The scale update after a step: PyTorch's rule (float scale times double factor,
+  /// rounded to float), with hysteresis and bounds.
   void update(bool found_inf) {
     if (found_inf) {
       growth_tracker_ = 0;
       if (--hysteresis_left_ == 0) {
-        const float backed_off = scale_ * options_.backoff_factor;
+        const float backed_off = static_cast<float>(double(scale_) * options_.backoff_factor);
         scale_ = backed_off < options_.min_scale ? options_.min_scale : backed_off;
         hysteresis_left_ = options_.hysteresis;
       }
     } else {
       hysteresis_left_ = options_.hysteresis;
       if (++growth_tracker_ == options_.growth_interval) {
-        const float grown = scale_ * options_.growth_factor;
+        const float grown = static_cast<float>(double(scale_) * options_.growth_factor);
         if (std::isfinite(grown)) scale_ = grown > options_.max_scale ? options_.max_scale : grown;
         growth_tracker_ = 0;
       }
@@ -301,8 +304,8 @@ class basic_dynamic_scaler : public detail::scaler_base<basic_dynamic_scaler<Red
   std::string validate() const {
     const auto& o = options_;
     if (!(o.init_scale > 0.0f) || !std::isfinite(o.init_scale)) return "init_scale must be finite and positive";
-    if (!(o.growth_factor > 1.0f) || !std::isfinite(o.growth_factor)) return "growth_factor must be finite and above 1";
-    if (!(o.backoff_factor > 0.0f && o.backoff_factor < 1.0f)) return "backoff_factor must be in (0, 1)";
+    if (!(o.growth_factor > 1.0) || !std::isfinite(o.growth_factor)) return "growth_factor must be finite and above 1";
+    if (!(o.backoff_factor > 0.0 && o.backoff_factor < 1.0)) return "backoff_factor must be in (0, 1)";
     if (o.growth_interval == 0) return "growth_interval must be at least 1";
     if (o.hysteresis == 0) return "hysteresis must be at least 1";
     if (!(o.min_scale > 0.0f) || !std::isfinite(o.min_scale)) return "min_scale must be finite and positive";

@@ -94,14 +94,14 @@ __global__ void update_scale_kernel(device_scaler_state* s, const int* found_inf
   if (*found_inf) {
     s->growth_tracker = 0;
     if (--s->hysteresis_left == 0) {
-      const float backed_off = s->scale * o.backoff_factor;
+      const float backed_off = static_cast<float>(double(s->scale) * o.backoff_factor);
       s->scale = backed_off < o.min_scale ? o.min_scale : backed_off;
       s->hysteresis_left = o.hysteresis;
     }
   } else {
     s->hysteresis_left = o.hysteresis;
     if (++s->growth_tracker == o.growth_interval) {
-      const float grown = s->scale * o.growth_factor;
+      const float grown = static_cast<float>(double(s->scale) * o.growth_factor);
       if (::isfinite(grown)) s->scale = grown > o.max_scale ? o.max_scale : grown;
       s->growth_tracker = 0;
     }
