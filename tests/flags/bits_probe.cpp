@@ -1,0 +1,207 @@
+// One translation unit that tests/flags/CMakeLists.txt builds several times, with
+// different compilers and flags (-march=native or not, -ffp-contract=fast). Each build
+// prints one line per result: a name and a 64-bit hash of the result's bits.
+// compare_bits.cmake requires the lines to be identical between the builds, except:
+// - lines named "open:...": results known to depend on the flags today (g++ contracts the
+//   norms' products and sums into FMAs under -march=native; README, "Same bits under any
+//   flags"); their agreement is printed, not required;
+// - the line "fma 0/1" says whether the build's gemm engine runs its FMA kernels.
+#include <precis/nn/shape.hpp>
+#include <precis/precis.hpp>
+
+#include <bit>
+#include <cinttypes>
+#include <cstdint>
+#include <cmath>
+#include <cstdio>
+#include <span>
+#include <string>
+#include <vector>
+
+using namespace precis;
+
+namespace {
+
+const cpu_context ctx{2};
+
+struct hasher {
+  std::uint64_t h = 0xCBF29CE484222325ULL;
+  void add(std::uint64_t w) { h = (h ^ w) * 0x100000001B3ULL; }
+  void add(float x) { add(std::uint64_t{std::bit_cast<std::uint32_t>(x)}); }
+  void add(double x) { add(std::bit_cast<std::uint64_t>(x)); }
+  template <class T>
+  void add_all(const T& range) {
+    for (const auto& x : range) add(static_cast<float>(x));
+  }
+};
+
+void print(const std::string& name, const hasher& h) { std::printf("%s %016" PRIx64 "\n", name.c_str(), h.h); }
+
+// Inputs from an integer hash, exactly representable, with no floating-point arithmetic
+// (std::normal_distribution's own arithmetic would differ between the builds): values
+// m * 2^-23 * scale with |m| < 2^23, scale a power of two.
+std::vector<float> inputs(std::size_t n, int log2_scale, std::uint64_t seed) {
+  std::vector<float> v(n);
+  std::uint64_t x = seed * 0x9E3779B97F4A7C15ULL;
+  for (auto& e : v) {
+    x += 0x9E3779B97F4A7C15ULL;
+    std::uint64_t z = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    z ^= z >> 31;
+    const auto m = static_cast<std::int64_t>(z >> 40) - (std::int64_t(1) << 23);
+    e = std::ldexp(static_cast<float>(m), log2_scale - 23);
+  }
+  return v;
+}
+
+template <class T, std::size_t N>
+host_tensor<T, N> tensor_of(std::array<std::size_t, N> shape, int log2_scale, std::uint64_t seed) {
+  host_tensor<T, N> t(shape);
+  const auto v = inputs(t.size(), log2_scale, seed);
+  std::size_t i = 0;
+  for (auto& x : t) x = T(v[i++]);
+  return t;
+}
+
+template <class Model>
+void add_masters(hasher& h, Model& m) {
+  for (auto s : m.masters()) h.add_all(s);
+}
+
+// A small MLP with a layer norm: gemm, layer norm, GELU, softmax cross-entropy, AdamW,
+// trained a few steps under policy P with scaler S.
+template <class P, class S>
+void mlp(const std::string& name, S scaler) {
+  using T = typename P::storage_type;
+  auto model = nn::build<T, 2>(P{}, nn::seq(nn::linear(16, 48), nn::layer_norm(48), nn::gelu(), nn::linear(48, 48),
+                                            nn::tanh(), nn::linear(48, 5)),
+                               {.seed = 7});
+  nn::softmax_cross_entropy<P> loss;
+  adamw opt(model.masters(), {.lr = 3e-3, .weight_decay = 0.05});
+  nn::trainer tr(model, loss, opt, scaler, {.max_grad_norm = 1.0});
+  const auto x = tensor_of<T, 2>({64, 16}, 1, 1);
+  host_tensor<std::int32_t, 1> t(std::array<std::size_t, 1>{64});
+  for (std::size_t r = 0; r < 64; ++r) t(r) = std::int32_t((r * 7) % 5);
+  hasher h;
+  for (int step = 0; step < 6; ++step) {
+    const auto r = tr.step(ctx, x, t);
+    h.add(r.loss);
+    h.add(r.grad_norm);
+  }
+  add_masters(h, model);
+  print(name, h);
+}
+
+// A convolutional block: conv, batch norm, ReLU, pooling, SGD with Nesterov momentum.
+template <class P>
+void conv(const std::string& name) {
+  using T = typename P::storage_type;
+  const conv2d_params same{.padding = {1, 1}};
+  auto model = nn::build<T, 4>(P{},
+                               nn::seq(nn::conv2d(3, 8, 3, same), nn::batch_norm(8), nn::relu(), nn::max_pool2d({.kernel = {2, 2}, .stride = {2, 2}}),
+                                       nn::conv2d(8, 8, 3, same, nn::no_bias), nn::sigmoid(), nn::global_avg_pool(),
+                                       nn::linear(8, 4)),
+                               {.seed = 9});
+  nn::softmax_cross_entropy<P> loss;
+  sgd opt(model.masters(), {.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-4, .nesterov = true});
+  scaler_for<P> scaler;
+  nn::trainer tr(model, loss, opt, scaler);
+  const auto x = tensor_of<T, 4>({4, 3, 12, 12}, 0, 2);
+  host_tensor<std::int32_t, 1> t(std::array<std::size_t, 1>{4});
+  for (std::size_t r = 0; r < 4; ++r) t(r) = std::int32_t(r);
+  hasher h;
+  for (int step = 0; step < 4; ++step) h.add(tr.step(ctx, x, t).loss);
+  add_masters(h, model);
+  print(name, h);
+}
+
+// Kernels called directly: row kernels with a float output (float arithmetic inside, no
+// products of inputs), casts to every format, losses.
+void kernels() {
+  using P = presets::bf16_mixed;
+  const auto x = tensor_of<bfloat16, 2>({8, 300}, 2, 3);
+  {
+    host_tensor<float, 2> y(x.shape());
+    hasher h;
+    softmax<P>(ctx, x, y);
+    h.add_all(y);
+    log_softmax<P>(ctx, x, y);
+    h.add_all(y);
+    print("softmax_log_softmax", h);
+  }
+  {
+    const auto g = tensor_of<float, 1>({300}, 0, 4), b = tensor_of<float, 1>({300}, 0, 5);
+    host_tensor<float, 2> y(x.shape());
+    host_tensor<float, 1> mean(std::array<std::size_t, 1>{8}), rstd(std::array<std::size_t, 1>{8});
+    layer_norm<P>(ctx, x, g, b, y, mean, rstd, 1e-5);
+    hasher h;
+    h.add_all(y);
+    h.add_all(mean);
+    h.add_all(rstd);
+    print("open:layer_norm", h);
+  }
+  {
+    const auto f = tensor_of<float, 1>({4096}, 7, 6);
+    hasher h;
+    host_tensor<bfloat16, 1> b(f.shape());
+    host_tensor<float16, 1> s(f.shape());
+    host_tensor<float8_e4m3, 1> e4(f.shape());
+    host_tensor<float8_e5m2, 1> e5(f.shape());
+    cast(ctx, f, b);
+    cast(ctx, f, s);
+    cast<rounding::nearest_even, overflow::saturate>(ctx, f, e4);
+    cast<rounding::nearest_even, overflow::saturate>(ctx, f, e5);
+    h.add_all(b);
+    h.add_all(s);
+    h.add_all(e4);
+    h.add_all(e5);
+    print("casts", h);
+  }
+}
+
+// The optimizers on their own, with inexact hyperparameters, and the dynamic scaler with
+// factors float cannot hold.
+void optimizers_and_scaler() {
+  auto w = inputs(1000, 0, 10), w2 = w;
+  adamw a({std::span<float>(w)}, {.lr = 1e-3, .beta1 = 0.85, .beta2 = 0.99, .eps = 1e-7, .weight_decay = 0.1});
+  sgd s({std::span<float>(w2)}, {.lr = 0.03, .momentum = 0.9, .dampening = 0.1, .weight_decay = 1e-3});
+  for (int step = 0; step < 50; ++step) {
+    auto g = inputs(1000, -3, 100 + std::uint64_t(step)), g2 = g;
+    a.step(g);
+    s.step(g2);
+  }
+  hasher ha, hs;
+  ha.add_all(w);
+  hs.add_all(w2);
+  print("adamw", ha);
+  print("sgd", hs);
+  dynamic_scaler scaler({.init_scale = 1000.3f, .growth_factor = 1.3, .backoff_factor = 0.7, .growth_interval = 2});
+  struct none {
+    void step(std::vector<float>&) {}
+  } opt;
+  hasher h;
+  for (int step = 0; step < 200; ++step) {
+    std::vector<float> g{step % 5 == 0 ? INFINITY : 0.5f};
+    h.add(scaler.step(opt, scaler.scaled_gradients(std::move(g))).scale_after);
+  }
+  print("dynamic_scaler", h);
+}
+
+}  // namespace
+
+int main() {
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))  // the gemm engine's FMA kernels
+  std::printf("fma 1\n");
+#else
+  std::printf("fma 0\n");
+#endif
+  mlp<presets::bf16_mixed>("open:mlp_bf16", no_scaling{});
+  mlp<presets::fp16_mixed>("open:mlp_fp16", dynamic_scaler({.init_scale = 4096.0f, .growth_factor = 1.5,
+                                                       .backoff_factor = 0.6, .growth_interval = 3}));
+  mlp<presets::fp32>("open:mlp_fp32", no_scaling{});
+  conv<presets::bf16_mixed>("open:conv_bf16");
+  conv<presets::fp32>("open:conv_fp32");
+  kernels();
+  optimizers_and_scaler();
+  return 0;
+}
