@@ -4,10 +4,13 @@
 #
 #   ./run.sh test       g++ Release build in build/gcc, warnings are errors, CTest
 #   ./run.sh demo       builds and runs the demo (precis_demo); arguments are passed on
-#   ./run.sh clang      as test, with clang++ in build/clang
+#   ./run.sh clang      as test, with clang++ in build/clang (the build-flag bit-identity
+#                       test, which builds with both compilers, runs in `test` only)
 #   ./run.sh sanitize   ASan + UBSan build of the host tests in build/asan, CTest
 #   ./run.sh cuda       PRECIS_CUDA=ON in build/cuda: every CUDA unit compiled and linked
-#                       with nvcc, CTest (tests labelled gpu are skipped without a GPU)
+#                       with nvcc, their tests and the CUDA compile-fail tests (tests
+#                       labelled gpu are skipped without a GPU); host-only targets are
+#                       left to `test`
 #   ./run.sh package    install to build/install-prefix, build tests/consumer against it,
 #                       conan create with boost and xtensor taken from the system
 #   ./run.sh ci         test, clang, sanitize, cuda, package
@@ -96,7 +99,7 @@ cmd_test() {
 }
 
 cmd_clang() {
-  configure build/clang clang++ Release -DPRECIS_WERROR=ON -DPRECIS_CUDA=OFF
+  configure build/clang clang++ Release -DPRECIS_WERROR=ON -DPRECIS_CUDA=OFF -DPRECIS_BITS_PROBE=OFF
   build build/clang
   run_ctest build/clang
 }
@@ -116,7 +119,7 @@ cmd_sanitize() {
   # Warnings are checked by the test and clang stages; GCC's warnings under
   # -fsanitize are known to have false positives.
   configure build/asan g++ RelWithDebInfo -DPRECIS_SANITIZE=ON -DPRECIS_CUDA=OFF \
-    -DPRECIS_BUILD_BENCH=OFF -DPRECIS_WERROR=OFF
+    -DPRECIS_BUILD_BENCH=OFF -DPRECIS_WERROR=OFF -DPRECIS_BITS_PROBE=OFF
   build build/asan
   ASAN_OPTIONS="${ASAN_OPTIONS:-detect_stack_use_after_return=1:strict_string_checks=1}" \
   UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1}" \
@@ -124,9 +127,16 @@ cmd_sanitize() {
 }
 
 cmd_cuda() {
-  configure build/cuda g++ Release -DPRECIS_WERROR=ON -DPRECIS_CUDA=ON
-  build build/cuda
-  run_ctest build/cuda
+  configure build/cuda g++ Release -DPRECIS_WERROR=ON -DPRECIS_CUDA=ON -DPRECIS_BITS_PROBE=OFF
+  # Host-only targets are the test stage's (same compiler, same flags): this stage builds
+  # what nvcc compiles or what links precis::cuda, and runs their tests and the CUDA
+  # compile-fail tests.
+  local targets
+  mapfile -t targets < <(cmake --build build/cuda --target help |
+    sed -n 's/^\.\.\. \(test_cuda_[a-z0-9_]*\|test_numeric_device\|bench_cuda\)$/\1/p')
+  ((${#targets[@]})) || die "the CUDA build defines none of its CUDA targets"
+  build build/cuda --target "${targets[@]}"
+  run_ctest build/cuda -R '^(test_cuda_|test_numeric_device$|compile_fail_cuda_)'
 }
 
 cmd_package() {
