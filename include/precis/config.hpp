@@ -37,6 +37,14 @@
 #endif
 #endif
 
+/// 1 when the CPU's bfloat16 dot-product instructions are reached through oneDNN (hardware
+/// products, precis::products::hardware). The `precis::onednn` CMake target defines it;
+/// without it hardware products run precis's exact kernel. Every translation unit of a
+/// program must see the same value (the kernels' inline functions depend on it).
+#if !defined(PRECIS_HAS_ONEDNN)
+#define PRECIS_HAS_ONEDNN 0
+#endif
+
 namespace precis {
 
 /// Every runtime failure precis reports (bad shapes, bad checkpoints, size mismatches)

@@ -140,7 +140,7 @@ TEST_CASE("gemm sums narrow products exactly in float, in k order") {
   a(0, 0) = precis::bfloat16(256.0F);
   b(0, 0) = precis::bfloat16(128.0F);
   auto c = poisoned<float, 2>(std::array<std::size_t, 2>{1, 1});
-  precis::gemm<precis::presets::bf16_mixed>(precis::cpu_context{1}, a, b, c);
+  precis::gemm<precis::presets::bf16_exact>(precis::cpu_context{1}, a, b, c);
   float expect = 32768.0F;
   for (std::size_t k = 1; k < K; ++k) expect += (1.0F / 64) * (1.0F / 8);
   CHECK(c(0, 0) == expect);
@@ -260,17 +260,17 @@ TEST_CASE("gemm gives the same bits on 1, 2 and 3 threads") {
   const auto at_ = random_tensor<precis::bfloat16, 2>({301, 70});
   auto c1 = poisoned<float, 2>(std::array<std::size_t, 2>{150, 201});
   auto c2 = c1, c3 = c1;
-  precis::gemm<precis::presets::bf16_mixed>(precis::cpu_context{1}, a, b, c1);
-  precis::gemm<precis::presets::bf16_mixed>(precis::cpu_context{2}, a, b, c2);
-  precis::gemm<precis::presets::bf16_mixed>(precis::cpu_context{3}, a, b, c3);
+  precis::gemm<precis::presets::bf16_exact>(precis::cpu_context{1}, a, b, c1);
+  precis::gemm<precis::presets::bf16_exact>(precis::cpu_context{2}, a, b, c2);
+  precis::gemm<precis::presets::bf16_exact>(precis::cpu_context{3}, a, b, c3);
   CHECK(same_bits(c1, c2));
   CHECK(same_bits(c1, c3));
   // Tall output: split over rows.
   const auto bt = random_tensor<precis::bfloat16, 2>({70, 9});
   auto d1 = poisoned<float, 2>(std::array<std::size_t, 2>{301, 9});
   auto d2 = d1;
-  precis::gemm<precis::presets::bf16_mixed>(precis::cpu_context{1}, at_, bt, d1);
-  precis::gemm<precis::presets::bf16_mixed>(precis::cpu_context{2}, at_, bt, d2);
+  precis::gemm<precis::presets::bf16_exact>(precis::cpu_context{1}, at_, bt, d1);
+  precis::gemm<precis::presets::bf16_exact>(precis::cpu_context{2}, at_, bt, d2);
   CHECK(same_bits(d1, d2));
 }
 

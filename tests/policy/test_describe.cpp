@@ -32,9 +32,9 @@ TEST_CASE("describe prints each layer's resolved policy") {
   const std::string table = describe<encoder_mlp, scores_softmax, classifier, ce_loss>(policies);
   const std::string expected =
       "layer            op       storage   compute   accumulate  master    gradient  fp8   from     waived         notes\n"
-      "encoder_mlp      matmul   bfloat16  bfloat16  float       bfloat16  bfloat16  none  layer    narrow_master  activations up to 200000\n"
+      "encoder_mlp      matmul   bfloat16  bfloat16  float       bfloat16  bfloat16  none  layer    narrow_master  hardware products; activations up to 200000\n"
       "scores_softmax   softmax  float16   float     float       float     float16   none  default  -              fp32 by rule\n"
-      "classifier       matmul   bfloat16  bfloat16  float       float     bfloat16  none  op       -              performance: M, N, K not all multiples of 8 (tensor cores run slower)\n"
+      "classifier       matmul   bfloat16  bfloat16  float       float     bfloat16  none  op       -              hardware products; performance: M, N, K not all multiples of 8 (tensor cores run slower)\n"
       "sample::ce_loss  loss     float16   float     float       float     float16   none  default  -              fp32 by rule\n";
   CHECK(table == expected);
 }
@@ -42,6 +42,7 @@ TEST_CASE("describe prints each layer's resolved policy") {
 TEST_CASE("describe_policy prints one policy") {
   CHECK(describe_policy<presets::fp8_hybrid>() ==
         "storage=float8_e4m3 compute=bfloat16 accumulate=float master=float "
-        "gradient=float8_e5m2 fp8=delayed waived=-");
-  CHECK(describe_policy<presets::bf16_pure>().ends_with("waived=narrow_master"));
+        "gradient=float8_e5m2 fp8=delayed products=exact waived=-");
+  CHECK(describe_policy<presets::bf16_pure>().ends_with("products=hardware waived=narrow_master"));
+  CHECK(describe_policy<presets::bf16_exact>().find("products=exact") != std::string::npos);
 }

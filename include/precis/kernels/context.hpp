@@ -121,6 +121,17 @@ struct pool_slot {
   std::unique_ptr<thread_pool> pool;
 };
 
+/// What the oneDNN engine keeps for a context (engine, streams, primitives cached per
+/// shape, scratch memory). Defined by precis/kernels/cpu/onednn.hpp, which only
+/// precis::onednn builds include; incomplete here, so the core needs nothing of oneDNN.
+struct onednn_state;
+
+/// The engine state of a cpu_context and its copies, made on first use.
+struct engine_slot {
+  std::once_flag started;
+  std::shared_ptr<onednn_state> onednn;
+};
+
 }  // namespace detail
 
 /// Runs kernels on the host. `threads` is how many threads a kernel may use (0: all the
@@ -135,6 +146,11 @@ struct cpu_context {
   unsigned threads = 0;
   /// The worker threads, shared by copies and started on first use (see above).
   std::shared_ptr<detail::pool_slot> workers = std::make_shared<detail::pool_slot>();
+  /// State of the engines behind hardware products (oneDNN's primitives, cached per
+  /// shape, and their scratch memory), shared by copies and made on first use. A context
+  /// runs one kernel at a time: kernels called concurrently from several threads on one
+  /// context (or its copies) are serialised where they share this state.
+  std::shared_ptr<detail::engine_slot> engines = std::make_shared<detail::engine_slot>();
 
   /// The thread count kernels use.
   unsigned thread_count() const {

@@ -11,8 +11,16 @@
 // tensors are computed in double: both on a plain loop, since no model trains that way for
 // speed. With beta == 0, C is not read (it may hold NaN), as in BLAS.
 //
+// Hardware products (a policy with products::hardware, bfloat16 inputs, float
+// accumulation) run on the CPU's bfloat16 dot-product instructions through oneDNN when
+// precis::onednn is linked and the CPU has them (cpu_products_engine() says): subnormal
+// inputs and results are flushed, sums are in oneDNN's order, C is still rounded once;
+// those results are the same bits for a given machine and thread count. Everything else
+// runs precis's exact kernel.
+//
 // Shapes are checked before anything is written; a mismatch throws precis::error naming
-// the expected and the actual shape. Results are the same bits for every thread count.
+// the expected and the actual shape. Exact products are the same bits for every thread
+// count.
 #pragma once
 
 #include <precis/kernels/common.hpp>
@@ -21,6 +29,10 @@
 #include <precis/kernels/cpu/support.hpp>
 #include <precis/kernels/elementwise.hpp>
 #include <precis/tensor/host_tensor.hpp>
+
+#if PRECIS_HAS_ONEDNN
+#include <precis/kernels/cpu/onednn.hpp>
+#endif
 
 #include <algorithm>
 #include <array>
@@ -55,6 +67,14 @@ namespace detail {
 template <op_kind Op, Policy P, class TA, class TB>
 inline constexpr bool float_engine_v =
     std::is_same_v<math_t<Op, P, TA, TB>, float> && std::is_same_v<accumulate_t<Op, P>, float>;
+
+/// True when a product of TA and TB inputs under P uses the hardware's products: P asks
+/// for them, both inputs are bfloat16 and sums are float.
+template <op_kind Op, Policy P, class TA, class TB>
+inline constexpr bool hardware_products_v =
+    std::is_same_v<typename kernel_policy_t<Op, P>::products_type, products::hardware> &&
+    std::is_same_v<TA, bfloat16> && std::is_same_v<TB, bfloat16> &&
+    std::is_same_v<accumulate_t<Op, P>, float>;
 
 /// True when float inputs are rounded to tfloat32 first.
 template <op_kind Op, Policy P>
@@ -192,6 +212,21 @@ void gemm_raw(const cpu_context& ctx, std::size_t M, std::size_t N, std::size_t 
               std::size_t ars, std::size_t acs, const TB* b, std::size_t brs, std::size_t bcs,
               TC* c, std::size_t ldc, const TBias* bias, const gemm_options& o) {
   if (M == 0 || N == 0) return;
+#if PRECIS_HAS_ONEDNN
+  if constexpr (hardware_products_v<Op, P, TA, TB>) {
+    const gemm_writer<TC, TBias> w{c, ldc, bias, o.alpha, o.beta, o.epilogue};
+    const bool direct =
+        o.alpha == 1.0F && o.beta == 0.0F && o.epilogue == gemm_epilogue::none;
+    if (onednn_product(ctx, 1, M, N, K, strided_operand<const bfloat16>{a, 0, std::int64_t(ars), std::int64_t(acs)},
+                       strided_operand<const bfloat16>{b, 0, std::int64_t(brs), std::int64_t(bcs)}, c, 0,
+                       std::int64_t(ldc), bias, direct,
+                       [&](std::size_t, std::size_t i, std::size_t j0, const float* v, std::size_t n) {
+                         w(i, j0, v, n);
+                       })) {
+      return;
+    }
+  }
+#endif
   if constexpr (float_engine_v<Op, P, TA, TB>) {
     constexpr bool tf32 = tf32_inputs_v<Op, P>;
     constexpr bool tf32_a = tf32 && std::is_same_v<TA, float>;
@@ -304,19 +339,55 @@ void gemm(const cpu_context& ctx, const host_tensor<TA, 3>& a, const host_tensor
               std::array<std::size_t, 3>{batch, std::size_t(b.shape()[1]),
                                          std::size_t(b.shape()[2])});
   check_shape("precis::gemm (batched): c", c, std::array<std::size_t, 3>{batch, M, N});
+  const std::int64_t ars = o.trans_a ? 1 : std::int64_t(K), acs = o.trans_a ? std::int64_t(M) : 1;
+  const std::int64_t brs = o.trans_b ? 1 : std::int64_t(N), bcs = o.trans_b ? std::int64_t(K) : 1;
+#if PRECIS_HAS_ONEDNN
+  if constexpr (detail::hardware_products_v<op::matmul, P, TA, TB>) {
+    const bool direct = o.alpha == 1.0F && o.beta == 0.0F && o.epilogue == gemm_epilogue::none;
+    const auto finish = [&](std::size_t item, std::size_t i, std::size_t j0, const float* v,
+                            std::size_t n) {
+      detail::gemm_writer<TC, TC>{c.data() + item * M * N, N, nullptr, o.alpha, o.beta, o.epilogue}(i, j0, v, n);
+    };
+    if (detail::onednn_product(
+            ctx, batch, M, N, K,
+            detail::strided_operand<const bfloat16>{a.data(), std::int64_t(M * K), ars, acs},
+            detail::strided_operand<const bfloat16>{b.data(), std::int64_t(K * N), brs, bcs}, c.data(),
+            std::int64_t(M * N), std::int64_t(N), static_cast<const TC*>(nullptr), direct, finish)) {
+      return;
+    }
+  }
+#endif
   const auto one = [&](const cpu_context& inner, std::size_t i) {
-    detail::gemm_raw<op::matmul, P>(inner, M, N, K, a.data() + i * M * K, o.trans_a ? 1 : K,
-                                    o.trans_a ? M : 1, b.data() + i * K * N, o.trans_b ? 1 : N,
-                                    o.trans_b ? K : 1, c.data() + i * M * N, N,
+    detail::gemm_raw<op::matmul, P>(inner, M, N, K, a.data() + i * M * K, std::size_t(ars),
+                                    std::size_t(acs), b.data() + i * K * N, std::size_t(brs),
+                                    std::size_t(bcs), c.data() + i * M * N, N,
                                     static_cast<const TC*>(nullptr), o);
   };
   if (batch >= ctx.thread_count() && batch > 1) {
     detail::parallel_for(ctx, batch, 1, [&](std::size_t b0, std::size_t b1) {
-      for (std::size_t i = b0; i < b1; ++i) one(cpu_context{1}, i);
+      // One single-threaded context per part (not per item) serves the part's items.
+      const cpu_context single{1};
+      for (std::size_t i = b0; i < b1; ++i) one(single, i);
     });
   } else {
     for (std::size_t i = 0; i < batch; ++i) one(ctx, i);
   }
+}
+
+/// Which engine runs hardware products (products::hardware) with bfloat16 inputs in this
+/// build on this machine: oneDNN and the instruction set it uses, or precis's exact kernel
+/// and why.
+inline std::string cpu_products_engine() {
+#if PRECIS_HAS_ONEDNN
+  const dnnl_version_t* v = dnnl_version();
+  const std::string onednn = "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) +
+                             "." + std::to_string(v->patch);
+  if (detail::onednn_has_bf16_products()) return onednn + " (" + detail::onednn_isa_name() + ")";
+  return std::string("precis exact kernel (no bfloat16 dot-product instructions: ") + onednn +
+         " sees " + detail::onednn_isa_name() + ")";
+#else
+  return "precis exact kernel (precis::onednn not linked)";
+#endif
 }
 
 /// The backward pass of c = alpha * op(a) op(b) (options `o` as in the forward call; the

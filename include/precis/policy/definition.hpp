@@ -12,6 +12,29 @@ namespace precis {
 template <class... Rules>
 struct rule_list {};
 
+/// Whose products a matrix product or convolution with 16-bit inputs uses.
+namespace products {
+/// precis's own: every product of two inputs exact in float, subnormal inputs and results
+/// kept, summed in k order; the same bits on every machine and for every thread count.
+struct exact {
+  static constexpr const char* name = "exact";
+};
+/// The hardware's dot-product instructions (AMX TDPBF16PS, AVX512-BF16 VDPBF16PS through
+/// oneDNN on the CPU; tensor cores on the GPU): products exact and summed in float, but
+/// subnormal inputs and results flushed to zero and summed in the hardware's order; the
+/// same bits for a given machine and thread count. Where the CPU has no such instructions
+/// (or precis::onednn is not linked) the exact kernel runs; precis::cpu_products_engine()
+/// says which one does.
+struct hardware {
+  static constexpr const char* name = "hardware";
+};
+}  // namespace products
+
+/// True for precis::products::exact and precis::products::hardware.
+template <class T>
+inline constexpr bool is_products_v =
+    std::is_same_v<T, products::exact> || std::is_same_v<T, products::hardware>;
+
 /// The precision of a layer or operation:
 /// - `Storage`: the type tensors (activations, working copies of weights) are kept in;
 /// - `Compute`: the type elementwise math runs in;
@@ -19,12 +42,15 @@ struct rule_list {};
 /// - `Master`: the type of master weights and optimizer state;
 /// - `Gradient`: the type gradients are stored in (float8_e5m2 where the forward pass
 ///   stores float8_e4m3);
-/// - `Fp8Recipe`: the per-tensor scaling recipe float8 tensors use (precis::recipe).
+/// - `Fp8Recipe`: the per-tensor scaling recipe float8 tensors use (precis::recipe);
+/// - `Products`: whose products matrix products and convolutions use (precis::products:
+///   `exact`, or the `hardware`'s dot-product instructions).
 ///
 /// A policy is a type, resolved at compile time; it holds no data. Its admissibility
 /// (the rules in precis::rule) is checked where it is used: in a policy map, for a layer.
 template <class Storage, class Compute, class Accumulate, class Master = float,
-          class Gradient = Storage, class Fp8Recipe = recipe::none>
+          class Gradient = Storage, class Fp8Recipe = recipe::none,
+          class Products = products::exact>
 struct policy {
   using storage_type = Storage;
   using compute_type = Compute;
@@ -32,6 +58,7 @@ struct policy {
   using master_type = Master;
   using gradient_type = Gradient;
   using fp8_recipe = Fp8Recipe;
+  using products_type = Products;
   /// Rules this policy waives (none; see precis::unsafe).
   using waived_rules = rule_list<>;
 };
@@ -76,7 +103,7 @@ struct unsafe : Policy {
 template <class P, class Rule>
 inline constexpr bool waives_v = detail::contains_rule<typename P::waived_rules, Rule>::value;
 
-/// A policy: names its six types and its waived rules.
+/// A policy: names its six types, its products and its waived rules.
 template <class P>
 concept Policy = requires {
   typename P::storage_type;
@@ -85,8 +112,9 @@ concept Policy = requires {
   typename P::master_type;
   typename P::gradient_type;
   typename P::fp8_recipe;
+  typename P::products_type;
   typename P::waived_rules;
-} && is_recipe_v<typename P::fp8_recipe>;
+} && is_recipe_v<typename P::fp8_recipe> && is_products_v<typename P::products_type>;
 
 /// True when gradients stored as `P::gradient_type` need loss scaling: float16 and
 /// float8 have less exponent range than float, so small gradients flush to zero.

@@ -67,6 +67,10 @@ std::vector<std::string> describe_row() {
   if (!std::is_same_v<typename P::storage_type, typename G::storage_type>) {
     note("float8 stays in matrix products");
   }
+  if constexpr (is_gemm_like_v<Op> &&
+                std::is_same_v<typename P::products_type, products::hardware>) {
+    note("hardware products");
+  }
   if constexpr (!std::is_void_v<activation_bound_t<L>>) {
     char bound[48];
     std::snprintf(bound, sizeof bound, "activations up to %g", activation_bound_t<L>::value);
@@ -134,6 +138,7 @@ std::string describe_policy() {
          " master=" + std::string(type_name_v<typename P::master_type>) +
          " gradient=" + std::string(type_name_v<typename P::gradient_type>) +
          " fp8=" + std::string(P::fp8_recipe::name) +
+         " products=" + std::string(P::products_type::name) +
          " waived=" + detail::rule_names(typename P::waived_rules{});
 }
 

@@ -17,8 +17,16 @@ using fp32 = policy<float, float, float, float>;
 using tf32 = policy<float, tfloat32, float, float>;
 
 /// bfloat16 storage and compute, float accumulation, float master weights. bfloat16 has
-/// float's range, so its gradients need no loss scaling.
-using bf16_mixed = policy<bfloat16, bfloat16, float, float>;
+/// float's range, so its gradients need no loss scaling. Matrix products and convolutions
+/// use the hardware's products (products::hardware: AMX / AVX512-BF16 through oneDNN where
+/// precis::onednn is linked and the CPU has them, tensor cores on the GPU), as PyTorch's
+/// autocast does: subnormals flushed, the hardware's summation order.
+using bf16_mixed =
+    policy<bfloat16, bfloat16, float, float, bfloat16, recipe::none, products::hardware>;
+
+/// bf16_mixed with precis's exact products (products::exact): subnormals kept, and the
+/// same bits on every machine and for every thread count.
+using bf16_exact = policy<bfloat16, bfloat16, float, float>;
 
 /// float16 storage and compute, float accumulation, float master weights. float16
 /// gradients need loss scaling (precis::scaler_for gives dynamic_scaler).
@@ -26,8 +34,11 @@ using fp16_mixed = policy<float16, float16, float, float>;
 
 /// bfloat16 everywhere, master weights included: half the optimizer memory, at the cost
 /// of updates smaller than bfloat16's resolution being lost. An expert choice: it waives
-/// rule::narrow_master, and the waiver shows in every type and table that uses it.
-using bf16_pure = unsafe<policy<bfloat16, bfloat16, float, bfloat16>, rule::narrow_master>;
+/// rule::narrow_master, and the waiver shows in every type and table that uses it. Its
+/// products are the hardware's, as bf16_mixed's.
+using bf16_pure = unsafe<
+    policy<bfloat16, bfloat16, float, bfloat16, bfloat16, recipe::none, products::hardware>,
+    rule::narrow_master>;
 
 /// float8 matrix-product inputs with per-tensor delayed scaling: float8_e4m3 forward,
 /// float8_e5m2 gradients, float accumulation; every other operation stores bfloat16

@@ -36,7 +36,7 @@ struct with_waivers<Base, rule_list<Rules...>> {
 /// - every kind but matmul and conv: float8 storage and gradients become `P`'s compute
 ///   type, since float8 is a format for matrix-product inputs (bfloat16 in
 ///   presets::fp8_hybrid).
-/// Master type, recipe and waived rules are kept.
+/// Master type, recipe, products and waived rules are kept.
 template <op_kind Op, Policy P, bool Promote = true>
 struct apply_rules {
  private:
@@ -55,7 +55,7 @@ struct apply_rules {
                          typename P::accumulate_type>;
   using type = typename detail::with_waivers<
       policy<storage_type, compute_type, accumulate_type, typename P::master_type, gradient_type,
-             typename P::fp8_recipe>,
+             typename P::fp8_recipe, typename P::products_type>,
       typename P::waived_rules>::type;
 };
 

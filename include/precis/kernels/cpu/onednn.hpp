@@ -1,0 +1,322 @@
+// precis/kernels/cpu/onednn.hpp: hardware products on the CPU through oneDNN (private;
+// included by the kernels when PRECIS_HAS_ONEDNN is 1, which the precis::onednn target
+// defines).
+//
+// Products with bfloat16 inputs under products::hardware run as oneDNN matmul primitives
+// on the CPU's bfloat16 dot-product instructions (AMX TDPBF16PS, AVX512-BF16 VDPBF16PS),
+// accumulating in float. Those instructions treat subnormal inputs as zero and flush
+// subnormal results, and oneDNN chooses the summation order per shape and machine; the
+// result is still rounded once to the output type, and is the same bits for a given
+// machine, shape and thread count.
+//
+// Threads: the context's own worker threads run the parts of a product (rows, or columns,
+// or batch items split evenly), each part one single-threaded oneDNN call. oneDNN's OpenMP
+// threads are thus never started beside precis's pool: on a 2-core machine two pools
+// would take turns on the cores. Primitives are made once per shape and kept in the
+// context with their scratch memory (oneDNN's user scratchpad mode), so a call after the
+// first allocates no scratch.
+#pragma once
+
+#if !PRECIS_HAS_ONEDNN
+#error "precis/kernels/cpu/onednn.hpp is private: link precis::onednn, which defines PRECIS_HAS_ONEDNN"
+#endif
+
+#include <precis/kernels/context.hpp>
+#include <precis/numeric/bfloat16.hpp>
+
+#include <dlfcn.h>
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <type_traits>
+#include <vector>
+
+namespace precis::detail {
+
+/// OpenMP's thread-count calls, looked up in the OpenMP runtime oneDNN was linked with
+/// (Debian's oneDNN threads with libgomp). Looked up rather than linked so that a clang
+/// build, whose -fopenmp would bring a second runtime (libomp), sets the one oneDNN reads.
+struct omp_threads {
+  using get_fn = int (*)();
+  using set_fn = void (*)(int);
+  get_fn get = reinterpret_cast<get_fn>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"));
+  set_fn set = reinterpret_cast<set_fn>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
+
+  static const omp_threads& instance() {
+    static const omp_threads o;
+    return o;
+  }
+
+  /// Runs f with oneDNN limited to the calling thread, then restores the caller's setting.
+  template <class F>
+  void single(F&& f) const {
+    if (get == nullptr || set == nullptr) {
+      f();
+      return;
+    }
+    const int before = get();
+    set(1);
+    try {
+      f();
+    } catch (...) {
+      set(before);
+      throw;
+    }
+    set(before);
+  }
+};
+
+/// The CPU's instruction set as oneDNN sees it, and whether it has bfloat16 dot products.
+inline dnnl::cpu_isa onednn_isa() {
+  static const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+  return isa;
+}
+inline bool onednn_has_bf16_products() {
+  const dnnl::cpu_isa isa = onednn_isa();
+  return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
+}
+inline const char* onednn_isa_name() {
+  switch (onednn_isa()) {
+    case dnnl::cpu_isa::avx512_core_amx:
+      return "avx512_core_amx";
+    case dnnl::cpu_isa::avx512_core_bf16:
+      return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_vnni:
+      return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core:
+      return "avx512_core";
+    case dnnl::cpu_isa::avx2_vnni:
+      return "avx2_vnni";
+    case dnnl::cpu_isa::avx2:
+      return "avx2";
+    default:
+      return "older than avx2";
+  }
+}
+
+/// 64-byte aligned bytes that grow and never shrink.
+class scratch_bytes {
+ public:
+  void* get(std::size_t bytes) {
+    if (bytes > size_) {
+      data_.reset(static_cast<std::byte*>(::operator new(bytes, std::align_val_t{64})));
+      size_ = bytes;
+    }
+    return data_.get();
+  }
+
+ private:
+  struct free_aligned {
+    void operator()(std::byte* p) const { ::operator delete(p, std::align_val_t{64}); }
+  };
+  std::unique_ptr<std::byte, free_aligned> data_;
+  std::size_t size_ = 0;
+};
+
+/// What one part of a product owns: its stream and scratch memory (oneDNN's scratchpad,
+/// and float results waiting for precis's epilogue).
+struct onednn_part {
+  std::mutex busy;  // held while a part runs (see cpu_context on concurrent kernels)
+  std::unique_ptr<dnnl::stream> stream;
+  scratch_bytes scratchpad, results;
+};
+
+/// A product's shape, layouts and types: the key of the primitive cache.
+struct onednn_matmul_key {
+  std::int64_t batch, m, n, k;
+  std::int64_t a_batch, a_row, a_col, b_batch, b_row, b_col, c_batch, c_row;
+  int c_type, bias_type;  // dnnl data types; bias_type 0: no bias
+
+  auto tie() const {
+    return std::tie(batch, m, n, k, a_batch, a_row, a_col, b_batch, b_row, b_col, c_batch, c_row,
+                    c_type, bias_type);
+  }
+  bool operator<(const onednn_matmul_key& o) const { return tie() < o.tie(); }
+};
+
+struct onednn_matmul_entry {
+  dnnl::matmul primitive;
+  dnnl::memory::desc a, b, c, bias, scratchpad;
+  std::string implementation;
+};
+
+struct onednn_state {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  std::mutex m;  // guards the maps and the list of parts
+  std::map<onednn_matmul_key, onednn_matmul_entry> matmuls;
+  std::vector<std::unique_ptr<onednn_part>> parts;
+  std::string last_implementation;  // of the newest product (for benchmarks' reports)
+
+  /// The cached primitive for `key`, made on first use.
+  const onednn_matmul_entry& matmul(const onednn_matmul_key& key) {
+    const std::lock_guard lock(m);
+    if (auto it = matmuls.find(key); it != matmuls.end()) return it->second;
+    using md = dnnl::memory::desc;
+    using dt = dnnl::memory::data_type;
+    const bool batched = key.batch > 1;
+    const auto dims = [&](std::int64_t r, std::int64_t c) {
+      return batched ? dnnl::memory::dims{key.batch, r, c} : dnnl::memory::dims{r, c};
+    };
+    const auto strides = [&](std::int64_t sb, std::int64_t sr, std::int64_t sc) {
+      return batched ? dnnl::memory::dims{sb, sr, sc} : dnnl::memory::dims{sr, sc};
+    };
+    onednn_matmul_entry e;
+    e.a = md(dims(key.m, key.k), dt::bf16, strides(key.a_batch, key.a_row, key.a_col));
+    e.b = md(dims(key.k, key.n), dt::bf16, strides(key.b_batch, key.b_row, key.b_col));
+    e.c = md(dims(key.m, key.n), dt(key.c_type), strides(key.c_batch, key.c_row, 1));
+    if (key.bias_type != 0) {
+      e.bias = md(batched ? dnnl::memory::dims{1, 1, key.n} : dnnl::memory::dims{1, key.n},
+                  dt(key.bias_type),
+                  batched ? dnnl::memory::dims{key.n, key.n, 1} : dnnl::memory::dims{key.n, 1});
+    }
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(e.a, e.b, e.bias, e.c), attr, engine);
+    e.scratchpad = pd.scratchpad_desc();
+    e.implementation = pd.impl_info_str();
+    e.primitive = dnnl::matmul(pd);
+    return matmuls.emplace(key, std::move(e)).first->second;
+  }
+
+  /// Part p's stream and scratch, made on first use.
+  onednn_part& part(std::size_t p) {
+    const std::lock_guard lock(m);
+    while (parts.size() <= p) parts.push_back(std::make_unique<onednn_part>());
+    onednn_part& q = *parts[p];
+    if (!q.stream) q.stream = std::make_unique<dnnl::stream>(engine);
+    return q;
+  }
+};
+
+/// The oneDNN state of a context, made on first use.
+inline onednn_state& onednn_of(const cpu_context& ctx) {
+  engine_slot* slot = ctx.engines.get();
+  if (slot == nullptr) throw error("precis: a cpu_context without engine state (moved from?)");
+  std::call_once(slot->started, [&] { slot->onednn = std::make_shared<onednn_state>(); });
+  return *slot->onednn;
+}
+
+template <class T>
+constexpr int onednn_type() {
+  if constexpr (std::is_same_v<T, float>) {
+    return int(dnnl::memory::data_type::f32);
+  } else if constexpr (std::is_same_v<T, bfloat16>) {
+    return int(dnnl::memory::data_type::bf16);
+  } else {
+    return 0;
+  }
+}
+
+/// True when oneDNN can write type T (a product's output or bias) directly.
+template <class T>
+inline constexpr bool onednn_io_type_v = onednn_type<T>() != 0;
+
+/// One strided operand of a product: element (b, r, c) at p[b * batch + r * row + c * col].
+template <class T>
+struct strided_operand {
+  T* p;
+  std::int64_t batch, row, col;
+};
+
+/// Runs a product of bfloat16 operands through oneDNN: for every batch item,
+/// C = A B (+ bias), all float sums, written straight to C when `direct` (C and the bias
+/// of types oneDNN writes, nothing else to apply), else as float rows handed to
+/// finish(item, row, first column, values, count) for precis's epilogue. False, having
+/// written nothing, when the CPU has no bfloat16 dot-product instructions or oneDNN offers
+/// only its reference implementation for this layout (then the exact kernel is faster).
+template <class TC, class TBias, class Finish>
+bool onednn_product(const cpu_context& ctx, std::size_t batch, std::size_t M, std::size_t N,
+                    std::size_t K, strided_operand<const bfloat16> a,
+                    strided_operand<const bfloat16> b, TC* c, std::int64_t c_batch,
+                    std::int64_t ldc, const TBias* bias, bool direct, Finish&& finish) {
+  if (!onednn_has_bf16_products()) return false;
+  if (batch == 0 || M == 0 || N == 0) return true;
+  onednn_state& st = onednn_of(ctx);
+  direct = direct && onednn_io_type_v<TC> && (bias == nullptr || onednn_io_type_v<TBias>);
+
+  // Parts: batch items when there are enough, else rows or columns, whichever is longer.
+  const std::size_t work = batch * M * N * std::max<std::size_t>(K, 1);
+  const std::size_t by_size = std::max<std::size_t>(1, work / (std::size_t(1) << 18));
+  const bool split_batch = batch >= ctx.thread_count();
+  const bool split_rows = M >= N;
+  const std::size_t extent = split_batch ? batch : split_rows ? M : N;
+  const std::size_t parts =
+      std::max<std::size_t>(1, std::min({std::size_t(ctx.thread_count()), by_size, extent}));
+  const std::size_t chunk = (extent + parts - 1) / parts;
+
+  // The primitive for a part's sizes; every part but the last has the same ones.
+  const auto key_for = [&](std::size_t len) {
+    const std::size_t nb = split_batch ? len : batch;
+    const std::size_t m = !split_batch && split_rows ? len : M;
+    const std::size_t n = !split_batch && !split_rows ? len : N;
+    return onednn_matmul_key{std::int64_t(nb), std::int64_t(m), std::int64_t(n), std::int64_t(K),
+                             a.batch, a.row, a.col, b.batch, b.row, b.col,
+                             direct ? c_batch : std::int64_t(m * n), direct ? ldc : std::int64_t(n),
+                             direct ? onednn_type<TC>() : onednn_type<float>(),
+                             bias == nullptr ? 0 : direct ? onednn_type<TBias>() : 0};
+  };
+  const onednn_matmul_entry& first = st.matmul(key_for(std::min(chunk, extent)));
+  if (first.implementation.rfind("ref", 0) == 0) return false;
+  {
+    const std::lock_guard lock(st.m);
+    st.last_implementation = first.implementation;
+  }
+  const std::size_t tail = extent - (parts - 1) * chunk;
+  const onednn_matmul_entry& last = tail == chunk ? first : st.matmul(key_for(tail));
+  if (last.implementation.rfind("ref", 0) == 0) return false;
+
+  parallel_for(ctx, parts, 1, [&](std::size_t p0, std::size_t p1) {
+    for (std::size_t p = p0; p < p1; ++p) {
+      const std::size_t begin = p * chunk, len = std::min(chunk, extent - begin);
+      if (len == 0) continue;
+      const onednn_matmul_entry& e = len == chunk ? first : last;
+      onednn_part& part = st.part(p);
+      const std::lock_guard lock(part.busy);
+      const std::int64_t b0 = split_batch ? std::int64_t(begin) : 0;
+      const std::int64_t i0 = !split_batch && split_rows ? std::int64_t(begin) : 0;
+      const std::int64_t j0 = !split_batch && !split_rows ? std::int64_t(begin) : 0;
+      const auto* pa = a.p + b0 * a.batch + i0 * a.row;
+      const auto* pb = b.p + b0 * b.batch + j0 * b.col;
+      void* pc = direct ? static_cast<void*>(c + b0 * c_batch + i0 * ldc + j0)
+                        : part.results.get(e.c.get_size());
+      std::unordered_map<int, dnnl::memory> args{
+          {DNNL_ARG_SRC, dnnl::memory(e.a, st.engine, const_cast<bfloat16*>(pa))},
+          {DNNL_ARG_WEIGHTS, dnnl::memory(e.b, st.engine, const_cast<bfloat16*>(pb))},
+          {DNNL_ARG_DST, dnnl::memory(e.c, st.engine, pc)},
+          {DNNL_ARG_SCRATCHPAD,
+           dnnl::memory(e.scratchpad, st.engine, part.scratchpad.get(e.scratchpad.get_size()))}};
+      if (direct && bias != nullptr) {
+        args.emplace(DNNL_ARG_BIAS,
+                     dnnl::memory(e.bias, st.engine, const_cast<TBias*>(bias + j0)));
+      }
+      omp_threads::instance().single([&] {
+        e.primitive.execute(*part.stream, args);
+        part.stream->wait();
+      });
+      if (!direct) {
+        const auto* values = static_cast<const float*>(pc);
+        const std::size_t nb = split_batch ? len : batch;
+        const std::size_t m = !split_batch && split_rows ? len : M;
+        const std::size_t n = !split_batch && !split_rows ? len : N;
+        for (std::size_t item = 0; item < nb; ++item) {
+          for (std::size_t i = 0; i < m; ++i) {
+            finish(std::size_t(b0) + item, std::size_t(i0) + i, std::size_t(j0),
+                   values + (item * m + i) * n, n);
+          }
+        }
+      }
+    }
+  });
+  return true;
+}
+
+}  // namespace precis::detail

@@ -1,0 +1,140 @@
+// Hardware products (products::hardware) on the CPU: built into test_kernels_gemm_onednn
+// beside test_gemm.cpp, whose float64 bounds then hold for bf16_mixed through oneDNN. Here:
+// which engine runs, how subnormals behave on each engine, rounding once, determinism for
+// a given thread count. On a CPU without bfloat16 dot-product instructions the exact kernel
+// runs, and the checks below assert exactly that.
+#include <precis/kernels/gemm.hpp>
+
+#include "kernel_checks.hpp"
+
+#include <doctest/doctest.h>
+
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <string>
+
+namespace {
+
+using namespace precis_test;
+using precis::bfloat16;
+using precis::host_tensor;
+
+/// True when this build and this CPU run hardware products on oneDNN.
+bool onednn_runs() { return precis::cpu_products_engine().rfind("oneDNN", 0) == 0; }
+
+/// A 16 x 32 by 32 x 16 product whose only nonzero term in C(0, 0) is a(0, 0) * b(0, 0).
+template <class P>
+float single_product(float x, float y) {
+  auto a = host_tensor<bfloat16, 2>::from_shape({16, 32});
+  auto b = host_tensor<bfloat16, 2>::from_shape({32, 16});
+  a.fill(bfloat16(0.0F));
+  b.fill(bfloat16(0.0F));
+  a(0, 0) = bfloat16(x);
+  b(0, 0) = bfloat16(y);
+  auto c = poisoned<float, 2>(std::array<std::size_t, 2>{16, 16});
+  precis::gemm<P>(precis::cpu_context{1}, a, b, c);
+  return c(0, 0);
+}
+
+}  // namespace
+
+TEST_CASE("cpu_products_engine names the engine this build and CPU use") {
+  const std::string engine = precis::cpu_products_engine();
+  MESSAGE("hardware products run on: " << engine);
+#if PRECIS_HAS_ONEDNN
+  CHECK(engine.find("oneDNN") != std::string::npos);
+  CHECK(onednn_runs() == precis::detail::onednn_has_bf16_products());
+#else
+  CHECK(engine == "precis exact kernel (precis::onednn not linked)");
+#endif
+}
+
+TEST_CASE("hardware products flush subnormals; exact products keep them") {
+  const float tiny = std::ldexp(1.0F, -130);  // subnormal in bfloat16 (and float)
+  const float small = std::ldexp(1.0F, -70);  // normal, but small * small = 2^-140 is not
+  // Exact products: both terms arrive exactly.
+  CHECK(single_product<precis::presets::bf16_exact>(tiny, 1.0F) == tiny);
+  CHECK(single_product<precis::presets::bf16_exact>(small, small) == std::ldexp(1.0F, -140));
+  CHECK(single_product<precis::presets::bf16_exact>(3.0F, 5.0F) == 15.0F);
+  const float in = single_product<precis::presets::bf16_mixed>(tiny, 1.0F);
+  const float out = single_product<precis::presets::bf16_mixed>(small, small);
+  CHECK(single_product<precis::presets::bf16_mixed>(3.0F, 5.0F) == 15.0F);
+  if (onednn_runs()) {
+    // The bfloat16 dot-product instructions treat subnormal inputs as zero and flush
+    // subnormal products and results.
+    CHECK(in == 0.0F);
+    CHECK(out == 0.0F);
+  } else {
+    CHECK(in == tiny);
+    CHECK(out == std::ldexp(1.0F, -140));
+  }
+}
+
+TEST_CASE("hardware products round the float sums once to bfloat16") {
+  // The direct path (oneDNN writes bfloat16) and the float path rounded by precis agree.
+  const auto a = random_tensor<bfloat16, 2>({67, 129});
+  const auto b = random_tensor<bfloat16, 2>({129, 45});
+  auto c16 = poisoned<bfloat16, 2>(std::array<std::size_t, 2>{67, 45});
+  auto c32 = poisoned<float, 2>(std::array<std::size_t, 2>{67, 45});
+  const precis::cpu_context ctx{1};
+  precis::gemm<precis::presets::bf16_mixed>(ctx, a, b, c16);
+  precis::gemm<precis::presets::bf16_mixed>(ctx, a, b, c32);
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < c16.size(); ++i) {
+    if (c16.data()[i].bits() != bfloat16(c32.data()[i]).bits()) ++differ;
+  }
+  CHECK(differ == 0);
+}
+
+TEST_CASE("hardware products are the same bits for a given thread count, within float64 bounds") {
+  const std::size_t M = 300, N = 200, K = 513;
+  const auto a = random_tensor<bfloat16, 2>({M, K});
+  const auto b = random_tensor<bfloat16, 2>({N, K});
+  precis::gemm_options o;
+  o.trans_b = true;
+  const auto ad = to_double(a), bd = to_double(b);
+  auto ref = host_tensor<double, 2>::from_shape({M, N});
+  for (std::size_t i = 0; i < M; ++i) {
+    for (std::size_t j = 0; j < N; ++j) {
+      double s = 0;
+      for (std::size_t k = 0; k < K; ++k) s += ad(i, k) * bd(j, k);
+      ref(i, j) = s;
+    }
+  }
+  for (unsigned threads : {1U, 2U, 3U}) {
+    INFO("threads=" << threads);
+    const precis::cpu_context ctx{threads};
+    auto c1 = poisoned<float, 2>(std::array<std::size_t, 2>{M, N});
+    auto c2 = c1;
+    precis::gemm<precis::presets::bf16_mixed>(ctx, a, b, c1, o);
+    precis::gemm<precis::presets::bf16_mixed>(ctx, a, b, c2, o);
+    CHECK(same_bits(c1, c2));
+    CHECK(rel_error(c1, ref) < bound<float>());
+  }
+}
+
+TEST_CASE("batched hardware products match the per-item products") {
+  const std::size_t B = 6, M = 33, N = 20, K = 48;  // batch >= threads: split over items
+  const auto a = random_tensor<bfloat16, 3>({B, M, K});
+  const auto b = random_tensor<bfloat16, 3>({B, K, N});
+  auto c = poisoned<bfloat16, 3>(std::array<std::size_t, 3>{B, M, N});
+  const precis::cpu_context ctx{2};
+  precis::gemm_options o;
+  o.alpha = 0.5F;  // through precis's epilogue
+  precis::gemm<precis::presets::bf16_mixed>(ctx, a, b, c, o);
+  for (std::size_t i = 0; i < B; ++i) {
+    auto ai = host_tensor<bfloat16, 2>::from_shape({M, K});
+    auto bi = host_tensor<bfloat16, 2>::from_shape({K, N});
+    std::copy_n(a.data() + i * M * K, M * K, ai.data());
+    std::copy_n(b.data() + i * K * N, K * N, bi.data());
+    auto ci = poisoned<float, 2>(std::array<std::size_t, 2>{M, N});
+    precis::gemm<precis::presets::bf16_exact>(precis::cpu_context{1}, ai, bi, ci, o);
+    double worst = 0, norm = 0;
+    for (std::size_t e = 0; e < M * N; ++e) {
+      worst = std::max(worst, std::abs(double(c.data()[i * M * N + e]) - double(ci.data()[e])));
+      norm = std::max(norm, std::abs(double(ci.data()[e])));
+    }
+    CHECK(worst / norm < bound<bfloat16>());
+  }
+}
