@@ -1,8 +1,11 @@
 // gemm with bfloat16 and float16 inputs and float accumulation (precis::gemm) against
 // OpenBLAS's cblas_sgemm on the same values in float, and against oneDNN's bfloat16 matmul
-// (float accumulation, bfloat16 output), square sizes 256..2048, on one and two threads.
-// Ratios are taken within this run. precis's outputs are compared with sgemm's first (the
-// products are exact in both, only the order of the float sums differs).
+// called directly (float accumulation, bfloat16 output), square sizes 256..2048, on one and
+// two threads. precis's bfloat16 runs twice: bf16_mixed (hardware products: oneDNN where
+// precis::onednn is linked and the CPU has bfloat16 instructions) and bf16_exact (precis's
+// exact kernel); precis fp32 is the float kernel. Ratios are taken within this run.
+// precis's outputs are compared with sgemm's (the products are exact in both, only the
+// order of the float sums differs).
 //
 //   bench_gemm [--csv path] [--max N]
 #include <precis/kernels/gemm.hpp>
@@ -43,8 +46,9 @@ int main(int argc, char** argv) {
     if (std::string(argv[i]) == "--max") max_n = std::stoul(argv[i + 1]);
   }
   std::mt19937 g(42);
-  precis_bench::table tab({"n", "threads", "sgemm GF/s", "oneDNN bf16 GF/s", "precis bf16 GF/s",
-                           "precis fp16 GF/s", "bf16/sgemm", "fp16/sgemm", "bf16/oneDNN",
+  precis_bench::table tab({"n", "threads", "sgemm GF/s", "precis fp32 GF/s", "oneDNN bf16 GF/s",
+                           "precis bf16 GF/s", "precis bf16 exact GF/s", "precis fp16 GF/s",
+                           "bf16/oneDNN", "bf16/fp32", "exact/sgemm", "fp16/sgemm",
                            "max |bf16-sgemm|"});
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   dnnl::stream strm(eng);
@@ -57,7 +61,7 @@ int main(int argc, char** argv) {
       const auto a16 = random_matrix<precis::bfloat16>(n, g), b16 = random_matrix<precis::bfloat16>(n, g);
       const auto ah = random_matrix<precis::float16>(n, g), bh = random_matrix<precis::float16>(n, g);
       precis::host_tensor<float, 2> af = precis::host_tensor<float, 2>::from_shape({n, n});
-      precis::host_tensor<float, 2> bf = af, cf = af;
+      precis::host_tensor<float, 2> bf = af, cf = af, cp = af;
       for (std::size_t i = 0; i < n * n; ++i) {
         af.data()[i] = float(a16.data()[i]);
         bf.data()[i] = float(b16.data()[i]);
@@ -73,6 +77,10 @@ int main(int argc, char** argv) {
                     bf.data(), ni, 0.0F, cf.data(), ni);
       }, reps);
       settle();
+      const double t_fp32 = precis_bench::best_ms(
+          [&] { precis::gemm<precis::presets::fp32>(ctx, af, bf, cp); }, reps);
+      const double t_exact = precis_bench::best_ms(
+          [&] { precis::gemm<precis::presets::bf16_exact>(ctx, a16, b16, c16); }, reps);
       const double t_bf16 = precis_bench::best_ms(
           [&] { precis::gemm<precis::presets::bf16_mixed>(ctx, a16, b16, c16); }, reps);
       const double t_fp16 = precis_bench::best_ms(
@@ -104,17 +112,20 @@ int main(int argc, char** argv) {
         if (e.status != dnnl_unimplemented) throw;
       }
       const double gs = gflops(n, t_sgemm), gb = gflops(n, t_bf16), gh = gflops(n, t_fp16);
+      const double gf = gflops(n, t_fp32), ge = gflops(n, t_exact);
       char diff[32];
       std::snprintf(diff, sizeof diff, "%.2g", maxdiff);
       tab.add({std::to_string(n), std::to_string(threads), precis_bench::fixed(gs, 1),
-               precis_bench::fixed_or_na(gd, 1), precis_bench::fixed(gb, 1),
-               precis_bench::fixed(gh, 1), precis_bench::fixed(gb / gs),
-               precis_bench::fixed(gh / gs),
+               precis_bench::fixed(gf, 1), precis_bench::fixed_or_na(gd, 1),
+               precis_bench::fixed(gb, 1), precis_bench::fixed(ge, 1), precis_bench::fixed(gh, 1),
                precis_bench::fixed_or_na(gd ? std::optional<double>(gb / *gd) : std::nullopt),
-               diff});
+               precis_bench::fixed(gb / gf), precis_bench::fixed(ge / gs),
+               precis_bench::fixed(gh / gs), diff});
     }
   }
-  std::printf("precis micro-kernel: %s\n", precis_bench::simd_name());
+  precis_bench::print_machine();
+  std::printf("precis micro-kernel: %s\nhardware products (bf16_mixed): %s\n",
+              precis_bench::simd_name(), precis::cpu_products_engine().c_str());
   tab.print();
   if (const auto path = precis_bench::csv_path(argc, argv); !path.empty()) tab.write_csv(path);
 }
