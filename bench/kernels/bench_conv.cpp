@@ -1,8 +1,12 @@
 // conv2d forward (bfloat16 and float16 inputs, float accumulation, output in the input's
-// type) against oneDNN's convolution on the same NCHW tensors, bfloat16 and float, on the
-// ResNet-18 layer shapes, one and two threads. oneDNN gets its preferred weight layout
-// (reordered once, outside the timing); activations stay NCHW for both, as precis keeps
-// them. Ratios are taken within this run.
+// type) against oneDNN's convolution called directly, bfloat16 and float, on the ResNet-18
+// layer shapes, one and two threads. oneDNN gets its preferred weight layout (reordered
+// once, outside the timing) and NCHW activations, as precis keeps them ("nchw"), or its
+// preferred activation layout too, the input reordered outside the timing ("own layouts":
+// the primitive bf16_mixed's hardware products run, minus precis's per-call reorders).
+// precis runs bf16_mixed (hardware products: oneDNN where precis::onednn is linked and the
+// CPU has bfloat16 instructions), bf16_exact and fp16_mixed (precis's exact kernel), and
+// fp32. Ratios are taken within this run.
 //
 //   bench_conv [--csv path] [--batch N]
 #include <precis/kernels/conv.hpp>
@@ -36,14 +40,15 @@ precis::host_tensor<T, 4> random4(std::array<std::size_t, 4> s, std::mt19937& g)
 /// oneDNN forward convolution in data type `dt`, timed; weights reordered once first.
 /// Empty when oneDNN has no implementation on this CPU (bf16 needs AVX-512 in oneDNN 2.x).
 std::optional<double> time_dnnl(const layer& l, std::size_t n, std::size_t ho, dnnl::memory::data_type dt,
-                 void* x, void* w, void* y, int reps) {
+                 void* x, void* w, void* y, int reps, bool own_layouts = false) {
   using tag = dnnl::memory::format_tag;
   using dim = dnnl::memory::dim;
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   dnnl::stream strm(eng);
   const dnnl::memory::dims xd{dim(n), dim(l.c), dim(l.h), dim(l.h)}, wd{dim(l.co), dim(l.c), dim(l.k), dim(l.k)},
       yd{dim(n), dim(l.co), dim(ho), dim(ho)};
-  dnnl::memory::desc xm(xd, dt, tag::nchw), wm_any(wd, dt, tag::any), ym(yd, dt, tag::nchw);
+  const tag act = own_layouts ? tag::any : tag::nchw;
+  dnnl::memory::desc xm(xd, dt, act), wm_any(wd, dt, tag::any), ym(yd, dt, act);
   dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
                                     xm, wm_any, ym, {dim(l.s), dim(l.s)}, {dim(l.p), dim(l.p)},
                                     {dim(l.p), dim(l.p)});
@@ -55,7 +60,13 @@ std::optional<double> time_dnnl(const layer& l, std::size_t n, std::size_t ho, d
     return std::nullopt;
   }
   const auto& pd = *maybe;
-  dnnl::memory xmem(xm, eng, x), ymem(ym, eng, y), wuser({wd, dt, tag::oihw}, eng, w);
+  dnnl::memory xuser({xd, dt, tag::nchw}, eng, x), wuser({wd, dt, tag::oihw}, eng, w);
+  dnnl::memory xmem = xuser, ymem({yd, dt, tag::nchw}, eng, y);
+  if (own_layouts) {
+    xmem = dnnl::memory(pd.src_desc(), eng);
+    dnnl::reorder(xuser, xmem).execute(strm, xuser, xmem);
+    ymem = dnnl::memory(pd.dst_desc(), eng);
+  }
   dnnl::memory wmem(pd.weights_desc(), eng);
   dnnl::reorder(wuser, wmem).execute(strm, wuser, wmem);
   strm.wait();
@@ -75,8 +86,9 @@ int main(int argc, char** argv) {
   }
   std::mt19937 g(7);
   precis_bench::table tab({"layer", "threads", "GFLOP", "oneDNN f32 GF/s", "oneDNN bf16 GF/s",
-                           "precis bf16 GF/s", "precis fp16 GF/s", "bf16/oneDNN bf16",
-                           "bf16/oneDNN f32"});
+                           "oneDNN bf16 own layouts GF/s", "precis fp32 GF/s", "precis bf16 GF/s",
+                           "precis bf16 exact GF/s", "precis fp16 GF/s", "bf16/oneDNN bf16",
+                           "bf16/oneDNN own layouts", "bf16/fp32", "exact/oneDNN f32"});
   for (int threads : {1, 2}) {
     omp_set_num_threads(threads);
     const precis::cpu_context ctx{unsigned(threads)};
@@ -106,23 +118,33 @@ int main(int argc, char** argv) {
       const auto t_db = time_dnnl(l, batch, ho, dnnl::memory::data_type::bf16,
                                     const_cast<precis::bfloat16*>(xb.data()),
                                     const_cast<precis::bfloat16*>(wb.data()), yd.data(), reps);
+      const auto t_do = time_dnnl(l, batch, ho, dnnl::memory::data_type::bf16,
+                                    const_cast<precis::bfloat16*>(xb.data()),
+                                    const_cast<precis::bfloat16*>(wb.data()), yd.data(), reps, true);
       settle();
       const double t_b = precis_bench::best_ms([&] { precis::conv2d<precis::presets::bf16_mixed>(ctx, xb, wb, yb, p); }, reps);
+      const double t_e = precis_bench::best_ms([&] { precis::conv2d<precis::presets::bf16_exact>(ctx, xb, wb, yb, p); }, reps);
+      const double t_f = precis_bench::best_ms([&] { precis::conv2d<precis::presets::fp32>(ctx, xf, wf, yf, p); }, reps);
       const double t_h = precis_bench::best_ms([&] { precis::conv2d<precis::presets::fp16_mixed>(ctx, xh, wh, yh, p); }, reps);
       const auto gf = [&](double ms) { return flop / ms * 1e-6; };
       const auto gf_or = [&](const std::optional<double>& ms) {
         return ms ? std::optional<double>(gf(*ms)) : std::nullopt;
       };
-      const auto ratio = [&](const std::optional<double>& ms) {
-        return ms ? std::optional<double>(*ms / t_b) : std::nullopt;
+      const auto ratio = [&](const std::optional<double>& ms, double t) {
+        return ms ? std::optional<double>(*ms / t) : std::nullopt;
       };
       tab.add({l.name, std::to_string(threads), precis_bench::fixed(flop * 1e-9, 2),
                precis_bench::fixed_or_na(gf_or(t_df), 1), precis_bench::fixed_or_na(gf_or(t_db), 1),
-               precis_bench::fixed(gf(t_b), 1), precis_bench::fixed(gf(t_h), 1),
-               precis_bench::fixed_or_na(ratio(t_db)), precis_bench::fixed_or_na(ratio(t_df))});
+               precis_bench::fixed_or_na(gf_or(t_do), 1), precis_bench::fixed(gf(t_f), 1),
+               precis_bench::fixed(gf(t_b), 1), precis_bench::fixed(gf(t_e), 1),
+               precis_bench::fixed(gf(t_h), 1), precis_bench::fixed_or_na(ratio(t_db, t_b)),
+               precis_bench::fixed_or_na(ratio(t_do, t_b)), precis_bench::fixed(t_f / t_b),
+               precis_bench::fixed_or_na(ratio(t_df, t_e))});
     }
   }
-  std::printf("batch %zu, NCHW; precis micro-kernel: %s\n", batch, precis_bench::simd_name());
+  precis_bench::print_machine();
+  std::printf("batch %zu, NCHW; precis micro-kernel: %s; hardware products (bf16_mixed): %s\n",
+              batch, precis_bench::simd_name(), precis::cpu_products_engine().c_str());
   tab.print();
   if (const auto path = precis_bench::csv_path(argc, argv); !path.empty()) tab.write_csv(path);
 }

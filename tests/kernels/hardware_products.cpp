@@ -1,8 +1,10 @@
-// Hardware products (products::hardware) on the CPU: built into test_kernels_gemm_onednn
-// beside test_gemm.cpp, whose float64 bounds then hold for bf16_mixed through oneDNN. Here:
+// Hardware products (products::hardware) on the CPU: built into test_kernels_onednn beside
+// test_gemm.cpp and test_conv.cpp, whose float64 bounds then hold for bf16_mixed through
+// oneDNN (all of conv's geometries: groups, dilation, strides, transposed). Here:
 // which engine runs, how subnormals behave on each engine, rounding once, determinism for
 // a given thread count. On a CPU without bfloat16 dot-product instructions the exact kernel
 // runs, and the checks below assert exactly that.
+#include <precis/kernels/conv.hpp>
 #include <precis/kernels/gemm.hpp>
 
 #include "kernel_checks.hpp"
@@ -136,5 +138,59 @@ TEST_CASE("batched hardware products match the per-item products") {
       norm = std::max(norm, std::abs(double(ci.data()[e])));
     }
     CHECK(worst / norm < bound<bfloat16>());
+  }
+}
+
+TEST_CASE("hardware convolutions: subnormals, thread counts, batch split or not") {
+  using T = bfloat16;
+  using shape4 = std::array<std::size_t, 4>;
+  precis::conv2d_params p;
+  p.padding = {1, 1};
+  // One product per output: x = 2^-70 everywhere, w = 2^-70 at the centre tap only.
+  auto x = host_tensor<T, 4>::from_shape({2, 16, 6, 6});
+  auto w = host_tensor<T, 4>::from_shape({16, 16, 3, 3});
+  x.fill(T(std::ldexp(1.0F, -70)));
+  w.fill(T(0.0F));
+  w(0, 0, 1, 1) = T(std::ldexp(1.0F, -70));
+  auto y = poisoned<float, 4>(shape4{2, 16, 6, 6});
+  precis::conv2d<precis::presets::bf16_mixed>(precis::cpu_context{2}, x, w, y, p);
+  CHECK(y(1, 0, 3, 3) == (onednn_runs() ? 0.0F : std::ldexp(1.0F, -140)));
+  precis::conv2d<precis::presets::bf16_exact>(precis::cpu_context{2}, x, w, y, p);
+  CHECK(y(1, 0, 3, 3) == std::ldexp(1.0F, -140));
+
+  // A ResNet-like layer; batch 3 on 2 threads splits the images (2 + 1), batch 1 runs on
+  // oneDNN's own threads. Each: the same bits twice, and close to the exact kernel.
+  for (std::size_t n : {std::size_t(1), std::size_t(3)}) {
+    const auto xs = random_tensor<T, 4>({n, 32, 14, 14});
+    const auto ws = random_tensor<T, 4>({48, 32, 3, 3});
+    const auto dys = random_tensor<T, 4>({n, 48, 14, 14});
+    for (unsigned threads : {1U, 2U}) {
+      INFO("n=" << n << " threads=" << threads);
+      const precis::cpu_context ctx{threads};
+      host_tensor<float, 4> out[2][3];
+      for (int rep = 0; rep < 2; ++rep) {
+        out[rep][0] = poisoned<float, 4>(shape4{n, 48, 14, 14});
+        out[rep][1] = poisoned<float, 4>(shape4{n, 32, 14, 14});
+        out[rep][2] = poisoned<float, 4>(shape4{48, 32, 3, 3});
+        precis::conv2d<precis::presets::bf16_mixed>(ctx, xs, ws, out[rep][0], p);
+        precis::conv2d_backward_data<precis::presets::bf16_mixed>(ctx, dys, ws, out[rep][1], p);
+        precis::conv2d_backward_weights<precis::presets::bf16_mixed>(ctx, xs, dys, out[rep][2], p);
+      }
+      host_tensor<float, 4> exact[3] = {poisoned<float, 4>(shape4{n, 48, 14, 14}),
+                                        poisoned<float, 4>(shape4{n, 32, 14, 14}),
+                                        poisoned<float, 4>(shape4{48, 32, 3, 3})};
+      precis::conv2d<precis::presets::bf16_exact>(ctx, xs, ws, exact[0], p);
+      precis::conv2d_backward_data<precis::presets::bf16_exact>(ctx, dys, ws, exact[1], p);
+      precis::conv2d_backward_weights<precis::presets::bf16_exact>(ctx, xs, dys, exact[2], p);
+      for (int k = 0; k < 3; ++k) {
+        CHECK(same_bits(out[0][k], out[1][k]));
+        double worst = 0, norm = 0;
+        for (std::size_t e = 0; e < exact[k].size(); ++e) {
+          worst = std::max(worst, std::abs(double(out[0][k].data()[e]) - double(exact[k].data()[e])));
+          norm = std::max(norm, std::abs(double(exact[k].data()[e])));
+        }
+        CHECK(worst / norm < bound<float>());
+      }
+    }
   }
 }

@@ -256,7 +256,7 @@ TEST_CASE("convolutions with an empty sum write zeros") {
 }
 
 TEST_CASE("conv2d gives the same bits on 1, 2 and 3 threads") {
-  using P = precis::presets::bf16_mixed;
+  using P = precis::presets::bf16_exact;
   using T = precis::bfloat16;
   // Many pixels and few channels (the product split over pixels), and few pixels with many
   // channels, as in a network's last layers (split over channels, the pixels packed once).

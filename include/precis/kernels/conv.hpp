@@ -13,8 +13,15 @@
 // loops, one running sum per output element. A narrower-than-float accumulator is not
 // taken here (static_assert); gemm has the plain-loop path for it.
 //
+// Hardware products (products::hardware, bfloat16 inputs, float accumulation) run as
+// oneDNN convolutions on the CPU's bfloat16 dot-product instructions where precis::onednn
+// is linked and the CPU has them (cpu_products_engine() says): subnormals flushed, oneDNN's
+// summation order, each output still rounded once; the same bits for a given machine and
+// thread count. oneDNN picks its layouts (blocked or channels-last); precis's NCHW tensors
+// are reordered to and from them per call, in scratch memory kept by the context.
+//
 // Shapes are checked before anything is written (precis::error names expected and actual
-// shapes); results are the same bits for every thread count.
+// shapes); exact products are the same bits for every thread count.
 #pragma once
 
 #include <precis/kernels/common.hpp>
@@ -488,6 +495,56 @@ std::array<std::size_t, N> dims(std::array<std::size_t, N> a) {
   return a;
 }
 
+/// True when a convolution of TA and TB inputs under P uses the hardware's products.
+template <Policy P, class TA, class TB>
+inline constexpr bool hardware_conv_v = hardware_products_v<op::conv, P, TA, TB>;
+
+#if PRECIS_HAS_ONEDNN
+/// oneDNN's description of geometry g (symmetric padding: oneDNN's output size, like
+/// precis's, rounds down).
+inline onednn_conv_key onednn_key(const conv_geometry& g, onednn_conv_kind kind, int out_type,
+                                  bool bias) {
+  const auto i = [](std::size_t v) { return std::int64_t(v); };
+  return {i(g.n), i(g.c), i(g.h), i(g.w), i(g.co), i(g.kh), i(g.kw), i(g.ho), i(g.wo), i(g.groups),
+          i(g.p.stride[0]), i(g.p.stride[1]), i(g.p.padding[0]), i(g.p.padding[1]),
+          i(g.p.padding[0]), i(g.p.padding[1]), i(g.p.dilation[0]) - 1, i(g.p.dilation[1]) - 1,
+          kind, out_type, bias};
+}
+
+/// Geometry g's forward pass through oneDNN (see onednn_conv); false where it does not run.
+template <class TY, class TBias>
+bool onednn_conv_forward(const cpu_context& ctx, const conv_geometry& g, const bfloat16* x,
+                         const bfloat16* w, const TBias* bias, TY* y) {
+  float_buffer bias_f(bias != nullptr ? g.co : 0);
+  if (bias != nullptr) load_block(bias, bias_f.get(), g.co);
+  constexpr bool direct = onednn_io_type_v<TY>;
+  const auto key = onednn_key(g, onednn_conv_kind::forward,
+                              direct ? onednn_type<TY>() : onednn_type<float>(), bias != nullptr);
+  return onednn_conv(ctx, key, x, w, bias_f.get(), y, direct,
+                     [&](std::size_t b, std::size_t len, const float* v) { store_block(v, y + b, len); });
+}
+
+/// Geometry g's backward-data pass (dy, w -> dx) through oneDNN.
+template <class TX>
+bool onednn_conv_backward_data(const cpu_context& ctx, const conv_geometry& g, const bfloat16* dy,
+                               const bfloat16* w, TX* dx) {
+  constexpr bool direct = onednn_io_type_v<TX>;
+  const auto key = onednn_key(g, onednn_conv_kind::backward_data,
+                              direct ? onednn_type<TX>() : onednn_type<float>(), false);
+  return onednn_conv(ctx, key, dy, w, nullptr, dx, direct,
+                     [&](std::size_t b, std::size_t len, const float* v) { store_block(v, dx + b, len); });
+}
+
+/// Geometry g's backward-weights pass (x, dy -> dw) through oneDNN.
+template <class TW>
+bool onednn_conv_backward_weights(const cpu_context& ctx, const conv_geometry& g, const bfloat16* x,
+                                  const bfloat16* dy, TW* dw) {
+  const auto key = onednn_key(g, onednn_conv_kind::backward_weights, onednn_type<float>(), false);
+  return onednn_conv(ctx, key, x, dy, nullptr, dw, false,
+                     [&](std::size_t b, std::size_t len, const float* v) { store_block(v, dw + b, len); });
+}
+#endif
+
 }  // namespace detail
 
 /// y = conv2d(x, w): x [N, C, H, W], w [Co, C / groups, KH, KW], y [N, Co, Ho, Wo].
@@ -497,6 +554,14 @@ void conv2d(const cpu_context& ctx, const host_tensor<TX, 4>& x, const host_tens
   detail::check_conv_types<P, TX, TW, TY>();
   const auto g = detail::conv_geometry_of("precis::conv2d", x, w, p);
   check_shape("precis::conv2d: y", y, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
+#if PRECIS_HAS_ONEDNN
+  if constexpr (detail::hardware_conv_v<P, TX, TW>) {
+    if (detail::onednn_conv_forward(ctx, g, x.data(), w.data(), static_cast<const float*>(nullptr),
+                                    y.data())) {
+      return;
+    }
+  }
+#endif
   if constexpr (detail::double_conv_v<P, TX, TW>) {
     detail::direct_conv_forward<P>(ctx, g, x.data(), w.data(), static_cast<const TY*>(nullptr), y.data());
   } else {
@@ -514,6 +579,11 @@ void conv2d(const cpu_context& ctx, const host_tensor<TX, 4>& x, const host_tens
   const auto g = detail::conv_geometry_of("precis::conv2d", x, w, p);
   check_shape("precis::conv2d: bias", bias, detail::dims<1>({g.co}));
   check_shape("precis::conv2d: y", y, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
+#if PRECIS_HAS_ONEDNN
+  if constexpr (detail::hardware_conv_v<P, TX, TW>) {
+    if (detail::onednn_conv_forward(ctx, g, x.data(), w.data(), bias.data(), y.data())) return;
+  }
+#endif
   if constexpr (detail::double_conv_v<P, TX, TW>) {
     detail::direct_conv_forward<P>(ctx, g, x.data(), w.data(), bias.data(), y.data());
   } else {
@@ -531,6 +601,11 @@ void conv2d_backward_data(const cpu_context& ctx, const host_tensor<TG, 4>& dy,
   detail::check_conv_types<P, TG, TW, TX>();
   const auto g = detail::conv_geometry_of("precis::conv2d_backward_data", dx, w, p);
   check_shape("precis::conv2d_backward_data: dy", dy, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
+#if PRECIS_HAS_ONEDNN
+  if constexpr (detail::hardware_conv_v<P, TG, TW>) {
+    if (detail::onednn_conv_backward_data(ctx, g, dy.data(), w.data(), dx.data())) return;
+  }
+#endif
   if constexpr (detail::double_conv_v<P, TG, TW>) {
     detail::direct_conv_backward_data<P>(ctx, g, dy.data(), w.data(), static_cast<const TX*>(nullptr), dx.data());
   } else {
@@ -549,6 +624,11 @@ void conv2d_backward_weights(const cpu_context& ctx, const host_tensor<TX, 4>& x
   detail::check_conv_types<P, TX, TG, TW>();
   const auto g = detail::conv_geometry_of("precis::conv2d_backward_weights", x, dw, p);
   check_shape("precis::conv2d_backward_weights: dy", dy, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
+#if PRECIS_HAS_ONEDNN
+  if constexpr (detail::hardware_conv_v<P, TX, TG>) {
+    if (detail::onednn_conv_backward_weights(ctx, g, x.data(), dy.data(), dw.data())) return;
+  }
+#endif
   if constexpr (detail::double_conv_v<P, TX, TG>) {
     detail::direct_conv_backward_weights<P>(ctx, g, x.data(), dy.data(), dw.data());
   } else {
@@ -665,6 +745,11 @@ void conv_transpose2d(const cpu_context& ctx, const host_tensor<TX, 4>& x,
                       const conv2d_params& p = {}) {
   detail::check_conv_types<P, TX, TW, TY>();
   const auto g = detail::transpose_geometry("precis::conv_transpose2d", x, w, y, p);
+#if PRECIS_HAS_ONEDNN
+  if constexpr (detail::hardware_conv_v<P, TX, TW>) {
+    if (detail::onednn_conv_backward_data(ctx, g, x.data(), w.data(), y.data())) return;
+  }
+#endif
   if constexpr (detail::double_conv_v<P, TX, TW>) {
     detail::direct_conv_backward_data<P>(ctx, g, x.data(), w.data(), static_cast<const TY*>(nullptr), y.data());
   } else {

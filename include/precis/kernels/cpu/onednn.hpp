@@ -34,6 +34,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -56,15 +57,15 @@ struct omp_threads {
     return o;
   }
 
-  /// Runs f with oneDNN limited to the calling thread, then restores the caller's setting.
+  /// Runs f with oneDNN on `threads` OpenMP threads, then restores the caller's setting.
   template <class F>
-  void single(F&& f) const {
+  void with(int threads, F&& f) const {
     if (get == nullptr || set == nullptr) {
       f();
       return;
     }
     const int before = get();
-    set(1);
+    set(threads);
     try {
       f();
     } catch (...) {
@@ -123,11 +124,11 @@ class scratch_bytes {
 };
 
 /// What one part of a product owns: its stream and scratch memory (oneDNN's scratchpad,
-/// and float results waiting for precis's epilogue).
+/// float results waiting for precis's epilogue, operands reordered to a primitive's layout).
 struct onednn_part {
   std::mutex busy;  // held while a part runs (see cpu_context on concurrent kernels)
   std::unique_ptr<dnnl::stream> stream;
-  scratch_bytes scratchpad, results;
+  scratch_bytes scratchpad, results, in0, in1, out;
 };
 
 /// A product's shape, layouts and types: the key of the primitive cache.
@@ -149,11 +150,49 @@ struct onednn_matmul_entry {
   std::string implementation;
 };
 
+/// Which pass of a convolution a primitive computes.
+enum class onednn_conv_kind { forward, backward_data, backward_weights };
+
+/// A convolution's sizes as oneDNN takes them, for the images of one part: x [n, c, h, w],
+/// w [co, c / groups, kh, kw], y [n, co, ho, wo]; `dilate` is dilation - 1, `pad_r` what
+/// makes oneDNN's output size ho x wo.
+struct onednn_conv_key {
+  std::int64_t n, c, h, w, co, kh, kw, ho, wo, groups;
+  std::int64_t stride_y, stride_x, pad_t, pad_l, pad_b, pad_r, dilate_y, dilate_x;
+  onednn_conv_kind kind;
+  int out_type;  // the output's dnnl data type (float or bfloat16; float for dw)
+  bool bias;     // forward only: a float bias [co]
+
+  auto tie() const {
+    return std::tie(n, c, h, w, co, kh, kw, ho, wo, groups, stride_y, stride_x, pad_t, pad_l,
+                    pad_b, pad_r, dilate_y, dilate_x, kind, out_type, bias);
+  }
+  bool operator<(const onednn_conv_key& o) const { return tie() < o.tie(); }
+};
+
+/// One operand of a convolution primitive: precis's layout (NCHW, OIHW), the primitive's
+/// (oneDNN's choice: blocked or channels-last where its fast kernels want them) and the
+/// reorder between them when they differ (user -> primitive for inputs, back for outputs).
+struct onednn_operand {
+  dnnl::memory::desc user, prim;
+  bool same = true;
+  dnnl::reorder reorder;
+};
+
+struct onednn_conv_entry {
+  dnnl::primitive primitive;
+  onednn_operand in0, in1, out;  // forward: x, w, y; data: dy, w, dx; weights: x, dy, dw
+  dnnl::memory::desc bias, scratchpad;
+  std::string implementation;
+};
+
 struct onednn_state {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   std::mutex m;  // guards the maps and the list of parts
   std::map<onednn_matmul_key, onednn_matmul_entry> matmuls;
+  std::map<onednn_conv_key, onednn_conv_entry> convs;
   std::vector<std::unique_ptr<onednn_part>> parts;
+  scratch_bytes shared_weights;  // a convolution's weights in its primitive's layout
   std::string last_implementation;  // of the newest product (for benchmarks' reports)
 
   /// The cached primitive for `key`, made on first use.
@@ -185,6 +224,82 @@ struct onednn_state {
     e.implementation = pd.impl_info_str();
     e.primitive = dnnl::matmul(pd);
     return matmuls.emplace(key, std::move(e)).first->second;
+  }
+
+  /// The cached convolution primitive for `key`, with its operands' layouts, made on first
+  /// use.
+  const onednn_conv_entry& conv(const onednn_conv_key& k) {
+    const std::lock_guard lock(m);
+    if (auto it = convs.find(k); it != convs.end()) return it->second;
+    using md = dnnl::memory::desc;
+    using dt = dnnl::memory::data_type;
+    using tag = dnnl::memory::format_tag;
+    const dnnl::memory::dims xd{k.n, k.c, k.h, k.w}, yd{k.n, k.co, k.ho, k.wo};
+    const dnnl::memory::dims wd =
+        k.groups > 1 ? dnnl::memory::dims{k.groups, k.co / k.groups, k.c / k.groups, k.kh, k.kw}
+                     : dnnl::memory::dims{k.co, k.c, k.kh, k.kw};
+    const tag wtag = k.groups > 1 ? tag::goihw : tag::oihw;
+    const dnnl::memory::dims strides{k.stride_y, k.stride_x}, dil{k.dilate_y, k.dilate_x};
+    const dnnl::memory::dims pl{k.pad_t, k.pad_l}, pr{k.pad_b, k.pad_r};
+    const dt out = dt(k.out_type);
+    const bool fwd = k.kind == onednn_conv_kind::forward;
+    const bool bwd_w = k.kind == onednn_conv_kind::backward_weights;
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    const md bias_md = fwd && k.bias ? md({k.co}, dt::f32, tag::x) : md();
+    const md x_any(xd, fwd || bwd_w ? dt::bf16 : out, tag::any);
+    const md y_any(yd, fwd ? out : dt::bf16, tag::any);
+    const md w_any(wd, bwd_w ? dt::f32 : dt::bf16, tag::any);
+    const dnnl::convolution_forward::primitive_desc fwd_pd(
+        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
+                                        dnnl::algorithm::convolution_direct,
+                                        md(xd, dt::bf16, tag::any), md(wd, dt::bf16, tag::any),
+                                        bias_md, md(yd, fwd ? out : dt::bf16, tag::any), strides,
+                                        dil, pl, pr),
+        attr, engine);
+    onednn_conv_entry e;
+    const auto operand = [&](const md& user, const md& prim, bool input) {
+      onednn_operand o{user, prim, user == prim, {}};
+      if (!o.same) {
+        o.reorder = input ? dnnl::reorder(dnnl::reorder::primitive_desc(engine, user, engine, prim))
+                          : dnnl::reorder(dnnl::reorder::primitive_desc(engine, prim, engine, user));
+      }
+      return o;
+    };
+    const md x_user(xd, dt::bf16, tag::nchw), y_user(yd, dt::bf16, tag::nchw);
+    const md w_user(wd, dt::bf16, wtag);
+    if (fwd) {
+      e.in0 = operand(x_user, fwd_pd.src_desc(), true);
+      e.in1 = operand(w_user, fwd_pd.weights_desc(), true);
+      e.out = operand(md(yd, out, tag::nchw), fwd_pd.dst_desc(), false);
+      e.bias = bias_md;
+      e.scratchpad = fwd_pd.scratchpad_desc();
+      e.implementation = fwd_pd.impl_info_str();
+      e.primitive = dnnl::convolution_forward(fwd_pd);
+    } else if (!bwd_w) {
+      const dnnl::convolution_backward_data::primitive_desc pd(
+          dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, x_any, w_any,
+                                                y_any, strides, dil, pl, pr),
+          attr, engine, fwd_pd);
+      e.in0 = operand(y_user, pd.diff_dst_desc(), true);
+      e.in1 = operand(w_user, pd.weights_desc(), true);
+      e.out = operand(md(xd, out, tag::nchw), pd.diff_src_desc(), false);
+      e.scratchpad = pd.scratchpad_desc();
+      e.implementation = pd.impl_info_str();
+      e.primitive = dnnl::convolution_backward_data(pd);
+    } else {
+      const dnnl::convolution_backward_weights::primitive_desc pd(
+          dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, x_any,
+                                                   w_any, y_any, strides, dil, pl, pr),
+          attr, engine, fwd_pd);
+      e.in0 = operand(x_user, pd.src_desc(), true);
+      e.in1 = operand(y_user, pd.diff_dst_desc(), true);
+      e.out = operand(md(wd, dt::f32, wtag), pd.diff_weights_desc(), false);
+      e.scratchpad = pd.scratchpad_desc();
+      e.implementation = pd.impl_info_str();
+      e.primitive = dnnl::convolution_backward_weights(pd);
+    }
+    return convs.emplace(k, std::move(e)).first->second;
   }
 
   /// Part p's stream and scratch, made on first use.
@@ -238,7 +353,7 @@ bool onednn_product(const cpu_context& ctx, std::size_t batch, std::size_t M, st
                     std::size_t K, strided_operand<const bfloat16> a,
                     strided_operand<const bfloat16> b, TC* c, std::int64_t c_batch,
                     std::int64_t ldc, const TBias* bias, bool direct, Finish&& finish) {
-  if (!onednn_has_bf16_products()) return false;
+  if (!onednn_has_bf16_products() || K == 0) return false;  // K == 0: the exact kernel's zeros
   if (batch == 0 || M == 0 || N == 0) return true;
   onednn_state& st = onednn_of(ctx);
   direct = direct && onednn_io_type_v<TC> && (bias == nullptr || onednn_io_type_v<TBias>);
@@ -298,7 +413,7 @@ bool onednn_product(const cpu_context& ctx, std::size_t batch, std::size_t M, st
         args.emplace(DNNL_ARG_BIAS,
                      dnnl::memory(e.bias, st.engine, const_cast<TBias*>(bias + j0)));
       }
-      omp_threads::instance().single([&] {
+      omp_threads::instance().with(1, [&] {
         e.primitive.execute(*part.stream, args);
         part.stream->wait();
       });
@@ -316,6 +431,142 @@ bool onednn_product(const cpu_context& ctx, std::size_t batch, std::size_t M, st
       }
     }
   });
+  return true;
+}
+
+/// Runs a convolution pass with bfloat16 operands through oneDNN. `key` describes the whole
+/// batch (its n, kind, out_type and bias are used as given); in0, in1 and out are in
+/// precis's layouts (NCHW images, [co, c / groups, kh, kw] weights): forward x, w -> y,
+/// backward_data dy, w -> dx, backward_weights x, dy -> dw. Images are split over the
+/// context's threads when there are at least as many as threads (each part one
+/// single-threaded call; weight gradients are float partial sums per part, added in part
+/// order); fewer images run as one call on oneDNN's threads, as many as the context's.
+/// `out` is written directly when `direct` (its type is key.out_type); otherwise float
+/// values go to finish(first element, count, values). False, having written nothing, where
+/// the CPU has no bfloat16 dot-product instructions or oneDNN offers only its reference
+/// implementation.
+template <class TOut, class Finish>
+bool onednn_conv(const cpu_context& ctx, onednn_conv_key key, const bfloat16* in0,
+                 const bfloat16* in1, const float* bias, TOut* out, bool direct, Finish&& finish) {
+  if (!onednn_has_bf16_products()) return false;
+  // Empty sums and empty tensors: the exact kernel writes their zeros.
+  if (key.n == 0 || key.c == 0 || key.co == 0 || key.h == 0 || key.w == 0) return false;
+  onednn_state& st = onednn_of(ctx);
+  const bool weights = key.kind == onednn_conv_kind::backward_weights;
+  const std::size_t threads = ctx.thread_count();
+  const std::size_t n = std::size_t(key.n);
+  const std::size_t parts = threads > 1 && n >= threads ? threads : 1;
+  const std::size_t chunk = (n + parts - 1) / parts;
+  const std::size_t used = (n + chunk - 1) / chunk;  // parts with at least one image
+  const auto entry_for = [&](std::size_t images) -> const onednn_conv_entry& {
+    onednn_conv_key k = key;
+    k.n = std::int64_t(images);
+    return st.conv(k);
+  };
+  const onednn_conv_entry& first = entry_for(std::min(chunk, n));
+  const std::size_t tail = n - (used - 1) * chunk;
+  const onednn_conv_entry& last = tail == chunk ? first : entry_for(tail);
+  if (first.implementation.rfind("ref", 0) == 0 || last.implementation.rfind("ref", 0) == 0) {
+    return false;
+  }
+  {
+    const std::lock_guard lock(st.m);
+    st.last_implementation = first.implementation;
+  }
+  // Elements per image of x and y, and of the whole weight tensor.
+  const std::size_t x_image = std::size_t(key.c * key.h * key.w);
+  const std::size_t y_image = std::size_t(key.co * key.ho * key.wo);
+  const std::size_t w_size = std::size_t(key.co * (key.c / key.groups) * key.kh * key.kw);
+  const std::size_t in0_image = key.kind == onednn_conv_kind::backward_data ? y_image : x_image;
+  const std::size_t out_image = key.kind == onednn_conv_kind::forward ? y_image : x_image;
+  const int omp = parts > 1 ? 1 : int(threads);
+
+  // The weights of a forward or backward-data pass are the same for every part: reordered
+  // once, on all the context's threads, into the state's shared buffer.
+  std::optional<dnnl::memory> shared_weights;
+  if (!weights && !first.in1.same && first.in1.prim == last.in1.prim) {
+    onednn_part& p0 = st.part(0);
+    const std::lock_guard lock(p0.busy);
+    dnnl::memory u(first.in1.user, st.engine, const_cast<bfloat16*>(in1));
+    shared_weights.emplace(first.in1.prim, st.engine, st.shared_weights.get(first.in1.prim.get_size()));
+    omp_threads::instance().with(int(threads), [&] {
+      first.in1.reorder.execute(*p0.stream, u, *shared_weights);
+      p0.stream->wait();
+    });
+  }
+
+  const auto run = [&](std::size_t p) {
+    const std::size_t b0 = p * chunk, images = std::min(chunk, n - b0);
+    const onednn_conv_entry& e = images == chunk ? first : last;
+    onednn_part& part = st.part(p);
+    const std::lock_guard lock(part.busy);
+    dnnl::stream& s = *part.stream;
+    // An input in the primitive's layout: the user's memory, or a reordered copy.
+    const auto input = [&](const onednn_operand& o, const bfloat16* user, scratch_bytes& buf) {
+      dnnl::memory u(o.user, st.engine, const_cast<bfloat16*>(user));
+      if (o.same) return u;
+      dnnl::memory m(o.prim, st.engine, buf.get(o.prim.get_size()));
+      o.reorder.execute(s, u, m);
+      return m;
+    };
+    // Where the output goes in precis's layout: y or dx itself, or float values kept in
+    // the part for finish() or for the sum of the weight gradients' parts.
+    const bool to_caller = direct && !weights;
+    void* user_out = to_caller ? static_cast<void*>(out + b0 * out_image)
+                               : part.results.get(e.out.user.get_size());
+    omp_threads::instance().with(omp, [&] {
+      const dnnl::memory a = input(e.in0, in0 + b0 * in0_image, part.in0);
+      const dnnl::memory b = shared_weights ? *shared_weights
+                                            : input(e.in1, weights ? in1 + b0 * y_image : in1, part.in1);
+      dnnl::memory o(e.out.prim, st.engine,
+                           e.out.same ? user_out : part.out.get(e.out.prim.get_size()));
+      std::unordered_map<int, dnnl::memory> args{
+          {DNNL_ARG_SCRATCHPAD,
+           dnnl::memory(e.scratchpad, st.engine, part.scratchpad.get(e.scratchpad.get_size()))}};
+      if (key.kind == onednn_conv_kind::forward) {
+        args.emplace(DNNL_ARG_SRC, a);
+        args.emplace(DNNL_ARG_WEIGHTS, b);
+        args.emplace(DNNL_ARG_DST, o);
+        if (key.bias) {
+          args.emplace(DNNL_ARG_BIAS, dnnl::memory(e.bias, st.engine, const_cast<float*>(bias)));
+        }
+      } else if (key.kind == onednn_conv_kind::backward_data) {
+        args.emplace(DNNL_ARG_DIFF_DST, a);
+        args.emplace(DNNL_ARG_WEIGHTS, b);
+        args.emplace(DNNL_ARG_DIFF_SRC, o);
+      } else {
+        args.emplace(DNNL_ARG_SRC, a);
+        args.emplace(DNNL_ARG_DIFF_DST, b);
+        args.emplace(DNNL_ARG_DIFF_WEIGHTS, o);
+      }
+      e.primitive.execute(s, args);
+      if (!e.out.same) {
+        dnnl::memory u(e.out.user, st.engine, user_out);
+        e.out.reorder.execute(s, o, u);
+      }
+      s.wait();
+    });
+    if (!to_caller && !weights) {
+      finish(b0 * out_image, images * out_image, static_cast<const float*>(user_out));
+    }
+  };
+  parallel_for(ctx, used, 1, [&](std::size_t p0, std::size_t p1) {
+    for (std::size_t p = p0; p < p1; ++p) run(p);
+  });
+  if (weights) {
+    // The parts' float gradients, added in part order into part 0's, then finished.
+    float* sum = static_cast<float*>(st.part(0).results.get(w_size * sizeof(float)));
+    std::vector<const float*> partial(used);
+    for (std::size_t p = 1; p < used; ++p) {
+      partial[p] = static_cast<const float*>(st.part(p).results.get(w_size * sizeof(float)));
+    }
+    parallel_for(ctx, w_size, std::size_t(1) << 14, [&](std::size_t b, std::size_t e) {
+      for (std::size_t p = 1; p < used; ++p) {
+        for (std::size_t i = b; i < e; ++i) sum[i] += partial[p][i];
+      }
+      finish(b, e - b, sum + b);
+    });
+  }
   return true;
 }
 
