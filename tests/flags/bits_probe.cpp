@@ -2,9 +2,8 @@
 // different compilers and flags (-march=native or not, -ffp-contract=fast). Each build
 // prints one line per result: a name and a 64-bit hash of the result's bits.
 // compare_bits.cmake requires the lines to be identical between the builds, except:
-// - lines named "open:...": results known to depend on the flags today (g++ contracts the
-//   norms' products and sums into FMAs under -march=native; README, "Same bits under any
-//   flags"); their agreement is printed, not required;
+// - lines named "open:...": results known to depend on the flags today (README, "Same bits
+//   under any flags"); their agreement is printed, not required;
 // - the line "fma 0/1" says whether the build's gemm engine runs its FMA kernels.
 #include <precis/nn/shape.hpp>
 #include <precis/precis.hpp>
@@ -138,7 +137,47 @@ void kernels() {
     h.add_all(y);
     h.add_all(mean);
     h.add_all(rstd);
-    print("open:layer_norm", h);
+    const auto dy = tensor_of<bfloat16, 2>({8, 300}, 0, 10);
+    host_tensor<float, 2> dx(x.shape());
+    host_tensor<float, 1> dg(std::array<std::size_t, 1>{300}), db(std::array<std::size_t, 1>{300});
+    layer_norm_backward<P>(ctx, dy, x, g, mean, rstd, dx, dg, db);
+    h.add_all(dx);
+    h.add_all(dg);
+    h.add_all(db);
+    print("layer_norm", h);
+  }
+  {
+    // The SIMD math (GELU, sigmoid, exp) and long rows (5003 columns: several blocks of
+    // the row sums, a tail), forward and backward.
+    using F = presets::fp32;
+    const auto z = tensor_of<float, 2>({4, 5003}, 3, 8), dz = tensor_of<float, 2>({4, 5003}, 0, 9);
+    host_tensor<float, 2> y(z.shape()), d(z.shape());
+    hasher h;
+    gelu<F>(ctx, z, y);
+    h.add_all(y);
+    gelu_backward<F>(ctx, dz, z, y);
+    h.add_all(y);
+    sigmoid<F>(ctx, z, y);
+    h.add_all(y);
+    sigmoid_backward<F>(ctx, dz, z, y);
+    h.add_all(y);
+    softmax<F>(ctx, z, y);
+    h.add_all(y);
+    softmax_backward<F>(ctx, dz, y, d);
+    h.add_all(d);
+    log_softmax<F>(ctx, z, y);
+    h.add_all(y);
+    log_softmax_backward<F>(ctx, dz, y, d);
+    h.add_all(d);
+    host_tensor<float, 1> lse(std::array<std::size_t, 1>{4});
+    logsumexp<F>(ctx, z, lse);
+    h.add_all(lse);
+    host_tensor<std::int32_t, 1> t(std::array<std::size_t, 1>{4});
+    for (std::size_t r = 0; r < 4; ++r) t(r) = std::int32_t(r * 1000);
+    h.add(float(cross_entropy<F>(ctx, z, t)));
+    cross_entropy_backward<F>(ctx, z, t, d);
+    h.add_all(d);
+    print("simd_math_and_long_rows", h);
   }
   {
     const auto f = tensor_of<float, 1>({4096}, 7, 6);

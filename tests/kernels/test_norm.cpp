@@ -7,7 +7,10 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <random>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -328,4 +331,42 @@ TEST_CASE("norms are bit-identical for 1 and 2 threads") {
   precis::batch_norm_backward<P>(cpu_context{2}, x4, x4, g4, s1, t1, c, e2, f2);
   CHECK(same_bits(a, c));
   CHECK(same_bits(e1, e2));
+}
+
+TEST_CASE("layer norm over long rows is as accurate as PyTorch's float32") {
+  // PyTorch 2.15's float32 layer_norm error (max |y - ref| / max |ref| against float64;
+  // rows of N(0, 4^2), gamma and beta N(0, 1); bench/row_accuracy.py), by row length.
+  const std::pair<std::size_t, double> torch_fp32[] = {
+      {1024, 9.29e-08}, {4096, 1.04e-07}, {16384, 1.07e-07}, {50257, 1.30e-07}};
+  using P = precis::presets::fp32;
+  const precis::cpu_context ctx{2};
+  std::normal_distribution<float> d(0.0F, 1.0F);
+  for (const auto& [n, torch_error] : torch_fp32) {
+    INFO("columns: " << n);
+    auto x = precis::host_tensor<float, 2>::from_shape({16, n});
+    auto gamma = precis::host_tensor<float, 1>::from_shape({n});
+    auto beta = gamma;
+    for (auto& v : x) v = 4.0F * d(precis_test::rng());
+    for (auto& v : gamma) v = d(precis_test::rng());
+    for (auto& v : beta) v = d(precis_test::rng());
+    auto ref = precis::host_tensor<double, 2>::from_shape({16, n});
+    for (std::size_t r = 0; r < 16; ++r) {
+      double mu = 0, var = 0;
+      for (std::size_t j = 0; j < n; ++j) mu += double(x(r, j));
+      mu /= double(n);
+      for (std::size_t j = 0; j < n; ++j) var += (double(x(r, j)) - mu) * (double(x(r, j)) - mu);
+      const double rs = 1 / std::sqrt(var / double(n) + 1e-5);
+      for (std::size_t j = 0; j < n; ++j) {
+        ref(r, j) = (double(x(r, j)) - mu) * rs * double(gamma(j)) + double(beta(j));
+      }
+    }
+    auto y = precis::host_tensor<float, 2>::from_shape({16, n});
+    auto mean = precis::host_tensor<float, 1>::from_shape({16});
+    auto rstd = mean;
+    precis::layer_norm<P>(ctx, x, gamma, beta, y, mean, rstd);
+    const double e = precis_test::rel_error(y, ref);
+    MESSAGE("n = " << n << ": layer norm " << e << " (torch " << torch_error << ")");
+    // Two float ulps of the largest output is the floor of the float arithmetic here.
+    CHECK(e <= std::max(torch_error, std::ldexp(1.0, -22)));
+  }
 }

@@ -4,8 +4,10 @@
 // Semantics (op::elementwise under the policy): inputs of different element types meet in
 // the widest of them and the policy's compute type (precis::promote_t), arithmetic runs in
 // its opmath type (float for the narrow formats, double for double), and each output
-// element is rounded once to its tensor's element type. The transcendental functions are
-// std::erf/std::exp/std::tanh of that opmath type. Backward kernels take the forward input
+// element is rounded once to its tensor's element type. In float, GELU (exact, erf form)
+// and sigmoid and their gradients run on SIMD vectors (kernels/cpu/vec_math.hpp: within a
+// few ulps, tails included, the same bits under every build flag); tanh, the tanh GELU
+// and double math use std::tanh/std::exp/std::erf. Backward kernels take the forward input
 // x, not the forward output: the output was rounded to storage (8 significant bits in
 // bfloat16), and recomputing from x costs one function call per element.
 //
@@ -16,6 +18,7 @@
 #include <precis/kernels/common.hpp>
 #include <precis/kernels/context.hpp>
 #include <precis/kernels/cpu/support.hpp>
+#include <precis/kernels/cpu/vec_math.hpp>
 #include <precis/tensor/host_tensor.hpp>
 
 #include <algorithm>
@@ -24,6 +27,7 @@
 #include <numbers>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace precis {
@@ -150,6 +154,27 @@ struct tanh_grad_fn {
   }
 };
 
+/// The float SIMD form of an elementwise functor (kernels/cpu/vec_math.hpp), where there
+/// is one: `apply` takes and returns vmath::vf (the backward forms take dy and x).
+template <template <class> class Fn>
+struct vector_form : std::false_type {};
+template <>
+struct vector_form<gelu_erf_fn> : std::true_type {
+  static vmath::vf apply(vmath::vf x) { return vmath::gelu(x); }
+};
+template <>
+struct vector_form<gelu_erf_grad_fn> : std::true_type {
+  static vmath::vf apply(vmath::vf dy, vmath::vf x) { return vmath::gelu_grad(dy, x); }
+};
+template <>
+struct vector_form<sigmoid_fn> : std::true_type {
+  static vmath::vf apply(vmath::vf x) { return vmath::sigmoid(x); }
+};
+template <>
+struct vector_form<sigmoid_grad_fn> : std::true_type {
+  static vmath::vf apply(vmath::vf dy, vmath::vf x) { return vmath::sigmoid_grad(dy, x); }
+};
+
 /// y = f(x) elementwise.
 template <Policy P, template <class> class Fn, kernel_element X, kernel_element Y, std::size_t N>
 void unary(std::string_view name, const cpu_context& ctx, const host_tensor<X, N>& x,
@@ -158,8 +183,12 @@ void unary(std::string_view name, const cpu_context& ctx, const host_tensor<X, N
   check_shape(std::string(name) + ": y", y, shape_array<N>(x));
   map_blocks<M>(ctx, element_count(x), y.data(),
                 [](std::size_t, std::size_t len, M* r, const M* v) {
-                  const Fn<M> f{};
-                  for (std::size_t i = 0; i < len; ++i) r[i] = f(v[i]);
+                  if constexpr (std::is_same_v<M, float> && vector_form<Fn>::value) {
+                    vmath::map(v, r, len, [](vmath::vf a) { return vector_form<Fn>::apply(a); });
+                  } else {
+                    const Fn<M> f{};
+                    for (std::size_t i = 0; i < len; ++i) r[i] = f(v[i]);
+                  }
                 },
                 x.data());
 }
@@ -174,8 +203,13 @@ void unary_backward(std::string_view name, const cpu_context& ctx, const host_te
   check_shape(std::string(name) + ": dx", dx, shape_array<N>(x));
   map_blocks<M>(ctx, element_count(x), dx.data(),
                 [](std::size_t, std::size_t len, M* r, const M* g, const M* v) {
-                  const Fn<M> f{};
-                  for (std::size_t i = 0; i < len; ++i) r[i] = f(g[i], v[i]);
+                  if constexpr (std::is_same_v<M, float> && vector_form<Fn>::value) {
+                    vmath::map2(g, v, r, len,
+                                [](vmath::vf a, vmath::vf b) { return vector_form<Fn>::apply(a, b); });
+                  } else {
+                    const Fn<M> f{};
+                    for (std::size_t i = 0; i < len; ++i) r[i] = f(g[i], v[i]);
+                  }
                 },
                 dy.data(), x.data());
 }

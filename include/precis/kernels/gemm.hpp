@@ -171,14 +171,18 @@ struct gemm_writer {
       TC* out = c + i * ldc + j0 + s;
       for (std::size_t j = 0; j < len; ++j) v[j] = alpha * acc[s + j];
       if (beta != 0.0F) {
+        // beta * C is rounded before it is added (never fused, whatever the build flags).
         load_block(out, t, len);
-        for (std::size_t j = 0; j < len; ++j) v[j] += beta * t[j];
+        const vmath::vf bv = vmath::splat(beta);
+        vmath::map2(v, t, v, len, [bv](vmath::vf a, vmath::vf prior) { return a + vmath::product(bv, prior); });
       }
       if (bias != nullptr) {
         load_block(bias + j0 + s, t, len);
         for (std::size_t j = 0; j < len; ++j) v[j] += t[j];
       }
-      if (epilogue != gemm_epilogue::none) {
+      if (epilogue == gemm_epilogue::gelu) {
+        vmath::map(v, v, len, [](vmath::vf a) { return vmath::gelu(a); });
+      } else if (epilogue != gemm_epilogue::none) {
         for (std::size_t j = 0; j < len; ++j) v[j] = apply_epilogue(epilogue, v[j]);
       }
       store_row(v, out, len);

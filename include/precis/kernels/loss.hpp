@@ -3,8 +3,9 @@
 //
 // Semantics (op::loss: by default compute and accumulate in at least float): every loss
 // is a mean (over the batch for cross-entropy, over all elements for the others), its
-// terms computed in the math type and summed by one running sum in the accumulate type,
-// in element order, then divided once. The loss comes back as float (double where the
+// terms computed in the math type and summed in the accumulate type (float: blocked sums,
+// as kernels/cpu/vec_math.hpp's row_sum, accurate for long rows and large maps; other
+// types one running sum in element order), then divided once. The loss comes back as float (double where the
 // compute type or an input is double). Terms may be computed on several threads, the sum
 // never is, so results are identical for any thread count.
 //
@@ -31,7 +32,8 @@ namespace precis {
 
 namespace detail {
 
-/// The sum over i in [0, n) of term(i), kept in Acc in index order; the terms of each
+/// The sum over i in [0, n) of term(i), kept in Acc in index order (float: each chunk of
+/// 65536 terms summed as vmath::row_sum does, the chunks in order); the terms of each
 /// chunk are computed on the context's threads first.
 template <class M, class Acc, class F>
 M sum_terms(const cpu_context& ctx, std::size_t n, F term) {
@@ -43,7 +45,11 @@ M sum_terms(const cpu_context& ctx, std::size_t n, F term) {
     parallel_for(ctx, len, elements_per_thread / 4, [&](std::size_t b, std::size_t e) {
       for (std::size_t i = b; i < e; ++i) buf[i] = term(base + i);
     });
-    for (std::size_t i = 0; i < len; ++i) accumulate(acc, buf[i]);
+    if constexpr (std::is_same_v<M, float> && std::is_same_v<Acc, float>) {
+      accumulate(acc, vmath::row_sum(buf.data(), len));  // chunks: blocked, then in order
+    } else {
+      for (std::size_t i = 0; i < len; ++i) accumulate(acc, buf[i]);
+    }
   }
   return static_cast<M>(acc.value());
 }

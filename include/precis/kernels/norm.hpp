@@ -3,8 +3,10 @@
 //
 // Semantics (op::layer_norm, op::batch_norm: by default compute and accumulate in at least
 // float): means and variances are two-pass (the mean first, then the sum of squared
-// deviations, which does not cancel catastrophically as E[x^2] - E[x]^2 does), each sum one
-// running sum in the accumulate type; the saved statistics (mean and 1/sqrt(var + eps),
+// deviations, which does not cancel catastrophically as E[x^2] - E[x]^2 does); float sums
+// (the default) are vmath's blocked row sums (16 partial sums per 1024 elements, blocks
+// added pairwise: accurate for long rows, the same bits under every build flag, no product
+// fused into a sum), other accumulate types one running sum; the saved statistics (mean and 1/sqrt(var + eps),
 // for the backward pass) and the running statistics are float or double tensors, never a
 // narrow format; each output element is rounded once. Work is split over rows (layer norm)
 // or channels (batch norm), never inside one sum, so results are identical for any thread
@@ -14,6 +16,7 @@
 #include <precis/kernels/common.hpp>
 #include <precis/kernels/context.hpp>
 #include <precis/kernels/cpu/support.hpp>
+#include <precis/kernels/cpu/vec_math.hpp>
 #include <precis/tensor/host_tensor.hpp>
 
 #include <algorithm>
@@ -38,15 +41,45 @@ inline void check_eps(std::string_view name, double eps) {
                  "must be finite and >= 0, is " + std::to_string(eps));
 }
 
-/// Mean and biased variance of n values, two-pass, each sum kept in Acc.
+/// Mean and biased variance of n values, two-pass, each sum kept in Acc (float: vmath's
+/// blocked row sums, products never fused into them).
 template <class Acc, class M>
 std::pair<M, M> mean_and_variance(const M* v, std::size_t n) {
+  if constexpr (std::is_same_v<M, float> && std::is_same_v<Acc, float>) {
+    using vmath::vf;
+    const float mu = vmath::row_sum(v, n) / static_cast<float>(n);
+    const vf muv = vmath::splat(mu);
+    const float var = vmath::row_sum(v, n, [muv](vf a) {
+                        const vf d = a - muv;
+                        return vmath::product(d, d);
+                      }) / static_cast<float>(n);
+    return {mu, var};
+  }
   accumulator<Acc> s;
   for (std::size_t j = 0; j < n; ++j) accumulate(s, v[j]);
   const M mean = static_cast<M>(s.value()) / static_cast<M>(n);
   accumulator<Acc> q;
   for (std::size_t j = 0; j < n; ++j) accumulate(q, (v[j] - mean) * (v[j] - mean));
   return {mean, static_cast<M>(q.value()) / static_cast<M>(n)};
+}
+
+/// True when rows run on the vectorised float path (float math and sums).
+template <class M, class Acc>
+inline constexpr bool vector_norm_v = std::is_same_v<M, float> && std::is_same_v<Acc, float>;
+
+/// One row of layer norm in float, in place: mean and biased variance (two passes) as
+/// vmath row sums, then ((x - mean) rstd) gamma + beta, no product fused into a sum.
+/// Returns {mean, rstd}.
+inline std::pair<float, float> vector_layer_norm_row(float* v, const float* gamma,
+                                                     const float* beta, std::size_t n, float eps) {
+  using vmath::vf;
+  const auto [mu, var] = mean_and_variance<float>(v, n);
+  const float rs = 1.0F / std::sqrt(var + eps);
+  const vf muv = vmath::splat(mu), rsv = vmath::splat(rs);
+  vmath::map3(v, gamma, beta, v, n, [muv, rsv](vf a, vf g, vf b) {
+    return vmath::product(vmath::product(a - muv, rsv), g) + b;
+  });
+  return {mu, rs};
 }
 
 /// x viewed as [batch, channels, inner] (inner: the product of the axes after the second).
@@ -101,6 +134,13 @@ void layer_norm(const cpu_context& ctx, const host_tensor<X, N>& x, const host_t
     std::vector<M> v(cols);
     for (std::size_t r = begin; r < end; ++r) {
       detail::load_block(x.data() + r * cols, v.data(), cols);
+      if constexpr (detail::vector_norm_v<M, Acc>) {
+        const auto [mu, rs] = detail::vector_layer_norm_row(v.data(), g.data(), bt.data(), cols, e);
+        detail::store_block(v.data(), y.data() + r * cols, cols);
+        mean.data()[r] = static_cast<S>(mu);
+        rstd.data()[r] = static_cast<S>(rs);
+        continue;
+      }
       const auto [mu, var] = detail::mean_and_variance<Acc>(v.data(), cols);
       const M rs = M(1) / std::sqrt(var + e);
       for (std::size_t j = 0; j < cols; ++j) v[j] = (v[j] - mu) * rs * g[j] + bt[j];
@@ -141,6 +181,20 @@ void layer_norm_backward(const cpu_context& ctx, const host_tensor<DY, N>& dy, c
       detail::load_block(x.data() + r * cols, v.data(), cols);
       detail::load_block(dy.data() + r * cols, g.data(), cols);
       const M mu = static_cast<M>(mean.data()[r]), rs = static_cast<M>(rstd.data()[r]);
+      if constexpr (detail::vector_norm_v<M, Acc>) {
+        using detail::vmath::vf;
+        namespace vm = detail::vmath;
+        const vf muv = vm::splat(mu), rsv = vm::splat(rs);
+        vm::map(v.data(), v.data(), cols, [muv, rsv](vf a) { return vm::product(a - muv, rsv); });
+        vm::map2(g.data(), gm.data(), g.data(), cols, [](vf a, vf b) { return a * b; });
+        const vf a = vm::splat(vm::row_sum(g.data(), cols) / static_cast<float>(cols));
+        const vf b = vm::splat(vm::row_dot(g.data(), v.data(), cols) / static_cast<float>(cols));
+        vm::map2(g.data(), v.data(), v.data(), cols, [a, b, rsv](vf gj, vf xh) {
+          return rsv * ((gj - a) - vm::product(xh, b));
+        });
+        detail::store_block(v.data(), dx.data() + r * cols, cols);
+        continue;
+      }
       accumulator<Acc> sg, sgx;
       for (std::size_t j = 0; j < cols; ++j) {
         v[j] = (v[j] - mu) * rs;  // xhat
@@ -154,9 +208,35 @@ void layer_norm_backward(const cpu_context& ctx, const host_tensor<DY, N>& dy, c
       detail::store_block(v.data(), dx.data() + r * cols, cols);
     }
   });
-  // dgamma and dbeta: column sums, columns shared among threads, each summed in row order.
+  // dgamma and dbeta: column sums, columns shared among threads, each summed in row order
+  // (products never fused into the sums, so the bits do not depend on -ffp-contract).
   const std::size_t per_thread =
       std::max<std::size_t>(1, detail::elements_per_thread / std::max<std::size_t>(1, rows));
+  if constexpr (detail::vector_norm_v<M, Acc>) {
+    namespace vm = detail::vmath;
+    detail::parallel_for(ctx, cols, per_thread, [&](std::size_t begin, std::size_t end) {
+      for (std::size_t j0 = begin; j0 < end; j0 += vm::lanes) {
+        const std::size_t len = std::min(vm::lanes, end - j0);
+        vm::vf ag{}, ab{};
+        float tg[vm::lanes] = {}, tx[vm::lanes] = {};
+        for (std::size_t r = 0; r < rows; ++r) {
+          detail::load_block(dy.data() + r * cols + j0, tg, len);
+          detail::load_block(x.data() + r * cols + j0, tx, len);
+          const vm::vf gy = vm::load(tg);
+          const vm::vf xh = vm::product(vm::load(tx) - vm::splat(float(mean.data()[r])),
+                                        vm::splat(float(rstd.data()[r])));
+          ag += vm::product(gy, xh);
+          ab += gy;
+        }
+        float sg[vm::lanes], sb[vm::lanes];
+        vm::store(sg, ag);
+        vm::store(sb, ab);
+        detail::store_block(sg, dgamma.data() + j0, len);
+        detail::store_block(sb, dbeta.data() + j0, len);
+      }
+    });
+    return;
+  }
   detail::parallel_for(ctx, cols, per_thread, [&](std::size_t begin, std::size_t end) {
     std::vector<accumulator<Acc>> ag(end - begin), ab(end - begin);
     for (std::size_t r = 0; r < rows; ++r) {

@@ -1,0 +1,112 @@
+// precis's side of the comparison with PyTorch on the same CPU (bench/torch_kernels.py runs
+// both and writes bench/results/cpu/torch_kernels.csv): gemm, conv2d on the ResNet-18
+// layers, softmax, layer norm and GELU, in bfloat16 (bf16_mixed: hardware products where
+// precis::onednn is linked) and float (fp32), timed best-of-N after a warm-up on a context
+// with the given thread count. One CSV line per measurement on standard output:
+//
+//   kernel,shape,dtype,threads,ms
+//
+// Shapes: gemm "MxNxK" (A M x K, B K x N, C in the input type), conv2d
+// "n<N>_c<C>_h<H>_co<Co>_k<K>_s<stride>_p<pad>" (square H x H images and K x K kernels,
+// output in the input type), row kernels "RxC" over the last axis (output in the input
+// type; layer norm with gamma and beta, statistics in float).
+//
+//   bench_torch_kernels --threads N [--quick]
+#include <precis/kernels/conv.hpp>
+#include <precis/kernels/elementwise.hpp>
+#include <precis/kernels/gemm.hpp>
+#include <precis/kernels/norm.hpp>
+#include <precis/kernels/softmax.hpp>
+
+#include "common.hpp"
+#include "resnet18.hpp"
+
+#include <cstdio>
+#include <random>
+#include <string>
+
+namespace {
+
+template <class T, std::size_t N>
+precis::host_tensor<T, N> random_tensor(std::array<std::size_t, N> shape, std::mt19937& g) {
+  std::uniform_real_distribution<float> u(-1.0F, 1.0F);
+  auto t = precis::host_tensor<T, N>::from_shape(shape);
+  for (auto& v : t) v = T(u(g));
+  return t;
+}
+
+void report(const std::string& kernel, const std::string& shape, const char* dtype,
+            unsigned threads, double ms) {
+  std::printf("%s,%s,%s,%u,%.5f\n", kernel.c_str(), shape.c_str(), dtype, threads, ms);
+  std::fflush(stdout);
+}
+
+template <class T, class P>
+void run_all(const precis::cpu_context& ctx, const char* dtype, bool quick, std::mt19937& g) {
+  const unsigned threads = ctx.thread_count();
+  const int reps = quick ? 3 : 10;
+  for (std::size_t n : {256, 512, 1024, 2048}) {
+    if (quick && n > 512) break;
+    const auto a = random_tensor<T, 2>({n, n}, g), b = random_tensor<T, 2>({n, n}, g);
+    auto c = precis::host_tensor<T, 2>::from_shape({n, n});
+    const double ms = precis_bench::best_ms([&] { precis::gemm<P>(ctx, a, b, c); }, reps);
+    report("gemm", std::to_string(n) + "x" + std::to_string(n) + "x" + std::to_string(n), dtype,
+           threads, ms);
+  }
+  for (const auto& l : precis_bench::resnet18_layers) {
+    const std::size_t batch = 2, ho = l.out();
+    precis::conv2d_params p;
+    p.stride = {l.s, l.s};
+    p.padding = {l.p, l.p};
+    const auto x = random_tensor<T, 4>({batch, l.c, l.h, l.h}, g);
+    const auto w = random_tensor<T, 4>({l.co, l.c, l.k, l.k}, g);
+    auto y = precis::host_tensor<T, 4>::from_shape({batch, l.co, ho, ho});
+    const double ms = precis_bench::best_ms([&] { precis::conv2d<P>(ctx, x, w, y, p); }, reps);
+    report("conv2d",
+           "n" + std::to_string(batch) + "_c" + std::to_string(l.c) + "_h" + std::to_string(l.h) +
+               "_co" + std::to_string(l.co) + "_k" + std::to_string(l.k) + "_s" +
+               std::to_string(l.s) + "_p" + std::to_string(l.p),
+           dtype, threads, ms);
+    if (quick) break;
+  }
+  const std::size_t rows = quick ? 64 : 1024, cols = 4096;
+  const std::string rc = std::to_string(rows) + "x" + std::to_string(cols);
+  const auto x = random_tensor<T, 2>({rows, cols}, g);
+  auto y = precis::host_tensor<T, 2>::from_shape({rows, cols});
+  report("softmax", rc, dtype, threads,
+         precis_bench::best_ms([&] { precis::softmax<P>(ctx, x, y); }, reps));
+  const auto gamma = random_tensor<T, 1>({cols}, g), beta = random_tensor<T, 1>({cols}, g);
+  auto mean = precis::host_tensor<float, 1>::from_shape({rows});
+  auto rstd = precis::host_tensor<float, 1>::from_shape({rows});
+  report("layer_norm", rc, dtype, threads,
+         precis_bench::best_ms([&] { precis::layer_norm<P>(ctx, x, gamma, beta, y, mean, rstd); },
+                               reps));
+  report("gelu", rc, dtype, threads,
+         precis_bench::best_ms([&] { precis::gelu<P>(ctx, x, y); }, reps));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  unsigned threads = 1;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--threads" && i + 1 < argc) {
+      threads = unsigned(std::stoul(argv[++i]));
+    } else if (arg == "--quick") {
+      quick = true;
+    } else {
+      std::fprintf(stderr, "usage: bench_torch_kernels --threads N [--quick]\n");
+      return 2;
+    }
+  }
+  // The machine on standard error: standard output is the CSV.
+  std::fprintf(stderr, "CPU: %s; precis kernels compiled for %s; hardware products: %s\n",
+               precis_bench::cpu_model().c_str(), precis_bench::simd_name(),
+               precis::cpu_products_engine().c_str());
+  const precis::cpu_context ctx{threads};
+  std::mt19937 g(11);
+  run_all<precis::bfloat16, precis::presets::bf16_mixed>(ctx, "bfloat16", quick, g);
+  run_all<float, precis::presets::fp32>(ctx, "float32", quick, g);
+}

@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""precis's CPU kernels against PyTorch's on the same CPU, same shapes, same thread count.
+
+Runs bench_torch_kernels (precis's side) for each thread count, times the same operation in
+PyTorch (from PyPI, in a virtual environment: never a dependency of precis) the same way
+(warm-up of at least 50 ms, then best of N), and writes one CSV row per kernel, shape,
+dtype and thread count:
+
+    kernel,shape,dtype,threads,precis_ms,torch_ms,ratio,cpu,isa
+
+ratio = torch_ms / precis_ms: above 1, precis is faster. For conv2d PyTorch runs NCHW and
+channels-last and its faster time is kept (its best layout). `isa` is what precis's kernels
+were compiled for and the engine of bf16_mixed's hardware products.
+
+    python3 -m venv /tmp/torchenv && /tmp/torchenv/bin/pip install torch numpy
+    /tmp/torchenv/bin/python bench/torch_kernels.py \\
+        --precis build/gcc/bench/bench_torch_kernels --csv bench/results/cpu/torch_kernels.csv
+"""
+import argparse
+import csv
+import re
+import subprocess
+import sys
+import time
+
+
+def best_ms(f, reps):
+    """As precis_bench::best_ms: settle, warm up for 50 ms, then the best of reps calls."""
+    time.sleep(0.3)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 0.05:
+        f()
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        f()
+        best = min(best, time.perf_counter() - t)
+    return best * 1e3
+
+
+def torch_time(torch, kernel, shape, dtype, reps):
+    F = torch.nn.functional
+    dt = {"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
+    g = torch.Generator().manual_seed(11)
+
+    def rand(*s):
+        return (torch.rand(*s, generator=g) * 2 - 1).to(dt)
+
+    with torch.no_grad():
+        if kernel == "gemm":
+            m, n, k = (int(v) for v in shape.split("x"))
+            a, b = rand(m, k), rand(k, n)
+            return best_ms(lambda: torch.mm(a, b), reps)
+        if kernel == "conv2d":
+            d = {k: int(v) for k, v in re.findall(r"([a-z]+)(\d+)", shape)}
+            x = rand(d["n"], d["c"], d["h"], d["h"])
+            w = rand(d["co"], d["c"], d["k"], d["k"])
+            nchw = best_ms(lambda: F.conv2d(x, w, stride=d["s"], padding=d["p"]), reps)
+            xl = x.contiguous(memory_format=torch.channels_last)
+            wl = w.contiguous(memory_format=torch.channels_last)
+            last = best_ms(lambda: F.conv2d(xl, wl, stride=d["s"], padding=d["p"]), reps)
+            return min(nchw, last)
+        r, c = (int(v) for v in shape.split("x"))
+        x = rand(r, c)
+        if kernel == "softmax":
+            return best_ms(lambda: torch.softmax(x, -1), reps)
+        if kernel == "layer_norm":
+            gamma, beta = rand(c), rand(c)
+            return best_ms(lambda: F.layer_norm(x, (c,), gamma, beta), reps)
+        if kernel == "gelu":
+            return best_ms(lambda: F.gelu(x), reps)
+    raise ValueError(f"unknown kernel {kernel}")
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--precis", required=True, help="path of the bench_torch_kernels executable")
+    ap.add_argument("--csv", help="where to write the CSV (default: print only)")
+    ap.add_argument("--threads", default="1,2", help="thread counts, comma-separated")
+    ap.add_argument("--quick", action="store_true", help="a few small shapes only")
+    ap.add_argument("--reps", type=int, default=10)
+    args = ap.parse_args()
+    import torch  # after argument parsing: --help works without torch
+
+    rows = []
+    isa_line = ""
+    for threads in (int(t) for t in args.threads.split(",")):
+        cmd = [args.precis, "--threads", str(threads)] + (["--quick"] if args.quick else [])
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        if run.returncode != 0:
+            sys.exit(f"{' '.join(cmd)} failed ({run.returncode}):\n{run.stderr}")
+        isa_line = run.stderr.strip()
+        torch.set_num_threads(threads)
+        for line in run.stdout.splitlines():
+            kernel, shape, dtype, t, precis_ms = line.split(",")
+            torch_ms = torch_time(torch, kernel, shape, dtype, args.reps)
+            rows.append([kernel, shape, dtype, t, float(precis_ms), torch_ms])
+            print(f"{kernel:10} {shape:32} {dtype:8} threads {t}: precis {float(precis_ms):9.4f} ms"
+                  f"  torch {torch_ms:9.4f} ms  torch/precis {torch_ms / float(precis_ms):5.2f}",
+                  flush=True)
+    # "CPU: ...; precis kernels compiled for X; hardware products: Y" from precis's side.
+    m = re.search(r"compiled for (.*?); hardware products: (.*)$", isa_line)
+    isa = f"precis {m.group(1)}; products {m.group(2)}" if m else isa_line
+    cpu = cpu_model()
+    print(f"CPU: {cpu}; {isa}; torch {torch.__version__}")
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["kernel", "shape", "dtype", "threads", "precis_ms", "torch_ms", "ratio",
+                        "cpu", "isa"])
+            for k, s, d, t, p, q in rows:
+                w.writerow([k, s, d, t, f"{p:.4f}", f"{q:.4f}", f"{q / p:.3f}", cpu, isa])
+        print(f"wrote {args.csv}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,377 @@
+// precis/kernels/cpu/vec_math.hpp: float math on SIMD vectors for the host kernels (exp,
+// the normal CDF behind GELU, sigmoid, and sums of long rows). Private to precis
+// (namespace precis::detail::vmath).
+//
+// Why written here: no scalar libm call per element in a hot loop, and the same bits under
+// every build flag and on every target. The vectors are GCC/Clang vector extensions of the
+// target's width (16 floats with AVX-512, 8 with AVX, 4 otherwise), and every function is
+// lane-wise: a lane's result does not depend on the width. A product that feeds an
+// addition is passed through `product()`, which the compiler cannot fuse into an FMA
+// (-ffp-contract=fast would otherwise fuse some and not others, by target and compiler),
+// so the operations are the same on every target. Sums over a row use 16 partial sums
+// whatever the width (see row_sum), so they too are the same bits everywhere.
+//
+// Accuracy (tests/kernels/test_vec_math.cpp checks every bfloat16 and float16 input and
+// random floats against float64): exp within 1 ulp; the normal CDF Phi and GELU within a
+// few ulps over the whole range, tails included (computed from a scaled erfc, not from
+// 1 + erf, which cancels), and a few multiples of the smallest subnormal where the result
+// is subnormal (x < -13); sigmoid within 2 ulps, its gradient within 4.
+#pragma once
+
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+// Vectors wider than the target's registers are never passed between translation units.
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+
+namespace precis::detail::vmath {
+
+#if defined(__AVX512F__)
+inline constexpr std::size_t lanes = 16;
+#elif defined(__AVX__)
+inline constexpr std::size_t lanes = 8;
+#else
+inline constexpr std::size_t lanes = 4;
+#endif
+
+using vf = float __attribute__((vector_size(lanes * sizeof(float))));
+using vi = std::int32_t __attribute__((vector_size(lanes * sizeof(float))));
+
+inline vf splat(float v) { return vf{} + v; }
+inline vi splat_i(std::int32_t v) { return vi{} + v; }
+
+/// a * b, rounded, never fused with what it is added to.
+inline vf product(vf a, vf b) {
+  vf p = a * b;
+#if defined(__x86_64__) || defined(__i386__)
+  asm("" : "+v"(p));
+#elif defined(__aarch64__)
+  asm("" : "+w"(p));
+#else
+  volatile vf q = p;
+  p = q;
+#endif
+  return p;
+}
+
+/// m ? a : b lane-wise (m: all ones or all zeros per lane, as comparisons give).
+inline vf select(vi m, vf a, vf b) { return (vf)(((vi)a & m) | ((vi)b & ~m)); }
+
+inline vf abs(vf x) { return (vf)((vi)x & splat_i(0x7FFFFFFF)); }
+inline vf min(vf a, vf b) { return select(a < b, a, b); }  // b where a is NaN
+inline vf max(vf a, vf b) { return select(a > b, a, b); }
+
+inline vf load(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
+
+/// 2^n for integral n (as floats) in [-126, 127].
+inline vf pow2(vf n) {
+  return (vf)((__builtin_convertvector(n, vi) + 127) << 23);
+}
+
+/// exp(a + b) split for scaling: exp(a + b) = p 2^n with p in [0.7, 1.42] and n integral
+/// (as a float), for |b| small beside |a| or both small. The sum a + b is never rounded
+/// before the range reduction, so exp(-x^2 / 2) can be computed from an exact -x^2 / 2 =
+/// a + b. Cody and Waite's reduction: a + b = n ln 2 + r with |r| <= ln 2 / 2 (ln 2 in two
+/// parts, the first with 10 significant bits so that n ln2_hi is exact), then e^r from its
+/// Taylor polynomial to r^7 (the remainder is below 0.12 ulp). Arguments are clamped to
+/// [-150, 89], beyond which exp, even times a factor up to 2^40 (see scale2), underflows
+/// to 0 or overflows.
+struct exp_parts {
+  vf p, n;
+};
+inline exp_parts exp_reduce(vf a, vf b) {
+  const vf x = a + b;
+  const vf xc = min(max(x, splat(-150.0F)), splat(89.0F));
+  const vf magic = splat(12582912.0F);  // 1.5 * 2^23: adding it rounds to an integer
+  const vf n = (product(xc, splat(1.44269502F)) + magic) - magic;
+  const vf ln2_hi = splat(0.693359375F), ln2_lo = splat(-2.12194440e-4F);
+  // For clamped lanes a and b no longer matter: their results are inf or 0 anyway.
+  const vi clamped = (x != xc);
+  const vf ac = select(clamped, xc, a), bc = select(clamped, splat(0.0F), b);
+  const vf r = ((ac - product(n, ln2_hi)) + bc) - product(n, ln2_lo);
+  vf q = splat(1.0F / 5040);
+  q = product(q, r) + splat(1.0F / 720);
+  q = product(q, r) + splat(1.0F / 120);
+  q = product(q, r) + splat(1.0F / 24);
+  q = product(q, r) + splat(1.0F / 6);
+  q = product(q, r) + splat(0.5F);
+  return {splat(1.0F) + (r + product(product(r, r), q)), n};
+}
+
+/// v 2^n, rounded once: 2^n = 2^n1 2^n2 with n1 = floor(n / 2), both factors normal for n
+/// in [-217, 128], the first product exact for |v| in the normal range. A factor m of an
+/// exp (v = m p) is thus applied before a subnormal result is rounded.
+inline vf scale2(vf v, vf n) {
+  const vi ni = __builtin_convertvector(n, vi);
+  const vi n1 = ni >> 1;
+  const vf s1 = (vf)((n1 + 127) << 23), s2 = (vf)((ni - n1 + 127) << 23);
+  return product(v, s1) * s2;
+}
+
+/// exp(x), within 1 ulp; NaN stays NaN, +inf gives inf, -inf 0.
+inline vf exp(vf x) {
+  const exp_parts e = exp_reduce(x, vf{});
+  return select(x != x, x, scale2(e.p, e.n));
+}
+
+/// -x^2 / 2 as an exact sum a + b (b's rounding is far below a's ulp): x is split into a
+/// 12-bit high part and the rest, whose products are exact in float (Dekker's splitting).
+inline void minus_half_square(vf x, vf& a, vf& b) {
+  const vf xh = (vf)((vi)x & splat_i(std::int32_t(0xFFFFF000U)));
+  const vf xl = x - xh;
+  a = product(xh, xh) * splat(-0.5F);
+  b = -(product(xh, xl) + product(product(xl, xl), splat(0.5F)));
+}
+
+/// log(erfc(z) e^(z^2) / t) with t = 2 / (2 + z), z >= 0, as u Q(u) with u = 1 - t =
+/// z / (2 + z) in [0, 1): Q a degree-11 least-squares fit on Chebyshev nodes (the fit's
+/// error below 1e-9; evaluated in float, 1.6e-7 absolute at most, exactly 0 at z = 0);
+/// tests/data/vec_math/fit_erfc.py makes these coefficients and measures that error.
+inline vf log_scaled_erfc(vf u) {
+  constexpr float c[] = {-0x1.41baeap+0F, -0x1.36844ep-2F, 0x1.4ac20ap-3F,  0x1.89d8c8p-3F,
+                         0x1.fe2726p-5F,  -0x1.52b0e8p-4F, -0x1.eb1702p-5F, 0x1.61c6ecp-4F,
+                         -0x1.bdd374p-2F, 0x1.7ae82ap-1F,  -0x1.ec76e2p-2F, 0x1.c64a7ap-4F};
+  vf q = splat(c[11]);
+  for (int i = 10; i >= 0; --i) q = product(q, u) + splat(c[i]);
+  return product(q, u);
+}
+
+/// m erfc(|x| / sqrt 2) / 2 for every x, rounded once at the end: m t exp(-x^2 / 2 +
+/// log_scaled_erfc(u)) / 2 with -x^2 / 2 exact (the rounding of |x| / sqrt 2 reaches only
+/// t and u, where the derivatives are small). |x| is capped at 20 (erfc(14) underflows).
+inline vf half_erfc_scaled(vf x, vf m) {
+  const vf ax = min(abs(x), splat(20.0F));
+  const vf z = product(ax, splat(0.707106769F));
+  const vf d = splat(2.0F) + z;
+  const vf t = splat(2.0F) / d, u = z / d;
+  vf a, b;
+  minus_half_square(ax, a, b);
+  const exp_parts e = exp_reduce(a, b + log_scaled_erfc(u));
+  return scale2(product(e.p, product(product(t, splat(0.5F)), m)), e.n);
+}
+
+/// The standard normal CDF Phi(x) = erfc(-x / sqrt 2) / 2, from erfc on both sides (no
+/// 1 + erf cancellation in the lower tail).
+inline vf normal_cdf(vf x) {
+  const vf half_e = half_erfc_scaled(x, splat(1.0F));
+  const vf cdf = select(x < splat(0.0F), half_e, splat(1.0F) - half_e);
+  return select(x != x, x, cdf);
+}
+
+/// GELU x Phi(x) (PyTorch's default, approximate='none'). Below 0 the factor x is applied
+/// before the exp's last rounding, so subnormal results are rounded once. As the formula
+/// does in any float type: gelu(inf) = inf, gelu(-inf) = -inf * 0 = NaN, NaN stays NaN.
+inline vf gelu(vf x) {
+  const vf xc = max(x, splat(-20.0F));
+  const vf upper = x * (splat(1.0F) - half_erfc_scaled(x, splat(1.0F)));
+  const vf lower = select(x == splat(-__builtin_inff()), x * splat(0.0F), half_erfc_scaled(x, xc));
+  return select(x != x, x, select(x < splat(0.0F), lower, upper));
+}
+
+/// dy d/dx (x Phi(x)) = dy (Phi(x) + x phi(x)), phi(x) = exp(-x^2 / 2) / sqrt(2 pi); NaN
+/// at x = +-inf (inf * 0, as the formula gives) and for NaN.
+inline vf gelu_grad(vf dy, vf x) {
+  const vf ax = min(abs(x), splat(20.0F));
+  vf a, b;
+  minus_half_square(ax, a, b);
+  const exp_parts e = exp_reduce(a, b);
+  const vf x_pdf = scale2(product(e.p, product(max(x, splat(-20.0F)), splat(0.398942292F))), e.n);
+  const vf half_e = half_erfc_scaled(x, splat(1.0F));
+  const vf cdf = select(x < splat(0.0F), half_e, splat(1.0F) - half_e);
+  const vi finite = abs(x) < splat(__builtin_inff());  // false for inf and NaN
+  return dy * select(finite, cdf + x_pdf, x * splat(0.0F));
+}
+
+/// 1 / (1 + exp(-x)), as e / (1 + e) with e = exp(x) for x < 0: exp(-x) would overflow
+/// there (x < -88.7) while the result is still a nonzero subnormal.
+inline vf sigmoid(vf x) {
+  const vf e = exp(-abs(x));
+  const vf d = splat(1.0F) + e;
+  return select(x < splat(0.0F), e / d, splat(1.0F) / d);
+}
+
+/// dy sigmoid'(x) = dy e / (1 + e)^2 with e = exp(-|x|) (even in x; no 1 - s cancellation).
+inline vf sigmoid_grad(vf dy, vf x) {
+  const vf e = exp(-abs(x));
+  const vf d = splat(1.0F) + e;
+  return dy * (e / product(d, d));
+}
+
+/// Applies f (vf -> vf) to n floats, in place allowed; a tail shorter than a vector goes
+/// through a zero-padded vector.
+template <class F>
+void map(const float* in, float* out, std::size_t n, F f) {
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) store(out + i, f(load(in + i)));
+  if (i < n) {
+    float buf[lanes] = {};
+    std::memcpy(buf, in + i, (n - i) * sizeof(float));
+    store(buf, f(load(buf)));
+    std::memcpy(out + i, buf, (n - i) * sizeof(float));
+  }
+}
+
+/// As map, for f(a, b).
+template <class F>
+void map2(const float* a, const float* b, float* out, std::size_t n, F f) {
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) store(out + i, f(load(a + i), load(b + i)));
+  if (i < n) {
+    float ba[lanes] = {}, bb[lanes] = {};
+    std::memcpy(ba, a + i, (n - i) * sizeof(float));
+    std::memcpy(bb, b + i, (n - i) * sizeof(float));
+    store(ba, f(load(ba), load(bb)));
+    std::memcpy(out + i, ba, (n - i) * sizeof(float));
+  }
+}
+
+/// a * b for scalars, never fused with what it is added to (as the vector form).
+inline float product(float a, float b) {
+  float p = a * b;
+#if defined(__x86_64__) || defined(__i386__)
+  asm("" : "+x"(p));
+#elif defined(__aarch64__)
+  asm("" : "+w"(p));
+#else
+  volatile float q = p;
+  p = q;
+#endif
+  return p;
+}
+
+/// The lanes-wide vector of x[i], x[i + 1], ... with zeros from x[n] on.
+inline vf load_padded(const float* x, std::size_t i, std::size_t n) {
+  if (i + lanes <= n) return load(x + i);
+  float buf[lanes] = {};
+  std::memcpy(buf, x + i, (n - i) * sizeof(float));
+  return load(buf);
+}
+
+/// Lanes from position n - i on set to 0 (the tail of a row).
+inline vf zero_past(vf v, std::size_t i, std::size_t n) {
+  if (i + lanes <= n) return v;
+  float buf[lanes];
+  store(buf, v);
+  for (std::size_t j = n - i; j < lanes; ++j) buf[j] = 0.0F;
+  return load(buf);
+}
+
+/// The largest element of a row of n >= 1 floats; NaN if the row holds one.
+inline float row_max(const float* x, std::size_t n) {
+  vf m = splat(-__builtin_inff());
+  vi nan = {};
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const vf v = load(x + i);
+    nan |= (v != v);
+    m = max(v, m);
+  }
+  float part[lanes];
+  store(part, m);
+  float best = part[0];
+  for (std::size_t j = 1; j < lanes; ++j) best = part[j] > best ? part[j] : best;
+  bool any_nan = false;
+  for (std::size_t j = 0; j < lanes; ++j) any_nan = any_nan || nan[j] != 0;
+  for (; i < n; ++i) {
+    any_nan = any_nan || x[i] != x[i];
+    best = x[i] > best ? x[i] : best;
+  }
+  return any_nan ? __builtin_nanf("") : best;
+}
+
+/// Elements per block of a row sum: each of the 16 partial sums takes 64 terms of a block.
+inline constexpr std::size_t sum_block = 1024;
+
+/// The sum over [0, len), len <= sum_block, of the values f(i) gives for the lanes-wide
+/// vectors starting at i (zero past len): 16 partial sums (element i goes to partial
+/// i % 16) added pairwise at the end, the same operations for every vector width.
+template <class F>
+float block_sum(std::size_t len, F f) {
+  constexpr std::size_t k = 16 / lanes;  // vectors per 16 floats
+  vf acc[k] = {};
+  for (std::size_t i = 0; i < len; i += 16) {
+    for (std::size_t v = 0; v < k; ++v) {
+      if (i + v * lanes < len) acc[v] += f(i + v * lanes);
+    }
+  }
+  float part[16];
+  for (std::size_t v = 0; v < k; ++v) store(part + v * lanes, acc[v]);
+  for (std::size_t w = 8; w >= 1; w /= 2) {
+    for (std::size_t j = 0; j < w; ++j) part[j] += part[j + w];
+  }
+  return part[0];
+}
+
+/// The float sum over a row of n elements of the vectors f(i) (elements i .. i + lanes - 1,
+/// zero past n), accurate for long rows: blocks of sum_block elements summed by block_sum,
+/// the block sums added pairwise (a binary counter), so the error grows with
+/// log2(n / 1024) rather than with n. The same bits for every vector width and start
+/// address; a row is never split between threads.
+template <class F>
+float row_sum_of(std::size_t n, F f) {
+  float level[64];  // level[j]: the pending sum of 2^j blocks
+  std::uint64_t count = 0;
+  for (std::size_t b = 0; b < n; b += sum_block) {
+    const std::size_t len = std::min(sum_block, n - b);
+    float s = block_sum(len, [&](std::size_t i) { return f(b + i); });
+    std::size_t j = 0;
+    for (std::uint64_t c = count; c & 1U; c >>= 1, ++j) s = level[j] + s;
+    level[j] = s;
+    ++count;
+  }
+  float total = 0.0F;
+  bool any = false;
+  for (std::size_t j = 0; j < 64; ++j) {
+    if ((count >> j) & 1U) {
+      total = any ? level[j] + total : level[j];
+      any = true;
+    }
+  }
+  return total;
+}
+
+/// The sum of g(x[i]) over a row of n floats (g maps a vector to a vector; lanes past n
+/// add nothing, whatever g(0) is).
+template <class G>
+float row_sum(const float* x, std::size_t n, G g) {
+  return row_sum_of(n, [&](std::size_t i) { return zero_past(g(load_padded(x, i, n)), i, n); });
+}
+
+/// The plain sum of a row of n floats.
+inline float row_sum(const float* x, std::size_t n) {
+  return row_sum_of(n, [&](std::size_t i) { return load_padded(x, i, n); });
+}
+
+/// The sum of a[i] * b[i] over a row (each product rounded, then summed as row_sum does).
+inline float row_dot(const float* a, const float* b, std::size_t n) {
+  return row_sum_of(n, [&](std::size_t i) { return product(load_padded(a, i, n), load_padded(b, i, n)); });
+}
+
+/// out[i] = f(a[i], b[i], c[i]) over n floats (in place allowed).
+template <class F>
+void map3(const float* a, const float* b, const float* c, float* out, std::size_t n, F f) {
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) store(out + i, f(load(a + i), load(b + i), load(c + i)));
+  if (i < n) {
+    float r[lanes];
+    store(r, f(load_padded(a, i, n), load_padded(b, i, n), load_padded(c, i, n)));
+    std::memcpy(out + i, r, (n - i) * sizeof(float));
+  }
+}
+
+}  // namespace precis::detail::vmath
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif

@@ -1,0 +1,175 @@
+// The vectorised float math of the host kernels (kernels/cpu/vec_math.hpp) against
+// float64: every bfloat16 and every float16 value as input, and a million random floats
+// over each function's range. Errors are in float ulps of the reference (for a gradient
+// that crosses zero, ulps of the sum of its terms' magnitudes, since the cancellation
+// there is the function's, not the kernel's); where the reference is subnormal in float,
+// in units of the smallest subnormal (2^-149), counted separately. The bounds are what the
+// functions are documented to reach; the measured maxima are printed.
+#include <precis/kernels/cpu/vec_math.hpp>
+#include <precis/numeric/numeric.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numbers>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace vm = precis::detail::vmath;
+
+/// The spacing of floats at |r| (subnormal spacing below the normal range).
+double float_ulp(double r) {
+  const double a = std::abs(r);
+  if (a < std::ldexp(1.0, -126)) return std::ldexp(1.0, -149);
+  int e = 0;
+  std::frexp(a, &e);  // a = m 2^e, m in [0.5, 1)
+  return std::ldexp(1.0, e - 24);
+}
+
+/// Every input the tests run: all bfloat16 and float16 values (NaN and infinities
+/// included) and a million uniform floats in [lo, hi].
+std::vector<float> inputs(float lo, float hi) {
+  std::vector<float> xs;
+  for (std::uint32_t b = 0; b < 65536; ++b) {
+    xs.push_back(float(precis::bfloat16::from_bits(std::uint16_t(b))));
+    xs.push_back(float(precis::float16::from_bits(std::uint16_t(b))));
+  }
+  std::mt19937 g(2024);
+  std::uniform_real_distribution<float> u(lo, hi);
+  for (int i = 0; i < 1000000; ++i) xs.push_back(u(g));
+  return xs;
+}
+
+/// The largest errors of f over xs: in ulps of scale(x, ref) where that is a normal float,
+/// and in units of 2^-149 where it is subnormal; NaN must match NaN, and infinities and
+/// exact zeros of the reference must come out exactly.
+struct errors {
+  double ulps = 0, subnormal = 0;
+  std::string worst, worst_subnormal;
+};
+
+template <class F, class Ref, class Scale>
+errors measure(const std::vector<float>& xs, F f, Ref ref, Scale scale) {
+  std::vector<float> ys(xs.size());
+  vm::map(xs.data(), ys.data(), xs.size(), f);
+  errors out;
+  double& most = out.ulps;
+  std::string& worst = out.worst;
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const double r = ref(double(xs[i]));
+    const double y = double(ys[i]);
+    if (std::isnan(r) || std::isnan(y)) {
+      if (std::isnan(r) != std::isnan(y)) {
+        most = std::numeric_limits<double>::infinity();
+        worst = "x = " + std::to_string(xs[i]) + ": NaN mismatch";
+      }
+      continue;
+    }
+    if (std::isinf(r) || std::isinf(y) || r == 0) {
+      // Overflow to infinity and exact zeros: the float reference decides.
+      const double want = double(float(r));
+      if (y != want) {
+        most = std::numeric_limits<double>::infinity();
+        worst = "x = " + std::to_string(xs[i]) + ": got " + std::to_string(y);
+      }
+      continue;
+    }
+    const double sc = std::abs(scale(double(xs[i]), r));
+    const double err = std::abs(y - r) / float_ulp(sc);
+    const bool sub = sc < std::ldexp(1.0, -126);
+    if (err > (sub ? out.subnormal : most)) {
+      (sub ? out.subnormal : most) = err;
+      (sub ? out.worst_subnormal : worst) =
+          "x = " + std::to_string(xs[i]) + " (" + std::to_string(y) + " vs " + std::to_string(r) + ")";
+    }
+  }
+  return out;
+}
+
+#define PRECIS_REPORT(name, e)                                                                 \
+  MESSAGE(name << ": max " << (e).ulps << " ulp at " << (e).worst << "; subnormal results: max " \
+               << (e).subnormal << " x 2^-149 at " << (e).worst_subnormal)
+
+const auto itself = [](double, double r) { return r; };
+
+double phi(double x) { return 0.5 * std::erfc(-x / std::numbers::sqrt2); }
+double pdf(double x) { return std::exp(-0.5 * x * x) / std::sqrt(2 * std::numbers::pi); }
+
+}  // namespace
+
+TEST_CASE("vectorised exp is within 1 ulp") {
+  const errors e = measure(inputs(-104.0F, 89.0F), [](vm::vf v) { return vm::exp(v); },
+                           [](double x) { return std::exp(x); }, itself);
+  PRECIS_REPORT("exp", e);
+  CHECK(e.ulps <= 1.0);
+  CHECK(e.subnormal <= 1.0);
+}
+
+TEST_CASE("vectorised normal CDF and GELU are within 6 ulps, tails included") {
+  const auto xs = inputs(-20.0F, 20.0F);
+  const errors c = measure(xs, [](vm::vf v) { return vm::normal_cdf(v); }, phi, itself);
+  PRECIS_REPORT("normal cdf", c);
+  CHECK(c.ulps <= 6.0);
+  CHECK(c.subnormal <= 4.0);
+  const errors g = measure(xs, [](vm::vf v) { return vm::gelu(v); },
+                           [](double x) { return x * phi(x); }, itself);
+  PRECIS_REPORT("gelu", g);
+  CHECK(g.ulps <= 6.0);
+  CHECK(g.subnormal <= 16.0);
+}
+
+TEST_CASE("vectorised GELU gradient is within 8 ulps of its terms") {
+  const auto xs = inputs(-20.0F, 20.0F);
+  const errors g = measure(
+      xs, [](vm::vf v) { return vm::gelu_grad(vm::splat(1.0F), v); },
+      [](double x) { return phi(x) + x * pdf(x); },
+      [](double x, double) { return std::abs(phi(x)) + std::abs(x * pdf(x)); });
+  PRECIS_REPORT("gelu grad", g);
+  CHECK(g.ulps <= 8.0);
+  CHECK(g.subnormal <= 16.0);
+}
+
+TEST_CASE("vectorised sigmoid is within 3 ulps, its gradient within 4") {
+  const auto xs = inputs(-100.0F, 100.0F);
+  const errors s = measure(xs, [](vm::vf v) { return vm::sigmoid(v); },
+                           [](double x) { return 1 / (1 + std::exp(-x)); }, itself);
+  PRECIS_REPORT("sigmoid", s);
+  CHECK(s.ulps <= 3.0);
+  CHECK(s.subnormal <= 2.0);
+  const errors d = measure(
+      xs, [](vm::vf v) { return vm::sigmoid_grad(vm::splat(1.0F), v); },
+      [](double x) {
+        const double e = std::exp(-std::abs(x));
+        return e / ((1 + e) * (1 + e));
+      },
+      itself);
+  PRECIS_REPORT("sigmoid grad", d);
+  CHECK(d.ulps <= 4.0);
+  CHECK(d.subnormal <= 4.0);
+}
+
+TEST_CASE("row sums of long rows stay accurate, and do not depend on where a row starts") {
+  std::mt19937 g(7);
+  std::uniform_real_distribution<float> u(0.0F, 1.0F);
+  for (std::size_t n : {1U, 15U, 16U, 17U, 1000U, 1024U, 1025U, 4096U, 16384U, 50257U, 1000003U}) {
+    std::vector<float> x(n + 1);
+    for (auto& v : x) v = u(g);
+    double ref = 0, mag = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      ref += double(x[i]);
+      mag += std::abs(double(x[i]));
+    }
+    const float s = vm::row_sum(x.data(), n);
+    INFO("n = " << n);
+    // A few float ulps of the sum's magnitude, whatever n (a plain loop loses ~sqrt(n)).
+    CHECK(std::abs(double(s) - ref) <= 4 * float_ulp(mag));
+    // The same row copied elsewhere (another alignment) sums to the same bits.
+    std::vector<float> y(x.begin(), x.begin() + std::ptrdiff_t(n));
+    CHECK(vm::row_sum(y.data(), n) == s);
+  }
+}
