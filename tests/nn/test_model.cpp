@@ -191,7 +191,7 @@ TEST_CASE("nn::build resolves every layer from the map: default, op overrides, l
   // Default only: bf16 storage everywhere; the norm computes in float by rule.
   using m1 = nn::model_t<bfloat16, 2, decltype(make_policy_map(bf{})), decltype(bp)>;
   using r1 = m1::root_type;
-  static_assert(std::is_same_v<r1, nn::sequence<nn::layer_norm_layer<norm, policy<bfloat16, float, float, float>, 2, cpu_context>,
+  static_assert(std::is_same_v<r1, nn::sequence<nn::layer_norm_layer<norm, policy<bfloat16, float, float, float, bfloat16, recipe::none, products::hardware>, 2, cpu_context>,
                                                 nn::linear_layer<fc1, bf, 2, cpu_context>,
                                                 nn::activation_layer<act, bf, nn::detail::gelu_kernel, 2, cpu_context>,
                                                 nn::linear_layer<fc2, bf, 2, cpu_context>>>);
@@ -201,7 +201,7 @@ TEST_CASE("nn::build resolves every layer from the map: default, op overrides, l
   using r2 = nn::model_t<bfloat16, 2, decltype(ops), decltype(bp)>::root_type;
   using cast_up = nn::cast_layer<bfloat16, float, bfloat16, float, 2, cpu_context>;
   using cast_down = nn::cast_layer<float, bfloat16, float, bfloat16, 2, cpu_context>;
-  static_assert(std::is_same_v<r2, nn::sequence<nn::layer_norm_layer<norm, policy<bfloat16, float, float, float>, 2, cpu_context>,
+  static_assert(std::is_same_v<r2, nn::sequence<nn::layer_norm_layer<norm, policy<bfloat16, float, float, float, bfloat16, recipe::none, products::hardware>, 2, cpu_context>,
                                                 nn::cast_in<cast_up, nn::linear_layer<fc1, f32, 2, cpu_context>>,
                                                 nn::cast_in<cast_down, nn::activation_layer<act, bf, nn::detail::gelu_kernel, 2, cpu_context>>,
                                                 nn::cast_in<cast_up, nn::linear_layer<fc2, f32, 2, cpu_context>>>>);
@@ -287,35 +287,35 @@ TEST_CASE("describe prints one row per layer with its path, resolved policy and 
   // (float), the products under the default; a cast sits before each change of type.
   const std::string expected =
       "path      kind        shape              layer  op           storage   compute   accumulate  master "
-      " gradient           fp8   from     waived                             notes                     para"
-      "ms  bytes\n"
+      " gradient           fp8   from     waived                             notes                         "
+      "               params  bytes\n"
       "mlp.norm  cast        bfloat16->float16  -      -            float16   -         -           -      "
-      " float16->bfloat16  -     build    -                                  inserted cast             0   "
-      "    -\n"
+      " float16->bfloat16  -     build    -                                  inserted cast                 "
+      "               0       -\n"
       "mlp.norm  layer_norm  4                  norm   layer_norm   float16   float16   float16     float  "
-      " float16            none  layer    fp32_operation,unscaled_gradients  -                         8   "
-      "    80 B\n"
+      " float16            none  layer    fp32_operation,unscaled_gradients  -                             "
+      "               8       80 B\n"
       "mlp.fc1   cast        float16->bfloat16  -      -            bfloat16  -         -           -      "
-      " bfloat16->float16  -     build    -                                  inserted cast             0   "
-      "    -\n"
+      " bfloat16->float16  -     build    -                                  inserted cast                 "
+      "               0       -\n"
       "mlp.fc1   linear      4->8               fc1    matmul       bfloat16  bfloat16  float       float  "
-      " bfloat16           none  default  -                                  -                         40  "
-      "    400 B\n"
+      " bfloat16           none  default  -                                  hardware products             "
+      "               40      400 B\n"
       "mlp.act   cast        bfloat16->float    -      -            float     -         -           -      "
-      " float->bfloat16    -     build    -                                  inserted cast             0   "
-      "    -\n"
+      " float->bfloat16    -     build    -                                  inserted cast                 "
+      "               0       -\n"
       "mlp.act   gelu        -                  act    elementwise  float     float     float       float  "
-      " float              none  op       -                                  -                         0   "
-      "    -\n"
+      " float              none  op       -                                  -                             "
+      "               0       -\n"
       "mlp.fc2   cast        float->bfloat16    -      -            bfloat16  -         -           -      "
-      " bfloat16->float    -     build    -                                  inserted cast             0   "
-      "    -\n"
+      " bfloat16->float    -     build    -                                  inserted cast                 "
+      "               0       -\n"
       "mlp.fc2   linear      8->4               fc2    matmul       bfloat16  bfloat16  float       float  "
-      " bfloat16           none  default  -                                  activations up to 200000  36  "
-      "    360 B\n"
+      " bfloat16           none  default  -                                  hardware products; activations"
+      " up to 200000  36      360 B\n"
       "total                                                                                               "
-      "                                                                                                84  "
-      "    840 B\n";
+      "                                                                                                    "
+      "               84      840 B\n";
   CHECK(t == expected);
   CHECK(m.parameter_count() == 84);
 }

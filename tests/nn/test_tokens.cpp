@@ -245,7 +245,7 @@ TEST_CASE("softmax over the last axis: backward matches central differences; flo
   auto m = nn::build<double, 3>(f64{}, nn::softmax());
   check_gradients(m, random_tensor<3>({2, 3, 5}, -3.0, 3.0));
   using bf = nn::model_t<bfloat16, 3, presets::bf16_mixed, decltype(nn::softmax())>::root_type;
-  static_assert(std::is_same_v<bf::policy_type, policy<bfloat16, float, float, float>>);
+  static_assert(std::is_same_v<bf::policy_type, policy<bfloat16, float, float, float, bfloat16, recipe::none, products::hardware>>);
   static_assert(std::is_same_v<bf::output_type, bfloat16>);
 }
 
@@ -322,7 +322,7 @@ TEST_CASE(
   using layer_t = nn::model_t<bfloat16, 3, decltype(map), decltype(bp)>::root_type;
   static_assert(std::is_same_v<layer_t::policy_type, presets::bf16_mixed>);
   static_assert(std::is_same_v<layer_t::scores_policy, presets::fp32>);
-  static_assert(std::is_same_v<layer_t::softmax_policy, policy<bfloat16, float, float, float>>);
+  static_assert(std::is_same_v<layer_t::softmax_policy, policy<bfloat16, float, float, float, bfloat16, recipe::none, products::hardware>>);
   static_assert(std::is_same_v<layer_t::context_policy::storage_type, float16>);
   static_assert(std::is_same_v<layer_t::input_type, bfloat16> &&
                 std::is_same_v<layer_t::output_type, float>);

@@ -81,7 +81,13 @@ static_assert(is_same_v<apply_rules_t<op::elementwise, presets::fp8_hybrid>,
                         policy<bfloat16, bfloat16, float, float, bfloat16, recipe::delayed>>);
 static_assert(is_same_v<apply_rules_t<op::conv, presets::fp8_hybrid>, presets::fp8_hybrid>);
 static_assert(is_same_v<apply_rules_t<op::reduction, presets::bf16_pure>,
-                        unsafe<policy<bfloat16, float, float, bfloat16>, rule::narrow_master>>);
+                        unsafe<policy<bfloat16, float, float, bfloat16, bfloat16, recipe::none,
+                                      products::hardware>,
+                               rule::narrow_master>>);
+// The products choice is kept by every kind (it only matters to matmul and conv).
+static_assert(is_same_v<apply_rules_t<op::softmax, presets::bf16_exact>::products_type, products::exact>);
+static_assert(is_same_v<apply_rules_t<op::conv, presets::bf16_mixed>::products_type, products::hardware>);
+static_assert(!Policy<policy<float, float, float, float, float, recipe::none, int>>);
 // Not promoted when taken as an explicit override.
 static_assert(is_same_v<apply_rules_t<op::softmax, presets::fp16_mixed, false>, presets::fp16_mixed>);
 
@@ -89,7 +95,7 @@ static_assert(is_same_v<apply_rules_t<op::softmax, presets::fp16_mixed, false>, 
 constexpr auto only_default = make_policy_map(presets::bf16_mixed{});
 static_assert(is_same_v<policy_for_t<encoder_mlp, decltype(only_default)>, presets::bf16_mixed>);
 static_assert(is_same_v<policy_for_t<attention_softmax, decltype(only_default)>,
-                        policy<bfloat16, float, float, float>>);
+                        policy<bfloat16, float, float, float, bfloat16, recipe::none, products::hardware>>);
 static_assert(resolution<encoder_mlp, decltype(only_default)>::source == policy_source::default_policy);
 
 // Operation-kind overrides only:

@@ -67,6 +67,29 @@ std::pair<M, M> mean_and_variance(const M* v, std::size_t n) {
 template <class M, class Acc>
 inline constexpr bool vector_norm_v = std::is_same_v<M, float> && std::is_same_v<Acc, float>;
 
+/// v = ((v - mu) rs) g + b over n values, in place (float: SIMD, no product fused into the
+/// sum, as in the other float paths).
+template <class M>
+void normalize_affine(M* v, std::size_t n, M mu, M rs, M g, M b) {
+  if constexpr (std::is_same_v<M, float>) {
+    using vmath::vf;
+    const vf muv = vmath::splat(mu), rsv = vmath::splat(rs), gv = vmath::splat(g), bv = vmath::splat(b);
+    vmath::map(v, v, n, [=](vf a) { return vmath::product(vmath::product(a - muv, rsv), gv) + bv; });
+  } else {
+    for (std::size_t i = 0; i < n; ++i) v[i] = (v[i] - mu) * rs * g + b;
+  }
+}
+
+/// (1 - momentum) running + momentum value, each product rounded before the sum.
+template <class M>
+M blend(M running, M value, M momentum) {
+  if constexpr (std::is_same_v<M, float>) {
+    return vmath::product(1.0F - momentum, running) + vmath::product(momentum, value);
+  } else {
+    return (M(1) - momentum) * running + momentum * value;
+  }
+}
+
 /// One row of layer norm in float, in place: mean and biased variance (two passes) as
 /// vmath row sums, then ((x - mean) rstd) gamma + beta, no product fused into a sum.
 /// Returns {mean, rstd}.
@@ -344,15 +367,15 @@ void batch_norm_train(const cpu_context& ctx, const host_tensor<X, N>& x, const 
       const auto [mu, var] = detail::mean_and_variance<Acc>(v.data(), count);
       const M rs = M(1) / std::sqrt(var + e);
       const M g = detail::load<M>(gamma.data()[c]), bt = detail::load<M>(beta.data()[c]);
-      for (auto& t : v) t = (t - mu) * rs * g + bt;
+      detail::normalize_affine(v.data(), count, mu, rs, g, bt);
       detail::scatter_channel(v.data(), d, c, y.data());
       save_mean.data()[c] = static_cast<S>(mu);
       save_rstd.data()[c] = static_cast<S>(rs);
       const M unbiased = var * static_cast<M>(count) / static_cast<M>(count - 1);
       running_mean.data()[c] =
-          static_cast<R>((M(1) - mom) * static_cast<M>(running_mean.data()[c]) + mom * mu);
+          static_cast<R>(detail::blend(static_cast<M>(running_mean.data()[c]), mu, mom));
       running_var.data()[c] =
-          static_cast<R>((M(1) - mom) * static_cast<M>(running_var.data()[c]) + mom * unbiased);
+          static_cast<R>(detail::blend(static_cast<M>(running_var.data()[c]), unbiased, mom));
     }
   });
 }
@@ -380,7 +403,7 @@ void batch_norm_infer(const cpu_context& ctx, const host_tensor<X, N>& x, const 
       const M rs = M(1) / std::sqrt(static_cast<M>(running_var.data()[c]) + e);
       const M g = detail::load<M>(gamma.data()[c]), bt = detail::load<M>(beta.data()[c]);
       detail::load_block(x.data() + bc * d[2], v.data(), d[2]);
-      for (auto& t : v) t = (t - mu) * rs * g + bt;
+      detail::normalize_affine(v.data(), d[2], mu, rs, g, bt);
       detail::store_block(v.data(), y.data() + bc * d[2], d[2]);
     }
   });
@@ -410,16 +433,30 @@ void batch_norm_backward(const cpu_context& ctx, const host_tensor<DY, N>& dy, c
       detail::gather_channel(x.data(), d, c, v.data());
       detail::gather_channel(dy.data(), d, c, g.data());
       const M mu = static_cast<M>(save_mean.data()[c]), rs = static_cast<M>(save_rstd.data()[c]);
-      accumulator<Acc> sdy, sdyx;
-      for (std::size_t i = 0; i < count; ++i) {
-        v[i] = (v[i] - mu) * rs;  // xhat
-        detail::accumulate(sdy, g[i]);
-        detail::accumulate(sdyx, g[i] * v[i]);
-      }
-      const M sum_dy = static_cast<M>(sdy.value()), sum_dyx = static_cast<M>(sdyx.value());
       const M k = detail::load<M>(gamma.data()[c]) * rs;
-      const M a = sum_dy / static_cast<M>(count), b = sum_dyx / static_cast<M>(count);
-      for (std::size_t i = 0; i < count; ++i) v[i] = k * (g[i] - a - v[i] * b);
+      M sum_dy, sum_dyx;
+      if constexpr (detail::vector_norm_v<M, Acc>) {
+        namespace vm = detail::vmath;
+        const vm::vf muv = vm::splat(mu), rsv = vm::splat(rs);
+        vm::map(v.data(), v.data(), count, [=](vm::vf a) { return vm::product(a - muv, rsv); });
+        sum_dy = vm::row_sum(g.data(), count);
+        sum_dyx = vm::row_dot(g.data(), v.data(), count);
+        const vm::vf av = vm::splat(sum_dy / static_cast<M>(count));
+        const vm::vf bv = vm::splat(sum_dyx / static_cast<M>(count)), kv = vm::splat(k);
+        vm::map2(g.data(), v.data(), v.data(), count,
+                 [=](vm::vf gi, vm::vf xh) { return kv * ((gi - av) - vm::product(xh, bv)); });
+      } else {
+        accumulator<Acc> sdy, sdyx;
+        for (std::size_t i = 0; i < count; ++i) {
+          v[i] = (v[i] - mu) * rs;  // xhat
+          detail::accumulate(sdy, g[i]);
+          detail::accumulate(sdyx, g[i] * v[i]);
+        }
+        sum_dy = static_cast<M>(sdy.value());
+        sum_dyx = static_cast<M>(sdyx.value());
+        const M a = sum_dy / static_cast<M>(count), b = sum_dyx / static_cast<M>(count);
+        for (std::size_t i = 0; i < count; ++i) v[i] = k * (g[i] - a - v[i] * b);
+      }
       detail::scatter_channel(v.data(), d, c, dx.data());
       dgamma.data()[c] = round_to<DG>(sum_dyx);
       dbeta.data()[c] = round_to<DB>(sum_dy);
