@@ -234,11 +234,11 @@ int main() {
 #else
   std::printf("fma 0\n");
 #endif
-  mlp<presets::bf16_mixed>("open:mlp_bf16", no_scaling{});
+  mlp<presets::bf16_mixed>("mlp_bf16", no_scaling{});
   mlp<presets::fp16_mixed>("open:mlp_fp16", dynamic_scaler({.init_scale = 4096.0f, .growth_factor = 1.5,
                                                        .backoff_factor = 0.6, .growth_interval = 3}));
   mlp<presets::fp32>("open:mlp_fp32", no_scaling{});
-  conv<presets::bf16_mixed>("open:conv_bf16");
+  conv<presets::bf16_mixed>("conv_bf16");
   conv<presets::fp32>("open:conv_fp32");
   kernels();
   optimizers_and_scaler();

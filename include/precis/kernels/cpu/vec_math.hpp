@@ -142,29 +142,42 @@ inline vf log_scaled_erfc(vf u) {
   constexpr float c[] = {-0x1.41baeap+0F, -0x1.36844ep-2F, 0x1.4ac20ap-3F,  0x1.89d8c8p-3F,
                          0x1.fe2726p-5F,  -0x1.52b0e8p-4F, -0x1.eb1702p-5F, 0x1.61c6ecp-4F,
                          -0x1.bdd374p-2F, 0x1.7ae82ap-1F,  -0x1.ec76e2p-2F, 0x1.c64a7ap-4F};
+  // Horner's rule, written out (a loop here is left rolled inside the callers).
   vf q = splat(c[11]);
-  for (int i = 10; i >= 0; --i) q = product(q, u) + splat(c[i]);
+  q = product(q, u) + splat(c[10]);
+  q = product(q, u) + splat(c[9]);
+  q = product(q, u) + splat(c[8]);
+  q = product(q, u) + splat(c[7]);
+  q = product(q, u) + splat(c[6]);
+  q = product(q, u) + splat(c[5]);
+  q = product(q, u) + splat(c[4]);
+  q = product(q, u) + splat(c[3]);
+  q = product(q, u) + splat(c[2]);
+  q = product(q, u) + splat(c[1]);
+  q = product(q, u) + splat(c[0]);
   return product(q, u);
 }
 
-/// m erfc(|x| / sqrt 2) / 2 for every x, rounded once at the end: m t exp(-x^2 / 2 +
-/// log_scaled_erfc(u)) / 2 with -x^2 / 2 exact (the rounding of |x| / sqrt 2 reaches only
-/// t and u, where the derivatives are small). |x| is capped at 20 (erfc(14) underflows).
-inline vf half_erfc_scaled(vf x, vf m) {
+/// erfc(|x| / sqrt 2) / 2 = t exp(-x^2 / 2 + log_scaled_erfc(u)) / 2 for every x, as
+/// exp parts (value = p 2^n, see scale2) so that a factor can be applied before the last
+/// rounding: -x^2 / 2 is exact (the rounding of |x| / sqrt 2 reaches only t and u, where
+/// the derivatives are small), |x| is capped at 20 (erfc(14) underflows float).
+inline exp_parts half_erfc(vf x) {
   const vf ax = min(abs(x), splat(20.0F));
   const vf z = product(ax, splat(0.707106769F));
-  const vf d = splat(2.0F) + z;
-  const vf t = splat(2.0F) / d, u = z / d;
+  const vf r = splat(1.0F) / (splat(2.0F) + z);  // t = 2r, u = 1 - t = z r
+  const vf u = product(z, r);
   vf a, b;
   minus_half_square(ax, a, b);
   const exp_parts e = exp_reduce(a, b + log_scaled_erfc(u));
-  return scale2(product(e.p, product(product(t, splat(0.5F)), m)), e.n);
+  return {product(e.p, r), e.n};  // t / 2 = r
 }
 
 /// The standard normal CDF Phi(x) = erfc(-x / sqrt 2) / 2, from erfc on both sides (no
 /// 1 + erf cancellation in the lower tail).
 inline vf normal_cdf(vf x) {
-  const vf half_e = half_erfc_scaled(x, splat(1.0F));
+  const exp_parts h = half_erfc(x);
+  const vf half_e = scale2(h.p, h.n);
   const vf cdf = select(x < splat(0.0F), half_e, splat(1.0F) - half_e);
   return select(x != x, x, cdf);
 }
@@ -173,9 +186,10 @@ inline vf normal_cdf(vf x) {
 /// before the exp's last rounding, so subnormal results are rounded once. As the formula
 /// does in any float type: gelu(inf) = inf, gelu(-inf) = -inf * 0 = NaN, NaN stays NaN.
 inline vf gelu(vf x) {
-  const vf xc = max(x, splat(-20.0F));
-  const vf upper = x * (splat(1.0F) - half_erfc_scaled(x, splat(1.0F)));
-  const vf lower = select(x == splat(-__builtin_inff()), x * splat(0.0F), half_erfc_scaled(x, xc));
+  const exp_parts h = half_erfc(x);
+  const vf upper = x * (splat(1.0F) - scale2(h.p, h.n));
+  const vf lower = select(x == splat(-__builtin_inff()), x * splat(0.0F),
+                          scale2(product(h.p, max(x, splat(-20.0F))), h.n));
   return select(x != x, x, select(x < splat(0.0F), lower, upper));
 }
 
@@ -187,8 +201,7 @@ inline vf gelu_grad(vf dy, vf x) {
   minus_half_square(ax, a, b);
   const exp_parts e = exp_reduce(a, b);
   const vf x_pdf = scale2(product(e.p, product(max(x, splat(-20.0F)), splat(0.398942292F))), e.n);
-  const vf half_e = half_erfc_scaled(x, splat(1.0F));
-  const vf cdf = select(x < splat(0.0F), half_e, splat(1.0F) - half_e);
+  const vf cdf = normal_cdf(x);
   const vi finite = abs(x) < splat(__builtin_inff());  // false for inf and NaN
   return dy * select(finite, cdf + x_pdf, x * splat(0.0F));
 }
@@ -271,21 +284,25 @@ inline vf zero_past(vf v, std::size_t i, std::size_t n) {
 inline float row_max(const float* x, std::size_t n) {
   vf m = splat(-__builtin_inff());
   vi nan = {};
-  std::size_t i = 0;
-  for (; i + lanes <= n; i += lanes) {
-    const vf v = load(x + i);
+  for (std::size_t i = 0; i < n; i += lanes) {
+    vf v;
+    if (i + lanes <= n) {
+      v = load(x + i);
+    } else {  // the tail, padded with -inf
+      float buf[lanes];
+      for (std::size_t j = 0; j < lanes; ++j) buf[j] = i + j < n ? x[i + j] : -__builtin_inff();
+      v = load(buf);
+    }
     nan |= (v != v);
     m = max(v, m);
   }
   float part[lanes];
   store(part, m);
   float best = part[0];
-  for (std::size_t j = 1; j < lanes; ++j) best = part[j] > best ? part[j] : best;
-  bool any_nan = false;
-  for (std::size_t j = 0; j < lanes; ++j) any_nan = any_nan || nan[j] != 0;
-  for (; i < n; ++i) {
-    any_nan = any_nan || x[i] != x[i];
-    best = x[i] > best ? x[i] : best;
+  bool any_nan = nan[0] != 0;
+  for (std::size_t j = 1; j < lanes; ++j) {
+    best = part[j] > best ? part[j] : best;
+    any_nan = any_nan || nan[j] != 0;
   }
   return any_nan ? __builtin_nanf("") : best;
 }
