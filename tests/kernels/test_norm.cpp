@@ -341,7 +341,9 @@ TEST_CASE("layer norm over long rows is as accurate as PyTorch's float32") {
   using P = precis::presets::fp32;
   const precis::cpu_context ctx{2};
   std::normal_distribution<float> d(0.0F, 1.0F);
-  for (const auto& [n, torch_error] : torch_fp32) {
+  for (const auto& entry : torch_fp32) {
+    const std::size_t n = entry.first;  // named variables: clang 14's INFO cannot capture bindings
+    const double torch_error = entry.second;
     INFO("columns: " << n);
     auto x = precis::host_tensor<float, 2>::from_shape({16, n});
     auto gamma = precis::host_tensor<float, 1>::from_shape({n});

@@ -274,6 +274,8 @@ TEST_CASE("long rows (up to a 50257-token vocabulary) are as accurate as PyTorch
     CHECK(e_sm <= std::max(t.softmax, 3 * ulp));
     CHECK(e_lsm <= std::max(t.log_softmax, ulp));
     CHECK(e_lse <= std::max(t.logsumexp, ulp));
-    CHECK(e_ce <= std::max(t.cross_entropy, ulp));
+    // Cross-entropy is a mean of differences lse - logit, each rounded at lse's scale,
+    // which can be several times the mean: four ulps.
+    CHECK(e_ce <= std::max(t.cross_entropy, 4 * ulp));
   }
 }

@@ -315,7 +315,8 @@ TEST_CASE("describe prints one row per layer with its path, resolved policy and 
       " up to 200000  36      360 B\n"
       "total                                                                                               "
       "                                                                                                    "
-      "               84      840 B\n";
+      "               84      840 B\n"
+      "hardware products run on: precis exact kernel (precis::onednn not linked)\n";
   CHECK(t == expected);
   CHECK(m.parameter_count() == 84);
 }

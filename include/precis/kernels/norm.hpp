@@ -4,7 +4,7 @@
 // Semantics (op::layer_norm, op::batch_norm: by default compute and accumulate in at least
 // float): means and variances are two-pass (the mean first, then the sum of squared
 // deviations, which does not cancel catastrophically as E[x^2] - E[x]^2 does); float sums
-// (the default) are vmath's blocked row sums (16 partial sums per 1024 elements, blocks
+// (the default) are vmath's blocked row sums (16 partial sums per 256 elements, blocks
 // added pairwise: accurate for long rows, the same bits under every build flag, no product
 // fused into a sum), other accumulate types one running sum; the saved statistics (mean and 1/sqrt(var + eps),
 // for the backward pass) and the running statistics are float or double tensors, never a

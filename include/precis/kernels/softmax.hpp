@@ -9,7 +9,7 @@
 // -inf from logsumexp.
 //
 // Float math and float sums (the default) run on SIMD vectors (kernels/cpu/vec_math.hpp):
-// exp within 1 ulp, and row sums in 16 partial sums per block of 1024 elements with the
+// exp within 1 ulp, and row sums in 16 partial sums per block of 256 elements with the
 // blocks added pairwise, so long rows (a 50257-token vocabulary) keep float accuracy; the
 // same bits under every build flag. Other types (double, or an `unsafe` accumulator
 // narrower than float) keep one running sum per row in the accumulate type.

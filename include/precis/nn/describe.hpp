@@ -2,6 +2,7 @@
 // precis::describe<Layers...>(map) (policy/describe.hpp): one row function serves both.
 #pragma once
 
+#include <precis/kernels/gemm.hpp>
 #include <precis/nn/build.hpp>
 #include <precis/policy/describe.hpp>
 
@@ -46,8 +47,9 @@ inline std::string byte_string(std::size_t bytes) {
 /// The model as a table: for each layer its path, kind and shape, then the policy columns of
 /// precis::describe (tag, operation kind, storage / compute / accumulate / master /
 /// gradient, float8 recipe, the map entry that decided it, waived rules, notes such as
-/// "fp32 by rule"), its parameter count and bytes; every cast build inserted, with the
-/// conversion it makes; then totals.
+/// "fp32 by rule" or "hardware products"), its parameter count and bytes; every cast build
+/// inserted, with the conversion it makes; then totals, and, when a layer uses hardware
+/// products, the engine that runs them here (precis::cpu_products_engine()).
 template <class Root, class Map>
 std::string describe(const model<Root, Map>& m) {
   std::vector<std::vector<std::string>> rows{{"path", "kind", "shape", "layer", "op", "storage", "compute",
@@ -110,7 +112,12 @@ std::string describe(const model<Root, Map>& m) {
   total[total.size() - 2] = std::to_string(m.parameter_count());
   total[total.size() - 1] = detail::byte_string(m.parameter_bytes());
   rows.push_back(std::move(total));
-  return precis::detail::format_table(rows);
+  std::string table = precis::detail::format_table(rows);
+  // Which engine this build and CPU give the layers whose products are the hardware's.
+  if (table.find("hardware products") != std::string::npos) {
+    table += "hardware products run on: " + cpu_products_engine() + "\n";
+  }
+  return table;
 }
 
 }  // namespace precis::nn
