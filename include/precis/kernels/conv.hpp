@@ -508,7 +508,7 @@ inline onednn_conv_key onednn_key(const conv_geometry& g, onednn_conv_kind kind,
   return {i(g.n), i(g.c), i(g.h), i(g.w), i(g.co), i(g.kh), i(g.kw), i(g.ho), i(g.wo), i(g.groups),
           i(g.p.stride[0]), i(g.p.stride[1]), i(g.p.padding[0]), i(g.p.padding[1]),
           i(g.p.padding[0]), i(g.p.padding[1]), i(g.p.dilation[0]) - 1, i(g.p.dilation[1]) - 1,
-          kind, out_type, bias};
+          kind, out_type, bias, 1};
 }
 
 /// Geometry g's forward pass through oneDNN (see onednn_conv); false where it does not run.

@@ -160,12 +160,13 @@ struct onednn_conv_key {
   std::int64_t n, c, h, w, co, kh, kw, ho, wo, groups;
   std::int64_t stride_y, stride_x, pad_t, pad_l, pad_b, pad_r, dilate_y, dilate_x;
   onednn_conv_kind kind;
-  int out_type;  // the output's dnnl data type (float or bfloat16; float for dw)
-  bool bias;     // forward only: a float bias [co]
+  int out_type;          // the output's dnnl data type (float or bfloat16; float for dw)
+  bool bias;             // forward only: a float bias [co]
+  std::int64_t threads;  // the OpenMP threads it runs on (set by onednn_conv)
 
   auto tie() const {
     return std::tie(n, c, h, w, co, kh, kw, ho, wo, groups, stride_y, stride_x, pad_t, pad_l,
-                    pad_b, pad_r, dilate_y, dilate_x, kind, out_type, bias);
+                    pad_b, pad_r, dilate_y, dilate_x, kind, out_type, bias, threads);
   }
   bool operator<(const onednn_conv_key& o) const { return tie() < o.tie(); }
 };
@@ -196,9 +197,20 @@ struct onednn_state {
   std::string last_implementation;  // of the newest product (for benchmarks' reports)
 
   /// The cached primitive for `key`, made on first use.
+  // Primitives are made on as many OpenMP threads as they will run on: oneDNN fixes a
+  // primitive's thread count when it makes it, whatever the count is when it runs.
+
+  /// The cached primitive for `key`, made on first use (for one thread: every part of a
+  /// product is a single-threaded call).
   const onednn_matmul_entry& matmul(const onednn_matmul_key& key) {
     const std::lock_guard lock(m);
     if (auto it = matmuls.find(key); it != matmuls.end()) return it->second;
+    onednn_matmul_entry e;
+    omp_threads::instance().with(1, [&] { e = make_matmul(key); });
+    return matmuls.emplace(key, std::move(e)).first->second;
+  }
+
+  onednn_matmul_entry make_matmul(const onednn_matmul_key& key) const {
     using md = dnnl::memory::desc;
     using dt = dnnl::memory::data_type;
     const bool batched = key.batch > 1;
@@ -223,7 +235,7 @@ struct onednn_state {
     e.scratchpad = pd.scratchpad_desc();
     e.implementation = pd.impl_info_str();
     e.primitive = dnnl::matmul(pd);
-    return matmuls.emplace(key, std::move(e)).first->second;
+    return e;
   }
 
   /// The cached convolution primitive for `key`, with its operands' layouts, made on first
@@ -231,6 +243,12 @@ struct onednn_state {
   const onednn_conv_entry& conv(const onednn_conv_key& k) {
     const std::lock_guard lock(m);
     if (auto it = convs.find(k); it != convs.end()) return it->second;
+    onednn_conv_entry e;
+    omp_threads::instance().with(int(k.threads), [&] { e = make_conv(k); });
+    return convs.emplace(k, std::move(e)).first->second;
+  }
+
+  onednn_conv_entry make_conv(const onednn_conv_key& k) const {
     using md = dnnl::memory::desc;
     using dt = dnnl::memory::data_type;
     using tag = dnnl::memory::format_tag;
@@ -299,7 +317,7 @@ struct onednn_state {
       e.implementation = pd.impl_info_str();
       e.primitive = dnnl::convolution_backward_weights(pd);
     }
-    return convs.emplace(k, std::move(e)).first->second;
+    return e;
   }
 
   /// Part p's stream and scratch, made on first use.
@@ -458,9 +476,11 @@ bool onednn_conv(const cpu_context& ctx, onednn_conv_key key, const bfloat16* in
   const std::size_t parts = threads > 1 && n >= threads ? threads : 1;
   const std::size_t chunk = (n + parts - 1) / parts;
   const std::size_t used = (n + chunk - 1) / chunk;  // parts with at least one image
+  const int omp = parts > 1 ? 1 : int(threads);
   const auto entry_for = [&](std::size_t images) -> const onednn_conv_entry& {
     onednn_conv_key k = key;
     k.n = std::int64_t(images);
+    k.threads = omp;
     return st.conv(k);
   };
   const onednn_conv_entry& first = entry_for(std::min(chunk, n));
@@ -479,7 +499,6 @@ bool onednn_conv(const cpu_context& ctx, onednn_conv_key key, const bfloat16* in
   const std::size_t w_size = std::size_t(key.co * (key.c / key.groups) * key.kh * key.kw);
   const std::size_t in0_image = key.kind == onednn_conv_kind::backward_data ? y_image : x_image;
   const std::size_t out_image = key.kind == onednn_conv_kind::forward ? y_image : x_image;
-  const int omp = parts > 1 ? 1 : int(threads);
 
   // The weights of a forward or backward-data pass are the same for every part: reordered
   // once, on all the context's threads, into the state's shared buffer.
