@@ -7,6 +7,21 @@ option(PRECIS_WERROR "Treat warnings as errors in precis's own targets" OFF)
 option(PRECIS_SANITIZE "Build precis's own C++ targets with ASan and UBSan" OFF)
 option(PRECIS_NATIVE "Build the benchmarks for this machine's processor (-march=native)" ON)
 
+# precis_tristate(<option> <out-var>)
+# The value of the AUTO/ON/OFF cache option <option> as AUTO, ON or OFF in <out-var>
+# (CMake's spellings of true and false accepted); any other value is a configure error.
+function(precis_tristate option out)
+  string(TOUPPER "${${option}}" mode)
+  if(mode MATCHES "^(ON|TRUE|YES|Y|1)$")
+    set(mode ON)
+  elseif(mode MATCHES "^(OFF|FALSE|NO|N|0|)$")
+    set(mode OFF)
+  elseif(NOT mode STREQUAL "AUTO")
+    message(FATAL_ERROR "precis: ${option} must be AUTO, ON or OFF, not '${${option}}'")
+  endif()
+  set(${out} ${mode} PARENT_SCOPE)
+endfunction()
+
 # precis_set_warnings(<target>)
 # The warning set the library headers are held to, for C++ sources only. CUDA sources
 # get none: nvcc's host pass would report them for CUDA's own headers as well.

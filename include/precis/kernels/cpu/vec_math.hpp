@@ -46,15 +46,17 @@ using vi = std::int32_t __attribute__((vector_size(lanes * sizeof(float))));
 inline vf splat(float v) { return vf{} + v; }
 inline vi splat_i(std::int32_t v) { return vi{} + v; }
 
-/// a * b, rounded, never fused with what it is added to.
-inline vf product(vf a, vf b) {
-  vf p = a * b;
+/// a * b, rounded, never fused with what it is added to (T: float or vf). The empty asm
+/// hands the product over in a register the compiler must assume changed.
+template <class T>
+inline T product(T a, T b) {
+  T p = a * b;
 #if defined(__x86_64__) || defined(__i386__)
   asm("" : "+v"(p));
 #elif defined(__aarch64__)
   asm("" : "+w"(p));
 #else
-  volatile vf q = p;
+  volatile T q = p;
   p = q;
 #endif
   return p;
@@ -247,20 +249,6 @@ void map2(const float* a, const float* b, float* out, std::size_t n, F f) {
     store(ba, f(load(ba), load(bb)));
     std::memcpy(out + i, ba, (n - i) * sizeof(float));
   }
-}
-
-/// a * b for scalars, never fused with what it is added to (as the vector form).
-inline float product(float a, float b) {
-  float p = a * b;
-#if defined(__x86_64__) || defined(__i386__)
-  asm("" : "+x"(p));
-#elif defined(__aarch64__)
-  asm("" : "+w"(p));
-#else
-  volatile float q = p;
-  p = q;
-#endif
-  return p;
 }
 
 /// The lanes-wide vector of x[i], x[i + 1], ... with zeros from x[n] on.
