@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstddef>
 #include <string>
+#include <type_traits>
 
 namespace {
 
@@ -116,12 +117,16 @@ TEST_CASE("hardware products are the same bits for a given thread count, within 
   }
 }
 
-TEST_CASE("batched hardware products match the per-item products") {
-  const std::size_t B = 6, M = 33, N = 20, K = 48;  // batch >= threads: split over items
+TEST_CASE_TEMPLATE("batched hardware products match the per-item products", Shape,
+                   std::integral_constant<int, 0>, std::integral_constant<int, 1>) {
+  // Batch >= threads: split over items; 6 items on 2 threads, and 5 items on 4 threads
+  // (chunks of 2: the last part has one item, and a fourth part has none).
+  const bool wide = Shape::value == 1;
+  const std::size_t B = wide ? 5 : 6, M = wide ? 64 : 33, N = wide ? 64 : 20, K = wide ? 64 : 48;
   const auto a = random_tensor<bfloat16, 3>({B, M, K});
   const auto b = random_tensor<bfloat16, 3>({B, K, N});
   auto c = poisoned<bfloat16, 3>(std::array<std::size_t, 3>{B, M, N});
-  const precis::cpu_context ctx{2};
+  const precis::cpu_context ctx{wide ? 4U : 2U};
   precis::gemm_options o;
   o.alpha = 0.5F;  // through precis's epilogue
   precis::gemm<precis::presets::bf16_mixed>(ctx, a, b, c, o);

@@ -385,6 +385,7 @@ bool onednn_product(const cpu_context& ctx, std::size_t batch, std::size_t M, st
   const std::size_t parts =
       std::max<std::size_t>(1, std::min({std::size_t(ctx.thread_count()), by_size, extent}));
   const std::size_t chunk = (extent + parts - 1) / parts;
+  const std::size_t used = (extent + chunk - 1) / chunk;  // parts with something to do
 
   // The primitive for a part's sizes; every part but the last has the same ones.
   const auto key_for = [&](std::size_t len) {
@@ -403,14 +404,13 @@ bool onednn_product(const cpu_context& ctx, std::size_t batch, std::size_t M, st
     const std::lock_guard lock(st.m);
     st.last_implementation = first.implementation;
   }
-  const std::size_t tail = extent - (parts - 1) * chunk;
+  const std::size_t tail = extent - (used - 1) * chunk;
   const onednn_matmul_entry& last = tail == chunk ? first : st.matmul(key_for(tail));
   if (last.implementation.rfind("ref", 0) == 0) return false;
 
-  parallel_for(ctx, parts, 1, [&](std::size_t p0, std::size_t p1) {
+  parallel_for(ctx, used, 1, [&](std::size_t p0, std::size_t p1) {
     for (std::size_t p = p0; p < p1; ++p) {
       const std::size_t begin = p * chunk, len = std::min(chunk, extent - begin);
-      if (len == 0) continue;
       const onednn_matmul_entry& e = len == chunk ? first : last;
       onednn_part& part = st.part(p);
       const std::lock_guard lock(part.busy);
