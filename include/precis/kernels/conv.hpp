@@ -36,6 +36,7 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace precis {
@@ -515,12 +516,20 @@ inline onednn_conv_key onednn_key(const conv_geometry& g, onednn_conv_kind kind,
 template <class TY, class TBias>
 bool onednn_conv_forward(const cpu_context& ctx, const conv_geometry& g, const bfloat16* x,
                          const bfloat16* w, const TBias* bias, TY* y) {
-  float_buffer bias_f(bias != nullptr ? g.co : 0);
-  if (bias != nullptr) load_block(bias, bias_f.get(), g.co);
+  // oneDNN takes a float bias; another type is converted (Co values) first.
+  std::vector<float> converted;
+  const float* bias_f = nullptr;
+  if constexpr (std::is_same_v<TBias, float>) {
+    bias_f = bias;
+  } else if (bias != nullptr) {
+    converted.resize(g.co);
+    load_block(bias, converted.data(), g.co);
+    bias_f = converted.data();
+  }
   constexpr bool direct = onednn_io_type_v<TY>;
   const auto key = onednn_key(g, onednn_conv_kind::forward,
                               direct ? onednn_type<TY>() : onednn_type<float>(), bias != nullptr);
-  return onednn_conv(ctx, key, x, w, bias_f.get(), y, direct,
+  return onednn_conv(ctx, key, x, w, bias_f, y, direct,
                      [&](std::size_t b, std::size_t len, const float* v) { store_block(v, y + b, len); });
 }
 

@@ -45,7 +45,7 @@ M sum_terms(const cpu_context& ctx, std::size_t n, F term) {
     parallel_for(ctx, len, elements_per_thread / 4, [&](std::size_t b, std::size_t e) {
       for (std::size_t i = b; i < e; ++i) buf[i] = term(base + i);
     });
-    if constexpr (std::is_same_v<M, float> && std::is_same_v<Acc, float>) {
+    if constexpr (vmath::float_path_v<M, Acc>) {
       accumulate(acc, vmath::row_sum(buf.data(), len));  // chunks: blocked, then in order
     } else {
       for (std::size_t i = 0; i < len; ++i) accumulate(acc, buf[i]);

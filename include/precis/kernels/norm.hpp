@@ -45,7 +45,7 @@ inline void check_eps(std::string_view name, double eps) {
 /// blocked row sums, products never fused into them).
 template <class Acc, class M>
 std::pair<M, M> mean_and_variance(const M* v, std::size_t n) {
-  if constexpr (std::is_same_v<M, float> && std::is_same_v<Acc, float>) {
+  if constexpr (vmath::float_path_v<M, Acc>) {
     using vmath::vf;
     const float mu = vmath::row_sum(v, n) / static_cast<float>(n);
     const vf muv = vmath::splat(mu);
@@ -62,10 +62,6 @@ std::pair<M, M> mean_and_variance(const M* v, std::size_t n) {
   for (std::size_t j = 0; j < n; ++j) accumulate(q, (v[j] - mean) * (v[j] - mean));
   return {mean, static_cast<M>(q.value()) / static_cast<M>(n)};
 }
-
-/// True when rows run on the vectorised float path (float math and sums).
-template <class M, class Acc>
-inline constexpr bool vector_norm_v = std::is_same_v<M, float> && std::is_same_v<Acc, float>;
 
 /// v = ((v - mu) rs) g + b over n values, in place (float: SIMD, no product fused into the
 /// sum, as in the other float paths).
@@ -157,7 +153,7 @@ void layer_norm(const cpu_context& ctx, const host_tensor<X, N>& x, const host_t
     std::vector<M> v(cols);
     for (std::size_t r = begin; r < end; ++r) {
       detail::load_block(x.data() + r * cols, v.data(), cols);
-      if constexpr (detail::vector_norm_v<M, Acc>) {
+      if constexpr (detail::vmath::float_path_v<M, Acc>) {
         const auto [mu, rs] = detail::vector_layer_norm_row(v.data(), g.data(), bt.data(), cols, e);
         detail::store_block(v.data(), y.data() + r * cols, cols);
         mean.data()[r] = static_cast<S>(mu);
@@ -204,7 +200,7 @@ void layer_norm_backward(const cpu_context& ctx, const host_tensor<DY, N>& dy, c
       detail::load_block(x.data() + r * cols, v.data(), cols);
       detail::load_block(dy.data() + r * cols, g.data(), cols);
       const M mu = static_cast<M>(mean.data()[r]), rs = static_cast<M>(rstd.data()[r]);
-      if constexpr (detail::vector_norm_v<M, Acc>) {
+      if constexpr (detail::vmath::float_path_v<M, Acc>) {
         using detail::vmath::vf;
         namespace vm = detail::vmath;
         const vf muv = vm::splat(mu), rsv = vm::splat(rs);
@@ -235,7 +231,7 @@ void layer_norm_backward(const cpu_context& ctx, const host_tensor<DY, N>& dy, c
   // (products never fused into the sums, so the bits do not depend on -ffp-contract).
   const std::size_t per_thread =
       std::max<std::size_t>(1, detail::elements_per_thread / std::max<std::size_t>(1, rows));
-  if constexpr (detail::vector_norm_v<M, Acc>) {
+  if constexpr (detail::vmath::float_path_v<M, Acc>) {
     namespace vm = detail::vmath;
     detail::parallel_for(ctx, cols, per_thread, [&](std::size_t begin, std::size_t end) {
       for (std::size_t j0 = begin; j0 < end; j0 += vm::lanes) {
@@ -435,7 +431,7 @@ void batch_norm_backward(const cpu_context& ctx, const host_tensor<DY, N>& dy, c
       const M mu = static_cast<M>(save_mean.data()[c]), rs = static_cast<M>(save_rstd.data()[c]);
       const M k = detail::load<M>(gamma.data()[c]) * rs;
       M sum_dy, sum_dyx;
-      if constexpr (detail::vector_norm_v<M, Acc>) {
+      if constexpr (detail::vmath::float_path_v<M, Acc>) {
         namespace vm = detail::vmath;
         const vm::vf muv = vm::splat(mu), rsv = vm::splat(rs);
         vm::map(v.data(), v.data(), count, [=](vm::vf a) { return vm::product(a - muv, rsv); });

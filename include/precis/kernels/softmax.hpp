@@ -50,7 +50,7 @@ M row_max(const M* x, std::size_t n) {
 /// vmath's exp and blocked row sum).
 template <class Acc, class M>
 M exp_shifted_sum(M* x, std::size_t n, M m) {
-  if constexpr (std::is_same_v<M, float> && std::is_same_v<Acc, float>) {
+  if constexpr (vmath::float_path_v<M, Acc>) {
     const vmath::vf mv = vmath::splat(m);
     vmath::map(x, x, n, [mv](vmath::vf v) { return vmath::exp(v - mv); });
     return vmath::row_sum(x, n);
@@ -70,10 +70,6 @@ void check_row_shape(std::string_view what, const X& x, const T& t) {
 }
 
 enum class softmax_kind { softmax, log_softmax };
-
-/// True when rows run on the vectorised float path: float math, float sums.
-template <class M, class Acc>
-inline constexpr bool vector_rows_v = std::is_same_v<M, float> && std::is_same_v<Acc, float>;
 
 /// The float row softmax or log-softmax, in place.
 template <softmax_kind K>
@@ -105,7 +101,7 @@ void softmax_forward(std::string_view name, const cpu_context& ctx, const host_t
     std::vector<M> buf(cols);
     for (std::size_t r = begin; r < end; ++r) {
       load_block(in + r * cols, buf.data(), cols);
-      if constexpr (vector_rows_v<M, Acc>) {
+      if constexpr (vmath::float_path_v<M, Acc>) {
         softmax_row<K>(buf.data(), cols);
         store_block(buf.data(), out + r * cols, cols);
         continue;
@@ -192,7 +188,7 @@ void softmax_backward(const cpu_context& ctx, const host_tensor<DY, N>& dy, cons
       detail::load_block(dy.data() + r * cols, g.data(), cols);
       detail::load_block(y.data() + r * cols, p.data(), cols);
       M d;
-      if constexpr (detail::vector_rows_v<M, Acc>) {
+      if constexpr (detail::vmath::float_path_v<M, Acc>) {
         d = detail::vmath::row_dot(g.data(), p.data(), cols);
       } else {
         accumulator<Acc> dot;
@@ -221,7 +217,7 @@ void log_softmax_backward(const cpu_context& ctx, const host_tensor<DY, N>& dy,
     for (std::size_t r = begin; r < end; ++r) {
       detail::load_block(dy.data() + r * cols, g.data(), cols);
       detail::load_block(y.data() + r * cols, p.data(), cols);
-      if constexpr (detail::vector_rows_v<M, Acc>) {
+      if constexpr (detail::vmath::float_path_v<M, Acc>) {
         using detail::vmath::vf;
         const vf s = detail::vmath::splat(detail::vmath::row_sum(g.data(), cols));
         detail::vmath::map2(g.data(), p.data(), g.data(), cols, [s](vf gv, vf pv) {

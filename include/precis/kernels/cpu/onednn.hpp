@@ -194,7 +194,6 @@ struct onednn_state {
   std::map<onednn_conv_key, onednn_conv_entry> convs;
   std::vector<std::unique_ptr<onednn_part>> parts;
   scratch_bytes shared_weights;  // a convolution's weights in its primitive's layout
-  std::string last_implementation;  // of the newest product (for benchmarks' reports)
 
   /// The cached primitive for `key`, made on first use.
   // Primitives are made on as many OpenMP threads as they will run on: oneDNN fixes a
@@ -400,10 +399,6 @@ bool onednn_product(const cpu_context& ctx, std::size_t batch, std::size_t M, st
   };
   const onednn_matmul_entry& first = st.matmul(key_for(std::min(chunk, extent)));
   if (first.implementation.rfind("ref", 0) == 0) return false;
-  {
-    const std::lock_guard lock(st.m);
-    st.last_implementation = first.implementation;
-  }
   const std::size_t tail = extent - (used - 1) * chunk;
   const onednn_matmul_entry& last = tail == chunk ? first : st.matmul(key_for(tail));
   if (last.implementation.rfind("ref", 0) == 0) return false;
@@ -488,10 +483,6 @@ bool onednn_conv(const cpu_context& ctx, onednn_conv_key key, const bfloat16* in
   const onednn_conv_entry& last = tail == chunk ? first : entry_for(tail);
   if (first.implementation.rfind("ref", 0) == 0 || last.implementation.rfind("ref", 0) == 0) {
     return false;
-  }
-  {
-    const std::lock_guard lock(st.m);
-    st.last_implementation = first.implementation;
   }
   // Elements per image of x and y, and of the whole weight tensor.
   const std::size_t x_image = std::size_t(key.c * key.h * key.w);

@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
@@ -41,6 +42,11 @@ inline constexpr std::size_t lanes = 4;
 #endif
 
 using vf = float __attribute__((vector_size(lanes * sizeof(float))));
+
+/// True when a kernel's math type M and accumulate type Acc are both float: the kernels
+/// then run these SIMD functions and row sums (other types keep their scalar loops).
+template <class M, class Acc>
+inline constexpr bool float_path_v = std::is_same_v<M, float> && std::is_same_v<Acc, float>;
 using vi = std::int32_t __attribute__((vector_size(lanes * sizeof(float))));
 
 inline vf splat(float v) { return vf{} + v; }
