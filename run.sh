@@ -28,7 +28,7 @@ export DEBIAN_FRONTEND=noninteractive
 # ocl-icd-opencl-dev: Debian's oneDNN is built with the OpenCL GPU runtime, and its CMake
 # package configuration requires OpenCL; apt only recommends it, and recommends are off.
 PACKAGES=(cmake g++ clang libboost-dev xtensor-dev doctest-dev libopenblas-dev libdnnl-dev
-          ocl-icd-opencl-dev gnuplot-nox python3-pip)
+          ocl-icd-opencl-dev gnuplot-nox python3-pip zlib1g-dev dataset-fashion-mnist)
 
 log() { printf '\n\033[1m-- %s\033[0m\n' "$*"; }
 die() { printf 'run.sh: %s\n' "$*" >&2; exit 1; }

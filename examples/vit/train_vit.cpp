@@ -1,0 +1,519 @@
+// A Vision Transformer trained on Fashion-MNIST under several policy maps, all compiled into
+// this binary from one blueprint (model.hpp) and one Hana tuple of maps.
+//
+//   example_vit [--epochs N] [--policy NAME[,NAME...]] [--threads N] [--batch N]
+//               [--train N] [--seed S] [--lr X] [--augment] [--data DIR] [--out DIR] [--check]
+//
+// The model: patch 4 (7 x 7 = 49 patch tokens and a class token), width 64, 4 heads, 4
+// pre-norm blocks, 10 classes. AdamW (weight decay 0.05 on the linear weights only, not on
+// biases, norms or embeddings), linear warmup over the first tenth of the steps, then cosine decay,
+// gradients clipped to norm 1. For each policy it prints a line per epoch (training loss,
+// test accuracy, skipped steps, loss scale, time), then a summary table, and writes under
+// --out: summary.csv, curves.csv (per epoch), steps.csv (per step) and curves.png (gnuplot).
+//
+// --check (CI runs it) trains every policy for one short epoch (64 steps on 8,192 images)
+// and exits non-zero unless each reaches 50% test accuracy on 2,000 test images and ends
+// within 3 points of fp32, bf16_mixed had no skipped step and every test loss is finite.
+//
+// Training is deterministic: the same bits for a given seed, thread count and build.
+#include "fashion_mnist.hpp"
+#include "model.hpp"
+
+#include "../../bench/common.hpp"
+
+#include <boost/hana.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <set>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include <unistd.h>
+
+namespace hana = boost::hana;
+using namespace precis;
+
+namespace {
+
+/// The blocks of the example's model (compile time: they are one array of one type).
+inline constexpr std::size_t depth = 4;
+
+struct options {
+  std::size_t epochs = 10;
+  std::size_t batch = 128;
+  std::size_t train_size = 0;  // 0: all 60,000
+  std::size_t test_size = 0;   // 0: all 10,000
+  std::size_t seed = 0;
+  unsigned threads = 0;
+  double lr = 2e-3;
+  double weight_decay = 0.05;
+  bool augment = false;
+  bool check = false;
+  std::set<std::string> policies;  // empty: all
+  std::filesystem::path data = vit::fashion_mnist_dir;
+  std::filesystem::path out = "vit_output";
+};
+
+// ---- the data: normalised once, batches gathered per step ----
+
+std::uint64_t mix(std::uint64_t z) {
+  z += 0x9E3779B97F4A7C15ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+/// Images as normalised floats ((p / 255 - mean) / std, the training set's mean and
+/// standard deviation) and their labels.
+struct dataset {
+  std::size_t count = 0, side = 0;
+  std::vector<float> x;
+  std::vector<std::int32_t> y;
+};
+
+dataset normalise(const vit::image_set& s, std::size_t limit, double mean, double sd) {
+  if (s.rows != s.cols) throw error("example_vit: the images are not square");
+  dataset d;
+  d.count = limit == 0 ? s.count : std::min(limit, s.count);
+  d.side = s.rows;
+  const std::size_t px = d.side * d.side;
+  d.x.resize(d.count * px);
+  d.y.resize(d.count);
+  for (std::size_t i = 0; i < d.count * px; ++i) d.x[i] = float((double(s.pixels[i]) / 255.0 - mean) / sd);
+  for (std::size_t i = 0; i < d.count; ++i) d.y[i] = std::int32_t(s.labels[i]);
+  return d;
+}
+
+/// The order of an epoch's items: a Fisher-Yates shuffle driven by mix(), the same on every
+/// platform.
+std::vector<std::size_t> epoch_order(std::size_t n, std::uint64_t seed, std::size_t epoch) {
+  std::vector<std::size_t> order(n);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  for (std::size_t i = n; i > 1; --i) {
+    const std::size_t j = mix(mix(seed * 1000003 + epoch) + i) % i;
+    std::swap(order[i - 1], order[j]);
+  }
+  return order;
+}
+
+/// Items order[first, first + n) as an [n, 1, side, side] float batch. With `augment`, each
+/// image is shifted by up to 2 pixels in each direction (a random crop of the image padded
+/// with background) and mirrored left-right with probability 1/2, from (seed, epoch, item).
+void gather(const dataset& d, const std::vector<std::size_t>& order, std::size_t first, std::size_t n, bool augment,
+            std::uint64_t seed, std::size_t epoch, host_tensor<float, 4>& x, host_tensor<std::int32_t, 1>& y) {
+  const std::size_t side = d.side, px = side * side;
+  x.resize({n, 1, side, side});
+  y.resize({n});
+  const float background = d.x.empty() ? 0.0f : *std::min_element(d.x.begin(), d.x.begin() + std::ptrdiff_t(px));
+  for (std::size_t b = 0; b < n; ++b) {
+    const std::size_t item = order[first + b];
+    const float* src = d.x.data() + item * px;
+    float* dst = x.data() + b * px;
+    y(b) = d.y[item];
+    if (!augment) {
+      std::copy(src, src + px, dst);
+      continue;
+    }
+    const std::uint64_t r = mix(mix(seed ^ 0xA5A5A5A5ULL) + epoch * 1000003 + item);
+    const long dx = long(r % 5) - 2, dy = long((r / 5) % 5) - 2;
+    const bool flip = ((r >> 32) & 1) != 0;
+    for (std::size_t i = 0; i < side; ++i) {
+      for (std::size_t j = 0; j < side; ++j) {
+        const long si = long(i) + dy, sj = long(flip ? side - 1 - j : j) + dx;
+        const bool inside = si >= 0 && sj >= 0 && si < long(side) && sj < long(side);
+        dst[i * side + j] = inside ? src[std::size_t(si) * side + std::size_t(sj)] : background;
+      }
+    }
+  }
+}
+
+// ---- the maps: entries of one compile-time tuple ----
+
+template <class Map, class Scaler>
+struct entry {
+  using map = Map;
+  using scaler = Scaler;
+  std::string_view name;
+  std::string_view note;
+};
+
+// bf16 everywhere, the attention products (scores and context, whose values are small) in
+// float16, the head in float: a map with overrides on a real model. Its float16 layers'
+// gradients need a loss scaler (rule b).
+using per_layer_map = decltype(make_policy_map(presets::bf16_mixed{}, for_layer<vit::scores>(presets::fp16_mixed{}),
+                                               for_layer<vit::context>(presets::fp16_mixed{}),
+                                               for_layer<vit::head>(presets::fp32{})));
+
+const auto sweep = hana::make_tuple(
+    entry<decltype(make_policy_map(presets::fp32{})), no_scaling>{"fp32", "reference"},
+    entry<decltype(make_policy_map(presets::bf16_mixed{})), no_scaling>{"bf16_mixed", "bfloat16, no scaler"},
+    entry<decltype(make_policy_map(presets::fp16_mixed{})), dynamic_scaler>{"fp16_mixed", "float16 + dynamic scaler"},
+    entry<per_layer_map, dynamic_scaler>{"bf16_attn_fp16", "bf16, attention products fp16, head fp32"});
+
+struct epoch_record {
+  double train_loss = 0, test_loss = 0, test_accuracy = 0, scale = 1, seconds = 0;
+  std::size_t skipped = 0;
+};
+
+struct result {
+  std::string name, note;
+  double accuracy = 0, test_loss = 0, ms_per_step = 0, final_scale = 1, peak_rss_mib = 0;
+  std::size_t skipped = 0, steps = 0, param_bytes = 0, optim_bytes = 0, activation_bytes = 0;
+  std::vector<epoch_record> epochs;
+  std::vector<nn::step_record> records;
+};
+
+/// The process's peak resident memory in MiB (VmHWM), or 0 where /proc does not say.
+double peak_rss_mib() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::strtod(line.c_str() + 6, nullptr) / 1024.0;
+  }
+  return 0.0;
+}
+/// Starts a new peak-memory measurement (Linux: writing 5 to clear_refs resets VmHWM).
+void reset_peak_rss() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+}
+
+/// Loss and accuracy over the whole test set, in batches of `chunk` (the training batch, so
+/// the layers' buffers keep their training size).
+template <class Model, class Loss, class S>
+nn::evaluation evaluate_all(const cpu_context& ctx, Model& model, Loss& loss, const dataset& test, std::size_t chunk) {
+  std::vector<std::size_t> order(test.count);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  host_tensor<float, 4> xf;
+  host_tensor<S, 4> x;
+  host_tensor<std::int32_t, 1> y;
+  double loss_sum = 0, correct = 0;
+  for (std::size_t first = 0; first < test.count; first += chunk) {
+    const std::size_t n = std::min(chunk, test.count - first);
+    gather(test, order, first, n, false, 0, 0, xf, y);
+    x.resize(xf.shape());
+    precis::cast(ctx, xf, x);
+    const auto e = nn::evaluate(ctx, model, loss, x, y);
+    loss_sum += e.loss * double(n);
+    correct += e.accuracy * double(n);
+  }
+  return {loss_sum / double(test.count), correct / double(test.count)};
+}
+
+template <class Entry>
+result train_one(const Entry& e, const options& o, const vit::config& vc, const dataset& train, const dataset& test) {
+  using Map = typename Entry::map;
+  using S = typename Map::default_policy::storage_type;
+  // The loss reads the head's output: its policy is the head's.
+  using LossPolicy = policy_for_t<vit::head, Map>;
+  reset_peak_rss();
+  const cpu_context ctx{o.threads};
+  auto model = nn::build<S, 4>(Map{}, vit::blueprint<depth>(vc), {.seed = o.seed});
+  nn::softmax_cross_entropy<LossPolicy> loss;
+  const std::size_t per_epoch = train.count / o.batch, total = per_epoch * o.epochs;
+  adamw opt(model.masters(), {.lr = o.lr, .weight_decay = o.weight_decay}, model.decay_mask());
+  warmup_cosine schedule(o.lr, std::max<std::size_t>(total / 10, 1), total, o.lr * 0.01);
+  typename Entry::scaler scaler;
+  nn::trainer tr(model, loss, opt, scaler, schedule, {.max_grad_norm = 1.0});
+
+  result r;
+  r.name = std::string(e.name);
+  r.note = std::string(e.note);
+  const bool tty = isatty(STDOUT_FILENO) != 0;
+  host_tensor<float, 4> xf;
+  host_tensor<S, 4> x;
+  host_tensor<std::int32_t, 1> y;
+  double train_seconds = 0;
+  for (std::size_t ep = 0; ep < o.epochs; ++ep) {
+    const auto order = epoch_order(train.count, o.seed, ep);
+    const auto t0 = std::chrono::steady_clock::now();
+    double loss_sum = 0;
+    std::size_t counted = 0;
+    for (std::size_t b = 0; b < per_epoch; ++b) {
+      gather(train, order, b * o.batch, o.batch, o.augment, o.seed, ep, xf, y);
+      x.resize(xf.shape());
+      precis::cast(ctx, xf, x);
+      r.records.push_back(tr.step(ctx, x, y));
+      const auto& rec = r.records.back();
+      if (!rec.skipped) {
+        loss_sum += rec.loss;
+        ++counted;
+      }
+      if (tty && (b % 10 == 9 || b + 1 == per_epoch)) {
+        std::printf("\r  %-15s epoch %zu/%zu  step %zu/%zu  loss %.4f  scale %g   ", r.name.c_str(), ep + 1, o.epochs,
+                    b + 1, per_epoch, rec.loss, double(rec.next_scale));
+        std::fflush(stdout);
+      }
+    }
+    const auto t1 = std::chrono::steady_clock::now();
+    train_seconds += std::chrono::duration<double>(t1 - t0).count();
+    const auto ev = evaluate_all<decltype(model), decltype(loss), S>(ctx, model, loss, test, o.batch);
+    epoch_record er;
+    er.train_loss = counted ? loss_sum / double(counted) : std::nan("");
+    er.test_loss = ev.loss;
+    er.test_accuracy = ev.accuracy;
+    er.scale = double(scaler.scale());
+    er.skipped = scaler.skipped_steps();
+    er.seconds = std::chrono::duration<double>(t1 - t0).count();
+    r.epochs.push_back(er);
+    std::printf("%s  %-15s epoch %2zu/%zu  train loss %.4f  test loss %.4f  test accuracy %6.2f%%  skipped %zu  "
+                "scale %g  %.1f s\n",
+                tty ? "\r" : "", r.name.c_str(), ep + 1, o.epochs, er.train_loss, er.test_loss, 100 * er.test_accuracy,
+                er.skipped, er.scale, er.seconds);
+    std::fflush(stdout);
+  }
+  r.steps = total;
+  r.ms_per_step = 1000.0 * train_seconds / double(std::max<std::size_t>(total, 1));
+  r.accuracy = r.epochs.back().test_accuracy;
+  r.test_loss = r.epochs.back().test_loss;
+  r.skipped = scaler.skipped_steps();
+  r.final_scale = double(scaler.scale());
+  r.param_bytes = model.parameter_bytes();
+  r.optim_bytes = opt.state_bytes();
+  r.activation_bytes = model.activation_bytes() + loss.own_bytes();
+  r.peak_rss_mib = peak_rss_mib();
+  return r;
+}
+
+std::string cpu_line() { return precis_bench::cpu_model() + " (" + precis_bench::simd_name() + ")"; }
+
+/// `s` quoted for CSV when it holds a comma or a quote.
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"") == std::string::npos) return s;
+  std::string q = "\"";
+  for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + "\"";
+}
+
+/// Writes `text` to `path` through a temporary file renamed into place, so that a failed
+/// run leaves no half-written file.
+void write_file(const std::filesystem::path& path, const std::string& text) {
+  const auto tmp = path.string() + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    f << text;
+    f.close();
+    if (!f) throw error("example_vit: cannot write " + tmp);
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+void write_outputs(const options& o, const std::vector<result>& results) {
+  std::filesystem::create_directories(o.out);
+  std::ostringstream summary, curves, steps;
+  summary << "policy,epochs,test_accuracy,skipped_steps,final_scale,ms_per_step,peak_rss_mib,cpu\n";
+  for (const auto& r : results) {
+    summary << r.name << "," << o.epochs << "," << r.accuracy << "," << r.skipped << "," << r.final_scale << ","
+            << r.ms_per_step << "," << r.peak_rss_mib << "," << csv_field(cpu_line()) << "\n";
+  }
+  curves << "epoch";
+  steps << "step";
+  for (const auto& r : results) {
+    curves << "," << r.name << "_train_loss," << r.name << "_test_accuracy," << r.name << "_scale";
+    steps << "," << r.name << "_loss," << r.name << "_scale," << r.name << "_skipped";
+  }
+  curves << "\n";
+  steps << "\n";
+  for (std::size_t ep = 0; ep < o.epochs; ++ep) {
+    curves << ep + 1;
+    for (const auto& r : results) {
+      const auto& er = r.epochs[ep];
+      curves << "," << er.train_loss << "," << er.test_accuracy << "," << er.scale;
+    }
+    curves << "\n";
+  }
+  const std::size_t n = results.empty() ? 0 : results.front().records.size();
+  for (std::size_t s = 0; s < n; ++s) {
+    steps << s;
+    for (const auto& r : results) {
+      const auto& rec = r.records[s];
+      steps << "," << rec.loss << "," << rec.scale << "," << (rec.skipped ? 1 : 0);
+    }
+    steps << "\n";
+  }
+  write_file(o.out / "summary.csv", summary.str());
+  write_file(o.out / "curves.csv", curves.str());
+  write_file(o.out / "steps.csv", steps.str());
+  std::printf("wrote %s, curves.csv and steps.csv\n", (o.out / "summary.csv").string().c_str());
+
+  // The plot: training loss per step, test accuracy per epoch, loss scale per step.
+  const auto png = o.out / "curves.png";
+  std::ostringstream g;
+  g << "set terminal pngcairo size 1500,450 noenhanced\nset output '" << png.string() << "'\n"
+    << "set datafile separator ','\nset key autotitle columnhead\nset multiplot layout 1,3\n"
+    << "set title 'training loss'\nset xlabel 'step'\nset logscale y\nplot";
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    g << (i ? ", " : " ") << "'" << (o.out / "steps.csv").string() << "' using 1:" << 2 + 3 * i << " with lines";
+  }
+  g << "\nunset logscale y\nset title 'test accuracy'\nset xlabel 'epoch'\nset xrange [0.5:" << double(o.epochs) + 0.5
+    << "]\nplot";
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    g << (i ? ", " : " ") << "'" << (o.out / "curves.csv").string() << "' using 1:" << 3 + 3 * i
+      << " with linespoints lw 2";
+  }
+  g << "\nset title 'loss scale'\nset xlabel 'step'\nset autoscale x\nset logscale y\nplot";
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    g << (i ? ", " : " ") << "'" << (o.out / "steps.csv").string() << "' using 1:" << 3 + 3 * i << " with lines lw 2";
+  }
+  g << "\nunset multiplot\n";
+  const auto script = o.out / "curves.gp";
+  write_file(script, g.str());
+  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) {
+    std::printf("gnuplot is not installed: %s was not drawn\n", png.string().c_str());
+    return;
+  }
+  const std::string cmd = "gnuplot '" + script.string() + "'";
+  if (std::system(cmd.c_str()) != 0) throw error("example_vit: gnuplot failed on " + script.string());
+  std::printf("wrote %s\n", png.string().c_str());
+}
+
+int check(const std::vector<result>& results) {
+  int failures = 0;
+  const auto fp32 = std::find_if(results.begin(), results.end(), [](const result& r) { return r.name == "fp32"; });
+  for (const auto& r : results) {
+    const bool bf16_only = r.name == "bf16_mixed";
+    const bool near_fp32 = fp32 == results.end() || std::abs(r.accuracy - fp32->accuracy) <= 0.03;
+    const bool ok = std::isfinite(r.test_loss) && r.accuracy >= 0.5 && near_fp32 && (!bf16_only || r.skipped == 0);
+    std::printf("check %-15s accuracy %.4f, test loss %.4f, skipped %zu: %s\n", r.name.c_str(), r.accuracy,
+                r.test_loss, r.skipped, ok ? "ok" : "FAILED");
+    failures += ok ? 0 : 1;
+  }
+  return failures == 0 ? 0 : 1;
+}
+
+int usage(const char* self) {
+  std::fprintf(stderr,
+               "usage: %s [--epochs N] [--policy NAME[,NAME...]] [--threads N] [--batch N] [--train N] [--test N]\n"
+               "          [--seed S] [--lr X] [--augment] [--data DIR] [--out DIR] [--check]\n"
+               "policies: fp32 bf16_mixed fp16_mixed bf16_attn_fp16\n",
+               self);
+  return 2;
+}
+
+std::set<std::string> policy_names() {
+  std::set<std::string> names;
+  hana::for_each(sweep, [&](const auto& e) { names.insert(std::string(e.name)); });
+  return names;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    auto number = [&](std::size_t min, auto& out) {
+      if (i + 1 >= argc) return false;
+      char* end = nullptr;
+      const long long v = std::strtoll(argv[++i], &end, 10);
+      if (*end != '\0' || v < static_cast<long long>(min)) return false;
+      out = static_cast<std::remove_reference_t<decltype(out)>>(v);
+      return true;
+    };
+    bool ok = true;
+    if (a == "--epochs") {
+      ok = number(1, o.epochs);
+    } else if (a == "--batch") {
+      ok = number(1, o.batch);
+    } else if (a == "--train") {
+      ok = number(1, o.train_size);
+    } else if (a == "--test") {
+      ok = number(1, o.test_size);
+    } else if (a == "--seed") {
+      ok = number(0, o.seed);
+    } else if (a == "--threads") {
+      ok = number(0, o.threads);
+    } else if (a == "--lr" && i + 1 < argc) {
+      char* end = nullptr;
+      o.lr = std::strtod(argv[++i], &end);
+      ok = *end == '\0' && o.lr > 0 && std::isfinite(o.lr);
+    } else if (a == "--policy" && i + 1 < argc) {
+      std::stringstream list(argv[++i]);
+      const auto known = policy_names();
+      for (std::string name; std::getline(list, name, ',');) {
+        if (!known.contains(name)) {
+          std::fprintf(stderr, "example_vit: unknown policy '%s'\n", name.c_str());
+          ok = false;
+        }
+        o.policies.insert(name);
+      }
+    } else if (a == "--augment") {
+      o.augment = true;
+    } else if (a == "--data" && i + 1 < argc) {
+      o.data = argv[++i];
+    } else if (a == "--out" && i + 1 < argc) {
+      o.out = argv[++i];
+    } else if (a == "--check") {
+      o.check = true;
+    } else {
+      ok = false;
+    }
+    if (!ok) return usage(argv[0]);
+  }
+  if (o.check) {
+    o.epochs = 1;
+    o.train_size = o.train_size ? o.train_size : 8192;
+    o.test_size = o.test_size ? o.test_size : 2000;
+  }
+  try {
+    const vit::config vc;
+    vc.validate();
+    const auto train_set = vit::load_fashion_mnist(o.data, vit::split::train);
+    const auto test_set = vit::load_fashion_mnist(o.data, vit::split::test);
+    // The training images' mean and standard deviation normalise both splits.
+    double sum = 0, sum2 = 0;
+    for (const auto p : train_set.pixels) {
+      const double v = double(p) / 255.0;
+      sum += v;
+      sum2 += v * v;
+    }
+    const double n = double(train_set.pixels.size()), mean = sum / n, sd = std::sqrt(sum2 / n - mean * mean);
+    const auto train = normalise(train_set, o.train_size, mean, sd);
+    const auto test = normalise(test_set, o.test_size, mean, sd);
+    if (train.side != vc.image || test.side != vc.image) throw error("example_vit: the images are not 28 x 28");
+    if (train.count < o.batch) throw error("example_vit: fewer training images than one batch");
+
+    precis_bench::print_machine();
+    std::printf("precis %d.%d ViT on Fashion-MNIST: patch %zu, width %zu, %zu heads, depth %zu; %zu training and %zu "
+                "test images; batch %zu, %zu epochs, AdamW lr %g (warmup 1/10, cosine), %s; %u threads\n",
+                PRECIS_VERSION_MAJOR, PRECIS_VERSION_MINOR, vc.patch, vc.width, vc.heads, depth, train.count,
+                test.count, o.batch, o.epochs, o.lr, o.augment ? "shift + flip augmentation" : "no augmentation",
+                cpu_context{o.threads}.thread_count());
+    std::vector<result> results;
+    hana::for_each(sweep, [&](const auto& e) {
+      if (!o.policies.empty() && !o.policies.contains(std::string(e.name))) return;
+      results.push_back(train_one(e, o, vc, train, test));
+    });
+
+    std::vector<std::vector<std::string>> rows{{"policy", "test acc", "test loss", "skipped", "final scale",
+                                                "ms/step", "params", "optimizer", "activations", "peak RSS", ""}};
+    char buf[64];
+    auto num = [&](const char* fmt, double v) {
+      std::snprintf(buf, sizeof buf, fmt, v);
+      return std::string(buf);
+    };
+    auto kib = [&](std::size_t b) { return num("%.0f KiB", double(b) / 1024.0); };
+    for (const auto& r : results) {
+      rows.push_back({r.name, num("%.2f%%", 100 * r.accuracy), num("%.4f", r.test_loss), std::to_string(r.skipped),
+                      num("%g", r.final_scale), num("%.1f", r.ms_per_step), kib(r.param_bytes), kib(r.optim_bytes),
+                      kib(r.activation_bytes), num("%.0f MiB", r.peak_rss_mib), r.note});
+    }
+    std::printf("\n%s", precis::detail::format_table(rows).c_str());
+    write_outputs(o, results);
+    return o.check ? check(results) : 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "example_vit: %s\n", e.what());
+    return 1;
+  }
+}
