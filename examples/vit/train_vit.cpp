@@ -155,10 +155,20 @@ using per_layer_map = decltype(make_policy_map(presets::bf16_mixed{}, for_layer<
                                                for_layer<vit::context>(presets::fp16_mixed{}),
                                                for_layer<vit::head>(presets::fp32{})));
 
+// float8 the way Transformer Engine uses it: every linear layer's products take float8_e4m3
+// inputs forward and float8_e5m2 output gradients backward, each tensor with its own
+// delayed-scaling recipe; activations between layers are bfloat16. Attention's scores and
+// context products (activations by activations) and the 10-way head stay in bfloat16.
+// float8 gradients need a loss scaler by rule b.
+using fp8_map = decltype(make_policy_map(presets::fp8_hybrid{}, for_layer<vit::scores>(presets::bf16_mixed{}),
+                                         for_layer<vit::context>(presets::bf16_mixed{}),
+                                         for_layer<vit::head>(presets::bf16_mixed{})));
+
 const auto sweep = hana::make_tuple(
     entry<decltype(make_policy_map(presets::fp32{})), no_scaling>{"fp32", "reference"},
     entry<decltype(make_policy_map(presets::bf16_mixed{})), no_scaling>{"bf16_mixed", "bfloat16, no scaler"},
     entry<decltype(make_policy_map(presets::fp16_mixed{})), dynamic_scaler>{"fp16_mixed", "float16 + dynamic scaler"},
+    entry<fp8_map, dynamic_scaler>{"fp8_hybrid", "float8 linear products, bf16 between layers"},
     entry<per_layer_map, dynamic_scaler>{"bf16_attn_fp16", "bf16, attention products fp16, head fp32"});
 
 struct epoch_record {
@@ -214,7 +224,8 @@ nn::evaluation evaluate_all(const cpu_context& ctx, Model& model, Loss& loss, co
 template <class Entry>
 result train_one(const Entry& e, const options& o, const vit::config& vc, const dataset& train, const dataset& test) {
   using Map = typename Entry::map;
-  using S = typename Map::default_policy::storage_type;
+  // The images enter in the activation type of the map's default (bfloat16 for fp8_hybrid).
+  using S = nn::activation_type_t<typename Map::default_policy>;
   // The loss reads the head's output: its policy is the head's.
   using LossPolicy = policy_for_t<vit::head, Map>;
   reset_peak_rss();
@@ -396,7 +407,7 @@ int usage(const char* self) {
   std::fprintf(stderr,
                "usage: %s [--epochs N] [--policy NAME[,NAME...]] [--threads N] [--batch N] [--train N] [--test N]\n"
                "          [--seed S] [--lr X] [--augment] [--data DIR] [--out DIR] [--check]\n"
-               "policies: fp32 bf16_mixed fp16_mixed bf16_attn_fp16\n",
+               "policies: fp32 bf16_mixed fp16_mixed fp8_hybrid bf16_attn_fp16\n",
                self);
   return 2;
 }

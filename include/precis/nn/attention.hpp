@@ -227,7 +227,7 @@ void merge_heads(const heads_geometry& g, const U* heads, U* rows, std::size_t w
 template <Layer QkvTag, Layer ScoresTag, Layer SoftmaxTag, Layer ContextTag, Layer OutTag,
           class Map, class Ctx>
 class attention_layer
-    : public layer_base<QkvTag, policy_for_t<QkvTag, Map>, op::matmul, 3, 3, Ctx> {
+    : public layer_base<QkvTag, policy_for_t<QkvTag, Map>, op::matmul, 3, 3, Ctx, true> {
   static_assert(
       std::is_same_v<Ctx, cpu_context>,
       "precis: nn::attention runs on host tensors so far; build the model for cpu_context");
@@ -254,26 +254,25 @@ class attention_layer
   using piece_tags = std::tuple<QkvTag, ScoresTag, SoftmaxTag, ContextTag, OutTag>;
 
  private:
-  using base = layer_base<QkvTag, qkv_policy, op::matmul, 3, 3, Ctx>;
-  template <class P>
-  static constexpr bool narrow_v =
-      is_float8_v<typename P::storage_type> || is_float8_v<typename P::gradient_type>;
-  static_assert(
-      !narrow_v<scores_policy> && !narrow_v<softmax_policy> && !narrow_v<context_policy> &&
-          !narrow_v<out_policy>,
-      "precis: nn layers store activations in 16- or 32-bit types; give attention's scores, "
-      "context and out tags a bfloat16 or float16 policy in the map");
+  using base = layer_base<QkvTag, qkv_policy, op::matmul, 3, 3, Ctx, true>;
+  // The qkv and out projections are linear layers (float8 products allowed); the scores
+  // and context products multiply activations by activations and keep 16- or 32-bit inputs.
+  static_assert(!float8_products_v<scores_policy> && !float8_products_v<softmax_policy> &&
+                    !float8_products_v<context_policy>,
+                "precis: attention's scores and context products take 16- or 32-bit inputs; give "
+                "their tags a bfloat16 or float16 policy in the map (float8 applies to the qkv and "
+                "out projections)");
 
-  using Sq = typename qkv_policy::storage_type;
-  using Gq = typename qkv_policy::gradient_type;
+  using Sq = activation_type_t<qkv_policy>;
+  using Gq = activation_grad_type_t<qkv_policy>;
   using Ss = typename scores_policy::storage_type;
   using Gs = typename scores_policy::gradient_type;
   using Sm = typename softmax_policy::storage_type;
   using Gm = typename softmax_policy::gradient_type;
   using Sc = typename context_policy::storage_type;
   using Gc = typename context_policy::gradient_type;
-  using So = typename out_policy::storage_type;
-  using Go = typename out_policy::gradient_type;
+  using So = activation_type_t<out_policy>;
+  using Go = activation_grad_type_t<out_policy>;
   using qkv_linear = linear_layer<QkvTag, qkv_policy, 3, Ctx>;
   using out_linear = linear_layer<OutTag, out_policy, 3, Ctx>;
 

@@ -8,15 +8,34 @@
 // in float in k order, rounded once). Backward: dx = dy W, dW = dy^T x, db = the column
 // sums of dy, each rounded once to the gradient type and added to the float gradients.
 // Parameters start uniform in +-1/sqrt(in), as PyTorch's.
+//
+// Under a float8 policy (presets::fp8_hybrid: storage float8_e4m3, gradients float8_e5m2,
+// a scaling recipe) the layer passes activations and gradients in the policy's compute
+// type (bfloat16) and float8 lives inside its products, as Transformer Engine's linear
+// layers do it. Each of its three product inputs has its own recipe (precis::
+// delayed_scaling or current_scaling, as the policy's Fp8Recipe says): the input x and
+// the weight W are cast to float8_e4m3 in the forward pass, the output gradient dy to
+// float8_e5m2 in the backward pass, each as q = saturate(v * scale). The products of the
+// float8 values are exact in float and summed in float (on the CPU: the float kernel on
+// the exactly converted values), multiplied by the inverse scales (1 / (s_a s_b), rounded
+// once to float) and rounded once to bfloat16, with the bias added before that rounding:
+//   y = x_q W_q^T / (s_x s_w) + b,  dx = dy_q W_q / (s_dy s_w),  dW = dy_q^T x_q / (s_dy s_x)
+// and db = the column sums of dy in bfloat16 (not quantised). A delayed recipe casts with
+// the scale from past steps and then records this tensor's amax (training passes only; an
+// evaluation pass does not change the recipes); a current recipe measures the amax first.
+// The recipes' state is saved in checkpoints beside the parameters.
 #pragma once
 
+#include <precis/kernels/cast.hpp>
 #include <precis/kernels/gemm.hpp>
 #include <precis/kernels/reduce.hpp>
 #include <precis/nn/module.hpp>
+#include <precis/scaling/fp8.hpp>
 
 #include <cmath>
 #include <cstddef>
 #include <string>
+#include <type_traits>
 
 namespace precis::nn {
 
@@ -39,19 +58,126 @@ constexpr linear_spec<Tag> linear(std::size_t in, std::size_t out, bias_mode bia
   return {in, out, bias};
 }
 
+namespace detail {
+
+/// The scaling recipe object for float8 `Format` that policy recipe tag `R` names.
+template <class Format, class R>
+struct recipe_object;
+template <class Format>
+struct recipe_object<Format, recipe::delayed> {
+  using type = delayed_scaling<Format>;
+};
+template <class Format>
+struct recipe_object<Format, recipe::current> {
+  using type = current_scaling<Format>;
+};
+
+/// Casts `x` to the float8 tensor `q` under `r` and returns the scale it used. A delayed
+/// recipe casts with its scale and then records the amax when `record` is set; a current
+/// recipe takes this tensor's amax first (always: that is what current scaling is).
+template <class Recipe, class T, class F, std::size_t N>
+float quantize(const cpu_context& ctx, Recipe& r, const host_tensor<T, N>& x, host_tensor<F, N>& q, bool record) {
+  ensure(q, shape_of<N>(x));
+  if constexpr (std::is_same_v<Recipe, current_scaling<F>>) {
+    r.update(precis::amax_of(ctx, x));
+    const float s = r.scale();
+    precis::scaled_cast(ctx, x, s, q);
+    return s;
+  } else {
+    const float s = r.scale();
+    const float a = precis::scaled_cast(ctx, x, s, q);
+    if (record) r.update(a);
+    return s;
+  }
+}
+
+/// 1 / (a b), rounded once to float: the factor that takes a product of two scaled
+/// operands back to the values' scale.
+inline float inverse_scales(float a, float b) { return static_cast<float>(1.0 / (double(a) * double(b))); }
+
+/// The float8 state of a linear layer under policy P: one recipe per product input and the
+/// quantised tensors the backward pass reuses.
+template <Policy P, std::size_t R>
+struct float8_linear_state {
+  using forward_format = typename P::storage_type;
+  using backward_format = typename P::gradient_type;
+  static_assert(is_float8_v<forward_format> && is_float8_v<backward_format>,
+                "precis: nn::linear takes float8 in both passes (storage float8_e4m3 and "
+                "gradients float8_e5m2, as presets::fp8_hybrid) or in neither");
+  using forward_recipe = typename recipe_object<forward_format, typename P::fp8_recipe>::type;
+  using backward_recipe = typename recipe_object<backward_format, typename P::fp8_recipe>::type;
+
+  forward_recipe input, weight;
+  backward_recipe grad_output;
+  float input_scale = 1.0f, weight_scale = 1.0f;  // the scales the saved tensors were cast with
+  host_tensor<forward_format, R> xq;
+  host_tensor<forward_format, 2> wq;
+  host_tensor<backward_format, R> dyq;
+  bool have_forward = false;
+
+  std::size_t own_bytes() const { return bytes_of(xq) + bytes_of(wq) + bytes_of(dyq); }
+
+  template <class Archive>
+  void visit_state(Archive& a, const std::string& prefix) {
+    visit_recipe(a, prefix + "fp8.input.", input);
+    visit_recipe(a, prefix + "fp8.weight.", weight);
+    visit_recipe(a, prefix + "fp8.grad_output.", grad_output);
+  }
+  std::string validate() const {
+    std::string out;
+    auto check = [&](std::string_view name, const std::string& problem) {
+      if (!problem.empty()) out += (out.empty() ? "" : "; ") + std::string(name) + " recipe: " + problem;
+    };
+    check("fp8.input", input.validate());
+    check("fp8.weight", weight.validate());
+    check("fp8.grad_output", grad_output.validate());
+    return out;
+  }
+
+ private:
+  /// A recipe's fields under `prefix` in the layer's archive.
+  template <class Archive>
+  struct prefixed {
+    Archive& a;
+    const std::string& prefix;
+    template <class V>
+    void field(std::string_view n, V& v) {
+      a.field(prefix + std::string(n), v);
+    }
+    void floats(std::string_view n, std::vector<float>& v) { a.floats(prefix + std::string(n), v); }
+  };
+  template <class Archive, class Recipe>
+  static void visit_recipe(Archive& a, const std::string& prefix, Recipe& r) {
+    prefixed<Archive> p{a, prefix};
+    r.visit_state(p);
+  }
+};
+
+/// No float8 state: the layer's products take its storage type.
+struct no_float8_state {
+  std::size_t own_bytes() const { return 0; }
+};
+
+}  // namespace detail
+
 /// The linear layer built for tag Tag under the resolved policy P on rank-R tensors.
 template <Layer Tag, Policy P, std::size_t R, class Ctx>
-class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx> {
+class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
   static_assert(R >= 1, "precis: nn::linear works on the last axis of a tensor of rank >= 1");
   static_assert(std::is_same_v<Ctx, cpu_context>,
                 "precis: nn::linear runs on host tensors so far; build the model for cpu_context");
-  using base = layer_base<Tag, P, op::matmul, R, R, Ctx>;
+  using base = layer_base<Tag, P, op::matmul, R, R, Ctx, true>;
   using S = typename base::input_type;
   using G = typename base::input_grad_type;
   using M = typename base::master_type;
 
  public:
   static constexpr std::string_view kind = "linear";
+  /// True when the products take float8 inputs (a float8 policy).
+  static constexpr bool float8 = float8_products_v<P>;
+  /// The recipes and quantised tensors of the float8 products (detail::no_float8_state
+  /// when there are none).
+  using float8_state = std::conditional_t<float8, detail::float8_linear_state<P, R>, detail::no_float8_state>;
 
   explicit linear_layer(const linear_spec<Tag>& s)
       : in_(s.in), out_(s.out), bias_on_(s.bias == with_bias), weight_({s.out, s.in}), bias_({bias_on_ ? s.out : 0}) {
@@ -73,32 +199,38 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx> {
     return out;
   }
 
-  const host_tensor<S, R>& forward(const cpu_context& ctx, const host_tensor<S, R>& x, mode = mode::train) {
+  const host_tensor<S, R>& forward(const cpu_context& ctx, const host_tensor<S, R>& x, mode m = mode::train) {
     const auto out = output_shape(detail::shape_of<R>(x), name_for_errors());
     detail::ensure(y_, out);
     const std::size_t rows = x.size() / in_;
     const S* bias = bias_on_ ? bias_.value().data() : nullptr;
-    precis::detail::gemm_raw<op::matmul, P>(ctx, rows, out_, in_, x.data(), in_, 1, weight_.value().data(), 1, in_,
-                                            y_.data(), out_, bias, gemm_options{});
-    x_.set(x);
+    if constexpr (float8) {
+      auto& f = fp8_;
+      const bool record = m == mode::train;
+      f.input_scale = detail::quantize(ctx, f.input, x, f.xq, record);
+      f.weight_scale = detail::quantize(ctx, f.weight, weight_.value(), f.wq, record);
+      gemm_options o;
+      o.alpha = detail::inverse_scales(f.input_scale, f.weight_scale);
+      precis::detail::gemm_raw<op::matmul, P>(ctx, rows, out_, in_, f.xq.data(), in_, 1, f.wq.data(), 1, in_,
+                                              y_.data(), out_, bias, o);
+      f.have_forward = true;
+    } else {
+      precis::detail::gemm_raw<op::matmul, P>(ctx, rows, out_, in_, x.data(), in_, 1, weight_.value().data(), 1, in_,
+                                              y_.data(), out_, bias, gemm_options{});
+      x_.set(x);
+    }
     return y_;
   }
 
   const host_tensor<G, R>& backward(const cpu_context& ctx, const host_tensor<G, R>& dy) {
-    const auto& x = x_.get(kind);
-    check_same_shape("precis::nn::linear: dy and the output", dy, y_);
-    const std::size_t rows = x.size() / in_;
-    detail::ensure(dx_, detail::shape_of<R>(x));
-    // dx (rows x in) = dy (rows x out) W (out x in).
-    precis::detail::gemm_raw<op::matmul, P>(ctx, rows, in_, out_, dy.data(), out_, 1, weight_.value().data(), in_, 1,
-                                            dx_.data(), in_, static_cast<const G*>(nullptr), gemm_options{});
-    // dW (out x in) = dy^T (out x rows) x (rows x in).
-    detail::ensure(dw_, shape_t<2>{out_, in_});
-    precis::detail::gemm_raw<op::matmul, P>(ctx, out_, in_, rows, dy.data(), 1, out_, x.data(), in_, 1, dw_.data(), in_,
-                                            static_cast<const G*>(nullptr), gemm_options{});
-    weight_.accumulate(dw_);
+    if constexpr (float8) {
+      backward_float8(ctx, dy);
+    } else {
+      backward_exact(ctx, dy);
+    }
     if (bias_on_) {
       detail::ensure(db_, shape_t<1>{out_});
+      const std::size_t rows = dy.size() / out_;
       using Mt = precis::detail::math_t<op::reduction, P, G>;
       using Red = precis::detail::sum_reducer<Mt, precis::detail::accumulate_t<op::reduction, P>,
                                               precis::detail::reduce_result_t<P, G>>;
@@ -110,9 +242,12 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx> {
 
   parameter<S, M, 2>& weight() { return weight_; }
   parameter<S, M, 1>& bias() { return bias_; }
+  /// The float8 recipes and the tensors last cast with them (float8 policies).
+  const float8_state& float8_products() const { return fp8_; }
   std::string shape() const { return std::to_string(in_) + "->" + std::to_string(out_) + (bias_on_ ? "" : " no bias"); }
   std::size_t own_bytes() const {
-    return detail::bytes_of(y_) + detail::bytes_of(dx_) + detail::bytes_of(dw_) + detail::bytes_of(db_);
+    return detail::bytes_of(y_) + detail::bytes_of(dx_) + detail::bytes_of(dw_) + detail::bytes_of(db_) +
+           fp8_.own_bytes();
   }
 
   template <class Self, class F>
@@ -125,11 +260,56 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx> {
   template <class Archive>
   void visit_state(Archive& a, const std::string& prefix) {
     detail::visit_parameters(a, prefix, *this);
+    if constexpr (float8) fp8_.visit_state(a, prefix);
   }
-  std::string validate() const { return detail::parameter_problems(*this); }
+  std::string validate() const {
+    std::string out = detail::parameter_problems(*this);
+    if constexpr (float8) {
+      const std::string f = fp8_.validate();
+      if (!f.empty()) out += (out.empty() ? "" : "; ") + f;
+    }
+    return out;
+  }
 
  private:
   static std::string_view name_for_errors() { return path_name<Tag>(); }
+
+  void backward_exact(const cpu_context& ctx, const host_tensor<G, R>& dy) {
+    const auto& x = x_.get(kind);
+    check_same_shape("precis::nn::linear: dy and the output", dy, y_);
+    const std::size_t rows = x.size() / in_;
+    detail::ensure(dx_, detail::shape_of<R>(x));
+    // dx (rows x in) = dy (rows x out) W (out x in).
+    precis::detail::gemm_raw<op::matmul, P>(ctx, rows, in_, out_, dy.data(), out_, 1, weight_.value().data(), in_, 1,
+                                            dx_.data(), in_, static_cast<const G*>(nullptr), gemm_options{});
+    // dW (out x in) = dy^T (out x rows) x (rows x in).
+    detail::ensure(dw_, shape_t<2>{out_, in_});
+    precis::detail::gemm_raw<op::matmul, P>(ctx, out_, in_, rows, dy.data(), 1, out_, x.data(), in_, 1, dw_.data(), in_,
+                                            static_cast<const G*>(nullptr), gemm_options{});
+    weight_.accumulate(dw_);
+  }
+
+  void backward_float8(const cpu_context& ctx, const host_tensor<G, R>& dy) {
+    auto& f = fp8_;
+    if (!f.have_forward) {
+      throw error("precis::nn::linear: backward() called without a forward() since the layer was made or copied");
+    }
+    check_same_shape("precis::nn::linear: dy and the output", dy, y_);
+    const std::size_t rows = dy.size() / out_;
+    const float sg = detail::quantize(ctx, f.grad_output, dy, f.dyq, true);
+    detail::ensure(dx_, detail::shape_of<R>(f.xq));
+    gemm_options o;
+    // dx (rows x in) = dy_q (rows x out) W_q (out x in) / (s_dy s_w).
+    o.alpha = detail::inverse_scales(sg, f.weight_scale);
+    precis::detail::gemm_raw<op::matmul, P>(ctx, rows, in_, out_, f.dyq.data(), out_, 1, f.wq.data(), in_, 1,
+                                            dx_.data(), in_, static_cast<const G*>(nullptr), o);
+    // dW (out x in) = dy_q^T (out x rows) x_q (rows x in) / (s_dy s_x).
+    detail::ensure(dw_, shape_t<2>{out_, in_});
+    o.alpha = detail::inverse_scales(sg, f.input_scale);
+    precis::detail::gemm_raw<op::matmul, P>(ctx, out_, in_, rows, f.dyq.data(), 1, out_, f.xq.data(), in_, 1,
+                                            dw_.data(), in_, static_cast<const G*>(nullptr), o);
+    weight_.accumulate(dw_);
+  }
 
   std::size_t in_, out_;
   bool bias_on_;
@@ -140,6 +320,7 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx> {
   host_tensor<G, 2> dw_;
   host_tensor<G, 1> db_;
   detail::saved<host_tensor<S, R>> x_;
+  float8_state fp8_;
 };
 
 }  // namespace precis::nn

@@ -343,29 +343,48 @@ inline std::uint64_t seed_for(std::uint64_t seed, std::string_view path) {
 
 namespace precis::nn {
 
+/// True when policy P puts float8 in a layer's matrix products (presets::fp8_hybrid): its
+/// storage or gradient type is a float8 format.
+template <Policy P>
+inline constexpr bool float8_products_v = is_float8_v<typename P::storage_type> || is_float8_v<typename P::gradient_type>;
+
+/// The type a layer under P keeps its activations in between layers: P's storage type, or
+/// its compute type where the storage type is float8 (float8 lives inside the products).
+template <Policy P>
+using activation_type_t =
+    std::conditional_t<is_float8_v<typename P::storage_type>, typename P::compute_type, typename P::storage_type>;
+/// The type a layer under P passes activation gradients in: P's gradient type, or its
+/// compute type where the gradient type is float8.
+template <Policy P>
+using activation_grad_type_t =
+    std::conditional_t<is_float8_v<typename P::gradient_type>, typename P::compute_type, typename P::gradient_type>;
+
 /// The types a layer (a leaf module) under the resolved policy P names; Tag is its layer
 /// tag and must be of the operation kind `Op` the layer performs. Activations are stored
 /// in P's storage type, activation gradients in its gradient type; statistics (norm means
-/// and variances) in float, or double under a double policy.
-template <Layer Tag, Policy P, op_kind Op, std::size_t InRank, std::size_t OutRank, class Ctx>
+/// and variances) in float, or double under a double policy. A layer whose products take
+/// float8 inputs (`Float8Products`: nn::linear and the projections of nn::attention) may
+/// run under a float8 policy: it then passes activations and gradients in P's compute
+/// type and quantises inside (see activation_type_t); other layers refuse one.
+template <Layer Tag, Policy P, op_kind Op, std::size_t InRank, std::size_t OutRank, class Ctx,
+          bool Float8Products = false>
 struct layer_base {
   static_assert(std::is_same_v<typename Tag::op, Op>,
                 "precis: a layer's tag must be of the operation kind the layer performs "
                 "(precis::layer<op::matmul> for linear and attention products, op::conv for "
                 "convolutions, op::elementwise for activations, ...); see nn::tags");
-  static_assert(!is_float8_v<typename P::storage_type> && !is_float8_v<typename P::gradient_type>,
-                "precis: nn layers store activations in 16- or 32-bit types; float8 belongs in "
-                "the matrix products of a kernel-level recipe (precis::lt_matmul), not in "
-                "nn's storage; give this layer a bfloat16 or float16 policy in the map");
+  static_assert(Float8Products || !float8_products_v<P>,
+                "precis: only nn::linear and the projections of nn::attention take float8 inputs "
+                "in their products; give this layer a bfloat16 or float16 policy in the map");
   using tag_type = Tag;
   /// The policy the layer runs under, resolved by the rule set for its operation kind.
   using policy_type = P;
   using operation = Op;
   using context_type = Ctx;
-  using input_type = typename P::storage_type;
-  using output_type = typename P::storage_type;
-  using input_grad_type = typename P::gradient_type;
-  using output_grad_type = typename P::gradient_type;
+  using input_type = activation_type_t<P>;
+  using output_type = activation_type_t<P>;
+  using input_grad_type = activation_grad_type_t<P>;
+  using output_grad_type = activation_grad_type_t<P>;
   using master_type = typename P::master_type;
   using statistics_type = std::conditional_t<std::is_same_v<master_type, double>, double, float>;
   static constexpr std::size_t input_rank = InRank;

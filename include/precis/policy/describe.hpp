@@ -71,6 +71,9 @@ std::vector<std::string> describe_row() {
                 std::is_same_v<typename P::products_type, products::hardware>) {
     note("hardware products");
   }
+  if constexpr (is_gemm_like_v<Op> && is_float8_v<typename P::storage_type>) {
+    note("float8 product inputs, " + std::string(type_name_v<typename P::compute_type>) + " between layers");
+  }
   if constexpr (!std::is_void_v<activation_bound_t<L>>) {
     char bound[48];
     std::snprintf(bound, sizeof bound, "activations up to %g", activation_bound_t<L>::value);
