@@ -8,7 +8,9 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace precis_bench {
@@ -105,6 +107,32 @@ inline std::string cpu_model() {
     }
   }
   return "unknown CPU";
+}
+
+/// The CPU's vector and dot-product extensions that matter to precis's kernels (Linux:
+/// /proc/cpuinfo flags), e.g. "AVX-512 AVX512-BF16"; "unknown ISA" where nothing is read.
+inline std::string cpu_isa() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    // Whether `flag` is one of the line's space-separated words.
+    auto has = [&](std::string_view flag) {
+      const std::string_view l(line);
+      for (std::size_t pos = l.find(flag); pos != std::string_view::npos; pos = l.find(flag, pos + 1)) {
+        const std::size_t end = pos + flag.size();
+        if ((pos == 0 || l[pos - 1] == ' ' || l[pos - 1] == '\t') && (end == l.size() || l[end] == ' ')) return true;
+      }
+      return false;
+    };
+    std::string isa = has("avx512f") ? "AVX-512" : has("avx2") ? "AVX2" : "SSE";
+    for (const auto& [flag, name] : {std::pair{"avx512_bf16", "AVX512-BF16"}, std::pair{"avx512_fp16", "AVX512-FP16"},
+                                     std::pair{"amx_bf16", "AMX-BF16"}}) {
+      if (has(flag)) isa += std::string(" ") + name;
+    }
+    return isa;
+  }
+  return "unknown ISA";
 }
 
 /// Prints the machine a benchmark ran on: CPU model, hardware threads, the SIMD set the

@@ -18,6 +18,8 @@
 // smallest subnormal (6e-8). In float16 without loss scaling they are all zero and the
 // network never learns; with the dynamic scaler (2^16) they are representable; bfloat16 has
 // float's range and needs no scaler.
+#include "../common.hpp"
+
 #include <precis/precis.hpp>
 
 #include <boost/hana.hpp>
@@ -32,6 +34,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -261,8 +264,8 @@ void write_outputs(const config& c, const std::vector<result>& results) {
 
   const auto script = c.out / "plot.gp";
   const auto png = c.out / "loss_curves.png";
+  std::ostringstream g;
   {
-    std::ofstream g(script);
     g << "set terminal pngcairo size 1200,500 noenhanced\n"
       << "set output '" << png.string() << "'\n"
       << "set datafile separator ','\n"
@@ -280,17 +283,7 @@ void write_outputs(const config& c, const std::vector<result>& results) {
     }
     g << "\nunset multiplot\n";
   }
-  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) {
-    std::printf("gnuplot is not installed: %s was not drawn (./run.sh demo installs gnuplot-nox)\n",
-                png.string().c_str());
-    return;
-  }
-  const std::string cmd = "gnuplot '" + script.string() + "'";
-  if (std::system(cmd.c_str()) != 0) {
-    std::printf("gnuplot failed on %s: %s was not drawn\n", script.string().c_str(), png.string().c_str());
-    return;
-  }
-  std::printf("wrote %s\n", png.string().c_str());
+  examples::draw_with_gnuplot(script, g.str(), png);
 }
 
 int check_ordering(const std::vector<result>& results) {
@@ -318,15 +311,7 @@ int main(int argc, char** argv) {
   config c;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
-    // The next argument as a whole number >= min.
-    auto number = [&](std::size_t min, auto& out) {
-      if (i + 1 >= argc) return false;
-      char* end = nullptr;
-      const long long v = std::strtoll(argv[++i], &end, 10);
-      if (*end != '\0' || v < static_cast<long long>(min)) return false;
-      out = static_cast<std::remove_reference_t<decltype(out)>>(v);
-      return true;
-    };
+    auto number = [&](long long min, auto& out) { return examples::next_count(argc, argv, i, min, out); };
     bool ok = true;
     if (a == "--steps") {
       ok = number(8, c.steps);
@@ -355,11 +340,7 @@ int main(int argc, char** argv) {
 
     std::vector<std::vector<std::string>> rows{{"policy", "test loss", "accuracy", "skipped", "final scale",
                                                 "ms/step", "params", "optimizer", "activations", "layer-0 grads = 0", ""}};
-    char buf[64];
-    auto num = [&](const char* fmt, double v) {
-      std::snprintf(buf, sizeof buf, fmt, v);
-      return std::string(buf);
-    };
+    const auto num = examples::format;
     auto kib = [&](std::size_t b) { return num("%.0f KiB", double(b) / 1024.0); };
     for (const auto& r : results) {
       rows.push_back({r.name, num("%.4f", r.loss), num("%.2f%%", 100 * r.accuracy), std::to_string(r.skipped),

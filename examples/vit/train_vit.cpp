@@ -16,6 +16,7 @@
 // within 3 points of fp32, bf16_mixed had no skipped step and every test loss is finite.
 //
 // Training is deterministic: the same bits for a given seed, thread count and build.
+#include "../common.hpp"
 #include "fashion_mnist.hpp"
 #include "model.hpp"
 
@@ -36,6 +37,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -297,7 +299,10 @@ result train_one(const Entry& e, const options& o, const vit::config& vc, const 
   return r;
 }
 
-std::string cpu_line() { return precis_bench::cpu_model() + " (" + precis_bench::simd_name() + ")"; }
+/// The CPU model and its ISA extensions, and what the kernels were compiled for.
+std::string cpu_line() {
+  return precis_bench::cpu_model() + " (" + precis_bench::cpu_isa() + "; kernels for " + precis_bench::simd_name() + ")";
+}
 
 /// `s` quoted for CSV when it holds a comma or a quote.
 std::string csv_field(const std::string& s) {
@@ -305,19 +310,6 @@ std::string csv_field(const std::string& s) {
   std::string q = "\"";
   for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
   return q + "\"";
-}
-
-/// Writes `text` to `path` through a temporary file renamed into place, so that a failed
-/// run leaves no half-written file.
-void write_file(const std::filesystem::path& path, const std::string& text) {
-  const auto tmp = path.string() + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    f << text;
-    f.close();
-    if (!f) throw error("example_vit: cannot write " + tmp);
-  }
-  std::filesystem::rename(tmp, path);
 }
 
 void write_outputs(const options& o, const std::vector<result>& results) {
@@ -353,9 +345,9 @@ void write_outputs(const options& o, const std::vector<result>& results) {
     }
     steps << "\n";
   }
-  write_file(o.out / "summary.csv", summary.str());
-  write_file(o.out / "curves.csv", curves.str());
-  write_file(o.out / "steps.csv", steps.str());
+  examples::write_file(o.out / "summary.csv", summary.str());
+  examples::write_file(o.out / "curves.csv", curves.str());
+  examples::write_file(o.out / "steps.csv", steps.str());
   std::printf("wrote %s, curves.csv and steps.csv\n", (o.out / "summary.csv").string().c_str());
 
   // The plot: training loss per step, test accuracy per epoch, loss scale per step.
@@ -378,15 +370,7 @@ void write_outputs(const options& o, const std::vector<result>& results) {
     g << (i ? ", " : " ") << "'" << (o.out / "steps.csv").string() << "' using 1:" << 3 + 3 * i << " with lines lw 2";
   }
   g << "\nunset multiplot\n";
-  const auto script = o.out / "curves.gp";
-  write_file(script, g.str());
-  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) {
-    std::printf("gnuplot is not installed: %s was not drawn\n", png.string().c_str());
-    return;
-  }
-  const std::string cmd = "gnuplot '" + script.string() + "'";
-  if (std::system(cmd.c_str()) != 0) throw error("example_vit: gnuplot failed on " + script.string());
-  std::printf("wrote %s\n", png.string().c_str());
+  examples::draw_with_gnuplot(o.out / "curves.gp", g.str(), png);
 }
 
 int check(const std::vector<result>& results) {
@@ -424,14 +408,7 @@ int main(int argc, char** argv) {
   options o;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
-    auto number = [&](std::size_t min, auto& out) {
-      if (i + 1 >= argc) return false;
-      char* end = nullptr;
-      const long long v = std::strtoll(argv[++i], &end, 10);
-      if (*end != '\0' || v < static_cast<long long>(min)) return false;
-      out = static_cast<std::remove_reference_t<decltype(out)>>(v);
-      return true;
-    };
+    auto number = [&](long long min, auto& out) { return examples::next_count(argc, argv, i, min, out); };
     bool ok = true;
     if (a == "--epochs") {
       ok = number(1, o.epochs);
@@ -495,7 +472,8 @@ int main(int argc, char** argv) {
     if (train.side != vc.image || test.side != vc.image) throw error("example_vit: the images are not 28 x 28");
     if (train.count < o.batch) throw error("example_vit: fewer training images than one batch");
 
-    precis_bench::print_machine();
+    std::printf("CPU: %s, %u hardware threads; products: %s\n", cpu_line().c_str(), std::thread::hardware_concurrency(),
+                cpu_products_engine().c_str());
     std::printf("precis %d.%d ViT on Fashion-MNIST: patch %zu, width %zu, %zu heads, depth %zu; %zu training and %zu "
                 "test images; batch %zu, %zu epochs, AdamW lr %g (warmup 1/10, cosine), %s; %u threads\n",
                 PRECIS_VERSION_MAJOR, PRECIS_VERSION_MINOR, vc.patch, vc.width, vc.heads, depth, train.count,
@@ -509,11 +487,7 @@ int main(int argc, char** argv) {
 
     std::vector<std::vector<std::string>> rows{{"policy", "test acc", "test loss", "skipped", "final scale",
                                                 "ms/step", "params", "optimizer", "activations", "peak RSS", ""}};
-    char buf[64];
-    auto num = [&](const char* fmt, double v) {
-      std::snprintf(buf, sizeof buf, fmt, v);
-      return std::string(buf);
-    };
+    const auto num = examples::format;
     auto kib = [&](std::size_t b) { return num("%.0f KiB", double(b) / 1024.0); };
     for (const auto& r : results) {
       rows.push_back({r.name, num("%.2f%%", 100 * r.accuracy), num("%.4f", r.test_loss), std::to_string(r.skipped),

@@ -6,6 +6,7 @@
 
 #include <doctest/doctest.h>
 
+#include "model_helpers.hpp"
 #include "random.hpp"
 
 #include <algorithm>
@@ -220,12 +221,7 @@ struct fp8_run {
   }
 };
 
-template <class Model>
-std::vector<float> masters_of(Model& m) {
-  std::vector<float> out;
-  for (auto s : m.masters()) out.insert(out.end(), s.begin(), s.end());
-  return out;
-}
+using precis_test::masters_of;
 
 }  // namespace
 

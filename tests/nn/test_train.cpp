@@ -6,6 +6,7 @@
 
 #include <doctest/doctest.h>
 
+#include "model_helpers.hpp"
 #include "random.hpp"
 
 #include <cmath>
@@ -54,12 +55,7 @@ auto small_model(std::uint64_t seed) {
 template <class T>
 using batch_of = nn::micro_batch<host_tensor<T, 2>, host_tensor<std::int32_t, 1>>;
 
-template <class Model>
-std::vector<float> masters_of(Model& m) {
-  std::vector<float> out;
-  for (auto s : m.masters()) out.insert(out.end(), s.begin(), s.end());
-  return out;
-}
+using precis_test::masters_of;
 
 }  // namespace
 

@@ -1,0 +1,95 @@
+"""precis against PyTorch on the same CPU: ms per ViT training step, fp32 and bf16.
+
+    python3 bench/vit/compare.py --bench build/gcc/bench/bench_vit_step [--threads 2]
+                                 [--steps 20] [--out bench/results/vit/torch_comparison.csv]
+
+Runs, one after the other on an otherwise idle machine, precis's bench_vit_step and
+torch_reference.py's `time` for each configuration (the example's: width 64, 4 heads,
+depth 4, patch 4, batch 128; ViT-Ti's width: 192, 3 heads, depth 6, patch 4, batch 128;
+and the same with patch 2, batch 64), in fp32 and in bf16 (precis: bf16_mixed; torch:
+autocast to bfloat16). Each side reports the median of `steps` timed steps after 5
+warm-up steps. Writes the CSV with the header
+precision,threads,batch,precis_ms_per_step,torch_ms_per_step,ratio,cpu,torch_version,config
+where ratio = torch / precis (above 1: precis is faster) and a bf16 row compares with the
+faster of torch's fp32 and bf16 steps (its config column says which).
+"""
+import argparse
+import csv
+import os
+import re
+import subprocess
+import sys
+
+CONFIGS = [  # name, bench_vit_step arguments, torch_reference arguments, batch
+    ("width64-heads4-depth4-patch4", ["--config", "small", "--patch", "4", "--batch", "128"],
+     ["--width", "64", "--heads", "4", "--depth", "4", "--patch", "4", "--batch", "128"], 128),
+    ("width192-heads3-depth6-patch4", ["--config", "ti", "--patch", "4", "--batch", "128"],
+     ["--width", "192", "--heads", "3", "--depth", "6", "--patch", "4", "--batch", "128"], 128),
+    ("width192-heads3-depth6-patch2", ["--config", "ti", "--patch", "2", "--batch", "64"],
+     ["--width", "192", "--heads", "3", "--depth", "6", "--patch", "2", "--batch", "64"], 64),
+]
+LINE = re.compile(r"^(precis|torch \S+ \((\S+)\)) (fp32|bf16): .* median ([0-9.]+) ms/step")
+
+
+def cpu_description():
+    model, flags = "unknown CPU", set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name") and model == "unknown CPU":
+                model = line.split(":", 1)[1].strip()
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+    isa = [n for n, f in (("AVX-512", "avx512f"), ("AVX512-BF16", "avx512_bf16"), ("AVX512-FP16", "avx512_fp16"),
+                          ("AMX-BF16", "amx_bf16")) if f in flags] or (["AVX2"] if "avx2" in flags else [])
+    return f"{model} ({' '.join(isa)})"
+
+
+def run(cmd):
+    print("$", " ".join(cmd), flush=True)
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    print(out, end="", flush=True)
+    found, version = {}, ""
+    for line in out.splitlines():
+        m = LINE.match(line)
+        if m:
+            found[m.group(3)] = float(m.group(4))
+            if m.group(1).startswith("torch"):
+                version = m.group(1).split()[1] + " (" + m.group(2) + ")"
+    return found, version
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bench", required=True, help="path of precis's bench_vit_step")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--out", default="bench/results/vit/torch_comparison.csv")
+    args = ap.parse_args()
+    here = os.path.dirname(os.path.abspath(__file__))
+    cpu = cpu_description()
+    print("CPU:", cpu, flush=True)
+    rows = []
+    for name, precis_args, torch_args, batch in CONFIGS:
+        common = ["--threads", str(args.threads), "--steps", str(args.steps)]
+        p, _ = run([args.bench] + precis_args + common)
+        t, version = run([sys.executable, os.path.join(here, "torch_reference.py"), "time"] + torch_args + common)
+        rows.append(["fp32", args.threads, batch, p["fp32"], t["fp32"], t["fp32"] / p["fp32"], cpu, version, name])
+        faster = "bf16" if t["bf16"] < t["fp32"] else "fp32"
+        rows.append(["bf16", args.threads, batch, p["bf16"], t[faster], t[faster] / p["bf16"], cpu, version,
+                     f"{name}; torch {faster} (faster)"])
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    tmp = args.out + ".tmp"
+    with open(tmp, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["precision", "threads", "batch", "precis_ms_per_step", "torch_ms_per_step", "ratio", "cpu",
+                    "torch_version", "config"])
+        for r in rows:
+            w.writerow([r[0], r[1], r[2], f"{r[3]:.1f}", f"{r[4]:.1f}", f"{r[5]:.2f}", r[6], r[7], r[8]])
+    os.replace(tmp, args.out)
+    print("wrote", args.out)
+    for r in rows:
+        print(f"{r[8]:<60} {r[0]}: precis {r[3]:7.1f} ms, torch {r[4]:7.1f} ms, torch/precis {r[5]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
