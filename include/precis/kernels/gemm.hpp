@@ -111,6 +111,19 @@ struct strided_packer {
 
   void operator()(std::size_t i0, std::size_t rows, std::size_t k0, std::size_t kc,
                   float* out) const {
+    if constexpr (std::is_same_v<T, float> && !TF32) {
+      if (cs == 1 && rows == R) {
+        // A full panel of float rows: read them in place (no staging copy), k outer so
+        // that the panel is written in order.
+        const float* row[R];
+        for (std::size_t r = 0; r < R; ++r) row[r] = data + (i0 + r) * rs + k0;
+        for (std::size_t k = 0; k < kc; ++k) {
+          float* o = out + k * R;
+          for (std::size_t r = 0; r < R; ++r) o[r] = row[r][k];
+        }
+        return;
+      }
+    }
     if (cs == 1) {
       float tmp[gemm_kc];
       for (std::size_t r = 0; r < rows; ++r) {
@@ -165,6 +178,14 @@ struct gemm_writer {
   gemm_epilogue epilogue;
 
   void operator()(std::size_t i, std::size_t j0, const float* acc, std::size_t n) const {
+    if constexpr (std::is_same_v<TC, float>) {
+      if (beta == 0.0F && bias == nullptr && epilogue == gemm_epilogue::none) {
+        // Float sums to a float C: alpha * acc is the result (one pass, no staging).
+        float* out = c + i * ldc + j0;
+        for (std::size_t j = 0; j < n; ++j) out[j] = alpha * acc[j];
+        return;
+      }
+    }
     float v[block_size], t[block_size];
     for (std::size_t s = 0; s < n; s += block_size) {
       const std::size_t len = std::min(block_size, n - s);

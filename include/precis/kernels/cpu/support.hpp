@@ -80,7 +80,10 @@ constexpr void accumulate(accumulator<Acc>& acc, M x) {
 
 /// Calls f(start, len, out, in...) over [0, n) in blocks of `block_size`, with each input
 /// block converted to M and `out` (M) rounded to `Out` afterwards; blocks are shared among
-/// threads. Every element is computed alone, so results do not depend on the split.
+/// threads. Inputs already of type M are read in place and an output of type M is written
+/// in place (f computes element j from the inputs' element j only, so an output that is
+/// also an input is fine). Every element is computed alone, so results do not depend on
+/// the split.
 template <class M, class Out, class F, class... In>
 void map_blocks(const cpu_context& ctx, std::size_t n, Out* out, F&& f, const In*... in) {
   parallel_for(ctx, n, elements_per_thread, [&](std::size_t begin, std::size_t end) {
@@ -88,11 +91,20 @@ void map_blocks(const cpu_context& ctx, std::size_t n, Out* out, F&& f, const In
     std::array<M, block_size> res;
     for (std::size_t i = begin; i < end; i += block_size) {
       const std::size_t len = std::min(block_size, end - i);
+      M* dst = res.data();
+      if constexpr (std::is_same_v<Out, M>) dst = out + i;
       [&]<std::size_t... K>(std::index_sequence<K...>) {
-        (load_block(in + i, bufs[K].data(), len), ...);
-        f(i, len, res.data(), static_cast<const M*>(bufs[K].data())...);
+        const auto view = [&](const auto* p, M* buf) -> const M* {
+          if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(p)>>, M>) {
+            return p;
+          } else {
+            load_block(p, buf, len);
+            return buf;
+          }
+        };
+        f(i, len, dst, view(in + i, bufs[K].data())...);
       }(std::index_sequence_for<In...>{});
-      store_block(res.data(), out + i, len);
+      if constexpr (!std::is_same_v<Out, M>) store_block(res.data(), out + i, len);
     }
   });
 }
