@@ -99,7 +99,10 @@ cmd_test() {
 }
 
 cmd_clang() {
-  configure build/clang clang++ Release -DPRECIS_WERROR=ON -DPRECIS_CUDA=OFF -DPRECIS_BITS_PROBE=OFF
+  # The benchmarks are built (with -Werror) by the test stage; this stage checks the
+  # library, the tests and the examples with a second compiler.
+  configure build/clang clang++ Release -DPRECIS_WERROR=ON -DPRECIS_CUDA=OFF -DPRECIS_BITS_PROBE=OFF \
+    -DPRECIS_BUILD_BENCH=OFF
   build build/clang
   run_ctest build/clang
 }
@@ -119,7 +122,7 @@ cmd_sanitize() {
   # Warnings are checked by the test and clang stages; GCC's warnings under
   # -fsanitize are known to have false positives.
   configure build/asan g++ RelWithDebInfo -DPRECIS_SANITIZE=ON -DPRECIS_CUDA=OFF \
-    -DPRECIS_BUILD_BENCH=OFF -DPRECIS_WERROR=OFF -DPRECIS_BITS_PROBE=OFF
+    -DPRECIS_BUILD_BENCH=OFF -DPRECIS_BUILD_TRAINING_EXAMPLES=OFF -DPRECIS_WERROR=OFF -DPRECIS_BITS_PROBE=OFF
   build build/asan
   ASAN_OPTIONS="${ASAN_OPTIONS:-detect_stack_use_after_return=1:strict_string_checks=1}" \
   UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1}" \

@@ -11,9 +11,10 @@
 // test accuracy, skipped steps, loss scale, time), then a summary table, and writes under
 // --out: summary.csv, curves.csv (per epoch), steps.csv (per step) and curves.png (gnuplot).
 //
-// --check (CI runs it) trains every policy for one short epoch (64 steps on 8,192 images)
-// and exits non-zero unless each reaches 50% test accuracy on 2,000 test images and ends
-// within 3 points of fp32, bf16_mixed had no skipped step and every test loss is finite.
+// --check (CI runs it) trains every policy for one short epoch (32 steps on 4,096 images)
+// and exits non-zero unless each reaches 40% test accuracy on 1,000 test images (chance is
+// 10%; the full run reaches 88%) and ends within 3 points of fp32, bf16_mixed had no
+// skipped step and every test loss is finite.
 //
 // Training is deterministic: the same bits for a given seed, thread count and build.
 #include "../common.hpp"
@@ -379,7 +380,7 @@ int check(const std::vector<result>& results) {
   for (const auto& r : results) {
     const bool bf16_only = r.name == "bf16_mixed";
     const bool near_fp32 = fp32 == results.end() || std::abs(r.accuracy - fp32->accuracy) <= 0.03;
-    const bool ok = std::isfinite(r.test_loss) && r.accuracy >= 0.5 && near_fp32 && (!bf16_only || r.skipped == 0);
+    const bool ok = std::isfinite(r.test_loss) && r.accuracy >= 0.4 && near_fp32 && (!bf16_only || r.skipped == 0);
     std::printf("check %-15s accuracy %.4f, test loss %.4f, skipped %zu: %s\n", r.name.c_str(), r.accuracy,
                 r.test_loss, r.skipped, ok ? "ok" : "FAILED");
     failures += ok ? 0 : 1;
@@ -451,8 +452,8 @@ int main(int argc, char** argv) {
   }
   if (o.check) {
     o.epochs = 1;
-    o.train_size = o.train_size ? o.train_size : 8192;
-    o.test_size = o.test_size ? o.test_size : 2000;
+    o.train_size = o.train_size ? o.train_size : 4096;
+    o.test_size = o.test_size ? o.test_size : 1000;
   }
   try {
     const vit::config vc;
