@@ -81,6 +81,7 @@ std::uint64_t mix(std::uint64_t z) {
 /// standard deviation) and their labels.
 struct dataset {
   std::size_t count = 0, side = 0;
+  float background = 0;  // a zero pixel, normalised: what a shifted image is padded with
   std::vector<float> x;
   std::vector<std::int32_t> y;
 };
@@ -90,6 +91,7 @@ dataset normalise(const vit::image_set& s, std::size_t limit, double mean, doubl
   dataset d;
   d.count = limit == 0 ? s.count : std::min(limit, s.count);
   d.side = s.rows;
+  d.background = float((0.0 - mean) / sd);
   const std::size_t px = d.side * d.side;
   d.x.resize(d.count * px);
   d.y.resize(d.count);
@@ -118,7 +120,6 @@ void gather(const dataset& d, const std::vector<std::size_t>& order, std::size_t
   const std::size_t side = d.side, px = side * side;
   x.resize({n, 1, side, side});
   y.resize({n});
-  const float background = d.x.empty() ? 0.0f : *std::min_element(d.x.begin(), d.x.begin() + std::ptrdiff_t(px));
   for (std::size_t b = 0; b < n; ++b) {
     const std::size_t item = order[first + b];
     const float* src = d.x.data() + item * px;
@@ -135,7 +136,7 @@ void gather(const dataset& d, const std::vector<std::size_t>& order, std::size_t
       for (std::size_t j = 0; j < side; ++j) {
         const long si = long(i) + dy, sj = long(flip ? side - 1 - j : j) + dx;
         const bool inside = si >= 0 && sj >= 0 && si < long(side) && sj < long(side);
-        dst[i * side + j] = inside ? src[std::size_t(si) * side + std::size_t(sj)] : background;
+        dst[i * side + j] = inside ? src[std::size_t(si) * side + std::size_t(sj)] : d.background;
       }
     }
   }
