@@ -1,7 +1,11 @@
-"""The example's Vision Transformer in PyTorch, for the side-by-side speed comparison.
+"""The example's Vision Transformer in PyTorch: the side-by-side speed comparison, and the
+weights and logits that tests/examples/test_vit_torch.cpp checks precis against.
 
     torch_reference.py time [--width 64 --heads 4 --depth 4 --patch 4 --batch 128]
                             [--threads 2] [--steps 20] [--precision fp32|bf16|both]
+    torch_reference.py export [--out tests/data/vit_torch] [--width 32 --heads 2 --depth 2]
+                              [--steps 300] [--images 32] [--seed 1]
+    torch_reference.py evaluate --weights vit_output/weights_fp32.safetensors [--threads 2]
 
 The model is examples/vit/model.hpp's: patchify + linear patch embedding, a learned class
 token, learned positions, `depth` pre-norm blocks (layer norm, multi-head self-attention,
@@ -11,10 +15,27 @@ forward, cross-entropy, backward and AdamW, as the example's; bf16 runs under
 torch.autocast('cpu', dtype=torch.bfloat16), as PyTorch users train in mixed precision on
 the CPU. Prints one line per precision: the best and the median ms per step of `steps`
 timed steps after 5 warm-up steps, with the torch version and the ISA oneDNN reports.
+
+`export` trains a small ViT for `steps` AdamW steps on Fashion-MNIST (Debian's
+dataset-fashion-mnist, normalised with the training set's mean and standard deviation, as the
+example does), saves its weights with the safetensors package as F32 and as BF16
+(vit_f32.safetensors, vit_bf16.safetensors; the sizes, the normalisation and the seed in
+the metadata), and writes logits.csv: for the first `images` test images, the logits in
+float64 (the reference), in float32, and under torch.autocast('cpu', dtype=torch.bfloat16).
+The parameter names are this module's ("blocks.0.qkv.weight"); examples/vit/model.hpp's
+vit::torch_name maps precis's paths onto them.
+
+`evaluate` loads weights that example_vit wrote (--out DIR: weights_<policy>.safetensors,
+its sizes and normalisation in the metadata) into this module and prints PyTorch's float32
+test accuracy on the same test images beside the accuracy precis measured.
 """
 import argparse
+import gzip
+import os
 import statistics
 import time
+
+import numpy as np
 
 import torch
 import torch.nn as nn
@@ -92,19 +113,127 @@ def time_steps(args, precision):
     return min(times), statistics.median(times)
 
 
+FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
+
+
+def read_idx(name):
+    with gzip.open(os.path.join(FASHION_MNIST, name), "rb") as f:
+        data = f.read()
+    rank = data[3]
+    dims = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(rank)]
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * rank).reshape(dims)
+
+
+def export(args):
+    from safetensors.torch import save_file
+
+    torch.manual_seed(args.seed)
+    train_x = read_idx("train-images-idx3-ubyte.gz").astype(np.float64) / 255.0
+    train_y = read_idx("train-labels-idx1-ubyte.gz").astype(np.int64)
+    test_x = read_idx("t10k-images-idx3-ubyte.gz").astype(np.float64) / 255.0
+    mean, sd = train_x.mean(), train_x.std()
+    norm = lambda a: torch.tensor((a - mean) / sd, dtype=torch.float32).unsqueeze(1)
+    model = ViT(patch=args.patch, width=args.width, heads=args.heads, depth=args.depth)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.05)
+    for step in range(args.steps):
+        lo = (step * args.batch) % (len(train_x) - args.batch)
+        x, y = norm(train_x[lo:lo + args.batch]), torch.tensor(train_y[lo:lo + args.batch])
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        if step % 100 == 0 or step + 1 == args.steps:
+            print(f"step {step}: loss {loss.item():.4f}", flush=True)
+
+    os.makedirs(args.out, exist_ok=True)
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    meta = {"image": "28", "patch": str(args.patch), "channels": "1", "width": str(args.width),
+            "heads": str(args.heads), "depth": str(args.depth), "classes": "10",
+            "mean": repr(float(mean)), "std": repr(float(sd)), "seed": str(args.seed),
+            "steps": str(args.steps), "torch": torch.__version__}
+    save_file(state, os.path.join(args.out, "vit_f32.safetensors"), metadata=meta)
+    save_file({k: v.to(torch.bfloat16) for k, v in state.items()},
+              os.path.join(args.out, "vit_bf16.safetensors"), metadata=meta)
+
+    x = norm(test_x[:args.images])
+    model.eval()
+    with torch.no_grad():
+        rows = {"float64": model.double()(x.double()).numpy()}
+        model.float()
+        rows["float32"] = model(x).numpy()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            rows["bf16_autocast"] = model(x).float().numpy()
+    with open(os.path.join(args.out, "logits.csv"), "w") as f:
+        f.write("image,kind," + ",".join(f"l{i}" for i in range(10)) + "\n")
+        for i in range(args.images):
+            for kind, v in rows.items():
+                f.write(f"{i},{kind}," + ",".join(repr(float(a)) for a in v[i]) + "\n")
+    print(f"wrote {args.out}/vit_f32.safetensors, vit_bf16.safetensors, logits.csv "
+          f"(torch {torch.__version__})")
+
+
+def evaluate(args):
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    with safe_open(args.weights, "pt") as f:
+        meta = f.metadata()
+    n = lambda k: int(meta[k])
+    if (n("image"), n("channels"), n("classes")) != (28, 1, 10):
+        raise SystemExit(f"{args.weights}: not a Fashion-MNIST ViT (image {meta['image']}, "
+                         f"channels {meta['channels']}, classes {meta['classes']})")
+    model = ViT(patch=n("patch"), width=n("width"), heads=n("heads"), depth=n("depth"))
+    # precis keeps the class token as [D] and the positions as [T, D] where this module has
+    # [1, 1, D] and [1, T, D]: shapes that differ only in axes of size 1 hold the same data
+    # (the rule nn::load_safetensors applies the other way).
+    state, own = load_file(args.weights), model.state_dict()
+    squeeze = lambda shape: [d for d in shape if d != 1]
+    for k, v in state.items():
+        if k in own and v.shape != own[k].shape and squeeze(v.shape) == squeeze(own[k].shape):
+            state[k] = v.reshape(own[k].shape)
+    model.load_state_dict(state, strict=True)
+    model.eval()
+    mean, sd = float(meta["mean"]), float(meta["std"])
+    images = n("test_images")
+    test_x = read_idx("t10k-images-idx3-ubyte.gz")[:images].astype(np.float64) / 255.0
+    test_y = torch.tensor(read_idx("t10k-labels-idx1-ubyte.gz")[:images].astype(np.int64))
+    x = torch.tensor((test_x - mean) / sd, dtype=torch.float32).unsqueeze(1)
+    with torch.no_grad():
+        correct = sum(int((model(x[i:i + 500]).argmax(1) == test_y[i:i + 500]).sum())
+                      for i in range(0, images, 500))
+    print(f"{args.weights}: policy {meta.get('policy', '?')}, {images} test images: PyTorch {torch.__version__} "
+          f"float32 accuracy {correct / images:.4f}, precis measured {float(meta['test_accuracy']):.4f}")
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("command", choices=["time"])
-    ap.add_argument("--width", type=int, default=64)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--depth", type=int, default=4)
+    ap.add_argument("command", choices=["time", "export", "evaluate"])
+    ap.add_argument("--weights", help="evaluate: a weights_<policy>.safetensors that example_vit wrote")
+    ap.add_argument("--width", type=int, default=None)
+    ap.add_argument("--heads", type=int, default=None)
+    ap.add_argument("--depth", type=int, default=None)
+    ap.add_argument("--out", default="tests/data/vit_torch")
+    ap.add_argument("--images", type=int, default=32)
+    ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--patch", type=int, default=4)
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--precision", choices=["fp32", "bf16", "both"], default="both")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    small = args.command == "export"
+    for name, timing, exporting in (("width", 64, 32), ("heads", 4, 2), ("depth", 4, 2), ("steps", 20, 300)):
+        if getattr(args, name) is None:
+            setattr(args, name, exporting if small else timing)
+    if small:
+        export(args)
+        return
+    if args.command == "evaluate":
+        if not args.weights:
+            raise SystemExit("evaluate needs --weights FILE")
+        evaluate(args)
+        return
     isa = torch.backends.cpu.get_cpu_capability()
     for precision in (["fp32", "bf16"] if args.precision == "both" else [args.precision]):
         best, median = time_steps(args, precision)

@@ -13,8 +13,10 @@
 #include <precis/precis.hpp>
 
 #include <cstddef>
+#include <initializer_list>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace vit {
 
@@ -100,6 +102,46 @@ auto blueprint(const config& c) {
                  nn::class_token(c.width), nn::position_embedding(c.tokens(), c.width),
                  nn::named("encoder", nn::repeat<Depth>(block<Fc2>(c.width, c.heads))), nn::layer_norm(c.width),
                  nn::select_token(0), nn::linear<head>(c.width, c.classes));
+}
+
+/// The name PyTorch gives the parameter at precis path `path` in the same model written as
+/// bench/vit/torch_reference.py's ViT module (its state_dict and safetensors files):
+/// "encoder.1.0.attn.qkv.weight" -> "blocks.1.qkv.weight", "2.token" -> "cls", layer norms'
+/// gamma and beta -> weight and bias. For nn::load_safetensors and nn::save_safetensors.
+/// Throws precis::error for a path the blueprint does not have.
+inline std::string torch_name(std::string_view path) {
+  std::vector<std::string_view> parts;
+  for (std::size_t at = 0;;) {
+    const auto dot = path.find('.', at);
+    parts.push_back(path.substr(at, dot - at));
+    if (dot == std::string_view::npos) break;
+    at = dot + 1;
+  }
+  auto affine = [](std::string_view p) -> std::string_view {
+    return p == "gamma" ? "weight" : p == "beta" ? "bias" : p;
+  };
+  const std::string_view last = parts.back();
+  auto cat = [](std::initializer_list<std::string_view> ps) {
+    std::string out;
+    for (auto p : ps) {
+      if (!out.empty()) out += '.';
+      out.append(p);
+    }
+    return out;
+  };
+  if (parts.size() == 2 && (parts[0] == "patch_embed" || parts[0] == "head")) return std::string(path);
+  if (path == "2.token") return "cls";
+  if (path == "3.table") return "pos";
+  if (parts.size() == 2 && parts[0] == "5" && (last == "gamma" || last == "beta")) return cat({"norm", affine(last)});
+  if (parts.size() >= 5 && parts[0] == "encoder") {
+    const std::string_view block = parts[1], half = parts[2];
+    if (half == "0" && parts.size() == 5 && parts[3] == "norm1") return cat({"blocks", block, "norm1", affine(last)});
+    if (half == "0" && parts.size() == 6 && parts[3] == "attn" && parts[4] == "qkv") return cat({"blocks", block, "qkv", last});
+    if (half == "0" && parts.size() == 6 && parts[3] == "attn" && parts[4] == "out") return cat({"blocks", block, "proj", last});
+    if (half == "1" && parts.size() == 5 && parts[3] == "norm2") return cat({"blocks", block, "norm2", affine(last)});
+    if (half == "1" && parts.size() == 6 && parts[3] == "mlp") return cat({"blocks", block, parts[4], last});
+  }
+  throw error("vit::torch_name: the ViT has no parameter at path \"" + std::string(path) + "\"");
 }
 
 /// ViT-H/16 on 224 x 224 RGB images, 1000 classes (width 1280, 16 heads; 32 blocks).

@@ -2,14 +2,20 @@
 // this binary from one blueprint (model.hpp) and one Hana tuple of maps.
 //
 //   example_vit [--epochs N] [--policy NAME[,NAME...]] [--threads N] [--batch N]
-//               [--train N] [--seed S] [--lr X] [--augment] [--data DIR] [--out DIR] [--check]
+//               [--train N] [--seed S] [--lr X] [--augment] [--data DIR] [--out DIR]
+//               [--init FILE] [--check]
 //
 // The model: patch 4 (7 x 7 = 49 patch tokens and a class token), width 64, 4 heads, 4
 // pre-norm blocks, 10 classes. AdamW (weight decay 0.05 on the linear weights only, not on
 // biases, norms or embeddings), linear warmup over the first tenth of the steps, then cosine decay,
 // gradients clipped to norm 1. For each policy it prints a line per epoch (training loss,
 // test accuracy, skipped steps, loss scale, time), then a summary table, and writes under
-// --out: summary.csv, curves.csv (per epoch), steps.csv (per step) and curves.png (gnuplot).
+// --out: summary.csv, curves.csv (per epoch), steps.csv (per step) and curves.png (gnuplot),
+// and each policy's trained weights as weights_<policy>.safetensors (float32, named as
+// PyTorch's module in bench/vit/torch_reference.py names them; the sizes and the
+// normalisation in the metadata: `torch_reference.py evaluate` runs them in PyTorch).
+// --init FILE starts every policy from the weights in a safetensors file of those names
+// (PyTorch's, or one this program wrote) instead of the seed's.
 //
 // --check (CI runs it) trains every policy for one short epoch (32 steps on 4,096 images)
 // and exits non-zero unless each reaches 40% test accuracy on 1,000 test images (chance is
@@ -20,6 +26,8 @@
 #include "../common.hpp"
 #include "fashion_mnist.hpp"
 #include "model.hpp"
+
+#include <precis/nn/safetensors.hpp>
 
 #include "../../bench/common.hpp"
 
@@ -34,6 +42,7 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -66,6 +75,8 @@ struct options {
   std::set<std::string> policies;  // empty: all
   std::filesystem::path data = vit::fashion_mnist_dir;
   std::filesystem::path out = "vit_output";
+  std::optional<safetensors::file> init;  // --init: the starting weights
+  double mean = 0, sd = 1;                 // the normalisation (for the weights' metadata)
 };
 
 // ---- the data: normalised once, batches gathered per step ----
@@ -235,6 +246,7 @@ result train_one(const Entry& e, const options& o, const vit::config& vc, const 
   reset_peak_rss();
   const cpu_context ctx{o.threads};
   auto model = nn::build<S, 4>(Map{}, vit::blueprint<depth>(vc), {.seed = o.seed});
+  if (o.init) nn::load_safetensors(model, *o.init, vit::torch_name);
   nn::softmax_cross_entropy<LossPolicy> loss;
   const std::size_t per_epoch = train.count / o.batch, total = per_epoch * o.epochs;
   adamw opt(model.masters(), {.lr = o.lr, .weight_decay = o.weight_decay}, model.decay_mask());
@@ -298,6 +310,17 @@ result train_one(const Entry& e, const options& o, const vit::config& vc, const 
   r.optim_bytes = opt.state_bytes();
   r.activation_bytes = model.activation_bytes() + loss.own_bytes();
   r.peak_rss_mib = peak_rss_mib();
+
+  auto text = [](double v) { return examples::format("%.17g", v); };
+  const auto weights = o.out / ("weights_" + r.name + ".safetensors");
+  nn::save_safetensors(model, weights, vit::torch_name, safetensors::dtype::f32,
+                       {{"image", std::to_string(vc.image)}, {"patch", std::to_string(vc.patch)},
+                        {"channels", std::to_string(vc.channels)}, {"width", std::to_string(vc.width)},
+                        {"heads", std::to_string(vc.heads)}, {"depth", std::to_string(depth)},
+                        {"classes", std::to_string(vc.classes)}, {"mean", text(o.mean)}, {"std", text(o.sd)},
+                        {"seed", std::to_string(o.seed)}, {"policy", r.name}, {"epochs", std::to_string(o.epochs)},
+                        {"test_accuracy", text(r.accuracy)}, {"test_images", std::to_string(test.count)}});
+  std::printf("  wrote %s\n", weights.string().c_str());
   return r;
 }
 
@@ -392,7 +415,7 @@ int check(const std::vector<result>& results) {
 int usage(const char* self) {
   std::fprintf(stderr,
                "usage: %s [--epochs N] [--policy NAME[,NAME...]] [--threads N] [--batch N] [--train N] [--test N]\n"
-               "          [--seed S] [--lr X] [--augment] [--data DIR] [--out DIR] [--check]\n"
+               "          [--seed S] [--lr X] [--augment] [--data DIR] [--out DIR] [--init FILE] [--check]\n"
                "policies: fp32 bf16_mixed fp16_mixed fp8_hybrid bf16_attn_fp16\n",
                self);
   return 2;
@@ -408,6 +431,7 @@ std::set<std::string> policy_names() {
 
 int main(int argc, char** argv) {
   options o;
+  std::filesystem::path init_path;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     auto number = [&](long long min, auto& out) { return examples::next_count(argc, argv, i, min, out); };
@@ -444,6 +468,8 @@ int main(int argc, char** argv) {
       o.data = argv[++i];
     } else if (a == "--out" && i + 1 < argc) {
       o.out = argv[++i];
+    } else if (a == "--init" && i + 1 < argc) {
+      init_path = argv[++i];
     } else if (a == "--check") {
       o.check = true;
     } else {
@@ -469,6 +495,8 @@ int main(int argc, char** argv) {
       sum2 += v * v;
     }
     const double n = double(train_set.pixels.size()), mean = sum / n, sd = std::sqrt(sum2 / n - mean * mean);
+    o.mean = mean;
+    o.sd = sd;
     const auto train = normalise(train_set, o.train_size, mean, sd);
     const auto test = normalise(test_set, o.test_size, mean, sd);
     if (train.side != vc.image || test.side != vc.image) throw error("example_vit: the images are not 28 x 28");
@@ -481,6 +509,11 @@ int main(int argc, char** argv) {
                 PRECIS_VERSION_MAJOR, PRECIS_VERSION_MINOR, vc.patch, vc.width, vc.heads, depth, train.count,
                 test.count, o.batch, o.epochs, o.lr, o.augment ? "shift + flip augmentation" : "no augmentation",
                 cpu_context{o.threads}.thread_count());
+    if (!init_path.empty()) {
+      o.init = safetensors::file::read(init_path);
+      std::printf("starting from the weights in %s\n", init_path.string().c_str());
+    }
+    std::filesystem::create_directories(o.out);
     std::vector<result> results;
     hana::for_each(sweep, [&](const auto& e) {
       if (!o.policies.empty() && !o.policies.contains(std::string(e.name))) return;

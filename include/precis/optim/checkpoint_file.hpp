@@ -7,20 +7,16 @@
 #pragma once
 
 #include <precis/config.hpp>
+#include <precis/io/file.hpp>
 #include <precis/scaling/checkpoint.hpp>
 
-#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <string_view>
 #include <tuple>
 #include <utility>
-
-#include <fcntl.h>
-#include <unistd.h>
 
 namespace precis {
 
@@ -38,18 +34,6 @@ inline constexpr std::uint32_t checkpoint_file_version = 1;
 namespace detail {
 
 constexpr std::string_view checkpoint_file_magic = "PRECISCK";
-
-inline void write_all(int fd, const std::string& bytes, const std::filesystem::path& p) {
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw error("precis: writing checkpoint " + p.string() + " failed: " + std::strerror(errno));
-    }
-    done += static_cast<std::size_t>(n);
-  }
-}
 
 }  // namespace detail
 
@@ -72,33 +56,7 @@ void save_checkpoint(const std::filesystem::path& file, const Parts&... parts) {
       ...);
   put(detail::crc32(bytes));
 
-  const std::filesystem::path tmp = file.string() + ".tmp-" + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw error("precis: cannot create " + tmp.string() + ": " + std::strerror(errno));
-  try {
-    detail::write_all(fd, bytes, tmp);
-    if (::fsync(fd) != 0) throw error("precis: fsync of " + tmp.string() + " failed: " + std::strerror(errno));
-  } catch (...) {
-    ::close(fd);
-    std::filesystem::remove(tmp);
-    throw;
-  }
-  if (::close(fd) != 0) {
-    std::filesystem::remove(tmp);
-    throw error("precis: closing " + tmp.string() + " failed: " + std::strerror(errno));
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, file, ec);
-  if (ec) {
-    std::filesystem::remove(tmp);
-    throw error("precis: renaming " + tmp.string() + " to " + file.string() + " failed: " + ec.message());
-  }
-  // Make the rename itself durable.
-  const auto dir = file.has_parent_path() ? file.parent_path() : std::filesystem::path(".");
-  if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
-    (void)::fsync(dfd);
-    ::close(dfd);
-  }
+  write_file_atomically(file, bytes);
 }
 
 /// Loads every part from `file`, or none: each part is loaded into a copy and checked;
@@ -106,9 +64,7 @@ void save_checkpoint(const std::filesystem::path& file, const Parts&... parts) {
 /// mismatched file throws precis::error saying what is wrong.
 template <checkpointable... Parts>
 void load_checkpoint(const std::filesystem::path& file, Parts&... parts) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw error("precis: cannot open checkpoint " + file.string());
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string bytes = read_file(file, "checkpoint");
   auto fail = [&](const std::string& what) -> void {
     throw error("precis: cannot load checkpoint " + file.string() + ": " + what);
   };
