@@ -2,11 +2,11 @@
 #pragma once
 
 #include <precis/config.hpp>
+#include <precis/io/file.hpp>
 
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <type_traits>
 
@@ -31,17 +31,10 @@ inline std::string format(const char* fmt, double v) {
   return buf;
 }
 
-/// Writes `text` to `path` through a temporary file renamed into place, so that a failed
-/// run leaves no half-written file. Throws precis::error when it cannot.
+/// Writes `text` to `path` atomically (precis::write_file_atomically): a failed run leaves
+/// no half-written file. Throws precis::error when it cannot.
 inline void write_file(const std::filesystem::path& path, const std::string& text) {
-  const auto tmp = path.string() + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    f << text;
-    f.close();
-    if (!f) throw precis::error("cannot write " + tmp);
-  }
-  std::filesystem::rename(tmp, path);
+  precis::write_file_atomically(path, text);
 }
 
 /// Writes the gnuplot `script` and runs it to draw `png`. Without gnuplot it says so (the
