@@ -103,7 +103,7 @@ inline constexpr std::size_t gemm_nc = 1024;
 /// accumulators are locals of this function, indexed by constants only, so the compiler
 /// keeps them in registers (captured by a lambda that is not inlined they would live in
 /// memory, a several-fold slowdown).
-template <bool First, std::size_t... R>
+template <bool First, bool Two, std::size_t... R>
 inline void gemm_micro_rows(std::index_sequence<R...>, std::size_t kc, const float* a,
                             const float* b, float* c, std::size_t ldc) {
   using S = gemm_simd;
@@ -113,22 +113,39 @@ inline void gemm_micro_rows(std::index_sequence<R...>, std::size_t kc, const flo
   if constexpr (First) {
     ((acc0[R] = S::zero(), acc1[R] = S::zero()), ...);
   } else {
-    ((acc0[R] = S::load(c + R * ldc), acc1[R] = S::load(c + R * ldc + W)), ...);
+    ((acc0[R] = S::load(c + R * ldc), acc1[R] = Two ? S::load(c + R * ldc + W) : S::zero()), ...);
   }
   for (std::size_t k = 0; k < kc; ++k) {
-    const V b0 = S::load(b), b1 = S::load(b + W);
-    ((acc0[R] = S::fma(S::broadcast(a + R), b0, acc0[R]),
-      acc1[R] = S::fma(S::broadcast(a + R), b1, acc1[R])),
-     ...);
+    const V b0 = S::load(b);
+    if constexpr (Two) {
+      const V b1 = S::load(b + W);
+      ((acc0[R] = S::fma(S::broadcast(a + R), b0, acc0[R]),
+        acc1[R] = S::fma(S::broadcast(a + R), b1, acc1[R])),
+       ...);
+    } else {
+      ((acc0[R] = S::fma(S::broadcast(a + R), b0, acc0[R])), ...);
+    }
     a += MR;
     b += 2 * W;
   }
-  ((S::store(c + R * ldc, acc0[R]), S::store(c + R * ldc + W, acc1[R])), ...);
+  if constexpr (Two) {
+    ((S::store(c + R * ldc, acc0[R]), S::store(c + R * ldc + W, acc1[R])), ...);
+  } else {
+    ((S::store(c + R * ldc, acc0[R])), ...);
+  }
 }
 
+/// The tile's sums; `cols` (at most NR) says how many of its columns are wanted: at most
+/// one vector's worth takes half the work (a narrow product, as attention's P V with 16-
+/// or 32-value heads has). Every sum wanted is the same sequence of operations either way.
 template <bool First>
-inline void gemm_micro(std::size_t kc, const float* a, const float* b, float* c, std::size_t ldc) {
-  gemm_micro_rows<First>(std::make_index_sequence<gemm_simd::mr>{}, kc, a, b, c, ldc);
+inline void gemm_micro(std::size_t kc, const float* a, const float* b, float* c, std::size_t ldc,
+                       std::size_t cols = gemm_simd::nr) {
+  if (cols <= gemm_simd::width) {
+    gemm_micro_rows<First, false>(std::make_index_sequence<gemm_simd::mr>{}, kc, a, b, c, ldc);
+  } else {
+    gemm_micro_rows<First, true>(std::make_index_sequence<gemm_simd::mr>{}, kc, a, b, c, ldc);
+  }
 }
 
 /// A float buffer aligned for the SIMD loads, uninitialised.
@@ -141,6 +158,13 @@ struct float_buffer {
       : p(static_cast<float*>(::operator new[](std::max<std::size_t>(n, 1) * sizeof(float),
                                                std::align_val_t(64)))) {}
   float* get() const { return p.get(); }
+};
+
+/// True for packers that hold their panels already laid out as gemm_serial reads them
+/// (prepacked): `panel(j0, k0, kc)` gives the start of the panels from j0 at depth k0.
+template <class Pack>
+concept panel_source = requires(const Pack& p, std::size_t n) {
+  { p.panel(n, n, n) } -> std::convertible_to<const float*>;
 };
 
 /// Rounds a float to tfloat32 (10 mantissa bits) to nearest-even, as tensor cores read
@@ -180,46 +204,68 @@ void gemm_serial(std::size_t m0, std::size_t m1, std::size_t n0, std::size_t n1,
   const std::size_t mpad = (M + MR - 1) / MR * MR;
   const std::size_t ncmax = std::min(NC, n1 - n0);
   const std::size_t ldw = (ncmax + NR - 1) / NR * NR;
-  float_buffer bp(KC * ldw), ap(KC * std::min(mpad, MC)), ws(mpad * ldw);
+  // With one depth block (K <= KC) each MC block of rows is finished before the next one
+  // starts, so the sums need MC rows (they stay in cache); deeper products keep every row's
+  // sums across the depth blocks. Either way each element's sum runs over k in the same
+  // order.
+  const bool one_block = K <= KC;
+  const std::size_t ws_rows = one_block ? std::min(mpad, MC) : mpad;
+  float_buffer bpb(panel_source<PackB> ? 0 : KC * ldw), apb(panel_source<PackA> ? 0 : KC * std::min(mpad, MC)),
+      wsb(ws_rows * ldw);
+  float* const bp = bpb.get();
+  float* const ap = apb.get();
+  float* const ws = wsb.get();
   for (std::size_t jc = n0; jc < n1; jc += NC) {
     const std::size_t nc = std::min(NC, n1 - jc);
     if (K == 0) {
-      std::fill_n(ws.get(), mpad * ldw, 0.0F);
+      std::fill_n(ws, ws_rows * ldw, 0.0F);
+      for (std::size_t ic = 0; ic < M; ic += ws_rows) {
+        finish_rows(epilogue, m0 + ic, std::min(ws_rows, M - ic), jc, nc, ws, ldw);
+      }
     }
     for (std::size_t pc = 0; pc < K; pc += KC) {
       const std::size_t kc = std::min(KC, K - pc);
-      for (std::size_t jr = 0; jr < nc; jr += NR) {
-        pack_b(jc + jr, std::min(NR, nc - jr), pc, kc, bp.get() + jr * kc);
+      const float* b_panels = bp;
+      if constexpr (panel_source<PackB>) {
+        b_panels = pack_b.panel(jc, pc, kc);
+      } else {
+        for (std::size_t jr = 0; jr < nc; jr += NR) {
+          pack_b(jc + jr, std::min(NR, nc - jr), pc, kc, bp + jr * kc);
+        }
       }
       for (std::size_t ic = 0; ic < M; ic += MC) {
         const std::size_t mc = std::min(MC, M - ic);
-        for (std::size_t ir = 0; ir < mc; ir += MR) {
-          pack_a(m0 + ic + ir, std::min(MR, mc - ir), pc, kc, ap.get() + ir * kc);
+        const float* a_panels = ap;
+        if constexpr (panel_source<PackA>) {
+          a_panels = pack_a.panel(m0 + ic, pc, kc);
+        } else {
+          for (std::size_t ir = 0; ir < mc; ir += MR) {
+            pack_a(m0 + ic + ir, std::min(MR, mc - ir), pc, kc, ap + ir * kc);
+          }
         }
+        float* const sums = ws + (one_block ? 0 : ic * ldw);
         for (std::size_t jr = 0; jr < nc; jr += NR) {
           for (std::size_t ir = 0; ir < mc; ir += MR) {
-            float* c = ws.get() + (ic + ir) * ldw + jr;
+            float* c = sums + ir * ldw + jr;
+            const std::size_t cols = std::min(NR, nc - jr);
             if (pc == 0) {
-              gemm_micro<true>(kc, ap.get() + ir * kc, bp.get() + jr * kc, c, ldw);
+              gemm_micro<true>(kc, a_panels + ir * kc, b_panels + jr * kc, c, ldw, cols);
             } else {
-              gemm_micro<false>(kc, ap.get() + ir * kc, bp.get() + jr * kc, c, ldw);
+              gemm_micro<false>(kc, a_panels + ir * kc, b_panels + jr * kc, c, ldw, cols);
             }
           }
         }
         if (pc + kc >= K) {
-          finish_rows(epilogue, m0 + ic, mc, jc, nc, ws.get() + ic * ldw, ldw);
+          finish_rows(epilogue, m0 + ic, mc, jc, nc, sums, ldw);
         }
       }
-    }
-    if (K == 0) {
-      finish_rows(epilogue, m0, M, jc, nc, ws.get(), ldw);
     }
   }
 }
 
 /// All of an operand (`extent` rows of A or columns of B, depth K) packed once, in parallel,
 /// as gemm_serial lays out its panels: K blocks of KC, each `pad` wide, W-wide tiles of
-/// kc x W floats in it; it is then the packer gemm_serial calls, copying tiles out.
+/// kc x W floats in it; gemm_serial then reads its panels in place (panel_source).
 template <std::size_t W>
 struct prepacked {
   float_buffer data;
@@ -238,11 +284,9 @@ struct prepacked {
     });
   }
 
-  /// The packer gemm_serial calls: copies the tile it asks for (j0 a multiple of W).
-  void operator()(std::size_t j0, std::size_t, std::size_t k0, std::size_t kc, float* out) const {
-    const float* tile = data.get() + k0 * pad + j0 * kc;
-    std::copy(tile, tile + kc * W, out);
-  }
+  /// The panels from j0 (a multiple of W) at depth k0 (a multiple of KC), kc deep, laid out
+  /// as gemm_serial packs them: gemm_serial reads them in place.
+  const float* panel(std::size_t j0, std::size_t k0, std::size_t kc) const { return data.get() + k0 * pad + j0 * kc; }
 };
 
 /// C = op(A) op(B) (M x N, depth K) in float on ctx's threads. The output is split into
