@@ -29,7 +29,8 @@ export DEBIAN_FRONTEND=noninteractive
 # package configuration requires OpenCL; apt only recommends it, and recommends are off.
 PACKAGES=(cmake g++ clang libboost-dev xtensor-dev doctest-dev libopenblas-dev libdnnl-dev
           ocl-icd-opencl-dev gnuplot-nox python3-pip zlib1g-dev dataset-fashion-mnist
-          nlohmann-json3-dev libclang-rt-14-dev)
+          nlohmann-json3-dev libclang-rt-14-dev libopencv-imgproc-dev libopencv-imgcodecs-dev
+          libpolyclipping-dev)
 
 log() { printf '\n\033[1m-- %s\033[0m\n' "$*"; }
 die() { printf 'run.sh: %s\n' "$*" >&2; exit 1; }
