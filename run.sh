@@ -5,7 +5,9 @@
 #   ./run.sh test       g++ Release build in build/gcc, warnings are errors, CTest
 #   ./run.sh demo       builds and runs the demo (precis_demo); arguments are passed on
 #   ./run.sh clang      as test, with clang++ in build/clang (the build-flag bit-identity
-#                       test, which builds with both compilers, runs in `test` only)
+#                       test, which builds with both compilers, runs in `test` only; the
+#                       training examples are built, their `slow` runs left to `test`),
+#                       and the libFuzzer harnesses fuzzed
 #   ./run.sh sanitize   ASan + UBSan build of the host tests in build/asan, CTest
 #   ./run.sh cuda       PRECIS_CUDA=ON in build/cuda: every CUDA unit compiled and linked
 #                       with nvcc, their tests and the CUDA compile-fail tests (tests
@@ -102,11 +104,12 @@ cmd_test() {
 
 cmd_clang() {
   # The benchmarks are built (with -Werror) by the test stage; this stage checks the
-  # library, the tests and the examples with a second compiler.
+  # library, the tests and the examples with a second compiler. The training examples'
+  # short runs (label slow) are the test stage's: here they are compiled, not run again.
   configure build/clang clang++ Release -DPRECIS_WERROR=ON -DPRECIS_CUDA=OFF -DPRECIS_BITS_PROBE=OFF \
     -DPRECIS_BUILD_BENCH=OFF
   build build/clang
-  run_ctest build/clang
+  run_ctest build/clang -LE '^slow$'
 }
 
 cmd_demo() {
