@@ -58,6 +58,31 @@ def run(cmd):
     return found, version
 
 
+def comparison_rows(name, threads, batch, p, t, cpu, version):
+    """The fp32 and bf16 rows of one configuration: p and t map 'fp32' and 'bf16' to precis's and
+    torch's ms per step; the bf16 row compares with the faster of torch's two."""
+    faster = "bf16" if t["bf16"] < t["fp32"] else "fp32"
+    return [["fp32", threads, batch, p["fp32"], t["fp32"], t["fp32"] / p["fp32"], cpu, version, name],
+            ["bf16", threads, batch, p["bf16"], t[faster], t[faster] / p["bf16"], cpu, version,
+             f"{name}; torch {faster} (faster)"]]
+
+
+def write_comparison(out, rows):
+    """Writes the rows atomically under the comparison's CSV header and prints them."""
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    tmp = out + ".tmp"
+    with open(tmp, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["precision", "threads", "batch", "precis_ms_per_step", "torch_ms_per_step", "ratio", "cpu",
+                    "torch_version", "config"])
+        for r in rows:
+            w.writerow([r[0], r[1], r[2], f"{r[3]:.1f}", f"{r[4]:.1f}", f"{r[5]:.2f}", r[6], r[7], r[8]])
+    os.replace(tmp, out)
+    print("wrote", out)
+    for r in rows:
+        print(f"{r[8]:<60} {r[0]}: precis {r[3]:7.1f} ms, torch {r[4]:7.1f} ms, torch/precis {r[5]:.2f}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bench", required=True, help="path of precis's bench_vit_step")
@@ -73,22 +98,8 @@ def main():
         common = ["--threads", str(args.threads), "--steps", str(args.steps)]
         p, _ = run([args.bench] + precis_args + common)
         t, version = run([sys.executable, os.path.join(here, "torch_reference.py"), "time"] + torch_args + common)
-        rows.append(["fp32", args.threads, batch, p["fp32"], t["fp32"], t["fp32"] / p["fp32"], cpu, version, name])
-        faster = "bf16" if t["bf16"] < t["fp32"] else "fp32"
-        rows.append(["bf16", args.threads, batch, p["bf16"], t[faster], t[faster] / p["bf16"], cpu, version,
-                     f"{name}; torch {faster} (faster)"])
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    tmp = args.out + ".tmp"
-    with open(tmp, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["precision", "threads", "batch", "precis_ms_per_step", "torch_ms_per_step", "ratio", "cpu",
-                    "torch_version", "config"])
-        for r in rows:
-            w.writerow([r[0], r[1], r[2], f"{r[3]:.1f}", f"{r[4]:.1f}", f"{r[5]:.2f}", r[6], r[7], r[8]])
-    os.replace(tmp, args.out)
-    print("wrote", args.out)
-    for r in rows:
-        print(f"{r[8]:<60} {r[0]}: precis {r[3]:7.1f} ms, torch {r[4]:7.1f} ms, torch/precis {r[5]:.2f}")
+        rows += comparison_rows(name, args.threads, batch, p, t, cpu, version)
+    write_comparison(args.out, rows)
 
 
 if __name__ == "__main__":

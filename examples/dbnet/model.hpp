@@ -19,8 +19,9 @@
 //
 // Convolutions followed by batch norm have no bias, as in the reference. Every layer a
 // policy map may want to treat apart has its own tag: the backbone's (stem, conv_a, conv_b,
-// shortcut), the neck's (lateral, smooth) and the heads' (head_conv, head_up, head_out;
-// thresh_sigmoid). The binarization B = sigmoid(k (P - T)) is not part of the blueprint:
+// shortcut), the neck's (lateral, smooth) and the heads' (head_conv, head_norm, head_relu,
+// head_up, head_out; thresh_sigmoid), so that a map can give the heads a policy of their
+// own. The binarization B = sigmoid(k (P - T)) is not part of the blueprint:
 // the loss takes it, in float.
 #pragma once
 
@@ -67,6 +68,14 @@ struct head_up : layer<op::conv> {
 };
 struct head_out : layer<op::conv> {
   static constexpr std::string_view name = "head_out";
+};
+/// The heads' batch norms.
+struct head_norm : layer<op::batch_norm> {
+  static constexpr std::string_view name = "head_norm";
+};
+/// The heads' ReLUs.
+struct head_relu : layer<op::elementwise> {
+  static constexpr std::string_view name = "head_relu";
 };
 /// The threshold head's sigmoid. nn's activations take op::elementwise tags, so its exp is
 /// computed in the policy's compute type (float under the mixed presets); no rule yet
@@ -145,8 +154,11 @@ inline auto neck(const config& c) {
 /// One head: from the neck's map to one full-resolution channel.
 inline auto head_layers(const config& c) {
   const std::size_t n = c.inner, q = c.inner / 4;
-  return nn::seq(nn::conv2d<head_conv>(n, q, 3, {.padding = {1, 1}}, nn::no_bias), nn::batch_norm(q), nn::relu(),
-                 nn::conv_transpose2d<head_up>(q, q, 2, {.stride = {2, 2}}), nn::batch_norm(q), nn::relu(),
+  // The two conv - BN - ReLU groups are named: a tag names one layer per node.
+  return nn::seq(nn::named("conv", nn::seq(nn::conv2d<head_conv>(n, q, 3, {.padding = {1, 1}}, nn::no_bias),
+                                           nn::batch_norm<head_norm>(q), nn::relu<head_relu>())),
+                 nn::named("up", nn::seq(nn::conv_transpose2d<head_up>(q, q, 2, {.stride = {2, 2}}),
+                                         nn::batch_norm<head_norm>(q), nn::relu<head_relu>())),
                  nn::conv_transpose2d<head_out>(q, 1, 2, {.stride = {2, 2}}));
 }
 

@@ -29,7 +29,7 @@
 
 #include <precis/nn/safetensors.hpp>
 
-#include "../../bench/common.hpp"
+#include "../report.hpp"
 
 #include <boost/hana.hpp>
 
@@ -199,21 +199,6 @@ struct result {
   std::vector<nn::step_record> records;
 };
 
-/// The process's peak resident memory in MiB (VmHWM), or 0 where /proc does not say.
-double peak_rss_mib() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::strtod(line.c_str() + 6, nullptr) / 1024.0;
-  }
-  return 0.0;
-}
-/// Starts a new peak-memory measurement (Linux: writing 5 to clear_refs resets VmHWM).
-void reset_peak_rss() {
-  std::ofstream f("/proc/self/clear_refs");
-  f << "5";
-}
-
 /// Loss and accuracy over the whole test set, in batches of `chunk` (the training batch, so
 /// the layers' buffers keep their training size).
 template <class Model, class Loss, class S>
@@ -243,7 +228,7 @@ result train_one(const Entry& e, const options& o, const vit::config& vc, const 
   using S = nn::activation_type_t<typename Map::default_policy>;
   // The loss reads the head's output: its policy is the head's.
   using LossPolicy = policy_for_t<vit::head, Map>;
-  reset_peak_rss();
+  examples::reset_peak_rss();
   const cpu_context ctx{o.threads};
   auto model = nn::build<S, 4>(Map{}, vit::blueprint<depth>(vc), {.seed = o.seed});
   if (o.init) nn::load_safetensors(model, *o.init, vit::torch_name);
@@ -309,7 +294,7 @@ result train_one(const Entry& e, const options& o, const vit::config& vc, const 
   r.param_bytes = model.parameter_bytes();
   r.optim_bytes = opt.state_bytes();
   r.activation_bytes = model.activation_bytes() + loss.own_bytes();
-  r.peak_rss_mib = peak_rss_mib();
+  r.peak_rss_mib = examples::peak_rss_mib();
 
   auto text = [](double v) { return examples::format("%.17g", v); };
   const auto weights = o.out / ("weights_" + r.name + ".safetensors");
@@ -324,26 +309,13 @@ result train_one(const Entry& e, const options& o, const vit::config& vc, const 
   return r;
 }
 
-/// The CPU model and its ISA extensions, and what the kernels were compiled for.
-std::string cpu_line() {
-  return precis_bench::cpu_model() + " (" + precis_bench::cpu_isa() + "; kernels for " + precis_bench::simd_name() + ")";
-}
-
-/// `s` quoted for CSV when it holds a comma or a quote.
-std::string csv_field(const std::string& s) {
-  if (s.find_first_of(",\"") == std::string::npos) return s;
-  std::string q = "\"";
-  for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
-  return q + "\"";
-}
-
 void write_outputs(const options& o, const std::vector<result>& results) {
   std::filesystem::create_directories(o.out);
   std::ostringstream summary, curves, steps;
   summary << "policy,epochs,test_accuracy,skipped_steps,final_scale,ms_per_step,peak_rss_mib,cpu\n";
   for (const auto& r : results) {
     summary << r.name << "," << o.epochs << "," << r.accuracy << "," << r.skipped << "," << r.final_scale << ","
-            << r.ms_per_step << "," << r.peak_rss_mib << "," << csv_field(cpu_line()) << "\n";
+            << r.ms_per_step << "," << r.peak_rss_mib << "," << examples::csv_field(examples::cpu_line()) << "\n";
   }
   curves << "epoch";
   steps << "step";
@@ -502,7 +474,7 @@ int main(int argc, char** argv) {
     if (train.side != vc.image || test.side != vc.image) throw error("example_vit: the images are not 28 x 28");
     if (train.count < o.batch) throw error("example_vit: fewer training images than one batch");
 
-    std::printf("CPU: %s, %u hardware threads; products: %s\n", cpu_line().c_str(), std::thread::hardware_concurrency(),
+    std::printf("CPU: %s, %u hardware threads; products: %s\n", examples::cpu_line().c_str(), std::thread::hardware_concurrency(),
                 cpu_products_engine().c_str());
     std::printf("precis %d.%d ViT on Fashion-MNIST: patch %zu, width %zu, %zu heads, depth %zu; %zu training and %zu "
                 "test images; batch %zu, %zu epochs, AdamW lr %g (warmup 1/10, cosine), %s; %u threads\n",
