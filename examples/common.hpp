@@ -1,14 +1,19 @@
-// Helpers the example programs share: command-line numbers, whole-file writes, gnuplot.
+// Helpers the example programs share: command-line numbers, seeded shuffles, whole-file
+// writes, gnuplot.
 #pragma once
 
 #include <precis/config.hpp>
 #include <precis/io/file.hpp>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <numeric>
 #include <string>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 namespace examples {
 
@@ -22,6 +27,27 @@ bool next_count(int argc, char** argv, int& i, long long min, T& out) {
   if (*end != '\0' || v < min) return false;
   out = static_cast<T>(v);
   return true;
+}
+
+/// SplitMix64's mixing function: the examples' random draws, the same on every platform
+/// (never a standard-library distribution).
+constexpr std::uint64_t mix64(std::uint64_t z) {
+  z += 0x9E3779B97F4A7C15ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+/// The order of an epoch's n items: a Fisher-Yates shuffle driven by mix64 on (seed,
+/// epoch), the same on every platform.
+inline std::vector<std::size_t> epoch_order(std::size_t n, std::uint64_t seed, std::size_t epoch) {
+  std::vector<std::size_t> order(n);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  for (std::size_t i = n; i > 1; --i) {
+    const std::size_t j = mix64(mix64(seed * 1000003 + epoch) + i) % i;
+    std::swap(order[i - 1], order[j]);
+  }
+  return order;
 }
 
 /// `v` printed with the printf format `fmt`.

@@ -21,8 +21,8 @@
 // policy map may want to treat apart has its own tag: the backbone's (stem, conv_a, conv_b,
 // shortcut), the neck's (lateral, smooth) and the heads' (head_conv, head_norm, head_relu,
 // head_up, head_out; thresh_sigmoid), so that a map can give the heads a policy of their
-// own. The binarization B = sigmoid(k (P - T)) is not part of the blueprint:
-// the loss takes it, in float.
+// own. The binarization B = 1 / (1 + exp(-k (P - T))) is not part of the blueprint: the
+// loss (loss.hpp) takes it under its own tag, dbnet::binarize (op::exp).
 #pragma once
 
 #include <precis/precis.hpp>

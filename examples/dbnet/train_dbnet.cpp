@@ -21,7 +21,8 @@
 //                            detections red
 //   summary.csv              policy,epochs,precision,recall,hmean,skipped_steps,final_scale,
 //                            ms_per_step,peak_rss_mib,cpu
-//   curves.csv, steps.csv    per epoch (training loss, H-mean, scale) and per step
+//   curves.csv, steps.csv    per epoch (training loss, H-mean, scale) and per step (loss,
+//                            scale, skipped, and the BCE, dice and L1 terms)
 //   curves.png               training loss per step, H-mean per epoch, loss scale (gnuplot)
 //
 // Training: AdamW (weight decay on the convolution weights only), linear warmup over the
@@ -68,7 +69,7 @@ using namespace precis;
 namespace {
 
 struct options {
-  std::size_t epochs = 12, batch = 8, train = 480, val = 200, size = 256, width = 16, inner = 64, seed = 1;
+  std::size_t epochs = 10, batch = 8, train = 480, val = 200, size = 256, width = 16, inner = 64, seed = 1;
   unsigned threads = 0;
   double lr = 2e-3, weight_decay = 1e-4;
   bool check = false;
@@ -125,20 +126,7 @@ dataset load_set(const std::filesystem::path& dir, std::size_t side) {
   return d;
 }
 
-std::uint64_t mix(std::uint64_t z) {
-  z += 0x9E3779B97F4A7C15ULL;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
 
-/// An epoch's order of the training images: a Fisher-Yates shuffle driven by mix().
-std::vector<std::size_t> epoch_order(std::size_t n, std::uint64_t seed, std::size_t epoch) {
-  std::vector<std::size_t> order(n);
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  for (std::size_t i = n; i > 1; --i) std::swap(order[i - 1], order[mix(mix(seed * 1000003 + epoch) + i) % i]);
-  return order;
-}
 
 /// Images order[first, first + n) and their targets as a batch.
 void gather(const dataset& d, const std::vector<std::size_t>& order, std::size_t first, std::size_t n,
@@ -208,6 +196,7 @@ struct result {
   std::string stopped;        // why training stopped early, if it did
   std::vector<epoch_record> epochs;
   std::vector<nn::step_record> records;
+  std::vector<dbnet::loss_terms> terms;  // per step: the loss's terms (before their weights)
 };
 
 /// Probability maps for the whole validation set, scored; the detections kept per image.
@@ -320,7 +309,7 @@ result train_one(const Entry& e, const options& o, const dbnet::config& dc, cons
   double train_seconds = 0;
   std::size_t steps_run = 0;
   for (std::size_t ep = 0; ep < o.epochs && r.stopped.empty(); ++ep) {
-    const auto order = epoch_order(train.count, o.seed, ep);
+    const auto order = examples::epoch_order(train.count, o.seed, ep);
     const auto t0 = std::chrono::steady_clock::now();
     double loss_sum = 0;
     std::size_t counted = 0;
@@ -331,6 +320,7 @@ result train_one(const Entry& e, const options& o, const dbnet::config& dc, cons
       x.resize(xf.shape());
       precis::cast(ctx, xf, x);
       r.records.push_back(tr.step(ctx, x, t));
+      r.terms.push_back(loss.terms());
       ++steps_run;
       const auto& rec = r.records.back();
       const bool finite = std::isfinite(rec.loss) && std::isfinite(rec.grad_norm);
@@ -411,7 +401,8 @@ void write_outputs(const options& o, const std::vector<result>& results) {
   steps << "step";
   for (const auto& r : results) {
     curves << "," << r.name << "_train_loss," << r.name << "_hmean," << r.name << "_scale";
-    steps << "," << r.name << "_loss," << r.name << "_scale," << r.name << "_skipped";
+    steps << "," << r.name << "_loss," << r.name << "_scale," << r.name << "_skipped," << r.name << "_bce,"
+          << r.name << "_dice," << r.name << "_l1";
   }
   curves << "\n";
   steps << "\n";
@@ -434,9 +425,11 @@ void write_outputs(const options& o, const std::vector<result>& results) {
     for (const auto& r : results) {
       if (s < r.records.size()) {
         const auto& rec = r.records[s];
-        steps << "," << cell(rec.loss) << "," << rec.scale << "," << (rec.skipped ? 1 : 0);
+        const auto& lt = r.terms[s];
+        steps << "," << cell(rec.loss) << "," << rec.scale << "," << (rec.skipped ? 1 : 0) << "," << cell(lt.bce)
+              << "," << cell(lt.dice) << "," << cell(lt.l1);
       } else {
-        steps << ",,,";
+        steps << ",,,,,,";
       }
     }
     steps << "\n";
@@ -452,7 +445,7 @@ void write_outputs(const options& o, const std::vector<result>& results) {
     << "set datafile separator ','\nset datafile missing 'nan'\nset key autotitle columnhead\n"
     << "set multiplot layout 1,3\nset title 'training loss'\nset xlabel 'step'\nset logscale y\nplot";
   for (std::size_t i = 0; i < results.size(); ++i) {
-    g << (i ? ", " : " ") << "'" << (o.out / "steps.csv").string() << "' using 1:" << 2 + 3 * i << " with lines";
+    g << (i ? ", " : " ") << "'" << (o.out / "steps.csv").string() << "' using 1:" << 2 + 6 * i << " with lines";
   }
   g << "\nunset logscale y\nset title 'validation H-mean'\nset xlabel 'epoch'\nset yrange [0:1]\nset xrange [0.5:"
     << double(o.epochs) + 0.5 << "]\nplot";
@@ -462,7 +455,7 @@ void write_outputs(const options& o, const std::vector<result>& results) {
   }
   g << "\nset title 'loss scale'\nset xlabel 'step'\nset autoscale x\nset autoscale y\nset logscale y\nplot";
   for (std::size_t i = 0; i < results.size(); ++i) {
-    g << (i ? ", " : " ") << "'" << (o.out / "steps.csv").string() << "' using 1:" << 3 + 3 * i << " with lines lw 2";
+    g << (i ? ", " : " ") << "'" << (o.out / "steps.csv").string() << "' using 1:" << 3 + 6 * i << " with lines lw 2";
   }
   g << "\nunset multiplot\n";
   examples::draw_with_gnuplot(o.out / "curves.gp", g.str(), png);

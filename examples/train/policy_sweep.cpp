@@ -69,14 +69,8 @@ struct config {
 
 // ---- the dataset, the same on every platform (no standard-library distributions) ----
 
-std::uint64_t mix(std::uint64_t z) {
-  z += 0x9E3779B97F4A7C15ULL;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
 double uniform(std::uint64_t stream, std::uint64_t i) {
-  return (double(mix(mix(stream) ^ i) >> 11) + 0.5) * 0x1.0p-53;
+  return (double(examples::mix64(examples::mix64(stream) ^ i) >> 11) + 0.5) * 0x1.0p-53;
 }
 double gaussian(std::uint64_t stream, std::uint64_t i) {  // Box-Muller
   return std::sqrt(-2.0 * std::log(uniform(stream, 2 * i))) * std::cos(6.283185307179586 * uniform(stream, 2 * i + 1));
@@ -93,7 +87,7 @@ dataset make_dataset(const config& c, std::size_t n, std::uint64_t stream) {
   dataset d{host_tensor<float, 2>(std::array<std::size_t, 2>{n, c.features}),
             host_tensor<std::int32_t, 1>(std::array<std::size_t, 1>{n})};
   for (std::size_t r = 0; r < n; ++r) {
-    const std::size_t label = mix(mix(stream) + r) % c.classes;
+    const std::size_t label = examples::mix64(examples::mix64(stream) + r) % c.classes;
     d.y(r) = std::int32_t(label);
     for (std::size_t k = 0; k < c.features; ++k) {
       const double z = gaussian(stream, r * c.features + k);

@@ -81,12 +81,6 @@ struct options {
 
 // ---- the data: normalised once, batches gathered per step ----
 
-std::uint64_t mix(std::uint64_t z) {
-  z += 0x9E3779B97F4A7C15ULL;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
 
 /// Images as normalised floats ((p / 255 - mean) / std, the training set's mean and
 /// standard deviation) and their labels.
@@ -111,17 +105,6 @@ dataset normalise(const vit::image_set& s, std::size_t limit, double mean, doubl
   return d;
 }
 
-/// The order of an epoch's items: a Fisher-Yates shuffle driven by mix(), the same on every
-/// platform.
-std::vector<std::size_t> epoch_order(std::size_t n, std::uint64_t seed, std::size_t epoch) {
-  std::vector<std::size_t> order(n);
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  for (std::size_t i = n; i > 1; --i) {
-    const std::size_t j = mix(mix(seed * 1000003 + epoch) + i) % i;
-    std::swap(order[i - 1], order[j]);
-  }
-  return order;
-}
 
 /// Items order[first, first + n) as an [n, 1, side, side] float batch. With `augment`, each
 /// image is shifted by up to 2 pixels in each direction (a random crop of the image padded
@@ -140,7 +123,7 @@ void gather(const dataset& d, const std::vector<std::size_t>& order, std::size_t
       std::copy(src, src + px, dst);
       continue;
     }
-    const std::uint64_t r = mix(mix(seed ^ 0xA5A5A5A5ULL) + epoch * 1000003 + item);
+    const std::uint64_t r = examples::mix64(examples::mix64(seed ^ 0xA5A5A5A5ULL) + epoch * 1000003 + item);
     const long dx = long(r % 5) - 2, dy = long((r / 5) % 5) - 2;
     const bool flip = ((r >> 32) & 1) != 0;
     for (std::size_t i = 0; i < side; ++i) {
@@ -248,7 +231,7 @@ result train_one(const Entry& e, const options& o, const vit::config& vc, const 
   host_tensor<std::int32_t, 1> y;
   double train_seconds = 0;
   for (std::size_t ep = 0; ep < o.epochs; ++ep) {
-    const auto order = epoch_order(train.count, o.seed, ep);
+    const auto order = examples::epoch_order(train.count, o.seed, ep);
     const auto t0 = std::chrono::steady_clock::now();
     double loss_sum = 0;
     std::size_t counted = 0;
