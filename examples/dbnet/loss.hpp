@@ -18,13 +18,16 @@
 // Two layer tags carry the policies: `db_loss` (op::loss: the three terms and their sums)
 // and `binarize` (op::exp: B and its derivative). Under the default rule set both compute
 // and accumulate in float whatever the map's storage type; a map that narrows either is a
-// compile error (rule fp32_operation) unless it waives the rule, and then every
-// intermediate value is rounded to the waived compute type and every sum to its
-// accumulate type, as a float16 PyTorch run rounds its tensors: B's exp overflows to
-// infinity for P - T < -0.222 in float16 (every background pixel), B is 0 there and its
-// derivative 0 * inf = NaN; sums over a batch of full-resolution maps stall or pass 65504.
-// Pixel counts (positives, negatives) are whole numbers in every policy, as in the
-// reference.
+// compile error (rule fp32_operation) unless it waives the rule. Then every intermediate
+// value (each one a tensor of its own in a PyTorch run) is rounded to the waived compute
+// type, and every sum is kept in its accumulate type, rounded after every addition as
+// precis's accumulators are (a float16 running sum stops growing at 2048 for terms below
+// 1; PyTorch's float16 sum adds in float and rounds once). In float16, B's exp overflows to
+// infinity for P - T < -0.222, which is every background pixel once P has fallen towards 0
+// there and T has risen to at least 0.3; B is 0 and its derivative 0 * inf = NaN. Pixel
+// counts (positives, kept negatives, the threshold mask's pixels) are whole numbers in
+// every policy, and the BCE's and L1's divisions by them round only their quotients, as in
+// the reference.
 //
 // Results do not depend on the thread count: terms are computed on the context's threads,
 // every sum is taken in index order on one.
@@ -78,10 +81,11 @@ struct loss_terms {
 
 namespace detail {
 
-/// `v` rounded to type C and read back in the arithmetic type M (identity for float C).
+/// `v` rounded to type C and read back in the arithmetic type M (identity for double C, and
+/// for float C when M is float).
 template <class C, class M>
 M round_as(M v) {
-  if constexpr (std::is_same_v<C, float> || std::is_same_v<C, double>) {
+  if constexpr (std::is_same_v<C, double> || (std::is_same_v<C, float> && std::is_same_v<M, float>)) {
     return v;
   } else {
     return M(C(v));
@@ -124,8 +128,9 @@ class basic_loss<LossPolicy, BinPolicy, nn::values<nn::sig<SP, GP, 4>, nn::sig<S
   using grad_tuple = std::tuple<const host_tensor<GP, 4>*, const host_tensor<GT, 4>*>;
 
   explicit basic_loss(loss_options o = {}) : o_(o) {
-    if (!(o.k > 0) || !(o.negative_ratio >= 0) || !(o.eps > 0) || !std::isfinite(o.k + o.negative_ratio + o.eps)) {
-      throw error("dbnet::loss: k and eps must be positive and finite, negative_ratio >= 0");
+    if (!(o.k > 0) || !(o.negative_ratio >= 0 && o.negative_ratio <= 1e6) || !(o.eps > 0) ||
+        !std::isfinite(o.k + o.eps)) {
+      throw error("dbnet::loss: k and eps must be positive and finite, negative_ratio in [0, 1e6]");
     }
   }
 
@@ -174,7 +179,8 @@ class basic_loss<LossPolicy, BinPolicy, nn::values<nn::sig<SP, GP, 4>, nn::sig<S
     const auto limit = static_cast<std::size_t>(double(positives) * o_.negative_ratio);
     kept_ = std::min(negatives, limit);
     select_negatives(gt, gm);
-    accumulator<AL> bce_sum, inter, bm, ym, l1_sum, l1_count;
+    accumulator<AL> bce_sum, inter, bm, ym, l1_sum;
+    std::size_t l1_count = 0;
     for (std::size_t i = 0; i < n; ++i) {
       const bool in = gm[i] != 0.0F;
       if (in && (gt[i] != 0.0F || keep_[i] != 0)) {
@@ -186,14 +192,14 @@ class basic_loss<LossPolicy, BinPolicy, nn::values<nn::sig<SP, GP, 4>, nn::sig<S
       bm.add(detail::round_as<CL>(b_[i] * m));
       ym.add(detail::round_as<CL>(y1 * m));
       l1_sum.add(detail::round_as<CL>(std::abs(detail::load<M>(th[i]) - M(tm[i])) * M(tmask[i])));
-      l1_count.add(M(tmask[i]));
+      l1_count += tmask[i] != 0.0F ? 1U : 0U;
     }
-    bce_den_ = detail::round_as<CL>(M(double(positives + kept_) + o_.eps));
+    bce_den_ = M(double(positives + kept_) + o_.eps);
     const M bce = detail::round_as<CL>(M(bce_sum.value()) / bce_den_);
     inter_ = M(inter.value());
     union_ = detail::round_as<CL>(detail::round_as<CL>(M(bm.value()) + M(ym.value())) + M(o_.eps));
     const M dice = detail::round_as<CL>(M(1) - detail::round_as<CL>(M(2) * inter_ / union_));
-    l1_count_ = M(l1_count.value());
+    l1_count_ = M(double(l1_count));
     const M l1 = l1_count_ == M(0) ? M(0) : detail::round_as<CL>(M(l1_sum.value()) / l1_count_);
     terms_ = {double(bce), double(dice), double(l1), positives, kept_};
     return detail::round_as<CL>(M(o_.bce_weight) * bce + M(o_.dice_weight) * dice + M(o_.l1_weight) * l1);

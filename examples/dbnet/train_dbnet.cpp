@@ -192,7 +192,7 @@ struct result {
   std::size_t epochs_run = 0, steps = 0, skipped = 0;
   double precision = 0, recall = 0, hmean = 0, ms_per_step = 0, final_scale = 1, peak_rss_mib = 0;
   std::size_t param_bytes = 0, optim_bytes = 0, activation_bytes = 0;
-  long first_nonfinite = -1;  // the first step whose loss or gradients were not finite (skipped or not)
+  long first_nonfinite = -1;  // the first step whose gradients were not finite (every scaler skips it)
   std::string stopped;        // why training stopped early, if it did
   std::vector<epoch_record> epochs;
   std::vector<nn::step_record> records;
@@ -313,7 +313,6 @@ result train_one(const Entry& e, const options& o, const dbnet::config& dc, cons
     const auto t0 = std::chrono::steady_clock::now();
     double loss_sum = 0;
     std::size_t counted = 0;
-    bool weights_broken = false;
     std::size_t applied = 0;
     for (std::size_t b = 0; b < per_epoch; ++b) {
       gather(train, order, b * o.batch, o.batch, xf, &t);
@@ -323,10 +322,7 @@ result train_one(const Entry& e, const options& o, const dbnet::config& dc, cons
       r.terms.push_back(loss.terms());
       ++steps_run;
       const auto& rec = r.records.back();
-      const bool finite = std::isfinite(rec.loss) && std::isfinite(rec.grad_norm);
-      if (!finite && r.first_nonfinite < 0) r.first_nonfinite = long(r.records.size() - 1);
-      // A step applied with gradients that are not finite leaves weights that are not.
-      weights_broken = weights_broken || (!finite && !rec.skipped);
+      if (!std::isfinite(rec.grad_norm) && r.first_nonfinite < 0) r.first_nonfinite = long(r.records.size() - 1);
       applied += rec.skipped ? 0U : 1U;
       if (!rec.skipped && std::isfinite(rec.loss)) {
         loss_sum += rec.loss;
@@ -350,15 +346,13 @@ result train_one(const Entry& e, const options& o, const dbnet::config& dc, cons
     er.skipped = scaler.skipped_steps();
     er.seconds = std::chrono::duration<double>(t1 - t0).count();
     r.epochs.push_back(er);
-    std::printf("%s  %-17s epoch %2zu/%zu  train loss %.4f  P %.3f  R %.3f  H-mean %.4f  skipped %zu  scale %g  "
-                "%.1f s\n",
+    std::printf("%s  %-17s epoch %2zu/%zu  train loss %.4f  P %.3f  R %.3f  H-mean %.4f  skipped so far %zu  "
+                "scale %g  %.1f s\n",
                 tty ? "\r" : "", r.name.c_str(), ep + 1, o.epochs, er.train_loss, er.precision, er.recall, er.hmean,
                 er.skipped, er.scale, er.seconds);
-    // Nothing more to learn from a run whose weights broke or that skipped a whole epoch.
-    if (weights_broken) {
-      r.stopped = "weights not finite after step " + std::to_string(r.first_nonfinite) + " (epoch " +
-                  std::to_string(ep + 1) + "): training stopped";
-    } else if (applied == 0) {
+    // Every scaler (no_scaling too) skips a step whose gradients are not finite, so weights
+    // stay finite; nothing more is learnt from a run that skipped a whole epoch.
+    if (applied == 0) {
       r.stopped = "every step of epoch " + std::to_string(ep + 1) +
                   " had gradients that were not finite and was skipped: training stopped";
     }
@@ -607,7 +601,7 @@ int main(int argc, char** argv) {
     std::printf("\n%s", precis::detail::format_table(rows).c_str());
     for (const auto& r : results) {
       if (r.first_nonfinite >= 0) {
-        std::printf("%s: first step with a loss or gradients that were not finite: %ld%s%s\n", r.name.c_str(),
+        std::printf("%s: first step whose gradients were not finite (skipped): %ld%s%s\n", r.name.c_str(),
                     r.first_nonfinite, r.stopped.empty() ? "" : "; ", r.stopped.c_str());
       }
     }

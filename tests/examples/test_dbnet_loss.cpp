@@ -213,6 +213,7 @@ TEST_CASE("shapes and options are checked") {
   CHECK_THROWS_AS((void)loss.forward(one, std::tuple{&x, &t_ok}, b.y), error);
   CHECK_THROWS_AS(f32_loss({.k = 0}), error);
   CHECK_THROWS_AS(f32_loss({.negative_ratio = -1}), error);
+  CHECK_THROWS_AS(f32_loss({.negative_ratio = 1e300}), error);
   f32_loss fresh;
   CHECK_THROWS_AS((void)fresh.backward(one), error);
 }
