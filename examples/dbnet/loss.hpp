@@ -166,7 +166,7 @@ class basic_loss<LossPolicy, BinPolicy, nn::values<nn::sig<SP, GP, 4>, nn::sig<S
         p_[i] = p;
         e_[i] = e;
         b_[i] = detail::round_as<CB>(M(1) / u);
-        term_[i] = detail::round_as<CL>((xi < M(0) ? M(0) : xi) - xi * M(gt[i]) + std::log1p(std::exp(-std::abs(xi))));
+        term_[i] = detail::round_as<CL>(precis::detail::bce_logits_term(xi, M(gt[i])));
       }
     });
     // Balanced BCE: positives and the hardest negatives.
@@ -240,7 +240,7 @@ class basic_loss<LossPolicy, BinPolicy, nn::values<nn::sig<SP, GP, 4>, nn::sig<S
         const M gd = detail::round_as<CB>(-k * gz);
         const M gx_bin = detail::round_as<CB>(gd * p * (M(1) - p));
         const M th_i = detail::load<M>(th[i]);
-        const M g_l1 = detail::round_as<CL>(l1_scale * M(tmask[i]) * sign(th_i - M(tm[i])));
+        const M g_l1 = detail::round_as<CL>(l1_scale * M(tmask[i]) * precis::detail::sign(th_i - M(tm[i])));
         dx[i] = round_to<GP>(g_bce + gx_bin);
         dt[i] = round_to<GT>(g_l1 - gd);
       }
@@ -260,8 +260,6 @@ class basic_loss<LossPolicy, BinPolicy, nn::values<nn::sig<SP, GP, 4>, nn::sig<S
   }
 
  private:
-  static M sign(M d) { return d > M(0) ? M(1) : (d < M(0) ? M(-1) : M(0)); }
-
   static void check(const host_tensor<SP, 4>& x, const host_tensor<ST, 4>& th, const targets& t) {
     const auto shape = x.shape();
     auto same = [&](std::string_view what, const auto& s) {
