@@ -19,7 +19,8 @@
 #
 # CTest labels: `gpu` needs a GPU (exits 77 without one, reported as skipped);
 # `slow` and `compile_fail` are left out of the sanitizer run, which adds nothing to
-# them. JOBS (default 2) sets build and test parallelism.
+# them. JOBS (default 2) sets build and test parallelism; TEST_TIMEOUT (default 600) the
+# seconds after which a test counts as hung and fails.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -85,10 +86,13 @@ build() {
   cmake --build "$dir" --parallel "$JOBS" "$@"
 }
 
+# A test that hangs fails after TEST_TIMEOUT seconds (default 600; the longest test, a
+# training example's check run, takes under a minute) instead of holding up CI.
 run_ctest() {
   local dir="$1"
   shift
-  ctest --test-dir "$dir" --output-on-failure --no-tests=error -j "$JOBS" "$@"
+  ctest --test-dir "$dir" --output-on-failure --no-tests=error -j "$JOBS" \
+    --timeout "${TEST_TIMEOUT:-600}" "$@"
 }
 
 # The host stages leave CUDA off so that only the cuda stage spends time in nvcc.

@@ -1,14 +1,17 @@
 // cpu_context's worker threads: every part runs once per call, on as many threads as
-// asked; a kernel called from inside a part runs inline; an exception in a part reaches
-// the caller after every part has finished; copies share the workers.
+// asked, whichever workers the previous call used; a kernel called from inside a part
+// runs inline; an exception in a part reaches the caller after every part has finished;
+// copies share the workers.
 #include <precis/kernels/context.hpp>
 
 #include <doctest/doctest.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <mutex>
 #include <set>
+#include <string>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -31,6 +34,21 @@ TEST_CASE("parallel_for covers [0, n) once per call, on the context's threads") 
     for (std::size_t i = 0; i < n; ++i) REQUIRE(hits[i].load() == 1);
     CHECK(ids.size() <= std::min<std::size_t>(3, n));
     if (n >= 3) CHECK(ids.count(std::this_thread::get_id()) == 1);  // the caller takes part 0
+  }
+}
+
+TEST_CASE("jobs that use some of the workers, then all of them, run each part once") {
+  // More workers than cores, and calls that alternate between 2 and 4 parts: a worker with
+  // no part in one job must not take part in the next one early or twice (that made the
+  // caller wait forever). Run under CTest's timeout.
+  const cpu_context ctx{4};
+  for (int round = 0; round < 500000; ++round) {
+    const std::size_t n = round % 3 == 0 ? 4 : 2;
+    std::array<std::atomic<int>, 4> hits{};
+    parallel_for(ctx, n, 1, [&](std::size_t b, std::size_t e) {
+      for (std::size_t i = b; i < e; ++i) ++hits[i];
+    });
+    for (std::size_t i = 0; i < 4; ++i) REQUIRE(hits[i].load() == (i < n ? 1 : 0));
   }
 }
 
@@ -62,6 +80,28 @@ TEST_CASE("an exception in a part reaches the caller after every part has run") 
   std::atomic<int> parts{0};
   parallel_for(ctx, 2, 1, [&](std::size_t, std::size_t) { ++parts; });
   CHECK(parts.load() == 2);
+}
+
+TEST_CASE("an exception in a worker's part reaches the caller; the caller's own comes first") {
+  const cpu_context ctx{3};
+  std::atomic<int> finished{0};
+  const auto throw_from = [&](std::size_t thrower) {
+    return [&finished, thrower](std::size_t b, std::size_t) {
+      if (b == thrower) throw std::runtime_error("part " + std::to_string(b));
+      if (b == 2) throw std::logic_error("part 2");
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      ++finished;
+    };
+  };
+  // Part 1 (a worker) throws, part 2 (another worker) too: one of theirs arrives.
+  CHECK_THROWS_AS(parallel_for(ctx, 3, 1, throw_from(1)), std::exception);
+  CHECK(finished.load() == 1);  // part 0 ran to its end
+  // Part 0 (the caller) and part 2 throw: the caller's.
+  CHECK_THROWS_WITH_AS(parallel_for(ctx, 3, 1, throw_from(0)), "part 0", std::runtime_error);
+  CHECK(finished.load() == 2);  // part 1 ran to its end
+  std::atomic<int> parts{0};
+  parallel_for(ctx, 3, 1, [&](std::size_t, std::size_t) { ++parts; });
+  CHECK(parts.load() == 3);
 }
 
 TEST_CASE("copies share the workers; a copy outliving the original keeps them") {

@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace precis {
@@ -26,9 +27,9 @@ namespace detail {
 /// once and kept, so a kernel pays a wake-up rather than a thread start per call.
 class thread_pool {
  public:
-  explicit thread_pool(unsigned workers) {
+  explicit thread_pool(unsigned workers) : posted_(new posted_count[workers]) {
     threads_.reserve(workers);
-    for (unsigned w = 0; w < workers; ++w) threads_.emplace_back([this, w] { work(w + 1); });
+    for (unsigned w = 0; w < workers; ++w) threads_.emplace_back([this, w] { work(w); });
   }
   thread_pool(const thread_pool&) = delete;
   thread_pool& operator=(const thread_pool&) = delete;
@@ -43,16 +44,22 @@ class thread_pool {
 
   /// Runs job(p) for every p in [0, parts) and returns when all are done; false, having run
   /// nothing, when the pool is already running a job (a kernel called from inside a part).
+  /// An exception from any part is rethrown here once every part has finished (the
+  /// caller's own first, else the first a worker threw).
   bool try_run(std::size_t parts, const std::function<void(std::size_t)>& job) {
     std::unique_lock busy(busy_, std::try_to_lock);
     if (!busy.owns_lock()) return false;
     const std::size_t on_workers = std::min<std::size_t>(parts > 0 ? parts - 1 : 0, threads_.size());
     job_ = &job;
-    parts_ = on_workers + 1;
     pending_.store(on_workers, std::memory_order_relaxed);
     {
-      const std::lock_guard lock(m_);  // a worker about to sleep sees the new generation
-      generation_.fetch_add(1, std::memory_order_release);
+      // Under m_: a worker about to sleep sees its post. Only the workers with a part are
+      // posted to; the others never look at job_, so none can read a later job's fields
+      // while taking part in an earlier one.
+      const std::lock_guard lock(m_);
+      for (std::size_t w = 0; w < on_workers; ++w) {
+        posted_[w].count.fetch_add(1, std::memory_order_release);
+      }
     }
     if (on_workers > 0) wake_.notify_all();
     std::exception_ptr failure;
@@ -67,6 +74,8 @@ class thread_pool {
       done_.wait(lock, [this] { return pending_.load(std::memory_order_acquire) == 0; });
     }
     job_ = nullptr;
+    if (!failure) failure = std::exchange(worker_failure_, nullptr);  // the caller's first
+    worker_failure_ = nullptr;
     if (failure) std::rethrow_exception(failure);
     return true;
   }
@@ -83,20 +92,28 @@ class thread_pool {
     return ready();
   }
 
-  void work(std::size_t part) {
+  // Worker w runs part w + 1 of each job posted to it. A job is posted to it only after
+  // the previous job has finished (the caller waits for pending_ == 0), so its count moves
+  // by one at a time and job_ stays the posted job's until this worker has run its part.
+  void work(std::size_t w) {
+    std::atomic<std::uint64_t>& count = posted_[w].count;
     std::uint64_t seen = 0;
     for (;;) {
       const auto posted = [&] {
-        return stop_.load(std::memory_order_acquire) || generation_.load(std::memory_order_acquire) != seen;
+        return stop_.load(std::memory_order_acquire) || count.load(std::memory_order_acquire) != seen;
       };
       if (!spin_until(posted)) {
         std::unique_lock lock(m_);
         wake_.wait(lock, posted);
       }
       if (stop_.load(std::memory_order_acquire)) return;
-      seen = generation_.load(std::memory_order_acquire);
-      if (part >= parts_) continue;
-      (*job_)(part);
+      seen = count.load(std::memory_order_acquire);
+      try {
+        (*job_)(w + 1);
+      } catch (...) {
+        const std::lock_guard lock(m_);
+        if (!worker_failure_) worker_failure_ = std::current_exception();
+      }
       if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
         const std::lock_guard lock(m_);
         done_.notify_one();
@@ -107,10 +124,14 @@ class thread_pool {
   std::mutex busy_;  // held by the caller of the job in progress
   std::mutex m_;     // with the condition variables, for threads that stopped polling
   std::condition_variable wake_, done_;
-  const std::function<void(std::size_t)>* job_ = nullptr;  // written before generation_
-  std::size_t parts_ = 0;
+  // Jobs posted to each worker, on its own cache line.
+  struct alignas(64) posted_count {
+    std::atomic<std::uint64_t> count{0};
+  };
+  std::unique_ptr<posted_count[]> posted_;
+  const std::function<void(std::size_t)>* job_ = nullptr;  // written before the posts
   std::atomic<std::size_t> pending_{0};
-  std::atomic<std::uint64_t> generation_{0};
+  std::exception_ptr worker_failure_;  // the first exception a worker's part threw (under m_)
   std::atomic<bool> stop_{false};
   std::vector<std::thread> threads_;
 };
