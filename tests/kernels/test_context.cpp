@@ -3,12 +3,14 @@
 // runs inline; an exception in a part reaches the caller after every part has finished;
 // copies share the workers.
 #include <precis/kernels/context.hpp>
+#include <precis/kernels/cpu/gemm_kernel.hpp>
 
 #include <doctest/doctest.h>
 
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <mutex>
 #include <set>
 #include <string>
@@ -122,4 +124,64 @@ TEST_CASE("copies share the workers; a copy outliving the original keeps them") 
   parallel_for(copy, 2, 1, record(second));
   CHECK(first == second);
   CHECK(first.size() == 2);
+}
+
+TEST_CASE("a context's scratch buffers are reused, each held by one kernel at a time") {
+  using precis::detail::float_buffer;
+  using precis::detail::scratch_cache;
+  const cpu_context ctx{2};
+  const std::size_t big = scratch_cache::min_bytes / sizeof(float) * 4;
+  const float *first = nullptr, *second = nullptr;
+  {
+    const float_buffer a(ctx, big);
+    first = a.get();
+    CHECK(reinterpret_cast<std::uintptr_t>(first) % 64 == 0);
+    // Taken while `a` is held: another block.
+    const float_buffer b(ctx, big);
+    second = b.get();
+    CHECK(second != first);
+  }
+  // Both are kept by the cache now, so a new allocation cannot have either address.
+  const auto kept = [&](const float* p) { return p == first || p == second; };
+  {
+    // A smaller request and one of the same size take the two kept blocks.
+    const float_buffer c(ctx, big / 2);
+    const float_buffer d(ctx, big);
+    CHECK(kept(c.get()));
+    CHECK(kept(d.get()));
+    CHECK(c.get() != d.get());
+    const float_buffer e(ctx, big);  // nothing kept is free: a new block
+    CHECK(!kept(e.get()));
+  }
+  // A copy of the context shares the cache.
+  const cpu_context copy = ctx;
+  {
+    const float_buffer f(copy, big);
+    CHECK(reinterpret_cast<std::uintptr_t>(f.get()) % 64 == 0);
+  }
+  {
+    const float_buffer f(copy, big);
+    const float_buffer g(copy, big);
+    CHECK((kept(f.get()) || kept(g.get())));
+  }
+  scratch_cache cache;
+  for (std::size_t i = 1; i <= scratch_cache::kept + 2; ++i) cache.give(scratch_cache::allocate(i), i);
+  // The smallest two were dropped: a request for 1 float gets the smallest kept, 3.
+  auto [block, size] = cache.take(1);
+  CHECK(size == 3);
+  CHECK(block != nullptr);
+  // Concurrent kernels on copies of one context hold distinct blocks.
+  std::vector<const float*> held(4);
+  std::vector<std::thread> threads;
+  std::atomic<int> ready{0};
+  for (std::size_t t = 0; t < held.size(); ++t) {
+    threads.emplace_back([&, t] {
+      const float_buffer h(copy, big);
+      held[t] = h.get();
+      ++ready;
+      while (ready.load() < int(held.size())) std::this_thread::yield();
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(std::set<const float*>(held.begin(), held.end()).size() == held.size());
 }

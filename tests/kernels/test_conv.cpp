@@ -86,6 +86,15 @@ precis::conv2d_params params(std::size_t s, std::size_t pad, std::size_t d, std:
   return p;
 }
 
+precis::conv2d_params axes(std::array<std::size_t, 2> s, std::array<std::size_t, 2> pad,
+                          std::array<std::size_t, 2> d) {
+  precis::conv2d_params p;
+  p.stride = s;
+  p.padding = pad;
+  p.dilation = d;
+  return p;
+}
+
 const geo geometries[] = {
     {2, 3, 11, 13, 5, 3, 3, params(1, 1, 1, 1)},
     {1, 8, 15, 9, 6, 3, 2, params(2, 1, 1, 2)},
@@ -94,6 +103,8 @@ const geo geometries[] = {
     {1, 5, 14, 14, 7, 5, 5, params(3, 2, 1, 1)},
     {2, 6, 11, 9, 8, 1, 1, params(2, 0, 1, 1)},  // strided 1x1: only the sampled pixels read
     {1, 8, 10, 7, 4, 1, 1, params(3, 0, 2, 2)},  // strided, grouped, dilation irrelevant
+    {2, 3, 9, 11, 4, 3, 3, axes({2, 1}, {1, 2}, {1, 2})},  // different stride, pad, dilation per axis
+    {1, 2, 4, 5, 3, 3, 3, axes({1, 2}, {5, 4}, {3, 1})},   // padding past the kernel's reach
 };
 
 }  // namespace

@@ -153,6 +153,64 @@ struct engine_slot {
   std::shared_ptr<onednn_state> onednn;
 };
 
+/// Large float buffers a context keeps between kernels (the convolutions' column matrices,
+/// converted operands, packed panels), so that a training step after the first allocates
+/// none of them and touches no fresh pages. A buffer is taken for the length of one kernel
+/// and given back when it ends; several kernels, or a kernel and one called from inside
+/// it, each take their own. At most `kept` buffers are kept, the largest ones.
+class scratch_cache {
+ public:
+  static constexpr std::size_t kept = 6;
+  /// Buffers below this many bytes come from the allocator each time (it reuses them).
+  static constexpr std::size_t min_bytes = std::size_t(1) << 20;
+
+  struct free_aligned {
+    void operator()(float* q) const { ::operator delete[](q, std::align_val_t(64)); }
+  };
+  using block = std::unique_ptr<float[], free_aligned>;
+
+  /// A 64-byte aligned block of at least n floats, and its size: the smallest kept one
+  /// that holds n, else a new one.
+  std::pair<block, std::size_t> take(std::size_t n) {
+    {
+      const std::lock_guard lock(m_);
+      std::size_t best = free_.size();
+      for (std::size_t i = 0; i < free_.size(); ++i) {
+        if (free_[i].second >= n && (best == free_.size() || free_[i].second < free_[best].second)) {
+          best = i;
+        }
+      }
+      if (best != free_.size()) {
+        auto found = std::move(free_[best]);
+        free_.erase(free_.begin() + std::ptrdiff_t(best));
+        return found;
+      }
+    }
+    return {allocate(n), n};
+  }
+
+  /// Keeps a block taken from here (dropping the smallest kept one when full).
+  void give(block b, std::size_t n) {
+    const std::lock_guard lock(m_);
+    free_.emplace_back(std::move(b), n);
+    if (free_.size() > kept) {
+      const auto smallest = std::min_element(free_.begin(), free_.end(), [](const auto& a, const auto& c) {
+        return a.second < c.second;
+      });
+      free_.erase(smallest);
+    }
+  }
+
+  static block allocate(std::size_t n) {
+    return block(static_cast<float*>(
+        ::operator new[](std::max<std::size_t>(n, 1) * sizeof(float), std::align_val_t(64))));
+  }
+
+ private:
+  std::mutex m_;
+  std::vector<std::pair<block, std::size_t>> free_;
+};
+
 }  // namespace detail
 
 /// Runs kernels on the host. `threads` is how many threads a kernel may use (0: all the
@@ -172,6 +230,8 @@ struct cpu_context {
   /// runs one kernel at a time: kernels called concurrently from several threads on one
   /// context (or its copies) are serialised where they share this state.
   std::shared_ptr<detail::engine_slot> engines = std::make_shared<detail::engine_slot>();
+  /// Scratch buffers kept between kernels, shared by copies (see detail::scratch_cache).
+  std::shared_ptr<detail::scratch_cache> scratch = std::make_shared<detail::scratch_cache>();
 
   /// The thread count kernels use.
   unsigned thread_count() const {

@@ -6,7 +6,7 @@
 // (the policy's storage or gradient type, or float; float rounded to tfloat32 first under
 // a tfloat32 compute type), exact products summed in float in a fixed order, each output
 // rounded once. A convolution is a product with an implicit im2col matrix: the inputs are
-// converted to float once, the im2col panels are built while packing (never stored
+// converted to float once (float inputs are read in place), the im2col panels are built while packing (never stored
 // whole), and gemm's float engine does the sums. Backward-data sums the per-tap float
 // partial products of the column matrix into a float image (col2im) and rounds once.
 // Double policies (math and sums in double, as float64 gradient checks want) run direct
@@ -34,9 +34,11 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace precis {
@@ -109,19 +111,34 @@ conv_geometry conv_geometry_of(std::string_view name, const X& x, const W& w,
   return g;
 }
 
-/// A tensor's elements as floats (rounded to tfloat32 when TF32), converted in parallel
-/// into an uninitialised buffer.
+/// A tensor's elements as floats: the tensor itself when it holds floats and nothing is to
+/// be rounded, else a converted copy (rounded to tfloat32 when TF32).
+class float_operand {
+ public:
+  explicit float_operand(const float* borrowed) : p_(borrowed) {}
+  explicit float_operand(float_buffer owned) : owned_(std::move(owned)), p_(owned_->get()) {}
+  const float* get() const { return p_; }
+
+ private:
+  std::optional<float_buffer> owned_;
+  const float* p_;
+};
+
 template <bool TF32, class T>
-float_buffer to_float(const cpu_context& ctx, const T* src, std::size_t n) {
-  float_buffer out(n);
-  float* o = out.get();
-  parallel_for(ctx, n, elements_per_thread, [&](std::size_t b, std::size_t e) {
-    load_block(src + b, o + b, e - b);
-    if constexpr (TF32 && std::is_same_v<T, float>) {
-      for (std::size_t i = b; i < e; ++i) o[i] = round_tf32(o[i]);
-    }
-  });
-  return out;
+float_operand to_float(const cpu_context& ctx, const T* src, std::size_t n) {
+  if constexpr (std::is_same_v<T, float> && !TF32) {
+    return float_operand(src);
+  } else {
+    float_buffer out(ctx, n);
+    float* o = out.get();
+    parallel_for(ctx, n, elements_per_thread, [&](std::size_t b, std::size_t e) {
+      load_block(src + b, o + b, e - b);
+      if constexpr (TF32 && std::is_same_v<T, float>) {
+        for (std::size_t i = b; i < e; ++i) o[i] = round_tf32(o[i]);
+      }
+    });
+    return float_operand(std::move(out));
+  }
 }
 
 /// The im2col matrix of one group, col[t, n*P + q] = x[n, group channel ch, oy*s - pad +
@@ -246,58 +263,76 @@ void conv_forward_float(const cpu_context& ctx, const conv_geometry& g, const fl
 }
 
 /// dx[n, g] = col2im(W_g^T dy[n, g]): the column matrix in float, then each image element
-/// summed over its (pixel, tap) terms in float in a fixed order, rounded once to TX. Per
-/// group, one product over as many images as fit a 64 MiB column buffer (rows are pixels of
-/// those images, as in the forward); col2im then runs over (image, channel) planes, which
-/// are independent, in parallel.
+/// summed over its (tap, pixel) terms in float in a fixed order (taps in order; a tap
+/// reaches an element from at most one pixel), rounded once to TX. Per group, one product
+/// over as many images as fit a 64 MiB column buffer: rows are taps, columns the pixels of
+/// those images, so that a tap's values over an image's pixels are contiguous and col2im
+/// adds them to the image's rows as vectors. col2im runs over (image, channel) planes,
+/// which are independent, in parallel.
 template <class TX>
 void conv_backward_data_float(const cpu_context& ctx, const conv_geometry& g, const float* dyf,
                               const float* wf, TX* dx) {
-  constexpr std::size_t MR = gemm_mr;
+  constexpr std::size_t NR = gemm_nr;
   const std::size_t P = g.pixels(), T = g.taps(), Cog = g.cog(), Cg = g.cg(), HW = g.h * g.w;
   const std::size_t KK = g.kh * g.kw;
   const std::size_t chunk =
       std::clamp<std::size_t>((std::size_t(1) << 24) / std::max<std::size_t>(1, P * T), 1, g.n);
-  float_buffer col(chunk * P * T);  // every element is written by the product
+  float_buffer col(ctx, chunk * P * T);  // every element is written by the product
   for (std::size_t gr = 0; gr < g.groups; ++gr) {
     for (std::size_t n0 = 0; n0 < g.n; n0 += chunk) {
-      const std::size_t images = std::min(chunk, g.n - n0);
-      // A = dy^T (rows n*P + q, depth Cog): element (j, i) at dyf[(n*Co + gr*Cog + i) * P + q].
-      const auto pa = [&](std::size_t j0, std::size_t rows, std::size_t k0, std::size_t kc,
+      const std::size_t images = std::min(chunk, g.n - n0), NP = images * P;
+      // A = W_g^T (T x Cog): element (t, i) at wf[(gr*Cog + i) * T + t].
+      strided_packer<float, gemm_mr, false> pa{wf + gr * Cog * T, 1, T};
+      // B = dy_g (Cog x NP): element (i, n*P + q) at dyf[((n0 + n)*Co + gr*Cog + i) * P + q].
+      const auto pb = [&](std::size_t j0, std::size_t cols, std::size_t k0, std::size_t kc,
                           float* out) {
-        std::size_t base[MR];
-        for (std::size_t r = 0; r < rows; ++r) {
-          const std::size_t j = n0 * P + j0 + r;
-          base[r] = ((j / P) * g.co + gr * Cog + k0) * P + j % P;
+        std::size_t base[NR];
+        for (std::size_t c = 0; c < cols; ++c) {
+          const std::size_t j = j0 + c;
+          base[c] = ((n0 + j / P) * g.co + gr * Cog + k0) * P + j % P;
         }
         for (std::size_t k = 0; k < kc; ++k) {
-          float* o = out + k * MR;
-          for (std::size_t r = 0; r < rows; ++r) o[r] = dyf[base[r] + k * P];
-          for (std::size_t r = rows; r < MR; ++r) o[r] = 0.0F;
+          float* o = out + k * NR;
+          for (std::size_t c = 0; c < cols; ++c) o[c] = dyf[base[c] + k * P];
+          for (std::size_t c = cols; c < NR; ++c) o[c] = 0.0F;
         }
       };
-      // B = W_g (Cog x T), packed as its transpose: element (t, i) at wf[(gr*Cog + i) * T + t].
-      strided_packer<float, gemm_nr, false> pb{wf + gr * Cog * T, 1, T};
-      const auto write = [&](std::size_t j, std::size_t t0, const float* acc, std::size_t len) {
-        std::copy(acc, acc + len, col.get() + j * T + t0);
+      const auto write = [&](std::size_t t, std::size_t j0, const float* acc, std::size_t len) {
+        std::copy(acc, acc + len, col.get() + t * NP + j0);
       };
-      gemm_float(ctx, images * P, T, Cog, pa, pb, write);
+      gemm_float(ctx, T, NP, Cog, pa, pb, write);
+      // The output columns ox that tap offset `k` (kx * dilation) puts inside the image:
+      // ix = ox * stride + k - pad in [0, extent).
+      const auto valid = [](std::size_t k, std::size_t stride, std::size_t pad,
+                            std::size_t extent, std::size_t outs) {
+        const std::size_t lo = k >= pad ? 0 : (pad - k + stride - 1) / stride;
+        const std::size_t hi =
+            extent + pad > k ? std::min(outs, (extent + pad - k + stride - 1) / stride) : 0;
+        return std::array<std::size_t, 2>{lo, std::max(lo, hi)};
+      };
       for_rows(ctx, images * Cg, P * KK, [&](std::size_t b, std::size_t e) {
         std::vector<float> img(HW);
         for (std::size_t plane = b; plane < e; ++plane) {
           const std::size_t n = plane / Cg, ch = plane % Cg;
           std::fill(img.begin(), img.end(), 0.0F);
-          for (std::size_t q = 0; q < P; ++q) {
-            const float* c = col.get() + (n * P + q) * T + ch * KK;
-            const std::size_t oy = q / g.wo, ox = q % g.wo;
-            for (std::size_t ky = 0; ky < g.kh; ++ky) {
-              const std::size_t iy = oy * g.p.stride[0] + ky * g.p.dilation[0];
-              if (iy < g.p.padding[0] || iy - g.p.padding[0] >= g.h) continue;
-              float* row = img.data() + (iy - g.p.padding[0]) * g.w;
-              for (std::size_t kx = 0; kx < g.kw; ++kx) {
-                const std::size_t ix = ox * g.p.stride[1] + kx * g.p.dilation[1];
-                if (ix < g.p.padding[1] || ix - g.p.padding[1] >= g.w) continue;
-                row[ix - g.p.padding[1]] += c[ky * g.kw + kx];
+          for (std::size_t ky = 0; ky < g.kh; ++ky) {
+            const auto [oy0, oy1] = valid(ky * g.p.dilation[0], g.p.stride[0], g.p.padding[0], g.h, g.ho);
+            for (std::size_t kx = 0; kx < g.kw; ++kx) {
+              const std::size_t dx0 = kx * g.p.dilation[1];
+              const auto [ox0, ox1] = valid(dx0, g.p.stride[1], g.p.padding[1], g.w, g.wo);
+              const float* src = col.get() + (ch * KK + ky * g.kw + kx) * NP + n * P;
+              for (std::size_t oy = oy0; oy < oy1; ++oy) {
+                const std::size_t iy = oy * g.p.stride[0] + ky * g.p.dilation[0] - g.p.padding[0];
+                float* row = img.data() + iy * g.w;
+                const float* s = src + oy * g.wo;
+                if (g.p.stride[1] == 1) {
+                  float* r = row + (ox0 + dx0 - g.p.padding[1]);  // ix of ox0
+                  for (std::size_t i = 0; i < ox1 - ox0; ++i) r[i] += s[ox0 + i];
+                } else {
+                  for (std::size_t ox = ox0; ox < ox1; ++ox) {
+                    row[ox * g.p.stride[1] + dx0 - g.p.padding[1]] += s[ox];
+                  }
+                }
               }
             }
           }

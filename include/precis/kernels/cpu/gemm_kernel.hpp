@@ -148,16 +148,50 @@ inline void gemm_micro(std::size_t kc, const float* a, const float* b, float* c,
   }
 }
 
-/// A float buffer aligned for the SIMD loads, uninitialised.
-struct float_buffer {
-  struct deleter {
-    void operator()(float* q) const { ::operator delete[](q, std::align_val_t(64)); }
-  };
-  std::unique_ptr<float[], deleter> p;
-  explicit float_buffer(std::size_t n)
-      : p(static_cast<float*>(::operator new[](std::max<std::size_t>(n, 1) * sizeof(float),
-                                               std::align_val_t(64)))) {}
-  float* get() const { return p.get(); }
+/// A float buffer aligned for the SIMD loads, uninitialised. Made with a context, a large
+/// one is taken from the context's scratch cache and given back when destroyed.
+class float_buffer {
+ public:
+  explicit float_buffer(std::size_t n) : p_(scratch_cache::allocate(n)) {}
+  float_buffer(const cpu_context& ctx, std::size_t n) {
+    if (n * sizeof(float) >= scratch_cache::min_bytes && ctx.scratch) {
+      auto [b, size] = ctx.scratch->take(n);
+      p_ = std::move(b);
+      size_ = size;
+      home_ = ctx.scratch;
+    } else {
+      p_ = scratch_cache::allocate(n);
+    }
+  }
+  float_buffer(float_buffer&&) noexcept = default;
+  float_buffer& operator=(float_buffer&& o) noexcept {
+    release();
+    p_ = std::move(o.p_);
+    size_ = o.size_;
+    home_ = std::move(o.home_);
+    return *this;
+  }
+  float_buffer(const float_buffer&) = delete;
+  float_buffer& operator=(const float_buffer&) = delete;
+  ~float_buffer() { release(); }
+
+  float* get() const { return p_.get(); }
+
+ private:
+  void release() noexcept {
+    if (home_ && p_) {
+      try {
+        home_->give(std::move(p_), size_);
+      } catch (...) {  // no memory to keep it: it is freed
+      }
+    }
+    p_.reset();
+    home_.reset();
+  }
+
+  scratch_cache::block p_;
+  std::size_t size_ = 0;
+  std::shared_ptr<scratch_cache> home_;
 };
 
 /// True for packers that hold their panels already laid out as gemm_serial reads them
@@ -273,7 +307,7 @@ struct prepacked {
 
   template <class Pack>
   prepacked(const cpu_context& ctx, std::size_t extent, std::size_t K, Pack& pack)
-      : data(K * ((extent + W - 1) / W * W)), pad((extent + W - 1) / W * W) {
+      : data(ctx, K * ((extent + W - 1) / W * W)), pad((extent + W - 1) / W * W) {
     const std::size_t kblocks = (K + gemm_kc - 1) / gemm_kc, tiles = pad / W;
     parallel_for(ctx, kblocks * tiles, 1, [&](std::size_t t0, std::size_t t1) {
       for (std::size_t t = t0; t < t1; ++t) {
