@@ -94,6 +94,29 @@ void for_planes(const cpu_context& ctx, std::size_t planes, std::size_t plane_si
   });
 }
 
+/// A plane's values in math type M: the tensor's own memory when it holds M, else
+/// converted into `buffer`.
+template <class M, class T>
+const M* plane_as(const T* src, std::size_t n, std::vector<M>& buffer) {
+  if constexpr (std::is_same_v<T, M>) {
+    return src;
+  } else {
+    buffer.resize(n);
+    load_block(src, buffer.data(), n);
+    return buffer.data();
+  }
+}
+
+/// Writes n values of math type M to dst, each rounded once to T.
+template <class M, class T>
+void store_values(const M* src, T* dst, std::size_t n) {
+  if constexpr (std::is_same_v<M, float>) {
+    store_block(src, dst, n);
+  } else {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = round_to<T>(src[i]);
+  }
+}
+
 /// Index (in the plane) of the first maximum of window w (NaN wins).
 template <class M, class T>
 std::size_t argmax_in(const T* x, std::size_t width, const window& w) {
@@ -163,13 +186,16 @@ void max_pool2d(const cpu_context& ctx, const host_tensor<TX, 4>& x, host_tensor
   using M = detail::math_t<op::pooling, P, TX>;
   const auto g = detail::pool_geometry_of("precis::max_pool2d", x, p);
   check_shape("precis::max_pool2d: y", y, detail::pooled_shape(x, g));
-  detail::for_planes(ctx, g.planes, g.h * g.w, [&](std::size_t pl) {
-    const TX* xp = x.data() + pl * g.h * g.w;
-    TY* yp = y.data() + pl * g.ho * g.wo;
-    for (std::size_t oy = 0; oy < g.ho; ++oy) {
-      for (std::size_t ox = 0; ox < g.wo; ++ox) {
-        const auto w = detail::window_at(g, oy, ox);
-        yp[oy * g.wo + ox] = round_to<TY>(detail::load<M>(xp[detail::argmax_in<M>(xp, g.w, w)]));
+  detail::for_rows(ctx, g.planes, g.h * g.w, [&](std::size_t b, std::size_t e) {
+    std::vector<M> plane, row(g.wo);
+    for (std::size_t pl = b; pl < e; ++pl) {
+      const M* xp = detail::plane_as<M>(x.data() + pl * g.h * g.w, g.h * g.w, plane);
+      TY* yp = y.data() + pl * g.ho * g.wo;
+      for (std::size_t oy = 0; oy < g.ho; ++oy) {
+        for (std::size_t ox = 0; ox < g.wo; ++ox) {
+          row[ox] = xp[detail::argmax_in<M>(xp, g.w, detail::window_at(g, oy, ox))];
+        }
+        detail::store_values(row.data(), yp + oy * g.wo, g.wo);
       }
     }
   });
@@ -185,19 +211,24 @@ void max_pool2d_backward(const cpu_context& ctx, const host_tensor<TX, 4>& x,
   const auto g = detail::pool_geometry_of("precis::max_pool2d_backward", x, p);
   check_shape("precis::max_pool2d_backward: dy", dy, detail::pooled_shape(x, g));
   check_shape("precis::max_pool2d_backward: dx", dx, detail::shape_array<4>(x));
-  detail::for_planes(ctx, g.planes, g.h * g.w, [&](std::size_t pl) {
-    const TX* xp = x.data() + pl * g.h * g.w;
-    const TG* dyp = dy.data() + pl * g.ho * g.wo;
-    std::vector<accumulator<detail::accumulate_t<op::pooling, P>>> acc(g.h * g.w);
-    for (std::size_t oy = 0; oy < g.ho; ++oy) {
-      for (std::size_t ox = 0; ox < g.wo; ++ox) {
-        const auto w = detail::window_at(g, oy, ox);
-        detail::accumulate(acc[detail::argmax_in<M>(xp, g.w, w)],
-                           detail::load<M>(dyp[oy * g.wo + ox]));
+  using A = accumulator<detail::accumulate_t<op::pooling, P>>;
+  detail::for_rows(ctx, g.planes, g.h * g.w, [&](std::size_t b, std::size_t e) {
+    std::vector<M> plane;
+    std::vector<A> acc(g.h * g.w);
+    std::vector<typename A::value_type> sums(g.h * g.w);
+    for (std::size_t pl = b; pl < e; ++pl) {
+      const M* xp = detail::plane_as<M>(x.data() + pl * g.h * g.w, g.h * g.w, plane);
+      const TG* dyp = dy.data() + pl * g.ho * g.wo;
+      std::fill(acc.begin(), acc.end(), A{});
+      for (std::size_t oy = 0; oy < g.ho; ++oy) {
+        for (std::size_t ox = 0; ox < g.wo; ++ox) {
+          detail::accumulate(acc[detail::argmax_in<M>(xp, g.w, detail::window_at(g, oy, ox))],
+                             detail::load<M>(dyp[oy * g.wo + ox]));
+        }
       }
+      for (std::size_t i = 0; i < g.h * g.w; ++i) sums[i] = acc[i].value();
+      detail::store_values(sums.data(), dx.data() + pl * g.h * g.w, g.h * g.w);
     }
-    TDX* dxp = dx.data() + pl * g.h * g.w;
-    for (std::size_t i = 0; i < g.h * g.w; ++i) dxp[i] = round_to<TDX>(acc[i].value());
   });
 }
 
@@ -262,13 +293,22 @@ void upsample_nearest2d(const cpu_context& ctx, const host_tensor<TX, 4>& x, hos
   using M = detail::math_t<op::pooling, P, TX>;
   detail::check_resample("precis::upsample_nearest2d", x, y);
   const std::size_t h = x.shape()[2], w = x.shape()[3], ho = y.shape()[2], wo = y.shape()[3];
-  detail::for_planes(ctx, x.shape()[0] * x.shape()[1], ho * wo, [&](std::size_t pl) {
-    const TX* xp = x.data() + pl * h * w;
-    TY* yp = y.data() + pl * ho * wo;
-    for (std::size_t oy = 0; oy < ho; ++oy) {
-      const std::size_t iy = oy * h / ho;
-      for (std::size_t ox = 0; ox < wo; ++ox) {
-        yp[oy * wo + ox] = round_to<TY>(detail::load<M>(xp[iy * w + ox * w / wo]));
+  detail::for_rows(ctx, x.shape()[0] * x.shape()[1], ho * wo, [&](std::size_t b, std::size_t e) {
+    std::vector<std::size_t> source(wo);  // the input column of each output column
+    for (std::size_t ox = 0; ox < wo; ++ox) source[ox] = ox * w / wo;
+    std::vector<M> row(wo);
+    for (std::size_t pl = b; pl < e; ++pl) {
+      const TX* xp = x.data() + pl * h * w;
+      TY* yp = y.data() + pl * ho * wo;
+      for (std::size_t oy = 0; oy < ho; ++oy) {
+        const std::size_t iy = oy * h / ho;
+        TY* out = yp + oy * wo;
+        if (oy > 0 && iy == (oy - 1) * h / ho) {  // the row above's values again
+          std::copy_n(out - wo, wo, out);
+          continue;
+        }
+        for (std::size_t ox = 0; ox < wo; ++ox) row[ox] = detail::load<M>(xp[iy * w + source[ox]]);
+        detail::store_values(row.data(), out, wo);
       }
     }
   });
@@ -282,17 +322,29 @@ void upsample_nearest2d_backward(const cpu_context& ctx, const host_tensor<TG, 4
   using M = detail::math_t<op::pooling, P, TG>;
   detail::check_resample("precis::upsample_nearest2d_backward", dx, dy);
   const std::size_t h = dx.shape()[2], w = dx.shape()[3], ho = dy.shape()[2], wo = dy.shape()[3];
-  detail::for_planes(ctx, dx.shape()[0] * dx.shape()[1], ho * wo, [&](std::size_t pl) {
-    const TG* dyp = dy.data() + pl * ho * wo;
-    std::vector<accumulator<detail::accumulate_t<op::pooling, P>>> acc(h * w);
-    for (std::size_t oy = 0; oy < ho; ++oy) {
-      const std::size_t iy = oy * h / ho;
-      for (std::size_t ox = 0; ox < wo; ++ox) {
-        detail::accumulate(acc[iy * w + ox * w / wo], detail::load<M>(dyp[oy * wo + ox]));
+  using A = accumulator<detail::accumulate_t<op::pooling, P>>;
+  detail::for_rows(ctx, dx.shape()[0] * dx.shape()[1], ho * wo, [&](std::size_t b, std::size_t e) {
+    std::vector<std::size_t> source(wo);  // the input column of each output column
+    for (std::size_t ox = 0; ox < wo; ++ox) source[ox] = ox * w / wo;
+    std::vector<A> acc(w);
+    std::vector<typename A::value_type> sums(w);
+    for (std::size_t pl = b; pl < e; ++pl) {
+      const TG* dyp = dy.data() + pl * ho * wo;
+      TDX* dxp = dx.data() + pl * h * w;
+      for (std::size_t iy = 0; iy < h; ++iy) {
+        // The output rows oy with oy * h / ho == iy: oy * h >= iy * ho, below the next's.
+        const std::size_t oy0 = std::min(ho, (iy * ho + h - 1) / h);
+        const std::size_t oy1 = std::min(ho, ((iy + 1) * ho + h - 1) / h);
+        std::fill(acc.begin(), acc.end(), A{});
+        for (std::size_t oy = oy0; oy < oy1; ++oy) {  // each sum in (oy, ox) order
+          for (std::size_t ox = 0; ox < wo; ++ox) {
+            detail::accumulate(acc[source[ox]], detail::load<M>(dyp[oy * wo + ox]));
+          }
+        }
+        for (std::size_t i = 0; i < w; ++i) sums[i] = acc[i].value();
+        detail::store_values(sums.data(), dxp + iy * w, w);
       }
     }
-    TDX* dxp = dx.data() + pl * h * w;
-    for (std::size_t i = 0; i < h * w; ++i) dxp[i] = round_to<TDX>(acc[i].value());
   });
 }
 
