@@ -13,8 +13,8 @@
 #include <cstdint>
 #include <mutex>
 #include <set>
-#include <string>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -165,7 +165,8 @@ TEST_CASE("a context's scratch buffers are reused, each held by one kernel at a 
     CHECK((kept(f.get()) || kept(g.get())));
   }
   scratch_cache cache;
-  for (std::size_t i = 1; i <= scratch_cache::kept + 2; ++i) cache.give(scratch_cache::allocate(i), i);
+  for (std::size_t i = 1; i <= scratch_cache::kept + 2; ++i)
+    cache.give(scratch_cache::allocate(i), i);
   // The smallest two were dropped: a request for 1 float gets the smallest kept, 3.
   auto [block, size] = cache.take(1);
   CHECK(size == 3);

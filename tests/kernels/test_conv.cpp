@@ -87,7 +87,7 @@ precis::conv2d_params params(std::size_t s, std::size_t pad, std::size_t d, std:
 }
 
 precis::conv2d_params axes(std::array<std::size_t, 2> s, std::array<std::size_t, 2> pad,
-                          std::array<std::size_t, 2> d) {
+                           std::array<std::size_t, 2> d) {
   precis::conv2d_params p;
   p.stride = s;
   p.padding = pad;
@@ -103,7 +103,7 @@ const geo geometries[] = {
     {1, 5, 14, 14, 7, 5, 5, params(3, 2, 1, 1)},
     {2, 6, 11, 9, 8, 1, 1, params(2, 0, 1, 1)},  // strided 1x1: only the sampled pixels read
     {1, 8, 10, 7, 4, 1, 1, params(3, 0, 2, 2)},  // strided, grouped, dilation irrelevant
-    {2, 3, 9, 11, 4, 3, 3, axes({2, 1}, {1, 2}, {1, 2})},  // different stride, pad, dilation per axis
+    {2, 3, 9, 11, 4, 3, 3, axes({2, 1}, {1, 2}, {1, 2})},  // stride, pad, dilation per axis
     {1, 2, 4, 5, 3, 3, 3, axes({1, 2}, {5, 4}, {3, 1})},   // padding past the kernel's reach
 };
 

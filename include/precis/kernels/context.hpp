@@ -74,8 +74,8 @@ class thread_pool {
       done_.wait(lock, [this] { return pending_.load(std::memory_order_acquire) == 0; });
     }
     job_ = nullptr;
-    if (!failure) failure = std::exchange(worker_failure_, nullptr);  // the caller's first
-    worker_failure_ = nullptr;
+    std::exception_ptr from_worker = std::exchange(worker_failure_, nullptr);
+    if (!failure) failure = std::move(from_worker);  // the caller's own comes first
     if (failure) std::rethrow_exception(failure);
     return true;
   }
@@ -100,7 +100,8 @@ class thread_pool {
     std::uint64_t seen = 0;
     for (;;) {
       const auto posted = [&] {
-        return stop_.load(std::memory_order_acquire) || count.load(std::memory_order_acquire) != seen;
+        return stop_.load(std::memory_order_acquire) ||
+               count.load(std::memory_order_acquire) != seen;
       };
       if (!spin_until(posted)) {
         std::unique_lock lock(m_);
@@ -176,7 +177,8 @@ class scratch_cache {
       const std::lock_guard lock(m_);
       std::size_t best = free_.size();
       for (std::size_t i = 0; i < free_.size(); ++i) {
-        if (free_[i].second >= n && (best == free_.size() || free_[i].second < free_[best].second)) {
+        if (free_[i].second >= n &&
+            (best == free_.size() || free_[i].second < free_[best].second)) {
           best = i;
         }
       }
@@ -194,9 +196,9 @@ class scratch_cache {
     const std::lock_guard lock(m_);
     free_.emplace_back(std::move(b), n);
     if (free_.size() > kept) {
-      const auto smallest = std::min_element(free_.begin(), free_.end(), [](const auto& a, const auto& c) {
-        return a.second < c.second;
-      });
+      const auto smallest =
+          std::min_element(free_.begin(), free_.end(),
+                           [](const auto& a, const auto& c) { return a.second < c.second; });
       free_.erase(smallest);
     }
   }

@@ -6,9 +6,10 @@
 // (the policy's storage or gradient type, or float; float rounded to tfloat32 first under
 // a tfloat32 compute type), exact products summed in float in a fixed order, each output
 // rounded once. A convolution is a product with an implicit im2col matrix: the inputs are
-// converted to float once (float inputs are read in place), the im2col panels are built while packing (never stored
-// whole), and gemm's float engine does the sums. Backward-data sums the per-tap float
-// partial products of the column matrix into a float image (col2im) and rounds once.
+// converted to float once (float inputs are read in place), the im2col panels are built
+// while packing (never stored whole), and gemm's float engine does the sums. Backward-data
+// sums the per-tap float partial products of the column matrix into a float image
+// (col2im) and rounds once.
 // Double policies (math and sums in double, as float64 gradient checks want) run direct
 // loops, one running sum per output element. A narrower-than-float accumulator is not
 // taken here (static_assert); gemm has the plain-loop path for it.
@@ -303,8 +304,8 @@ void conv_backward_data_float(const cpu_context& ctx, const conv_geometry& g, co
       gemm_float(ctx, T, NP, Cog, pa, pb, write);
       // The output columns ox that tap offset `k` (kx * dilation) puts inside the image:
       // ix = ox * stride + k - pad in [0, extent).
-      const auto valid = [](std::size_t k, std::size_t stride, std::size_t pad,
-                            std::size_t extent, std::size_t outs) {
+      const auto valid = [](std::size_t k, std::size_t stride, std::size_t pad, std::size_t extent,
+                            std::size_t outs) {
         const std::size_t lo = k >= pad ? 0 : (pad - k + stride - 1) / stride;
         const std::size_t hi =
             extent + pad > k ? std::min(outs, (extent + pad - k + stride - 1) / stride) : 0;
@@ -316,7 +317,8 @@ void conv_backward_data_float(const cpu_context& ctx, const conv_geometry& g, co
           const std::size_t n = plane / Cg, ch = plane % Cg;
           std::fill(img.begin(), img.end(), 0.0F);
           for (std::size_t ky = 0; ky < g.kh; ++ky) {
-            const auto [oy0, oy1] = valid(ky * g.p.dilation[0], g.p.stride[0], g.p.padding[0], g.h, g.ho);
+            const auto [oy0, oy1] =
+                valid(ky * g.p.dilation[0], g.p.stride[0], g.p.padding[0], g.h, g.ho);
             for (std::size_t kx = 0; kx < g.kw; ++kx) {
               const std::size_t dx0 = kx * g.p.dilation[1];
               const auto [ox0, ox1] = valid(dx0, g.p.stride[1], g.p.padding[1], g.w, g.wo);

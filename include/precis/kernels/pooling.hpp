@@ -107,16 +107,6 @@ const M* plane_as(const T* src, std::size_t n, std::vector<M>& buffer) {
   }
 }
 
-/// Writes n values of math type M to dst, each rounded once to T.
-template <class M, class T>
-void store_values(const M* src, T* dst, std::size_t n) {
-  if constexpr (std::is_same_v<M, float>) {
-    store_block(src, dst, n);
-  } else {
-    for (std::size_t i = 0; i < n; ++i) dst[i] = round_to<T>(src[i]);
-  }
-}
-
 /// Index (in the plane) of the first maximum of window w (NaN wins).
 template <class M, class T>
 std::size_t argmax_in(const T* x, std::size_t width, const window& w) {
@@ -195,7 +185,7 @@ void max_pool2d(const cpu_context& ctx, const host_tensor<TX, 4>& x, host_tensor
         for (std::size_t ox = 0; ox < g.wo; ++ox) {
           row[ox] = xp[detail::argmax_in<M>(xp, g.w, detail::window_at(g, oy, ox))];
         }
-        detail::store_values(row.data(), yp + oy * g.wo, g.wo);
+        detail::store_block(row.data(), yp + oy * g.wo, g.wo);
       }
     }
   });
@@ -227,7 +217,7 @@ void max_pool2d_backward(const cpu_context& ctx, const host_tensor<TX, 4>& x,
         }
       }
       for (std::size_t i = 0; i < g.h * g.w; ++i) sums[i] = acc[i].value();
-      detail::store_values(sums.data(), dx.data() + pl * g.h * g.w, g.h * g.w);
+      detail::store_block(sums.data(), dx.data() + pl * g.h * g.w, g.h * g.w);
     }
   });
 }
@@ -308,7 +298,7 @@ void upsample_nearest2d(const cpu_context& ctx, const host_tensor<TX, 4>& x, hos
           continue;
         }
         for (std::size_t ox = 0; ox < wo; ++ox) row[ox] = detail::load<M>(xp[iy * w + source[ox]]);
-        detail::store_values(row.data(), out, wo);
+        detail::store_block(row.data(), out, wo);
       }
     }
   });
@@ -342,7 +332,7 @@ void upsample_nearest2d_backward(const cpu_context& ctx, const host_tensor<TG, 4
           }
         }
         for (std::size_t i = 0; i < w; ++i) sums[i] = acc[i].value();
-        detail::store_values(sums.data(), dxp + iy * w, w);
+        detail::store_block(sums.data(), dxp + iy * w, w);
       }
     }
   });
