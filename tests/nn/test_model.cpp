@@ -8,7 +8,9 @@
 
 #include "gradcheck.hpp"
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -71,6 +73,48 @@ TEST_CASE("relu, gelu, sigmoid and tanh: backward matches central differences") 
   auto x = random_tensor<2>({3, 6}, 0.05, 2.0);
   for (std::size_t i = 0; i < x.size(); i += 2) x.data()[i] = -x.data()[i];
   check_gradients(r, x);
+}
+
+// The layers must reach the kernels' float SIMD forms. They name their functors through an
+// alias template, which g++ matched to the kernels' specialisations and clang++ did not
+// (clang's layers then ran the scalar loop: other bits, slower). The SIMD and scalar forms
+// differ in the last bit for some inputs, so equal bits over 4096 values mean the same path.
+template <class P, class Spec, class Fwd, class Bwd>
+void check_layer_runs_kernel(Spec spec, Fwd kernel, Bwd kernel_backward) {
+  host_tensor<float, 2> x(std::array<std::size_t, 2>{64, 64}), dy(x.shape());
+  std::uniform_real_distribution<float> d(-9.0f, 9.0f);
+  for (auto& v : x) v = d(precis_test::rng());
+  for (auto& v : dy) v = d(precis_test::rng());
+  auto m = nn::build<float, 2>(P{}, spec, {.seed = 1});
+  host_tensor<float, 2> y(x.shape()), dx(x.shape());
+  kernel(ctx, x, y);
+  kernel_backward(ctx, dy, x, dx);
+  const auto& my = m.forward(ctx, x, nn::mode::train);
+  CHECK(precis_test::same_bits(my, y));
+  const auto& mdx = m.backward(ctx, dy);
+  CHECK(precis_test::same_bits(mdx, dx));
+}
+
+TEST_CASE(
+    "gelu and sigmoid layers give their kernels' bits (the SIMD forms), forward and backward") {
+  using F = presets::fp32;
+  check_layer_runs_kernel<F>(
+      nn::gelu(), [](auto&... a) { gelu<F>(a...); }, [](auto&... a) { gelu_backward<F>(a...); });
+  check_layer_runs_kernel<F>(
+      nn::sigmoid(), [](auto&... a) { sigmoid<F>(a...); },
+      [](auto&... a) { sigmoid_backward<F>(a...); });
+  // And the kernels' SIMD forms are what ran: the scalar loop differs somewhere.
+  host_tensor<float, 2> x(std::array<std::size_t, 2>{64, 64}), y(x.shape());
+  std::uniform_real_distribution<float> d(-9.0f, 9.0f);
+  for (auto& v : x) v = d(precis_test::rng());
+  sigmoid<F>(ctx, x, y);
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const float scalar = 1.0f / (1.0f + std::exp(-x.data()[i]));
+    differ +=
+        std::bit_cast<std::uint32_t>(scalar) != std::bit_cast<std::uint32_t>(y.data()[i]) ? 1U : 0U;
+  }
+  CHECK(differ > 0);
 }
 
 TEST_CASE("layer_norm over the last axis of a rank-3 tensor: backward matches central differences") {

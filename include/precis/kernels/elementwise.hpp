@@ -154,24 +154,27 @@ struct tanh_grad_fn {
   }
 };
 
-/// The float SIMD form of an elementwise functor (kernels/cpu/vec_math.hpp), where there
-/// is one: `apply` takes and returns vmath::vf (the backward forms take dy and x).
-template <template <class> class Fn>
+/// The float SIMD form of an elementwise functor F (the functor instantiated for float),
+/// where there is one: `apply` takes and returns vmath::vf (the backward forms take dy and
+/// x). Keyed on the functor's type, not its template: compilers differ on whether an alias
+/// template (nn's activation_functions::fn) matches a specialisation for the template it
+/// names, and a miss would quietly take the scalar loop (other bits, slower).
+template <class F>
 struct vector_form : std::false_type {};
 template <>
-struct vector_form<gelu_erf_fn> : std::true_type {
+struct vector_form<gelu_erf_fn<float>> : std::true_type {
   static vmath::vf apply(vmath::vf x) { return vmath::gelu(x); }
 };
 template <>
-struct vector_form<gelu_erf_grad_fn> : std::true_type {
+struct vector_form<gelu_erf_grad_fn<float>> : std::true_type {
   static vmath::vf apply(vmath::vf dy, vmath::vf x) { return vmath::gelu_grad(dy, x); }
 };
 template <>
-struct vector_form<sigmoid_fn> : std::true_type {
+struct vector_form<sigmoid_fn<float>> : std::true_type {
   static vmath::vf apply(vmath::vf x) { return vmath::sigmoid(x); }
 };
 template <>
-struct vector_form<sigmoid_grad_fn> : std::true_type {
+struct vector_form<sigmoid_grad_fn<float>> : std::true_type {
   static vmath::vf apply(vmath::vf dy, vmath::vf x) { return vmath::sigmoid_grad(dy, x); }
 };
 
@@ -181,16 +184,17 @@ void unary(std::string_view name, const cpu_context& ctx, const host_tensor<X, N
            host_tensor<Y, N>& y) {
   using M = math_t<op::elementwise, P, X>;
   check_shape(std::string(name) + ": y", y, shape_array<N>(x));
-  map_blocks<M>(ctx, element_count(x), y.data(),
-                [](std::size_t, std::size_t len, M* r, const M* v) {
-                  if constexpr (std::is_same_v<M, float> && vector_form<Fn>::value) {
-                    vmath::map(v, r, len, [](vmath::vf a) { return vector_form<Fn>::apply(a); });
-                  } else {
-                    const Fn<M> f{};
-                    for (std::size_t i = 0; i < len; ++i) r[i] = f(v[i]);
-                  }
-                },
-                x.data());
+  map_blocks<M>(
+      ctx, element_count(x), y.data(),
+      [](std::size_t, std::size_t len, M* r, const M* v) {
+        if constexpr (std::is_same_v<M, float> && vector_form<Fn<M>>::value) {
+          vmath::map(v, r, len, [](vmath::vf a) { return vector_form<Fn<M>>::apply(a); });
+        } else {
+          const Fn<M> f{};
+          for (std::size_t i = 0; i < len; ++i) r[i] = f(v[i]);
+        }
+      },
+      x.data());
 }
 
 /// dx = g(dy, x) elementwise.
@@ -201,17 +205,18 @@ void unary_backward(std::string_view name, const cpu_context& ctx, const host_te
   using M = math_t<op::elementwise, P, DY, X>;
   check_same_shape(std::string(name) + ": dy and x", dy, x);
   check_shape(std::string(name) + ": dx", dx, shape_array<N>(x));
-  map_blocks<M>(ctx, element_count(x), dx.data(),
-                [](std::size_t, std::size_t len, M* r, const M* g, const M* v) {
-                  if constexpr (std::is_same_v<M, float> && vector_form<Fn>::value) {
-                    vmath::map2(g, v, r, len,
-                                [](vmath::vf a, vmath::vf b) { return vector_form<Fn>::apply(a, b); });
-                  } else {
-                    const Fn<M> f{};
-                    for (std::size_t i = 0; i < len; ++i) r[i] = f(g[i], v[i]);
-                  }
-                },
-                dy.data(), x.data());
+  map_blocks<M>(
+      ctx, element_count(x), dx.data(),
+      [](std::size_t, std::size_t len, M* r, const M* g, const M* v) {
+        if constexpr (std::is_same_v<M, float> && vector_form<Fn<M>>::value) {
+          vmath::map2(g, v, r, len,
+                      [](vmath::vf a, vmath::vf b) { return vector_form<Fn<M>>::apply(a, b); });
+        } else {
+          const Fn<M> f{};
+          for (std::size_t i = 0; i < len; ++i) r[i] = f(g[i], v[i]);
+        }
+      },
+      dy.data(), x.data());
 }
 
 /// out = f(a, b) with b broadcast over a's leading axes.
