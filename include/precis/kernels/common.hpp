@@ -8,6 +8,7 @@
 // output element is rounded once to its tensor's element type.
 #pragma once
 
+#include <precis/numeric/detail/unfused.hpp>
 #include <precis/numeric/numeric.hpp>
 #include <precis/policy/policy.hpp>
 
@@ -25,14 +26,15 @@ template <class T>
 using opmath_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 /// A running sum kept in type Acc: exact float/double addition for those, and for a
-/// narrower Acc the sum rounded to Acc after every addition.
+/// narrower Acc the sum rounded to Acc after every addition. A term is taken as a rounded
+/// value (a product passed in is never fused into the sum: see opaque).
 template <class Acc>
 class accumulator {
  public:
   using value_type = opmath_t<Acc>;
   constexpr accumulator() = default;
   PRECIS_HOST_DEVICE constexpr explicit accumulator(value_type v) : sum_(round(v)) {}
-  PRECIS_HOST_DEVICE constexpr void add(value_type x) { sum_ = round(sum_ + x); }
+  PRECIS_HOST_DEVICE constexpr void add(value_type x) { sum_ = round(detail::add(sum_, x)); }
   PRECIS_HOST_DEVICE constexpr value_type value() const { return sum_; }
 
  private:

@@ -107,7 +107,7 @@ struct gelu_erf_grad_fn {
   PRECIS_HOST_DEVICE M operator()(M dy, M x) const {
     const M cdf = M(0.5) * (M(1) + math::erf(x * M(std::numbers::sqrt2 / 2)));
     const M pdf = math::exp(M(-0.5) * x * x) * M(std::numbers::inv_sqrtpi / std::numbers::sqrt2);
-    return dy * (cdf + x * pdf);
+    return dy * add(cdf, x * pdf);
   }
 };
 
@@ -117,15 +117,15 @@ inline constexpr double gelu_c = 0.044715;
 template <class M>
 struct gelu_tanh_fn {
   PRECIS_HOST_DEVICE M operator()(M x) const {
-    return M(0.5) * x * (M(1) + math::tanh(M(gelu_k) * (x + M(gelu_c) * x * x * x)));
+    return M(0.5) * x * (M(1) + math::tanh(M(gelu_k) * (x + mul(M(gelu_c) * x * x, x))));
   }
 };
 template <class M>
 struct gelu_tanh_grad_fn {
   PRECIS_HOST_DEVICE M operator()(M dy, M x) const {
-    const M t = math::tanh(M(gelu_k) * (x + M(gelu_c) * x * x * x));
-    const M dinner = M(gelu_k) * (M(1) + M(3 * gelu_c) * x * x);
-    return dy * (M(0.5) * (M(1) + t) + M(0.5) * x * (M(1) - t * t) * dinner);
+    const M t = math::tanh(M(gelu_k) * (x + mul(M(gelu_c) * x * x, x)));
+    const M dinner = M(gelu_k) * (M(1) + mul(M(3 * gelu_c) * x, x));
+    return dy * add(M(0.5) * (M(1) + t), M(0.5) * x * (M(1) - mul(t, t)) * dinner);
   }
 };
 
@@ -150,7 +150,7 @@ template <class M>
 struct tanh_grad_fn {
   PRECIS_HOST_DEVICE M operator()(M dy, M x) const {
     const M t = math::tanh(x);
-    return dy * (M(1) - t * t);
+    return dy * (M(1) - mul(t, t));
   }
 };
 

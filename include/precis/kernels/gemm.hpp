@@ -274,9 +274,9 @@ void gemm_raw(const cpu_context& ctx, std::size_t M, std::size_t N, std::size_t 
                          accumulate(acc, load<Mt>(a[i * ars + k * acs]) *
                                              load<Mt>(b[k * brs + j * bcs]));
                        }
-                       Mt v = static_cast<Mt>(o.alpha) * static_cast<Mt>(acc.value());
+                       Mt v = mul(static_cast<Mt>(o.alpha), static_cast<Mt>(acc.value()));
                        TC& out = c[i * ldc + j];
-                       if (o.beta != 0.0F) v += static_cast<Mt>(o.beta) * load<Mt>(out);
+                       if (o.beta != 0.0F) v = add(v, static_cast<Mt>(o.beta) * load<Mt>(out));
                        if (bias != nullptr) v += load<Mt>(bias[j]);
                        out = round_to<TC>(apply_epilogue(o.epilogue, v));
                      }

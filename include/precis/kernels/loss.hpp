@@ -90,7 +90,7 @@ void check_cross_entropy(std::string_view name, const host_tensor<X, 2>& logits,
 template <class M>
 PRECIS_HOST_DEVICE M smooth_l1(M d, M beta) {
   const M a = math::abs(d);
-  return a < beta ? M(0.5) * d * d / beta : a - M(0.5) * beta;
+  return a < beta ? M(0.5) * d * d / beta : a - mul(M(0.5), beta);
 }
 
 /// smooth-L1's derivative for difference d, without the 1/n (host and device).
@@ -108,7 +108,7 @@ PRECIS_HOST_DEVICE M sign(M d) {
 /// device).
 template <class M>
 PRECIS_HOST_DEVICE M bce_logits_term(M x, M t) {
-  return (x < M(0) ? M(0) : x) - x * t + math::log1p(math::exp(-math::abs(x)));
+  return (x < M(0) ? M(0) : x) - mul(x, t) + math::log1p(math::exp(-math::abs(x)));
 }
 
 /// Its derivative in x, sigmoid(x) - t, without the 1/n.
@@ -233,7 +233,7 @@ detail::math_t<op::loss, P, X, T> dice_loss(const cpu_context& /*ctx*/, const ho
     }
   }
   const M e = static_cast<M>(eps);
-  const M num = M(2) * static_cast<M>(inter.value()) + e;
+  const M num = detail::mul(M(2), static_cast<M>(inter.value())) + e;
   const M den = static_cast<M>(sp.value()) + static_cast<M>(st.value()) + e;
   return M(1) - num / den;
 }
@@ -261,11 +261,11 @@ void dice_loss_backward(const cpu_context& ctx, const host_tensor<X, N>& pred,
     detail::accumulate(st, tv);
   }
   const M e = static_cast<M>(eps);
-  const M num = M(2) * static_cast<M>(inter.value()) + e;
+  const M num = detail::mul(M(2), static_cast<M>(inter.value())) + e;
   const M den = static_cast<M>(sp.value()) + static_cast<M>(st.value()) + e;
   const M scale = -static_cast<M>(dloss) / (den * den);
   detail::write_terms(ctx, n, dpred.data(), [t, num, den, scale](std::size_t i) {
-    return scale * (M(2) * detail::load<M>(t[i]) * den - num);
+    return scale * (detail::mul(M(2) * detail::load<M>(t[i]), den) - num);
   });
 }
 

@@ -72,7 +72,7 @@ void normalize_affine(M* v, std::size_t n, M mu, M rs, M g, M b) {
     const vf muv = vmath::splat(mu), rsv = vmath::splat(rs), gv = vmath::splat(g), bv = vmath::splat(b);
     vmath::map(v, v, n, [=](vf a) { return vmath::product(vmath::product(a - muv, rsv), gv) + bv; });
   } else {
-    for (std::size_t i = 0; i < n; ++i) v[i] = (v[i] - mu) * rs * g + b;
+    for (std::size_t i = 0; i < n; ++i) v[i] = add((v[i] - mu) * rs * g, b);
   }
 }
 
@@ -82,7 +82,7 @@ M blend(M running, M value, M momentum) {
   if constexpr (std::is_same_v<M, float>) {
     return vmath::product(1.0F - momentum, running) + vmath::product(momentum, value);
   } else {
-    return (M(1) - momentum) * running + momentum * value;
+    return add((M(1) - momentum) * running, momentum * value);
   }
 }
 
@@ -162,7 +162,7 @@ void layer_norm(const cpu_context& ctx, const host_tensor<X, N>& x, const host_t
       }
       const auto [mu, var] = detail::mean_and_variance<Acc>(v.data(), cols);
       const M rs = M(1) / std::sqrt(var + e);
-      for (std::size_t j = 0; j < cols; ++j) v[j] = (v[j] - mu) * rs * g[j] + bt[j];
+      for (std::size_t j = 0; j < cols; ++j) v[j] = detail::add((v[j] - mu) * rs * g[j], bt[j]);
       detail::store_block(v.data(), y.data() + r * cols, cols);
       mean.data()[r] = static_cast<S>(mu);
       rstd.data()[r] = static_cast<S>(rs);
@@ -223,7 +223,7 @@ void layer_norm_backward(const cpu_context& ctx, const host_tensor<DY, N>& dy, c
       }
       const M a = static_cast<M>(sg.value()) / static_cast<M>(cols);
       const M b = static_cast<M>(sgx.value()) / static_cast<M>(cols);
-      for (std::size_t j = 0; j < cols; ++j) v[j] = rs * (g[j] - a - v[j] * b);
+      for (std::size_t j = 0; j < cols; ++j) v[j] = rs * (g[j] - a - detail::mul(v[j], b));
       detail::store_block(v.data(), dx.data() + r * cols, cols);
     }
   });
@@ -451,7 +451,7 @@ void batch_norm_backward(const cpu_context& ctx, const host_tensor<DY, N>& dy, c
         sum_dy = static_cast<M>(sdy.value());
         sum_dyx = static_cast<M>(sdyx.value());
         const M a = sum_dy / static_cast<M>(count), b = sum_dyx / static_cast<M>(count);
-        for (std::size_t i = 0; i < count; ++i) v[i] = k * (g[i] - a - v[i] * b);
+        for (std::size_t i = 0; i < count; ++i) v[i] = k * (g[i] - a - detail::mul(v[i], b));
       }
       detail::scatter_channel(v.data(), d, c, dx.data());
       dgamma.data()[c] = round_to<DG>(sum_dyx);

@@ -359,8 +359,9 @@ void upsample_bilinear2d(const cpu_context& ctx, const host_tensor<TX, 4>& x, ho
         M fx;
         detail::bilinear_taps(detail::bilinear_source<M>(ox, w, wo, align_corners), w, x0, x1, fx);
         const auto at = [&](std::size_t yy, std::size_t xx) { return detail::load<M>(xp[yy * w + xx]); };
-        const M v = (M(1) - fy) * ((M(1) - fx) * at(y0, x0) + fx * at(y0, x1)) +
-                    fy * ((M(1) - fx) * at(y1, x0) + fx * at(y1, x1));
+        const M top = detail::add((M(1) - fx) * at(y0, x0), fx * at(y0, x1));
+        const M bottom = detail::add((M(1) - fx) * at(y1, x0), fx * at(y1, x1));
+        const M v = detail::add((M(1) - fy) * top, fy * bottom);
         yp[oy * wo + ox] = round_to<TY>(v);
       }
     }

@@ -255,7 +255,8 @@ constexpr double unit_random(std::uint64_t seed, std::uint64_t stream, std::uint
 template <class S, class M, std::size_t N, class Ctx>
 void fill_uniform(parameter<S, M, N, Ctx>& p, std::uint64_t seed, std::uint64_t stream, double bound) {
   std::vector<M> v(p.size());
-  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<M>((2.0 * unit_random(seed, stream, i) - 1.0) * bound);
+  for (std::size_t i = 0; i < v.size(); ++i)
+    v[i] = static_cast<M>((precis::detail::mul(2.0, unit_random(seed, stream, i)) - 1.0) * bound);
   if constexpr (std::is_same_v<Ctx, cpu_context>) {
     p.set(cpu_context{1}, v);
   } else {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <precis/config.hpp>
+#include <precis/numeric/detail/unfused.hpp>
 #include <precis/scaling/gradients.hpp>
 
 #include <algorithm>
@@ -228,7 +229,7 @@ class adamw {
     const auto& o = options_;
     const std::uint64_t t = steps_ + 1;
     // PyTorch forms these in double (Python floats) and its kernels round them to float.
-    const float keep = static_cast<float>(1.0 - o.lr * o.weight_decay);
+    const float keep = static_cast<float>(1.0 - detail::mul(o.lr, o.weight_decay));
     const float lerp_weight = static_cast<float>(1.0 - o.beta1);
     const bool small_weight = std::fabs(lerp_weight) < 0.5f;  // PyTorch's lerp switches form here
     const float beta2 = static_cast<float>(o.beta2);
@@ -315,7 +316,8 @@ class warmup_cosine {
   double lr() const {
     if (step_ < warmup_) return base_ * double(step_ + 1) / double(warmup_);
     const double progress = double(std::min(step_, total_) - warmup_) / double(std::max<std::uint64_t>(1, total_ - warmup_));
-    return final_ + (base_ - final_) * 0.5 * (1.0 + std::cos(3.14159265358979323846 * progress));
+    return final_ +
+           detail::mul((base_ - final_) * 0.5, 1.0 + std::cos(3.14159265358979323846 * progress));
   }
   /// Moves on by one step when the optimizer applied it (a skipped step does not count).
   void advance(bool applied) { step_ += applied ? 1U : 0U; }

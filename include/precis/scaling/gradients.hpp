@@ -8,6 +8,7 @@
 
 #include <precis/config.hpp>
 #include <precis/kernels/unscale.hpp>
+#include <precis/numeric/detail/unfused.hpp>
 
 #include <cmath>
 #include <cstddef>
@@ -237,7 +238,9 @@ template <gradients G>
 double grad_norm(const unscaled<G>& g) {
   double sum = 0.0;
   gradient_access<G>::for_each(const_cast<G&>(g.values()), [&](auto span) {
-    for (auto v : span) sum += double(float(v)) * double(float(v));
+    // Squares of floats are exact in double; mul keeps the compiler from fusing them anyway,
+    // so the machine code is the same under any -ffp-contract (tests/flags).
+    for (auto v : span) sum += detail::mul(double(float(v)), double(float(v)));
   });
   return std::sqrt(sum);
 }

@@ -124,7 +124,7 @@ inline vf scale2(vf v, vf n) {
   const vi ni = __builtin_convertvector(n, vi);
   const vi n1 = ni >> 1;
   const vf s1 = (vf)((n1 + 127) << 23), s2 = (vf)((ni - n1 + 127) << 23);
-  return product(v, s1) * s2;
+  return product(product(v, s1), s2);
 }
 
 /// exp(x), within 1 ulp; NaN stays NaN, +inf gives inf, -inf 0.
