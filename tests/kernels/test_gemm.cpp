@@ -20,9 +20,13 @@
 #include <doctest/doctest.h>
 
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <random>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -145,6 +149,64 @@ TEST_CASE("gemm sums narrow products exactly in float, in k order") {
   for (std::size_t k = 1; k < K; ++k) expect += (1.0F / 64) * (1.0F / 8);
   CHECK(c(0, 0) == expect);
   CHECK(c(0, 0) == 32768.0F);
+}
+
+TEST_CASE("float products are fused into their sums in k order, on every build and CPU") {
+  // The reference is the chain s = fma(a_ik, b_kj, s) over k, which is what the engine
+  // documents for float inputs whatever the build's flags; K crosses the depth blocks.
+  const std::size_t M = 13, N = 37, K = 300;
+  std::mt19937_64 gen(5);
+  std::normal_distribution<float> d(0.0F, 1.0F);
+  auto a = host_tensor<float, 2>::from_shape({M, K});
+  auto b = host_tensor<float, 2>::from_shape({K, N});
+  for (auto& v : a) v = d(gen);
+  for (auto& v : b) v = d(gen);
+  auto c = poisoned<float, 2>(std::array<std::size_t, 2>{M, N});
+  precis::gemm<precis::presets::fp32>(precis::cpu_context{2}, a, b, c);
+  std::size_t unfused_differs = 0;
+  for (std::size_t i = 0; i < M; ++i) {
+    for (std::size_t j = 0; j < N; ++j) {
+      float s = 0.0F, u = 0.0F;
+      for (std::size_t k = 0; k < K; ++k) {
+        s = std::fma(a(i, k), b(k, j), s);
+        volatile float p = a(i, k) * b(k, j);  // rounded on its own
+        u += p;
+      }
+      CHECK(std::bit_cast<std::uint32_t>(c(i, j)) == std::bit_cast<std::uint32_t>(s));
+      unfused_differs += s != u ? 1U : 0U;
+    }
+  }
+  CHECK(unfused_differs > 0);  // the test tells fused from unfused sums
+}
+
+TEST_CASE("the portable micro-kernel (a CPU without FMA) gives the SIMD kernel's bits") {
+  using namespace precis::detail;
+  const std::size_t kc = 77, ldc = gemm_nr + 3;
+  std::mt19937_64 gen(6);
+  std::normal_distribution<float> d(0.0F, 1.0F);
+  std::vector<float> ap(kc * gemm_mr), bp(kc * gemm_nr), start(gemm_mr * ldc);
+  for (auto& v : ap) v = d(gen);
+  for (auto& v : bp) v = d(gen);
+  for (auto& v : start) v = d(gen);
+  for (const std::size_t cols : {gemm_nr, std::size_t(1)}) {  // both vectors, or only the first
+    const std::size_t used = cols == gemm_nr ? gemm_nr : gemm_nr / 2;
+    for (const bool first : {true, false}) {
+      auto simd = start, portable = start;
+      if (first) {
+        gemm_micro<true>(kc, ap.data(), bp.data(), simd.data(), ldc, cols);
+        gemm_micro_portable<true>(kc, ap.data(), bp.data(), portable.data(), ldc, cols);
+      } else {
+        gemm_micro<false>(kc, ap.data(), bp.data(), simd.data(), ldc, cols);
+        gemm_micro_portable<false>(kc, ap.data(), bp.data(), portable.data(), ldc, cols);
+      }
+      for (std::size_t r = 0; r < gemm_mr; ++r) {
+        for (std::size_t j = 0; j < used; ++j) {
+          CHECK(std::bit_cast<std::uint32_t>(simd[r * ldc + j]) ==
+                std::bit_cast<std::uint32_t>(portable[r * ldc + j]));
+        }
+      }
+    }
+  }
 }
 
 TEST_CASE("gemm under tf32 rounds float inputs to 10 mantissa bits first") {

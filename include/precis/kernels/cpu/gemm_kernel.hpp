@@ -15,9 +15,13 @@
 // K blocks are stored and reloaded as floats, which changes nothing). Threads split the
 // output into disjoint column (or row) ranges; no element's sequence depends on the split.
 //
-// The micro-kernel is MR x NR floats of registers, NR = two SIMD vectors of the target's
-// width (AVX-512, AVX2+FMA or the portable 16-byte vectors of GCC/Clang), chosen at
-// compile time like the rest of precis (no runtime dispatch).
+// The micro-kernel is MR x NR floats of registers, NR = two SIMD vectors: AVX-512 or
+// AVX2+FMA when the build targets them. A build for an x86 target without FMA (no -march:
+// a baseline x86-64) carries the AVX2+FMA kernel compiled for that instruction set alone
+// and runs it where the CPU has it, else a loop of std::fma (the C library's exact fma).
+// Other targets use GCC/Clang vectors with std::fma per lane. Every product is fused into
+// its sum on every path, so products of float inputs, which are not exact, give the same
+// bits under any build flags and on any CPU (README, "Same bits under any flags").
 #pragma once
 
 #include <precis/config.hpp>
@@ -35,8 +39,21 @@
 #include <new>
 #include <utility>
 
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#include <cmath>
+
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
+
+/// Whether the build chooses the gemm micro-kernel at run time (an x86 target without FMA),
+/// and the target attribute its AVX2+FMA kernel is compiled with.
+#if !defined(__AVX512F__) && !(defined(__AVX2__) && defined(__FMA__)) && \
+    (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#define PRECIS_GEMM_RUNTIME_FMA 1
+#define PRECIS_GEMM_TARGET __attribute__((target("avx2,fma")))
+#else
+#define PRECIS_GEMM_RUNTIME_FMA 0
+#define PRECIS_GEMM_TARGET
 #endif
 
 namespace precis::detail {
@@ -62,17 +79,17 @@ struct gemm_simd {
   static void store(float* p, vec v) { _mm512_storeu_ps(p, v); }
   static vec broadcast(const float* p) { return _mm512_set1_ps(*p); }
   static vec fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif (defined(__AVX2__) && defined(__FMA__)) || PRECIS_GEMM_RUNTIME_FMA
   using vec = __m256;
   static constexpr std::size_t width = 8;
   static constexpr std::size_t mr = 6;  // 12 accumulators + 2 + 1 of 16 ymm
-  static vec zero() { return _mm256_setzero_ps(); }
-  static vec load(const float* p) { return _mm256_loadu_ps(p); }
-  static void store(float* p, vec v) { _mm256_storeu_ps(p, v); }
-  static vec broadcast(const float* p) { return _mm256_broadcast_ss(p); }
-  static vec fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+  PRECIS_GEMM_TARGET static vec zero() { return _mm256_setzero_ps(); }
+  PRECIS_GEMM_TARGET static vec load(const float* p) { return _mm256_loadu_ps(p); }
+  PRECIS_GEMM_TARGET static void store(float* p, vec v) { _mm256_storeu_ps(p, v); }
+  PRECIS_GEMM_TARGET static vec broadcast(const float* p) { return _mm256_broadcast_ss(p); }
+  PRECIS_GEMM_TARGET static vec fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
 #else
-  // GCC/Clang vector extensions: SSE2 on a baseline x86-64, NEON on AArch64.
+  // GCC/Clang vector extensions (NEON on AArch64), fused lane by lane.
   typedef float vec __attribute__((vector_size(16)));
   static constexpr std::size_t width = 4;
   static constexpr std::size_t mr = 6;
@@ -84,7 +101,11 @@ struct gemm_simd {
   }
   static void store(float* p, vec v) { std::memcpy(p, &v, sizeof v); }
   static vec broadcast(const float* p) { return vec{*p, *p, *p, *p}; }
-  static vec fma(vec a, vec b, vec c) { return a * b + c; }
+  static vec fma(vec a, vec b, vec c) {
+    vec r;
+    for (int i = 0; i < 4; ++i) r[i] = std::fma(a[i], b[i], c[i]);
+    return r;
+  }
 #endif
   static constexpr std::size_t nr = 2 * width;
 };
@@ -104,8 +125,9 @@ inline constexpr std::size_t gemm_nc = 1024;
 /// keeps them in registers (captured by a lambda that is not inlined they would live in
 /// memory, a several-fold slowdown).
 template <bool First, bool Two, std::size_t... R>
-inline void gemm_micro_rows(std::index_sequence<R...>, std::size_t kc, const float* a,
-                            const float* b, float* c, std::size_t ldc) {
+PRECIS_GEMM_TARGET inline void gemm_micro_rows(std::index_sequence<R...>, std::size_t kc,
+                                               const float* a, const float* b, float* c,
+                                               std::size_t ldc) {
   using S = gemm_simd;
   using V = S::vec;
   constexpr std::size_t W = S::width, MR = sizeof...(R);
@@ -135,12 +157,48 @@ inline void gemm_micro_rows(std::index_sequence<R...>, std::size_t kc, const flo
   }
 }
 
+/// The tile's sums as gemm_micro_rows forms them, one std::fma per product: the same bits
+/// (each sum is the same sequence of fused operations). Runs where a build that chooses at
+/// run time finds no FMA instructions; std::fma is then the C library's exact fma (slow).
+template <bool First>
+void gemm_micro_portable(std::size_t kc, const float* a, const float* b, float* c, std::size_t ldc,
+                         std::size_t cols = gemm_simd::nr) {
+  constexpr std::size_t MR = gemm_simd::mr, NR = gemm_simd::nr;
+  const std::size_t n = cols <= gemm_simd::width ? gemm_simd::width : NR;
+  for (std::size_t r = 0; r < MR; ++r) {
+    for (std::size_t j = 0; j < n; ++j) {
+      float s = First ? 0.0F : c[r * ldc + j];
+      for (std::size_t k = 0; k < kc; ++k) s = std::fma(a[k * MR + r], b[k * NR + j], s);
+      c[r * ldc + j] = s;
+    }
+  }
+}
+
+/// True when the CPU runs the AVX2+FMA micro-kernel (asked once).
+inline bool gemm_cpu_has_fma() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
 /// The tile's sums; `cols` (at most NR) says how many of its columns are wanted: at most
 /// one vector's worth takes half the work (a narrow product, as attention's P V with 16-
 /// or 32-value heads has). Every sum wanted is the same sequence of operations either way.
 template <bool First>
 inline void gemm_micro(std::size_t kc, const float* a, const float* b, float* c, std::size_t ldc,
                        std::size_t cols = gemm_simd::nr) {
+#if PRECIS_GEMM_RUNTIME_FMA
+  if (!gemm_cpu_has_fma()) {
+    gemm_micro_portable<First>(kc, a, b, c, ldc, cols);
+    return;
+  }
+#endif
   if (cols <= gemm_simd::width) {
     gemm_micro_rows<First, false>(std::make_index_sequence<gemm_simd::mr>{}, kc, a, b, c, ldc);
   } else {
