@@ -1,20 +1,20 @@
 // One translation unit that tests/flags/CMakeLists.txt builds several times, with
-// different compilers and flags (-march=native or not, -ffp-contract=fast). Each build
-// prints one line per result: a name and a 64-bit hash of the result's bits.
-// compare_bits.cmake requires the lines to be identical between the builds, except:
-// - lines named "open:...": results known to depend on the flags today (README, "Same bits
-//   under any flags"); their agreement is printed, not required;
-// - the line "fma 0/1" says whether the build's gemm engine runs its FMA kernels.
+// different compilers and flags (-march=native or not, -ffp-contract=fast or off). Each
+// build prints one line per result: a name and a 64-bit hash of the result's bits;
+// compare_bits.cmake requires the lines to be identical between the builds. The same
+// builds' machine code is checked for products the compiler fused on its own
+// (no_contraction.sh).
 #include <precis/nn/shape.hpp>
 #include <precis/precis.hpp>
 
 #include <bit>
 #include <cinttypes>
-#include <cstdint>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 using namespace precis;
@@ -30,7 +30,13 @@ struct hasher {
   void add(double x) { add(std::bit_cast<std::uint64_t>(x)); }
   template <class T>
   void add_all(const T& range) {
-    for (const auto& x : range) add(static_cast<float>(x));
+    for (const auto& x : range) {
+      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(x)>, double>) {
+        add(x);
+      } else {
+        add(static_cast<float>(x));
+      }
+    }
   }
 };
 
@@ -198,6 +204,94 @@ void kernels() {
   }
 }
 
+using f64 = policy<double, double, double, double>;
+
+// The scalar and less common paths, in float or double (P): tanh, the tanh GELU, products
+// with a broadcast operand, losses, bilinear resampling, norms, gemm with beta and bias, a
+// convolution (double: the direct loops), and the l2 norm.
+template <class P>
+void more_kernels(const std::string& name) {
+  using T = typename P::storage_type;
+  hasher h;
+  const auto z = tensor_of<T, 2>({6, 97}, 2, 20), dz = tensor_of<T, 2>({6, 97}, 0, 21);
+  host_tensor<T, 2> y(z.shape()), d(z.shape());
+  tanh<P>(ctx, z, y);
+  h.add_all(y);
+  tanh_backward<P>(ctx, dz, z, y);
+  h.add_all(y);
+  gelu<P>(ctx, z, y, gelu_approximation::tanh);
+  h.add_all(y);
+  gelu_backward<P>(ctx, dz, z, y, gelu_approximation::tanh);
+  h.add_all(y);
+  gelu<P>(ctx, z, y);
+  h.add_all(y);
+  gelu_backward<P>(ctx, dz, z, y);
+  h.add_all(y);
+  const auto row = tensor_of<T, 1>({97}, 0, 22);
+  host_tensor<T, 1> drow(row.shape());
+  mul_backward<P>(ctx, dz, z, row, d, drow);
+  h.add_all(d);
+  h.add_all(drow);
+  const auto t = tensor_of<T, 2>({6, 97}, -1, 23);
+  h.add(double(smooth_l1_loss<P>(ctx, z, t, 0.5)));
+  smooth_l1_loss_backward<P>(ctx, z, t, d, 0.5);
+  h.add_all(d);
+  h.add(double(bce_with_logits<P>(ctx, z, t)));
+  bce_with_logits_backward<P>(ctx, z, t, d);
+  h.add_all(d);
+  h.add(double(dice_loss<P>(ctx, z, t)));
+  dice_loss_backward<P>(ctx, z, t, d);
+  h.add_all(d);
+  h.add(double(l2_norm<P>(ctx, z)));
+  const auto img = tensor_of<T, 4>({2, 3, 5, 7}, 0, 24);
+  host_tensor<T, 4> up(std::array<std::size_t, 4>{2, 3, 11, 13}), dimg(img.shape());
+  for (const bool corners : {false, true}) {
+    upsample_bilinear2d<P>(ctx, img, up, corners);
+    h.add_all(up);
+    upsample_bilinear2d_backward<P>(ctx, up, dimg, corners);
+    h.add_all(dimg);
+  }
+  const auto g = tensor_of<T, 1>({97}, 0, 25), b = tensor_of<T, 1>({97}, 0, 26);
+  host_tensor<T, 1> mean(std::array<std::size_t, 1>{6}), rstd(mean.shape()), dg(g.shape()),
+      db(g.shape());
+  layer_norm<P>(ctx, z, g, b, y, mean, rstd, 1e-5);
+  h.add_all(y);
+  layer_norm_backward<P>(ctx, dz, z, g, mean, rstd, d, dg, db);
+  h.add_all(d);
+  h.add_all(dg);
+  h.add_all(db);
+  const auto cg = tensor_of<T, 1>({3}, 0, 27), cb = tensor_of<T, 1>({3}, 0, 28);
+  host_tensor<T, 1> rm(std::array<std::size_t, 1>{3}), rv(rm.shape()), sm(rm.shape()),
+      sr(rm.shape()), dcg(rm.shape()), dcb(rm.shape());
+  for (auto& v : rm) v = T(0.5);
+  for (auto& v : rv) v = T(2);
+  host_tensor<T, 4> bn(img.shape()), dbn(img.shape());
+  batch_norm_train<P>(ctx, img, cg, cb, rm, rv, bn, sm, sr);
+  h.add_all(bn);
+  h.add_all(rm);
+  h.add_all(rv);
+  batch_norm_backward<P>(ctx, img, img, cg, sm, sr, dbn, dcg, dcb);
+  h.add_all(dbn);
+  h.add_all(dcg);
+  batch_norm_infer<P>(ctx, img, cg, cb, rm, rv, bn);
+  h.add_all(bn);
+  const auto wa = tensor_of<T, 2>({97, 33}, 0, 29);
+  const auto bias = tensor_of<T, 1>({33}, 0, 30);
+  host_tensor<T, 2> c = tensor_of<T, 2>({6, 33}, 0, 31);
+  gemm<P>(ctx, z, wa, bias, c, {.alpha = 0.7f, .beta = 0.3f});
+  h.add_all(c);
+  const auto w = tensor_of<T, 4>({4, 3, 3, 3}, 0, 32);
+  const conv2d_params same{.padding = {1, 1}};
+  host_tensor<T, 4> cy(std::array<std::size_t, 4>{2, 4, 5, 7}), dx(img.shape()), dw(w.shape());
+  conv2d<P>(ctx, img, w, cy, same);
+  h.add_all(cy);
+  conv2d_backward_data<P>(ctx, cy, w, dx, same);
+  h.add_all(dx);
+  conv2d_backward_weights<P>(ctx, img, cy, dw, same);
+  h.add_all(dw);
+  print(name, h);
+}
+
 // The optimizers on their own, with inexact hyperparameters, and the dynamic scaler with
 // factors float cannot hold.
 void optimizers_and_scaler() {
@@ -214,6 +308,13 @@ void optimizers_and_scaler() {
   hs.add_all(w2);
   print("adamw", ha);
   print("sgd", hs);
+  warmup_cosine schedule(3e-3, 7, 300, 1e-5);
+  hasher hl;
+  for (int step = 0; step < 300; ++step) {
+    hl.add(schedule.lr());
+    schedule.advance(true);
+  }
+  print("warmup_cosine", hl);
   dynamic_scaler scaler({.init_scale = 1000.3f, .growth_factor = 1.3, .backoff_factor = 0.7, .growth_interval = 2});
   struct none {
     void step(std::vector<float>&) {}
@@ -229,18 +330,17 @@ void optimizers_and_scaler() {
 }  // namespace
 
 int main() {
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))  // the gemm engine's FMA kernels
-  std::printf("fma 1\n");
-#else
-  std::printf("fma 0\n");
-#endif
   mlp<presets::bf16_mixed>("mlp_bf16", no_scaling{});
-  mlp<presets::fp16_mixed>("open:mlp_fp16", dynamic_scaler({.init_scale = 4096.0f, .growth_factor = 1.5,
-                                                       .backoff_factor = 0.6, .growth_interval = 3}));
-  mlp<presets::fp32>("open:mlp_fp32", no_scaling{});
+  mlp<presets::fp16_mixed>("mlp_fp16", dynamic_scaler({.init_scale = 4096.0f,
+                                                       .growth_factor = 1.5,
+                                                       .backoff_factor = 0.6,
+                                                       .growth_interval = 3}));
+  mlp<presets::fp32>("mlp_fp32", no_scaling{});
   conv<presets::bf16_mixed>("conv_bf16");
-  conv<presets::fp32>("open:conv_fp32");
+  conv<presets::fp32>("conv_fp32");
   kernels();
+  more_kernels<presets::fp32>("kernels_fp32");
+  more_kernels<f64>("kernels_f64");
   optimizers_and_scaler();
   return 0;
 }
