@@ -33,7 +33,7 @@ export DEBIAN_FRONTEND=noninteractive
 PACKAGES=(cmake g++ clang libboost-dev xtensor-dev doctest-dev libopenblas-dev libdnnl-dev
           ocl-icd-opencl-dev gnuplot-nox python3-pip zlib1g-dev dataset-fashion-mnist
           nlohmann-json3-dev libclang-rt-14-dev libopencv-imgproc-dev libopencv-imgcodecs-dev
-          libpolyclipping-dev)
+          libpolyclipping-dev libopenmpi-dev openmpi-bin)
 
 log() { printf '\n\033[1m-- %s\033[0m\n' "$*"; }
 die() { printf 'run.sh: %s\n' "$*" >&2; exit 1; }

@@ -1,6 +1,8 @@
 // precis/nn/train.hpp: one optimizer step of a model under loss scaling, done in the only
 // order that is right: scaled loss -> backward per micro-batch, gradients summed in
-// float -> one unscale -> norm and clipping on the unscaled gradients -> the scaler
+// float -> averaged over processes when the scaler's reducer averages (data-parallel
+// training, precis/distributed/mpi.hpp) -> one unscale -> norm and clipping on the
+// unscaled gradients -> the scaler
 // steps the optimizer or skips the step -> working copies refreshed -> schedule advanced
 // only when the step was applied.
 #pragma once
@@ -14,6 +16,7 @@
 #include <cstdint>
 #include <span>
 #include <type_traits>
+#include <vector>
 
 namespace precis::nn {
 
@@ -45,13 +48,23 @@ struct micro_batch {
 /// The schedule of a trainer without one: the optimizer's learning rate is left alone.
 struct no_schedule {};
 
+/// True when Scaler's reducer averages gradients over processes (precis::mpi_reducer):
+/// the trainer then averages the summed gradients once per step, before unscaling. False
+/// for precis::single_process, and the step has no such call.
+template <class Scaler>
+concept averaging_scaler = requires(Scaler& s, std::vector<std::span<float>>& g) {
+  s.reducer_object().average(g);
+};
+
 /// Trains `Model` (an nn::model from nn::build) on `Loss` (nn::softmax_cross_entropy, or any
 /// loss with input_type / input_grad_type / input_rank / target_tensor, forward(ctx, y,
 /// targets) returning the loss and backward(ctx, dloss) the gradient of y) with `Optimizer`
 /// (precis::sgd, precis::adamw) under `Scaler` (precis::no_scaling, static_scaler,
-/// dynamic_scaler), advancing `Schedule` (e.g. precis::warmup_cosine) on applied steps.
-/// Holds references: the objects are the caller's, so they can be checkpointed together
-/// with precis::save_checkpoint(file, model, optimizer, scaler, schedule).
+/// dynamic_scaler, or their basic_ forms with a reducer: with precis::mpi_reducer each
+/// process trains on its share of the batch and the gradients are averaged), advancing `Schedule`
+/// (e.g. precis::warmup_cosine) on applied steps. Holds references: the objects are the caller's,
+/// so they can be checkpointed together with precis::save_checkpoint(file, model, optimizer,
+/// scaler, schedule).
 ///
 /// Compile-time checks: the loss reads the model's output type and gives its gradient
 /// type, and every layer's gradients fit the scaler (rule b: float16 gradients need a
@@ -98,7 +111,11 @@ class trainer {
       loss_sum += double(loss_->forward(ctx, y, b.targets));
       model_->backward(ctx, loss_->backward(ctx, dloss));
     }
-    r.loss = loss_sum / double(batches.size());
+    r.loss = loss_sum / double(batches.size());  // this process's
+    if constexpr (averaging_scaler<Scaler>) {
+      auto local = model_->gradients();
+      scaler_->reducer_object().average(local);
+    }
     auto grads = unscale(scaler_->scaled_gradients(model_->gradients()));
     r.grad_norm = options_.max_grad_norm > 0.0 ? clip_grad_norm(grads, options_.max_grad_norm) : grad_norm(grads);
     const step_result s = scaler_->step(*opt_, std::move(grads));
