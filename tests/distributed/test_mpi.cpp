@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <random>
 #include <span>
@@ -170,6 +171,75 @@ TEST_CASE("two ranks on halves of each batch train as one process on the whole b
       dynamic_scaler(o), basic_dynamic_scaler<mpi_reducer<>>(o, mpi_reducer<>()), 20);
   MESSAGE("fp16_mixed: max weight difference " << fp16 << " of the largest weight");
   CHECK(fp16 < 1e-3);
+}
+
+namespace {
+
+// A two-rank fp16 run with a dynamic scaler and a schedule (state a checkpoint must carry).
+struct dp_run {
+  using P = presets::fp16_mixed;
+  decltype(mlp<P>(0)) model;
+  nn::softmax_cross_entropy<P> loss;
+  adamw opt;
+  basic_dynamic_scaler<mpi_reducer<>> scaler;
+  warmup_cosine schedule;
+  explicit dp_run(std::uint64_t seed)
+      : model(mlp<P>(seed)),
+        opt(model.masters(), {.lr = 1e-2}),
+        scaler({.init_scale = 1e6F, .growth_interval = 2}),  // backs off, then grows
+        schedule(1e-2, 3, 12) {
+    broadcast_parameters(model, scaler.reducer_object(), cpu_context{1});
+  }
+  // Steps [from, to): each step's batch made from its index, this rank's half of it.
+  void train(std::size_t from, std::size_t to) {
+    nn::trainer tr(model, loss, opt, scaler, schedule);
+    const auto [first, last] =
+        shard(8, scaler.reducer_object().rank(), scaler.reducer_object().size());
+    for (std::size_t s = from; s < to; ++s) {
+      host_tensor<float16, 2> x(std::array<std::size_t, 2>{last - first, 6});
+      host_tensor<std::int32_t, 1> t(std::array<std::size_t, 1>{last - first});
+      for (std::size_t r = first; r < last; ++r) {
+        for (std::size_t c = 0; c < 6; ++c)
+          x(r - first, c) = float16(float(int((r * 7 + c * 3 + s * 5) % 9) - 4) / 4.0F);
+        t(r - first) = std::int32_t((r + s) % 4);
+      }
+      tr.step(cpu_context{1}, x, t);
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a checkpoint written by rank 0 during a two-rank run resumes it bit for bit") {
+  mpi_reducer<> r;
+  int tag = r.rank() == 0 ? int(std::random_device{}() % 1000000) : 0;
+  MPI_Bcast(&tag, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  const auto file =
+      std::filesystem::temp_directory_path() / ("precis_mpi_ckpt_" + std::to_string(tag) + ".bin");
+
+  dp_run straight(7);
+  straight.train(0, 10);
+
+  dp_run first(7);
+  first.train(0, 5);
+  if (r.rank() == 0) save_checkpoint(file, first.model, first.opt, first.scaler, first.schedule);
+  MPI_Barrier(MPI_COMM_WORLD);  // written before anyone reads
+
+  dp_run resumed(99);  // other weights: the checkpoint and the broadcast must restore them
+  load_checkpoint(file, resumed.model, resumed.opt, resumed.scaler, resumed.schedule);
+  resumed.model.refresh(cpu_context{1});
+  resumed.train(5, 10);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (r.rank() == 0) std::filesystem::remove(file);
+
+  CHECK(resumed.scaler.scale() == straight.scaler.scale());
+  CHECK(resumed.scaler.steps() == straight.scaler.steps());
+  CHECK(resumed.scaler.skipped_steps() == straight.scaler.skipped_steps());
+  CHECK(straight.scaler.skipped_steps() > 0);
+  const auto a = straight.model.masters(), b = resumed.model.masters();
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    CHECK(std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)) == 0);
+  }
 }
 
 TEST_CASE("an infinity on one rank makes both skip the step and back off the same way") {
