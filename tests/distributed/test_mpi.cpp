@@ -19,6 +19,8 @@
 #include <random>
 #include <span>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 using namespace precis;
@@ -240,6 +242,72 @@ TEST_CASE("a checkpoint written by rank 0 during a two-rank run resumes it bit f
   for (std::size_t i = 0; i < a.size(); ++i) {
     CHECK(std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)) == 0);
   }
+}
+
+namespace {
+
+// Trains an fp8_hybrid MLP three steps on rank-dependent data (rank 1's inputs 8 times
+// larger, so the processes' amaxes differ); returns every float8 recipe's scale and the
+// master weights, with the recipes' amaxes agreed through the run's reducer or not.
+std::pair<std::vector<float>, std::vector<float>> fp8_run(bool shared) {
+  using P = presets::fp8_hybrid;
+  using S = nn::activation_type_t<P>;
+  using Scaler = std::conditional_t<needs_loss_scaling_v<P>, basic_dynamic_scaler<mpi_reducer<>>,
+                                    basic_no_scaling<mpi_reducer<>>>;
+  const cpu_context ctx{1};
+  Scaler scaler;
+  auto& r = scaler.reducer_object();
+  auto model =
+      nn::build<S, 2>(P{}, nn::seq(nn::linear(6, 24), nn::gelu(), nn::linear(24, 4)), {.seed = 1});
+  broadcast_parameters(model, r, ctx);
+  if (shared) model.set_amax_reducer(r);
+  nn::softmax_cross_entropy<P> loss;
+  adamw opt(model.masters(), {.lr = 1e-2});
+  nn::trainer tr(model, loss, opt, scaler);
+  host_tensor<S, 2> x(std::array<std::size_t, 2>{8, 6});
+  host_tensor<std::int32_t, 1> t(std::array<std::size_t, 1>{8});
+  for (int step = 0; step < 3; ++step) {
+    for (std::size_t i = 0; i < 8; ++i) {
+      for (std::size_t c = 0; c < 6; ++c) {
+        x(i, c) = S(float(int((i * 5 + c * 3 + std::size_t(step)) % 7) - 3) *
+                    (r.rank() == 1 ? 8.0F : 1.0F));
+      }
+      t(i) = std::int32_t(i % 4);
+    }
+    tr.step(ctx, x, t);
+  }
+  std::vector<float> scales;
+  model.for_each_layer([&](const std::string&, auto& l) {
+    if constexpr (requires { l.float8_products().input.scale(); }) {
+      const auto& f = l.float8_products();
+      scales.insert(scales.end(), {f.input.scale(), f.weight.scale(), f.grad_output.scale()});
+    }
+  });
+  std::vector<float> weights;
+  for (auto w : model.masters()) weights.insert(weights.end(), w.begin(), w.end());
+  return {scales, weights};
+}
+
+// True when every process holds the same bits as rank 0.
+bool same_on_all_ranks(const std::vector<float>& v) {
+  std::vector<float> root = v;
+  MPI_Bcast(root.data(), int(root.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+  int same = std::memcmp(root.data(), v.data(), v.size() * sizeof(float)) == 0 ? 1 : 0, all = 0;
+  MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
+  return all != 0;
+}
+
+}  // namespace
+
+TEST_CASE("float8 recipes agree on their amaxes across ranks once the model's reducer is set") {
+  const auto [scales, weights] = fp8_run(true);
+  REQUIRE(scales.size() == 6);
+  CHECK(same_on_all_ranks(scales));
+  CHECK(same_on_all_ranks(weights));
+  // Without it each process scales by its own amaxes (the test tells the two apart).
+  const auto [local_scales, local_weights] = fp8_run(false);
+  CHECK_FALSE(same_on_all_ranks(local_scales));
+  (void)local_weights;
 }
 
 TEST_CASE("an infinity on one rank makes both skip the step and back off the same way") {

@@ -157,6 +157,20 @@ class model {
     });
   }
 
+  /// Makes every float8 recipe of the model (float8 policies' linear layers) agree on its
+  /// amax through `r`, e.g. a data-parallel run's precis::mpi_reducer, so that every
+  /// process casts with the same scales. `r` must outlive the model's use of it; a
+  /// default precis::reducer_ref{} returns the recipes to one process.
+  template <reducer R>
+  void set_amax_reducer(R& r) {
+    set_amax_reducer(reducer_ref(r));
+  }
+  void set_amax_reducer(reducer_ref r) {
+    for_each_layer([&](const std::string&, auto& l) {
+      if constexpr (requires { l.set_amax_reducer(r); }) l.set_amax_reducer(r);
+    });
+  }
+
   /// Zeroes every parameter's gradient (before a step's first micro-batch).
   void zero_grad() {
     for_each_parameter([](const std::string&, auto& p) { p.zero_grad(); });

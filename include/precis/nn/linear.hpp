@@ -60,16 +60,17 @@ constexpr linear_spec<Tag> linear(std::size_t in, std::size_t out, bias_mode bia
 
 namespace detail {
 
-/// The scaling recipe object for float8 `Format` that policy recipe tag `R` names.
+/// The scaling recipe object for float8 `Format` that policy recipe tag `R` names. Its
+/// reducer is chosen at run time (one process unless model.set_amax_reducer says otherwise).
 template <class Format, class R>
 struct recipe_object;
 template <class Format>
 struct recipe_object<Format, recipe::delayed> {
-  using type = delayed_scaling<Format>;
+  using type = delayed_scaling<Format, reducer_ref>;
 };
 template <class Format>
 struct recipe_object<Format, recipe::current> {
-  using type = current_scaling<Format>;
+  using type = current_scaling<Format, reducer_ref>;
 };
 
 /// Casts `x` to the float8 tensor `q` under `r` and returns the scale it used. A delayed
@@ -78,7 +79,7 @@ struct recipe_object<Format, recipe::current> {
 template <class Recipe, class T, class F, std::size_t N>
 float quantize(const cpu_context& ctx, Recipe& r, const host_tensor<T, N>& x, host_tensor<F, N>& q, bool record) {
   ensure(q, shape_of<N>(x));
-  if constexpr (std::is_same_v<Recipe, current_scaling<F>>) {
+  if constexpr (std::is_same_v<Recipe, current_scaling<F, reducer_ref>>) {
     r.update(precis::amax_of(ctx, x));
     const float s = r.scale();
     precis::scaled_cast(ctx, x, s, q);
@@ -116,6 +117,12 @@ struct float8_linear_state {
   bool have_forward = false;
 
   std::size_t own_bytes() const { return bytes_of(xq) + bytes_of(wq) + bytes_of(dyq); }
+  /// Points the three recipes at `r` for their amaxes.
+  void set_reducer(reducer_ref r) {
+    input.set_reducer(r);
+    weight.set_reducer(r);
+    grad_output.set_reducer(r);
+  }
 
   template <class Archive>
   void visit_state(Archive& a, const std::string& prefix) {
@@ -244,6 +251,10 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
   parameter<S, M, 1>& bias() { return bias_; }
   /// The float8 recipes and the tensors last cast with them (float8 policies).
   const float8_state& float8_products() const { return fp8_; }
+  /// Points the float8 recipes at `r` for their amaxes (nothing without float8).
+  void set_amax_reducer(reducer_ref r) {
+    if constexpr (float8) fp8_.set_reducer(r);
+  }
   std::string shape() const { return std::to_string(in_) + "->" + std::to_string(out_) + (bias_on_ ? "" : " no bias"); }
   std::size_t own_bytes() const {
     return detail::bytes_of(y_) + detail::bytes_of(dx_) + detail::bytes_of(dw_) + detail::bytes_of(db_) +

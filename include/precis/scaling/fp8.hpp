@@ -86,6 +86,8 @@ class delayed_scaling {
     return h;
   }
   const delayed_scaling_options& options() const { return options_; }
+  /// Replaces the reducer the amaxes are agreed through (the recorded state is kept).
+  void set_reducer(Reducer r) { reducer_ = std::move(r); }
 
   /// Records this step's amax of the tensor (reduced across processes) and computes the
   /// scale for the next step.
@@ -157,6 +159,8 @@ class current_scaling {
 
   float scale() const { return scale_; }
   float inverse_scale() const { return 1.0f / scale_; }
+  /// Replaces the reducer the amaxes are agreed through.
+  void set_reducer(Reducer r) { reducer_ = std::move(r); }
 
   /// Sets the scale from this step's amax (reduced across processes).
   void update(float local_amax) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <span>
+#include <type_traits>
 
 namespace precis {
 
@@ -26,5 +27,35 @@ struct single_process {
 };
 
 static_assert(reducer<single_process>);
+
+/// A reducer chosen at run time: a non-owning reference to another reducer (which must
+/// outlive its use), or, default-constructed, one process. The float8 recipes inside nn's
+/// layers hold one, so that a data-parallel run can point them all at its reducer
+/// (nn::model::set_amax_reducer) without the recipes' types depending on it.
+class reducer_ref {
+ public:
+  reducer_ref() = default;
+  template <reducer R>
+  requires(!std::is_same_v<std::remove_cv_t<R>, reducer_ref>) explicit reducer_ref(R& r)
+      : self_(&r),
+        any_([](void* s, bool f) { return bool(static_cast<R*>(s)->any(f)); }),
+        max_([](void* s, std::span<float> v) { static_cast<R*>(s)->max(v); }) {}
+
+  bool any(bool local_found_inf) const {
+    return self_ != nullptr ? any_(self_, local_found_inf) : local_found_inf;
+  }
+  void max(std::span<float> values) const {
+    if (self_ != nullptr) max_(self_, values);
+  }
+  /// True when this refers to another reducer (not the single-process default).
+  bool bound() const { return self_ != nullptr; }
+
+ private:
+  void* self_ = nullptr;
+  bool (*any_)(void*, bool) = nullptr;
+  void (*max_)(void*, std::span<float>) = nullptr;
+};
+
+static_assert(reducer<reducer_ref>);
 
 }  // namespace precis
