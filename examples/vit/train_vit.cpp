@@ -3,7 +3,7 @@
 //
 //   example_vit [--epochs N] [--policy NAME[,NAME...]] [--threads N] [--batch N]
 //               [--train N] [--seed S] [--lr X] [--augment] [--data DIR] [--out DIR]
-//               [--init FILE] [--check]
+//               [--init FILE] [--check] [--distributed]
 //
 // The model: patch 4 (7 x 7 = 49 patch tokens and a class token), width 64, 4 heads, 4
 // pre-norm blocks, 10 classes. AdamW (weight decay 0.05 on the linear weights only, not on
@@ -22,12 +22,20 @@
 // 10%; the full run reaches 88%) and ends within 3 points of fp32, bf16_mixed had no
 // skipped step and every test loss is finite.
 //
-// Training is deterministic: the same bits for a given seed, thread count and build.
+// --distributed (a build with precis::mpi), under `mpirun -np R`: data-parallel training,
+// each process taking batch / R images of every step and the gradients averaged over the
+// processes (precis::mpi_reducer); rank 0 prints and writes the outputs.
+//
+// Training is deterministic: the same bits for a given seed, thread count, process count
+// and build.
 #include "../common.hpp"
 #include "fashion_mnist.hpp"
 #include "model.hpp"
 
 #include <precis/nn/safetensors.hpp>
+#if PRECIS_EXAMPLE_MPI
+#include <precis/distributed/mpi.hpp>
+#endif
 
 #include "../report.hpp"
 
@@ -44,6 +52,7 @@
 #include <numeric>
 #include <optional>
 #include <set>
+#include <span>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -76,6 +85,8 @@ struct options {
   std::filesystem::path data = vit::fashion_mnist_dir;
   std::filesystem::path out = "vit_output";
   std::optional<safetensors::file> init;  // --init: the starting weights
+  bool distributed = false;               // --distributed: data-parallel over MPI's processes
+  int rank = 0, processes = 1;
   double mean = 0, sd = 1;                 // the normalisation (for the weights' metadata)
 };
 
@@ -136,6 +147,40 @@ void gather(const dataset& d, const std::vector<std::size_t>& order, std::size_t
   }
 }
 
+// ---- the reducer: this process alone, or every process of an MPI run ----
+
+#if PRECIS_EXAMPLE_MPI
+mpi_reducer<>* world = nullptr;  // set by --distributed
+#endif
+
+/// The scalers' reducer, chosen at run time so that each map is compiled once: one
+/// process, or (with --distributed) the MPI run's processes, whose gradients it averages.
+struct run_reducer {
+  bool any(bool local_found_inf) const {
+#if PRECIS_EXAMPLE_MPI
+    if (world != nullptr) return world->any(local_found_inf);
+#endif
+    return local_found_inf;
+  }
+  void max(std::span<float> values) const {
+#if PRECIS_EXAMPLE_MPI
+    if (world != nullptr) world->max(values);
+#else
+    (void)values;
+#endif
+  }
+  template <gradients G>
+  void average(G& grads) const {
+#if PRECIS_EXAMPLE_MPI
+    if (world != nullptr) world->average(grads);
+#else
+    (void)grads;
+#endif
+  }
+};
+using run_no_scaling = basic_no_scaling<run_reducer>;
+using run_dynamic_scaler = basic_dynamic_scaler<run_reducer>;
+
 // ---- the maps: entries of one compile-time tuple ----
 
 template <class Map, class Scaler>
@@ -163,11 +208,14 @@ using fp8_map = decltype(make_policy_map(presets::fp8_hybrid{}, for_layer<vit::s
                                          for_layer<vit::head>(presets::bf16_mixed{})));
 
 const auto sweep = hana::make_tuple(
-    entry<decltype(make_policy_map(presets::fp32{})), no_scaling>{"fp32", "reference"},
-    entry<decltype(make_policy_map(presets::bf16_mixed{})), no_scaling>{"bf16_mixed", "bfloat16, no scaler"},
-    entry<decltype(make_policy_map(presets::fp16_mixed{})), dynamic_scaler>{"fp16_mixed", "float16 + dynamic scaler"},
-    entry<fp8_map, dynamic_scaler>{"fp8_hybrid", "float8 linear products, bf16 between layers"},
-    entry<per_layer_map, dynamic_scaler>{"bf16_attn_fp16", "bf16, attention products fp16, head fp32"});
+    entry<decltype(make_policy_map(presets::fp32{})), run_no_scaling>{"fp32", "reference"},
+    entry<decltype(make_policy_map(presets::bf16_mixed{})), run_no_scaling>{"bf16_mixed",
+                                                                            "bfloat16, no scaler"},
+    entry<decltype(make_policy_map(presets::fp16_mixed{})), run_dynamic_scaler>{
+        "fp16_mixed", "float16 + dynamic scaler"},
+    entry<fp8_map, run_dynamic_scaler>{"fp8_hybrid", "float8 linear products, bf16 between layers"},
+    entry<per_layer_map, run_dynamic_scaler>{"bf16_attn_fp16",
+                                             "bf16, attention products fp16, head fp32"});
 
 struct epoch_record {
   double train_loss = 0, test_loss = 0, test_accuracy = 0, scale = 1, seconds = 0;
@@ -220,12 +268,21 @@ result train_one(const Entry& e, const options& o, const vit::config& vc, const 
   adamw opt(model.masters(), {.lr = o.lr, .weight_decay = o.weight_decay}, model.decay_mask());
   warmup_cosine schedule(o.lr, std::max<std::size_t>(total / 10, 1), total, o.lr * 0.01);
   typename Entry::scaler scaler;
+#if PRECIS_EXAMPLE_MPI
+  if (world != nullptr) {
+    broadcast_parameters(model, *world, ctx);  // rank 0's weights, whatever the others loaded
+    model.set_amax_reducer(scaler.reducer_object());
+  }
+#endif
   nn::trainer tr(model, loss, opt, scaler, schedule, {.max_grad_norm = 1.0});
+  // This process's rows of every batch.
+  const std::size_t first = o.batch * std::size_t(o.rank) / std::size_t(o.processes);
+  const std::size_t rows = o.batch * std::size_t(o.rank + 1) / std::size_t(o.processes) - first;
 
   result r;
   r.name = std::string(e.name);
   r.note = std::string(e.note);
-  const bool tty = isatty(STDOUT_FILENO) != 0;
+  const bool tty = isatty(STDOUT_FILENO) != 0 && o.rank == 0;
   host_tensor<float, 4> xf;
   host_tensor<S, 4> x;
   host_tensor<std::int32_t, 1> y;
@@ -236,7 +293,7 @@ result train_one(const Entry& e, const options& o, const vit::config& vc, const 
     double loss_sum = 0;
     std::size_t counted = 0;
     for (std::size_t b = 0; b < per_epoch; ++b) {
-      gather(train, order, b * o.batch, o.batch, o.augment, o.seed, ep, xf, y);
+      gather(train, order, b * o.batch + first, rows, o.augment, o.seed, ep, xf, y);
       x.resize(xf.shape());
       precis::cast(ctx, xf, x);
       r.records.push_back(tr.step(ctx, x, y));
@@ -279,6 +336,7 @@ result train_one(const Entry& e, const options& o, const vit::config& vc, const 
   r.activation_bytes = model.activation_bytes() + loss.own_bytes();
   r.peak_rss_mib = examples::peak_rss_mib();
 
+  if (o.rank != 0) return r;  // the weights are the same on every process: rank 0 writes them
   auto text = [](double v) { return examples::format("%.17g", v); };
   const auto weights = o.out / ("weights_" + r.name + ".safetensors");
   nn::save_safetensors(model, weights, vit::torch_name, safetensors::dtype::f32,
@@ -369,8 +427,10 @@ int check(const std::vector<result>& results) {
 
 int usage(const char* self) {
   std::fprintf(stderr,
-               "usage: %s [--epochs N] [--policy NAME[,NAME...]] [--threads N] [--batch N] [--train N] [--test N]\n"
-               "          [--seed S] [--lr X] [--augment] [--data DIR] [--out DIR] [--init FILE] [--check]\n"
+               "usage: %s [--epochs N] [--policy NAME[,NAME...]] [--threads N] [--batch N] "
+               "[--train N] [--test N]\n"
+               "          [--seed S] [--lr X] [--augment] [--data DIR] [--out DIR] [--init FILE] "
+               "[--check] [--distributed]\n"
                "policies: fp32 bf16_mixed fp16_mixed fp8_hybrid bf16_attn_fp16\n",
                self);
   return 2;
@@ -427,11 +487,40 @@ int main(int argc, char** argv) {
       init_path = argv[++i];
     } else if (a == "--check") {
       o.check = true;
+    } else if (a == "--distributed") {
+      o.distributed = true;
     } else {
       ok = false;
     }
     if (!ok) return usage(argv[0]);
   }
+#if PRECIS_EXAMPLE_MPI
+  // MPI is finalised after the reducer is gone, on every way out of main.
+  struct mpi_session {
+    bool on = false;
+    ~mpi_session() {
+      if (on) MPI_Finalize();
+    }
+  } session;
+  std::optional<mpi_reducer<>> reducer;
+  if (o.distributed) {
+    MPI_Init(&argc, &argv);
+    session.on = true;
+    reducer.emplace();
+    world = &*reducer;
+    o.rank = reducer->rank();
+    o.processes = reducer->size();
+    if (o.rank != 0 && std::freopen("/dev/null", "w", stdout) == nullptr)
+      return 1;  // rank 0 reports
+  }
+#else
+  if (o.distributed) {
+    std::fprintf(
+        stderr,
+        "example_vit: --distributed needs a build with MPI (libopenmpi-dev: precis::mpi)\n");
+    return 2;
+  }
+#endif
   if (o.check) {
     o.epochs = 1;
     o.train_size = o.train_size ? o.train_size : 4096;
@@ -456,6 +545,8 @@ int main(int argc, char** argv) {
     const auto test = normalise(test_set, o.test_size, mean, sd);
     if (train.side != vc.image || test.side != vc.image) throw error("example_vit: the images are not 28 x 28");
     if (train.count < o.batch) throw error("example_vit: fewer training images than one batch");
+    if (o.batch < std::size_t(o.processes))
+      throw error("example_vit: fewer images in a batch than processes");
 
     std::printf("CPU: %s, %u hardware threads; products: %s\n", examples::cpu_line().c_str(), std::thread::hardware_concurrency(),
                 cpu_products_engine().c_str());
@@ -468,7 +559,11 @@ int main(int argc, char** argv) {
       o.init = safetensors::file::read(init_path);
       std::printf("starting from the weights in %s\n", init_path.string().c_str());
     }
-    std::filesystem::create_directories(o.out);
+    if (o.distributed) {
+      std::printf("data-parallel over %d processes: %zu images of each batch per process\n",
+                  o.processes, o.batch / std::size_t(o.processes));
+    }
+    if (o.rank == 0) std::filesystem::create_directories(o.out);
     std::vector<result> results;
     hana::for_each(sweep, [&](const auto& e) {
       if (!o.policies.empty() && !o.policies.contains(std::string(e.name))) return;
@@ -485,7 +580,7 @@ int main(int argc, char** argv) {
                       kib(r.activation_bytes), num("%.0f MiB", r.peak_rss_mib), r.note});
     }
     std::printf("\n%s", precis::detail::format_table(rows).c_str());
-    write_outputs(o, results);
+    if (o.rank == 0) write_outputs(o, results);
     return o.check ? check(results) : 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "example_vit: %s\n", e.what());
