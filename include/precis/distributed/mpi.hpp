@@ -132,11 +132,11 @@ class mpi_reducer {
     bucket_.resize(std::min(total, bucket_values_));
     wire_.resize(std::is_same_v<Wire, float> ? 0 : bucket_.size());
     // Walks the tensors in order, filling a bucket, reducing it when full and writing the
-    // means back to where they came from.
+    // means back, each piece in its tensor's type.
     struct piece {
       void* data;
       std::size_t offset, count;
-      int kind;  // 0 float, 1 bfloat16, 2 float16
+      void (*write)(const float*, void*, std::size_t);
     };
     std::vector<piece> pieces;
     std::size_t used = 0;
@@ -144,31 +144,24 @@ class mpi_reducer {
       if (used == 0) return;
       reduce_bucket(used);
       const float inv = 1.0F / float(size_);
-      for (const auto& p : pieces) {
-        const float* src = bucket_.data() + p.offset;
-        if (p.kind == 0) {
-          auto* d = static_cast<float*>(p.data);
-          for (std::size_t i = 0; i < p.count; ++i) d[i] = src[i] * inv;
-        } else if (p.kind == 1) {
-          auto* d = static_cast<bfloat16*>(p.data);
-          for (std::size_t i = 0; i < p.count; ++i) d[i] = bfloat16(src[i] * inv);
-        } else {
-          auto* d = static_cast<float16*>(p.data);
-          for (std::size_t i = 0; i < p.count; ++i) d[i] = float16(src[i] * inv);
-        }
-      }
+      for (std::size_t i = 0; i < used; ++i) bucket_[i] *= inv;
+      for (const auto& p : pieces) p.write(bucket_.data() + p.offset, p.data, p.count);
       pieces.clear();
       used = 0;
     };
     gradient_access<G>::for_each(grads, [&](auto span) {
       using T = typename decltype(span)::element_type;
       static_assert(!std::is_const_v<T>, "precis: mpi_reducer::average writes the gradients");
-      constexpr int kind = std::is_same_v<T, float> ? 0 : std::is_same_v<T, bfloat16> ? 1 : 2;
       std::size_t done = 0;
       while (done < span.size()) {
         const std::size_t n = std::min(span.size() - done, bucket_.size() - used);
-        for (std::size_t i = 0; i < n; ++i) bucket_[used + i] = float(span[done + i]);
-        pieces.push_back({static_cast<void*>(span.data() + done), used, n, kind});
+        const auto part = span.subspan(done, n);
+        if constexpr (std::is_same_v<T, float>) {
+          std::copy(part.begin(), part.end(), bucket_.begin() + std::ptrdiff_t(used));
+        } else {
+          precis::convert(std::span<const T>(part), std::span<float>(bucket_.data() + used, n));
+        }
+        pieces.push_back({static_cast<void*>(part.data()), used, n, &write_back<T>});
         used += n;
         done += n;
         if (used == bucket_.size()) flush();
@@ -195,6 +188,16 @@ class mpi_reducer {
     return int(n);
   }
 
+  /// Writes n means to a gradient tensor of type T, each rounded once.
+  template <class T>
+  static void write_back(const float* means, void* out, std::size_t n) {
+    if constexpr (std::is_same_v<T, float>) {
+      std::copy(means, means + n, static_cast<float*>(out));
+    } else {
+      precis::convert(std::span<const float>(means, n), std::span<T>(static_cast<T*>(out), n));
+    }
+  }
+
   void reduce_bucket(std::size_t n) {
     if constexpr (std::is_same_v<Wire, float>) {
       detail::mpi_check(
@@ -202,11 +205,13 @@ class mpi_reducer {
           "MPI_Allreduce");
       bytes_ += n * sizeof(float);
     } else {
-      for (std::size_t i = 0; i < n; ++i) wire_[i] = bfloat16(bucket_[i]);
+      precis::convert(std::span<const float>(bucket_.data(), n),
+                      std::span<bfloat16>(wire_.data(), n));
       detail::mpi_check(
           MPI_Allreduce(MPI_IN_PLACE, wire_.data(), count_of(n), MPI_UINT16_T, *sum_, comm_),
           "MPI_Allreduce");
-      for (std::size_t i = 0; i < n; ++i) bucket_[i] = float(wire_[i]);
+      precis::convert(std::span<const bfloat16>(wire_.data(), n),
+                      std::span<float>(bucket_.data(), n));
       bytes_ += n * sizeof(bfloat16);
     }
   }
