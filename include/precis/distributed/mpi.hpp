@@ -151,7 +151,6 @@ class mpi_reducer {
     };
     gradient_access<G>::for_each(grads, [&](auto span) {
       using T = typename decltype(span)::element_type;
-      static_assert(!std::is_const_v<T>, "precis: mpi_reducer::average writes the gradients");
       std::size_t done = 0;
       while (done < span.size()) {
         const std::size_t n = std::min(span.size() - done, bucket_.size() - used);
