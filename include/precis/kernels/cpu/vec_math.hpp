@@ -18,6 +18,8 @@
 // is subnormal (x < -13); sigmoid within 2 ulps, its gradient within 4.
 #pragma once
 
+#include <precis/numeric/detail/unfused.hpp>
+
 #include <algorithm>
 #include <bit>
 #include <cstddef>
@@ -52,20 +54,11 @@ using vi = std::int32_t __attribute__((vector_size(lanes * sizeof(float))));
 inline vf splat(float v) { return vf{} + v; }
 inline vi splat_i(std::int32_t v) { return vi{} + v; }
 
-/// a * b, rounded, never fused with what it is added to (T: float or vf). The empty asm
-/// hands the product over in a register the compiler must assume changed.
+/// a * b, rounded, never fused with what it is added to (T: float or vf; see
+/// detail::opaque).
 template <class T>
 inline T product(T a, T b) {
-  T p = a * b;
-#if defined(__x86_64__) || defined(__i386__)
-  asm("" : "+v"(p));
-#elif defined(__aarch64__)
-  asm("" : "+w"(p));
-#else
-  volatile T q = p;
-  p = q;
-#endif
-  return p;
+  return opaque(a * b);
 }
 
 /// m ? a : b lane-wise (m: all ones or all zeros per lane, as comparisons give).

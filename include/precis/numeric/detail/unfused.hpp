@@ -16,16 +16,23 @@
 
 namespace precis::detail {
 
+/// True for a floating-point scalar or a GCC/Clang vector of them (the host SIMD math's
+/// vectors): the values opaque hands over in a register.
+template <class T>
+concept float_register = std::is_floating_point_v<T> ||
+    (!std::is_class_v<T> && !std::is_pointer_v<T> &&
+     requires(T v) { requires std::is_floating_point_v<std::remove_cvref_t<decltype(v[0])>>; });
+
 /// x as a value the compiler must take as it is: rounded, never fused with the operation
-/// it feeds (see above).
+/// it feeds (see above). Other types pass through.
 template <class T>
 PRECIS_HOST_DEVICE T opaque(T x) {
 #if !defined(__CUDA_ARCH__) && (defined(__x86_64__) || defined(__i386__))
-  if constexpr (std::is_floating_point_v<T>) asm("" : "+v"(x));
+  if constexpr (float_register<T>) asm("" : "+v"(x));
 #elif !defined(__CUDA_ARCH__) && defined(__aarch64__)
-  if constexpr (std::is_floating_point_v<T>) asm("" : "+w"(x));
+  if constexpr (float_register<T>) asm("" : "+w"(x));
 #elif !defined(__CUDA_ARCH__)
-  if constexpr (std::is_floating_point_v<T>) {
+  if constexpr (float_register<T>) {
     volatile T v = x;
     x = v;
   }
