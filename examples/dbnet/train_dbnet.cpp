@@ -4,7 +4,7 @@
 //
 //   example_dbnet [--epochs N] [--policy NAME[,NAME...]] [--threads N] [--batch N]
 //                 [--train N] [--val N] [--size PX] [--width N] [--inner N] [--seed S]
-//                 [--lr X] [--out DIR] [--check] [--time N]
+//                 [--lr X] [--out DIR] [--check] [--time N] [--monitor N] [--advise FILE]
 //
 // The policies: fp32, bf16_mixed, fp16_mixed (dynamic scaler), fp16_fp32_head (float16
 // backbone and neck, the heads in float; dynamic scaler) and fp16_seed_waived: the
@@ -33,7 +33,15 @@
 // none), and the waived one meets NaN gradients. --time N times N training steps per policy
 // (after 3 warm-up steps, on the first batch) and prints the best and the median, for
 // bench/dbnet/compare.py's comparison with PyTorch.
+//
+// --monitor N observes every N-th step with precis::diagnostics::monitor (per layer, the
+// ranges of activations and gradients against float16, bfloat16 and float8, and where the
+// first non-finite value appeared): for each policy it prints the table and writes
+// ranges_<policy>.csv, series_<policy>.csv and ranges_<policy>.png under --out.
+// --advise FILE (with one --policy; implies --monitor 10 unless given) writes the policy
+// map precis::diagnostics::advise draws from those measurements, as a C++ header.
 #include "../common.hpp"
+#include "../monitor.hpp"
 #include "../report.hpp"
 #include "evaluate.hpp"
 #include "icdar.hpp"
@@ -54,6 +62,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -76,6 +85,8 @@ struct options {
   std::size_t time_steps = 0;  // --time N: time N steps per policy instead of training
   std::set<std::string> policies;  // empty: all
   std::filesystem::path out = "dbnet_output";
+  std::uint64_t monitor_every = 0;  // --monitor N: observe every N-th step (0: off)
+  std::filesystem::path advise;     // --advise FILE: write the advised policy map
 };
 
 // ---- the data: images normalised, targets made once ----
@@ -302,6 +313,8 @@ result train_one(const Entry& e, const options& o, const dbnet::config& dc, cons
   r.name = std::string(e.name);
   r.note = std::string(e.note);
   const bool tty = isatty(STDOUT_FILENO) != 0;
+  std::optional<diagnostics::monitor> monitor;
+  if (o.monitor_every != 0) monitor.emplace(diagnostics::monitor_options{.every = o.monitor_every});
   host_tensor<float, 4> xf;
   host_tensor<S, 4> x;
   dbnet::targets t;
@@ -318,7 +331,7 @@ result train_one(const Entry& e, const options& o, const dbnet::config& dc, cons
       gather(train, order, b * o.batch, o.batch, xf, &t);
       x.resize(xf.shape());
       precis::cast(ctx, xf, x);
-      r.records.push_back(tr.step(ctx, x, t));
+      r.records.push_back(monitor ? tr.step(ctx, x, t, *monitor) : tr.step(ctx, x, t));
       r.terms.push_back(loss.terms());
       ++steps_run;
       const auto& rec = r.records.back();
@@ -374,6 +387,7 @@ result train_one(const Entry& e, const options& o, const dbnet::config& dc, cons
 
   const auto dir = o.out / r.name;
   std::filesystem::create_directories(dir);
+  if (monitor) examples::write_monitor(*monitor, o.out, r.name, o.advise);
   for (std::size_t i = 0; i < val.count; ++i) {
     examples::write_file(dir / ("res_img_" + std::to_string(val.samples[i].id) + ".txt"), dbnet::format_result(found[i]));
   }
@@ -487,8 +501,11 @@ std::set<std::string> policy_names() {
 
 int usage(const char* self) {
   std::fprintf(stderr,
-               "usage: %s [--epochs N] [--policy NAME[,NAME...]] [--threads N] [--batch N] [--train N] [--val N]\n"
-               "          [--size PX] [--width N] [--inner N] [--seed S] [--lr X] [--out DIR] [--check] [--time N]\n"
+               "usage: %s [--epochs N] [--policy NAME[,NAME...]] [--threads N] [--batch N] "
+               "[--train N] [--val N]\n"
+               "          [--size PX] [--width N] [--inner N] [--seed S] [--lr X] [--out DIR] "
+               "[--check] [--time N]\n"
+               "          [--monitor N] [--advise FILE]\n"
                "policies: fp32 bf16_mixed fp16_mixed fp16_fp32_head fp16_seed_waived\n",
                self);
   return 2;
@@ -540,10 +557,22 @@ int main(int argc, char** argv) {
       o.check = true;
     } else if (a == "--time") {
       ok = number(1, o.time_steps);
+    } else if (a == "--monitor") {
+      ok = number(1, o.monitor_every);
+    } else if (a == "--advise" && i + 1 < argc) {
+      o.advise = argv[++i];
     } else {
       ok = false;
     }
     if (!ok) return usage(argv[0]);
+  }
+  if (!o.advise.empty()) {
+    if (o.policies.size() != 1) {
+      std::fprintf(
+          stderr, "example_dbnet: --advise takes the measurements of one run: name one --policy\n");
+      return 2;
+    }
+    if (o.monitor_every == 0) o.monitor_every = 10;
   }
   if (o.check) {
     o.epochs = 3;

@@ -3,7 +3,7 @@
 //
 //   example_vit [--epochs N] [--policy NAME[,NAME...]] [--threads N] [--batch N]
 //               [--train N] [--seed S] [--lr X] [--augment] [--data DIR] [--out DIR]
-//               [--init FILE] [--check] [--distributed]
+//               [--init FILE] [--check] [--distributed] [--monitor N] [--advise FILE]
 //
 // The model: patch 4 (7 x 7 = 49 patch tokens and a class token), width 64, 4 heads, 4
 // pre-norm blocks, 10 classes. AdamW (weight decay 0.05 on the linear weights only, not on
@@ -26,9 +26,18 @@
 // each process taking batch / R images of every step and the gradients averaged over the
 // processes (precis::mpi_reducer); rank 0 prints and writes the outputs.
 //
+// --monitor N observes every N-th step with precis::diagnostics::monitor: per layer, the
+// ranges of activations and gradients against float16, bfloat16 and float8, and where the
+// first non-finite value appeared. For each policy it prints the table and writes
+// ranges_<policy>.csv, series_<policy>.csv and ranges_<policy>.png (amax per layer over
+// training against each format's limits). --advise FILE (with one --policy; implies
+// --monitor 10 unless given) writes the policy map precis::diagnostics::advise draws from
+// those measurements, as a C++ header.
+//
 // Training is deterministic: the same bits for a given seed, thread count, process count
 // and build.
 #include "../common.hpp"
+#include "../monitor.hpp"
 #include "fashion_mnist.hpp"
 #include "model.hpp"
 
@@ -88,6 +97,8 @@ struct options {
   bool distributed = false;               // --distributed: data-parallel over MPI's processes
   int rank = 0, processes = 1;
   double mean = 0, sd = 1;                 // the normalisation (for the weights' metadata)
+  std::uint64_t monitor_every = 0;         // --monitor N: observe every N-th step (0: off)
+  std::filesystem::path advise;            // --advise FILE: write the advised policy map
 };
 
 // ---- the data: normalised once, batches gathered per step ----
@@ -283,6 +294,8 @@ result train_one(const Entry& e, const options& o, const vit::config& vc, const 
   r.name = std::string(e.name);
   r.note = std::string(e.note);
   const bool tty = isatty(STDOUT_FILENO) != 0 && o.rank == 0;
+  std::optional<diagnostics::monitor> monitor;
+  if (o.monitor_every != 0) monitor.emplace(diagnostics::monitor_options{.every = o.monitor_every});
   host_tensor<float, 4> xf;
   host_tensor<S, 4> x;
   host_tensor<std::int32_t, 1> y;
@@ -296,7 +309,7 @@ result train_one(const Entry& e, const options& o, const vit::config& vc, const 
       gather(train, order, b * o.batch + first, rows, o.augment, o.seed, ep, xf, y);
       x.resize(xf.shape());
       precis::cast(ctx, xf, x);
-      r.records.push_back(tr.step(ctx, x, y));
+      r.records.push_back(monitor ? tr.step(ctx, x, y, *monitor) : tr.step(ctx, x, y));
       const auto& rec = r.records.back();
       if (!rec.skipped) {
         loss_sum += rec.loss;
@@ -337,6 +350,7 @@ result train_one(const Entry& e, const options& o, const vit::config& vc, const 
   r.peak_rss_mib = examples::peak_rss_mib();
 
   if (o.rank != 0) return r;  // the weights are the same on every process: rank 0 writes them
+  if (monitor) examples::write_monitor(*monitor, o.out, r.name, o.advise);
   auto text = [](double v) { return examples::format("%.17g", v); };
   const auto weights = o.out / ("weights_" + r.name + ".safetensors");
   nn::save_safetensors(model, weights, vit::torch_name, safetensors::dtype::f32,
@@ -431,6 +445,7 @@ int usage(const char* self) {
                "[--train N] [--test N]\n"
                "          [--seed S] [--lr X] [--augment] [--data DIR] [--out DIR] [--init FILE] "
                "[--check] [--distributed]\n"
+               "          [--monitor N] [--advise FILE]\n"
                "policies: fp32 bf16_mixed fp16_mixed fp8_hybrid bf16_attn_fp16\n",
                self);
   return 2;
@@ -489,6 +504,10 @@ int main(int argc, char** argv) {
       o.check = true;
     } else if (a == "--distributed") {
       o.distributed = true;
+    } else if (a == "--monitor") {
+      ok = number(1, o.monitor_every);
+    } else if (a == "--advise" && i + 1 < argc) {
+      o.advise = argv[++i];
     } else {
       ok = false;
     }
@@ -521,6 +540,14 @@ int main(int argc, char** argv) {
     return 2;
   }
 #endif
+  if (!o.advise.empty()) {
+    if (o.policies.size() != 1) {
+      std::fprintf(stderr,
+                   "example_vit: --advise takes the measurements of one run: name one --policy\n");
+      return 2;
+    }
+    if (o.monitor_every == 0) o.monitor_every = 10;
+  }
   if (o.check) {
     o.epochs = 1;
     o.train_size = o.train_size ? o.train_size : 4096;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <precis/config.hpp>
+#include <precis/diagnostics/diagnostics.hpp>
 #include <precis/kernels/kernels.hpp>
 #include <precis/nn/nn.hpp>
 #include <precis/numeric/numeric.hpp>

@@ -103,6 +103,11 @@ class activation_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
   }
   std::string shape() const { return "-"; }
   std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
+  /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
+  template <class Self, class F>
+  static void for_each_observed(Self& self, F&& f) {
+    f("", std::type_identity<Tag>{}, self.x_.peek(), self.y_, self.dx_);
+  }
 
  private:
   tensor<S> y_;

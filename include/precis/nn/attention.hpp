@@ -110,6 +110,7 @@ class softmax_layer : public layer_base<Tag, P, op::softmax, R, R, Ctx> {
                                    mode = mode::train) {
     detail::ensure(y_, output_shape(detail::shape_of<R>(x), path_name<Tag>()));
     precis::softmax<P>(ctx, x, y_);
+    x_.set(x);
     return y_;
   }
   const host_tensor<G, R>& backward(const cpu_context& ctx, const host_tensor<G, R>& dy) {
@@ -120,10 +121,16 @@ class softmax_layer : public layer_base<Tag, P, op::softmax, R, R, Ctx> {
   }
   std::string shape() const { return "-"; }
   std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
+  /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
+  template <class Self, class F>
+  static void for_each_observed(Self& self, F&& f) {
+    f("", std::type_identity<Tag>{}, self.x_.peek(), self.y_, self.dx_);
+  }
 
  private:
   host_tensor<S, R> y_;
   host_tensor<G, R> dx_;
+  detail::saved<host_tensor<S, R>> x_;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -388,6 +395,24 @@ class attention_layer
     add(dcontext_, dcontext_c_, dprobs_, dprobs_m_, dv_, dscores_, dscores_s_, dq_, dk_, dq_q_,
         dk_q_, dv_q_, dqkv_);
     return n;
+  }
+  /// The buffers of the last passes, one piece at a time, for precis::diagnostics (see
+  /// nn/module.hpp): each product's first input, its output and the gradients it gives, in
+  /// its own types.
+  template <class Self, class F>
+  static void for_each_observed(Self& self, F&& f) {
+    qkv_linear::for_each_observed(
+        self.qkv_, [&](std::string_view, auto tag, const auto* x, const auto& y, const auto& dx) {
+          f("qkv", tag, x, y, dx);
+        });
+    f("scores", std::type_identity<ScoresTag>{}, &self.q_, self.scores_, self.dq_, self.dk_);
+    f("softmax", std::type_identity<SoftmaxTag>{}, &self.scores_, self.probs_, self.dscores_);
+    f("context", std::type_identity<ContextTag>{}, &self.probs_, self.context_, self.dprobs_,
+      self.dv_);
+    out_linear::for_each_observed(
+        self.out_, [&](std::string_view, auto tag, const auto* x, const auto& y, const auto& dx) {
+          f("out", tag, x, y, dx);
+        });
   }
 
   template <class Self, class F>

@@ -143,6 +143,16 @@ class model {
       if constexpr (leaf<std::remove_cvref_t<decltype(node)>>) f(path, node);
     });
   }
+  /// Calls f(path, std::type_identity<Tag>{}, input, output, input_grads...) for every
+  /// layer, and every product of an attention layer ("encoder.0.attn.scores"), in order,
+  /// with the buffers of the last forward and backward passes (see nn/module.hpp): what
+  /// precis::diagnostics::monitor reads. The sum of branches (nn::residual, nn::add) is
+  /// stored in its first branch's output type, so it is passed, after the branches, as one
+  /// more output of that branch's last layer (input null, no gradients).
+  template <class F>
+  void for_each_observed(F&& f) const {
+    observe_node(root_, root_path(), f);
+  }
   /// Calls f(path, parameter) for every parameter ("encoder.3.1.mlp.fc2.weight"), in order.
   template <class F>
   void for_each_parameter(F&& f) {
@@ -285,6 +295,45 @@ class model {
                     "\"; give one another tag or wrap it in nn::named");
       }
     });
+  }
+
+  template <class Node, class F>
+  static void observe_node(const Node& node, const std::string& path, F& f) {
+    if constexpr (has_policy<Node>) {
+      static_assert(
+          requires {
+            Node::for_each_observed(
+                node, [](std::string_view, auto, const auto*, const auto&, const auto&...) {});
+          },
+          "precis: a layer without for_each_observed(self, f) cannot be monitored; see "
+          "nn/module.hpp");
+      Node::for_each_observed(
+          node, [&](std::string_view piece, auto tag, const auto* x, const auto& y,
+                    const auto&... g) { f(join_path(path, piece), tag, x, y, g...); });
+    } else if constexpr (composite<Node>) {
+      Node::for_each_child(node, [&](std::string_view c, const auto& child) {
+        observe_node(child, join_path(path, c), f);
+      });
+      if constexpr (requires { node.joined(); }) {
+        using Y = std::remove_cvref_t<decltype(node.joined())>;
+        bool first = true;
+        Node::for_each_child(node, [&](std::string_view c, const auto& child) {
+          if (!first) return;
+          first = false;
+          // The first branch's last output (a nested join's, if it ends in one) decides the type.
+          std::size_t outputs = 0, seen = 0;
+          auto count = [&](const std::string&, auto, const auto*, const auto&, const auto&...) {
+            ++outputs;
+          };
+          observe_node(child, join_path(path, c), count);
+          auto emit = [&](const std::string& p, auto tag, const auto*, const auto&,
+                          const auto&...) {
+            if (++seen == outputs) f(p, tag, static_cast<const Y*>(nullptr), node.joined());
+          };
+          observe_node(child, join_path(path, c), emit);
+        });
+      }
+    }
   }
 
   // A named root gives its name to every path.

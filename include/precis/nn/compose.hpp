@@ -498,6 +498,9 @@ class branches {
   auto& child() {
     return std::get<I>(children_);
   }
+  /// The sum of the last forward pass (stored in the first branch's output type), for
+  /// precis::diagnostics.
+  const auto& joined() const requires(Join == join_kind::add) { return y_; }
 
   std::size_t own_bytes() const {
     std::size_t n = detail::bytes_of(y_) + detail::bytes_of(dx_);

@@ -238,6 +238,11 @@ class conv_base : public layer_base<Tag, P, op::conv, 4, 4, Ctx> {
   }
 
  public:
+  /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
+  template <class Self, class F>
+  static void for_each_observed(Self& self, F&& f) {
+    f("", std::type_identity<Tag>{}, self.x_.peek(), self.y_, self.dx_);
+  }
   /// Draws weight and bias uniform in +-1/sqrt(fan_in), fan_in = weight.shape[1] * kh * kw.
   void reset(std::uint64_t seed) {
     const double bound = 1.0 / std::sqrt(double(fan_in_));

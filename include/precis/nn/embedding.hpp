@@ -114,6 +114,7 @@ class class_token_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> 
       std::copy_n(tok, d, y_.data() + n * (t + 1) * d);
       std::copy_n(x.data() + n * t * d, t * d, y_.data() + (n * (t + 1) + 1) * d);
     }
+    x_.set(x);
     return y_;
   }
   const host_tensor<G, 3>& backward(const cpu_context& ctx, const host_tensor<G, 3>& dy) {
@@ -137,6 +138,11 @@ class class_token_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> 
   std::size_t own_bytes() const {
     return detail::bytes_of(y_) + detail::bytes_of(dx_) + detail::bytes_of(dtoken_);
   }
+  /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
+  template <class Self, class F>
+  static void for_each_observed(Self& self, F&& f) {
+    f("", std::type_identity<Tag>{}, self.x_.peek(), self.y_, self.dx_);
+  }
   template <class Self, class F>
   static void for_each_parameter(Self& self, F&& f) {
     f("token", self.token_);
@@ -154,6 +160,7 @@ class class_token_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> 
   parameter<S, M, 1> token_;
   host_tensor<S, 3> y_;
   host_tensor<G, 3> dx_;
+  detail::saved<host_tensor<S, 3>> x_;
   host_tensor<G, 1> dtoken_;
 };
 
@@ -196,6 +203,7 @@ class position_embedding_layer : public layer_base<Tag, P, op::elementwise, R, R
                                    mode = mode::train) {
     detail::ensure(y_, output_shape(detail::shape_of<3>(x), path_name<Tag>()));
     precis::add<P>(ctx, x, table_.value(), y_);
+    x_.set(x);
     return y_;
   }
   const host_tensor<G, 3>& backward(const cpu_context& ctx, const host_tensor<G, 3>& dy) {
@@ -212,6 +220,11 @@ class position_embedding_layer : public layer_base<Tag, P, op::elementwise, R, R
   parameter<S, M, 2>& table() { return table_; }
   std::string shape() const { return std::to_string(tokens_) + "x" + std::to_string(dim_); }
   std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dtable_); }
+  /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
+  template <class Self, class F>
+  static void for_each_observed(Self& self, F&& f) {
+    f("", std::type_identity<Tag>{}, self.x_.peek(), self.y_, self.dtable_);
+  }
   template <class Self, class F>
   static void for_each_parameter(Self& self, F&& f) {
     f("table", self.table_);
@@ -229,6 +242,7 @@ class position_embedding_layer : public layer_base<Tag, P, op::elementwise, R, R
   parameter<S, M, 2> table_;
   host_tensor<S, 3> y_;
   host_tensor<G, 2> dtable_;
+  detail::saved<host_tensor<S, 3>> x_;
 };
 
 }  // namespace precis::nn

@@ -222,10 +222,11 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
                                               y_.data(), out_, bias, o);
       f.have_forward = true;
     } else {
-      precis::detail::gemm_raw<op::matmul, P>(ctx, rows, out_, in_, x.data(), in_, 1, weight_.value().data(), 1, in_,
-                                              y_.data(), out_, bias, gemm_options{});
-      x_.set(x);
+      precis::detail::gemm_raw<op::matmul, P>(ctx, rows, out_, in_, x.data(), in_, 1,
+                                              weight_.value().data(), 1, in_, y_.data(), out_, bias,
+                                              gemm_options{});
     }
+    x_.set(x);
     return y_;
   }
 
@@ -259,6 +260,11 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
   std::size_t own_bytes() const {
     return detail::bytes_of(y_) + detail::bytes_of(dx_) + detail::bytes_of(dw_) + detail::bytes_of(db_) +
            fp8_.own_bytes();
+  }
+  /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
+  template <class Self, class F>
+  static void for_each_observed(Self& self, F&& f) {
+    f("", std::type_identity<Tag>{}, self.x_.peek(), self.y_, self.dx_);
   }
 
   template <class Self, class F>

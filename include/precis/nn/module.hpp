@@ -26,6 +26,13 @@
 // have no tag or policy. Combinators expose their children through
 // `for_each_child(self, f)`; nn::walk visits a whole model with each node's path.
 //
+// For precis::diagnostics a layer also offers the static `for_each_observed(self, f)`,
+// calling f(piece, std::type_identity<Tag>{}, input, output, input_grads...) with the
+// buffers of its last forward and backward passes (empty tensors before them; `input` is a
+// pointer to what the last forward pass read, null before one): piece "" and its own
+// tag for most layers, one call per product for nn::attention ("qkv", "scores", ... with
+// their tags). The monitor reads them after a step; nothing is copied or computed for it.
+//
 // Buffers: a module owns its outputs and its input gradient and keeps the address of its
 // last input for the backward pass, so the input must stay alive and unchanged until
 // backward() (the enclosing model arranges that).
@@ -250,6 +257,8 @@ class saved {
   }
   ~saved() = default;
   void set(const Tensor& x) { p_ = &x; }
+  /// The input, or null before the first forward pass.
+  const Tensor* peek() const { return p_; }
   const Tensor& get(std::string_view layer) const {
     if (p_ == nullptr) {
       throw error("precis::nn::" + std::string(layer) +

@@ -99,6 +99,11 @@ class affine_norm : public layer_base<Tag, P, Op, R, R, Ctx> {
   }
 
  public:
+  /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
+  template <class Self, class F>
+  static void for_each_observed(Self& self, F&& f) {
+    f("", std::type_identity<Tag>{}, self.x_.peek(), self.y_, self.dx_);
+  }
   parameter<S, M, 1, Ctx>& gamma() { return gamma_; }
   parameter<S, M, 1, Ctx>& beta() { return beta_; }
   std::string shape() const { return std::to_string(features_); }

@@ -189,6 +189,7 @@ class parameter {
 
   std::span<M> master_span() { return {master_.data(), size()}; }
   std::span<M> grad_span() { return {grad_.data(), size()}; }
+  std::span<const M> grad_span() const { return {grad_.data(), size()}; }
   std::size_t size() const { return master_.size(); }
   /// Bytes held: master weights, gradient and (when S is not M) the working copy.
   std::size_t bytes() const { return size() * (2 * sizeof(M) + (same_storage ? 0 : sizeof(S))); }

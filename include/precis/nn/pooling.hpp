@@ -217,6 +217,11 @@ class pool2d_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
     return s;
   }
   std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
+  /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
+  template <class Self, class F>
+  static void for_each_observed(Self& self, F&& f) {
+    f("", std::type_identity<Tag>{}, self.x_.peek(), self.y_, self.dx_);
+  }
 
  private:
   std::size_t stride(std::size_t a) const {
@@ -279,6 +284,11 @@ class upsample_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
     return "x" + std::to_string(scale_) + (align_corners_ ? " align_corners" : "");
   }
   std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
+  /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
+  template <class Self, class F>
+  static void for_each_observed(Self& self, F&& f) {
+    f("", std::type_identity<Tag>{}, self.x_.peek(), self.y_, self.dx_);
+  }
 
  private:
   std::size_t scale_;
@@ -343,6 +353,11 @@ class global_avg_pool_layer : public layer_base<Tag, P, op::reduction, 4, 2, Ctx
 
   std::string shape() const { return "HxW->1"; }
   std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
+  /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
+  template <class Self, class F>
+  static void for_each_observed(Self& self, F&& f) {
+    f("", std::type_identity<Tag>{}, self.x_.peek(), self.y_, self.dx_);
+  }
 
  private:
   host_tensor<S, 2> y_;

@@ -530,6 +530,7 @@ class dropout_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
         },
         x.data());
     ++calls_;
+    x_.set(x);
     return y_;
   }
   /// Backward of the last forward pass (the identity after an evaluation pass).
@@ -559,6 +560,11 @@ class dropout_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
   std::size_t own_bytes() const {
     return detail::bytes_of(y_) + detail::bytes_of(dx_) + mask_.size();
   }
+  /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
+  template <class Self, class F>
+  static void for_each_observed(Self& self, F&& f) {
+    f("", std::type_identity<Tag>{}, self.x_.peek(), self.y_, self.dx_);
+  }
   template <class Archive>
   void visit_state(Archive& a, const std::string& prefix) {
     a.field(prefix + "seed", seed_);
@@ -573,6 +579,7 @@ class dropout_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
   std::vector<std::uint8_t> mask_;
   host_tensor<S, R> y_;
   host_tensor<G, R> dx_;
+  detail::saved<host_tensor<S, R>> x_;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -616,6 +623,7 @@ class scale_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
                                    mode = mode::train) {
     detail::ensure(y_, detail::shape_of<R>(x));
     multiply(ctx, x, y_);
+    x_.set(x);
     return y_;
   }
   const host_tensor<G, R>& backward(const cpu_context& ctx, const host_tensor<G, R>& dy) {
@@ -626,6 +634,11 @@ class scale_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
   double factor() const { return factor_; }
   std::string shape() const { return "x" + detail::number_string(factor_); }
   std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
+  /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
+  template <class Self, class F>
+  static void for_each_observed(Self& self, F&& f) {
+    f("", std::type_identity<Tag>{}, self.x_.peek(), self.y_, self.dx_);
+  }
 
  private:
   template <class U>
@@ -643,6 +656,7 @@ class scale_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
   double factor_;
   host_tensor<S, R> y_;
   host_tensor<G, R> dx_;
+  detail::saved<host_tensor<S, R>> x_;
 };
 
 }  // namespace precis::nn

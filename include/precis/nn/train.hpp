@@ -12,10 +12,12 @@
 #include <precis/scaling/gradients.hpp>
 #include <precis/scaling/scalers.hpp>
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace precis::nn {
@@ -47,6 +49,18 @@ struct micro_batch {
 
 /// The schedule of a trainer without one: the optimizer's learning rate is left alone.
 struct no_schedule {};
+
+/// What nn::trainer::step(ctx, batches, monitor) calls on a monitor
+/// (precis::diagnostics::monitor): whether a step is observed, reading the model's buffers
+/// after each backward pass and its parameter gradients after the last, and explaining a
+/// skipped step.
+template <class M, class Model>
+concept step_monitor = requires(M& m, const Model& model, std::uint64_t step, float scale) {
+  { m.due(step) } -> std::convertible_to<bool>;
+  m.observe(model, step, scale);
+  m.observe_parameters(model, step, scale);
+  m.explain_skip(model, step);
+};
 
 /// True when Scaler's reducer averages gradients over processes (precis::mpi_reducer):
 /// the trainer then averages the summed gradients once per step, before unscaling. False
@@ -97,6 +111,35 @@ class trainer {
   /// One optimizer step over `batches` (gradient accumulation: each micro-batch's loss is
   /// divided by their count, so the step sees the mean of their gradients).
   step_record step(const cpu_context& ctx, std::span<const batch_type> batches) {
+    no_monitor none;
+    return run(ctx, batches, none);
+  }
+  /// The same step, observed by `monitor` (precis::diagnostics::monitor) when it is due, and
+  /// explained by it when the step is skipped.
+  template <step_monitor<Model> Monitor>
+  step_record step(const cpu_context& ctx, std::span<const batch_type> batches, Monitor& monitor) {
+    return run(ctx, batches, monitor);
+  }
+  /// One optimizer step on one batch.
+  step_record step(const cpu_context& ctx, const input_tensor& inputs,
+                   const target_tensor& targets) {
+    const batch_type b{inputs, targets};
+    return step(ctx, std::span<const batch_type>(&b, 1));
+  }
+  /// The same, observed by `monitor`.
+  template <step_monitor<Model> Monitor>
+  step_record step(const cpu_context& ctx, const input_tensor& inputs, const target_tensor& targets,
+                   Monitor& monitor) {
+    const batch_type b{inputs, targets};
+    return step(ctx, std::span<const batch_type>(&b, 1), monitor);
+  }
+
+ private:
+  struct no_monitor {};
+
+  template <class Monitor>
+  step_record run(const cpu_context& ctx, std::span<const batch_type> batches, Monitor& monitor) {
+    constexpr bool monitored = !std::is_same_v<Monitor, no_monitor>;
     if (batches.empty()) throw error("precis::nn::trainer::step: no micro-batches were given");
     step_record r;
     r.step = scaler_->steps();
@@ -110,6 +153,12 @@ class trainer {
       const auto& y = model_->forward(ctx, b.inputs, mode::train);
       loss_sum += double(loss_->forward(ctx, y, b.targets));
       model_->backward(ctx, loss_->backward(ctx, dloss));
+      if constexpr (monitored) {
+        if (monitor.due(r.step)) monitor.observe(std::as_const(*model_), r.step, scale);
+      }
+    }
+    if constexpr (monitored) {
+      if (monitor.due(r.step)) monitor.observe_parameters(std::as_const(*model_), r.step, scale);
     }
     r.loss = loss_sum / double(batches.size());  // this process's
     if constexpr (averaging_scaler<Scaler>) {
@@ -122,17 +171,14 @@ class trainer {
     r.scale = s.scale_before;
     r.next_scale = s.scale_after;
     r.skipped = !s.applied;
+    if constexpr (monitored) {
+      if (!s.applied) monitor.explain_skip(std::as_const(*model_), r.step);
+    }
     if (s.applied) model_->refresh(ctx);
     if constexpr (!std::is_same_v<Schedule, no_schedule>) schedule_->advance(s.applied);
     return r;
   }
-  /// One optimizer step on one batch.
-  step_record step(const cpu_context& ctx, const input_tensor& inputs, const target_tensor& targets) {
-    const batch_type b{inputs, targets};
-    return step(ctx, std::span<const batch_type>(&b, 1));
-  }
 
- private:
   void check_options() const {
     // Rule b for every layer: instantiating the check is what makes it a compile error.
     (void)model_->template check_scaler<Scaler>();

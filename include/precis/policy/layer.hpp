@@ -74,9 +74,41 @@ template <class L>
 concept Layer = requires { typename L::op; } && op_kind<typename L::op> &&
                 requires { detail::properties_of(static_cast<const L*>(nullptr)); };
 
-/// The layer's max_abs<...> property, or void.
+/// A bound declared for a tag outside its definition: `measured_max_abs<Tag>::type` is
+/// void, or a max_abs<...> that rule d (activation_range) checks as if the tag declared it
+/// (the larger of the two where both do). The header precis::diagnostics::advise writes
+/// specialises it with the range a monitored run measured; such a specialisation must be
+/// seen before anything asks for the tag's policy (include it right after the tags).
+template <class Tag>
+struct measured_max_abs {
+  using type = void;
+};
+
+namespace detail {
+template <class A, class B>
+struct larger_bound {
+  using type = std::conditional_t<(A::value >= B::value), A, B>;
+};
+template <class A>
+struct larger_bound<A, void> {
+  using type = A;
+};
+template <class B>
+struct larger_bound<void, B> {
+  using type = B;
+};
+template <>
+struct larger_bound<void, void> {
+  using type = void;
+};
+}  // namespace detail
+
+/// The layer's activation bound: its max_abs<...> property or its measured_max_abs, the
+/// larger where both are given; void for none.
 template <Layer L>
-using activation_bound_t = typename detail::property_of<detail::is_max_abs, detail::layer_base_t<L>>::type;
+using activation_bound_t = typename detail::larger_bound<
+    typename detail::property_of<detail::is_max_abs, detail::layer_base_t<L>>::type,
+    typename measured_max_abs<L>::type>::type;
 /// The layer's gemm_shape<...> property, or void.
 template <Layer L>
 using gemm_shape_t = typename detail::property_of<detail::is_gemm_shape, detail::layer_base_t<L>>::type;
