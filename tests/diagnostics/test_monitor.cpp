@@ -93,6 +93,39 @@ TEST_CASE("value_stats counts what each format loses, at any power-of-two scale"
   CHECK(std::isinf(float(float16(70000.0f))));
 }
 
+TEST_CASE("the one-pass float scan agrees with adding value by value") {
+  std::mt19937_64 g(11);
+  std::uniform_real_distribution<double> exponent(-150.0, 128.0);
+  std::vector<float> v;
+  for (int i = 0; i < 5000; ++i)
+    v.push_back(float((g() & 1 ? -1.0 : 1.0) * std::exp2(exponent(g))));
+  v.push_back(0.0f);
+  v.push_back(std::numeric_limits<float>::denorm_min());
+  v.push_back(std::numeric_limits<float>::infinity());
+  v.push_back(std::numeric_limits<float>::quiet_NaN());
+  for (double scale : {1.0, 65536.0, 0x1p-20, 3.0}) {
+    diag::value_stats stored, unscaled, ref_stored, ref_unscaled;
+    diag::detail::scan_floats(v.data(), v.size(), scale, stored, &unscaled);
+    for (float x : v) {
+      ref_stored.add(double(x));
+      ref_unscaled.add(double(x) / scale);
+    }
+    using both = std::pair<const diag::value_stats*, const diag::value_stats*>;
+    for (const both& p : {both{&stored, &ref_stored}, both{&unscaled, &ref_unscaled}}) {
+      const auto& [got, want] = p;
+      CHECK(got->values == want->values);
+      CHECK(got->zeros == want->zeros);
+      CHECK(got->nonfinite == want->nonfinite);
+      CHECK(got->amax == want->amax);
+      CHECK(got->overflows == want->overflows);
+      for (int e = diag::exponent_histogram::lowest; e <= diag::exponent_histogram::highest;
+           e += 3) {
+        CHECK(got->exponents.below(e) == want->exponents.below(e));
+      }
+    }
+  }
+}
+
 TEST_CASE("the monitor reads each layer's input, output and gradients of the step") {
   diag::monitor mon;
   const auto result = diag_loop::train<decltype(fp32_map), no_scaling>(fp32_map, 1, &mon);

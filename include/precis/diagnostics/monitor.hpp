@@ -40,6 +40,7 @@
 #include <precis/config.hpp>
 #include <precis/nn/build.hpp>
 #include <precis/numeric/bfloat16.hpp>
+#include <precis/numeric/convert.hpp>
 #include <precis/numeric/float16.hpp>
 #include <precis/numeric/float8.hpp>
 #include <precis/policy/describe.hpp>
@@ -54,9 +55,11 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace precis::diagnostics {
@@ -103,7 +106,7 @@ class exponent_histogram {
   static constexpr int lowest = -256;
   static constexpr int highest = 255;
 
-  void add(int e) { ++bins_[index(e)]; }
+  void add(int e, std::uint64_t count = 1) { bins_[index(e)] += count; }
   void merge(const exponent_histogram& o) {
     for (std::size_t i = 0; i < bins_.size(); ++i) bins_[i] += o.bins_[i];
   }
@@ -185,6 +188,83 @@ struct value_stats {
   double share(std::uint64_t n) const { return values == 0 ? 0.0 : double(n) / double(values); }
 };
 
+namespace detail {
+
+/// The largest float not above t (t >= 0): for a float a, a > t exactly when a > it.
+inline float float_below(double t) {
+  if (!(t < 3.4028234663852886e38)) return 3.4028234663852886e38f;
+  float d = static_cast<float>(t);
+  if (double(d) > t) d = std::nextafter(d, 0.0f);
+  return d;
+}
+
+/// Adds the floats v[0, n) to `stored` and, when `unscaled` is given, the same values
+/// divided by `scale` to it: in one pass over the bit patterns (magnitudes compare as
+/// unsigned integers), the unscaled histogram shifted from the stored one where `scale`
+/// is a power of two (a second pass where it is not).
+inline void scan_floats(const float* v, std::size_t n, double scale, value_stats& stored,
+                        value_stats* unscaled) {
+  std::array<std::uint32_t, 4> limit{}, limit_unscaled{};
+  for (std::size_t f = 0; f < 4; ++f) {
+    const double m = range_of(all_formats[f]).max;
+    limit[f] = std::bit_cast<std::uint32_t>(float_below(m));
+    limit_unscaled[f] = std::bit_cast<std::uint32_t>(float_below(m * scale));
+  }
+  std::array<std::uint64_t, 256> hist{};
+  std::array<std::uint64_t, 4> over{}, over_unscaled{};
+  std::uint64_t zeros = 0, nonfinite = 0;
+  std::uint32_t amax = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t b = std::bit_cast<std::uint32_t>(v[i]) & 0x7fffffffu;
+    if (b >= 0x7f800000u) {
+      ++nonfinite;
+      continue;
+    }
+    if (b == 0) {
+      ++zeros;
+      continue;
+    }
+    amax = std::max(amax, b);
+    ++hist[b >> 23];
+    for (std::size_t f = 0; f < 4; ++f) {
+      over[f] += std::uint64_t(b > limit[f]);
+      over_unscaled[f] += std::uint64_t(b > limit_unscaled[f]);
+    }
+  }
+  // Float subnormals (bin 0): their exponents from the leading bit.
+  std::array<std::uint64_t, 23> sub{};
+  if (hist[0] != 0) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint32_t b = std::bit_cast<std::uint32_t>(v[i]) & 0x7fffffffu;
+      if (b != 0 && b < 0x00800000u) ++sub[std::size_t(31 - std::countl_zero(b))];
+    }
+  }
+  const auto fill = [&](value_stats& s, int shift, double divide_by,
+                        const std::array<std::uint64_t, 4>& o) {
+    s.values += n;
+    s.zeros += zeros;
+    s.nonfinite += nonfinite;
+    s.amax = std::max(s.amax, double(std::bit_cast<float>(amax)) / divide_by);
+    for (int e = 1; e < 255; ++e) {
+      if (hist[std::size_t(e)] != 0) s.exponents.add(e - 127 - shift, hist[std::size_t(e)]);
+    }
+    for (int k = 0; k < 23; ++k) {
+      if (sub[std::size_t(k)] != 0) s.exponents.add(k - 149 - shift, sub[std::size_t(k)]);
+    }
+    for (std::size_t f = 0; f < 4; ++f) s.overflows[f] += o[f];
+  };
+  fill(stored, 0, 1.0, over);
+  if (unscaled == nullptr) return;
+  const int k = scale > 0.0 && std::isfinite(scale) ? std::ilogb(scale) : 0;
+  if (scale > 0.0 && std::ldexp(1.0, k) == scale) {
+    fill(*unscaled, k, scale, over_unscaled);
+  } else {
+    for (std::size_t i = 0; i < n; ++i) unscaled->add(double(v[i]) / scale);
+  }
+}
+
+}  // namespace detail
+
 /// Where a value stopped being finite.
 enum class pass { forward, backward, parameter_gradient };
 
@@ -259,20 +339,29 @@ class monitor {
                   "precis: the monitor reads host models (nn::build for cpu_context)");
     begin_row(step, scale);
     std::optional<nonfinite_event> first_forward, last_backward;
+    std::map<const void*, std::pair<std::size_t, value_stats>> seen;  // outputs read, by address
     model.for_each_observed(
         [&](const std::string& path, auto tag, const auto* x, const auto& y, const auto&... g) {
           layer_record& r = record<Model>(path, tag);
           const std::size_t i = std::size_t(&r - records_.data());
-          if (x != nullptr) scan(*x, 1.0, r.input);
           if (r.observations == 0 || last_step_[i] != step) {
             ++r.observations;
             last_step_[i] = step;
           }
           value_stats out;
-          scan(y, 1.0, out);
+          scan(y, 1.0, out, nullptr);
+          seen[y.data()] = {y.size(), out};
+          if (x != nullptr) {
+            // Mostly another layer's output, read already.
+            const auto it = seen.find(x->data());
+            if (it != seen.end() && it->second.first == x->size()) {
+              r.input.merge(it->second.second);
+            } else {
+              scan(*x, 1.0, r.input, nullptr);
+            }
+          }
           value_stats grad, grad_scaled;
-          (scan(g, double(scale), grad), ...);
-          (scan(g, 1.0, grad_scaled), ...);
+          (scan(g, double(scale), grad_scaled, &grad), ...);
           r.output.merge(out);
           r.input_grad.merge(grad);
           r.input_grad_scaled.merge(grad_scaled);
@@ -303,10 +392,7 @@ class monitor {
       if (r == nullptr) return;  // a layer that was not observed
       value_stats grad, grad_scaled;
       const auto span = p.grad_span();
-      for (float v : span) {
-        grad.add(double(v) / double(scale));
-        grad_scaled.add(double(v));
-      }
+      detail::scan_floats(span.data(), span.size(), double(scale), grad_scaled, &grad);
       r->param_grad.merge(grad);
       r->param_grad_scaled.merge(grad_scaled);
       if (grad.nonfinite != 0)
@@ -520,14 +606,27 @@ class monitor {
     if (!first_) first_ = e;
   }
 
+  /// Adds a tensor's values to `stored` and, when given, divided by `scale` to `unscaled`.
   template <class Tensor>
-  static void scan(const Tensor& t, double divide_by, value_stats& s) {
-    const auto* d = t.data();
+  static void scan(const Tensor& t, double scale, value_stats& stored, value_stats* unscaled) {
+    using T = std::remove_cvref_t<decltype(*t.data())>;
+    const T* d = t.data();
     const std::size_t n = t.size();
-    if (divide_by == 1.0) {
-      for (std::size_t i = 0; i < n; ++i) s.add(double(d[i]));
+    if constexpr (std::is_same_v<T, float>) {
+      detail::scan_floats(d, n, scale, stored, unscaled);
+    } else if constexpr (std::is_same_v<T, double>) {
+      for (std::size_t i = 0; i < n; ++i) {
+        stored.add(d[i]);
+        if (unscaled != nullptr) unscaled->add(d[i] / scale);
+      }
     } else {
-      for (std::size_t i = 0; i < n; ++i) s.add(double(d[i]) / divide_by);
+      // Narrow formats convert to float exactly, a block at a time.
+      std::array<float, 2048> block;
+      for (std::size_t first = 0; first < n; first += block.size()) {
+        const std::size_t m = std::min(block.size(), n - first);
+        precis::convert(std::span<const T>(d + first, m), std::span<float>(block.data(), m));
+        detail::scan_floats(block.data(), m, scale, stored, unscaled);
+      }
     }
   }
   template <class Tensor>
