@@ -112,8 +112,9 @@ cmd_clang() {
   # library, the tests and the other examples with a second compiler, within CI's time.
   # The headers' stand-alone check is the test stage's (whether a header includes what it
   # uses does not depend on the compiler), within CI's time.
+  # MPI (precis::mpi, its tests and example) is the test stage's too.
   configure build/clang clang++ Release -DPRECIS_WERROR=ON -DPRECIS_CUDA=OFF -DPRECIS_BITS_PROBE=OFF \
-    -DPRECIS_BUILD_BENCH=OFF -DPRECIS_BUILD_TRAINING_EXAMPLES=OFF -DPRECIS_HEADER_CHECKS=OFF
+    -DPRECIS_BUILD_BENCH=OFF -DPRECIS_BUILD_TRAINING_EXAMPLES=OFF -DPRECIS_HEADER_CHECKS=OFF -DPRECIS_MPI=OFF
   build build/clang
   run_ctest build/clang -LE '^slow$'
 }
@@ -139,7 +140,7 @@ cmd_sanitize() {
   configure build/asan g++ RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
     -DPRECIS_SANITIZE=ON -DPRECIS_CUDA=OFF \
     -DPRECIS_BUILD_BENCH=OFF -DPRECIS_BUILD_TRAINING_EXAMPLES=OFF -DPRECIS_WERROR=OFF -DPRECIS_BITS_PROBE=OFF \
-    -DPRECIS_HEADER_CHECKS=OFF
+    -DPRECIS_HEADER_CHECKS=OFF -DPRECIS_MPI=OFF
   build build/asan
   ASAN_OPTIONS="${ASAN_OPTIONS:-detect_stack_use_after_return=1:strict_string_checks=1}" \
   UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1}" \
