@@ -7,7 +7,9 @@
 //                 [--lr X] [--out DIR] [--check] [--time N] [--monitor N] [--advise FILE]
 //
 // The policies: fp32, bf16_mixed, fp16_mixed (dynamic scaler), fp16_fp32_head (float16
-// backbone and neck, the heads in float; dynamic scaler) and fp16_seed_waived: the
+// backbone and neck, the heads in float; dynamic scaler), advised (the map
+// precis::diagnostics::advise wrote from a monitored float run, advised_map.hpp; dynamic
+// scaler) and fp16_seed_waived: the
 // configuration whose float16 H-mean collapsed (float16 everywhere, the loss terms and the
 // binarization's exp in float16, no loss scaler). That configuration does not compile
 // (tests/compile_fail/dbnet_seed_*.cpp); here it is built with its three rules waived by
@@ -48,6 +50,9 @@
 #include "labels.hpp"
 #include "loss.hpp"
 #include "model.hpp"
+// After the tags (model.hpp): the map the advisor wrote from a float run, and the ranges it
+// measured, which rule d checks for every map below.
+#include "advised_map.hpp"
 #include "postprocess.hpp"
 #include "synth.hpp"
 
@@ -68,6 +73,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include <unistd.h>
@@ -87,6 +93,7 @@ struct options {
   std::filesystem::path out = "dbnet_output";
   std::uint64_t monitor_every = 0;  // --monitor N: observe every N-th step (0: off)
   std::filesystem::path advise;     // --advise FILE: write the advised policy map
+  std::string command;              // the command line (the advised map names it)
 };
 
 // ---- the data: images normalised, targets made once ----
@@ -187,11 +194,16 @@ using seed_waived_map =
 
 const auto sweep = hana::make_tuple(
     entry<decltype(make_policy_map(presets::fp32{})), no_scaling>{"fp32", "reference"},
-    entry<decltype(make_policy_map(presets::bf16_mixed{})), no_scaling>{"bf16_mixed", "bfloat16, no scaler"},
-    entry<decltype(make_policy_map(presets::fp16_mixed{})), dynamic_scaler>{"fp16_mixed",
-                                                                            "float16 + dynamic scaler"},
-    entry<fp16_fp32_head_map, dynamic_scaler>{"fp16_fp32_head", "float16 body, float heads, dynamic scaler"},
-    entry<seed_waived_map, no_scaling>{"fp16_seed_waived", "float16 loss and exp, no scaler: rules WAIVED"});
+    entry<decltype(make_policy_map(presets::bf16_mixed{})), no_scaling>{"bf16_mixed",
+                                                                        "bfloat16, no scaler"},
+    entry<decltype(make_policy_map(presets::fp16_mixed{})), dynamic_scaler>{
+        "fp16_mixed", "float16 + dynamic scaler"},
+    entry<fp16_fp32_head_map, dynamic_scaler>{"fp16_fp32_head",
+                                              "float16 body, float heads, dynamic scaler"},
+    entry<seed_waived_map, no_scaling>{"fp16_seed_waived",
+                                       "float16 loss and exp, no scaler: rules WAIVED"},
+    entry<std::remove_cvref_t<decltype(advised_map)>, dynamic_scaler>{
+        "advised", "advise()'s map from a float run"});
 
 struct epoch_record {
   double train_loss = 0, precision = 0, recall = 0, hmean = 0, scale = 1, seconds = 0;
@@ -387,7 +399,7 @@ result train_one(const Entry& e, const options& o, const dbnet::config& dc, cons
 
   const auto dir = o.out / r.name;
   std::filesystem::create_directories(dir);
-  if (monitor) examples::write_monitor(*monitor, o.out, r.name, o.advise);
+  if (monitor) examples::write_monitor(*monitor, o.out, r.name, o.advise, o.command);
   for (std::size_t i = 0; i < val.count; ++i) {
     examples::write_file(dir / ("res_img_" + std::to_string(val.samples[i].id) + ".txt"), dbnet::format_result(found[i]));
   }
@@ -506,7 +518,7 @@ int usage(const char* self) {
                "          [--size PX] [--width N] [--inner N] [--seed S] [--lr X] [--out DIR] "
                "[--check] [--time N]\n"
                "          [--monitor N] [--advise FILE]\n"
-               "policies: fp32 bf16_mixed fp16_mixed fp16_fp32_head fp16_seed_waived\n",
+               "policies: fp32 bf16_mixed fp16_mixed fp16_fp32_head fp16_seed_waived advised\n",
                self);
   return 2;
 }
@@ -515,6 +527,7 @@ int usage(const char* self) {
 
 int main(int argc, char** argv) {
   options o;
+  o.command = examples::command_line(argc, argv);
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     auto number = [&](long long min, auto& out) { return examples::next_count(argc, argv, i, min, out); };

@@ -1,9 +1,10 @@
-// Compiled (not run) by CTest after `example_vit --monitor --advise` (example_vit_monitor):
+// Compiled (not run) by CTest after `example_vit --monitor --advise` (example_vit_monitor),
+// from the header that run wrote (fresh_advice.hpp, not the committed advised_map.hpp):
 // the ViT built under the map the advisor wrote, with the measured ranges in view, must
 // compile: the advice passes every rule for the model it was measured on.
 #include "model.hpp"
 
-#include "advised_map.hpp"
+#include "fresh_advice.hpp"
 
 int main() {
   const vit::config vc;

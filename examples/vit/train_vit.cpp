@@ -40,6 +40,9 @@
 #include "../monitor.hpp"
 #include "fashion_mnist.hpp"
 #include "model.hpp"
+// After the tags (model.hpp): the map the advisor wrote from a float run, and the ranges it
+// measured, which rule d checks for every map below.
+#include "advised_map.hpp"
 
 #include <precis/nn/safetensors.hpp>
 #if PRECIS_EXAMPLE_MPI
@@ -99,6 +102,7 @@ struct options {
   double mean = 0, sd = 1;                 // the normalisation (for the weights' metadata)
   std::uint64_t monitor_every = 0;         // --monitor N: observe every N-th step (0: off)
   std::filesystem::path advise;            // --advise FILE: write the advised policy map
+  std::string command;                     // the command line (the advised map names it)
 };
 
 // ---- the data: normalised once, batches gathered per step ----
@@ -226,7 +230,9 @@ const auto sweep = hana::make_tuple(
         "fp16_mixed", "float16 + dynamic scaler"},
     entry<fp8_map, run_dynamic_scaler>{"fp8_hybrid", "float8 linear products, bf16 between layers"},
     entry<per_layer_map, run_dynamic_scaler>{"bf16_attn_fp16",
-                                             "bf16, attention products fp16, head fp32"});
+                                             "bf16, attention products fp16, head fp32"},
+    entry<std::remove_cvref_t<decltype(advised_map)>, run_dynamic_scaler>{
+        "advised", "advise()'s map from a float run"});
 
 struct epoch_record {
   double train_loss = 0, test_loss = 0, test_accuracy = 0, scale = 1, seconds = 0;
@@ -350,7 +356,7 @@ result train_one(const Entry& e, const options& o, const vit::config& vc, const 
   r.peak_rss_mib = examples::peak_rss_mib();
 
   if (o.rank != 0) return r;  // the weights are the same on every process: rank 0 writes them
-  if (monitor) examples::write_monitor(*monitor, o.out, r.name, o.advise);
+  if (monitor) examples::write_monitor(*monitor, o.out, r.name, o.advise, o.command);
   auto text = [](double v) { return examples::format("%.17g", v); };
   const auto weights = o.out / ("weights_" + r.name + ".safetensors");
   nn::save_safetensors(model, weights, vit::torch_name, safetensors::dtype::f32,
@@ -446,7 +452,7 @@ int usage(const char* self) {
                "          [--seed S] [--lr X] [--augment] [--data DIR] [--out DIR] [--init FILE] "
                "[--check] [--distributed]\n"
                "          [--monitor N] [--advise FILE]\n"
-               "policies: fp32 bf16_mixed fp16_mixed fp8_hybrid bf16_attn_fp16\n",
+               "policies: fp32 bf16_mixed fp16_mixed fp8_hybrid bf16_attn_fp16 advised\n",
                self);
   return 2;
 }
@@ -461,6 +467,7 @@ std::set<std::string> policy_names() {
 
 int main(int argc, char** argv) {
   options o;
+  o.command = examples::command_line(argc, argv);
   std::filesystem::path init_path;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];

@@ -51,6 +51,8 @@ struct advice_options {
   double loss_scale = 0.0;
   /// The name of the map the header defines.
   std::string map_name = "advised_map";
+  /// A line for the header's first comment (say how the run was made); "" for none.
+  std::string note = {};
 };
 
 /// The advisor's choice for a layer.
@@ -231,6 +233,11 @@ inline std::string advise(const monitor& m, const advice_options& o = {}) {
   }
 
   std::string h;
+  if (!o.note.empty()) {
+    if (o.note.find('\n') != std::string::npos)
+      throw error("precis::diagnostics::advise: the note must be one line");
+    h += "// " + o.note + "\n";
+  }
   h += "// A precis policy map advised by precis::diagnostics::advise from a monitored run: " +
        std::to_string(m.series().size()) + " observed steps, headroom x" +
        detail::short_number(o.headroom) + std::string(", at most ") +

@@ -540,7 +540,8 @@ class monitor {
 
   /// A gnuplot script that draws `png` from series_csv() saved as `series`: every layer's
   /// forward amax over training against each format's max and smallest normal (top), and
-  /// its input-gradient amax against the same lines (bottom), on log scales.
+  /// its input-gradient amax against the same lines (bottom), on log scales spanning the
+  /// measured values and float16's and float8's limits.
   std::string gnuplot_script(const std::string& series, const std::string& png) const {
     std::string s =
         std::string("set terminal pngcairo size 1400,1000 noenhanced\nset output '") + png +
@@ -559,9 +560,20 @@ class monitor {
     };
     const std::size_t n = records_.size();
     for (std::size_t part = 0; part < 2; ++part) {
+      // The y range: the measured amaxes and float16's and float8's limits (bfloat16's,
+      // 2^-126 to 3.4e38, show only where the values come near them).
+      double lo = 0x1p-24, hi = 65504.0 * 4;
+      for (const auto& row : rows_) {
+        for (double v : part == 0 ? row.output_amax : row.input_grad_amax) {
+          if (v > 0.0) {
+            lo = std::min(lo, v);
+            hi = std::max(hi, v);
+          }
+        }
+      }
       s += std::string("set title '") +
            (part == 0 ? "forward output amax" : "input gradient amax (unscaled)") +
-           "'\nset xlabel 'step'\n";
+           "'\nset xlabel 'step'\nset yrange [" + number(lo / 4) + ":" + number(hi * 4) + "]\n";
       s += "plot ";
       for (std::size_t i = 0; i < n; ++i) {
         s += (i == 0 ? std::string("'") + series + "'" : std::string("''")) +

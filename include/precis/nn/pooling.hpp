@@ -281,7 +281,10 @@ class upsample_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
   }
 
   std::string shape() const {
-    return "x" + std::to_string(scale_) + (align_corners_ ? " align_corners" : "");
+    std::string s = "x";  // appended: `"x" + std::string` trips GCC 12's -Wrestrict false positive
+    s += std::to_string(scale_);
+    if (align_corners_) s += " align_corners";
+    return s;
   }
   std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
   /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
