@@ -90,7 +90,6 @@ inline double judged_scale(const monitor& m, const advice_options& o) {
   for (const auto& r : m.layers()) g = std::max({g, r.input_grad.amax, r.param_grad.amax});
   const double fp16_max = range_of(format::float16).max;
   double s = 65536.0;
-  while (s > 1.0 && g * s > fp16_max) s /= 2.0;
   while (g * s > fp16_max && s > 0x1p-64) s /= 2.0;
   return s;
 }

@@ -459,7 +459,7 @@ class monitor {
                       percent(r.input_grad_scaled.zero_fraction(format::float8_e5m2)),
                       number(r.param_grad.amax)});
     }
-    std::string out = layout(rows);
+    std::string out = precis::detail::format_table(rows);
     out += std::string("(") + std::to_string(rows_.size()) +
            " observed steps; >F: share of values above F's max; 0 F: share that "
            "rounds to zero in F, @scale: as computed at the loss scale, else the true gradient)\n";
@@ -667,23 +667,6 @@ class monitor {
     for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
     return q + "\"";
   }
-  static std::string layout(const std::vector<std::vector<std::string>>& rows) {
-    std::vector<std::size_t> w;
-    for (const auto& r : rows) {
-      w.resize(std::max(w.size(), r.size()), 0);
-      for (std::size_t i = 0; i < r.size(); ++i) w[i] = std::max(w[i], r[i].size());
-    }
-    std::string out;
-    for (const auto& r : rows) {
-      for (std::size_t i = 0; i < r.size(); ++i) {
-        out += r[i];
-        if (i + 1 < r.size()) out += std::string(w[i] - r[i].size() + 2, ' ');
-      }
-      out += "\n";
-    }
-    return out;
-  }
-
   monitor_options options_;
   std::vector<layer_record> records_;
   std::vector<std::uint64_t> last_step_;
