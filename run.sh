@@ -2,7 +2,8 @@
 # Builds, tests and packages precis. Each command first installs what is missing
 # (Debian/Ubuntu packages; Conan for `package`).
 #
-#   ./run.sh test       g++ Release build in build/gcc, warnings are errors, CTest
+#   ./run.sh test       g++ Release build in build/gcc (-O2 under CI, else -O3), warnings
+#                       are errors, CTest
 #   ./run.sh demo       builds and runs the demo (precis_demo); arguments are passed on
 #   ./run.sh clang      as test, with clang++ in build/clang (the build-flag bit-identity
 #                       test, which builds with both compilers, runs in `test` only; the
@@ -96,8 +97,16 @@ run_ctest() {
 }
 
 # The host stages leave CUDA off so that only the cuda stage spends time in nvcc.
+# Under CI the test stage compiles at -O2 instead of Release's -O3: the whole tree builds in
+# about 9 minutes instead of 12 on CI's two cores, its tests run about 15 s longer, and
+# precis gives the same bits under any flags (tests/flags). Outside CI build/gcc keeps -O3,
+# which the benchmarks' recorded figures were measured with. The level is always passed, so
+# that a tree configured once under CI does not keep -O2 in its cache.
 configure_gcc() {
-  configure build/gcc g++ Release -DPRECIS_WERROR=ON -DPRECIS_CUDA=OFF
+  local level=3
+  [[ -n "${CI:-}" ]] && level=2
+  configure build/gcc g++ Release -DCMAKE_CXX_FLAGS_RELEASE="-O$level -DNDEBUG" \
+    -DPRECIS_WERROR=ON -DPRECIS_CUDA=OFF
 }
 
 cmd_test() {
