@@ -3,8 +3,8 @@
     python3 bench/dbnet/compare.py --example build/gcc/examples/example_dbnet [--threads 2]
                                    [--steps 10] [--out bench/results/dbnet/torch_comparison.csv]
 
-Runs, one after the other on an otherwise idle machine, `example_dbnet --time` (policies fp32
-and bf16_mixed, on a batch of the synthetic set) and torch_reference.py's `time` (the same
+Runs, one after the other on an otherwise idle machine, `example_dbnet --time` (policies fp32,
+fp32_hardware and bf16_mixed, on a batch of the synthetic set) and torch_reference.py's `time` (the same
 model and loss on random data of the same shape; bf16: autocast to bfloat16, the loss in
 float) for the example's configuration (width 16, inner 64, 256 x 256 images, batch 8) and
 ResNet-18's widths (width 64, inner 256, batch 4). Each side reports the median of `steps`
@@ -41,7 +41,7 @@ def main():
         for name, width, inner, size, batch in CONFIGS:
             sizes = ["--width", str(width), "--inner", str(inner), "--size", str(size), "--batch", str(batch),
                      "--threads", str(args.threads)]
-            p, _ = run([args.example, "--time", str(args.steps), "--policy", "fp32,bf16_mixed", "--train",
+            p, _ = run([args.example, "--time", str(args.steps), "--policy", "fp32,fp32_hardware,bf16_mixed", "--train",
                         str(batch), "--val", "1", "--out", data] + sizes)
             t, version = run([sys.executable, os.path.join(here, "torch_reference.py"), "time", "--steps",
                               str(args.steps)] + sizes)

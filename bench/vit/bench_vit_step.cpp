@@ -1,7 +1,8 @@
 // Time per training step (forward, cross-entropy, backward, AdamW) of the ViT example's
 // model, for the side-by-side comparison with PyTorch (bench/vit/compare.py runs both).
 //
-//   bench_vit_step [--config small|ti] [--precision fp32|bf16|both] [--threads N]
+//   bench_vit_step [--config small|ti] [--precision fp32|fp32_hardware|bf16|both|all]
+//                  [--threads N]
 //                  [--batch N] [--patch N] [--steps N] [--monitor-cost ROUNDS]
 //
 // small: width 64, 4 heads, depth 4 (the example's model); ti: width 192, 3 heads, depth 6
@@ -129,19 +130,26 @@ void measure_monitor(const options& o, const vit::config& c, const char* name) {
 template <std::size_t Depth>
 void run(const options& o, const vit::config& c) {
   using fp32_map = decltype(make_policy_map(presets::fp32{}));
+  using fp32_hw_map = decltype(make_policy_map(presets::fp32_hardware{}));
   using bf16_map = decltype(make_policy_map(presets::bf16_mixed{}));
+  const bool all = o.precision == "all", both = all || o.precision == "both";
+  const bool fp32 = both || o.precision == "fp32", bf16 = both || o.precision == "bf16";
+  const bool fp32_hw = all || o.precision == "fp32_hardware";
   if (o.monitor_rounds != 0) {
-    if (o.precision != "bf16") measure_monitor<Depth, fp32_map>(o, c, "fp32");
-    if (o.precision != "fp32") measure_monitor<Depth, bf16_map>(o, c, "bf16_mixed");
+    if (fp32) measure_monitor<Depth, fp32_map>(o, c, "fp32");
+    if (fp32_hw) measure_monitor<Depth, fp32_hw_map>(o, c, "fp32_hardware");
+    if (bf16) measure_monitor<Depth, bf16_map>(o, c, "bf16_mixed");
     return;
   }
-  if (o.precision != "bf16") time_steps<Depth, fp32_map>(o, c, "fp32");
-  if (o.precision != "fp32") time_steps<Depth, bf16_map>(o, c, "bf16");
+  if (fp32) time_steps<Depth, fp32_map>(o, c, "fp32");
+  if (fp32_hw) time_steps<Depth, fp32_hw_map>(o, c, "fp32_hardware");
+  if (bf16) time_steps<Depth, bf16_map>(o, c, "bf16");
 }
 
 int usage(const char* self) {
   std::fprintf(stderr,
-               "usage: %s [--config small|ti] [--precision fp32|bf16|both] [--threads N] [--batch "
+               "usage: %s [--config small|ti] [--precision fp32|fp32_hardware|bf16|both|all] "
+               "[--threads N] [--batch "
                "N] [--patch N] "
                "[--steps N] [--monitor-cost ROUNDS]\n",
                self);
@@ -169,7 +177,7 @@ int main(int argc, char** argv) {
       ok = v == "small" || v == "ti";
     } else if (a == "--precision") {
       o.precision = v;
-      ok = v == "fp32" || v == "bf16" || v == "both";
+      ok = v == "fp32" || v == "fp32_hardware" || v == "bf16" || v == "both" || v == "all";
     } else if (a == "--threads") {
       ok = number(o.threads);
     } else if (a == "--batch") {

@@ -7,8 +7,9 @@ Runs, one after the other on an otherwise idle machine, precis's bench_vit_step 
 torch_reference.py's `time` for each configuration (the example's: width 64, 4 heads,
 depth 4, patch 4, batch 128; ViT-Ti's width: 192, 3 heads, depth 6, patch 4, batch 128;
 and the same with patch 2, batch 64), in fp32 and in bf16 (precis: bf16_mixed; torch:
-autocast to bfloat16). Each side reports the median of `steps` timed steps after 5
-warm-up steps. Writes the CSV with the header
+autocast to bfloat16), and precis's fp32_hardware (fp32 with oneDNN's float products, the
+kernels torch's float32 runs on) against torch's fp32. Each side reports the median of
+`steps` timed steps after 5 warm-up steps. Writes the CSV with the header
 precision,threads,batch,precis_ms_per_step,torch_ms_per_step,ratio,cpu,torch_version,config
 where ratio = torch / precis (above 1: precis is faster) and a bf16 row compares with the
 faster of torch's fp32 and bf16 steps (its config column says which).
@@ -28,7 +29,7 @@ CONFIGS = [  # name, bench_vit_step arguments, torch_reference arguments, batch
     ("width192-heads3-depth6-patch2", ["--config", "ti", "--patch", "2", "--batch", "64"],
      ["--width", "192", "--heads", "3", "--depth", "6", "--patch", "2", "--batch", "64"], 64),
 ]
-LINE = re.compile(r"^(precis|torch \S+ \((\S+)\)) (fp32|bf16): .* median ([0-9.]+) ms/step")
+LINE = re.compile(r"^(precis|torch \S+ \((\S+)\)) (fp32|fp32_hardware|bf16): .* median ([0-9.]+) ms/step")
 
 
 def cpu_description():
@@ -59,12 +60,17 @@ def run(cmd):
 
 
 def comparison_rows(name, threads, batch, p, t, cpu, version):
-    """The fp32 and bf16 rows of one configuration: p and t map 'fp32' and 'bf16' to precis's and
-    torch's ms per step; the bf16 row compares with the faster of torch's two."""
+    """The rows of one configuration: p and t map 'fp32' and 'bf16' (p also 'fp32_hardware') to
+    precis's and torch's ms per step; fp32_hardware compares with torch's fp32, and the bf16 row
+    with the faster of torch's two."""
     faster = "bf16" if t["bf16"] < t["fp32"] else "fp32"
-    return [["fp32", threads, batch, p["fp32"], t["fp32"], t["fp32"] / p["fp32"], cpu, version, name],
-            ["bf16", threads, batch, p["bf16"], t[faster], t[faster] / p["bf16"], cpu, version,
-             f"{name}; torch {faster} (faster)"]]
+    rows = [["fp32", threads, batch, p["fp32"], t["fp32"], t["fp32"] / p["fp32"], cpu, version, name]]
+    if "fp32_hardware" in p:
+        rows.append(["fp32_hardware", threads, batch, p["fp32_hardware"], t["fp32"],
+                     t["fp32"] / p["fp32_hardware"], cpu, version, f"{name}; torch fp32"])
+    rows.append(["bf16", threads, batch, p["bf16"], t[faster], t[faster] / p["bf16"], cpu, version,
+                 f"{name}; torch {faster} (faster)"])
+    return rows
 
 
 def write_comparison(out, rows):
@@ -96,7 +102,7 @@ def main():
     rows = []
     for name, precis_args, torch_args, batch in CONFIGS:
         common = ["--threads", str(args.threads), "--steps", str(args.steps)]
-        p, _ = run([args.bench] + precis_args + common)
+        p, _ = run([args.bench, "--precision", "all"] + precis_args + common)
         t, version = run([sys.executable, os.path.join(here, "torch_reference.py"), "time"] + torch_args + common)
         rows += comparison_rows(name, args.threads, batch, p, t, cpu, version)
     write_comparison(args.out, rows)

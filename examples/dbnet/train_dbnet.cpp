@@ -6,7 +6,8 @@
 //                 [--train N] [--val N] [--size PX] [--width N] [--inner N] [--seed S]
 //                 [--lr X] [--out DIR] [--check] [--time N] [--monitor N] [--advise FILE]
 //
-// The policies: fp32, bf16_mixed, fp16_mixed (dynamic scaler), fp16_fp32_head (float16
+// The policies: fp32, fp32_hardware (fp32 with oneDNN's float products, as PyTorch's
+// float32 runs its convolutions), bf16_mixed, fp16_mixed (dynamic scaler), fp16_fp32_head (float16
 // backbone and neck, the heads in float; dynamic scaler), advised (the map
 // precis::diagnostics::advise wrote from a monitored float run, advised_map.hpp; dynamic
 // scaler) and fp16_seed_waived: the
@@ -194,6 +195,8 @@ using seed_waived_map =
 
 const auto sweep = hana::make_tuple(
     entry<decltype(make_policy_map(presets::fp32{})), no_scaling>{"fp32", "reference"},
+    entry<decltype(make_policy_map(presets::fp32_hardware{})), no_scaling>{
+        "fp32_hardware", "float, oneDNN's products"},
     entry<decltype(make_policy_map(presets::bf16_mixed{})), no_scaling>{"bf16_mixed",
                                                                         "bfloat16, no scaler"},
     entry<decltype(make_policy_map(presets::fp16_mixed{})), dynamic_scaler>{
@@ -518,7 +521,8 @@ int usage(const char* self) {
                "          [--size PX] [--width N] [--inner N] [--seed S] [--lr X] [--out DIR] "
                "[--check] [--time N]\n"
                "          [--monitor N] [--advise FILE]\n"
-               "policies: fp32 bf16_mixed fp16_mixed fp16_fp32_head fp16_seed_waived advised\n",
+               "policies: fp32 fp32_hardware bf16_mixed fp16_mixed fp16_fp32_head fp16_seed_waived "
+               "advised\n",
                self);
   return 2;
 }

@@ -1,6 +1,7 @@
 // Hardware products (products::hardware) on the CPU: built into test_kernels_onednn beside
-// test_gemm.cpp and test_conv.cpp, whose float64 bounds then hold for bf16_mixed through
-// oneDNN (all of conv's geometries: groups, dilation, strides, transposed). Here:
+// test_gemm.cpp and test_conv.cpp, whose float64 bounds then hold for bf16_mixed and
+// fp32_hardware through oneDNN (all of conv's geometries: groups, dilation, strides,
+// transposed). Here:
 // which engine runs, how subnormals behave on each engine, rounding once, determinism for
 // a given thread count. On a CPU without bfloat16 dot-product instructions the exact kernel
 // runs, and the checks below assert exactly that.
@@ -26,15 +27,16 @@ using precis::host_tensor;
 /// True when this build and this CPU run hardware products on oneDNN.
 bool onednn_runs() { return precis::cpu_products_engine().rfind("oneDNN", 0) == 0; }
 
-/// A 16 x 32 by 32 x 16 product whose only nonzero term in C(0, 0) is a(0, 0) * b(0, 0).
-template <class P>
+/// A 16 x 32 by 32 x 16 product of T inputs whose only nonzero term in C(0, 0) is
+/// a(0, 0) * b(0, 0).
+template <class P, class T = bfloat16>
 float single_product(float x, float y) {
-  auto a = host_tensor<bfloat16, 2>::from_shape({16, 32});
-  auto b = host_tensor<bfloat16, 2>::from_shape({32, 16});
-  a.fill(bfloat16(0.0F));
-  b.fill(bfloat16(0.0F));
-  a(0, 0) = bfloat16(x);
-  b(0, 0) = bfloat16(y);
+  auto a = host_tensor<T, 2>::from_shape({16, 32});
+  auto b = host_tensor<T, 2>::from_shape({32, 16});
+  a.fill(T(0.0F));
+  b.fill(T(0.0F));
+  a(0, 0) = T(x);
+  b(0, 0) = T(y);
   auto c = poisoned<float, 2>(std::array<std::size_t, 2>{16, 16});
   precis::gemm<P>(precis::cpu_context{1}, a, b, c);
   return c(0, 0);
@@ -51,6 +53,45 @@ TEST_CASE("cpu_products_engine names the engine this build and CPU use") {
 #else
   CHECK(engine == "precis exact kernel (precis::onednn not linked)");
 #endif
+  // Float inputs need no special instructions: oneDNN runs them wherever it is linked.
+  const std::string float_engine = precis::cpu_float_products_engine();
+  MESSAGE("float hardware products run on: " << float_engine);
+#if PRECIS_HAS_ONEDNN
+  CHECK(float_engine.rfind("oneDNN", 0) == 0);
+#else
+  CHECK(float_engine == "precis exact kernel (precis::onednn not linked)");
+#endif
+}
+
+TEST_CASE("float hardware products keep subnormals and fuse each product into the sum") {
+  using P = precis::presets::fp32_hardware;
+  const float tiny = std::ldexp(1.0F, -130);  // a subnormal float input
+  const float small = std::ldexp(1.0F, -70);  // small * small = 2^-140, a subnormal result
+  CHECK(single_product<P, float>(tiny, 1.0F) == tiny);
+  CHECK(single_product<P, float>(small, small) == std::ldexp(1.0F, -140));
+  CHECK(single_product<P, float>(3.0F, 5.0F) == 15.0F);
+  // The same bits for a given thread count, and within float64 bounds (test_gemm and
+  // test_conv hold every geometry to them under fp32_hardware).
+  const std::size_t M = 130, N = 70, K = 300;
+  const auto a = random_tensor<float, 2>({M, K});
+  const auto b = random_tensor<float, 2>({K, N});
+  for (unsigned threads : {1U, 2U, 3U}) {
+    INFO("threads=" << threads);
+    const precis::cpu_context ctx{threads};
+    auto c1 = poisoned<float, 2>(std::array<std::size_t, 2>{M, N});
+    auto c2 = c1;
+    auto exact = c1;
+    precis::gemm<P>(ctx, a, b, c1);
+    precis::gemm<P>(ctx, a, b, c2);
+    precis::gemm<precis::presets::fp32>(ctx, a, b, exact);
+    CHECK(same_bits(c1, c2));
+    double worst = 0, norm = 0;
+    for (std::size_t e = 0; e < exact.size(); ++e) {
+      worst = std::max(worst, std::abs(double(c1.data()[e]) - double(exact.data()[e])));
+      norm = std::max(norm, std::abs(double(exact.data()[e])));
+    }
+    CHECK(worst / norm < bound<float>());
+  }
 }
 
 TEST_CASE("hardware products flush subnormals; exact products keep them") {

@@ -51,6 +51,9 @@ struct config {
   using P = Policy;
 };
 using fp32_config = config<float, precis::presets::fp32>;
+/// Float tensors with the hardware's products (oneDNN's float kernels where the test links
+/// precis::onednn, else the exact kernel): held to fp32's float64 bounds.
+using fp32_hw_config = config<float, precis::presets::fp32_hardware>;
 using bf16_config = config<precis::bfloat16, precis::presets::bf16_mixed>;
 using fp16_config = config<precis::float16, precis::presets::fp16_mixed>;
 

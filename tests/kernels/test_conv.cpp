@@ -112,8 +112,8 @@ const geo geometries[] = {
 // Double policies run the direct loops (float64 gradient checks of nn's layers use them).
 using f64_config = config<double, precis::policy<double, double, double, double>>;
 
-TEST_CASE_TEMPLATE("conv2d forward and backward match float64", Cfg, fp32_config, bf16_config,
-                   fp16_config, f64_config) {
+TEST_CASE_TEMPLATE("conv2d forward and backward match float64", Cfg, fp32_config, fp32_hw_config,
+                   bf16_config, fp16_config, f64_config) {
   using T = typename Cfg::T;
   using P = typename Cfg::P;
   for (const geo& g : geometries) {
@@ -161,7 +161,7 @@ TEST_CASE("conv2d's float64 adjoints are the gradients (central differences)") {
 }
 
 TEST_CASE_TEMPLATE("conv_transpose2d is the adjoint of conv2d, forward and backward", Cfg,
-                   fp32_config, bf16_config, f64_config) {
+                   fp32_config, fp32_hw_config, bf16_config, f64_config) {
   using T = typename Cfg::T;
   using P = typename Cfg::P;
   // conv_transpose2d(x, w) with x [N, Ci, H, W] is the backward-data of the convolution

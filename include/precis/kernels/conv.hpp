@@ -14,9 +14,10 @@
 // loops, one running sum per output element. A narrower-than-float accumulator is not
 // taken here (static_assert); gemm has the plain-loop path for it.
 //
-// Hardware products (products::hardware, bfloat16 inputs, float accumulation) run as
-// oneDNN convolutions on the CPU's bfloat16 dot-product instructions where precis::onednn
-// is linked and the CPU has them (cpu_products_engine() says): subnormals flushed, oneDNN's
+// Hardware products (products::hardware, float accumulation) run as oneDNN convolutions
+// where precis::onednn is linked: bfloat16 inputs on the CPU's bfloat16 dot-product
+// instructions where it has them (cpu_products_engine() says; subnormals flushed), float
+// inputs on oneDNN's float kernels (products fused into the sums, subnormals kept); oneDNN's
 // summation order, each output still rounded once; the same bits for a given machine and
 // thread count. oneDNN picks its layouts (blocked or channels-last); precis's NCHW tensors
 // are reordered to and from them per call, in scratch memory kept by the context.
@@ -550,9 +551,9 @@ inline onednn_conv_key onednn_key(const conv_geometry& g, onednn_conv_kind kind,
 }
 
 /// Geometry g's forward pass through oneDNN (see onednn_conv); false where it does not run.
-template <class TY, class TBias>
-bool onednn_conv_forward(const cpu_context& ctx, const conv_geometry& g, const bfloat16* x,
-                         const bfloat16* w, const TBias* bias, TY* y) {
+template <class TIn, class TY, class TBias>
+bool onednn_conv_forward(const cpu_context& ctx, const conv_geometry& g, const TIn* x, const TIn* w,
+                         const TBias* bias, TY* y) {
   // oneDNN takes a float bias; another type is converted (Co values) first.
   std::vector<float> converted;
   const float* bias_f = nullptr;
@@ -571,9 +572,9 @@ bool onednn_conv_forward(const cpu_context& ctx, const conv_geometry& g, const b
 }
 
 /// Geometry g's backward-data pass (dy, w -> dx) through oneDNN.
-template <class TX>
-bool onednn_conv_backward_data(const cpu_context& ctx, const conv_geometry& g, const bfloat16* dy,
-                               const bfloat16* w, TX* dx) {
+template <class TIn, class TX>
+bool onednn_conv_backward_data(const cpu_context& ctx, const conv_geometry& g, const TIn* dy,
+                               const TIn* w, TX* dx) {
   constexpr bool direct = onednn_io_type_v<TX>;
   const auto key = onednn_key(g, onednn_conv_kind::backward_data,
                               direct ? onednn_type<TX>() : onednn_type<float>(), false);
@@ -582,9 +583,9 @@ bool onednn_conv_backward_data(const cpu_context& ctx, const conv_geometry& g, c
 }
 
 /// Geometry g's backward-weights pass (x, dy -> dw) through oneDNN.
-template <class TW>
-bool onednn_conv_backward_weights(const cpu_context& ctx, const conv_geometry& g, const bfloat16* x,
-                                  const bfloat16* dy, TW* dw) {
+template <class TIn, class TW>
+bool onednn_conv_backward_weights(const cpu_context& ctx, const conv_geometry& g, const TIn* x,
+                                  const TIn* dy, TW* dw) {
   const auto key = onednn_key(g, onednn_conv_kind::backward_weights, onednn_type<float>(), false);
   return onednn_conv(ctx, key, x, dy, nullptr, dw, false,
                      [&](std::size_t b, std::size_t len, const float* v) { store_block(v, dw + b, len); });

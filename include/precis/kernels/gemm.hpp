@@ -11,12 +11,13 @@
 // tensors are computed in double: both on a plain loop, since no model trains that way for
 // speed. With beta == 0, C is not read (it may hold NaN), as in BLAS.
 //
-// Hardware products (a policy with products::hardware, bfloat16 inputs, float
-// accumulation) run on the CPU's bfloat16 dot-product instructions through oneDNN when
-// precis::onednn is linked and the CPU has them (cpu_products_engine() says): subnormal
-// inputs and results are flushed, sums are in oneDNN's order, C is still rounded once;
-// those results are the same bits for a given machine and thread count. Everything else
-// runs precis's exact kernel.
+// Hardware products (a policy with products::hardware, float accumulation) run through
+// oneDNN when precis::onednn is linked: bfloat16 inputs on the CPU's bfloat16 dot-product
+// instructions when it has them (cpu_products_engine() says; subnormal inputs and results
+// flushed), float inputs on oneDNN's float kernels (products fused into the sums,
+// subnormals kept, as in torch's float matmul). Sums are in oneDNN's order, C is still
+// rounded once; those results are the same bits for a given machine and thread count.
+// Everything else runs precis's exact kernel.
 //
 // Shapes are checked before anything is written; a mismatch throws precis::error naming
 // the expected and the actual shape. Exact products are the same bits for every thread
@@ -69,12 +70,15 @@ inline constexpr bool float_engine_v =
     std::is_same_v<math_t<Op, P, TA, TB>, float> && std::is_same_v<accumulate_t<Op, P>, float>;
 
 /// True when a product of TA and TB inputs under P uses the hardware's products: P asks
-/// for them, both inputs are bfloat16 and sums are float.
+/// for them, sums are float, and both inputs are bfloat16, or both float with float math
+/// (not rounded to tfloat32 first).
 template <op_kind Op, Policy P, class TA, class TB>
 inline constexpr bool hardware_products_v =
-    std::is_same_v<typename kernel_policy_t<Op, P>::products_type, products::hardware> &&
-    std::is_same_v<TA, bfloat16> && std::is_same_v<TB, bfloat16> &&
-    std::is_same_v<accumulate_t<Op, P>, float>;
+    std::is_same_v<typename kernel_policy_t<Op, P>::products_type, products::hardware>&&
+        std::is_same_v<accumulate_t<Op, P>, float>&& std::is_same_v<TA, TB> &&
+    (std::is_same_v<TA, bfloat16> ||
+     (std::is_same_v<TA, float> && std::is_same_v<math_t<Op, P, TA, TB>, float> &&
+      !std::is_same_v<typename kernel_policy_t<Op, P>::compute_type, tfloat32>));
 
 /// True when float inputs are rounded to tfloat32 first.
 template <op_kind Op, Policy P>
@@ -242,12 +246,12 @@ void gemm_raw(const cpu_context& ctx, std::size_t M, std::size_t N, std::size_t 
     const gemm_writer<TC, TBias> w{c, ldc, bias, o.alpha, o.beta, o.epilogue};
     const bool direct =
         o.alpha == 1.0F && o.beta == 0.0F && o.epilogue == gemm_epilogue::none;
-    if (onednn_product(ctx, 1, M, N, K, strided_operand<const bfloat16>{a, 0, std::int64_t(ars), std::int64_t(acs)},
-                       strided_operand<const bfloat16>{b, 0, std::int64_t(brs), std::int64_t(bcs)}, c, 0,
+    if (onednn_product(ctx, 1, M, N, K,
+                       strided_operand<const TA>{a, 0, std::int64_t(ars), std::int64_t(acs)},
+                       strided_operand<const TB>{b, 0, std::int64_t(brs), std::int64_t(bcs)}, c, 0,
                        std::int64_t(ldc), bias, direct,
-                       [&](std::size_t, std::size_t i, std::size_t j0, const float* v, std::size_t n) {
-                         w(i, j0, v, n);
-                       })) {
+                       [&](std::size_t, std::size_t i, std::size_t j0, const float* v,
+                           std::size_t n) { w(i, j0, v, n); })) {
       return;
     }
   }
@@ -375,9 +379,10 @@ void gemm(const cpu_context& ctx, const host_tensor<TA, 3>& a, const host_tensor
     };
     if (detail::onednn_product(
             ctx, batch, M, N, K,
-            detail::strided_operand<const bfloat16>{a.data(), std::int64_t(M * K), ars, acs},
-            detail::strided_operand<const bfloat16>{b.data(), std::int64_t(K * N), brs, bcs}, c.data(),
-            std::int64_t(M * N), std::int64_t(N), static_cast<const TC*>(nullptr), direct, finish)) {
+            detail::strided_operand<const TA>{a.data(), std::int64_t(M * K), ars, acs},
+            detail::strided_operand<const TB>{b.data(), std::int64_t(K * N), brs, bcs}, c.data(),
+            std::int64_t(M * N), std::int64_t(N), static_cast<const TC*>(nullptr), direct,
+            finish)) {
       return;
     }
   }
@@ -401,7 +406,8 @@ void gemm(const cpu_context& ctx, const host_tensor<TA, 3>& a, const host_tensor
 
 /// Which engine runs hardware products (products::hardware) with bfloat16 inputs in this
 /// build on this machine: oneDNN and the instruction set it uses, or precis's exact kernel
-/// and why.
+/// and why. (Float inputs under hardware products run on oneDNN wherever precis::onednn is
+/// linked: cpu_float_products_engine().)
 inline std::string cpu_products_engine() {
 #if PRECIS_HAS_ONEDNN
   const dnnl_version_t* v = dnnl_version();
@@ -410,6 +416,18 @@ inline std::string cpu_products_engine() {
   if (detail::onednn_has_bf16_products()) return onednn + " (" + detail::onednn_isa_name() + ")";
   return std::string("precis exact kernel (no bfloat16 dot-product instructions: ") + onednn +
          " sees " + detail::onednn_isa_name() + ")";
+#else
+  return "precis exact kernel (precis::onednn not linked)";
+#endif
+}
+
+/// Which engine runs hardware products with float inputs in this build on this machine:
+/// oneDNN's float kernels and the instruction set they use, or precis's exact kernel.
+inline std::string cpu_float_products_engine() {
+#if PRECIS_HAS_ONEDNN
+  const dnnl_version_t* v = dnnl_version();
+  return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+         std::to_string(v->patch) + " (" + detail::onednn_isa_name() + ")";
 #else
   return "precis exact kernel (precis::onednn not linked)";
 #endif

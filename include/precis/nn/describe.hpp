@@ -49,7 +49,8 @@ inline std::string byte_string(std::size_t bytes) {
 /// gradient, float8 recipe, the map entry that decided it, waived rules, notes such as
 /// "fp32 by rule" or "hardware products"), its parameter count and bytes; every cast build
 /// inserted, with the conversion it makes; then totals, and, when a layer uses hardware
-/// products, the engine that runs them here (precis::cpu_products_engine()).
+/// products, the engine that runs them here (precis::cpu_products_engine(), and
+/// precis::cpu_float_products_engine() for float storage).
 template <class Root, class Map>
 std::string describe(const model<Root, Map>& m) {
   std::vector<std::vector<std::string>> rows{{"path", "kind", "shape", "layer", "op", "storage", "compute",
@@ -107,15 +108,23 @@ std::string describe(const model<Root, Map>& m) {
                       std::string(type_name_v<typename N::output_grad_type>), "-", "-", "-", "-", "0", "-"});
     }
   });
+  // Which engines this build and CPU give the layers whose products are the hardware's:
+  // float inputs (storage float) run on oneDNN's float kernels, others on its bfloat16 ones.
+  bool hardware_float = false, hardware_other = false;
+  for (const auto& r : rows) {
+    if (r.size() > 13 && r[13].find("hardware products") != std::string::npos) {
+      (r[5] == "float" ? hardware_float : hardware_other) = true;
+    }
+  }
   std::vector<std::string> total(rows.front().size(), "");
   total[0] = "total";
   total[total.size() - 2] = std::to_string(m.parameter_count());
   total[total.size() - 1] = detail::byte_string(m.parameter_bytes());
   rows.push_back(std::move(total));
   std::string table = precis::detail::format_table(rows);
-  // Which engine this build and CPU give the layers whose products are the hardware's.
-  if (table.find("hardware products") != std::string::npos) {
-    table += "hardware products run on: " + cpu_products_engine() + "\n";
+  if (hardware_other) table += "hardware products run on: " + cpu_products_engine() + "\n";
+  if (hardware_float) {
+    table += "hardware products with float inputs run on: " + cpu_float_products_engine() + "\n";
   }
   return table;
 }

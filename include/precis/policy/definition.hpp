@@ -12,19 +12,21 @@ namespace precis {
 template <class... Rules>
 struct rule_list {};
 
-/// Whose products a matrix product or convolution with 16-bit inputs uses.
+/// Whose products a matrix product or convolution uses.
 namespace products {
 /// precis's own: every product of two inputs exact in float, subnormal inputs and results
 /// kept, summed in k order; the same bits on every machine and for every thread count.
 struct exact {
   static constexpr const char* name = "exact";
 };
-/// The hardware's dot-product instructions (AMX TDPBF16PS, AVX512-BF16 VDPBF16PS through
-/// oneDNN on the CPU; tensor cores on the GPU): products exact and summed in float, but
-/// subnormal inputs and results flushed to zero and summed in the hardware's order; the
-/// same bits for a given machine and thread count. Where the CPU has no such instructions
-/// (or precis::onednn is not linked) the exact kernel runs; precis::cpu_products_engine()
-/// says which one does.
+/// The hardware's products, through oneDNN on the CPU (tensor cores on the GPU). bfloat16
+/// inputs: the dot-product instructions (AMX TDPBF16PS, AVX512-BF16 VDPBF16PS), products
+/// exact and summed in float, but subnormal inputs and results flushed to zero and summed in
+/// the hardware's order; where the CPU has no such instructions the exact kernel runs
+/// (precis::cpu_products_engine() says which one does). float inputs: oneDNN's float
+/// kernels (the products fused into float sums, subnormals kept, oneDNN's order; what
+/// PyTorch's float matmul and convolution run). Either way the same bits for a given machine
+/// and thread count; without precis::onednn the exact kernel runs.
 struct hardware {
   static constexpr const char* name = "hardware";
 };

@@ -11,6 +11,12 @@ namespace precis::presets {
 /// Everything in float: the reference every other policy is measured against.
 using fp32 = policy<float, float, float, float>;
 
+/// fp32 with the hardware's products (products::hardware): float matrix products and
+/// convolutions on oneDNN's float kernels where precis::onednn is linked, as PyTorch's
+/// float32 runs them; sums in oneDNN's order (the same bits for a given machine and thread
+/// count, not across them), subnormals kept. Everything else is fp32's.
+using fp32_hardware = policy<float, float, float, float, float, recipe::none, products::hardware>;
+
 /// float tensors; matrix products on tensor cores in TF32 (10 mantissa bits), float
 /// accumulation. Other operations compute in float (the rule set raises tfloat32 to float
 /// for them, and elementwise kernels compute float-stored tensors in float).

@@ -2,12 +2,14 @@
 // included by the kernels when PRECIS_HAS_ONEDNN is 1, which the precis::onednn target
 // defines).
 //
-// Products with bfloat16 inputs under products::hardware run as oneDNN matmul primitives
-// on the CPU's bfloat16 dot-product instructions (AMX TDPBF16PS, AVX512-BF16 VDPBF16PS),
-// accumulating in float. Those instructions treat subnormal inputs as zero and flush
-// subnormal results, and oneDNN chooses the summation order per shape and machine; the
-// result is still rounded once to the output type, and is the same bits for a given
-// machine, shape and thread count.
+// Products under products::hardware run as oneDNN primitives (matmul, convolution). With
+// bfloat16 inputs they use the CPU's bfloat16 dot-product instructions (AMX TDPBF16PS,
+// AVX512-BF16 VDPBF16PS), accumulating in float; those instructions treat subnormal
+// inputs as zero and flush subnormal results. With float inputs they use oneDNN's float
+// kernels (FMA on AVX2 and AVX-512): products fused into float sums, subnormals kept. Either
+// way oneDNN chooses the summation order per shape and machine; the result is still rounded
+// once to the output type, and is the same bits for a given machine, shape and thread
+// count.
 //
 // Threads: the context's own worker threads run the parts of a product (rows, or columns,
 // or batch items split evenly), each part one single-threaded oneDNN call. oneDNN's OpenMP
@@ -135,11 +137,11 @@ struct onednn_part {
 struct onednn_matmul_key {
   std::int64_t batch, m, n, k;
   std::int64_t a_batch, a_row, a_col, b_batch, b_row, b_col, c_batch, c_row;
-  int c_type, bias_type;  // dnnl data types; bias_type 0: no bias
+  int in_type, c_type, bias_type;  // dnnl data types; bias_type 0: no bias
 
   auto tie() const {
     return std::tie(batch, m, n, k, a_batch, a_row, a_col, b_batch, b_row, b_col, c_batch, c_row,
-                    c_type, bias_type);
+                    in_type, c_type, bias_type);
   }
   bool operator<(const onednn_matmul_key& o) const { return tie() < o.tie(); }
 };
@@ -163,10 +165,11 @@ struct onednn_conv_key {
   int out_type;          // the output's dnnl data type (float or bfloat16; float for dw)
   bool bias;             // forward only: a float bias [co]
   std::int64_t threads;  // the OpenMP threads it runs on (set by onednn_conv)
+  int in_type = 0;       // the inputs' dnnl data type (set by onednn_conv from its inputs)
 
   auto tie() const {
-    return std::tie(n, c, h, w, co, kh, kw, ho, wo, groups, stride_y, stride_x, pad_t, pad_l,
-                    pad_b, pad_r, dilate_y, dilate_x, kind, out_type, bias, threads);
+    return std::tie(n, c, h, w, co, kh, kw, ho, wo, groups, stride_y, stride_x, pad_t, pad_l, pad_b,
+                    pad_r, dilate_y, dilate_x, kind, in_type, out_type, bias, threads);
   }
   bool operator<(const onednn_conv_key& o) const { return tie() < o.tie(); }
 };
@@ -220,8 +223,8 @@ struct onednn_state {
       return batched ? dnnl::memory::dims{sb, sr, sc} : dnnl::memory::dims{sr, sc};
     };
     onednn_matmul_entry e;
-    e.a = md(dims(key.m, key.k), dt::bf16, strides(key.a_batch, key.a_row, key.a_col));
-    e.b = md(dims(key.k, key.n), dt::bf16, strides(key.b_batch, key.b_row, key.b_col));
+    e.a = md(dims(key.m, key.k), dt(key.in_type), strides(key.a_batch, key.a_row, key.a_col));
+    e.b = md(dims(key.k, key.n), dt(key.in_type), strides(key.b_batch, key.b_row, key.b_col));
     e.c = md(dims(key.m, key.n), dt(key.c_type), strides(key.c_batch, key.c_row, 1));
     if (key.bias_type != 0) {
       e.bias = md(batched ? dnnl::memory::dims{1, 1, key.n} : dnnl::memory::dims{1, key.n},
@@ -258,21 +261,20 @@ struct onednn_state {
     const tag wtag = k.groups > 1 ? tag::goihw : tag::oihw;
     const dnnl::memory::dims strides{k.stride_y, k.stride_x}, dil{k.dilate_y, k.dilate_x};
     const dnnl::memory::dims pl{k.pad_t, k.pad_l}, pr{k.pad_b, k.pad_r};
-    const dt out = dt(k.out_type);
+    const dt in = dt(k.in_type), out = dt(k.out_type);
     const bool fwd = k.kind == onednn_conv_kind::forward;
     const bool bwd_w = k.kind == onednn_conv_kind::backward_weights;
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     const md bias_md = fwd && k.bias ? md({k.co}, dt::f32, tag::x) : md();
-    const md x_any(xd, fwd || bwd_w ? dt::bf16 : out, tag::any);
-    const md y_any(yd, fwd ? out : dt::bf16, tag::any);
-    const md w_any(wd, bwd_w ? dt::f32 : dt::bf16, tag::any);
+    const md x_any(xd, fwd || bwd_w ? in : out, tag::any);
+    const md y_any(yd, fwd ? out : in, tag::any);
+    const md w_any(wd, bwd_w ? dt::f32 : in, tag::any);
     const dnnl::convolution_forward::primitive_desc fwd_pd(
         dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
-                                        dnnl::algorithm::convolution_direct,
-                                        md(xd, dt::bf16, tag::any), md(wd, dt::bf16, tag::any),
-                                        bias_md, md(yd, fwd ? out : dt::bf16, tag::any), strides,
-                                        dil, pl, pr),
+                                        dnnl::algorithm::convolution_direct, md(xd, in, tag::any),
+                                        md(wd, in, tag::any), bias_md,
+                                        md(yd, fwd ? out : in, tag::any), strides, dil, pl, pr),
         attr, engine);
     onednn_conv_entry e;
     const auto operand = [&](const md& user, const md& prim, bool input) {
@@ -283,8 +285,8 @@ struct onednn_state {
       }
       return o;
     };
-    const md x_user(xd, dt::bf16, tag::nchw), y_user(yd, dt::bf16, tag::nchw);
-    const md w_user(wd, dt::bf16, wtag);
+    const md x_user(xd, in, tag::nchw), y_user(yd, in, tag::nchw);
+    const md w_user(wd, in, wtag);
     if (fwd) {
       e.in0 = operand(x_user, fwd_pd.src_desc(), true);
       e.in1 = operand(w_user, fwd_pd.weights_desc(), true);
@@ -359,18 +361,31 @@ struct strided_operand {
   std::int64_t batch, row, col;
 };
 
-/// Runs a product of bfloat16 operands through oneDNN: for every batch item,
+/// True when oneDNN runs products of TIn inputs on this CPU with more than its reference
+/// code: bfloat16 needs the dot-product instructions; float runs on every x86-64 CPU.
+template <class TIn>
+inline bool onednn_has_products() {
+  if constexpr (std::is_same_v<TIn, bfloat16>) {
+    return onednn_has_bf16_products();
+  } else {
+    static_assert(std::is_same_v<TIn, float>,
+                  "precis: oneDNN products take bfloat16 or float inputs");
+    return true;
+  }
+}
+
+/// Runs a product of bfloat16 or float operands (TIn) through oneDNN: for every batch item,
 /// C = A B (+ bias), all float sums, written straight to C when `direct` (C and the bias
 /// of types oneDNN writes, nothing else to apply), else as float rows handed to
 /// finish(item, row, first column, values, count) for precis's epilogue. False, having
-/// written nothing, when the CPU has no bfloat16 dot-product instructions or oneDNN offers
+/// written nothing, when the CPU has no dot-product instructions for TIn or oneDNN offers
 /// only its reference implementation for this layout (then the exact kernel is faster).
-template <class TC, class TBias, class Finish>
+template <class TIn, class TC, class TBias, class Finish>
 bool onednn_product(const cpu_context& ctx, std::size_t batch, std::size_t M, std::size_t N,
-                    std::size_t K, strided_operand<const bfloat16> a,
-                    strided_operand<const bfloat16> b, TC* c, std::int64_t c_batch,
-                    std::int64_t ldc, const TBias* bias, bool direct, Finish&& finish) {
-  if (!onednn_has_bf16_products() || K == 0) return false;  // K == 0: the exact kernel's zeros
+                    std::size_t K, strided_operand<const TIn> a, strided_operand<const TIn> b,
+                    TC* c, std::int64_t c_batch, std::int64_t ldc, const TBias* bias, bool direct,
+                    Finish&& finish) {
+  if (!onednn_has_products<TIn>() || K == 0) return false;  // K == 0: the exact kernel's zeros
   if (batch == 0 || M == 0 || N == 0) return true;
   onednn_state& st = onednn_of(ctx);
   direct = direct && onednn_io_type_v<TC> && (bias == nullptr || onednn_io_type_v<TBias>);
@@ -391,11 +406,23 @@ bool onednn_product(const cpu_context& ctx, std::size_t batch, std::size_t M, st
     const std::size_t nb = split_batch ? len : batch;
     const std::size_t m = !split_batch && split_rows ? len : M;
     const std::size_t n = !split_batch && !split_rows ? len : N;
-    return onednn_matmul_key{std::int64_t(nb), std::int64_t(m), std::int64_t(n), std::int64_t(K),
-                             a.batch, a.row, a.col, b.batch, b.row, b.col,
-                             direct ? c_batch : std::int64_t(m * n), direct ? ldc : std::int64_t(n),
+    return onednn_matmul_key{std::int64_t(nb),
+                             std::int64_t(m),
+                             std::int64_t(n),
+                             std::int64_t(K),
+                             a.batch,
+                             a.row,
+                             a.col,
+                             b.batch,
+                             b.row,
+                             b.col,
+                             direct ? c_batch : std::int64_t(m * n),
+                             direct ? ldc : std::int64_t(n),
+                             onednn_type<TIn>(),
                              direct ? onednn_type<TC>() : onednn_type<float>(),
-                             bias == nullptr ? 0 : direct ? onednn_type<TBias>() : 0};
+                             bias == nullptr ? 0
+                             : direct        ? onednn_type<TBias>()
+                                             : 0};
   };
   const onednn_matmul_entry& first = st.matmul(key_for(std::min(chunk, extent)));
   if (first.implementation.rfind("ref", 0) == 0) return false;
@@ -417,8 +444,8 @@ bool onednn_product(const cpu_context& ctx, std::size_t batch, std::size_t M, st
       void* pc = direct ? static_cast<void*>(c + b0 * c_batch + i0 * ldc + j0)
                         : part.results.get(e.c.get_size());
       std::unordered_map<int, dnnl::memory> args{
-          {DNNL_ARG_SRC, dnnl::memory(e.a, st.engine, const_cast<bfloat16*>(pa))},
-          {DNNL_ARG_WEIGHTS, dnnl::memory(e.b, st.engine, const_cast<bfloat16*>(pb))},
+          {DNNL_ARG_SRC, dnnl::memory(e.a, st.engine, const_cast<TIn*>(pa))},
+          {DNNL_ARG_WEIGHTS, dnnl::memory(e.b, st.engine, const_cast<TIn*>(pb))},
           {DNNL_ARG_DST, dnnl::memory(e.c, st.engine, pc)},
           {DNNL_ARG_SCRATCHPAD,
            dnnl::memory(e.scratchpad, st.engine, part.scratchpad.get(e.scratchpad.get_size()))}};
@@ -447,8 +474,9 @@ bool onednn_product(const cpu_context& ctx, std::size_t batch, std::size_t M, st
   return true;
 }
 
-/// Runs a convolution pass with bfloat16 operands through oneDNN. `key` describes the whole
-/// batch (its n, kind, out_type and bias are used as given); in0, in1 and out are in
+/// Runs a convolution pass with bfloat16 or float operands (TIn) through oneDNN. `key`
+/// describes the whole batch (its n, kind, out_type and bias are used as given; in_type is
+/// set from TIn); in0, in1 and out are in
 /// precis's layouts (NCHW images, [co, c / groups, kh, kw] weights): forward x, w -> y,
 /// backward_data dy, w -> dx, backward_weights x, dy -> dw. Images are split over the
 /// context's threads when there are at least as many as threads (each part one
@@ -456,12 +484,13 @@ bool onednn_product(const cpu_context& ctx, std::size_t batch, std::size_t M, st
 /// order); fewer images run as one call on oneDNN's threads, as many as the context's.
 /// `out` is written directly when `direct` (its type is key.out_type); otherwise float
 /// values go to finish(first element, count, values). False, having written nothing, where
-/// the CPU has no bfloat16 dot-product instructions or oneDNN offers only its reference
+/// the CPU has no dot-product instructions for TIn or oneDNN offers only its reference
 /// implementation.
-template <class TOut, class Finish>
-bool onednn_conv(const cpu_context& ctx, onednn_conv_key key, const bfloat16* in0,
-                 const bfloat16* in1, const float* bias, TOut* out, bool direct, Finish&& finish) {
-  if (!onednn_has_bf16_products()) return false;
+template <class TIn, class TOut, class Finish>
+bool onednn_conv(const cpu_context& ctx, onednn_conv_key key, const TIn* in0, const TIn* in1,
+                 const float* bias, TOut* out, bool direct, Finish&& finish) {
+  if (!onednn_has_products<TIn>()) return false;
+  key.in_type = onednn_type<TIn>();
   // Empty sums and empty tensors: the exact kernel writes their zeros.
   if (key.n == 0 || key.c == 0 || key.co == 0 || key.h == 0 || key.w == 0) return false;
   onednn_state& st = onednn_of(ctx);
@@ -497,7 +526,7 @@ bool onednn_conv(const cpu_context& ctx, onednn_conv_key key, const bfloat16* in
   if (!weights && !first.in1.same && first.in1.prim == last.in1.prim) {
     onednn_part& p0 = st.part(0);
     const std::lock_guard lock(p0.busy);
-    dnnl::memory u(first.in1.user, st.engine, const_cast<bfloat16*>(in1));
+    dnnl::memory u(first.in1.user, st.engine, const_cast<TIn*>(in1));
     shared_weights.emplace(first.in1.prim, st.engine, st.shared_weights.get(first.in1.prim.get_size()));
     omp_threads::instance().with(int(threads), [&] {
       first.in1.reorder.execute(*p0.stream, u, *shared_weights);
@@ -512,8 +541,8 @@ bool onednn_conv(const cpu_context& ctx, onednn_conv_key key, const bfloat16* in
     const std::lock_guard lock(part.busy);
     dnnl::stream& s = *part.stream;
     // An input in the primitive's layout: the user's memory, or a reordered copy.
-    const auto input = [&](const onednn_operand& o, const bfloat16* user, scratch_bytes& buf) {
-      dnnl::memory u(o.user, st.engine, const_cast<bfloat16*>(user));
+    const auto input = [&](const onednn_operand& o, const TIn* user, scratch_bytes& buf) {
+      dnnl::memory u(o.user, st.engine, const_cast<TIn*>(user));
       if (o.same) return u;
       dnnl::memory m(o.prim, st.engine, buf.get(o.prim.get_size()));
       o.reorder.execute(s, u, m);
