@@ -6,7 +6,9 @@
 
 #include <doctest/doctest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 namespace {
@@ -36,8 +38,8 @@ reference reduce_reference(const host_tensor<T, N>& x) {
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("whole-tensor sum, mean, max, l2_norm match float64", C, fp32_config, bf16_config,
-                   fp16_config) {
+TEST_CASE_TEMPLATE("whole-tensor sum, mean, max, l2_norm match float64", C, fp32_config,
+                   bf16_config, fp16_config) {
   using T = typename C::T;
   using P = typename C::P;
   const cpu_context ctx{2};
@@ -164,4 +166,35 @@ TEST_CASE("axis reductions are bit-identical for 1 and 2 threads") {
     CHECK(same_bits(a, b));
   }
   CHECK(precis::sum<P>(cpu_context{1}, x) == precis::sum<P>(cpu_context{2}, x));
+}
+
+TEST_CASE("float axis sums and means add each output's terms in k order, one float sum each") {
+  // The reference: one float running sum per output element, terms in k order.
+  using P = precis::presets::bf16_mixed;
+  const auto x = random_tensor<bfloat16, 3>({3, 257, 45}, -2, 2);
+  const auto xf = random_tensor<float, 3>({3, 257, 45}, -2, 2);
+  for (unsigned threads : {1U, 2U, 3U}) {
+    INFO("threads=" << threads);
+    const cpu_context ctx{threads};
+    auto sum16 = poisoned<float, 2>(std::array<std::size_t, 2>{3, 45});
+    auto sum32 = sum16, mean32 = sum16;
+    precis::sum<P>(ctx, x, 1, sum16);
+    precis::sum<precis::presets::fp32>(ctx, xf, 1, sum32);
+    precis::mean<precis::presets::fp32>(ctx, xf, 1, mean32);
+    std::size_t differ = 0;
+    for (std::size_t o = 0; o < 3; ++o) {
+      for (std::size_t i = 0; i < 45; ++i) {
+        float s16 = 0.0F, s32 = 0.0F;
+        for (std::size_t k = 0; k < 257; ++k) {
+          s16 += float(x(o, k, i));
+          s32 += xf(o, k, i);
+        }
+        differ += std::bit_cast<std::uint32_t>(s16) != std::bit_cast<std::uint32_t>(sum16(o, i));
+        differ += std::bit_cast<std::uint32_t>(s32) != std::bit_cast<std::uint32_t>(sum32(o, i));
+        differ += std::bit_cast<std::uint32_t>(s32 / 257.0F) !=
+                  std::bit_cast<std::uint32_t>(mean32(o, i));
+      }
+    }
+    CHECK(differ == 0);
+  }
 }

@@ -16,8 +16,8 @@
 #include <precis/kernels/cpu/support.hpp>
 #include <precis/tensor/host_tensor.hpp>
 
-#include <array>
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <limits>
@@ -78,24 +78,63 @@ auto reduce_all(const T* x, std::size_t n) {
   return Red::finish(s, n);
 }
 
+/// True for a sum or mean of floats in a float accumulator: its running sums are plain float
+/// additions (nothing to fuse, no rounding to a narrower type), which reduce_axis does a
+/// row segment at a time, each output element's additions in the same k order.
+template <class Red>
+inline constexpr bool float_sum_reducer_v = false;
+template <class R>
+inline constexpr bool float_sum_reducer_v<sum_reducer<float, float, R>> = true;
+template <class R>
+inline constexpr bool float_sum_reducer_v<mean_reducer<float, float, R>> = true;
+
 /// out[o, i] = reduction over k of x[o, k, i] (x viewed as [outer, count, inner]); output
 /// elements are shared among threads, each one reduced in k order.
 template <class Red, class M, class T, class U>
 void reduce_axis(const cpu_context& ctx, const T* x, std::size_t outer, std::size_t count,
                  std::size_t inner, U* out) {
-  const std::size_t per_thread = std::max<std::size_t>(1, elements_per_thread / std::max<std::size_t>(1, count));
+  const std::size_t per_thread =
+      std::max<std::size_t>(1, elements_per_thread / std::max<std::size_t>(1, count));
   parallel_for(ctx, outer * inner, per_thread, [&](std::size_t begin, std::size_t end) {
-    std::vector<typename Red::state> st;
-    for (std::size_t idx = begin; idx < end;) {
-      const std::size_t o = idx / inner, i0 = idx % inner;
-      const std::size_t i1 = std::min(inner, i0 + (end - idx));
-      st.assign(i1 - i0, Red::init());
-      for (std::size_t k = 0; k < count; ++k) {
-        const T* row = x + (o * count + k) * inner;
-        for (std::size_t i = i0; i < i1; ++i) Red::add(st[i - i0], load<M>(row[i]));
+    if constexpr (float_sum_reducer_v<Red>) {
+      // Float sums: each row's segment converted by the vector unit, then added lane-wise
+      // into the running sums (the same additions, in the same order, as one at a time).
+      std::vector<float> sums, row_values;
+      for (std::size_t idx = begin; idx < end;) {
+        const std::size_t o = idx / inner, i0 = idx % inner;
+        const std::size_t len = std::min(inner, i0 + (end - idx)) - i0;
+        sums.assign(len, 0.0F);
+        row_values.resize(len);
+        for (std::size_t k = 0; k < count; ++k) {
+          const T* row = x + (o * count + k) * inner + i0;
+          const float* v = row_values.data();
+          if constexpr (std::is_same_v<T, float>) {
+            v = row;
+          } else {
+            load_block(row, row_values.data(), len);
+          }
+          float* s = sums.data();
+          for (std::size_t i = 0; i < len; ++i) s[i] += v[i];
+        }
+        for (std::size_t i = 0; i < len; ++i) {
+          out[o * inner + i0 + i] = round_to<U>(Red::finish(typename Red::state(sums[i]), count));
+        }
+        idx += len;
       }
-      for (std::size_t i = i0; i < i1; ++i) out[o * inner + i] = round_to<U>(Red::finish(st[i - i0], count));
-      idx += i1 - i0;
+    } else {
+      std::vector<typename Red::state> st;
+      for (std::size_t idx = begin; idx < end;) {
+        const std::size_t o = idx / inner, i0 = idx % inner;
+        const std::size_t i1 = std::min(inner, i0 + (end - idx));
+        st.assign(i1 - i0, Red::init());
+        for (std::size_t k = 0; k < count; ++k) {
+          const T* row = x + (o * count + k) * inner;
+          for (std::size_t i = i0; i < i1; ++i) Red::add(st[i - i0], load<M>(row[i]));
+        }
+        for (std::size_t i = i0; i < i1; ++i)
+          out[o * inner + i] = round_to<U>(Red::finish(st[i - i0], count));
+        idx += i1 - i0;
+      }
     }
   });
 }
@@ -124,7 +163,7 @@ void reduce_axis_of(std::string_view name, const cpu_context& ctx, const host_te
   using M = math_t<op::reduction, P, T>;
   using R = reduce_result_t<P, T>;
   reduce_axis<Red<M, accumulate_t<op::reduction, P>, R>, M>(ctx, x.data(), outer, count, inner,
-                                                              out.data());
+                                                            out.data());
 }
 
 }  // namespace detail
@@ -139,9 +178,8 @@ detail::reduce_result_t<P, T> sum(const cpu_context& /*ctx*/, const host_tensor<
 /// out = x summed along `axis` (out has x's shape without that axis). Throws precis::error
 /// for an axis >= N or a wrong out shape, before writing.
 template <Policy P, kernel_element T, std::size_t N, kernel_element U>
-  requires(N >= 1)
-void sum(const cpu_context& ctx, const host_tensor<T, N>& x, std::size_t axis,
-         host_tensor<U, N - 1>& out) {
+requires(N >= 1) void sum(const cpu_context& ctx, const host_tensor<T, N>& x, std::size_t axis,
+                          host_tensor<U, N - 1>& out) {
   detail::reduce_axis_of<detail::sum_reducer, P>("precis::sum", ctx, x, axis, out, false);
 }
 
@@ -155,9 +193,8 @@ detail::reduce_result_t<P, T> mean(const cpu_context& /*ctx*/, const host_tensor
 
 /// out = mean of x along `axis`.
 template <Policy P, kernel_element T, std::size_t N, kernel_element U>
-  requires(N >= 1)
-void mean(const cpu_context& ctx, const host_tensor<T, N>& x, std::size_t axis,
-          host_tensor<U, N - 1>& out) {
+requires(N >= 1) void mean(const cpu_context& ctx, const host_tensor<T, N>& x, std::size_t axis,
+                           host_tensor<U, N - 1>& out) {
   detail::reduce_axis_of<detail::mean_reducer, P>("precis::mean", ctx, x, axis, out, true);
 }
 
@@ -171,9 +208,8 @@ detail::reduce_result_t<P, T> max(const cpu_context& /*ctx*/, const host_tensor<
 
 /// out = max of x along `axis`.
 template <Policy P, kernel_element T, std::size_t N, kernel_element U>
-  requires(N >= 1)
-void max(const cpu_context& ctx, const host_tensor<T, N>& x, std::size_t axis,
-         host_tensor<U, N - 1>& out) {
+requires(N >= 1) void max(const cpu_context& ctx, const host_tensor<T, N>& x, std::size_t axis,
+                          host_tensor<U, N - 1>& out) {
   detail::reduce_axis_of<detail::max_reducer, P>("precis::max", ctx, x, axis, out, true);
 }
 
@@ -188,9 +224,8 @@ detail::reduce_result_t<P, T> l2_norm(const cpu_context& /*ctx*/, const host_ten
 
 /// out = L2 norm of x along `axis`.
 template <Policy P, kernel_element T, std::size_t N, kernel_element U>
-  requires(N >= 1)
-void l2_norm(const cpu_context& ctx, const host_tensor<T, N>& x, std::size_t axis,
-             host_tensor<U, N - 1>& out) {
+requires(N >= 1) void l2_norm(const cpu_context& ctx, const host_tensor<T, N>& x, std::size_t axis,
+                              host_tensor<U, N - 1>& out) {
   detail::reduce_axis_of<detail::l2_reducer, P>("precis::l2_norm", ctx, x, axis, out, false);
 }
 
