@@ -521,14 +521,15 @@ bool onednn_conv(const cpu_context& ctx, onednn_conv_key key, const TIn* in0, co
   const std::size_t out_image = key.kind == onednn_conv_kind::forward ? y_image : x_image;
 
   // The weights of a forward or backward-data pass are the same for every part: reordered
-  // once, on all the context's threads, into the state's shared buffer.
+  // once into the state's shared buffer, on the OpenMP threads the parts run on (one when
+  // the images are split: an OpenMP team woken here would spin beside precis's threads).
   std::optional<dnnl::memory> shared_weights;
   if (!weights && !first.in1.same && first.in1.prim == last.in1.prim) {
     onednn_part& p0 = st.part(0);
     const std::lock_guard lock(p0.busy);
     dnnl::memory u(first.in1.user, st.engine, const_cast<TIn*>(in1));
     shared_weights.emplace(first.in1.prim, st.engine, st.shared_weights.get(first.in1.prim.get_size()));
-    omp_threads::instance().with(int(threads), [&] {
+    omp_threads::instance().with(omp, [&] {
       first.in1.reorder.execute(*p0.stream, u, *shared_weights);
       p0.stream->wait();
     });
