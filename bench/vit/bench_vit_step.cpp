@@ -2,13 +2,14 @@
 // model, for the side-by-side comparison with PyTorch (bench/vit/compare.py runs both).
 //
 //   bench_vit_step [--config small|ti] [--precision fp32|fp32_hardware|bf16|both|all]
-//                  [--threads N]
-//                  [--batch N] [--patch N] [--steps N] [--monitor-cost ROUNDS]
+//                  [--threads N] [--batch N] [--patch N] [--steps N] [--monitor-cost ROUNDS]
 //
 // small: width 64, 4 heads, depth 4 (the example's model); ti: width 192, 3 heads, depth 6
 // (ViT-Ti's width). Patch 4 and batch 128 unless given; 28 x 28 one-channel inputs, 10
 // classes, random data (the time does not depend on the values). Prints one line per
 // precision with the best and the median of `steps` timed steps after 5 warm-up steps.
+// --precision: fp32 (exact products), fp32_hardware (oneDNN's float products), bf16
+// (bf16_mixed); both = fp32 and bf16 (the default), all = the three.
 //
 // --monitor-cost ROUNDS measures what precis::diagnostics::monitor costs per step instead:
 // in alternating rounds on one model (the same trainer and data), 100 steps without a
@@ -82,8 +83,7 @@ void time_steps(const options& o, const vit::config& c, const char* name) {
   std::sort(ms.begin(), ms.end());
   std::printf(
       "precis %s: width %zu heads %zu depth %zu patch %zu batch %zu threads %u: best %.1f ms/step, "
-      "median %.1f "
-      "ms/step\n",
+      "median %.1f ms/step\n",
       name, c.width, c.heads, Depth, c.patch, o.batch, b.ctx.thread_count(), ms.front(),
       ms[ms.size() / 2]);
   std::fflush(stdout);
@@ -148,10 +148,8 @@ void run(const options& o, const vit::config& c) {
 
 int usage(const char* self) {
   std::fprintf(stderr,
-               "usage: %s [--config small|ti] [--precision fp32|fp32_hardware|bf16|both|all] "
-               "[--threads N] [--batch "
-               "N] [--patch N] "
-               "[--steps N] [--monitor-cost ROUNDS]\n",
+               "usage: %s [--config small|ti] [--precision fp32|fp32_hardware|bf16|both|all]\n"
+               "       [--threads N] [--batch N] [--patch N] [--steps N] [--monitor-cost ROUNDS]\n",
                self);
   return 2;
 }

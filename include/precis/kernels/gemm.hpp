@@ -69,21 +69,26 @@ template <op_kind Op, Policy P, class TA, class TB>
 inline constexpr bool float_engine_v =
     std::is_same_v<math_t<Op, P, TA, TB>, float> && std::is_same_v<accumulate_t<Op, P>, float>;
 
-/// True when a product of TA and TB inputs under P uses the hardware's products: P asks
-/// for them, sums are float, and both inputs are bfloat16, or both float with float math
-/// (not rounded to tfloat32 first).
-template <op_kind Op, Policy P, class TA, class TB>
-inline constexpr bool hardware_products_v =
-    std::is_same_v<typename kernel_policy_t<Op, P>::products_type, products::hardware>&&
-        std::is_same_v<accumulate_t<Op, P>, float>&& std::is_same_v<TA, TB> &&
-    (std::is_same_v<TA, bfloat16> ||
-     (std::is_same_v<TA, float> && std::is_same_v<math_t<Op, P, TA, TB>, float> &&
-      !std::is_same_v<typename kernel_policy_t<Op, P>::compute_type, tfloat32>));
-
 /// True when float inputs are rounded to tfloat32 first.
 template <op_kind Op, Policy P>
 inline constexpr bool tf32_inputs_v =
     std::is_same_v<typename kernel_policy_t<Op, P>::compute_type, tfloat32>;
+
+/// True when inputs of type T (both operands) under P can take the hardware's products:
+/// bfloat16 with float sums, or float that the float engine computes as it is (float math
+/// and sums, not rounded to tfloat32 first).
+template <op_kind Op, Policy P, class T>
+inline constexpr bool hardware_inputs_v = std::disjunction_v<
+    std::conjunction<std::is_same<T, bfloat16>, std::is_same<accumulate_t<Op, P>, float>>,
+    std::conjunction<std::is_same<T, float>, std::bool_constant<float_engine_v<Op, P, T, T>>,
+                     std::bool_constant<!tf32_inputs_v<Op, P>>>>;
+
+/// True when a product of TA and TB inputs under P uses the hardware's products: P asks
+/// for them and both inputs are of one type the hardware takes (hardware_inputs_v).
+template <op_kind Op, Policy P, class TA, class TB>
+inline constexpr bool hardware_products_v = std::conjunction_v<
+    std::is_same<typename kernel_policy_t<Op, P>::products_type, products::hardware>,
+    std::is_same<TA, TB>, std::bool_constant<hardware_inputs_v<Op, P, TA>>>;
 
 /// Packs the logical matrix L(i, k) = data[i * rs + k * cs] into MR- or NR-wide panels
 /// (R values per k, zero-padded) as gemm_serial wants, converting to float (and rounding
@@ -410,9 +415,7 @@ void gemm(const cpu_context& ctx, const host_tensor<TA, 3>& a, const host_tensor
 /// linked: cpu_float_products_engine().)
 inline std::string cpu_products_engine() {
 #if PRECIS_HAS_ONEDNN
-  const dnnl_version_t* v = dnnl_version();
-  const std::string onednn = "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) +
-                             "." + std::to_string(v->patch);
+  const std::string onednn = detail::onednn_version_name();
   if (detail::onednn_has_bf16_products()) return onednn + " (" + detail::onednn_isa_name() + ")";
   return std::string("precis exact kernel (no bfloat16 dot-product instructions: ") + onednn +
          " sees " + detail::onednn_isa_name() + ")";
@@ -425,9 +428,7 @@ inline std::string cpu_products_engine() {
 /// oneDNN's float kernels and the instruction set they use, or precis's exact kernel.
 inline std::string cpu_float_products_engine() {
 #if PRECIS_HAS_ONEDNN
-  const dnnl_version_t* v = dnnl_version();
-  return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
-         std::to_string(v->patch) + " (" + detail::onednn_isa_name() + ")";
+  return detail::onednn_version_name() + " (" + detail::onednn_isa_name() + ")";
 #else
   return "precis exact kernel (precis::onednn not linked)";
 #endif

@@ -6,8 +6,10 @@
 #include <precis/nn/build.hpp>
 #include <precis/policy/describe.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -110,10 +112,15 @@ std::string describe(const model<Root, Map>& m) {
   });
   // Which engines this build and CPU give the layers whose products are the hardware's:
   // float inputs (storage float) run on oneDNN's float kernels, others on its bfloat16 ones.
+  const auto column = [&](std::string_view name) {
+    return std::size_t(std::find(rows.front().begin(), rows.front().end(), name) -
+                       rows.front().begin());
+  };
+  const std::size_t storage = column("storage"), notes = column("notes");
   bool hardware_float = false, hardware_other = false;
   for (const auto& r : rows) {
-    if (r.size() > 13 && r[13].find("hardware products") != std::string::npos) {
-      (r[5] == "float" ? hardware_float : hardware_other) = true;
+    if (r.size() > notes && r[notes].find("hardware products") != std::string::npos) {
+      (r[storage] == "float" ? hardware_float : hardware_other) = true;
     }
   }
   std::vector<std::string> total(rows.front().size(), "");

@@ -106,6 +106,13 @@ inline const char* onednn_isa_name() {
   }
 }
 
+/// "oneDNN major.minor.patch" of the library this program runs with.
+inline std::string onednn_version_name() {
+  const dnnl_version_t* v = dnnl_version();
+  return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+         std::to_string(v->patch);
+}
+
 /// 64-byte aligned bytes that grow and never shrink.
 class scratch_bytes {
  public:
