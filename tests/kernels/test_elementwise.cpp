@@ -7,7 +7,10 @@
 
 #include <doctest/doctest.h>
 
+#include <array>
+#include <bit>
 #include <cmath>
+#include <cstddef>
 #include <numbers>
 #include <string>
 
@@ -342,4 +345,58 @@ TEST_CASE("results are bit-identical for 1 and 2 threads") {
   precis::mul_backward<P>(cpu_context{2}, x, y1, bias, da2, d2);
   CHECK(same_bits(d1, d2));
   CHECK(same_bits(da1, da2));
+}
+
+// Inputs of 8 and 16 bits read gelu, sigmoid and their gradient factors from tables of
+// every input value: the results must be those of the float computation on the converted
+// inputs, rounded once to the output type (NaN where it gives NaN), for every input.
+template <class X, class Y>
+void check_tables_match_float_path() {
+  using P = precis::presets::bf16_mixed;
+  constexpr std::size_t n = std::size_t(1) << (8 * sizeof(X));
+  auto x = host_tensor<X, 1>::from_shape({n});
+  auto xf = host_tensor<float, 1>::from_shape({n});
+  for (std::size_t i = 0; i < n; ++i) {
+    x(i) = X::from_bits(static_cast<typename X::storage_type>(i));
+    xf(i) = float(x(i));
+  }
+  const auto dy = random_tensor<Y, 1>({n}, -3.0, 3.0);
+  auto dyf = host_tensor<float, 1>::from_shape({n});
+  for (std::size_t i = 0; i < n; ++i) dyf(i) = float(dy(i));
+  const auto same = [&](const host_tensor<Y, 1>& got, const host_tensor<float, 1>& ref) {
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const Y want = Y(ref(i));
+      const bool nan_both = std::isnan(float(got(i))) && std::isnan(float(want));
+      if (!nan_both && std::bit_cast<std::array<unsigned char, sizeof(Y)>>(got(i)) !=
+                           std::bit_cast<std::array<unsigned char, sizeof(Y)>>(want)) {
+        ++bad;
+      }
+    }
+    return bad;
+  };
+  const cpu_context ctx{2};
+  auto got = poisoned<Y, 1>(x.shape());
+  auto ref = poisoned<float, 1>(x.shape());
+  precis::gelu<P>(ctx, x, got);
+  precis::gelu<P>(ctx, xf, ref);
+  CHECK(same(got, ref) == 0);
+  precis::gelu_backward<P>(ctx, dy, x, got);
+  precis::gelu_backward<P>(ctx, dyf, xf, ref);
+  CHECK(same(got, ref) == 0);
+  precis::sigmoid<P>(ctx, x, got);
+  precis::sigmoid<P>(ctx, xf, ref);
+  CHECK(same(got, ref) == 0);
+  precis::sigmoid_backward<P>(ctx, dy, x, got);
+  precis::sigmoid_backward<P>(ctx, dyf, xf, ref);
+  CHECK(same(got, ref) == 0);
+}
+
+TEST_CASE("tabulated activations of 8- and 16-bit inputs equal the float computation") {
+  check_tables_match_float_path<bfloat16, bfloat16>();
+  check_tables_match_float_path<bfloat16, float>();
+  check_tables_match_float_path<float16, float16>();
+  check_tables_match_float_path<float16, bfloat16>();
+  check_tables_match_float_path<precis::float8_e4m3, bfloat16>();
+  check_tables_match_float_path<precis::float8_e5m2, float>();
 }

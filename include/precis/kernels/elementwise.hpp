@@ -155,10 +155,11 @@ struct tanh_grad_fn {
 };
 
 /// The float SIMD form of an elementwise functor F (the functor instantiated for float),
-/// where there is one: `apply` takes and returns vmath::vf (the backward forms take dy and
-/// x). Keyed on the functor's type, not its template: compilers differ on whether an alias
-/// template (nn's activation_functions::fn) matches a specialisation for the template it
-/// names, and a miss would quietly take the scalar loop (other bits, slower).
+/// where there is one: `apply` takes and returns vmath::vf. The backward forms compute
+/// dy * factor(x), one product rounded once, and give `factor` too (the value tables below
+/// hold it). Keyed on the functor's type, not its template: compilers differ on whether an
+/// alias template (nn's activation_functions::fn) matches a specialisation for the template
+/// it names, and a miss would quietly take the scalar loop (other bits, slower).
 template <class F>
 struct vector_form : std::false_type {};
 template <>
@@ -167,7 +168,8 @@ struct vector_form<gelu_erf_fn<float>> : std::true_type {
 };
 template <>
 struct vector_form<gelu_erf_grad_fn<float>> : std::true_type {
-  static vmath::vf apply(vmath::vf dy, vmath::vf x) { return vmath::gelu_grad(dy, x); }
+  static vmath::vf factor(vmath::vf x) { return vmath::gelu_grad_factor(x); }
+  static vmath::vf apply(vmath::vf dy, vmath::vf x) { return dy * factor(x); }
 };
 template <>
 struct vector_form<sigmoid_fn<float>> : std::true_type {
@@ -175,8 +177,61 @@ struct vector_form<sigmoid_fn<float>> : std::true_type {
 };
 template <>
 struct vector_form<sigmoid_grad_fn<float>> : std::true_type {
-  static vmath::vf apply(vmath::vf dy, vmath::vf x) { return vmath::sigmoid_grad(dy, x); }
+  static vmath::vf factor(vmath::vf x) { return vmath::sigmoid_grad_factor(x); }
+  static vmath::vf apply(vmath::vf dy, vmath::vf x) { return dy * factor(x); }
 };
+
+/// Inputs of 16 bits or fewer (bfloat16, float16, the float8 formats) have at most 65536
+/// values: a vector form's float function of x is read from a table of its value at every
+/// one of them, made once per program by the same vector code, so the results are the same
+/// bits as computing it, for an L2-resident load instead of about a hundred vector
+/// operations per 16 elements.
+template <class X>
+inline constexpr bool tabulated_input_v = precis_format<X> && sizeof(X) <= 2;
+
+/// A vector form's function of x alone, as a type (value_table's key): its value, or for a
+/// backward form the factor dy is multiplied by.
+template <class Form>
+struct form_values {
+  vmath::vf operator()(vmath::vf x) const { return Form::apply(x); }
+};
+template <class Form>
+struct form_factors {
+  vmath::vf operator()(vmath::vf x) const { return Form::factor(x); }
+};
+
+/// The table of F(x) (F: vf -> vf) for every value of X, indexed by X's bits; one per
+/// program for each F and X.
+template <class X, class F>
+const float* value_table() {
+  static const std::vector<float> table = [] {
+    constexpr std::size_t n = std::size_t(1) << (8 * sizeof(X));
+    std::vector<float> in(n), out(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      in[i] = load<float>(X::from_bits(static_cast<typename X::storage_type>(i)));
+    }
+    vmath::map(in.data(), out.data(), n, [](vmath::vf v) { return F{}(v); });
+    return out;
+  }();
+  return table.data();
+}
+
+/// value_table's entries rounded to Y (as the kernels round their float results), for a
+/// forward pass that reads its output directly.
+template <class X, class F, class Y>
+const Y* output_table() {
+  if constexpr (std::is_same_v<Y, float>) {
+    return value_table<X, F>();
+  } else {
+    static const std::vector<Y> table = [] {
+      constexpr std::size_t n = std::size_t(1) << (8 * sizeof(X));
+      std::vector<Y> out(n);
+      store_block(value_table<X, F>(), out.data(), n);
+      return out;
+    }();
+    return table.data();
+  }
+}
 
 /// y = f(x) elementwise.
 template <Policy P, template <class> class Fn, kernel_element X, kernel_element Y, std::size_t N>
@@ -184,6 +239,16 @@ void unary(std::string_view name, const cpu_context& ctx, const host_tensor<X, N
            host_tensor<Y, N>& y) {
   using M = math_t<op::elementwise, P, X>;
   check_shape(std::string(name) + ": y", y, shape_array<N>(x));
+  if constexpr (std::is_same_v<M, float> && vector_form<Fn<M>>::value && tabulated_input_v<X>) {
+    const Y* table = output_table<X, form_values<vector_form<Fn<M>>>, Y>();
+    const X* xs = x.data();
+    Y* ys = y.data();
+    parallel_for(ctx, element_count(x), elements_per_thread,
+                 [table, xs, ys](std::size_t begin, std::size_t end) {
+                   for (std::size_t i = begin; i < end; ++i) ys[i] = table[xs[i].bits()];
+                 });
+    return;
+  }
   map_blocks<M>(
       ctx, element_count(x), y.data(),
       [](std::size_t, std::size_t len, M* r, const M* v) {
@@ -205,6 +270,19 @@ void unary_backward(std::string_view name, const cpu_context& ctx, const host_te
   using M = math_t<op::elementwise, P, DY, X>;
   check_same_shape(std::string(name) + ": dy and x", dy, x);
   check_shape(std::string(name) + ": dx", dx, shape_array<N>(x));
+  if constexpr (std::is_same_v<M, float> && vector_form<Fn<M>>::value && tabulated_input_v<X>) {
+    const float* table = value_table<X, form_factors<vector_form<Fn<M>>>>();
+    const X* xs = x.data();
+    map_blocks<M>(
+        ctx, element_count(x), dx.data(),
+        [table, xs](std::size_t start, std::size_t len, M* r, const M* g) {
+          for (std::size_t i = 0; i < len; ++i) {
+            r[i] = g[i] * table[xs[start + i].bits()];
+          }
+        },
+        dy.data());
+    return;
+  }
   map_blocks<M>(
       ctx, element_count(x), dx.data(),
       [](std::size_t, std::size_t len, M* r, const M* g, const M* v) {

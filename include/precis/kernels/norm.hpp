@@ -149,17 +149,28 @@ void layer_norm(const cpu_context& ctx, const host_tensor<X, N>& x, const host_t
   detail::load_block(gamma.data(), g.data(), cols);
   detail::load_block(beta.data(), bt.data(), cols);
   const M e = static_cast<M>(eps);
+  if constexpr (detail::vmath::float_path_v<M, Acc>) {
+    detail::for_rows(ctx, rows, cols, [&](std::size_t begin, std::size_t end) {
+      const std::size_t run = std::min(detail::row_run(cols), end - begin);
+      std::vector<float> v(run * cols);
+      for (std::size_t r0 = begin; r0 < end; r0 += run) {
+        const std::size_t k = std::min(run, end - r0);
+        detail::load_block(x.data() + r0 * cols, v.data(), k * cols);
+        for (std::size_t i = 0; i < k; ++i) {
+          const auto [mu, rs] =
+              detail::vector_layer_norm_row(v.data() + i * cols, g.data(), bt.data(), cols, e);
+          mean.data()[r0 + i] = static_cast<S>(mu);
+          rstd.data()[r0 + i] = static_cast<S>(rs);
+        }
+        detail::store_block(v.data(), y.data() + r0 * cols, k * cols);
+      }
+    });
+    return;
+  }
   detail::for_rows(ctx, rows, cols, [&](std::size_t begin, std::size_t end) {
     std::vector<M> v(cols);
     for (std::size_t r = begin; r < end; ++r) {
       detail::load_block(x.data() + r * cols, v.data(), cols);
-      if constexpr (detail::vmath::float_path_v<M, Acc>) {
-        const auto [mu, rs] = detail::vector_layer_norm_row(v.data(), g.data(), bt.data(), cols, e);
-        detail::store_block(v.data(), y.data() + r * cols, cols);
-        mean.data()[r] = static_cast<S>(mu);
-        rstd.data()[r] = static_cast<S>(rs);
-        continue;
-      }
       const auto [mu, var] = detail::mean_and_variance<Acc>(v.data(), cols);
       const M rs = M(1) / std::sqrt(var + e);
       for (std::size_t j = 0; j < cols; ++j) v[j] = detail::add((v[j] - mu) * rs * g[j], bt[j]);
@@ -194,64 +205,85 @@ void layer_norm_backward(const cpu_context& ctx, const host_tensor<DY, N>& dy, c
   if (cols == 0) return;
   std::vector<M> gm(cols);
   detail::load_block(gamma.data(), gm.data(), cols);
-  detail::for_rows(ctx, rows, cols, [&](std::size_t begin, std::size_t end) {
-    std::vector<M> v(cols), g(cols);
-    for (std::size_t r = begin; r < end; ++r) {
-      detail::load_block(x.data() + r * cols, v.data(), cols);
-      detail::load_block(dy.data() + r * cols, g.data(), cols);
-      const M mu = static_cast<M>(mean.data()[r]), rs = static_cast<M>(rstd.data()[r]);
-      if constexpr (detail::vmath::float_path_v<M, Acc>) {
-        using detail::vmath::vf;
-        namespace vm = detail::vmath;
-        const vf muv = vm::splat(mu), rsv = vm::splat(rs);
-        vm::map(v.data(), v.data(), cols, [muv, rsv](vf a) { return vm::product(a - muv, rsv); });
-        vm::map2(g.data(), gm.data(), g.data(), cols, [](vf a, vf b) { return a * b; });
-        const vf a = vm::splat(vm::row_sum(g.data(), cols) / static_cast<float>(cols));
-        const vf b = vm::splat(vm::row_dot(g.data(), v.data(), cols) / static_cast<float>(cols));
-        vm::map2(g.data(), v.data(), v.data(), cols, [a, b, rsv](vf gj, vf xh) {
-          return rsv * ((gj - a) - vm::product(xh, b));
-        });
+  if constexpr (detail::vmath::float_path_v<M, Acc>) {
+    using detail::vmath::vf;
+    namespace vm = detail::vmath;
+    detail::for_rows(ctx, rows, cols, [&](std::size_t begin, std::size_t end) {
+      const std::size_t run = std::min(detail::row_run(cols), end - begin);
+      std::vector<float> xs(run * cols), gs(run * cols);
+      for (std::size_t r0 = begin; r0 < end; r0 += run) {
+        const std::size_t k = std::min(run, end - r0);
+        detail::load_block(x.data() + r0 * cols, xs.data(), k * cols);
+        detail::load_block(dy.data() + r0 * cols, gs.data(), k * cols);
+        for (std::size_t i = 0; i < k; ++i) {
+          float* v = xs.data() + i * cols;
+          float* g = gs.data() + i * cols;
+          const vf muv = vm::splat(float(mean.data()[r0 + i]));
+          const vf rsv = vm::splat(float(rstd.data()[r0 + i]));
+          vm::map(v, v, cols, [muv, rsv](vf a) { return vm::product(a - muv, rsv); });
+          vm::map2(g, gm.data(), g, cols, [](vf a, vf b) { return a * b; });
+          const vf a = vm::splat(vm::row_sum(g, cols) / static_cast<float>(cols));
+          const vf b = vm::splat(vm::row_dot(g, v, cols) / static_cast<float>(cols));
+          vm::map2(g, v, v, cols,
+                   [a, b, rsv](vf gj, vf xh) { return rsv * ((gj - a) - vm::product(xh, b)); });
+        }
+        detail::store_block(xs.data(), dx.data() + r0 * cols, k * cols);
+      }
+    });
+  } else {
+    detail::for_rows(ctx, rows, cols, [&](std::size_t begin, std::size_t end) {
+      std::vector<M> v(cols), g(cols);
+      for (std::size_t r = begin; r < end; ++r) {
+        detail::load_block(x.data() + r * cols, v.data(), cols);
+        detail::load_block(dy.data() + r * cols, g.data(), cols);
+        const M mu = static_cast<M>(mean.data()[r]), rs = static_cast<M>(rstd.data()[r]);
+        accumulator<Acc> sg, sgx;
+        for (std::size_t j = 0; j < cols; ++j) {
+          v[j] = (v[j] - mu) * rs;  // xhat
+          g[j] *= gm[j];
+          detail::accumulate(sg, g[j]);
+          detail::accumulate(sgx, g[j] * v[j]);
+        }
+        const M a = static_cast<M>(sg.value()) / static_cast<M>(cols);
+        const M b = static_cast<M>(sgx.value()) / static_cast<M>(cols);
+        for (std::size_t j = 0; j < cols; ++j) v[j] = rs * (g[j] - a - detail::mul(v[j], b));
         detail::store_block(v.data(), dx.data() + r * cols, cols);
-        continue;
       }
-      accumulator<Acc> sg, sgx;
-      for (std::size_t j = 0; j < cols; ++j) {
-        v[j] = (v[j] - mu) * rs;  // xhat
-        g[j] *= gm[j];
-        detail::accumulate(sg, g[j]);
-        detail::accumulate(sgx, g[j] * v[j]);
-      }
-      const M a = static_cast<M>(sg.value()) / static_cast<M>(cols);
-      const M b = static_cast<M>(sgx.value()) / static_cast<M>(cols);
-      for (std::size_t j = 0; j < cols; ++j) v[j] = rs * (g[j] - a - detail::mul(v[j], b));
-      detail::store_block(v.data(), dx.data() + r * cols, cols);
-    }
-  });
+    });
+  }
   // dgamma and dbeta: column sums, columns shared among threads, each summed in row order
   // (products never fused into the sums, so the bits do not depend on -ffp-contract).
   const std::size_t per_thread =
       std::max<std::size_t>(1, detail::elements_per_thread / std::max<std::size_t>(1, rows));
   if constexpr (detail::vmath::float_path_v<M, Acc>) {
     namespace vm = detail::vmath;
+    // A thread's columns, in tiles of up to 256: a tile's part of a row is converted at once
+    // and its sums are kept a vector of columns at a time (zeros past the tile), each
+    // column's in row order.
     detail::parallel_for(ctx, cols, per_thread, [&](std::size_t begin, std::size_t end) {
-      for (std::size_t j0 = begin; j0 < end; j0 += vm::lanes) {
-        const std::size_t len = std::min(vm::lanes, end - j0);
-        vm::vf ag{}, ab{};
-        float tg[vm::lanes] = {}, tx[vm::lanes] = {};
+      constexpr std::size_t tile = 256;
+      std::vector<float> tg(tile), tx(tile), sg(tile), sb(tile);
+      for (std::size_t t0 = begin; t0 < end; t0 += tile) {
+        const std::size_t len = std::min(tile, end - t0);
+        const std::size_t width = (len + vm::lanes - 1) / vm::lanes * vm::lanes;
+        std::fill(tg.begin(), tg.end(), 0.0F);
+        std::fill(tx.begin(), tx.end(), 0.0F);
+        std::fill(sg.begin(), sg.end(), 0.0F);
+        std::fill(sb.begin(), sb.end(), 0.0F);
         for (std::size_t r = 0; r < rows; ++r) {
-          detail::load_block(dy.data() + r * cols + j0, tg, len);
-          detail::load_block(x.data() + r * cols + j0, tx, len);
-          const vm::vf gy = vm::load(tg);
-          const vm::vf xh = vm::product(vm::load(tx) - vm::splat(float(mean.data()[r])),
-                                        vm::splat(float(rstd.data()[r])));
-          ag += vm::product(gy, xh);
-          ab += gy;
+          detail::load_block(dy.data() + r * cols + t0, tg.data(), len);
+          detail::load_block(x.data() + r * cols + t0, tx.data(), len);
+          const vm::vf mu = vm::splat(float(mean.data()[r]));
+          const vm::vf rs = vm::splat(float(rstd.data()[r]));
+          for (std::size_t j = 0; j < width; j += vm::lanes) {
+            const vm::vf gy = vm::load(tg.data() + j);
+            const vm::vf xh = vm::product(vm::load(tx.data() + j) - mu, rs);
+            vm::store(sg.data() + j, vm::load(sg.data() + j) + vm::product(gy, xh));
+            vm::store(sb.data() + j, vm::load(sb.data() + j) + gy);
+          }
         }
-        float sg[vm::lanes], sb[vm::lanes];
-        vm::store(sg, ag);
-        vm::store(sb, ab);
-        detail::store_block(sg, dgamma.data() + j0, len);
-        detail::store_block(sb, dbeta.data() + j0, len);
+        detail::store_block(sg.data(), dgamma.data() + t0, len);
+        detail::store_block(sb.data(), dbeta.data() + t0, len);
       }
     });
     return;

@@ -71,19 +71,31 @@ void check_row_shape(std::string_view what, const X& x, const T& t) {
 
 enum class softmax_kind { softmax, log_softmax };
 
-/// The float row softmax or log-softmax, in place.
+/// The float softmax or log-softmax of k rows of `cols` elements, in place (tmp: k * cols
+/// floats of scratch). Each row's maximum is subtracted first, then exp runs over all k rows
+/// at once (it is lane-wise: the same bits as row by row, with the rows' work overlapping).
 template <softmax_kind K>
-void softmax_row(float* buf, std::size_t cols) {
+void softmax_rows(float* buf, float* tmp, std::size_t k, std::size_t cols) {
   using vmath::vf;
-  const vf m = vmath::splat(vmath::row_max(buf, cols));
+  for (std::size_t i = 0; i < k; ++i) {
+    float* row = buf + i * cols;
+    const vf m = vmath::splat(vmath::row_max(row, cols));
+    vmath::map(row, row, cols, [m](vf v) { return v - m; });
+  }
   if constexpr (K == softmax_kind::softmax) {
-    const vf s = vmath::splat(exp_shifted_sum<float>(buf, cols, m[0]));
-    vmath::map(buf, buf, cols, [s](vf v) { return v / s; });
+    vmath::map(buf, buf, k * cols, [](vf v) { return vmath::exp(v); });
+    for (std::size_t i = 0; i < k; ++i) {
+      float* row = buf + i * cols;
+      const vf s = vmath::splat(vmath::row_sum(row, cols));
+      vmath::map(row, row, cols, [s](vf v) { return v / s; });
+    }
   } else {
-    vmath::map(buf, buf, cols, [m](vf v) { return v - m; });
-    const float total = vmath::row_sum(buf, cols, [](vf v) { return vmath::exp(v); });
-    const vf lse = vmath::splat(std::log(total));
-    vmath::map(buf, buf, cols, [lse](vf v) { return v - lse; });
+    vmath::map(buf, tmp, k * cols, [](vf v) { return vmath::exp(v); });
+    for (std::size_t i = 0; i < k; ++i) {
+      float* row = buf + i * cols;
+      const vf lse = vmath::splat(std::log(vmath::row_sum(tmp + i * cols, cols)));
+      vmath::map(row, row, cols, [lse](vf v) { return v - lse; });
+    }
   }
 }
 
@@ -97,15 +109,24 @@ void softmax_forward(std::string_view name, const cpu_context& ctx, const host_t
   const std::size_t rows = shape_rc.first, cols = shape_rc.second;
   const X* in = x.data();
   Y* out = y.data();
+  if (cols == 0) return;
+  if constexpr (vmath::float_path_v<M, Acc>) {
+    for_rows(ctx, rows, cols, [&](std::size_t begin, std::size_t end) {
+      const std::size_t run = std::min(row_run(cols), end - begin);
+      std::vector<float> buf(run * cols), tmp(K == softmax_kind::log_softmax ? run * cols : 0);
+      for (std::size_t r = begin; r < end; r += run) {
+        const std::size_t k = std::min(run, end - r);
+        load_block(in + r * cols, buf.data(), k * cols);
+        softmax_rows<K>(buf.data(), tmp.data(), k, cols);
+        store_block(buf.data(), out + r * cols, k * cols);
+      }
+    });
+    return;
+  }
   for_rows(ctx, rows, cols, [&](std::size_t begin, std::size_t end) {
     std::vector<M> buf(cols);
     for (std::size_t r = begin; r < end; ++r) {
       load_block(in + r * cols, buf.data(), cols);
-      if constexpr (vmath::float_path_v<M, Acc>) {
-        softmax_row<K>(buf.data(), cols);
-        store_block(buf.data(), out + r * cols, cols);
-        continue;
-      }
       const M m = row_max(buf.data(), cols);
       if constexpr (K == softmax_kind::softmax) {
         const M s = exp_shifted_sum<Acc>(buf.data(), cols, m);
@@ -182,21 +203,28 @@ void softmax_backward(const cpu_context& ctx, const host_tensor<DY, N>& dy, cons
   check_shape("precis::softmax_backward: dx", dx, detail::shape_array<N>(y));
   const auto shape_rc = detail::rows_and_cols(y);
   const std::size_t rows = shape_rc.first, cols = shape_rc.second;
+  if (cols == 0) return;
   detail::for_rows(ctx, rows, cols, [&](std::size_t begin, std::size_t end) {
-    std::vector<M> g(cols), p(cols);
-    for (std::size_t r = begin; r < end; ++r) {
-      detail::load_block(dy.data() + r * cols, g.data(), cols);
-      detail::load_block(y.data() + r * cols, p.data(), cols);
-      M d;
-      if constexpr (detail::vmath::float_path_v<M, Acc>) {
-        d = detail::vmath::row_dot(g.data(), p.data(), cols);
-      } else {
-        accumulator<Acc> dot;
-        for (std::size_t j = 0; j < cols; ++j) detail::accumulate(dot, g[j] * p[j]);
-        d = static_cast<M>(dot.value());
+    const std::size_t run = std::min(detail::row_run(cols), end - begin);
+    std::vector<M> g(run * cols), p(run * cols);
+    for (std::size_t r0 = begin; r0 < end; r0 += run) {
+      const std::size_t k = std::min(run, end - r0);
+      detail::load_block(dy.data() + r0 * cols, g.data(), k * cols);
+      detail::load_block(y.data() + r0 * cols, p.data(), k * cols);
+      for (std::size_t i = 0; i < k; ++i) {
+        M* gr = g.data() + i * cols;
+        const M* pr = p.data() + i * cols;
+        M d;
+        if constexpr (detail::vmath::float_path_v<M, Acc>) {
+          d = detail::vmath::row_dot(gr, pr, cols);
+        } else {
+          accumulator<Acc> dot;
+          for (std::size_t j = 0; j < cols; ++j) detail::accumulate(dot, gr[j] * pr[j]);
+          d = static_cast<M>(dot.value());
+        }
+        for (std::size_t j = 0; j < cols; ++j) gr[j] = pr[j] * (gr[j] - d);
       }
-      for (std::size_t j = 0; j < cols; ++j) g[j] = p[j] * (g[j] - d);
-      detail::store_block(g.data(), dx.data() + r * cols, cols);
+      detail::store_block(g.data(), dx.data() + r0 * cols, k * cols);
     }
   });
 }

@@ -27,6 +27,10 @@
 #include <cstring>
 #include <type_traits>
 
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 // Vectors wider than the target's registers are never passed between translation units.
@@ -74,6 +78,41 @@ inline vf load(const float* p) {
   return v;
 }
 inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
+
+/// The lane indices 0, 1, ..., lanes - 1.
+inline vi lane_index() {
+  vi v;
+  for (std::size_t j = 0; j < lanes; ++j) v[j] = std::int32_t(j);
+  return v;
+}
+
+/// All ones in the lanes below count (count <= lanes), zeros above.
+inline vi lanes_below(std::size_t count) { return lane_index() < splat_i(std::int32_t(count)); }
+
+/// p[0], ..., p[count - 1] (count < lanes) with zeros above, reading nothing past them
+/// (masked loads where the target has them; the tails of rows and blocks).
+inline vf load_partial(const float* p, std::size_t count) {
+#if defined(__AVX512F__)
+  return (vf)_mm512_maskz_loadu_ps(__mmask16((1U << count) - 1U), p);
+#elif defined(__AVX__)
+  return (vf)_mm256_maskload_ps(p, (__m256i)lanes_below(count));
+#else
+  vf v = {};
+  for (std::size_t j = 0; j < count; ++j) v[j] = p[j];
+  return v;
+#endif
+}
+
+/// Writes v's lanes below count (count < lanes) to p, nothing past them.
+inline void store_partial(float* p, vf v, std::size_t count) {
+#if defined(__AVX512F__)
+  _mm512_mask_storeu_ps(p, __mmask16((1U << count) - 1U), (__m512)v);
+#elif defined(__AVX__)
+  _mm256_maskstore_ps(p, (__m256i)lanes_below(count), (__m256)v);
+#else
+  for (std::size_t j = 0; j < count; ++j) p[j] = v[j];
+#endif
+}
 
 /// 2^n for integral n (as floats) in [-126, 127].
 inline vf pow2(vf n) {
@@ -194,9 +233,9 @@ inline vf gelu(vf x) {
   return select(x != x, x, select(x < splat(0.0F), lower, upper));
 }
 
-/// dy d/dx (x Phi(x)) = dy (Phi(x) + x phi(x)), phi(x) = exp(-x^2 / 2) / sqrt(2 pi); NaN
-/// at x = +-inf (inf * 0, as the formula gives) and for NaN.
-inline vf gelu_grad(vf dy, vf x) {
+/// d/dx (x Phi(x)) = Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi); NaN at
+/// x = +-inf (inf * 0, as the formula gives) and for NaN.
+inline vf gelu_grad_factor(vf x) {
   const vf ax = min(abs(x), splat(20.0F));
   vf a, b;
   minus_half_square(ax, a, b);
@@ -204,8 +243,11 @@ inline vf gelu_grad(vf dy, vf x) {
   const vf x_pdf = scale2(product(e.p, product(max(x, splat(-20.0F)), splat(0.398942292F))), e.n);
   const vf cdf = normal_cdf(x);
   const vi finite = abs(x) < splat(__builtin_inff());  // false for inf and NaN
-  return dy * select(finite, cdf + x_pdf, x * splat(0.0F));
+  return select(finite, cdf + x_pdf, x * splat(0.0F));
 }
+
+/// dy gelu'(x): dy times gelu_grad_factor(x), rounded once.
+inline vf gelu_grad(vf dy, vf x) { return dy * gelu_grad_factor(x); }
 
 /// 1 / (1 + exp(-x)), as e / (1 + e) with e = exp(x) for x < 0: exp(-x) would overflow
 /// there (x < -88.7) while the result is still a nonzero subnormal.
@@ -215,12 +257,15 @@ inline vf sigmoid(vf x) {
   return select(x < splat(0.0F), e / d, splat(1.0F) / d);
 }
 
-/// dy sigmoid'(x) = dy e / (1 + e)^2 with e = exp(-|x|) (even in x; no 1 - s cancellation).
-inline vf sigmoid_grad(vf dy, vf x) {
+/// sigmoid'(x) = e / (1 + e)^2 with e = exp(-|x|) (even in x; no 1 - s cancellation).
+inline vf sigmoid_grad_factor(vf x) {
   const vf e = exp(-abs(x));
   const vf d = splat(1.0F) + e;
-  return dy * (e / product(d, d));
+  return e / product(d, d);
 }
+
+/// dy sigmoid'(x): dy times sigmoid_grad_factor(x), rounded once.
+inline vf sigmoid_grad(vf dy, vf x) { return dy * sigmoid_grad_factor(x); }
 
 /// Applies f (vf -> vf) to n floats, in place allowed; a tail shorter than a vector goes
 /// through a zero-padded vector.
@@ -228,12 +273,7 @@ template <class F>
 void map(const float* in, float* out, std::size_t n, F f) {
   std::size_t i = 0;
   for (; i + lanes <= n; i += lanes) store(out + i, f(load(in + i)));
-  if (i < n) {
-    float buf[lanes] = {};
-    std::memcpy(buf, in + i, (n - i) * sizeof(float));
-    store(buf, f(load(buf)));
-    std::memcpy(out + i, buf, (n - i) * sizeof(float));
-  }
+  if (i < n) store_partial(out + i, f(load_partial(in + i, n - i)), n - i);
 }
 
 /// As map, for f(a, b).
@@ -241,30 +281,20 @@ template <class F>
 void map2(const float* a, const float* b, float* out, std::size_t n, F f) {
   std::size_t i = 0;
   for (; i + lanes <= n; i += lanes) store(out + i, f(load(a + i), load(b + i)));
-  if (i < n) {
-    float ba[lanes] = {}, bb[lanes] = {};
-    std::memcpy(ba, a + i, (n - i) * sizeof(float));
-    std::memcpy(bb, b + i, (n - i) * sizeof(float));
-    store(ba, f(load(ba), load(bb)));
-    std::memcpy(out + i, ba, (n - i) * sizeof(float));
-  }
+  if (i < n)
+    store_partial(out + i, f(load_partial(a + i, n - i), load_partial(b + i, n - i)), n - i);
 }
 
 /// The lanes-wide vector of x[i], x[i + 1], ... with zeros from x[n] on.
 inline vf load_padded(const float* x, std::size_t i, std::size_t n) {
   if (i + lanes <= n) return load(x + i);
-  float buf[lanes] = {};
-  std::memcpy(buf, x + i, (n - i) * sizeof(float));
-  return load(buf);
+  return load_partial(x + i, n - i);
 }
 
 /// Lanes from position n - i on set to 0 (the tail of a row).
 inline vf zero_past(vf v, std::size_t i, std::size_t n) {
   if (i + lanes <= n) return v;
-  float buf[lanes];
-  store(buf, v);
-  for (std::size_t j = n - i; j < lanes; ++j) buf[j] = 0.0F;
-  return load(buf);
+  return select(lanes_below(n - i), v, vf{});
 }
 
 /// The largest element of a row of n >= 1 floats; NaN if the row holds one.
@@ -276,9 +306,7 @@ inline float row_max(const float* x, std::size_t n) {
     if (i + lanes <= n) {
       v = load(x + i);
     } else {  // the tail, padded with -inf
-      float buf[lanes];
-      for (std::size_t j = 0; j < lanes; ++j) buf[j] = i + j < n ? x[i + j] : -__builtin_inff();
-      v = load(buf);
+      v = select(lanes_below(n - i), load_partial(x + i, n - i), splat(-__builtin_inff()));
     }
     nan |= (v != v);
     m = max(v, m);
@@ -292,6 +320,28 @@ inline float row_max(const float* x, std::size_t n) {
     any_nan = any_nan || nan[j] != 0;
   }
   return any_nan ? __builtin_nanf("") : best;
+}
+
+/// The 16 partial sums of block_sum (partial j in lane j % lanes of vector j / lanes) added
+/// pairwise: p[j] += p[j + w] for j < w, w = 8, 4, 2, 1, then p[0]; in registers, as
+/// vector additions of halves where they are whole vectors (the same additions).
+inline float pairwise_16(const vf* acc) {
+#if defined(__AVX512F__)
+  vf v = acc[0];
+  v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15);
+  v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7);
+  v += __builtin_shufflevector(v, v, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+  return v[0] + v[1];
+#elif defined(__AVX__)
+  vf v = acc[0] + acc[1];
+  v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 4, 5, 6, 7);
+  v += __builtin_shufflevector(v, v, 2, 3, 2, 3, 2, 3, 2, 3);
+  return v[0] + v[1];
+#else
+  const vf v = (acc[0] + acc[2]) + (acc[1] + acc[3]);
+  const vf h = v + __builtin_shufflevector(v, v, 2, 3, 2, 3);
+  return h[0] + h[1];
+#endif
 }
 
 /// Elements per block of a row sum: each of the 16 partial sums takes 16 terms of a block
@@ -310,12 +360,7 @@ float block_sum(std::size_t len, F f) {
       if (i + v * lanes < len) acc[v] += f(i + v * lanes);
     }
   }
-  float part[16];
-  for (std::size_t v = 0; v < k; ++v) store(part + v * lanes, acc[v]);
-  for (std::size_t w = 8; w >= 1; w /= 2) {
-    for (std::size_t j = 0; j < w; ++j) part[j] += part[j + w];
-  }
-  return part[0];
+  return pairwise_16(acc);
 }
 
 /// The float sum over a row of n elements of the vectors f(i) (elements i .. i + lanes - 1,
@@ -325,6 +370,7 @@ float block_sum(std::size_t len, F f) {
 /// address; a row is never split between threads.
 template <class F>
 float row_sum_of(std::size_t n, F f) {
+  if (n <= sum_block) return block_sum(n, f);  // one block: the sum below, without its counter
   float level[64];  // level[j]: the pending sum of 2^j blocks
   std::uint64_t count = 0;
   for (std::size_t b = 0; b < n; b += sum_block) {
@@ -337,7 +383,7 @@ float row_sum_of(std::size_t n, F f) {
   }
   float total = 0.0F;
   bool any = false;
-  for (std::size_t j = 0; j < 64; ++j) {
+  for (std::size_t j = 0; (count >> j) != 0; ++j) {
     if ((count >> j) & 1U) {
       total = any ? level[j] + total : level[j];
       any = true;
@@ -369,9 +415,10 @@ void map3(const float* a, const float* b, const float* c, float* out, std::size_
   std::size_t i = 0;
   for (; i + lanes <= n; i += lanes) store(out + i, f(load(a + i), load(b + i), load(c + i)));
   if (i < n) {
-    float r[lanes];
-    store(r, f(load_padded(a, i, n), load_padded(b, i, n), load_padded(c, i, n)));
-    std::memcpy(out + i, r, (n - i) * sizeof(float));
+    store_partial(
+        out + i,
+        f(load_partial(a + i, n - i), load_partial(b + i, n - i), load_partial(c + i, n - i)),
+        n - i);
   }
 }
 
