@@ -65,12 +65,14 @@ inline T product(T a, T b) {
   return opaque(a * b);
 }
 
-/// m ? a : b lane-wise (m: all ones or all zeros per lane, as comparisons give).
-inline vf select(vi m, vf a, vf b) { return (vf)(((vi)a & m) | ((vi)b & ~m)); }
+/// m ? a : b lane-wise (m: all ones or all zeros per lane, as comparisons give). Written
+/// as the vector conditional, which compilers turn into a blend (and min/max below into
+/// the min/max instructions, whose NaN rule is the same: b where a is NaN).
+inline vf select(vi m, vf a, vf b) { return m != 0 ? a : b; }
 
 inline vf abs(vf x) { return (vf)((vi)x & splat_i(0x7FFFFFFF)); }
-inline vf min(vf a, vf b) { return select(a < b, a, b); }  // b where a is NaN
-inline vf max(vf a, vf b) { return select(a > b, a, b); }
+inline vf min(vf a, vf b) { return a < b ? a : b; }  // b where a is NaN
+inline vf max(vf a, vf b) { return a > b ? a : b; }
 
 inline vf load(const float* p) {
   vf v;
@@ -130,16 +132,11 @@ inline vf pow2(vf n) {
 struct exp_parts {
   vf p, n;
 };
-inline exp_parts exp_reduce(vf a, vf b) {
-  const vf x = a + b;
-  const vf xc = min(max(x, splat(-150.0F)), splat(89.0F));
-  const vf magic = splat(12582912.0F);  // 1.5 * 2^23: adding it rounds to an integer
-  const vf n = (product(xc, splat(1.44269502F)) + magic) - magic;
-  const vf ln2_hi = splat(0.693359375F), ln2_lo = splat(-2.12194440e-4F);
-  // For clamped lanes a and b no longer matter: their results are inf or 0 anyway.
-  const vi clamped = (x != xc);
-  const vf ac = select(clamped, xc, a), bc = select(clamped, splat(0.0F), b);
-  const vf r = ((ac - product(n, ln2_hi)) + bc) - product(n, ln2_lo);
+inline constexpr float exp_magic = 12582912.0F;  // 1.5 * 2^23: adding it rounds to an integer
+inline constexpr float ln2_hi = 0.693359375F, ln2_lo = -2.12194440e-4F;
+
+/// e^r for the reduced argument r (|r| <= ln 2 / 2), as exp_parts with the given n.
+inline exp_parts exp_of_reduced(vf r, vf n) {
   vf q = splat(1.0F / 5040);
   q = product(q, r) + splat(1.0F / 720);
   q = product(q, r) + splat(1.0F / 120);
@@ -147,6 +144,27 @@ inline exp_parts exp_reduce(vf a, vf b) {
   q = product(q, r) + splat(1.0F / 6);
   q = product(q, r) + splat(0.5F);
   return {splat(1.0F) + (r + product(product(r, r), q)), n};
+}
+
+inline exp_parts exp_reduce(vf a, vf b) {
+  const vf x = a + b;
+  const vf xc = min(max(x, splat(-150.0F)), splat(89.0F));
+  const vf n = (product(xc, splat(1.44269502F)) + splat(exp_magic)) - splat(exp_magic);
+  // For clamped lanes a and b no longer matter: their results are inf or 0 anyway.
+  const vi clamped = (x != xc);
+  const vf ac = select(clamped, xc, a), bc = select(clamped, splat(0.0F), b);
+  const vf r = ((ac - product(n, splat(ln2_hi))) + bc) - product(n, splat(ln2_lo));
+  return exp_of_reduced(r, n);
+}
+
+/// exp_reduce(x, 0) in fewer operations, the same bits: with b = 0 the clamped value
+/// stands for a in every lane, and adding bc = +0 can only turn an r of -0 into +0, for
+/// which e^r is 1 either way.
+inline exp_parts exp_reduce(vf x) {
+  const vf xc = min(max(x, splat(-150.0F)), splat(89.0F));
+  const vf n = (product(xc, splat(1.44269502F)) + splat(exp_magic)) - splat(exp_magic);
+  const vf r = (xc - product(n, splat(ln2_hi))) - product(n, splat(ln2_lo));
+  return exp_of_reduced(r, n);
 }
 
 /// v 2^n, rounded once: 2^n = 2^n1 2^n2 with n1 = floor(n / 2), both factors normal for n
@@ -161,7 +179,7 @@ inline vf scale2(vf v, vf n) {
 
 /// exp(x), within 1 ulp; NaN stays NaN, +inf gives inf, -inf 0.
 inline vf exp(vf x) {
-  const exp_parts e = exp_reduce(x, vf{});
+  const exp_parts e = exp_reduce(x);
   return select(x != x, x, scale2(e.p, e.n));
 }
 
