@@ -309,6 +309,15 @@ inline vf load_padded(const float* x, std::size_t i, std::size_t n) {
   return load_partial(x + i, n - i);
 }
 
+/// Stores v's lanes to x[i], x[i + 1], ..., writing nothing from x[n] on.
+inline void store_padded(float* x, std::size_t i, std::size_t n, vf v) {
+  if (i + lanes <= n) {
+    store(x + i, v);
+  } else {
+    store_partial(x + i, v, n - i);
+  }
+}
+
 /// Lanes from position n - i on set to 0 (the tail of a row).
 inline vf zero_past(vf v, std::size_t i, std::size_t n) {
   if (i + lanes <= n) return v;
