@@ -113,6 +113,8 @@ TEST_CASE_TEMPLATE("gemm matches float64 on odd sizes, transposes, alpha/beta, b
       check_forward<Cfg, T>(37, 53, 61, o, false, 1);
       check_forward<Cfg, float>(13, 7, 150, o, false, 2);
       check_forward<Cfg, T>(1, 1, 1, o, false, 1);
+      o.alpha = 0.3F;  // a scale alone, no bias
+      check_forward<Cfg, T>(31, 40, 26, o, false, 2);
       o.alpha = 0.75F;
       o.beta = -1.5F;
       check_forward<Cfg, T>(29, 70, 33, o, true, 2);
@@ -263,14 +265,18 @@ TEST_CASE_TEMPLATE("batched gemm matches float64 per batch item", Cfg, fp32_conf
   o.trans_b = true;  // Q K^T
   const auto a = random_tensor<T, 3>({B, M, K});
   const auto b = random_tensor<T, 3>({B, N, K});
-  for (unsigned threads : {1U, 2U, 4U}) {
-    auto c = poisoned<T, 3>(std::array<std::size_t, 3>{B, M, N});
-    precis::gemm<typename Cfg::P>(precis::cpu_context{threads}, a, b, c, o);
-    for (std::size_t i = 0; i < B; ++i) {
-      host_tensor<double, 2> ai = xt::view(to_double(a), i);
-      host_tensor<double, 2> bi = xt::view(to_double(b), i);
-      host_tensor<T, 2> ci = xt::view(c, i);
-      CHECK(rel_error(ci, reference(ai, bi, nullptr, nullptr, o)) < bound<T>());
+  // alpha: attention's 1 / sqrt(d) (a power of two or not); on oneDNN an output scale.
+  for (const float alpha : {1.0F, 0.125F, 0.3F}) {
+    o.alpha = alpha;
+    for (unsigned threads : {1U, 2U, 4U}) {
+      auto c = poisoned<T, 3>(std::array<std::size_t, 3>{B, M, N});
+      precis::gemm<typename Cfg::P>(precis::cpu_context{threads}, a, b, c, o);
+      for (std::size_t i = 0; i < B; ++i) {
+        host_tensor<double, 2> ai = xt::view(to_double(a), i);
+        host_tensor<double, 2> bi = xt::view(to_double(b), i);
+        host_tensor<T, 2> ci = xt::view(c, i);
+        CHECK(rel_error(ci, reference(ai, bi, nullptr, nullptr, o)) < bound<T>());
+      }
     }
   }
 }

@@ -249,12 +249,11 @@ void gemm_raw(const cpu_context& ctx, std::size_t M, std::size_t N, std::size_t 
 #if PRECIS_HAS_ONEDNN
   if constexpr (hardware_products_v<Op, P, TA, TB>) {
     const gemm_writer<TC, TBias> w{c, ldc, bias, o.alpha, o.beta, o.epilogue};
-    const bool direct =
-        o.alpha == 1.0F && o.beta == 0.0F && o.epilogue == gemm_epilogue::none;
+    const bool direct = o.beta == 0.0F && o.epilogue == gemm_epilogue::none;
     if (onednn_product(ctx, 1, M, N, K,
                        strided_operand<const TA>{a, 0, std::int64_t(ars), std::int64_t(acs)},
                        strided_operand<const TB>{b, 0, std::int64_t(brs), std::int64_t(bcs)}, c, 0,
-                       std::int64_t(ldc), bias, direct,
+                       std::int64_t(ldc), bias, o.alpha, direct,
                        [&](std::size_t, std::size_t i, std::size_t j0, const float* v,
                            std::size_t n) { w(i, j0, v, n); })) {
       return;
@@ -377,7 +376,7 @@ void gemm(const cpu_context& ctx, const host_tensor<TA, 3>& a, const host_tensor
   const std::int64_t brs = o.trans_b ? 1 : std::int64_t(N), bcs = o.trans_b ? std::int64_t(K) : 1;
 #if PRECIS_HAS_ONEDNN
   if constexpr (detail::hardware_products_v<op::matmul, P, TA, TB>) {
-    const bool direct = o.alpha == 1.0F && o.beta == 0.0F && o.epilogue == gemm_epilogue::none;
+    const bool direct = o.beta == 0.0F && o.epilogue == gemm_epilogue::none;
     const auto finish = [&](std::size_t item, std::size_t i, std::size_t j0, const float* v,
                             std::size_t n) {
       detail::gemm_writer<TC, TC>{c.data() + item * M * N, N, nullptr, o.alpha, o.beta, o.epilogue}(i, j0, v, n);
@@ -386,8 +385,8 @@ void gemm(const cpu_context& ctx, const host_tensor<TA, 3>& a, const host_tensor
             ctx, batch, M, N, K,
             detail::strided_operand<const TA>{a.data(), std::int64_t(M * K), ars, acs},
             detail::strided_operand<const TB>{b.data(), std::int64_t(K * N), brs, bcs}, c.data(),
-            std::int64_t(M * N), std::int64_t(N), static_cast<const TC*>(nullptr), direct,
-            finish)) {
+            std::int64_t(M * N), std::int64_t(N), static_cast<const TC*>(nullptr), o.alpha,
+            direct, finish)) {
       return;
     }
   }

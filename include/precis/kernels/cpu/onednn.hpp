@@ -145,10 +145,11 @@ struct onednn_matmul_key {
   std::int64_t batch, m, n, k;
   std::int64_t a_batch, a_row, a_col, b_batch, b_row, b_col, c_batch, c_row;
   int in_type, c_type, bias_type;  // dnnl data types; bias_type 0: no bias
+  float alpha = 1.0F;              // oneDNN's output scale (1: none)
 
   auto tie() const {
     return std::tie(batch, m, n, k, a_batch, a_row, a_col, b_batch, b_row, b_col, c_batch, c_row,
-                    in_type, c_type, bias_type);
+                    in_type, c_type, bias_type, alpha);
   }
   bool operator<(const onednn_matmul_key& o) const { return tie() < o.tie(); }
 };
@@ -240,6 +241,7 @@ struct onednn_state {
     }
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    if (key.alpha != 1.0F) attr.set_output_scales(0, {key.alpha});
     const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(e.a, e.b, e.bias, e.c), attr, engine);
     e.scratchpad = pd.scratchpad_desc();
     e.implementation = pd.impl_info_str();
@@ -382,20 +384,23 @@ inline bool onednn_has_products() {
 }
 
 /// Runs a product of bfloat16 or float operands (TIn) through oneDNN: for every batch item,
-/// C = A B (+ bias), all float sums, written straight to C when `direct` (C and the bias
-/// of types oneDNN writes, nothing else to apply), else as float rows handed to
-/// finish(item, row, first column, values, count) for precis's epilogue. False, having
-/// written nothing, when the CPU has no dot-product instructions for TIn or oneDNN offers
-/// only its reference implementation for this layout (then the exact kernel is faster).
+/// C = alpha A B (+ bias), all float sums, written straight to C when `direct` (C and the
+/// bias of types oneDNN writes, nothing else to apply; alpha, oneDNN's output scale, only
+/// without a bias, whose order with the scale oneDNN does not promise), else as float rows
+/// of A B handed to finish(item, row, first column, values, count) for precis's epilogue
+/// (which applies alpha). False, having written nothing, when the CPU has no dot-product
+/// instructions for TIn or oneDNN offers only its reference implementation for this layout
+/// (then the exact kernel is faster).
 template <class TIn, class TC, class TBias, class Finish>
 bool onednn_product(const cpu_context& ctx, std::size_t batch, std::size_t M, std::size_t N,
                     std::size_t K, strided_operand<const TIn> a, strided_operand<const TIn> b,
-                    TC* c, std::int64_t c_batch, std::int64_t ldc, const TBias* bias, bool direct,
-                    Finish&& finish) {
+                    TC* c, std::int64_t c_batch, std::int64_t ldc, const TBias* bias, float alpha,
+                    bool direct, Finish&& finish) {
   if (!onednn_has_products<TIn>() || K == 0) return false;  // K == 0: the exact kernel's zeros
   if (batch == 0 || M == 0 || N == 0) return true;
   onednn_state& st = onednn_of(ctx);
-  direct = direct && onednn_io_type_v<TC> && (bias == nullptr || onednn_io_type_v<TBias>);
+  direct = direct && onednn_io_type_v<TC> && (bias == nullptr || onednn_io_type_v<TBias>) &&
+           (alpha == 1.0F || bias == nullptr);
 
   // Parts: batch items when there are enough, else rows or columns, whichever is longer.
   const std::size_t work = batch * M * N * std::max<std::size_t>(K, 1);
@@ -429,13 +434,22 @@ bool onednn_product(const cpu_context& ctx, std::size_t batch, std::size_t M, st
                              direct ? onednn_type<TC>() : onednn_type<float>(),
                              bias == nullptr ? 0
                              : direct        ? onednn_type<TBias>()
-                                             : 0};
+                                             : 0,
+                             direct ? alpha : 1.0F};
   };
-  const onednn_matmul_entry& first = st.matmul(key_for(std::min(chunk, extent)));
-  if (first.implementation.rfind("ref", 0) == 0) return false;
+  const auto reference = [](const onednn_matmul_entry& e) {
+    return e.implementation.rfind("ref", 0) == 0;
+  };
+  const onednn_matmul_entry* first_entry = &st.matmul(key_for(std::min(chunk, extent)));
+  if (reference(*first_entry) && direct && alpha != 1.0F) {
+    direct = false;  // where oneDNN has no fast kernel with an output scale, precis applies it
+    first_entry = &st.matmul(key_for(std::min(chunk, extent)));
+  }
+  const onednn_matmul_entry& first = *first_entry;
+  if (reference(first)) return false;
   const std::size_t tail = extent - (used - 1) * chunk;
   const onednn_matmul_entry& last = tail == chunk ? first : st.matmul(key_for(tail));
-  if (last.implementation.rfind("ref", 0) == 0) return false;
+  if (reference(last)) return false;
 
   parallel_for(ctx, used, 1, [&](std::size_t p0, std::size_t p1) {
     for (std::size_t p = p0; p < p1; ++p) {
