@@ -245,10 +245,12 @@ inline vf normal_cdf(vf x) {
 /// does in any float type: gelu(inf) = inf, gelu(-inf) = -inf * 0 = NaN, NaN stays NaN.
 inline vf gelu(vf x) {
   const exp_parts h = half_erfc(x);
-  const vf upper = x * (splat(1.0F) - scale2(h.p, h.n));
-  const vf lower = select(x == splat(-__builtin_inff()), x * splat(0.0F),
-                          scale2(product(h.p, max(x, splat(-20.0F))), h.n));
-  return select(x != x, x, select(x < splat(0.0F), lower, upper));
+  // One scaling for both sides: erfc / 2 above 0, x erfc / 2 below.
+  const vi negative = x < splat(0.0F);
+  const vf s = scale2(select(negative, product(h.p, max(x, splat(-20.0F))), h.p), h.n);
+  const vf upper = x * (splat(1.0F) - s);
+  const vf lower = select(x == splat(-__builtin_inff()), x * splat(0.0F), s);
+  return select(x != x, x, select(negative, lower, upper));
 }
 
 /// d/dx (x Phi(x)) = Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi); NaN at
