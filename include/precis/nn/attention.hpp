@@ -33,6 +33,7 @@
 #include <precis/nn/linear.hpp>
 #include <precis/nn/module.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <string>
@@ -195,33 +196,48 @@ const host_tensor<To, N>& as_cast(const host_tensor<From, N>& x, const host_tens
 
 /// Calls f(row offset, head offset) for every run of dh values that one head holds in the
 /// `width`-wide rows of [N, T, width] (starting at column `offset`) and in [N*H, T, dh].
+/// Images are shared among the context's threads.
 template <class F>
-void for_each_head_run(const heads_geometry& g, std::size_t width, std::size_t offset, F&& f) {
+void for_each_head_run(const cpu_context& ctx, const heads_geometry& g, std::size_t width,
+                       std::size_t offset, F&& f) {
   const std::size_t dh = g.dh();
-  for (std::size_t n = 0; n < g.n; ++n) {
-    for (std::size_t h = 0; h < g.h; ++h) {
-      for (std::size_t t = 0; t < g.t; ++t)
-        f((n * g.t + t) * width + offset + h * dh, ((n * g.h + h) * g.t + t) * dh);
-    }
-  }
+  const std::size_t per_image = g.t * g.h * dh;
+  precis::detail::parallel_for(
+      ctx, g.n,
+      std::max<std::size_t>(1, (std::size_t(1) << 15) / std::max<std::size_t>(1, per_image)),
+      [&](std::size_t n0, std::size_t n1) {
+        for (std::size_t n = n0; n < n1; ++n) {
+          for (std::size_t h = 0; h < g.h; ++h) {
+            for (std::size_t t = 0; t < g.t; ++t)
+              f((n * g.t + t) * width + offset + h * dh, ((n * g.h + h) * g.t + t) * dh);
+          }
+        }
+      });
+}
+
+/// Copies n elements, inline: a head's run is a few dozen bytes (16 floats at width 64 and
+/// 4 heads), for which a call to memmove costs more than the copy.
+template <class U>
+void copy_run(const U* from, std::size_t n, U* to) {
+  for (std::size_t i = 0; i < n; ++i) to[i] = from[i];
 }
 
 /// heads [N*H, T, dh] = the heads of rows [N, T, width] from column `offset` on.
 template <class U>
-void split_heads(const heads_geometry& g, const U* rows, std::size_t width, std::size_t offset,
-                 U* heads) {
-  for_each_head_run(g, width, offset, [&](std::size_t r, std::size_t e) {
-    std::copy_n(rows + r, g.dh(), heads + e);
-  });
+void split_heads(const cpu_context& ctx, const heads_geometry& g, const U* rows, std::size_t width,
+                 std::size_t offset, U* heads) {
+  const std::size_t dh = g.dh();
+  for_each_head_run(ctx, g, width, offset,
+                    [&](std::size_t r, std::size_t e) { copy_run(rows + r, dh, heads + e); });
 }
 
 /// The heads [N*H, T, dh] put back into rows [N, T, width] from column `offset` on.
 template <class U>
-void merge_heads(const heads_geometry& g, const U* heads, U* rows, std::size_t width,
-                 std::size_t offset) {
-  for_each_head_run(g, width, offset, [&](std::size_t r, std::size_t e) {
-    std::copy_n(heads + e, g.dh(), rows + r);
-  });
+void merge_heads(const cpu_context& ctx, const heads_geometry& g, const U* heads, U* rows,
+                 std::size_t width, std::size_t offset) {
+  const std::size_t dh = g.dh();
+  for_each_head_run(ctx, g, width, offset,
+                    [&](std::size_t r, std::size_t e) { copy_run(heads + e, dh, rows + r); });
 }
 
 }  // namespace detail
@@ -316,9 +332,9 @@ class attention_layer
     const auto in = output_shape(detail::shape_of<3>(x), kind);
     g_ = {in[0], in[1], dim_, heads_};
     const auto& qkv = qkv_.forward(ctx, x, m);
-    split(qkv, 0, q_);
-    split(qkv, dim_, k_);
-    split(qkv, 2 * dim_, v_);
+    split(ctx, qkv, 0, q_);
+    split(ctx, qkv, dim_, k_);
+    split(ctx, qkv, 2 * dim_, v_);
     const auto& q = detail::as_type(ctx, q_, q_s_);
     const auto& k = detail::as_type(ctx, k_, k_s_);
     detail::ensure(scores_, g_.square());
@@ -334,7 +350,7 @@ class attention_layer
     detail::ensure(context_, g_.per_head());
     gemm<context_policy>(ctx, p, v, context_);
     detail::ensure(merged_, in);
-    detail::merge_heads(g_, context_.data(), merged_.data(), dim_, 0);
+    detail::merge_heads(ctx, g_, context_.data(), merged_.data(), dim_, 0);
     return out_.forward(ctx, detail::as_type(ctx, merged_, merged_o_), m);
   }
 
@@ -347,7 +363,7 @@ class attention_layer
     const auto& dmerged = out_.backward(ctx, dy);
     // Context: dp = dc v^T, dv = p^T dc.
     detail::ensure(dcontext_, g_.per_head());
-    detail::split_heads(g_, dmerged.data(), dim_, 0, dcontext_.data());
+    detail::split_heads(ctx, g_, dmerged.data(), dim_, 0, dcontext_.data());
     const auto& dc = detail::as_type(ctx, dcontext_, dcontext_c_);
     const auto& p = detail::as_cast(probs_, probs_c_);
     const auto& v = detail::as_cast(v_, v_c_);
@@ -376,9 +392,9 @@ class attention_layer
     gemm<scores_policy>(ctx, ds, q, dk_, o);
     // Back into qkv's rows, in its gradient type.
     detail::ensure(dqkv_, shape_t<3>{g_.n, g_.t, 3 * dim_});
-    merge(detail::as_type(ctx, dq_, dq_q_), 0);
-    merge(detail::as_type(ctx, dk_, dk_q_), dim_);
-    merge(detail::as_type(ctx, dv_, dv_q_), 2 * dim_);
+    merge(ctx, detail::as_type(ctx, dq_, dq_q_), 0);
+    merge(ctx, detail::as_type(ctx, dk_, dk_q_), dim_);
+    merge(ctx, detail::as_type(ctx, dv_, dv_q_), 2 * dim_);
     return qkv_.backward(ctx, dqkv_);
   }
 
@@ -446,12 +462,13 @@ class attention_layer
   }
   float alpha() const { return static_cast<float>(1.0 / std::sqrt(double(g_.dh()))); }
 
-  void split(const host_tensor<Sq, 3>& qkv, std::size_t offset, host_tensor<Sq, 3>& heads) const {
+  void split(const cpu_context& ctx, const host_tensor<Sq, 3>& qkv, std::size_t offset,
+             host_tensor<Sq, 3>& heads) const {
     detail::ensure(heads, g_.per_head());
-    detail::split_heads(g_, qkv.data(), 3 * dim_, offset, heads.data());
+    detail::split_heads(ctx, g_, qkv.data(), 3 * dim_, offset, heads.data());
   }
-  void merge(const host_tensor<Gq, 3>& heads, std::size_t offset) {
-    detail::merge_heads(g_, heads.data(), dqkv_.data(), 3 * dim_, offset);
+  void merge(const cpu_context& ctx, const host_tensor<Gq, 3>& heads, std::size_t offset) {
+    detail::merge_heads(ctx, g_, heads.data(), dqkv_.data(), 3 * dim_, offset);
   }
 
   std::size_t dim_, heads_;

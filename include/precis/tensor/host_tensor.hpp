@@ -36,10 +36,10 @@ struct aligned_allocator {
 
   T* allocate(std::size_t n) {
     if (n > std::numeric_limits<std::size_t>::max() / sizeof(T)) throw std::bad_array_new_length();
-    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{host_tensor_alignment}));
+    return static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{host_tensor_alignment}));
   }
   void deallocate(T* p, std::size_t /*n*/) noexcept {
-    ::operator delete(p, std::align_val_t{host_tensor_alignment});
+    ::operator delete (p, std::align_val_t{host_tensor_alignment});
   }
 
   template <class U>
