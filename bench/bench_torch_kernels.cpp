@@ -41,8 +41,10 @@ void report(const std::string& kernel, const std::string& shape, const char* dty
   std::fflush(stdout);
 }
 
+/// The products (gemm, conv2d) under P, then, unless `products_only`, the row kernels.
 template <class T, class P>
-void run_all(const precis::cpu_context& ctx, const char* dtype, bool quick, std::mt19937& g) {
+void run_all(const precis::cpu_context& ctx, const char* dtype, bool quick, std::mt19937& g,
+             bool products_only = false) {
   const unsigned threads = ctx.thread_count();
   const int reps = quick ? 3 : 10;
   for (std::size_t n : {256, 512, 1024, 2048}) {
@@ -69,6 +71,7 @@ void run_all(const precis::cpu_context& ctx, const char* dtype, bool quick, std:
            dtype, threads, ms);
     if (quick) break;
   }
+  if (products_only) return;
   const std::size_t rows = quick ? 64 : 1024, cols = 4096;
   const std::string rc = std::to_string(rows) + "x" + std::to_string(cols);
   const auto x = random_tensor<T, 2>({rows, cols}, g);
@@ -109,4 +112,7 @@ int main(int argc, char** argv) {
   std::mt19937 g(11);
   run_all<precis::bfloat16, precis::presets::bf16_mixed>(ctx, "bfloat16", quick, g);
   run_all<float, precis::presets::fp32>(ctx, "float32", quick, g);
+  // fp32 with oneDNN's float products (the kernels torch's float32 runs); the row kernels
+  // are fp32's.
+  run_all<float, precis::presets::fp32_hardware>(ctx, "float32_hardware", quick, g, true);
 }

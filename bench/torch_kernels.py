@@ -9,7 +9,10 @@ dtype and thread count:
     kernel,shape,dtype,threads,precis_ms,torch_ms,ratio,cpu,isa
 
 ratio = torch_ms / precis_ms: above 1, precis is faster. For conv2d PyTorch runs NCHW and
-channels-last and its faster time is kept (its best layout). `isa` is what precis's kernels
+channels-last and its faster time is kept (its best layout). dtype float32 is precis's
+exact fp32 (the reference), float32_hardware its fp32_hardware (oneDNN's float products,
+gemm and conv2d only), both against torch's float32. --append keeps the rows already in
+the CSV (another machine's). `isa` is what precis's kernels
 were compiled for and the engine of bf16_mixed's hardware products.
 
     python3 -m venv /tmp/torchenv && /tmp/torchenv/bin/pip install torch numpy
@@ -18,6 +21,7 @@ were compiled for and the engine of bf16_mixed's hardware products.
 """
 import argparse
 import csv
+import os
 import re
 import subprocess
 import sys
@@ -40,7 +44,8 @@ def best_ms(f, reps):
 
 def torch_time(torch, kernel, shape, dtype, reps):
     F = torch.nn.functional
-    dt = {"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
+    # float32_hardware: precis's fp32_hardware (oneDNN's float products) against torch's float32.
+    dt = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float32_hardware": torch.float32}[dtype]
     g = torch.Generator().manual_seed(11)
 
     def rand(*s):
@@ -87,6 +92,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--precis", required=True, help="path of the bench_torch_kernels executable")
     ap.add_argument("--csv", help="where to write the CSV (default: print only)")
+    ap.add_argument("--append", action="store_true",
+                    help="add the rows to an existing --csv (another CPU's, say) instead of replacing it")
     ap.add_argument("--threads", default="1,2", help="thread counts, comma-separated")
     ap.add_argument("--quick", action="store_true", help="a few small shapes only")
     ap.add_argument("--reps", type=int, default=10)
@@ -115,12 +122,22 @@ def main():
     cpu = cpu_model()
     print(f"CPU: {cpu}; {isa}; torch {torch.__version__}")
     if args.csv:
-        with open(args.csv, "w", newline="") as f:
+        header = ["kernel", "shape", "dtype", "threads", "precis_ms", "torch_ms", "ratio", "cpu", "isa"]
+        kept = []
+        if args.append and os.path.exists(args.csv):
+            with open(args.csv, newline="") as f:
+                kept = list(csv.reader(f))
+            if not kept or kept[0] != header:
+                sys.exit(f"{args.csv} does not start with the header {','.join(header)}; not appending")
+            kept = kept[1:]
+        tmp = args.csv + ".tmp"
+        with open(tmp, "w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["kernel", "shape", "dtype", "threads", "precis_ms", "torch_ms", "ratio",
-                        "cpu", "isa"])
+            w.writerow(header)
+            w.writerows(kept)
             for k, s, d, t, p, q in rows:
                 w.writerow([k, s, d, t, f"{p:.4f}", f"{q:.4f}", f"{q / p:.3f}", cpu, isa])
+        os.replace(tmp, args.csv)
         print(f"wrote {args.csv}")
 
 

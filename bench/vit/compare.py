@@ -1,7 +1,7 @@
 """precis against PyTorch on the same CPU: ms per ViT training step, fp32 and bf16.
 
     python3 bench/vit/compare.py --bench build/gcc/bench/bench_vit_step [--threads 2]
-                                 [--steps 20] [--out bench/results/vit/torch_comparison.csv]
+                                 [--steps 20] [--out bench/results/vit/torch_comparison.csv] [--append]
 
 Runs, one after the other on an otherwise idle machine, precis's bench_vit_step and
 torch_reference.py's `time` for each configuration (the example's: width 64, 4 heads,
@@ -73,14 +73,26 @@ def comparison_rows(name, threads, batch, p, t, cpu, version):
     return rows
 
 
-def write_comparison(out, rows):
-    """Writes the rows atomically under the comparison's CSV header and prints them."""
+HEADER = ["precision", "threads", "batch", "precis_ms_per_step", "torch_ms_per_step", "ratio", "cpu",
+          "torch_version", "config"]
+
+
+def write_comparison(out, rows, append=False):
+    """Writes the rows atomically under the comparison's CSV header and prints them; with
+    append, after the rows already in `out` (another machine's), whose header must match."""
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    kept = []
+    if append and os.path.exists(out):
+        with open(out, newline="") as f:
+            kept = list(csv.reader(f))
+        if not kept or kept[0] != HEADER:
+            sys.exit(f"{out} does not start with the header {','.join(HEADER)}; not appending")
+        kept = kept[1:]
     tmp = out + ".tmp"
     with open(tmp, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["precision", "threads", "batch", "precis_ms_per_step", "torch_ms_per_step", "ratio", "cpu",
-                    "torch_version", "config"])
+        w.writerow(HEADER)
+        w.writerows(kept)
         for r in rows:
             w.writerow([r[0], r[1], r[2], f"{r[3]:.1f}", f"{r[4]:.1f}", f"{r[5]:.2f}", r[6], r[7], r[8]])
     os.replace(tmp, out)
@@ -95,6 +107,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--out", default="bench/results/vit/torch_comparison.csv")
+    ap.add_argument("--append", action="store_true",
+                    help="keep the rows already in --out (another machine's) and add these")
     args = ap.parse_args()
     here = os.path.dirname(os.path.abspath(__file__))
     cpu = cpu_description()
@@ -105,7 +119,7 @@ def main():
         p, _ = run([args.bench, "--precision", "all"] + precis_args + common)
         t, version = run([sys.executable, os.path.join(here, "torch_reference.py"), "time"] + torch_args + common)
         rows += comparison_rows(name, args.threads, batch, p, t, cpu, version)
-    write_comparison(args.out, rows)
+    write_comparison(args.out, rows, args.append)
 
 
 if __name__ == "__main__":
