@@ -250,6 +250,30 @@ void merge_heads(const cpu_context& ctx, const heads_geometry& g, const U* heads
                     [&](std::size_t r, std::size_t e) { copy_run(heads + e, dh, rows + r); });
 }
 
+/// q, k and v [N*H, T, dh] = the heads of qkv's rows [N, T, 3 d] (from columns 0, d and 2 d),
+/// in one pass over the rows.
+template <class U>
+void split_qkv(const cpu_context& ctx, const heads_geometry& g, const U* qkv, U* q, U* k, U* v) {
+  const std::size_t dh = g.dh(), d = g.d;
+  for_each_head_run(ctx, g, 3 * d, 0, [&](std::size_t r, std::size_t e) {
+    copy_run(qkv + r, dh, q + e);
+    copy_run(qkv + r + d, dh, k + e);
+    copy_run(qkv + r + 2 * d, dh, v + e);
+  });
+}
+
+/// The heads q, k and v [N*H, T, dh] put back into qkv's rows [N, T, 3 d], in one pass.
+template <class U>
+void merge_qkv(const cpu_context& ctx, const heads_geometry& g, const U* q, const U* k, const U* v,
+               U* qkv) {
+  const std::size_t dh = g.dh(), d = g.d;
+  for_each_head_run(ctx, g, 3 * d, 0, [&](std::size_t r, std::size_t e) {
+    copy_run(q + e, dh, qkv + r);
+    copy_run(k + e, dh, qkv + r + d);
+    copy_run(v + e, dh, qkv + r + 2 * d);
+  });
+}
+
 }  // namespace detail
 
 /// Multi-head self-attention (see nn::attention and the file comment), its five pieces'
@@ -342,9 +366,10 @@ class attention_layer
     const auto in = output_shape(detail::shape_of<3>(x), kind);
     g_ = {in[0], in[1], dim_, heads_};
     const auto& qkv = qkv_.forward(ctx, x, m);
-    split(ctx, qkv, 0, q_);
-    split(ctx, qkv, dim_, k_);
-    split(ctx, qkv, 2 * dim_, v_);
+    detail::ensure(q_, g_.per_head());
+    detail::ensure(k_, g_.per_head());
+    detail::ensure(v_, g_.per_head());
+    detail::split_qkv(ctx, g_, qkv.data(), q_.data(), k_.data(), v_.data());
     const auto& q = detail::as_type(ctx, q_, q_s_);
     const auto& k = detail::as_type(ctx, k_, k_s_);
     detail::ensure(scores_, g_.square());
@@ -402,9 +427,10 @@ class attention_layer
     gemm<scores_policy>(ctx, ds, q, dk_, o);
     // Back into qkv's rows, in its gradient type.
     detail::ensure(dqkv_, shape_t<3>{g_.n, g_.t, 3 * dim_});
-    merge(ctx, detail::as_type(ctx, dq_, dq_q_), 0);
-    merge(ctx, detail::as_type(ctx, dk_, dk_q_), dim_);
-    merge(ctx, detail::as_type(ctx, dv_, dv_q_), 2 * dim_);
+    const auto& dq = detail::as_type(ctx, dq_, dq_q_);
+    const auto& dk = detail::as_type(ctx, dk_, dk_q_);
+    const auto& dv = detail::as_type(ctx, dv_, dv_q_);
+    detail::merge_qkv(ctx, g_, dq.data(), dk.data(), dv.data(), dqkv_.data());
     return qkv_.backward(ctx, dqkv_);
   }
 
@@ -471,15 +497,6 @@ class attention_layer
     return {s.dim, 3 * s.dim, with_bias};
   }
   float alpha() const { return static_cast<float>(1.0 / std::sqrt(double(g_.dh()))); }
-
-  void split(const cpu_context& ctx, const host_tensor<Sq, 3>& qkv, std::size_t offset,
-             host_tensor<Sq, 3>& heads) const {
-    detail::ensure(heads, g_.per_head());
-    detail::split_heads(ctx, g_, qkv.data(), 3 * dim_, offset, heads.data());
-  }
-  void merge(const cpu_context& ctx, const host_tensor<Gq, 3>& heads, std::size_t offset) {
-    detail::merge_heads(ctx, g_, heads.data(), dqkv_.data(), 3 * dim_, offset);
-  }
 
   std::size_t dim_, heads_;
   detail::heads_geometry g_{};
