@@ -12,8 +12,9 @@
 // exp within 1 ulp, softmax's quotient as a product with the sum's reciprocal (within 1.5
 // ulp of the float quotient, as PyTorch computes it), and row sums in 16 partial sums per
 // block of 256 elements with the blocks added pairwise, so long rows (a 50257-token
-// vocabulary) keep float accuracy; the same bits under every build flag. Other types (double, or an `unsafe` accumulator
-// narrower than float) keep one running sum per row in the accumulate type.
+// vocabulary) keep float accuracy; the same bits under every build flag. Other types
+// (double, or an `unsafe` accumulator narrower than float) keep one running sum per row in
+// the accumulate type.
 #pragma once
 
 #include <precis/kernels/common.hpp>

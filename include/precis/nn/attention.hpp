@@ -196,11 +196,10 @@ const host_tensor<To, N>& as_cast(const host_tensor<From, N>& x, const host_tens
 }
 
 /// Calls f(row offset, head offset) for every run of dh values that one head holds in the
-/// `width`-wide rows of [N, T, width] (starting at column `offset`) and in [N*H, T, dh].
-/// Images are shared among the context's threads.
+/// `width`-wide rows of [N, T, width] and in [N*H, T, dh]. Images are shared among the
+/// context's threads.
 template <class F>
-void for_each_head_run(const cpu_context& ctx, const heads_geometry& g, std::size_t width,
-                       std::size_t offset, F&& f) {
+void for_each_head_run(const cpu_context& ctx, const heads_geometry& g, std::size_t width, F&& f) {
   const std::size_t dh = g.dh();
   const std::size_t per_image = g.t * g.h * dh;
   precis::detail::parallel_for(
@@ -210,7 +209,7 @@ void for_each_head_run(const cpu_context& ctx, const heads_geometry& g, std::siz
         for (std::size_t n = n0; n < n1; ++n) {
           for (std::size_t h = 0; h < g.h; ++h) {
             for (std::size_t t = 0; t < g.t; ++t)
-              f((n * g.t + t) * width + offset + h * dh, ((n * g.h + h) * g.t + t) * dh);
+              f((n * g.t + t) * width + h * dh, ((n * g.h + h) * g.t + t) * dh);
           }
         }
       });
@@ -232,45 +231,24 @@ void copy_run(const U* from, std::size_t n, U* to) {
   for (; i < bytes; ++i) d[i] = s[i];
 }
 
-/// heads [N*H, T, dh] = the heads of rows [N, T, width] from column `offset` on.
-template <class U>
-void split_heads(const cpu_context& ctx, const heads_geometry& g, const U* rows, std::size_t width,
-                 std::size_t offset, U* heads) {
-  const std::size_t dh = g.dh();
-  for_each_head_run(ctx, g, width, offset,
-                    [&](std::size_t r, std::size_t e) { copy_run(rows + r, dh, heads + e); });
-}
-
-/// The heads [N*H, T, dh] put back into rows [N, T, width] from column `offset` on.
-template <class U>
-void merge_heads(const cpu_context& ctx, const heads_geometry& g, const U* heads, U* rows,
-                 std::size_t width, std::size_t offset) {
-  const std::size_t dh = g.dh();
-  for_each_head_run(ctx, g, width, offset,
-                    [&](std::size_t r, std::size_t e) { copy_run(heads + e, dh, rows + r); });
-}
-
-/// q, k and v [N*H, T, dh] = the heads of qkv's rows [N, T, 3 d] (from columns 0, d and 2 d),
-/// in one pass over the rows.
-template <class U>
-void split_qkv(const cpu_context& ctx, const heads_geometry& g, const U* qkv, U* q, U* k, U* v) {
+/// heads[0], heads[1], ... [N*H, T, dh] = the heads of rows [N, T, count d] (count: how
+/// many heads tensors; the i-th from column i d on: qkv's q, k and v), in one pass.
+template <class U, class... Heads>
+void split_heads(const cpu_context& ctx, const heads_geometry& g, const U* rows, Heads*... heads) {
   const std::size_t dh = g.dh(), d = g.d;
-  for_each_head_run(ctx, g, 3 * d, 0, [&](std::size_t r, std::size_t e) {
-    copy_run(qkv + r, dh, q + e);
-    copy_run(qkv + r + d, dh, k + e);
-    copy_run(qkv + r + 2 * d, dh, v + e);
+  for_each_head_run(ctx, g, sizeof...(Heads) * d, [&](std::size_t r, std::size_t e) {
+    std::size_t column = 0;
+    ((copy_run(rows + r + column, dh, heads + e), column += d), ...);
   });
 }
 
-/// The heads q, k and v [N*H, T, dh] put back into qkv's rows [N, T, 3 d], in one pass.
-template <class U>
-void merge_qkv(const cpu_context& ctx, const heads_geometry& g, const U* q, const U* k, const U* v,
-               U* qkv) {
+/// The heads tensors put back into rows [N, T, count d], as split_heads took them out.
+template <class U, class... Heads>
+void merge_heads(const cpu_context& ctx, const heads_geometry& g, U* rows, const Heads*... heads) {
   const std::size_t dh = g.dh(), d = g.d;
-  for_each_head_run(ctx, g, 3 * d, 0, [&](std::size_t r, std::size_t e) {
-    copy_run(q + e, dh, qkv + r);
-    copy_run(k + e, dh, qkv + r + d);
-    copy_run(v + e, dh, qkv + r + 2 * d);
+  for_each_head_run(ctx, g, sizeof...(Heads) * d, [&](std::size_t r, std::size_t e) {
+    std::size_t column = 0;
+    ((copy_run(heads + e, dh, rows + r + column), column += d), ...);
   });
 }
 
@@ -369,7 +347,7 @@ class attention_layer
     detail::ensure(q_, g_.per_head());
     detail::ensure(k_, g_.per_head());
     detail::ensure(v_, g_.per_head());
-    detail::split_qkv(ctx, g_, qkv.data(), q_.data(), k_.data(), v_.data());
+    detail::split_heads(ctx, g_, qkv.data(), q_.data(), k_.data(), v_.data());
     const auto& q = detail::as_type(ctx, q_, q_s_);
     const auto& k = detail::as_type(ctx, k_, k_s_);
     detail::ensure(scores_, g_.square());
@@ -385,7 +363,7 @@ class attention_layer
     detail::ensure(context_, g_.per_head());
     gemm<context_policy>(ctx, p, v, context_);
     detail::ensure(merged_, in);
-    detail::merge_heads(ctx, g_, context_.data(), merged_.data(), dim_, 0);
+    detail::merge_heads(ctx, g_, merged_.data(), context_.data());
     return out_.forward(ctx, detail::as_type(ctx, merged_, merged_o_), m);
   }
 
@@ -398,7 +376,7 @@ class attention_layer
     const auto& dmerged = out_.backward(ctx, dy);
     // Context: dp = dc v^T, dv = p^T dc.
     detail::ensure(dcontext_, g_.per_head());
-    detail::split_heads(ctx, g_, dmerged.data(), dim_, 0, dcontext_.data());
+    detail::split_heads(ctx, g_, dmerged.data(), dcontext_.data());
     const auto& dc = detail::as_type(ctx, dcontext_, dcontext_c_);
     const auto& p = detail::as_cast(probs_, probs_c_);
     const auto& v = detail::as_cast(v_, v_c_);
@@ -430,7 +408,7 @@ class attention_layer
     const auto& dq = detail::as_type(ctx, dq_, dq_q_);
     const auto& dk = detail::as_type(ctx, dk_, dk_q_);
     const auto& dv = detail::as_type(ctx, dv_, dv_q_);
-    detail::merge_qkv(ctx, g_, dq.data(), dk.data(), dv.data(), dqkv_.data());
+    detail::merge_heads(ctx, g_, dqkv_.data(), dq.data(), dk.data(), dv.data());
     return qkv_.backward(ctx, dqkv_);
   }
 

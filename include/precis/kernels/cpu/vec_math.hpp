@@ -146,10 +146,18 @@ inline exp_parts exp_of_reduced(vf r, vf n) {
   return {splat(1.0F) + (r + product(product(r, r), q)), n};
 }
 
+/// x clamped to [-150, 89] and n = round(x / ln 2) of the clamped value.
+struct exp_argument {
+  vf xc, n;
+};
+inline exp_argument exp_clamp(vf x) {
+  const vf xc = min(max(x, splat(-150.0F)), splat(89.0F));
+  return {xc, (product(xc, splat(1.44269502F)) + splat(exp_magic)) - splat(exp_magic)};
+}
+
 inline exp_parts exp_reduce(vf a, vf b) {
   const vf x = a + b;
-  const vf xc = min(max(x, splat(-150.0F)), splat(89.0F));
-  const vf n = (product(xc, splat(1.44269502F)) + splat(exp_magic)) - splat(exp_magic);
+  const auto [xc, n] = exp_clamp(x);
   // For clamped lanes a and b no longer matter: their results are inf or 0 anyway.
   const vi clamped = (x != xc);
   const vf ac = select(clamped, xc, a), bc = select(clamped, splat(0.0F), b);
@@ -161,8 +169,7 @@ inline exp_parts exp_reduce(vf a, vf b) {
 /// stands for a in every lane, and adding bc = +0 can only turn an r of -0 into +0, for
 /// which e^r is 1 either way.
 inline exp_parts exp_reduce(vf x) {
-  const vf xc = min(max(x, splat(-150.0F)), splat(89.0F));
-  const vf n = (product(xc, splat(1.44269502F)) + splat(exp_magic)) - splat(exp_magic);
+  const auto [xc, n] = exp_clamp(x);
   const vf r = (xc - product(n, splat(ln2_hi))) - product(n, splat(ln2_lo));
   return exp_of_reduced(r, n);
 }
