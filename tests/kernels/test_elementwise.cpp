@@ -398,3 +398,38 @@ TEST_CASE("tabulated activations of 8- and 16-bit inputs equal the float computa
   check_tables_match_float_path<precis::float8_e4m3, bfloat16>();
   check_tables_match_float_path<precis::float8_e5m2, float>();
 }
+
+// gelu_with_derivative: y is gelu's output and dy * d (precis::mul) is gelu_backward's,
+// bit for bit, for float and bfloat16 inputs and outputs, an odd length (vector tails) and
+// 1 or 2 threads; a wrong shape throws before anything is written.
+template <class X, class Y>
+void check_gelu_with_derivative(const cpu_context& ctx) {
+  using P = std::conditional_t<std::is_same_v<X, float>, precis::presets::fp32, precis::presets::bf16_mixed>;
+  const auto x = random_tensor<X, 2>({37, 129}, -9.0, 9.0);
+  const auto dy = random_tensor<Y, 2>(std::array<std::size_t, 2>{37, 129}, -3.0, 3.0);
+  auto y = poisoned<Y, 2>(x.shape()), y_ref = y;
+  auto d = poisoned<float, 2>(x.shape());
+  auto dx = poisoned<Y, 2>(x.shape()), dx_ref = dx;
+  precis::gelu_with_derivative<P>(ctx, x, y, d);
+  precis::gelu<P>(ctx, x, y_ref);
+  CHECK(same_bits(y, y_ref));
+  precis::mul<P>(ctx, dy, d, dx);
+  precis::gelu_backward<P>(ctx, dy, x, dx_ref);
+  CHECK(same_bits(dx, dx_ref));
+}
+
+TEST_CASE("gelu_with_derivative: gelu's bits, and dy * d is gelu_backward's") {
+  for (unsigned threads : {1U, 2U}) {
+    const cpu_context ctx{threads};
+    check_gelu_with_derivative<float, float>(ctx);
+    check_gelu_with_derivative<bfloat16, bfloat16>(ctx);
+    check_gelu_with_derivative<bfloat16, float>(ctx);
+  }
+  const cpu_context ctx{1};
+  const auto x = random_tensor<float, 2>({3, 4});
+  auto y = poisoned<float, 2>(x.shape());
+  auto wrong = poisoned<float, 2>(std::array<std::size_t, 2>{4, 3});
+  check_error([&] { precis::gelu_with_derivative<precis::presets::fp32>(ctx, x, y, wrong); },
+              "precis::gelu_with_derivative", "[4, 3]", "[3, 4]");
+  for (float v : y) CHECK(std::isnan(v));
+}

@@ -165,6 +165,8 @@ struct vector_form : std::false_type {};
 template <>
 struct vector_form<gelu_erf_fn<float>> : std::true_type {
   static vmath::vf apply(vmath::vf x) { return vmath::gelu(x); }
+  /// apply(x), with the backward form's factor at x stored to `factor`, in one pass.
+  static vmath::vf apply(vmath::vf x, vmath::vf& factor) { return vmath::gelu_and_grad_factor(x, factor); }
 };
 template <>
 struct vector_form<gelu_erf_grad_fn<float>> : std::true_type {
@@ -257,6 +259,42 @@ void unary(std::string_view name, const cpu_context& ctx, const host_tensor<X, N
         } else {
           const Fn<M> f{};
           for (std::size_t i = 0; i < len; ++i) r[i] = f(v[i]);
+        }
+      },
+      x.data());
+}
+
+/// True when f's float math computes f'(x) in the same pass as f(x) for less than the two
+/// passes cost (a vector form with apply(x, factor): GELU), under policy P for input X.
+template <Policy P, template <class> class Fn, class X>
+inline constexpr bool derivative_form_v =
+    std::is_same_v<math_t<op::elementwise, P, X>, float> &&
+    requires(vmath::vf v) { vector_form<Fn<float>>::apply(v, v); };
+
+/// y = f(x) and d = f'(x) elementwise in one pass (see derivative_form_v): d is the factor
+/// the backward form multiplies dy by, so dy * d rounded once (precis::mul) is
+/// unary_backward's result, bit for bit.
+template <Policy P, template <class> class Fn, kernel_element X, kernel_element Y, std::size_t N>
+void unary_with_derivative(std::string_view name, const cpu_context& ctx, const host_tensor<X, N>& x,
+                           host_tensor<Y, N>& y, host_tensor<float, N>& d) {
+  static_assert(derivative_form_v<P, Fn, X>,
+                "precis: this function has no one-pass form with its derivative under this policy "
+                "(it needs float math and a vector form that gives the factor)");
+  check_shape(std::string(name) + ": y", y, shape_array<N>(x));
+  check_shape(std::string(name) + ": d", d, shape_array<N>(x));
+  float* ds = d.data();
+  map_blocks<float>(
+      ctx, element_count(x), y.data(),
+      [ds](std::size_t start, std::size_t len, float* r, const float* v) {
+        std::size_t i = 0;
+        vmath::vf f;
+        for (; i + vmath::lanes <= len; i += vmath::lanes) {
+          vmath::store(r + i, vector_form<Fn<float>>::apply(vmath::load(v + i), f));
+          vmath::store(ds + start + i, f);
+        }
+        if (i < len) {
+          vmath::store_partial(r + i, vector_form<Fn<float>>::apply(vmath::load_partial(v + i, len - i), f), len - i);
+          vmath::store_partial(ds + start + i, f, len - i);
         }
       },
       x.data());
@@ -438,6 +476,17 @@ void gelu(const cpu_context& ctx, const host_tensor<X, N>& x, host_tensor<Y, N>&
   } else {
     detail::unary<P, detail::gelu_erf_fn>("precis::gelu", ctx, x, y);
   }
+}
+
+/// y = gelu(x) (the exact, erf form) and d = gelu'(x) in one pass, for a training step
+/// that keeps d for its backward pass: there dx = dy * d (precis::mul) is gelu_backward's
+/// result, bit for bit, for about the cost of the forward pass alone (the two share the
+/// exp and erfc), and x need not be kept. Needs float math under P (a compile error
+/// otherwise); shapes are checked before anything is written.
+template <Policy P, kernel_element X, kernel_element Y, std::size_t N>
+void gelu_with_derivative(const cpu_context& ctx, const host_tensor<X, N>& x, host_tensor<Y, N>& y,
+                          host_tensor<float, N>& d) {
+  detail::unary_with_derivative<P, detail::gelu_erf_fn>("precis::gelu_with_derivative", ctx, x, y, d);
 }
 
 /// dx = dy * gelu'(x), for the same approximation as the forward pass.

@@ -223,35 +223,43 @@ inline vf log_scaled_erfc(vf u) {
   return product(q, u);
 }
 
-/// erfc(|x| / sqrt 2) / 2 = t exp(-x^2 / 2 + log_scaled_erfc(u)) / 2 for every x, as
-/// exp parts (value = p 2^n, see scale2) so that a factor can be applied before the last
-/// rounding: -x^2 / 2 is exact (the rounding of |x| / sqrt 2 reaches only t and u, where
-/// the derivatives are small), |x| is capped at 20 (erfc(14) underflows float).
-inline exp_parts half_erfc(vf x) {
-  const vf ax = min(abs(x), splat(20.0F));
-  const vf z = product(ax, splat(0.707106769F));
+/// |x| capped at 20 (erfc(20 / sqrt 2) underflows float) and -x^2 / 2 as the exact sum
+/// a + b (minus_half_square): where the normal CDF and the normal density of x both start.
+struct gaussian_terms {
+  vf ax, a, b;
+};
+inline gaussian_terms gaussian_of(vf x) {
+  gaussian_terms g;
+  g.ax = min(abs(x), splat(20.0F));
+  minus_half_square(g.ax, g.a, g.b);
+  return g;
+}
+
+/// erfc(|x| / sqrt 2) / 2 = t exp(-x^2 / 2 + log_scaled_erfc(u)) / 2 for every x, from x's
+/// gaussian_terms, as exp parts (value = p 2^n, see scale2) so that a factor can be applied
+/// before the last rounding: -x^2 / 2 is exact (the rounding of |x| / sqrt 2 reaches only
+/// t and u, where the derivatives are small).
+inline exp_parts half_erfc(const gaussian_terms& g) {
+  const vf z = product(g.ax, splat(0.707106769F));
   const vf r = splat(1.0F) / (splat(2.0F) + z);  // t = 2r, u = 1 - t = z r
   const vf u = product(z, r);
-  vf a, b;
-  minus_half_square(ax, a, b);
-  const exp_parts e = exp_reduce(a, b + log_scaled_erfc(u));
+  const exp_parts e = exp_reduce(g.a, g.b + log_scaled_erfc(u));
   return {product(e.p, r), e.n};  // t / 2 = r
 }
 
-/// The standard normal CDF Phi(x) = erfc(-x / sqrt 2) / 2, from erfc on both sides (no
-/// 1 + erf cancellation in the lower tail).
-inline vf normal_cdf(vf x) {
-  const exp_parts h = half_erfc(x);
+/// The standard normal CDF Phi(x) = erfc(-x / sqrt 2) / 2 from half_erfc's parts h: erfc
+/// on both sides (no 1 + erf cancellation in the lower tail).
+inline vf normal_cdf(vf x, const exp_parts& h) {
   const vf half_e = scale2(h.p, h.n);
   const vf cdf = select(x < splat(0.0F), half_e, splat(1.0F) - half_e);
   return select(x != x, x, cdf);
 }
 
-/// GELU x Phi(x) (PyTorch's default, approximate='none'). Below 0 the factor x is applied
-/// before the exp's last rounding, so subnormal results are rounded once. As the formula
-/// does in any float type: gelu(inf) = inf, gelu(-inf) = -inf * 0 = NaN, NaN stays NaN.
-inline vf gelu(vf x) {
-  const exp_parts h = half_erfc(x);
+/// The standard normal CDF Phi(x).
+inline vf normal_cdf(vf x) { return normal_cdf(x, half_erfc(gaussian_of(x))); }
+
+/// GELU x Phi(x) from half_erfc's parts h (see gelu(x)).
+inline vf gelu(vf x, const exp_parts& h) {
   // One scaling for both sides: erfc / 2 above 0, x erfc / 2 below.
   const vi negative = x < splat(0.0F);
   const vf s = scale2(select(negative, product(h.p, max(x, splat(-20.0F))), h.p), h.n);
@@ -260,17 +268,34 @@ inline vf gelu(vf x) {
   return select(x != x, x, select(negative, lower, upper));
 }
 
+/// GELU x Phi(x) (PyTorch's default, approximate='none'). Below 0 the factor x is applied
+/// before the exp's last rounding, so subnormal results are rounded once. As the formula
+/// does in any float type: gelu(inf) = inf, gelu(-inf) = -inf * 0 = NaN, NaN stays NaN.
+inline vf gelu(vf x) { return gelu(x, half_erfc(gaussian_of(x))); }
+
+/// gelu'(x) from x's gaussian_terms g and its normal CDF (see gelu_grad_factor(x)).
+inline vf gelu_grad_factor(vf x, const gaussian_terms& g, vf cdf) {
+  const exp_parts e = exp_reduce(g.a, g.b);
+  const vf x_pdf = scale2(product(e.p, product(max(x, splat(-20.0F)), splat(0.398942292F))), e.n);
+  const vi finite = abs(x) < splat(__builtin_inff());  // false for inf and NaN
+  return select(finite, cdf + x_pdf, x * splat(0.0F));
+}
+
 /// d/dx (x Phi(x)) = Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi); NaN at
 /// x = +-inf (inf * 0, as the formula gives) and for NaN.
 inline vf gelu_grad_factor(vf x) {
-  const vf ax = min(abs(x), splat(20.0F));
-  vf a, b;
-  minus_half_square(ax, a, b);
-  const exp_parts e = exp_reduce(a, b);
-  const vf x_pdf = scale2(product(e.p, product(max(x, splat(-20.0F)), splat(0.398942292F))), e.n);
-  const vf cdf = normal_cdf(x);
-  const vi finite = abs(x) < splat(__builtin_inff());  // false for inf and NaN
-  return select(finite, cdf + x_pdf, x * splat(0.0F));
+  const gaussian_terms g = gaussian_of(x);
+  return gelu_grad_factor(x, g, normal_cdf(x, half_erfc(g)));
+}
+
+/// gelu(x), with gelu_grad_factor(x) stored to `factor`: the same bits as the two calls,
+/// for about the cost of the second (they share |x|, -x^2 / 2 and the erfc). For a training
+/// pass that keeps the derivative for its backward pass instead of recomputing it there.
+inline vf gelu_and_grad_factor(vf x, vf& factor) {
+  const gaussian_terms g = gaussian_of(x);
+  const exp_parts h = half_erfc(g);
+  factor = gelu_grad_factor(x, g, normal_cdf(x, h));
+  return gelu(x, h);
 }
 
 /// dy gelu'(x): dy times gelu_grad_factor(x), rounded once.
