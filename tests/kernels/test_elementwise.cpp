@@ -400,13 +400,15 @@ TEST_CASE("tabulated activations of 8- and 16-bit inputs equal the float computa
 }
 
 // gelu_with_derivative: y is gelu's output and dy * d (precis::mul) is gelu_backward's,
-// bit for bit, for float and bfloat16 inputs and outputs, an odd length (vector tails) and
-// 1 or 2 threads; a wrong shape throws before anything is written.
+// bit for bit, for float and bfloat16 inputs and outputs, rows of an odd length (vector
+// tails) and 1 or 2 threads; a wrong shape throws before anything is written.
 template <class X, class Y>
 void check_gelu_with_derivative(const cpu_context& ctx) {
-  using P = std::conditional_t<std::is_same_v<X, float>, precis::presets::fp32, precis::presets::bf16_mixed>;
-  const auto x = random_tensor<X, 2>({37, 129}, -9.0, 9.0);
-  const auto dy = random_tensor<Y, 2>(std::array<std::size_t, 2>{37, 129}, -3.0, 3.0);
+  using P = std::conditional_t<std::is_same_v<X, float>, precis::presets::fp32,
+                               precis::presets::bf16_mixed>;
+  // 300 x 257: more than two threads' worth of elements, and a vector tail.
+  const auto x = random_tensor<X, 2>({300, 257}, -9.0, 9.0);
+  const auto dy = random_tensor<Y, 2>(std::array<std::size_t, 2>{300, 257}, -3.0, 3.0);
   auto y = poisoned<Y, 2>(x.shape()), y_ref = y;
   auto d = poisoned<float, 2>(x.shape());
   auto dx = poisoned<Y, 2>(x.shape()), dx_ref = dx;

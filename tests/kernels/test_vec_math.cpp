@@ -4,7 +4,9 @@
 // that crosses zero, ulps of the sum of its terms' magnitudes, since the cancellation
 // there is the function's, not the kernel's); where the reference is subnormal in float,
 // in units of the smallest subnormal (2^-149), counted separately. The bounds are what the
-// functions are documented to reach; the measured maxima are printed.
+// functions are documented to reach, in both arithmetics (vmath::exact_arith, and
+// fused_arith, which uses fused multiply-adds where the build targets them); the measured
+// maxima are printed.
 #include <precis/kernels/cpu/vec_math.hpp>
 #include <precis/numeric/numeric.hpp>
 
@@ -18,6 +20,7 @@
 #include <numbers>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -104,31 +107,35 @@ double pdf(double x) { return std::exp(-0.5 * x * x) / std::sqrt(2 * std::number
 
 }  // namespace
 
-TEST_CASE("vectorised exp is within 1 ulp") {
-  const errors e = measure(inputs(-104.0F, 89.0F), [](vm::vf v) { return vm::exp(v); },
+TEST_CASE_TEMPLATE("vectorised exp is within 1 ulp (1.05 with fused multiply-adds)", A,
+                   vm::exact_arith, vm::fused_arith) {
+  const errors e = measure(inputs(-104.0F, 89.0F), [](vm::vf v) { return vm::exp<A>(v); },
                            [](double x) { return std::exp(x); }, itself);
   PRECIS_REPORT("exp", e);
-  CHECK(e.ulps <= 1.0);
+  // Measured: 0.99 exact, 1.03 fused (AVX-512; the largest error moves, it does not grow).
+  CHECK(e.ulps <= (std::is_same_v<A, vm::exact_arith> ? 1.0 : 1.05));
   CHECK(e.subnormal <= 1.0);
 }
 
-TEST_CASE("vectorised normal CDF and GELU are within 6 ulps, tails included") {
+TEST_CASE_TEMPLATE("vectorised normal CDF and GELU are within 6 ulps, tails included", A,
+                   vm::exact_arith, vm::fused_arith) {
   const auto xs = inputs(-20.0F, 20.0F);
-  const errors c = measure(xs, [](vm::vf v) { return vm::normal_cdf(v); }, phi, itself);
+  const errors c = measure(xs, [](vm::vf v) { return vm::normal_cdf<A>(v); }, phi, itself);
   PRECIS_REPORT("normal cdf", c);
   CHECK(c.ulps <= 6.0);
   CHECK(c.subnormal <= 4.0);
-  const errors g = measure(xs, [](vm::vf v) { return vm::gelu(v); },
+  const errors g = measure(xs, [](vm::vf v) { return vm::gelu<A>(v); },
                            [](double x) { return x * phi(x); }, itself);
   PRECIS_REPORT("gelu", g);
   CHECK(g.ulps <= 6.0);
   CHECK(g.subnormal <= 16.0);
 }
 
-TEST_CASE("vectorised GELU gradient is within 8 ulps of its terms") {
+TEST_CASE_TEMPLATE("vectorised GELU gradient is within 8 ulps of its terms", A, vm::exact_arith,
+                   vm::fused_arith) {
   const auto xs = inputs(-20.0F, 20.0F);
   const errors g = measure(
-      xs, [](vm::vf v) { return vm::gelu_grad(vm::splat(1.0F), v); },
+      xs, [](vm::vf v) { return vm::gelu_grad<A>(vm::splat(1.0F), v); },
       [](double x) { return phi(x) + x * pdf(x); },
       [](double x, double) { return std::abs(phi(x)) + std::abs(x * pdf(x)); });
   PRECIS_REPORT("gelu grad", g);
@@ -136,7 +143,8 @@ TEST_CASE("vectorised GELU gradient is within 8 ulps of its terms") {
   CHECK(g.subnormal <= 16.0);
 }
 
-TEST_CASE("GELU with its gradient factor in one pass: the bits of the two functions") {
+TEST_CASE_TEMPLATE("GELU with its gradient factor in one pass: the bits of the two functions", A,
+                   vm::exact_arith, vm::fused_arith) {
   // Every bfloat16 and float16 value and a million floats in [-20, 20], plus the specials
   // and the ends of the clamps. (All 2^32 floats gave no difference when this was written.)
   auto xs = inputs(-20.0F, 20.0F);
@@ -150,11 +158,11 @@ TEST_CASE("GELU with its gradient factor in one pass: the bits of the two functi
   for (std::size_t i = 0; i < xs.size(); i += vm::lanes) {
     const std::size_t n = std::min(vm::lanes, xs.size() - i);
     vm::vf factor;
-    vm::store_partial(y.data() + i, vm::gelu_and_grad_factor(vm::load_partial(xs.data() + i, n), factor), n);
+    vm::store_partial(y.data() + i, vm::gelu_and_grad_factor<A>(vm::load_partial(xs.data() + i, n), factor), n);
     vm::store_partial(f.data() + i, factor, n);
   }
-  vm::map(xs.data(), y0.data(), xs.size(), [](vm::vf v) { return vm::gelu(v); });
-  vm::map(xs.data(), f0.data(), xs.size(), [](vm::vf v) { return vm::gelu_grad_factor(v); });
+  vm::map(xs.data(), y0.data(), xs.size(), [](vm::vf v) { return vm::gelu<A>(v); });
+  vm::map(xs.data(), f0.data(), xs.size(), [](vm::vf v) { return vm::gelu_grad_factor<A>(v); });
   std::size_t differ = 0;
   for (std::size_t i = 0; i < xs.size(); ++i) {
     const bool same = std::bit_cast<std::uint32_t>(y[i]) == std::bit_cast<std::uint32_t>(y0[i]) &&
@@ -164,15 +172,35 @@ TEST_CASE("GELU with its gradient factor in one pass: the bits of the two functi
   CHECK(differ == 0);
 }
 
-TEST_CASE("vectorised sigmoid is within 3 ulps, its gradient within 4") {
+TEST_CASE("fused_arith fuses where the build targets FMA, and only there") {
+  // Random floats where GELU is neither 0 nor x: a fused multiply-add changes the last bit
+  // of some of them.
+  std::mt19937 g(11);
+  std::uniform_real_distribution<float> u(-8.0F, 8.0F);
+  std::vector<float> xs(1 << 16), exact(xs.size()), fused(xs.size());
+  for (auto& v : xs) v = u(g);
+  vm::map(xs.data(), exact.data(), xs.size(), [](vm::vf v) { return vm::gelu<vm::exact_arith>(v); });
+  vm::map(xs.data(), fused.data(), xs.size(), [](vm::vf v) { return vm::gelu<vm::fused_arith>(v); });
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < xs.size(); ++i) differ += exact[i] != fused[i] ? 1U : 0U;
+  MESSAGE("GELU results that fused multiply-adds changed: " << differ << " of " << xs.size());
+#if defined(__AVX512F__) || defined(__FMA__)
+  CHECK(differ > 0);
+#else
+  CHECK(differ == 0);
+#endif
+}
+
+TEST_CASE_TEMPLATE("vectorised sigmoid is within 3 ulps, its gradient within 4", A, vm::exact_arith,
+                   vm::fused_arith) {
   const auto xs = inputs(-100.0F, 100.0F);
-  const errors s = measure(xs, [](vm::vf v) { return vm::sigmoid(v); },
+  const errors s = measure(xs, [](vm::vf v) { return vm::sigmoid<A>(v); },
                            [](double x) { return 1 / (1 + std::exp(-x)); }, itself);
   PRECIS_REPORT("sigmoid", s);
   CHECK(s.ulps <= 3.0);
   CHECK(s.subnormal <= 2.0);
   const errors d = measure(
-      xs, [](vm::vf v) { return vm::sigmoid_grad(vm::splat(1.0F), v); },
+      xs, [](vm::vf v) { return vm::sigmoid_grad<A>(vm::splat(1.0F), v); },
       [](double x) {
         const double e = std::exp(-std::abs(x));
         return e / ((1 + e) * (1 + e));

@@ -6,8 +6,9 @@
 // its opmath type (float for the narrow formats, double for double), and each output
 // element is rounded once to its tensor's element type. In float, GELU (exact, erf form)
 // and sigmoid and their gradients run on SIMD vectors (kernels/cpu/vec_math.hpp: within a
-// few ulps, tails included, the same bits under every build flag); tanh, the tanh GELU
-// and double math use std::tanh/std::exp/std::erf. Backward kernels take the forward input
+// few ulps, tails included; under exact-products policies the same bits under every build
+// flag, under hardware-products ones with fused multiply-adds where the build targets
+// them); tanh, the tanh GELU and double math use std::tanh/std::exp/std::erf. Backward kernels take the forward input
 // x, not the forward output: the output was rounded to storage (8 significant bits in
 // bfloat16), and recomputing from x costs one function call per element.
 //
@@ -164,23 +165,30 @@ template <class F>
 struct vector_form : std::false_type {};
 template <>
 struct vector_form<gelu_erf_fn<float>> : std::true_type {
-  static vmath::vf apply(vmath::vf x) { return vmath::gelu(x); }
+  template <class A>
+  static vmath::vf apply(vmath::vf x) { return vmath::gelu<A>(x); }
   /// apply(x), with the backward form's factor at x stored to `factor`, in one pass.
-  static vmath::vf apply(vmath::vf x, vmath::vf& factor) { return vmath::gelu_and_grad_factor(x, factor); }
+  template <class A>
+  static vmath::vf apply(vmath::vf x, vmath::vf& factor) { return vmath::gelu_and_grad_factor<A>(x, factor); }
 };
 template <>
 struct vector_form<gelu_erf_grad_fn<float>> : std::true_type {
-  static vmath::vf factor(vmath::vf x) { return vmath::gelu_grad_factor(x); }
-  static vmath::vf apply(vmath::vf dy, vmath::vf x) { return dy * factor(x); }
+  template <class A>
+  static vmath::vf factor(vmath::vf x) { return vmath::gelu_grad_factor<A>(x); }
+  template <class A>
+  static vmath::vf apply(vmath::vf dy, vmath::vf x) { return dy * factor<A>(x); }
 };
 template <>
 struct vector_form<sigmoid_fn<float>> : std::true_type {
-  static vmath::vf apply(vmath::vf x) { return vmath::sigmoid(x); }
+  template <class A>
+  static vmath::vf apply(vmath::vf x) { return vmath::sigmoid<A>(x); }
 };
 template <>
 struct vector_form<sigmoid_grad_fn<float>> : std::true_type {
-  static vmath::vf factor(vmath::vf x) { return vmath::sigmoid_grad_factor(x); }
-  static vmath::vf apply(vmath::vf dy, vmath::vf x) { return dy * factor(x); }
+  template <class A>
+  static vmath::vf factor(vmath::vf x) { return vmath::sigmoid_grad_factor<A>(x); }
+  template <class A>
+  static vmath::vf apply(vmath::vf dy, vmath::vf x) { return dy * factor<A>(x); }
 };
 
 /// Inputs of 16 bits or fewer (bfloat16, float16, the float8 formats) have at most 65536
@@ -191,15 +199,15 @@ struct vector_form<sigmoid_grad_fn<float>> : std::true_type {
 template <class X>
 inline constexpr bool tabulated_input_v = precis_format<X> && sizeof(X) <= 2;
 
-/// A vector form's function of x alone, as a type (value_table's key): its value, or for a
-/// backward form the factor dy is multiplied by.
-template <class Form>
+/// A vector form's function of x alone in arithmetic A, as a type (value_table's key): its
+/// value, or for a backward form the factor dy is multiplied by.
+template <class Form, class A>
 struct form_values {
-  vmath::vf operator()(vmath::vf x) const { return Form::apply(x); }
+  vmath::vf operator()(vmath::vf x) const { return Form::template apply<A>(x); }
 };
-template <class Form>
+template <class Form, class A>
 struct form_factors {
-  vmath::vf operator()(vmath::vf x) const { return Form::factor(x); }
+  vmath::vf operator()(vmath::vf x) const { return Form::template factor<A>(x); }
 };
 
 /// The table of F(x) (F: vf -> vf) for every value of X, indexed by X's bits; one per
@@ -242,7 +250,7 @@ void unary(std::string_view name, const cpu_context& ctx, const host_tensor<X, N
   using M = math_t<op::elementwise, P, X>;
   check_shape(std::string(name) + ": y", y, shape_array<N>(x));
   if constexpr (std::is_same_v<M, float> && vector_form<Fn<M>>::value && tabulated_input_v<X>) {
-    const Y* table = output_table<X, form_values<vector_form<Fn<M>>>, Y>();
+    const Y* table = output_table<X, form_values<vector_form<Fn<M>>, arith_t<P>>, Y>();
     const X* xs = x.data();
     Y* ys = y.data();
     parallel_for(ctx, element_count(x), elements_per_thread,
@@ -255,7 +263,7 @@ void unary(std::string_view name, const cpu_context& ctx, const host_tensor<X, N
       ctx, element_count(x), y.data(),
       [](std::size_t, std::size_t len, M* r, const M* v) {
         if constexpr (std::is_same_v<M, float> && vector_form<Fn<M>>::value) {
-          vmath::map(v, r, len, [](vmath::vf a) { return vector_form<Fn<M>>::apply(a); });
+          vmath::map(v, r, len, [](vmath::vf a) { return vector_form<Fn<M>>::template apply<arith_t<P>>(a); });
         } else {
           const Fn<M> f{};
           for (std::size_t i = 0; i < len; ++i) r[i] = f(v[i]);
@@ -264,16 +272,16 @@ void unary(std::string_view name, const cpu_context& ctx, const host_tensor<X, N
       x.data());
 }
 
-/// True when f's float math computes f'(x) in the same pass as f(x) for less than the two
-/// passes cost (a vector form with apply(x, factor): GELU), under policy P for input X.
+/// True when f's float math can compute f'(x) in the same pass as f(x), for less than the
+/// two passes cost (a vector form with apply(x, factor): GELU), under policy P for input X.
 template <Policy P, template <class> class Fn, class X>
 inline constexpr bool derivative_form_v =
     std::is_same_v<math_t<op::elementwise, P, X>, float> &&
-    requires(vmath::vf v) { vector_form<Fn<float>>::apply(v, v); };
+    requires(vmath::vf v) { vector_form<Fn<float>>::template apply<vmath::exact_arith>(v, v); };
 
 /// y = f(x) and d = f'(x) elementwise in one pass (see derivative_form_v): d is the factor
-/// the backward form multiplies dy by, so dy * d rounded once (precis::mul) is
-/// unary_backward's result, bit for bit.
+/// the backward form multiplies dy by, so for float or 16-bit dy, dy * d rounded once
+/// (precis::mul under P) is unary_backward's result, bit for bit. d must not be y.
 template <Policy P, template <class> class Fn, kernel_element X, kernel_element Y, std::size_t N>
 void unary_with_derivative(std::string_view name, const cpu_context& ctx, const host_tensor<X, N>& x,
                            host_tensor<Y, N>& y, host_tensor<float, N>& d) {
@@ -289,11 +297,13 @@ void unary_with_derivative(std::string_view name, const cpu_context& ctx, const 
         std::size_t i = 0;
         vmath::vf f;
         for (; i + vmath::lanes <= len; i += vmath::lanes) {
-          vmath::store(r + i, vector_form<Fn<float>>::apply(vmath::load(v + i), f));
+          vmath::store(r + i, vector_form<Fn<float>>::template apply<arith_t<P>>(vmath::load(v + i), f));
           vmath::store(ds + start + i, f);
         }
         if (i < len) {
-          vmath::store_partial(r + i, vector_form<Fn<float>>::apply(vmath::load_partial(v + i, len - i), f), len - i);
+          vmath::store_partial(
+              r + i, vector_form<Fn<float>>::template apply<arith_t<P>>(vmath::load_partial(v + i, len - i), f),
+              len - i);
           vmath::store_partial(ds + start + i, f, len - i);
         }
       },
@@ -309,7 +319,7 @@ void unary_backward(std::string_view name, const cpu_context& ctx, const host_te
   check_same_shape(std::string(name) + ": dy and x", dy, x);
   check_shape(std::string(name) + ": dx", dx, shape_array<N>(x));
   if constexpr (std::is_same_v<M, float> && vector_form<Fn<M>>::value && tabulated_input_v<X>) {
-    const float* table = value_table<X, form_factors<vector_form<Fn<M>>>>();
+    const float* table = value_table<X, form_factors<vector_form<Fn<M>>, arith_t<P>>>();
     const X* xs = x.data();
     map_blocks<M>(
         ctx, element_count(x), dx.data(),
@@ -326,7 +336,7 @@ void unary_backward(std::string_view name, const cpu_context& ctx, const host_te
       [](std::size_t, std::size_t len, M* r, const M* g, const M* v) {
         if constexpr (std::is_same_v<M, float> && vector_form<Fn<M>>::value) {
           vmath::map2(g, v, r, len,
-                      [](vmath::vf a, vmath::vf b) { return vector_form<Fn<M>>::apply(a, b); });
+                      [](vmath::vf a, vmath::vf b) { return vector_form<Fn<M>>::template apply<arith_t<P>>(a, b); });
         } else {
           const Fn<M> f{};
           for (std::size_t i = 0; i < len; ++i) r[i] = f(g[i], v[i]);
@@ -479,10 +489,12 @@ void gelu(const cpu_context& ctx, const host_tensor<X, N>& x, host_tensor<Y, N>&
 }
 
 /// y = gelu(x) (the exact, erf form) and d = gelu'(x) in one pass, for a training step
-/// that keeps d for its backward pass: there dx = dy * d (precis::mul) is gelu_backward's
-/// result, bit for bit, for about the cost of the forward pass alone (the two share the
-/// exp and erfc), and x need not be kept. Needs float math under P (a compile error
-/// otherwise); shapes are checked before anything is written.
+/// that keeps d for its backward pass: there dx = dy * d (precis::mul under P, dy float or
+/// 16-bit) is gelu_backward's result, bit for bit. The pass costs about 1.4 times gelu's
+/// (the derivative shares |x|, -x^2 / 2 and the erfc, and adds one exp), where
+/// gelu_backward's recomputation costs about 1.8 times gelu's. For float x: with 16-bit inputs gelu and
+/// gelu_backward read tables and are cheaper. Needs float math under P (a compile error
+/// otherwise); d must not be y; shapes are checked before anything is written.
 template <Policy P, kernel_element X, kernel_element Y, std::size_t N>
 void gelu_with_derivative(const cpu_context& ctx, const host_tensor<X, N>& x, host_tensor<Y, N>& y,
                           host_tensor<float, N>& d) {

@@ -50,11 +50,11 @@ M row_max(const M* x, std::size_t n) {
 
 /// Replaces the row x by exp(x - m) and returns the sum of those, kept in Acc, as M (float:
 /// vmath's exp and blocked row sum).
-template <class Acc, class M>
+template <class Acc, class A, class M>
 M exp_shifted_sum(M* x, std::size_t n, M m) {
   if constexpr (vmath::float_path_v<M, Acc>) {
     const vmath::vf mv = vmath::splat(m);
-    vmath::map(x, x, n, [mv](vmath::vf v) { return vmath::exp(v - mv); });
+    vmath::map(x, x, n, [mv](vmath::vf v) { return vmath::exp<A>(v - mv); });
     return vmath::row_sum(x, n);
   }
   accumulator<Acc> s;
@@ -78,7 +78,7 @@ enum class softmax_kind { softmax, log_softmax };
 /// row sum, in the same order as vmath::row_sum), one that multiplies by 1 / sum (as
 /// PyTorch does: a division per element would cost more than the exp). Log-softmax: the
 /// maximum, the sum of exp(x - m) without storing it, then (x - m) - log(sum).
-template <softmax_kind K>
+template <softmax_kind K, class A>
 void softmax_rows(float* buf, std::size_t k, std::size_t cols) {
   using vmath::vf;
   for (std::size_t i = 0; i < k; ++i) {
@@ -86,14 +86,14 @@ void softmax_rows(float* buf, std::size_t k, std::size_t cols) {
     const vf m = vmath::splat(vmath::row_max(row, cols));
     if constexpr (K == softmax_kind::softmax) {
       const float s = vmath::row_sum_of(cols, [&](std::size_t j) {
-        const vf e = vmath::exp(vmath::load_padded(row, j, cols) - m);
+        const vf e = vmath::exp<A>(vmath::load_padded(row, j, cols) - m);
         vmath::store_padded(row, j, cols, e);
         return vmath::zero_past(e, j, cols);
       });
       const vf inv = vmath::splat(1.0F / s);
       vmath::map(row, row, cols, [inv](vf v) { return v * inv; });
     } else {
-      const float s = vmath::row_sum(row, cols, [m](vf v) { return vmath::exp(v - m); });
+      const float s = vmath::row_sum(row, cols, [m](vf v) { return vmath::exp<A>(v - m); });
       const vf lse = vmath::splat(std::log(s));
       vmath::map(row, row, cols, [m, lse](vf v) { return (v - m) - lse; });
     }
@@ -118,7 +118,7 @@ void softmax_forward(std::string_view name, const cpu_context& ctx, const host_t
       for (std::size_t r = begin; r < end; r += run) {
         const std::size_t k = std::min(run, end - r);
         load_block(in + r * cols, buf.data(), k * cols);
-        softmax_rows<K>(buf.data(), k, cols);
+        softmax_rows<K, arith_t<P>>(buf.data(), k, cols);
         store_block(buf.data(), out + r * cols, k * cols);
       }
     });
@@ -130,7 +130,7 @@ void softmax_forward(std::string_view name, const cpu_context& ctx, const host_t
       load_block(in + r * cols, buf.data(), cols);
       const M m = row_max(buf.data(), cols);
       if constexpr (K == softmax_kind::softmax) {
-        const M s = exp_shifted_sum<Acc>(buf.data(), cols, m);
+        const M s = exp_shifted_sum<Acc, arith_t<P>>(buf.data(), cols, m);
         for (auto& v : buf) v = v / s;
       } else {
         std::vector<M>& shifted = buf;
@@ -186,7 +186,7 @@ void logsumexp(const cpu_context& ctx, const host_tensor<X, N>& x, host_tensor<Y
         o[r] = round_to<Y>(m);
         continue;
       }
-      const M s = detail::exp_shifted_sum<Acc>(buf.data(), cols, m);
+      const M s = detail::exp_shifted_sum<Acc, detail::arith_t<P>>(buf.data(), cols, m);
       o[r] = round_to<Y>(m + std::log(s));
     }
   });
@@ -250,7 +250,7 @@ void log_softmax_backward(const cpu_context& ctx, const host_tensor<DY, N>& dy,
         using detail::vmath::vf;
         const vf s = detail::vmath::splat(detail::vmath::row_sum(g.data(), cols));
         detail::vmath::map2(g.data(), p.data(), g.data(), cols, [s](vf gv, vf pv) {
-          return gv - detail::vmath::product(detail::vmath::exp(pv), s);
+          return gv - detail::vmath::product(detail::vmath::exp<detail::arith_t<P>>(pv), s);
         });
       } else {
         accumulator<Acc> total;
@@ -285,7 +285,8 @@ void logsumexp_backward(const cpu_context& ctx, const host_tensor<DY, N - 1>& dy
       if constexpr (std::is_same_v<M, float>) {
         using detail::vmath::vf;
         const vf gv = detail::vmath::splat(g), lv = detail::vmath::splat(l);
-        detail::vmath::map(v.data(), v.data(), cols, [gv, lv](vf e) { return gv * detail::vmath::exp(e - lv); });
+        detail::vmath::map(v.data(), v.data(), cols,
+                           [gv, lv](vf e) { return gv * detail::vmath::exp<detail::arith_t<P>>(e - lv); });
       } else {
         for (auto& e : v) e = g * std::exp(e - l);
       }

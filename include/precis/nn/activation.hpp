@@ -5,8 +5,9 @@
 // Each runs under its tag's policy resolved for op::elementwise: f(x) in the compute
 // type's opmath (float for 16-bit formats), rounded once to the storage type; backward
 // gives dx = dy f'(x), rounded once to the gradient type, with f'(x) recomputed from the
-// forward input, or for GELU in float on the host kept from the forward pass, which
-// computes it for little more than f(x) alone (the same bits either way).
+// forward input; GELU on the host with float inputs and gradients (the fp32 policies)
+// keeps f'(x) from a training forward pass instead, computed there with f(x) for about
+// 1.4 times f(x)'s cost (the same bits either way).
 #pragma once
 
 #include <precis/kernels/elementwise.hpp>
@@ -15,6 +16,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <variant>
 
 namespace precis::nn {
 
@@ -97,10 +99,9 @@ class activation_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
     derivative_of_input_ = false;
     if constexpr (keeps_derivative) {
       if (m == mode::train) {
-        // dx_ holds f'(x) until backward turns it into dy f'(x) in place.
-        detail::ensure(dx_, detail::shape_of<R>(x));
-        precis::detail::unary_with_derivative<P, Kernel::template fn>(kernel_name(), ctx, x, y_, dx_);
-        derivative_of_input_ = dx_holds_derivative_ = true;
+        detail::ensure(d_, detail::shape_of<R>(x));
+        precis::detail::unary_with_derivative<P, Kernel::template fn>(kernel_name(), ctx, x, y_, d_);
+        derivative_of_input_ = true;
       }
     }
     if (!derivative_of_input_) io::template unary<P, Kernel::template fn>(kernel_name(), ctx, x, y_);
@@ -109,52 +110,50 @@ class activation_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
   }
   const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
     const auto& x = x_.get(kind);
+    detail::ensure(dx_, detail::shape_of<R>(x));
     if constexpr (keeps_derivative) {
       if (derivative_of_input_) {
         precis::check_same_shape(kernel_name() + ": dy and x", dy, x);
-        precis::mul<P>(ctx, dy, dx_, dx_);  // the bits unary_backward gives
-        derivative_of_input_ = dx_holds_derivative_ = false;
+        precis::mul<P>(ctx, dy, d_, dx_);  // the bits unary_backward gives
         return dx_;
       }
     }
-    detail::ensure(dx_, detail::shape_of<R>(x));
     io::template unary_backward<P, Kernel::template grad>(kernel_name(), ctx, dy, x, dx_);
-    dx_holds_derivative_ = false;
     return dx_;
   }
   std::string shape() const { return "-"; }
-  std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
+  std::size_t own_bytes() const {
+    std::size_t bytes = detail::bytes_of(y_) + detail::bytes_of(dx_);
+    if constexpr (keeps_derivative) bytes += detail::bytes_of(d_);
+    return bytes;
+  }
   /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
   template <class Self, class F>
   static void for_each_observed(Self& self, F&& f) {
-    // From a training forward pass to the next backward pass dx_ holds f'(x), not a
-    // gradient: observed as no gradient.
-    if constexpr (keeps_derivative) {
-      static const tensor<G> none{};
-      f("", std::type_identity<Tag>{}, self.x_.peek(), self.y_, self.dx_holds_derivative_ ? none : self.dx_);
-    } else {
-      f("", std::type_identity<Tag>{}, self.x_.peek(), self.y_, self.dx_);
-    }
+    f("", std::type_identity<Tag>{}, self.x_.peek(), self.y_, self.dx_);
   }
 
  private:
   /// On the host, where f's float math gives f'(x) in the same pass as f(x) for less than
-  /// the two passes cost (GELU; see precis::gelu_with_derivative) and the gradient is
-  /// float: a training forward pass keeps f'(x) in dx_, and backward is dx = dy f'(x),
-  /// one product, the bits recomputing f'(x) from x gives. The input is still kept: a
-  /// backward pass after an eval-mode forward pass recomputes from it.
+  /// the two passes cost (GELU on inputs of more than 16 bits, whose values are not read
+  /// from tables; see precis::gelu_with_derivative) and the gradient is float: a training
+  /// forward pass keeps f'(x) in d_ (one more buffer of the input's size), and backward is
+  /// dx = dy f'(x), one product, the bits recomputing f'(x) from x gives. A backward pass
+  /// after an eval-mode forward pass recomputes from x.
   static constexpr bool keeps_derivative =
       std::is_same_v<Ctx, cpu_context> && std::is_same_v<G, float> &&
+      !precis::detail::tabulated_input_v<S> &&
       precis::detail::derivative_form_v<P, Kernel::template fn, S> &&
       std::is_same_v<precis::detail::math_t<op::elementwise, P, G, S>, float>;
+  using derivative_tensor = std::conditional_t<keeps_derivative, tensor<float>, std::monostate>;
 
   static std::string kernel_name() { return "precis::nn::" + std::string(kind); }
 
   tensor<S> y_;
   tensor<G> dx_;
+  [[no_unique_address]] derivative_tensor d_{};  // f'(x) of the last training forward pass
   detail::saved<tensor<S>> x_;
-  bool dx_holds_derivative_ = false;  // dx_ holds f'(x) of a training forward pass
-  bool derivative_of_input_ = false;  // ... of the last forward pass's input
+  bool derivative_of_input_ = false;  // d_ holds f' of the last forward pass's input
 };
 
 }  // namespace precis::nn

@@ -7,6 +7,7 @@
 #include <precis/config.hpp>
 #include <precis/kernels/common.hpp>
 #include <precis/kernels/context.hpp>
+#include <precis/kernels/cpu/vec_math.hpp>
 #include <precis/numeric/numeric.hpp>
 #include <precis/policy/policy.hpp>
 #include <precis/tensor/host_tensor.hpp>
@@ -24,6 +25,13 @@
 #include <utility>
 
 namespace precis::detail {
+
+/// The arithmetic of the float SIMD math (vmath) under policy P: fused multiply-adds where
+/// the build targets them for policies with the hardware's products, every product
+/// rounded on its own for exact ones (see vmath::exact_arith).
+template <Policy P>
+using arith_t = std::conditional_t<std::is_same_v<typename P::products_type, products::hardware>,
+                                   vmath::fused_arith, vmath::exact_arith>;
 
 /// The built-in type a kernel of kind Op under P does its arithmetic in: opmath of the
 /// rule set's compute type promoted with the element types of the inputs, so that a double
