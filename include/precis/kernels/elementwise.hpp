@@ -8,9 +8,10 @@
 // and sigmoid and their gradients run on SIMD vectors (kernels/cpu/vec_math.hpp: within a
 // few ulps, tails included; under exact-products policies the same bits under every build
 // flag, under hardware-products ones with fused multiply-adds where the build targets
-// them); tanh, the tanh GELU and double math use std::tanh/std::exp/std::erf. Backward kernels take the forward input
-// x, not the forward output: the output was rounded to storage (8 significant bits in
-// bfloat16), and recomputing from x costs one function call per element.
+// them); tanh, the tanh GELU and double math use std::tanh/std::exp/std::erf. Backward
+// kernels take the forward input x, not the forward output: the output was rounded to
+// storage (8 significant bits in bfloat16), and recomputing from x costs one function
+// call per element (gelu_with_derivative keeps f'(x) from the forward pass instead).
 //
 // Shapes are checked before anything is written; a mismatch throws precis::error naming
 // both shapes. Output tensors may be the input tensors (in place) for the same-shape forms.
@@ -169,7 +170,9 @@ struct vector_form<gelu_erf_fn<float>> : std::true_type {
   static vmath::vf apply(vmath::vf x) { return vmath::gelu<A>(x); }
   /// apply(x), with the backward form's factor at x stored to `factor`, in one pass.
   template <class A>
-  static vmath::vf apply(vmath::vf x, vmath::vf& factor) { return vmath::gelu_and_grad_factor<A>(x, factor); }
+  static vmath::vf apply(vmath::vf x, vmath::vf& factor) {
+    return vmath::gelu_and_grad_factor<A>(x, factor);
+  }
 };
 template <>
 struct vector_form<gelu_erf_grad_fn<float>> : std::true_type {
@@ -263,7 +266,8 @@ void unary(std::string_view name, const cpu_context& ctx, const host_tensor<X, N
       ctx, element_count(x), y.data(),
       [](std::size_t, std::size_t len, M* r, const M* v) {
         if constexpr (std::is_same_v<M, float> && vector_form<Fn<M>>::value) {
-          vmath::map(v, r, len, [](vmath::vf a) { return vector_form<Fn<M>>::template apply<arith_t<P>>(a); });
+          vmath::map(v, r, len,
+                     [](vmath::vf a) { return vector_form<Fn<M>>::template apply<arith_t<P>>(a); });
         } else {
           const Fn<M> f{};
           for (std::size_t i = 0; i < len; ++i) r[i] = f(v[i]);
@@ -283,8 +287,9 @@ inline constexpr bool derivative_form_v =
 /// the backward form multiplies dy by, so for float or 16-bit dy, dy * d rounded once
 /// (precis::mul under P) is unary_backward's result, bit for bit. d must not be y.
 template <Policy P, template <class> class Fn, kernel_element X, kernel_element Y, std::size_t N>
-void unary_with_derivative(std::string_view name, const cpu_context& ctx, const host_tensor<X, N>& x,
-                           host_tensor<Y, N>& y, host_tensor<float, N>& d) {
+void unary_with_derivative(std::string_view name, const cpu_context& ctx,
+                           const host_tensor<X, N>& x, host_tensor<Y, N>& y,
+                           host_tensor<float, N>& d) {
   static_assert(derivative_form_v<P, Fn, X>,
                 "precis: this function has no one-pass form with its derivative under this policy "
                 "(it needs float math and a vector form that gives the factor)");
@@ -294,18 +299,9 @@ void unary_with_derivative(std::string_view name, const cpu_context& ctx, const 
   map_blocks<float>(
       ctx, element_count(x), y.data(),
       [ds](std::size_t start, std::size_t len, float* r, const float* v) {
-        std::size_t i = 0;
-        vmath::vf f;
-        for (; i + vmath::lanes <= len; i += vmath::lanes) {
-          vmath::store(r + i, vector_form<Fn<float>>::template apply<arith_t<P>>(vmath::load(v + i), f));
-          vmath::store(ds + start + i, f);
-        }
-        if (i < len) {
-          vmath::store_partial(
-              r + i, vector_form<Fn<float>>::template apply<arith_t<P>>(vmath::load_partial(v + i, len - i), f),
-              len - i);
-          vmath::store_partial(ds + start + i, f, len - i);
-        }
+        vmath::map_two_outputs(v, r, ds + start, len, [](vmath::vf a, vmath::vf& factor) {
+          return vector_form<Fn<float>>::template apply<arith_t<P>>(a, factor);
+        });
       },
       x.data());
 }
@@ -336,7 +332,9 @@ void unary_backward(std::string_view name, const cpu_context& ctx, const host_te
       [](std::size_t, std::size_t len, M* r, const M* g, const M* v) {
         if constexpr (std::is_same_v<M, float> && vector_form<Fn<M>>::value) {
           vmath::map2(g, v, r, len,
-                      [](vmath::vf a, vmath::vf b) { return vector_form<Fn<M>>::template apply<arith_t<P>>(a, b); });
+                      [](vmath::vf a, vmath::vf b) {
+                        return vector_form<Fn<M>>::template apply<arith_t<P>>(a, b);
+                      });
         } else {
           const Fn<M> f{};
           for (std::size_t i = 0; i < len; ++i) r[i] = f(g[i], v[i]);
@@ -492,13 +490,15 @@ void gelu(const cpu_context& ctx, const host_tensor<X, N>& x, host_tensor<Y, N>&
 /// that keeps d for its backward pass: there dx = dy * d (precis::mul under P, dy float or
 /// 16-bit) is gelu_backward's result, bit for bit. The pass costs about 1.4 times gelu's
 /// (the derivative shares |x|, -x^2 / 2 and the erfc, and adds one exp), where
-/// gelu_backward's recomputation costs about 1.8 times gelu's. For float x: with 16-bit inputs gelu and
-/// gelu_backward read tables and are cheaper. Needs float math under P (a compile error
-/// otherwise); d must not be y; shapes are checked before anything is written.
+/// gelu_backward's recomputation costs about 1.8 times gelu's. Meant for float x: with
+/// 16-bit inputs gelu and gelu_backward read tables and are cheaper. Needs float math under
+/// P (a compile error otherwise); d must not be y; shapes are checked before anything is
+/// written.
 template <Policy P, kernel_element X, kernel_element Y, std::size_t N>
 void gelu_with_derivative(const cpu_context& ctx, const host_tensor<X, N>& x, host_tensor<Y, N>& y,
                           host_tensor<float, N>& d) {
-  detail::unary_with_derivative<P, detail::gelu_erf_fn>("precis::gelu_with_derivative", ctx, x, y, d);
+  detail::unary_with_derivative<P, detail::gelu_erf_fn>("precis::gelu_with_derivative", ctx, x,
+                                                        y, d);
 }
 
 /// dx = dy * gelu'(x), for the same approximation as the forward pass.

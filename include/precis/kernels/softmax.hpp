@@ -285,8 +285,9 @@ void logsumexp_backward(const cpu_context& ctx, const host_tensor<DY, N - 1>& dy
       if constexpr (std::is_same_v<M, float>) {
         using detail::vmath::vf;
         const vf gv = detail::vmath::splat(g), lv = detail::vmath::splat(l);
-        detail::vmath::map(v.data(), v.data(), cols,
-                           [gv, lv](vf e) { return gv * detail::vmath::exp<detail::arith_t<P>>(e - lv); });
+        detail::vmath::map(v.data(), v.data(), cols, [gv, lv](vf e) {
+          return gv * detail::vmath::exp<detail::arith_t<P>>(e - lv);
+        });
       } else {
         for (auto& e : v) e = g * std::exp(e - l);
       }

@@ -100,11 +100,14 @@ class activation_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
     if constexpr (keeps_derivative) {
       if (m == mode::train) {
         detail::ensure(d_, detail::shape_of<R>(x));
-        precis::detail::unary_with_derivative<P, Kernel::template fn>(kernel_name(), ctx, x, y_, d_);
+        precis::detail::unary_with_derivative<P, Kernel::template fn>(kernel_name(), ctx, x, y_,
+                                                                      d_);
         derivative_of_input_ = true;
       }
     }
-    if (!derivative_of_input_) io::template unary<P, Kernel::template fn>(kernel_name(), ctx, x, y_);
+    if (!derivative_of_input_) {
+      io::template unary<P, Kernel::template fn>(kernel_name(), ctx, x, y_);
+    }
     x_.set(x);
     return y_;
   }

@@ -11,15 +11,16 @@
 // so the operations are the same on every target. The functions with a template parameter
 // A (exp, the normal CDF, GELU, sigmoid) take that rule from it: exact_arith keeps it,
 // fused_arith (the policies with hardware products) fuses their polynomials' and argument
-// reductions' multiply-adds where the build targets FMA, for a third fewer operations. Sums over a row use 16 partial sums
-// whatever the width (see row_sum_of), so they too are the same bits everywhere.
+// reductions' multiply-adds where the build targets FMA, for a third fewer operations.
+// Sums over a row use 16 partial sums whatever the width (see row_sum_of), so they too
+// are the same bits everywhere.
 //
 // Accuracy (tests/kernels/test_vec_math.cpp checks every bfloat16 and float16 input and
 // random floats against float64): exp within 1 ulp (1.05 with fused_arith's multiply-adds:
-// measured 1.03); the normal CDF Phi and GELU within a
-// few ulps over the whole range, tails included (computed from a scaled erfc, not from
-// 1 + erf, which cancels), and a few multiples of the smallest subnormal where the result
-// is subnormal (x < -13); sigmoid within 2 ulps, its gradient within 4.
+// measured 1.03); the normal CDF Phi and GELU within a few ulps over the whole range,
+// tails included (computed from a scaled erfc, not from 1 + erf, which cancels), and a
+// few multiples of the smallest subnormal where the result is subnormal (x < -13);
+// sigmoid within 2 ulps, its gradient within 4.
 #pragma once
 
 #include <precis/numeric/detail/unfused.hpp>
@@ -371,6 +372,22 @@ void map(const float* in, float* out, std::size_t n, F f) {
   std::size_t i = 0;
   for (; i + lanes <= n; i += lanes) store(out + i, f(load(in + i)));
   if (i < n) store_partial(out + i, f(load_partial(in + i, n - i)), n - i);
+}
+
+/// As map, for f(v, second) that also gives a second vector (a value and its derivative):
+/// f's result goes to out, `second` to out2.
+template <class F>
+void map_two_outputs(const float* in, float* out, float* out2, std::size_t n, F f) {
+  std::size_t i = 0;
+  vf second;
+  for (; i + lanes <= n; i += lanes) {
+    store(out + i, f(load(in + i), second));
+    store(out2 + i, second);
+  }
+  if (i < n) {
+    store_partial(out + i, f(load_partial(in + i, n - i), second), n - i);
+    store_partial(out2 + i, second, n - i);
+  }
 }
 
 /// As map, for f(a, b).
