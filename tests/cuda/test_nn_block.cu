@@ -13,6 +13,8 @@
 #include <cstddef>
 #include <map>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -37,6 +39,17 @@ auto basic_block(std::size_t in, std::size_t out) {
                               nn::seq(nn::conv2d<proj>(in, out, 1, s2, nn::no_bias), nn::batch_norm(out))),
                  nn::relu());
 }
+
+// nvcc compiles this file twice, for the host and for the device, and both passes must see
+// the model's children: where the device pass did not (a lambda in `composite`'s
+// requires-expression), kernels launched only while walking the model (the casts of
+// refresh and parameter::set) got no device code and failed at run time with "invalid
+// device function". These assertions stop such a build instead.
+using block_model =
+    decltype(nn::build<bfloat16, 4, cuda_context>(presets::bf16_mixed{}, basic_block(8, 16)));
+using block_root = std::remove_cvref_t<decltype(std::declval<block_model&>().root())>;
+static_assert(nn::composite<block_root>, "the device pass must see the model's children");
+static_assert(!nn::composite<nn::parameter<bfloat16, float, 4, cuda_context>>);
 
 template <class P>
 void check_block(cuda_context& ctx, const std::string& tag) {

@@ -210,9 +210,24 @@ inline std::string path_or_root(std::string_view path) {
   return path.empty() ? std::string("(model)") : std::string(path);
 }
 
+namespace detail {
+
+/// A visitor that accepts any child: what `composite` asks for_each_child to take. A named
+/// type, not a lambda: nvcc's device pass judges a requires-expression holding a lambda
+/// false, so a model walked through it would give kernels launched only from the walk
+/// (refresh's casts) no device code, and their launches would fail on the GPU.
+struct any_child {
+  template <class Child>
+  void operator()(std::string_view, Child&) const {}
+};
+
+}  // namespace detail
+
 /// True for modules with children (combinators).
 template <class M>
-concept composite = requires(M& m) { M::for_each_child(m, [](std::string_view, auto&) {}); };
+concept composite = requires(M& m) {
+  M::for_each_child(m, detail::any_child{});
+};
 
 /// Calls f(path, node) for `node` and, depth first, every module below it. `Self` may be
 /// const: one walker serves both.
