@@ -65,11 +65,13 @@ precis::device_tensor<T, N> poisoned(const std::array<std::size_t, N>& shape) {
   return d;
 }
 
-/// max |device - host| / max |host| < limit; any non-finite value fails.
+/// max |device - host| / max(max |host|, scale) < limit; any non-finite value fails.
+/// `scale` is the size of the terms a result is the difference of, where that difference
+/// can cancel to (near) zero: there the error is measured against the terms, not the result.
 template <class T, std::size_t N>
 void compare(const std::string& what, precis::cuda_context& ctx,
              const precis::device_tensor<T, N>& got, const precis::host_tensor<T, N>& want,
-             double limit = bound<T>()) {
+             double limit = bound<T>(), double scale = 0) {
   const auto g = precis::to_host(got, ctx.stream());
   double err = 0, norm = 0;
   for (std::size_t i = 0; i < g.size(); ++i) {
@@ -81,6 +83,7 @@ void compare(const std::string& what, precis::cuda_context& ctx,
     err = std::max(err, std::abs(a - b));
     norm = std::max(norm, std::abs(b));
   }
+  norm = std::max(norm, scale);
   const double rel = norm == 0 ? err : err / norm;
   if (!(rel < limit)) {
     std::printf("FAILED: %s: device vs host %g >= %g\n", what.c_str(), rel, limit);

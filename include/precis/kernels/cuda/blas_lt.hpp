@@ -108,9 +108,9 @@ void set(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const V& v, c
 
 /// The operands of a row-major product C = alpha * op(A) op(B) + beta * C (+ bias over
 /// columns, epilogue), op(A) being M x K and op(B) K x N, all pointers to device memory.
-/// For float8 operands, `a_scale` and `b_scale` point (on the device) to the factors that
-/// undo the per-tensor scaling (1/scale), and only C = A B^T is accepted (cuBLASLt's TN
-/// layout for float8).
+/// For float8 operands, `a_scale` and `b_scale` point (on the device, each 16-byte aligned)
+/// to the factors that undo the per-tensor scaling (1/scale), and only C = A B^T is
+/// accepted (cuBLASLt's TN layout for float8).
 template <class TA, class TB, class TC>
 struct lt_product {
   std::int64_t m = 0, n = 0, k = 0;
@@ -164,6 +164,25 @@ void set_call_pointers(cublasLtMatmulDesc_t desc, const lt_product<TA, TB, TC>& 
   }
 }
 
+/// The product as errors name it: "128x96x200 bfloat16 x bfloat16 -> bfloat16, A^T, bias,
+/// batch 1, alignments 16/64/64 bytes".
+template <class Compute, class TA, class TB, class TC>
+std::string describe_product(const lt_product<TA, TB, TC>& p,
+                             const std::array<std::uint32_t, 3>& align) {
+  static constexpr const char* epilogues[] = {"no epilogue", "bias", "relu", "relu + bias",
+                                              "gelu + bias"};
+  std::string s = std::to_string(p.m) + "x" + std::to_string(p.n) + "x" + std::to_string(p.k) +
+                  " " + std::string(type_name_v<TA>) + " x " + std::string(type_name_v<TB>) +
+                  " -> " + std::string(type_name_v<TC>);
+  if constexpr (std::is_same_v<Compute, tfloat32>) s += " (tf32)";
+  s += p.trans_a ? ", A^T" : "";
+  s += p.trans_b ? ", B^T" : "";
+  s += std::string(", ") + epilogues[static_cast<int>(p.epilogue)] + ", batch " +
+       std::to_string(p.batch) + ", alignments " + std::to_string(align[0]) + "/" +
+       std::to_string(align[1]) + "/" + std::to_string(align[2]) + " bytes";
+  return s;
+}
+
 /// Makes the descriptors of product p and asks cuBLASLt's heuristic for its best algorithm
 /// for operands of the given alignments.
 template <class Compute, class TA, class TB, class TC>
@@ -210,7 +229,16 @@ lt_plan make_lt_plan(cuda_context& ctx, const lt_product<TA, TB, TC>& p,
   check(cublasLtMatmulAlgoGetHeuristic(ctx.blas_lt(), raw, plan.first.get(), plan.second.get(), plan.out.get(),
                                        plan.out.get(), rawp, 1, &heuristic, &found),
         "cublasLtMatmulAlgoGetHeuristic");
-  if (found == 0) throw error("precis::lt_matmul: cuBLASLt has no algorithm for this product");
+  if (found == 0 || heuristic.state != CUBLAS_STATUS_SUCCESS) {
+    throw error("precis::lt_matmul: cuBLASLt has no algorithm for the product " +
+                describe_product<Compute>(p, align));
+  }
+  if (heuristic.workspaceSize > lt_workspace_bytes) {
+    throw error("precis::lt_matmul: cuBLASLt's algorithm for the product " +
+                describe_product<Compute>(p, align) + " asks for " +
+                std::to_string(heuristic.workspaceSize) + " bytes of workspace, more than the " +
+                std::to_string(lt_workspace_bytes) + " it was offered");
+  }
   plan.algo = heuristic.algo;
   return plan;
 }
@@ -240,6 +268,15 @@ void lt_matmul(cuda_context& ctx, const lt_product<TA, TB, TC>& p) {
                   std::to_string(p.m) + ", " + std::to_string(p.n) + ", " + std::to_string(p.k));
     }
     if (!p.a_scale || !p.b_scale) throw error("precis::lt_matmul: float8 operands need a_scale and b_scale");
+    // cuBLASLt's own answer to a scale 4 bytes past a 16-byte boundary is "not supported"
+    // at the call (its heuristic still offers algorithms), so precis says why first.
+    const auto scale_bits =
+        reinterpret_cast<std::uintptr_t>(p.a_scale) | reinterpret_cast<std::uintptr_t>(p.b_scale);
+    if (scale_bits % 16 != 0) {
+      throw error(
+          "precis::lt_matmul: cuBLASLt needs the float8 scale pointers a_scale and "
+          "b_scale aligned to 16 bytes (give each its own allocation or 16-byte slot)");
+    }
   }
   if (p.epilogue != lt_epilogue::none && p.epilogue != lt_epilogue::relu && !p.bias) {
     throw error("precis::lt_matmul: the bias epilogues need a bias pointer");
@@ -256,10 +293,13 @@ void lt_matmul(cuda_context& ctx, const lt_product<TA, TB, TC>& p) {
   cu::lt_plan& plan = ctx.plan<cu::lt_plan>(key, [&] { return cu::make_lt_plan<Compute>(ctx, p, align); });
   cu::set_call_pointers(plan.desc.get(), p);
   void* workspace = ctx.workspace(cu::lt_workspace_bytes);
-  check(cublasLtMatmul(ctx.blas_lt(), plan.desc.get(), &p.alpha, p.b, plan.first.get(), p.a, plan.second.get(),
-                       &p.beta, p.c, plan.out.get(), p.c, plan.out.get(), &plan.algo, workspace,
-                       cu::lt_workspace_bytes, ctx.stream()),
-        "cublasLtMatmul");
+  const cublasStatus_t status =
+      cublasLtMatmul(ctx.blas_lt(), plan.desc.get(), &p.alpha, p.b, plan.first.get(), p.a,
+                     plan.second.get(), &p.beta, p.c, plan.out.get(), p.c, plan.out.get(),
+                     &plan.algo, workspace, cu::lt_workspace_bytes, ctx.stream());
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    check(status, "cublasLtMatmul for the product " + cu::describe_product<Compute>(p, align));
+  }
 }
 
 }  // namespace precis

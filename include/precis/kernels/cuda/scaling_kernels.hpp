@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <vector>
 
@@ -47,22 +48,47 @@ struct chunk {
   std::uint32_t size;
 };
 
+/// x * inv rounded once to T; sets `bad` when the stored result is infinite or NaN.
+template <class T>
+__device__ inline T unscale_one(T x, float inv, int& bad) {
+  float v = float(x) * inv;
+  if constexpr (std::is_same_v<T, float>) {
+    bad |= !::isfinite(v);
+    return v;
+  } else {
+    const T r(v);                  // rounds once, as the host kernel does
+    bad |= !::isfinite(float(r));  // an overflow of the format counts
+    return r;
+  }
+}
+
+// Each thread moves 16 bytes at a time (4 floats, 8 bfloat16 / float16) where the chunk
+// starts on a 16-byte boundary: one 2-byte access per element leaves most of the memory
+// bandwidth unused. The elements past the last whole vector, and chunks that start
+// elsewhere, go one at a time. Every element is rounded as in the scalar loop.
 template <class T>
 __global__ void unscale_chunks(const chunk<T>* chunks, const float* scale, int* found_inf) {
+  constexpr std::uint32_t per = 16 / sizeof(T);
   const chunk<T> c = chunks[blockIdx.x];
   const float inv = 1.0f / *scale;
   int bad = 0;
-  for (std::uint32_t i = threadIdx.x; i < c.size; i += blockDim.x) {
-    float v = float(c.data[i]) * inv;
-    if constexpr (std::is_same_v<T, float>) {
-      c.data[i] = v;
-    } else {
-      const T r(v);  // rounds once, as the host kernel does
-      c.data[i] = r;
-      v = float(r);  // an overflow of the format counts
+  std::uint32_t done = 0;
+  if (reinterpret_cast<std::uintptr_t>(c.data) % 16 == 0) {
+    auto* vectors = reinterpret_cast<uint4*>(c.data);
+    const std::uint32_t whole = c.size / per;
+    for (std::uint32_t i = threadIdx.x; i < whole; i += blockDim.x) {
+      uint4 raw = vectors[i];
+      T e[per];
+      memcpy(e, &raw, sizeof raw);
+#pragma unroll
+      for (std::uint32_t j = 0; j < per; ++j) e[j] = unscale_one(e[j], inv, bad);
+      memcpy(&raw, e, sizeof raw);
+      vectors[i] = raw;
     }
-    bad |= !::isfinite(v);
+    done = whole * per;
   }
+  for (std::uint32_t i = done + threadIdx.x; i < c.size; i += blockDim.x)
+    c.data[i] = unscale_one(c.data[i], inv, bad);
   if (__syncthreads_or(bad) && threadIdx.x == 0) *found_inf = 1;
 }
 
@@ -127,12 +153,17 @@ __global__ void scaled_cast_kernel(const T* x, F* out, std::size_t n, const floa
 /// The delayed-scaling update of delayed_scaling::update, step for step, by one block: the
 /// amax recorded when positive and finite, the reference (the history's max, or the
 /// latest) and the new scale; *amax is then zeroed for the next step's measurement.
+/// scale and inverse_scale each start a 16-byte slot: cuBLASLt refuses float8 scale
+/// pointers that are not 16-byte aligned (see lt_matmul), and inverse_scale() is one.
 struct delayed_header {
-  float scale;
-  float inverse_scale;
+  alignas(16) float scale;
+  alignas(16) float inverse_scale;
   std::uint32_t next;
   std::uint32_t recorded;
 };
+static_assert(offsetof(delayed_header, inverse_scale) % 16 == 0 &&
+                  offsetof(delayed_header, scale) % 16 == 0,
+              "precis: the float8 scale pointers must be 16-byte aligned within the header");
 
 // A template so that the header can define it in every translation unit.
 template <class Header = delayed_header>
