@@ -13,7 +13,8 @@
 //   5. precis's own memory-bound kernels (relu, softmax, layer norm, sum, cast, the float8
 //      scaled cast) on bf16 tensors of 8192 x 4096: bytes read and written per second as a
 //      fraction of a device-to-device copy's.
-// Times are medians of CUDA-event-timed repetitions after a warm-up. Exits 77 where no GPU
+// Times are medians of CUDA-event-timed repetitions after a warm-up; in 1. the two products
+// alternate, so that a drifting clock weighs on both. Exits 77 where no GPU
 // is present.
 //
 //   bench_cuda [--csv path] [--n N]
@@ -29,8 +30,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -54,6 +57,28 @@ double median_ms(precis::cuda_context& ctx, F&& f, int reps = 20, int warm = 5) 
   (void)cudaEventDestroy(stop);
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
+}
+
+/// Median times in ms of f and of g, measured alternately (f g, then g f, ...) after `warm`
+/// unmeasured runs of each: a clock or power state that drifts during the run falls on
+/// both alike, which timing all of f before all of g does not give.
+template <class F, class G>
+std::pair<double, double> median_pair_ms(precis::cuda_context& ctx, F&& f, G&& g, int reps = 20,
+                                         int warm = 5) {
+  for (int i = 0; i < warm; ++i) f(), g();
+  std::vector<float> tf, tg;
+  for (int i = 0; i < reps; ++i) {
+    const bool f_first = i % 2 == 0;
+    const double a =
+        median_ms(ctx, f_first ? std::function<void()>(f) : std::function<void()>(g), 1, 0);
+    const double b =
+        median_ms(ctx, f_first ? std::function<void()>(g) : std::function<void()>(f), 1, 0);
+    tf.push_back(float(f_first ? a : b));
+    tg.push_back(float(f_first ? b : a));
+  }
+  std::sort(tf.begin(), tf.end());
+  std::sort(tg.begin(), tg.end());
+  return {tf[tf.size() / 2], tg[tg.size() / 2]};
 }
 
 /// A device tensor of normally distributed values (never zeros: they can run faster).
@@ -216,8 +241,9 @@ int main(int argc, char** argv) {
   const auto a = random_device<precis::bfloat16, 2>({n, n}, g), b = random_device<precis::bfloat16, 2>({n, n}, g);
   precis::device_tensor<precis::bfloat16, 2> c({n, n});
   const direct_lt direct(ctx, n);
-  const double t_direct = median_ms(ctx, [&] { direct.run(ctx, a.data(), b.data(), c.data()); });
-  const double t_precis = median_ms(ctx, [&] { precis::gemm<precis::presets::bf16_mixed>(ctx, a, b, c); });
+  const auto [t_direct, t_precis] = median_pair_ms(
+      ctx, [&] { direct.run(ctx, a.data(), b.data(), c.data()); },
+      [&] { precis::gemm<precis::presets::bf16_mixed>(ctx, a, b, c); });
 
   // 2. Low precision against float.
   const double t_fp16 = gemm_ms<precis::presets::fp16_mixed, precis::float16>(ctx, n, g);
@@ -236,9 +262,9 @@ int main(int argc, char** argv) {
   const auto bs = random_device<precis::bfloat16, 2>({small, small}, g);
   precis::device_tensor<precis::bfloat16, 2> cs({small, small});
   const direct_lt direct_small(ctx, small);
-  const double t_direct_small = median_ms(ctx, [&] { direct_small.run(ctx, as.data(), bs.data(), cs.data()); }, 200);
-  const double t_precis_small =
-      median_ms(ctx, [&] { precis::gemm<precis::presets::bf16_mixed>(ctx, as, bs, cs); }, 200);
+  const auto [t_direct_small, t_precis_small] = median_pair_ms(
+      ctx, [&] { direct_small.run(ctx, as.data(), bs.data(), cs.data()); },
+      [&] { precis::gemm<precis::presets::bf16_mixed>(ctx, as, bs, cs); }, 200);
   row("precis::gemm fp16", t_fp16, "-");
   row("precis::gemm tf32", t_tf32, "-");
   row("precis::gemm fp32", t_fp32, "-");

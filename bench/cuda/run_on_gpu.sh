@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
-# Runs precis's device tests (plain and under compute-sanitizer memcheck) and the device
-# benchmarks on a machine with a GPU, from binaries built on a machine with the host
-# dependencies (`./run.sh cuda` builds them in build/cuda). Carry build/cuda/tests and
-# build/cuda/bench/bench_cuda to the GPU machine and run this from the repository root.
-# Results go to $OUT (default bench/results/cuda): the device name, each test's output and
-# status, the sanitizer's reports, and the benchmark tables and CSV.
+# Runs precis's device tests, the device benchmarks and then the tests again under
+# compute-sanitizer memcheck, on a machine with a GPU, from binaries built on a machine with
+# the host dependencies (`./run.sh cuda` builds them in build/cuda). Carry build/cuda/tests
+# and build/cuda/bench/bench_cuda (or copies in the same layout, named by BUILD) to the GPU
+# machine and run this from the repository root.
+#
+# Results go to $RESULTS (default bench/results/cuda): the device, the libraries each
+# binary resolved, each test's output and status, the benchmark's table and CSV, and the
+# sanitizer's reports. Each run has a time limit (TEST_TIMEOUT, MEMCHECK_TIMEOUT seconds),
+# so that a hung kernel costs one entry, not the lease; a run stopped by it is reported as
+# "timed out", never as passed. The exit status is 0 only when every test passed.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 BUILD="${BUILD:-build/cuda}"
-OUT="${OUT:-bench/results/cuda}"
-mkdir -p "$OUT"
+RESULTS="${RESULTS:-bench/results/cuda}"
+TEST_TIMEOUT="${TEST_TIMEOUT:-120}"
+MEMCHECK_TIMEOUT="${MEMCHECK_TIMEOUT:-60}"
+mkdir -p "$RESULTS"
 
-# cuBLAS(Lt) and cuDNN may come from Python wheels (nvidia-*) rather than system libraries.
+# cuBLAS(Lt), cuDNN, NCCL and the runtime may come from Python wheels (nvidia-*) rather
+# than system libraries; then the toolkit's own folder; EXTRA_LIBS last (a fallback).
 wheel_libs="$(python3 - <<'PY' 2>/dev/null
 import os
 try:
@@ -25,36 +33,79 @@ for root in nvidia.__path__:
             print(lib)
 PY
 )"
-for d in $wheel_libs; do LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; done
-export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"
+libs=""
+for d in $wheel_libs /usr/local/cuda/lib64 ${EXTRA_LIBS:-}; do
+  [[ -d "$d" ]] && libs="${libs:+$libs:}$d"
+done
+export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/device.txt"
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+  nvcc --version 2>/dev/null | tail -n 2
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+} 2>&1 | tee "$RESULTS/device.txt"
+
+tests=("$BUILD"/tests/cuda/test_cuda_* "$BUILD"/tests/numeric/test_numeric_device)
+{
+  for t in "${tests[@]}" "$BUILD/bench/bench_cuda"; do
+    echo "== $(basename "$t")"
+    ldd "$t" | grep -E 'cu|nccl|not found' || true
+  done
+} > "$RESULTS/libraries.txt" 2>&1
+if grep -q 'not found' "$RESULTS/libraries.txt"; then
+  echo "unresolved libraries:"
+  grep 'not found' "$RESULTS/libraries.txt" | sort -u
+fi
+
+# A status word for an exit code.
+status_of() {
+  case "$1" in
+    0) echo passed ;;
+    77) echo SKIPPED ;;
+    124) echo "TIMED OUT" ;;
+    *) echo FAILED ;;
+  esac
+}
 
 failed=0
-tests=("$BUILD"/tests/cuda/test_cuda_* "$BUILD"/tests/numeric/test_numeric_device)
-: > "$OUT/tests.txt"
+: > "$RESULTS/tests.txt"
 for t in "${tests[@]}"; do
-  [[ -x "$t" ]] || { echo "missing: $t" | tee -a "$OUT/tests.txt"; failed=1; continue; }
+  [[ -x "$t" ]] || { echo "missing: $t" | tee -a "$RESULTS/tests.txt"; failed=1; continue; }
   name="$(basename "$t")"
-  "$t" > "$OUT/$name.log" 2>&1
+  start_ms=$(date +%s%3N)
+  timeout "$TEST_TIMEOUT" "$t" > "$RESULTS/$name.log" 2>&1
   rc=$?
-  echo "$name: exit $rc ($( [[ $rc -eq 0 ]] && echo passed || { [[ $rc -eq 77 ]] && echo SKIPPED || echo FAILED; }))" |
-    tee -a "$OUT/tests.txt"
+  ms=$(( $(date +%s%3N) - start_ms ))
+  echo "$name: exit $rc ($(status_of $rc), $((ms / 1000)).$(printf %03d $((ms % 1000))) s)" |
+    tee -a "$RESULTS/tests.txt"
   [[ $rc -eq 0 ]] || failed=1
-  if command -v compute-sanitizer > /dev/null; then
-    compute-sanitizer --tool memcheck --error-exitcode 3 "$t" > "$OUT/$name.memcheck.log" 2>&1
-    rc=$?
-    echo "$name under memcheck: exit $rc" | tee -a "$OUT/tests.txt"
-    [[ $rc -eq 0 ]] || failed=1
-  else
-    echo "compute-sanitizer not found: memcheck not run" | tee -a "$OUT/tests.txt"
-  fi
 done
 
 if [[ -x "$BUILD/bench/bench_cuda" ]]; then
-  "$BUILD/bench/bench_cuda" --csv "$OUT/bench_cuda.csv" 2>&1 | tee "$OUT/bench_cuda.txt"
+  timeout "${BENCH_TIMEOUT:-240}" "$BUILD/bench/bench_cuda" --csv "$RESULTS/bench_cuda.csv" \
+    > "$RESULTS/bench_cuda.txt" 2>&1
+  rc=$?
+  echo "bench_cuda: exit $rc ($(status_of $rc))" | tee -a "$RESULTS/tests.txt"
 else
-  echo "missing: $BUILD/bench/bench_cuda"
+  echo "missing: $BUILD/bench/bench_cuda" | tee -a "$RESULTS/tests.txt"
   failed=1
+fi
+
+if command -v compute-sanitizer > /dev/null; then
+  for t in "${tests[@]}"; do
+    [[ -x "$t" ]] || continue
+    name="$(basename "$t")"
+    # NCCL's start-up asks for kernels of other GPU generations and ignores the refusals;
+    # in its test the sanitizer checks memory only, not the CUDA calls' return codes.
+    api=()
+    [[ "$name" == test_cuda_nccl ]] && api=(--report-api-errors no)
+    timeout "$MEMCHECK_TIMEOUT" compute-sanitizer --tool memcheck "${api[@]}" --error-exitcode 3 "$t" \
+      > "$RESULTS/$name.memcheck.log" 2>&1
+    rc=$?
+    echo "$name under memcheck: exit $rc ($(status_of $rc))" | tee -a "$RESULTS/tests.txt"
+    [[ $rc -eq 0 ]] || failed=1
+  done
+else
+  echo "compute-sanitizer not found: memcheck not run" | tee -a "$RESULTS/tests.txt"
 fi
 exit "$failed"
