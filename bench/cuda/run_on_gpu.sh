@@ -9,7 +9,8 @@
 # binary resolved, each test's output and status, the benchmark's table and CSV, and the
 # sanitizer's reports. Each run has a time limit (TEST_TIMEOUT, MEMCHECK_TIMEOUT seconds),
 # so that a hung kernel costs one entry, not the lease; a run stopped by it is reported as
-# "timed out", never as passed. The exit status is 0 only when every test passed.
+# "timed out", never as passed. The exit status is 0 only when every test and the
+# benchmark passed.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 BUILD="${BUILD:-build/cuda}"
@@ -86,6 +87,7 @@ if [[ -x "$BUILD/bench/bench_cuda" ]]; then
     > "$RESULTS/bench_cuda.txt" 2>&1
   rc=$?
   echo "bench_cuda: exit $rc ($(status_of $rc))" | tee -a "$RESULTS/tests.txt"
+  [[ $rc -eq 0 ]] || failed=1
 else
   echo "missing: $BUILD/bench/bench_cuda" | tee -a "$RESULTS/tests.txt"
   failed=1
@@ -99,7 +101,7 @@ if command -v compute-sanitizer > /dev/null; then
     # in its test the sanitizer checks memory only, not the CUDA calls' return codes.
     api=()
     [[ "$name" == test_cuda_nccl ]] && api=(--report-api-errors no)
-    timeout "$MEMCHECK_TIMEOUT" compute-sanitizer --tool memcheck "${api[@]}" --error-exitcode 3 "$t" \
+    timeout "$MEMCHECK_TIMEOUT" compute-sanitizer --tool memcheck ${api[@]+"${api[@]}"} --error-exitcode 3 "$t" \
       > "$RESULTS/$name.memcheck.log" 2>&1
     rc=$?
     echo "$name under memcheck: exit $rc ($(status_of $rc))" | tee -a "$RESULTS/tests.txt"

@@ -207,7 +207,7 @@ void check_layer_norm(precis::cuda_context& ctx, const precis::cpu_context& cpu)
     // and they cancel exactly where a row has one column (dx = 0 on the host, rounding
     // residue times rstd = 1/sqrt(eps) on the device, whose compiler contracts to FMAs).
     double terms = 0;
-    for (std::size_t r = 0; r < 15; ++r) {
+    for (std::size_t r = 0; r < mean.size(); ++r) {
       for (std::size_t j = 0; j < cols; ++j) {
         terms = std::max(
             terms, double(rstd.data()[r]) *
