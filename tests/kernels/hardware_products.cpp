@@ -15,8 +15,10 @@
 #include <array>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 namespace {
 
@@ -240,3 +242,30 @@ TEST_CASE("hardware convolutions: subnormals, thread counts, batch split or not"
     }
   }
 }
+
+#if PRECIS_HAS_ONEDNN
+TEST_CASE("the 16-bit NCHW <-> NHWC transpose matches the element-by-element one") {
+  // Rows and columns below, at and past the 8 x 8 blocks, and images one after another.
+  for (const std::size_t rows : {1U, 3U, 7U, 8U, 9U, 16U, 67U}) {
+    for (const std::size_t cols : {1U, 5U, 8U, 15U, 49U, 784U}) {
+      const std::size_t images = 3, size = images * rows * cols;
+      std::vector<std::uint16_t> a(size), t(size, 0xFFFF), back(size, 0xFFFF);
+      for (std::size_t i = 0; i < size; ++i) a[i] = std::uint16_t(i * 40503U + 7U);
+      precis::detail::transpose_images_16(a.data(), t.data(), images, rows, cols);
+      bool ok = true;
+      for (std::size_t n = 0; n < images; ++n) {
+        for (std::size_t i = 0; i < rows; ++i) {
+          for (std::size_t j = 0; j < cols; ++j) {
+            ok &= t[(n * cols + j) * rows + i] == a[(n * rows + i) * cols + j];
+          }
+        }
+      }
+      precis::detail::transpose_images_16(t.data(), back.data(), images, cols, rows);
+      CAPTURE(rows);
+      CAPTURE(cols);
+      CHECK(ok);
+      CHECK(back == a);
+    }
+  }
+}
+#endif
