@@ -185,9 +185,6 @@ struct onednn_conv_key {
   bool operator<(const onednn_conv_key& o) const { return tie() < o.tie(); }
 };
 
-/// One operand of a convolution primitive: precis's layout (NCHW, OIHW), the primitive's
-/// (oneDNN's choice: blocked or channels-last where its fast kernels want them) and the
-/// reorder between them when they differ (user -> primitive for inputs, back for outputs).
 /// dst = each of `images` row-major rows x cols matrices of 16-bit values, transposed:
 /// NCHW -> NHWC images with rows = C, cols = H*W, and back with rows = H*W, cols = C. 8 x 8
 /// blocks go through SSE2 unpacks (8 loads, 24 unpacks, 8 stores), the edges one value at
@@ -201,6 +198,12 @@ inline void transpose_images_16(const std::uint16_t* src, std::uint16_t* dst, st
   for (std::size_t n = 0; n < images; ++n) {
     const std::uint16_t* s = src + n * rows * cols;
     std::uint16_t* d = dst + n * rows * cols;
+    // Rows [i0, i1) of columns [j0, j1), one value at a time.
+    const auto one_by_one = [&](std::size_t i0, std::size_t i1, std::size_t j0, std::size_t j1) {
+      for (std::size_t j = j0; j < j1; ++j) {
+        for (std::size_t i = i0; i < i1; ++i) d[j * rows + i] = s[i * cols + j];
+      }
+    };
     for (std::size_t c = 0; c < c8; c += 8) {
       for (std::size_t r = 0; r < r8; r += 8) {
 #if defined(__SSE2__)
@@ -229,18 +232,12 @@ inline void transpose_images_16(const std::uint16_t* src, std::uint16_t* dst, st
         out(6, _mm_unpacklo_epi64(u3, u7));
         out(7, _mm_unpackhi_epi64(u3, u7));
 #else
-        for (std::size_t j = c; j < c + 8; ++j) {
-          for (std::size_t i = r; i < r + 8; ++i) d[j * rows + i] = s[i * cols + j];
-        }
+        one_by_one(r, r + 8, c, c + 8);
 #endif
       }
-      for (std::size_t j = c; j < c + 8; ++j) {
-        for (std::size_t i = r8; i < rows; ++i) d[j * rows + i] = s[i * cols + j];
-      }
+      one_by_one(r8, rows, c, c + 8);
     }
-    for (std::size_t j = c8; j < cols; ++j) {
-      for (std::size_t i = 0; i < rows; ++i) d[j * rows + i] = s[i * cols + j];
-    }
+    one_by_one(0, rows, c8, cols);
   }
 }
 
@@ -248,26 +245,33 @@ inline void transpose_images_16(const std::uint16_t* src, std::uint16_t* dst, st
 /// by precis's 16-bit transpose (NCHW <-> NHWC bfloat16 images), or by oneDNN's reorder.
 enum class onednn_move { same, to_nhwc, to_nchw, reorder };
 
+/// One operand of a convolution primitive: precis's layout (NCHW, OIHW), the primitive's
+/// (oneDNN's choice: blocked or channels-last where its fast kernels want them) and the
+/// way between them when they differ (user -> primitive for inputs, back for outputs).
 struct onednn_operand {
   dnnl::memory::desc user, prim;
   onednn_move move = onednn_move::same;
-  dnnl::reorder reorder;
-  /// For the transposes: images, channels and pixels per image of the operand.
-  std::size_t images = 0, channels = 0, pixels = 0;
+  dnnl::reorder reorder;  ///< for onednn_move::reorder
 };
 
-/// Moves operand o's values from `from` (user layout when `input`, else the primitive's)
-/// to `to`, by the transpose or the reorder o was made with (o.move is not `same`).
+/// Moves operand o's values from `from` to `to` (precis's layout to the primitive's for an
+/// input, back for an output) by the transpose or the reorder o was made with; o.move is
+/// not `same`.
 inline void onednn_move_operand(const onednn_operand& o, dnnl::stream& s, dnnl::memory from,
                                 dnnl::memory to) {  // memory objects are shared handles
+  if (o.move == onednn_move::reorder) {
+    o.reorder.execute(s, from, to);
+    return;
+  }
+  const dnnl::memory::dims d = o.user.dims();  // N, C, H, W
+  const auto images = std::size_t(d[0]), channels = std::size_t(d[1]);
+  const auto pixels = std::size_t(d[2] * d[3]);
   const auto* src = static_cast<const std::uint16_t*>(from.get_data_handle());
   auto* dst = static_cast<std::uint16_t*>(to.get_data_handle());
   if (o.move == onednn_move::to_nhwc) {
-    transpose_images_16(src, dst, o.images, o.channels, o.pixels);
-  } else if (o.move == onednn_move::to_nchw) {
-    transpose_images_16(src, dst, o.images, o.pixels, o.channels);
+    transpose_images_16(src, dst, images, channels, pixels);
   } else {
-    o.reorder.execute(s, from, to);
+    transpose_images_16(src, dst, images, pixels, channels);
   }
 }
 
@@ -374,9 +378,6 @@ struct onednn_state {
       if (d.size() == 4 && user.data_type() == dt::bf16 && prim.data_type() == dt::bf16 &&
           user == md(d, dt::bf16, tag::nchw) && prim == md(d, dt::bf16, tag::nhwc)) {
         o.move = input ? onednn_move::to_nhwc : onednn_move::to_nchw;
-        o.images = std::size_t(d[0]);
-        o.channels = std::size_t(d[1]);
-        o.pixels = std::size_t(d[2] * d[3]);
         return o;
       }
       o.move = onednn_move::reorder;
