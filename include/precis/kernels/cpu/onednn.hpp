@@ -136,11 +136,12 @@ class scratch_bytes {
 };
 
 /// What one part of a product owns: its stream and scratch memory (oneDNN's scratchpad,
-/// float results waiting for precis's epilogue, operands reordered to a primitive's layout).
+/// float results waiting for precis's epilogue, operands reordered to a primitive's layout,
+/// the working values of precis's weight packing).
 struct onednn_part {
   std::mutex busy;  // held while a part runs (see cpu_context on concurrent kernels)
   std::unique_ptr<dnnl::stream> stream;
-  scratch_bytes scratchpad, results, in0, in1, out;
+  scratch_bytes scratchpad, results, in0, in1, out, packing;
 };
 
 /// A product's shape, layouts and types: the key of the primitive cache.
@@ -185,65 +186,231 @@ struct onednn_conv_key {
   bool operator<(const onednn_conv_key& o) const { return tie() < o.tie(); }
 };
 
+#if defined(__SSE2__)
+/// v[0..7], eight rows of eight 16-bit values, transposed in place (24 unpacks).
+inline void transpose_8x8_16(__m128i (&v)[8]) {
+  const __m128i t0 = _mm_unpacklo_epi16(v[0], v[1]), t1 = _mm_unpackhi_epi16(v[0], v[1]);
+  const __m128i t2 = _mm_unpacklo_epi16(v[2], v[3]), t3 = _mm_unpackhi_epi16(v[2], v[3]);
+  const __m128i t4 = _mm_unpacklo_epi16(v[4], v[5]), t5 = _mm_unpackhi_epi16(v[4], v[5]);
+  const __m128i t6 = _mm_unpacklo_epi16(v[6], v[7]), t7 = _mm_unpackhi_epi16(v[6], v[7]);
+  const __m128i u0 = _mm_unpacklo_epi32(t0, t2), u1 = _mm_unpackhi_epi32(t0, t2);
+  const __m128i u2 = _mm_unpacklo_epi32(t1, t3), u3 = _mm_unpackhi_epi32(t1, t3);
+  const __m128i u4 = _mm_unpacklo_epi32(t4, t6), u5 = _mm_unpackhi_epi32(t4, t6);
+  const __m128i u6 = _mm_unpacklo_epi32(t5, t7), u7 = _mm_unpackhi_epi32(t5, t7);
+  v[0] = _mm_unpacklo_epi64(u0, u4);
+  v[1] = _mm_unpackhi_epi64(u0, u4);
+  v[2] = _mm_unpacklo_epi64(u1, u5);
+  v[3] = _mm_unpackhi_epi64(u1, u5);
+  v[4] = _mm_unpacklo_epi64(u2, u6);
+  v[5] = _mm_unpackhi_epi64(u2, u6);
+  v[6] = _mm_unpacklo_epi64(u3, u7);
+  v[7] = _mm_unpackhi_epi64(u3, u7);
+}
+#endif
+
+/// dst = src transposed, for a rows x cols matrix of 16-bit values: dst[j * ld_dst + i] =
+/// src[i * ld_src + j]. 8 x 8 blocks go through SSE2 unpacks (8 loads, 24 unpacks, 8
+/// stores), the edges one value at a time. The blocks run in strips 64 columns wide, rows
+/// of blocks down each strip: the source is read a few whole cache lines at a time, and
+/// the destination rows a strip writes (64 of them) stay in the cache until their lines are
+/// full. A matrix of fewer than 8 rows whose destination rows are contiguous (NCHW -> NHWC
+/// with 1 to 7 channels) takes 8 columns at a time too: each destination row is stored 8
+/// values wide, the overhang landing on the next rows, which are written after it.
+inline void transpose_16(const std::uint16_t* s, std::size_t ld_src, std::uint16_t* d,
+                         std::size_t ld_dst, std::size_t rows, std::size_t cols) {
+  const std::size_t r8 = rows - rows % 8, c8 = cols - cols % 8;
+  // Rows [i0, i1) of columns [j0, j1), one value at a time.
+  const auto one_by_one = [&](std::size_t i0, std::size_t i1, std::size_t j0, std::size_t j1) {
+    for (std::size_t j = j0; j < j1; ++j) {
+      for (std::size_t i = i0; i < i1; ++i) d[j * ld_dst + i] = s[i * ld_src + j];
+    }
+  };
+#if defined(__SSE2__)
+  const auto block = [&](std::size_t r, std::size_t c, std::size_t valid_rows) {
+    __m128i v[8];
+    for (std::size_t i = 0; i < 8; ++i) {
+      v[i] = i < valid_rows
+                 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + (r + i) * ld_src + c))
+                 : _mm_setzero_si128();
+    }
+    transpose_8x8_16(v);
+    for (std::size_t j = 0; j < 8; ++j) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + (c + j) * ld_dst + r), v[j]);
+    }
+  };
+  if (rows < 8 && ld_dst == rows) {
+    // A block's overhang reaches 8 - rows values past its last row; it must stay inside
+    // the matrix, in rows written later.
+    std::size_t c = 0;
+    for (; c + 8 <= cols && (cols - c - 7) * rows > 7; c += 8) block(0, c, rows);
+    one_by_one(0, rows, c, cols);
+    return;
+  }
+  for (std::size_t c0 = 0; c0 < c8; c0 += 64) {
+    const std::size_t c1 = std::min(c8, c0 + 64);
+    for (std::size_t r0 = 0; r0 < r8; r0 += 64) {
+      const std::size_t r1 = std::min(r8, r0 + 64);
+      for (std::size_t c = c0; c < c1; c += 8) {
+        for (std::size_t r = r0; r < r1; r += 8) block(r, c, 8);
+      }
+    }
+    one_by_one(r8, rows, c0, c1);
+  }
+#else
+  one_by_one(0, rows, 0, c8);
+#endif
+  one_by_one(0, rows, c8, cols);
+}
+
 /// dst = each of `images` row-major rows x cols matrices of 16-bit values, transposed:
-/// NCHW -> NHWC images with rows = C, cols = H*W, and back with rows = H*W, cols = C. 8 x 8
-/// blocks go through SSE2 unpacks (8 loads, 24 unpacks, 8 stores), the edges one value at
-/// a time. Blocks run down a column of blocks first, so the destination is written in
-/// order and the source rows a block reads stay in the cache for the next block across.
+/// NCHW -> NHWC images with rows = C, cols = H*W, and back with rows = H*W, cols = C.
 /// oneDNN 2.6's own reorder between these layouts (jit:uni) moved about 13 GB/s here,
 /// several times the convolution's own time on small layers.
 inline void transpose_images_16(const std::uint16_t* src, std::uint16_t* dst, std::size_t images,
                                 std::size_t rows, std::size_t cols) {
-  const std::size_t r8 = rows - rows % 8, c8 = cols - cols % 8;
   for (std::size_t n = 0; n < images; ++n) {
-    const std::uint16_t* s = src + n * rows * cols;
-    std::uint16_t* d = dst + n * rows * cols;
-    // Rows [i0, i1) of columns [j0, j1), one value at a time.
-    const auto one_by_one = [&](std::size_t i0, std::size_t i1, std::size_t j0, std::size_t j1) {
-      for (std::size_t j = j0; j < j1; ++j) {
-        for (std::size_t i = i0; i < i1; ++i) d[j * rows + i] = s[i * cols + j];
-      }
-    };
-    for (std::size_t c = 0; c < c8; c += 8) {
-      for (std::size_t r = 0; r < r8; r += 8) {
-#if defined(__SSE2__)
-        const auto row = [&](std::size_t i) {
-          return _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + (r + i) * cols + c));
-        };
-        const __m128i a0 = row(0), a1 = row(1), a2 = row(2), a3 = row(3), a4 = row(4),
-                      a5 = row(5), a6 = row(6), a7 = row(7);
-        const __m128i t0 = _mm_unpacklo_epi16(a0, a1), t1 = _mm_unpackhi_epi16(a0, a1);
-        const __m128i t2 = _mm_unpacklo_epi16(a2, a3), t3 = _mm_unpackhi_epi16(a2, a3);
-        const __m128i t4 = _mm_unpacklo_epi16(a4, a5), t5 = _mm_unpackhi_epi16(a4, a5);
-        const __m128i t6 = _mm_unpacklo_epi16(a6, a7), t7 = _mm_unpackhi_epi16(a6, a7);
-        const __m128i u0 = _mm_unpacklo_epi32(t0, t2), u1 = _mm_unpackhi_epi32(t0, t2);
-        const __m128i u2 = _mm_unpacklo_epi32(t1, t3), u3 = _mm_unpackhi_epi32(t1, t3);
-        const __m128i u4 = _mm_unpacklo_epi32(t4, t6), u5 = _mm_unpackhi_epi32(t4, t6);
-        const __m128i u6 = _mm_unpacklo_epi32(t5, t7), u7 = _mm_unpackhi_epi32(t5, t7);
-        const auto out = [&](std::size_t j, __m128i v) {
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(d + (c + j) * rows + r), v);
-        };
-        out(0, _mm_unpacklo_epi64(u0, u4));
-        out(1, _mm_unpackhi_epi64(u0, u4));
-        out(2, _mm_unpacklo_epi64(u1, u5));
-        out(3, _mm_unpackhi_epi64(u1, u5));
-        out(4, _mm_unpacklo_epi64(u2, u6));
-        out(5, _mm_unpackhi_epi64(u2, u6));
-        out(6, _mm_unpacklo_epi64(u3, u7));
-        out(7, _mm_unpackhi_epi64(u3, u7));
-#else
-        one_by_one(r, r + 8, c, c + 8);
-#endif
-      }
-      one_by_one(r8, rows, c, c + 8);
-    }
-    one_by_one(0, rows, c8, cols);
+    transpose_16(src + n * rows * cols, cols, dst + n * rows * cols, rows, rows, cols);
   }
 }
 
+/// The 32-bit version of transpose_16, 4 x 4 blocks through SSE2 unpacks: dst[j * ld_dst +
+/// i] = src[i * ld_src + j] for a rows x cols matrix.
+inline void transpose_32(const std::uint32_t* s, std::size_t ld_src, std::uint32_t* d,
+                         std::size_t ld_dst, std::size_t rows, std::size_t cols) {
+  const std::size_t r4 = rows - rows % 4, c4 = cols - cols % 4;
+  const auto one_by_one = [&](std::size_t i0, std::size_t i1, std::size_t j0, std::size_t j1) {
+    for (std::size_t j = j0; j < j1; ++j) {
+      for (std::size_t i = i0; i < i1; ++i) d[j * ld_dst + i] = s[i * ld_src + j];
+    }
+  };
+  for (std::size_t c = 0; c < c4; c += 4) {
+    for (std::size_t r = 0; r < r4; r += 4) {
+#if defined(__SSE2__)
+      const auto row = [&](std::size_t i) {
+        return _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + (r + i) * ld_src + c));
+      };
+      const __m128i a0 = row(0), a1 = row(1), a2 = row(2), a3 = row(3);
+      const __m128i t0 = _mm_unpacklo_epi32(a0, a1), t1 = _mm_unpackhi_epi32(a0, a1);
+      const __m128i t2 = _mm_unpacklo_epi32(a2, a3), t3 = _mm_unpackhi_epi32(a2, a3);
+      const auto out = [&](std::size_t j, __m128i v) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + (c + j) * ld_dst + r), v);
+      };
+      out(0, _mm_unpacklo_epi64(t0, t2));
+      out(1, _mm_unpackhi_epi64(t0, t2));
+      out(2, _mm_unpacklo_epi64(t1, t3));
+      out(3, _mm_unpackhi_epi64(t1, t3));
+#else
+      one_by_one(r, r + 4, c, c + 4);
+#endif
+    }
+    one_by_one(r4, rows, c, c + 4);
+  }
+  one_by_one(0, rows, c4, cols);
+}
+
+/// How precis packs bfloat16 weights [O, I, KH, KW] into one of oneDNN's pair-interleaved
+/// blocked layouts, the ones its bfloat16 convolutions take (AcdB16b32a2b, ABcd16a16b2a,
+/// AcdB16a2b, ...: "VNNI" layouts). Blocks of bo output by bi input channels, the padding
+/// past O and I zero; inside a block, pairs of values adjacent along the sum's dimension x
+/// (I for forward weights, O for backward-data weights) as 32-bit words, [bx / 2][by]
+/// words with by the other dimension's block. Blocks sit at ob s_ob + ib s_ib + h s_h +
+/// w s_w elements, in whichever order the layout puts those four.
+struct onednn_weight_packing {
+  std::int64_t o, i, kh, kw;          // the weights' dims
+  std::int64_t bo, bi;                // block sizes along O and I
+  bool pairs_over_o;                  // x = O (backward data) rather than I
+  std::int64_t s_ob, s_ib, s_h, s_w;  // strides of the outer indices, in elements
+
+  /// The packing of a primitive's bfloat16 weight layout, or nothing where the layout is
+  /// not one of this family (oneDNN's reorder packs those).
+  static std::optional<onednn_weight_packing> of(const dnnl::memory::desc& prim) {
+    const dnnl_memory_desc_t& d = prim.data;
+    if (d.ndims != 4 || d.data_type != dnnl_bf16 || d.format_kind != dnnl_blocked ||
+        d.extra.flags != 0 || d.offset0 != 0) {
+      return std::nullopt;
+    }
+    const dnnl_blocking_desc_t& b = d.format_desc.blocking;
+    const int n = b.inner_nblks;
+    if ((n != 2 && n != 3) || b.inner_blks[n - 1] != 2) return std::nullopt;
+    const auto x = b.inner_idxs[n - 1], y = b.inner_idxs[n - 2];
+    if (!((x == 0 && y == 1) || (x == 1 && y == 0))) return std::nullopt;
+    if (n == 3 && b.inner_idxs[0] != x) return std::nullopt;
+    const std::int64_t bx = n == 3 ? 2 * b.inner_blks[0] : 2, by = b.inner_blks[n - 2];
+    onednn_weight_packing p{d.dims[0],        d.dims[1],        d.dims[2],   d.dims[3],
+                            x == 0 ? bx : by, x == 1 ? bx : by, x == 0,      b.strides[0],
+                            b.strides[1],     b.strides[2],     b.strides[3]};
+    const auto up = [](std::int64_t v, std::int64_t m) { return (v + m - 1) / m * m; };
+    for (int k = 0; k < 4; ++k) {
+      if (d.padded_offsets[k] != 0) return std::nullopt;
+    }
+    if (d.padded_dims[0] != up(p.o, p.bo) || d.padded_dims[1] != up(p.i, p.bi) ||
+        d.padded_dims[2] != p.kh || d.padded_dims[3] != p.kw ||
+        prim.get_size() != std::size_t(up(p.o, p.bo) * up(p.i, p.bi) * p.kh * p.kw * 2)) {
+      return std::nullopt;
+    }
+    return p;
+  }
+  std::size_t o_blocks() const { return std::size_t((o + bo - 1) / bo); }
+  std::size_t i_blocks() const { return std::size_t((i + bi - 1) / bi); }
+  std::size_t blocks() const { return o_blocks() * i_blocks(); }
+  /// 16-bit values of the scratch pack() takes.
+  std::size_t scratch_values() const { return std::size_t(bo * bi * kh * kw); }
+
+  /// Packs blocks [b0, b1) (ob-major) of src [O, I, KH, KW] into dst, through `scratch`
+  /// (scratch_values() values): each output channel's [bi, KH KW] slice is first turned
+  /// into [KH KW, bi] rows (transpose_16), then each kernel position's [bo, bi] values go
+  /// to their block as word transposes (pairs along I) or row interleaves (pairs along O).
+  void pack(const std::uint16_t* src, std::uint16_t* dst, std::size_t b0, std::size_t b1,
+            std::uint16_t* scratch) const {
+    const std::size_t k = std::size_t(kh * kw), ubo = std::size_t(bo), ubi = std::size_t(bi);
+    const std::size_t plane = ubo * ubi;
+    for (std::size_t blk = b0; blk < b1; ++blk) {
+      const std::size_t ob = blk / i_blocks(), ib = blk % i_blocks();
+      const std::size_t o0 = ob * ubo, i0 = ib * ubi;
+      const std::size_t no = std::min(ubo, std::size_t(o) - o0);
+      const std::size_t ni = std::min(ubi, std::size_t(i) - i0);
+      if (no < ubo || ni < ubi) std::fill(scratch, scratch + k * plane, std::uint16_t(0));
+      for (std::size_t ol = 0; ol < no; ++ol) {
+        transpose_16(src + ((o0 + ol) * std::size_t(i) + i0) * k, k, scratch + ol * ubi, plane, ni,
+                     k);
+      }
+      for (std::size_t hw = 0; hw < k; ++hw) {
+        const std::uint16_t* m = scratch + hw * plane;  // [bo][bi]
+        std::uint16_t* out = dst + std::int64_t(ob) * s_ob + std::int64_t(ib) * s_ib +
+                             std::int64_t(hw / std::size_t(kw)) * s_h +
+                             std::int64_t(hw % std::size_t(kw)) * s_w;
+        if (!pairs_over_o) {
+          // words [bo][bi / 2] -> [bi / 2][bo]
+          transpose_32(reinterpret_cast<const std::uint32_t*>(m), ubi / 2,
+                       reinterpret_cast<std::uint32_t*>(out), ubo, ubo, ubi / 2);
+          continue;
+        }
+        for (std::size_t r = 0; r < ubo; r += 2) {  // rows r and r + 1 interleaved
+          const std::uint16_t *a = m + r * ubi, *b = a + ubi;
+          std::uint16_t* w = out + r * ubi;
+          std::size_t j = 0;
+#if defined(__SSE2__)
+          for (; j + 8 <= ubi; j += 8) {
+            const __m128i va = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + j));
+            const __m128i vb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + j));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(w + 2 * j), _mm_unpacklo_epi16(va, vb));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(w + 2 * j + 8), _mm_unpackhi_epi16(va, vb));
+          }
+#endif
+          for (; j < ubi; ++j) {
+            w[2 * j] = a[j];
+            w[2 * j + 1] = b[j];
+          }
+        }
+      }
+    }
+  }
+};
+
 /// How an operand goes between precis's layout and the primitive's: not at all (`same`),
-/// by precis's 16-bit transpose (NCHW <-> NHWC bfloat16 images), or by oneDNN's reorder.
-enum class onednn_move { same, to_nhwc, to_nchw, reorder };
+/// by precis's 16-bit transpose (NCHW <-> NHWC bfloat16 images), by precis's packing of
+/// bfloat16 weights (`pack`, onednn_weight_packing), or by oneDNN's reorder.
+enum class onednn_move { same, to_nhwc, to_nchw, pack, reorder };
 
 /// One operand of a convolution primitive: precis's layout (NCHW, OIHW), the primitive's
 /// (oneDNN's choice: blocked or channels-last where its fast kernels want them) and the
@@ -251,16 +418,26 @@ enum class onednn_move { same, to_nhwc, to_nchw, reorder };
 struct onednn_operand {
   dnnl::memory::desc user, prim;
   onednn_move move = onednn_move::same;
-  dnnl::reorder reorder;  ///< for onednn_move::reorder
+  dnnl::reorder reorder;            ///< for onednn_move::reorder
+  onednn_weight_packing packing{};  ///< for onednn_move::pack
 };
 
 /// Moves operand o's values from `from` to `to` (precis's layout to the primitive's for an
-/// input, back for an output) by the transpose or the reorder o was made with; o.move is
-/// not `same`.
+/// input, back for an output) by the transpose, packing or reorder o was made with, on the
+/// calling thread (the reorder on oneDNN's); o.move is not `same`. `scratch` holds a
+/// packing's working values.
 inline void onednn_move_operand(const onednn_operand& o, dnnl::stream& s, dnnl::memory from,
-                                dnnl::memory to) {  // memory objects are shared handles
+                                dnnl::memory to,  // memory objects are shared handles
+                                scratch_bytes& scratch) {
   if (o.move == onednn_move::reorder) {
     o.reorder.execute(s, from, to);
+    return;
+  }
+  if (o.move == onednn_move::pack) {
+    const onednn_weight_packing& w = o.packing;
+    w.pack(static_cast<const std::uint16_t*>(from.get_data_handle()),
+           static_cast<std::uint16_t*>(to.get_data_handle()), 0, w.blocks(),
+           static_cast<std::uint16_t*>(scratch.get(w.scratch_values() * 2)));
     return;
   }
   const dnnl::memory::dims d = o.user.dims();  // N, C, H, W
@@ -379,6 +556,14 @@ struct onednn_state {
           user == md(d, dt::bf16, tag::nchw) && prim == md(d, dt::bf16, tag::nhwc)) {
         o.move = input ? onednn_move::to_nhwc : onednn_move::to_nchw;
         return o;
+      }
+      // bfloat16 weights into a pair-interleaved blocked layout: precis's packing.
+      if (input && d.size() == 4 && user == md(d, dt::bf16, tag::oihw)) {
+        if (const auto packing = onednn_weight_packing::of(prim)) {
+          o.move = onednn_move::pack;
+          o.packing = *packing;
+          return o;
+        }
       }
       o.move = onednn_move::reorder;
       o.reorder = input ? dnnl::reorder(dnnl::reorder::primitive_desc(engine, user, engine, prim))
@@ -632,19 +817,38 @@ bool onednn_conv(const cpu_context& ctx, onednn_conv_key key, const TIn* in0, co
   const std::size_t in0_image = key.kind == onednn_conv_kind::backward_data ? y_image : x_image;
   const std::size_t out_image = key.kind == onednn_conv_kind::forward ? y_image : x_image;
 
-  // The weights of a forward or backward-data pass are the same for every part: reordered
-  // once into the state's shared buffer, on the OpenMP threads the parts run on (one when
-  // the images are split: an OpenMP team woken here would spin beside precis's threads).
+  // The weights of a forward or backward-data pass are the same for every part: moved once
+  // into the state's shared buffer. precis's packing splits its blocks over the context's
+  // threads; oneDNN's reorder runs on the OpenMP threads the parts run on (one when the
+  // images are split: an OpenMP team woken here would spin beside precis's threads).
   std::optional<dnnl::memory> shared_weights;
   if (!weights && first.in1.move != onednn_move::same && first.in1.prim == last.in1.prim) {
-    onednn_part& p0 = st.part(0);
-    const std::lock_guard lock(p0.busy);
-    dnnl::memory u(first.in1.user, st.engine, const_cast<TIn*>(in1));
-    shared_weights.emplace(first.in1.prim, st.engine, st.shared_weights.get(first.in1.prim.get_size()));
-    omp_threads::instance().with(omp, [&] {
-      onednn_move_operand(first.in1, *p0.stream, u, *shared_weights);
-      p0.stream->wait();
-    });
+    shared_weights.emplace(first.in1.prim, st.engine,
+                           st.shared_weights.get(first.in1.prim.get_size()));
+    if (first.in1.move == onednn_move::pack) {
+      const onednn_weight_packing& w = first.in1.packing;
+      const std::size_t blocks = w.blocks();
+      const std::size_t movers = std::min<std::size_t>(threads, blocks);
+      const std::size_t per = (blocks + movers - 1) / movers;
+      parallel_for(ctx, movers, 1, [&](std::size_t p0, std::size_t p1) {
+        for (std::size_t p = p0; p < p1; ++p) {
+          onednn_part& part = st.part(p);
+          const std::lock_guard lock(part.busy);
+          w.pack(reinterpret_cast<const std::uint16_t*>(in1),
+                 static_cast<std::uint16_t*>(shared_weights->get_data_handle()),
+                 std::min(blocks, p * per), std::min(blocks, (p + 1) * per),
+                 static_cast<std::uint16_t*>(part.packing.get(w.scratch_values() * 2)));
+        }
+      });
+    } else {
+      onednn_part& p0 = st.part(0);
+      const std::lock_guard lock(p0.busy);
+      dnnl::memory u(first.in1.user, st.engine, const_cast<TIn*>(in1));
+      omp_threads::instance().with(omp, [&] {
+        onednn_move_operand(first.in1, *p0.stream, u, *shared_weights, p0.packing);
+        p0.stream->wait();
+      });
+    }
   }
 
   const auto run = [&](std::size_t p) {
@@ -658,7 +862,7 @@ bool onednn_conv(const cpu_context& ctx, onednn_conv_key key, const TIn* in0, co
       dnnl::memory u(o.user, st.engine, const_cast<TIn*>(user));
       if (o.move == onednn_move::same) return u;
       dnnl::memory m(o.prim, st.engine, buf.get(o.prim.get_size()));
-      onednn_move_operand(o, s, u, m);
+      onednn_move_operand(o, s, u, m, part.packing);
       return m;
     };
     // Where the output goes in precis's layout: y or dx itself, or float values kept in
@@ -697,7 +901,7 @@ bool onednn_conv(const cpu_context& ctx, onednn_conv_key key, const TIn* in0, co
         // The primitive's writes finish before a transpose on this thread reads them.
         if (e.out.move != onednn_move::reorder) s.wait();
         dnnl::memory u(e.out.user, st.engine, user_out);
-        onednn_move_operand(e.out, s, o, u);
+        onednn_move_operand(e.out, s, o, u, part.packing);
       }
       s.wait();
     });
