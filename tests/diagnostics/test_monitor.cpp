@@ -140,12 +140,21 @@ TEST_CASE("the monitor reads each layer's input, output and gradients of the ste
   const auto d = diag_loop::make_data<float>(256, 1);
   const auto& y = model.forward(ctx, d.x, nn::mode::train);
   (void)loss.forward(ctx, y, d.labels);
-  const auto& dx = model.backward(ctx, loss.backward(ctx, 1.0));
+  (void)model.backward(ctx, loss.backward(ctx, 1.0));
+  double act_dx = -1.0;  // the input gradient of "act", as the reference computed it
+  model.for_each_observed(
+      [&](const std::string& path, auto, const auto*, const auto&, const auto&... g) {
+        if (path == "act") ((act_dx = amax_of(g)), ...);
+      });
 
   CHECK(find(mon, "fc1").input.amax == amax_of(d.x));
   CHECK(find(mon, "head").output.amax == amax_of(y));
-  CHECK(find(mon, "fc1").input_grad.amax == amax_of(dx));
-  CHECK(find(mon, "fc1").input_grad_scaled.amax == amax_of(dx));  // no scaling
+  CHECK(act_dx > 0.0);
+  CHECK(find(mon, "act").input_grad.amax == act_dx);
+  CHECK(find(mon, "act").input_grad_scaled.amax == act_dx);  // no scaling
+  // The trainer leaves out the gradient with respect to the model's input
+  // (nn::model::backward_parameters): fc1, which reads it, records none.
+  CHECK(find(mon, "fc1").input_grad.values == 0);
   // boost multiplies by 1e5: its output is what the norm reads.
   CHECK(find(mon, "boost").output.amax == find(mon, "norm").input.amax);
   CHECK(find(mon, "boost").output.amax > 65504.0);
@@ -161,6 +170,25 @@ TEST_CASE("the monitor reads each layer's input, output and gradients of the ste
   CHECK(table.find("boost") != std::string::npos);
   const std::string csv = mon.csv();
   CHECK(std::count(csv.begin(), csv.end(), '\n') == 6);  // header and five layers
+  // fc1's input-gradient fields are empty (none was computed), its others filled: the row
+  // "fc1,<tag>,linear,float,float,1,<out amax>,,<param grad amax>,0,,...".
+  const std::string fc1 = csv.substr(csv.find("\nfc1,") + 1);
+  std::vector<std::string> fields;
+  for (std::size_t b = 0, e = 0; e != std::string::npos && fields.size() < 11; b = e + 1) {
+    e = fc1.find(',', b);
+    fields.push_back(fc1.substr(b, e == std::string::npos ? e : e - b));
+  }
+  REQUIRE(fields.size() == 11);
+  CHECK(fields[7].empty());   // grad_amax
+  CHECK(!fields[8].empty());  // param_grad_amax
+  CHECK(fields[10].empty());  // grad_nonfinite
+  // The series row: step, scale, five output amaxes, then fc1's input-gradient amax, empty.
+  const std::string series = mon.series_csv();
+  const std::string row = series.substr(series.find('\n') + 1);
+  std::size_t at = 0;
+  for (std::size_t commas = 0; commas < 7 && at < row.size(); ++at) commas += row[at] == ',';
+  REQUIRE(at < row.size());
+  CHECK(row[at] == ',');
   CHECK(mon.gnuplot_script("series.csv", "ranges.png").find("float16 max") != std::string::npos);
 }
 

@@ -443,3 +443,68 @@ TEST_CASE("impossible layer arguments are refused when the model is built") {
                        doctest::Contains("padding at most half the kernel"), error);
   CHECK_THROWS_WITH_AS(build(nn::upsample_nearest(0)), doctest::Contains("scale >= 1"), error);
 }
+
+namespace {
+
+/// Runs backward and then backward_parameters on the same forward pass of m on x, and
+/// checks: the same parameter gradients, bit for bit; an empty input gradient for every
+/// layer that read x (`readers` of them), a full one for every other layer.
+template <class M>
+void check_backward_parameters(M& m, const host_tensor<bfloat16, 4>& x, std::size_t readers) {
+  const auto out = m.output_shape({x.shape()[0], x.shape()[1], x.shape()[2], x.shape()[3]});
+  const auto dy = precis_test::random_tensor<bfloat16, out.size()>(out);
+  const auto gradients = [&] {
+    std::vector<std::vector<float>> g;
+    for (const auto s : m.gradients()) g.emplace_back(s.begin(), s.end());
+    return g;
+  };
+  m.zero_grad();
+  m.forward(ctx, x);
+  m.backward(ctx, dy);
+  const auto full = gradients();
+  m.zero_grad();
+  m.forward(ctx, x);
+  m.backward_parameters(ctx, dy);
+  CHECK(gradients() == full);
+  std::size_t skipped = 0;
+  m.for_each_observed(
+      [&](const std::string& path, auto, const auto* in, const auto&, const auto&... g) {
+        if constexpr (sizeof...(g) > 0) {
+          const std::size_t n = (std::size_t(0) + ... + std::size_t(g.size()));
+          CAPTURE(path);
+          if (static_cast<const void*>(in) == static_cast<const void*>(&x)) {
+            CHECK(n == 0);
+            ++skipped;
+          } else {
+            CHECK(n > 0);
+          }
+        }
+      });
+  CHECK(skipped == readers);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "backward_parameters gives backward's parameter gradients bit for bit, leaving out the "
+    "input gradient of exactly the layers that read the input") {
+  using bf = presets::bf16_mixed;
+  const conv2d_params same{.padding = {1, 1}};
+  // The input reaches the first layers through nn::taps, nn::named, nn::repeat, a residual
+  // block with a projection shortcut (two convolutions read it), and, in the second model,
+  // nn::fork.
+  auto stages = nn::build<bfloat16, 4>(
+      bf{},
+      nn::seq(nn::taps(nn::named("stem", nn::repeat<1>(basic_block(3, 4, 2))),
+                       nn::seq(nn::relu(), nn::conv2d(4, 4, 3, same))),
+              nn::each(nn::global_avg_pool(), nn::global_avg_pool()), nn::add_all(),
+              nn::linear(4, 3)),
+      {.seed = 4});
+  auto forked = nn::build<bfloat16, 4>(
+      bf{},
+      nn::seq(nn::fork(nn::conv2d(3, 2, 1), nn::seq(nn::conv2d(3, 2, 3, same), nn::tanh())),
+              nn::subtract(), nn::conv_transpose2d(2, 2, 2, {.stride = {2, 2}})),
+      {.seed = 5});
+  check_backward_parameters(stages, precis_test::random_tensor<bfloat16, 4>({2, 3, 6, 6}), 2);
+  check_backward_parameters(forked, precis_test::random_tensor<bfloat16, 4>({2, 3, 5, 5}), 2);
+}

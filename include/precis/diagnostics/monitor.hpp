@@ -443,20 +443,23 @@ class monitor {
 
   /// A table: per layer, the storage and gradient types, the largest forward, input-gradient
   /// and parameter-gradient magnitudes (true gradients, divided by the loss scale) and the
-  /// shares that overflow or vanish in float16 and float8 (percent).
+  /// shares that overflow or vanish in float16 and float8 (percent). "-" where a layer
+  /// computed no input gradient (one reading the model's input, under nn::trainer).
   std::string table() const {
     std::vector<std::vector<std::string>> rows;
     rows.push_back({"layer", "tag", "storage/grad", "out amax", ">fp16", ">e4m3", "grad amax",
                     "0 fp16@scale", "0 fp16", "0 bf16", "0 e5m2@scale", "param grad amax"});
     for (const auto& r : records_) {
+      const bool g = r.input_grad.values != 0;
+      const auto grad = [g](const std::string& v) { return g ? v : std::string("-"); };
       rows.push_back({nn::path_or_root(r.path), r.tag, r.storage + "/" + r.gradient,
                       number(r.output.amax), percent(r.output.overflow_fraction(format::float16)),
                       percent(r.output.overflow_fraction(format::float8_e4m3)),
-                      number(r.input_grad.amax),
-                      percent(r.input_grad_scaled.zero_fraction(format::float16)),
-                      percent(r.input_grad.zero_fraction(format::float16)),
-                      percent(r.input_grad.zero_fraction(format::bfloat16)),
-                      percent(r.input_grad_scaled.zero_fraction(format::float8_e5m2)),
+                      grad(number(r.input_grad.amax)),
+                      grad(percent(r.input_grad_scaled.zero_fraction(format::float16))),
+                      grad(percent(r.input_grad.zero_fraction(format::float16))),
+                      grad(percent(r.input_grad.zero_fraction(format::bfloat16))),
+                      grad(percent(r.input_grad_scaled.zero_fraction(format::float8_e5m2))),
                       number(r.param_grad.amax)});
     }
     std::string out = precis::detail::format_table(rows);
@@ -470,7 +473,8 @@ class monitor {
 
   /// Every layer's measurements, one row each: amaxes, then per format the shares of
   /// outputs, input gradients (at the loss scale, then true) and parameter gradients (true)
-  /// that overflow, become subnormal or round to zero.
+  /// that overflow, become subnormal or round to zero. The input-gradient fields are empty
+  /// where a layer computed no input gradient (see table()).
   std::string csv() const {
     // Fields are appended one by one (`"," + s` trips GCC 12's -Wrestrict false positive).
     std::string out =
@@ -495,19 +499,21 @@ class monitor {
     }
     out += '\n';
     for (const auto& r : records_) {
+      const bool g = r.input_grad.values != 0;
       out += csv_field(r.path);
       for (const std::string& v :
            {csv_field(r.tag), r.op_name, r.storage, r.gradient, std::to_string(r.observations),
-            number(r.output.amax), number(r.input_grad.amax), number(r.param_grad.amax),
-            std::to_string(r.output.nonfinite), std::to_string(r.input_grad.nonfinite)}) {
+            number(r.output.amax), g ? number(r.input_grad.amax) : "", number(r.param_grad.amax),
+            std::to_string(r.output.nonfinite), g ? std::to_string(r.input_grad.nonfinite) : ""}) {
         field(v);
       }
       for (format f : all_formats) {
         for (const value_stats* s :
              {&r.output, &r.input_grad_scaled, &r.input_grad, &r.param_grad}) {
-          field(number(s->overflow_fraction(f)));
-          field(number(s->subnormal_fraction(f)));
-          field(number(s->zero_fraction(f)));
+          const bool empty = !g && s != &r.output && s != &r.param_grad;
+          field(empty ? "" : number(s->overflow_fraction(f)));
+          field(empty ? "" : number(s->subnormal_fraction(f)));
+          field(empty ? "" : number(s->zero_fraction(f)));
         }
       }
       out += '\n';
@@ -516,7 +522,7 @@ class monitor {
   }
 
   /// The amax series: `step,scale`, then each layer's forward output amax and true
-  /// input-gradient amax (columns named by path).
+  /// input-gradient amax (columns named by path; empty where none was computed).
   std::string series_csv() const {
     std::string out = "step,scale";
     const auto field = [&out](const std::string& v) {
@@ -531,8 +537,12 @@ class monitor {
       field(number(row.scale));
       for (std::size_t i = 0; i < records_.size(); ++i)
         field(number(i < row.output_amax.size() ? row.output_amax[i] : 0.0));
-      for (std::size_t i = 0; i < records_.size(); ++i)
-        field(number(i < row.input_grad_amax.size() ? row.input_grad_amax[i] : 0.0));
+      for (std::size_t i = 0; i < records_.size(); ++i) {
+        // Empty (not drawn) for a layer that computed no input gradient.
+        field(records_[i].input_grad.values == 0
+                  ? ""
+                  : number(i < row.input_grad_amax.size() ? row.input_grad_amax[i] : 0.0));
+      }
       out += '\n';
     }
     return out;

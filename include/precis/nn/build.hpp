@@ -120,11 +120,16 @@ class model {
   /// Backpropagates dy (the loss's gradient with respect to the output(s)), adding the
   /// parameters' gradients to what they hold; returns the gradient with respect to x.
   decltype(auto) backward(context_ref_t<context_type> ctx, const output_grad_tensor& dy) {
-    if (detail::edge_shape_of<output_rank>(dy) != out_shape_) {
-      throw error("precis::nn::model::backward: dy has shape " + detail::edge_shape_string(detail::edge_shape_of<output_rank>(dy)) +
-                  ", the last forward pass gave " + detail::edge_shape_string(out_shape_));
-    }
+    check_output_gradient(dy);
     return root_.backward(ctx, dy);
+  }
+  /// backward() for training, where the gradient with respect to x is not wanted: the same
+  /// parameter gradients, but the layers that read x compute no input gradient (a network's
+  /// first convolution's backward-data pass is among its slowest). Returns nothing; those
+  /// layers' input-gradient buffers are left empty (see nn::backward_parameters).
+  void backward_parameters(context_ref_t<context_type> ctx, const output_grad_tensor& dy) {
+    check_output_gradient(dy);
+    nn::backward_parameters(root_, ctx, dy);
   }
 
   Root& root() { return root_; }
@@ -286,6 +291,13 @@ class model {
   }
 
  private:
+  void check_output_gradient(const output_grad_tensor& dy) const {
+    if (detail::edge_shape_of<output_rank>(dy) != out_shape_) {
+      throw error("precis::nn::model::backward: dy has shape " +
+                  detail::edge_shape_string(detail::edge_shape_of<output_rank>(dy)) +
+                  ", the last forward pass gave " + detail::edge_shape_string(out_shape_));
+    }
+  }
   // Parameters and checkpoint fields are named by path: two layers at one path would mix.
   void check_paths() const {
     std::set<std::string> seen;

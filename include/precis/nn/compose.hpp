@@ -127,6 +127,11 @@ class cast_in {
   const auto& backward(context_ref_t<context_type> ctx, const D& dy) {
     return cast_.backward(ctx, m_.backward(ctx, dy));
   }
+  /// backward() without the input gradient (see nn::backward_parameters).
+  template <class D>
+  void backward_parameters(context_ref_t<context_type> ctx, const D& dy) {
+    nn::backward_parameters(m_, ctx, dy);
+  }
   std::size_t own_bytes() const { return 0; }
   template <class Self, class F>
   static void for_each_child(Self& self, F&& f) {
@@ -170,6 +175,11 @@ class cast_out {
   template <class D>
   decltype(auto) backward(context_ref_t<context_type> ctx, const D& dy) {
     return m_.backward(ctx, cast_.backward(ctx, dy));
+  }
+  /// backward() without the input gradient (see nn::backward_parameters).
+  template <class D>
+  void backward_parameters(context_ref_t<context_type> ctx, const D& dy) {
+    nn::backward_parameters(m_, ctx, cast_.backward(ctx, dy));
   }
   std::size_t own_bytes() const { return 0; }
   template <class Self, class F>
@@ -296,6 +306,12 @@ class sequence {
   decltype(auto) backward(context_ref_t<context_type> ctx, const D& dy) {
     return backward_from<count - 1>(ctx, dy);
   }
+  /// backward() without the input gradient: the first child leaves its own out (see
+  /// nn::backward_parameters).
+  template <class D>
+  void backward_parameters(context_ref_t<context_type> ctx, const D& dy) {
+    backward_from<count - 1, true>(ctx, dy);
+  }
   std::size_t own_bytes() const { return 0; }
 
   template <class Self, class F>
@@ -342,13 +358,15 @@ class sequence {
       return forward_from<I + 1>(ctx, y, m);
     }
   }
-  template <std::size_t I, class D>
+  template <std::size_t I, bool ParametersOnly = false, class D>
   decltype(auto) backward_from(context_ref_t<context_type> ctx, const D& dy) {
-    if constexpr (I == 0) {
+    if constexpr (I == 0 && ParametersOnly) {
+      nn::backward_parameters(std::get<I>(children_), ctx, dy);
+    } else if constexpr (I == 0) {
       return std::get<I>(children_).backward(ctx, dy);
     } else {
       const auto& dx = std::get<I>(children_).backward(ctx, dy);
-      return backward_from<I - 1>(ctx, dx);
+      return backward_from<I - 1, ParametersOnly>(ctx, dx);
     }
   }
 
@@ -491,6 +509,16 @@ class branches {
     detail::ensure(dx_, detail::shape_of<input_rank>(*std::get<0>(dxs)));
     std::apply([&](auto... d) { io::add_rounded(ctx, dx_, *d...); }, dxs);
     return dx_;
+  }
+  /// backward() without the input gradient: no branch computes its own, none are added
+  /// (see nn::backward_parameters).
+  template <class D>
+  void backward_parameters(context_ref_t<context_type> ctx, const D& dy) {
+    std::size_t offset = 0;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (nn::backward_parameters(std::get<I>(children_), ctx, slice_for(dy, I, offset)), ...);
+    }
+    (std::make_index_sequence<count>{});
   }
 
   /// Branch I.
@@ -680,6 +708,18 @@ class repeat_block {
       return first_.backward(ctx, *d);
     }
   }
+  /// backward() without the input gradient: the first block leaves its own out (see
+  /// nn::backward_parameters).
+  void backward_parameters(context_ref_t<context_type> ctx,
+                           const tensor_t<context_type, output_grad_type, output_rank>& dy) {
+    if constexpr (N == 1) {
+      nn::backward_parameters(first_, ctx, dy);
+    } else {
+      const auto* d = &rest_[N - 2].backward(ctx, dy);
+      for (std::size_t i = N - 2; i-- > 0;) d = &rest_[i].backward(ctx, *d);
+      nn::backward_parameters(first_, ctx, *d);
+    }
+  }
   std::size_t own_bytes() const { return 0; }
   template <class Self, class F>
   static void for_each_child(Self& self, F&& f) {
@@ -754,6 +794,11 @@ class named_module {
   template <class D>
   decltype(auto) backward(context_ref_t<context_type> ctx, const D& dy) {
     return m_.backward(ctx, dy);
+  }
+  /// backward() without the input gradient (see nn::backward_parameters).
+  template <class D>
+  void backward_parameters(context_ref_t<context_type> ctx, const D& dy) {
+    nn::backward_parameters(m_, ctx, dy);
   }
   std::size_t own_bytes() const { return 0; }
   template <class Self, class F>

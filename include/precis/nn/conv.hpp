@@ -330,17 +330,32 @@ class conv2d_layer : public detail::conv_base<Tag, P, Ctx> {
   }
 
   const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
+    backward_impl(ctx, dy, true);
+    return this->dx_;
+  }
+  /// backward() without the input gradient (see nn::backward_parameters): no
+  /// backward-data pass; the input-gradient buffer is emptied.
+  void backward_parameters(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
+    backward_impl(ctx, dy, false);
+  }
+
+ private:
+  void backward_impl(context_ref_t<Ctx> ctx, const tensor<G>& dy, bool input_gradient) {
     const auto& x = this->x_.get(kind);
     check_same_shape("precis::nn::conv2d: dy and the output", dy, this->y_);
     const auto& w = this->weight_.value();
-    detail::ensure(this->dx_, detail::shape_of<4>(x));
+    if (input_gradient) {
+      detail::ensure(this->dx_, detail::shape_of<4>(x));
+      precis::conv2d_backward_data<P>(ctx, dy, w, this->dx_, this->params_);
+    } else {
+      detail::ensure(this->dx_, shape_t<4>{});
+    }
     detail::ensure(this->dw_, detail::shape_of<4>(w));
-    precis::conv2d_backward_data<P>(ctx, dy, w, this->dx_, this->params_);
     precis::conv2d_backward_weights<P>(ctx, x, dy, this->dw_, this->params_);
     this->accumulate_parameters(ctx, dy);
-    return this->dx_;
   }
 
+ public:
   std::string shape() const { return this->describe_shape(); }
   std::size_t own_bytes() const { return this->buffer_bytes(); }
 
@@ -409,17 +424,32 @@ class conv_transpose2d_layer : public detail::conv_base<Tag, P, Ctx> {
   }
 
   const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
+    backward_impl(ctx, dy, true);
+    return this->dx_;
+  }
+  /// backward() without the input gradient (see nn::backward_parameters): no
+  /// backward-data pass; the input-gradient buffer is emptied.
+  void backward_parameters(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
+    backward_impl(ctx, dy, false);
+  }
+
+ private:
+  void backward_impl(context_ref_t<Ctx> ctx, const tensor<G>& dy, bool input_gradient) {
     const auto& x = this->x_.get(kind);
     check_same_shape("precis::nn::conv_transpose2d: dy and the output", dy, this->y_);
     const auto& w = this->weight_.value();
-    detail::ensure(this->dx_, detail::shape_of<4>(x));
+    if (input_gradient) {
+      detail::ensure(this->dx_, detail::shape_of<4>(x));
+      precis::conv_transpose2d_backward_data<P>(ctx, dy, w, this->dx_, this->params_);
+    } else {
+      detail::ensure(this->dx_, shape_t<4>{});
+    }
     detail::ensure(this->dw_, detail::shape_of<4>(w));
-    precis::conv_transpose2d_backward_data<P>(ctx, dy, w, this->dx_, this->params_);
     precis::conv_transpose2d_backward_weights<P>(ctx, x, dy, this->dw_, this->params_);
     this->accumulate_parameters(ctx, dy);
-    return this->dx_;
   }
 
+ public:
   std::string shape() const { return this->describe_shape(); }
   std::size_t own_bytes() const { return this->buffer_bytes() + detail::bytes_of(sums_); }
 

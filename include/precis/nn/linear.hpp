@@ -231,10 +231,21 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
   }
 
   const host_tensor<G, R>& backward(const cpu_context& ctx, const host_tensor<G, R>& dy) {
+    backward_impl(ctx, dy, true);
+    return dx_;
+  }
+  /// backward() without the input gradient (see nn::backward_parameters): no dx product;
+  /// the input-gradient buffer is emptied.
+  void backward_parameters(const cpu_context& ctx, const host_tensor<G, R>& dy) {
+    backward_impl(ctx, dy, false);
+  }
+
+ private:
+  void backward_impl(const cpu_context& ctx, const host_tensor<G, R>& dy, bool input_gradient) {
     if constexpr (float8) {
-      backward_float8(ctx, dy);
+      backward_float8(ctx, dy, input_gradient);
     } else {
-      backward_exact(ctx, dy);
+      backward_exact(ctx, dy, input_gradient);
     }
     if (bias_on_) {
       detail::ensure(db_, shape_t<1>{out_});
@@ -245,9 +256,9 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
       precis::detail::reduce_axis<Red, Mt>(ctx, dy.data(), 1, rows, out_, db_.data());
       bias_.accumulate(db_);
     }
-    return dx_;
   }
 
+ public:
   parameter<S, M, 2>& weight() { return weight_; }
   parameter<S, M, 1>& bias() { return bias_; }
   /// The float8 recipes and the tensors last cast with them (float8 policies).
@@ -291,14 +302,19 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
  private:
   static std::string_view name_for_errors() { return path_name<Tag>(); }
 
-  void backward_exact(const cpu_context& ctx, const host_tensor<G, R>& dy) {
+  void backward_exact(const cpu_context& ctx, const host_tensor<G, R>& dy, bool input_gradient) {
     const auto& x = x_.get(kind);
     check_same_shape("precis::nn::linear: dy and the output", dy, y_);
     const std::size_t rows = x.size() / in_;
-    detail::ensure(dx_, detail::shape_of<R>(x));
-    // dx (rows x in) = dy (rows x out) W (out x in).
-    precis::detail::gemm_raw<op::matmul, P>(ctx, rows, in_, out_, dy.data(), out_, 1, weight_.value().data(), in_, 1,
-                                            dx_.data(), in_, static_cast<const G*>(nullptr), gemm_options{});
+    if (input_gradient) {
+      detail::ensure(dx_, detail::shape_of<R>(x));
+      // dx (rows x in) = dy (rows x out) W (out x in).
+      precis::detail::gemm_raw<op::matmul, P>(ctx, rows, in_, out_, dy.data(), out_, 1,
+                                              weight_.value().data(), in_, 1, dx_.data(), in_,
+                                              static_cast<const G*>(nullptr), gemm_options{});
+    } else {
+      detail::ensure(dx_, shape_t<R>{});
+    }
     // dW (out x in) = dy^T (out x rows) x (rows x in).
     detail::ensure(dw_, shape_t<2>{out_, in_});
     precis::detail::gemm_raw<op::matmul, P>(ctx, out_, in_, rows, dy.data(), 1, out_, x.data(), in_, 1, dw_.data(), in_,
@@ -306,7 +322,7 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
     weight_.accumulate(dw_);
   }
 
-  void backward_float8(const cpu_context& ctx, const host_tensor<G, R>& dy) {
+  void backward_float8(const cpu_context& ctx, const host_tensor<G, R>& dy, bool input_gradient) {
     auto& f = fp8_;
     if (!f.have_forward) {
       throw error("precis::nn::linear: backward() called without a forward() since the layer was made or copied");
@@ -314,12 +330,17 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
     check_same_shape("precis::nn::linear: dy and the output", dy, y_);
     const std::size_t rows = dy.size() / out_;
     const float sg = detail::quantize(ctx, f.grad_output, dy, f.dyq, true);
-    detail::ensure(dx_, detail::shape_of<R>(f.xq));
     gemm_options o;
-    // dx (rows x in) = dy_q (rows x out) W_q (out x in) / (s_dy s_w).
-    o.alpha = detail::inverse_scales(sg, f.weight_scale);
-    precis::detail::gemm_raw<op::matmul, P>(ctx, rows, in_, out_, f.dyq.data(), out_, 1, f.wq.data(), in_, 1,
-                                            dx_.data(), in_, static_cast<const G*>(nullptr), o);
+    if (input_gradient) {
+      detail::ensure(dx_, detail::shape_of<R>(f.xq));
+      // dx (rows x in) = dy_q (rows x out) W_q (out x in) / (s_dy s_w).
+      o.alpha = detail::inverse_scales(sg, f.weight_scale);
+      precis::detail::gemm_raw<op::matmul, P>(ctx, rows, in_, out_, f.dyq.data(), out_, 1,
+                                              f.wq.data(), in_, 1, dx_.data(), in_,
+                                              static_cast<const G*>(nullptr), o);
+    } else {
+      detail::ensure(dx_, shape_t<R>{});
+    }
     // dW (out x in) = dy_q^T (out x rows) x_q (rows x in) / (s_dy s_x).
     detail::ensure(dw_, shape_t<2>{out_, in_});
     o.alpha = detail::inverse_scales(sg, f.input_scale);

@@ -15,6 +15,7 @@
 //         -> const tensor<output_type, output_rank>&
 //     backward(context_ref_t<context_type>, const tensor<output_grad_type, output_rank>&)
 //         -> const tensor<input_grad_type, input_rank>&
+//     backward_parameters(ctx, dy) (optional)   backward() without the input gradient
 //     output_shape(const shape_t<input_rank>&, std::string_view path) const -> shape_t<output_rank>
 //     std::string_view name() const          its component of a path ("": its position)
 //     std::size_t own_bytes() const          bytes of the buffers it holds itself
@@ -248,6 +249,21 @@ concept leaf = requires { typename M::tag_type; };
 /// True for leaves that run under a policy (layers that only move or cast data have none).
 template <class M>
 concept has_policy = leaf<M> && requires { typename M::policy_type; };
+
+/// Backpropagates dy through module m into its parameters' gradients without the gradient
+/// with respect to m's input, where m can leave it out (its `backward_parameters`); other
+/// modules run backward() and their input gradient is dropped. nn::model's
+/// backward_parameters starts it at the root: the layers that read the model's input
+/// compute no input gradient. Their input-gradient buffer is left empty, so precis::diagnostics
+/// sees no values there rather than stale ones.
+template <class M, class Ctx, class D>
+void backward_parameters(M& m, Ctx ctx, const D& dy) {
+  if constexpr (requires { m.backward_parameters(ctx, dy); }) {
+    m.backward_parameters(ctx, dy);
+  } else {
+    (void)m.backward(ctx, dy);
+  }
+}
 
 /// Calls f(name, parameter) for each parameter of a leaf (none for other modules).
 template <class Self, class F>

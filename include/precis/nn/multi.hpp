@@ -125,6 +125,15 @@ class fork_module {
     std::apply([&](auto... d) { context_traits<context_type>::add_rounded(ctx, dx_, *d...); }, dxs);
     return dx_;
   }
+  /// backward() without the input gradient: no branch computes its own, none are added
+  /// (see nn::backward_parameters).
+  void backward_parameters(context_ref_t<context_type> ctx,
+                           const edge_grad_t<context_type, output_type, 0>& dy) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (nn::backward_parameters(std::get<I>(children_), ctx, *std::get<I>(dy)), ...);
+    }
+    (std::make_index_sequence<count>{});
+  }
   std::size_t own_bytes() const { return detail::bytes_of(dx_); }
   template <class Self, class F>
   static void for_each_child(Self& self, F&& f) {
@@ -212,6 +221,12 @@ class taps_module {
                                                                        const edge_grad_t<context_type, output_type, 0>& dy) {
     return backward_from<count - 1>(ctx, dy, *std::get<count - 1>(dy));
   }
+  /// backward() without the input gradient: the first stage leaves its own out (see
+  /// nn::backward_parameters).
+  void backward_parameters(context_ref_t<context_type> ctx,
+                           const edge_grad_t<context_type, output_type, 0>& dy) {
+    backward_from<count - 1, true>(ctx, dy, *std::get<count - 1>(dy));
+  }
   std::size_t own_bytes() const {
     return std::apply([](const auto&... g) { return (std::size_t(0) + ... + detail::bytes_of(g)); }, sums_);
   }
@@ -242,17 +257,20 @@ class taps_module {
     if constexpr (I + 1 < count) forward_from<I + 1>(ctx, y, m, out);
   }
   // Stage I's output gradient is `d` (the outside's plus the next stage's, summed).
-  template <std::size_t I, class D, class G>
-  const auto& backward_from(context_ref_t<context_type> ctx, const D& dy, const G& d) {
-    const auto& dx = std::get<I>(children_).backward(ctx, d);
-    if constexpr (I == 0) {
-      return dx;
+  template <std::size_t I, bool ParametersOnly = false, class D, class G>
+  decltype(auto) backward_from(context_ref_t<context_type> ctx, const D& dy, const G& d) {
+    if constexpr (I == 0 && ParametersOnly) {
+      nn::backward_parameters(std::get<I>(children_), ctx, d);
+      return;
+    } else if constexpr (I == 0) {
+      return std::get<I>(children_).backward(ctx, d);
     } else {
+      const auto& dx = std::get<I>(children_).backward(ctx, d);
       auto& sum = std::get<I - 1>(sums_);
       const auto& outside = *std::get<I - 1>(dy);
       detail::ensure(sum, detail::shape_of<detail::rank_of_v<std::remove_cvref_t<decltype(outside)>>>(outside));
       context_traits<context_type>::add_rounded(ctx, sum, outside, dx);
-      return backward_from<I - 1>(ctx, dy, sum);
+      return backward_from<I - 1, ParametersOnly>(ctx, dy, sum);
     }
   }
 

@@ -78,7 +78,8 @@ concept averaging_scaler = requires(Scaler& s, std::vector<std::span<float>>& g)
 /// process trains on its share of the batch and the gradients are averaged), advancing `Schedule`
 /// (e.g. precis::warmup_cosine) on applied steps. Holds references: the objects are the caller's,
 /// so they can be checkpointed together with precis::save_checkpoint(file, model, optimizer,
-/// scaler, schedule).
+/// scaler, schedule). The backward pass skips the gradient with respect to the model's
+/// input, which nothing reads (nn::model::backward_parameters).
 ///
 /// Compile-time checks: the loss reads the model's output type and gives its gradient
 /// type, and every layer's gradients fit the scaler (rule b: float16 gradients need a
@@ -152,7 +153,7 @@ class trainer {
     for (const auto& b : batches) {
       const auto& y = model_->forward(ctx, b.inputs, mode::train);
       loss_sum += double(loss_->forward(ctx, y, b.targets));
-      model_->backward(ctx, loss_->backward(ctx, dloss));
+      model_->backward_parameters(ctx, loss_->backward(ctx, dloss));
       if constexpr (monitored) {
         if (monitor.due(r.step)) monitor.observe(std::as_const(*model_), r.step, scale);
       }
