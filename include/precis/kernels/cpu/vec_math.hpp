@@ -210,12 +210,19 @@ inline exp_parts exp_reduce(vf x) {
 
 /// v 2^n, rounded once: 2^n = 2^n1 2^n2 with n1 = floor(n / 2), both factors normal for n
 /// in [-217, 128], the first product exact for |v| in the normal range. A factor m of an
-/// exp (v = m p) is thus applied before a subnormal result is rounded.
+/// exp (v = m p) is thus applied before a subnormal result is rounded. AVX-512's VSCALEFPS
+/// computes the same single rounding of v 2^n in one instruction.
 inline vf scale2(vf v, vf n) {
+#if defined(__AVX512F__)
+  static_assert(sizeof(vf) == sizeof(__m512));
+  // (The zero-masking form: GCC 12 warns that the plain one reads an undefined source.)
+  return (vf)_mm512_maskz_scalef_ps(__mmask16(0xFFFF), (__m512)v, (__m512)n);
+#else
   const vi ni = __builtin_convertvector(n, vi);
   const vi n1 = ni >> 1;
   const vf s1 = (vf)((n1 + 127) << 23), s2 = (vf)((ni - n1 + 127) << 23);
   return product(product(v, s1), s2);
+#endif
 }
 
 /// exp(x), within 1 ulp; NaN stays NaN, +inf gives inf, -inf 0.
