@@ -466,6 +466,9 @@ struct onednn_state {
   std::map<onednn_conv_key, onednn_conv_entry> convs;
   std::vector<std::unique_ptr<onednn_part>> parts;
   scratch_bytes shared_weights;  // a convolution's weights in its primitive's layout
+  /// Held by a convolution while its parts read shared_weights: kernels called
+  /// concurrently on one context are serialised there.
+  std::mutex shared_use;
 
   /// The cached primitive for `key`, made on first use.
   // Primitives are made on as many OpenMP threads as they will run on: oneDNN fixes a
@@ -622,6 +625,24 @@ inline onednn_state& onednn_of(const cpu_context& ctx) {
   if (slot == nullptr) throw error("precis: a cpu_context without engine state (moved from?)");
   std::call_once(slot->started, [&] { slot->onednn = std::make_shared<onednn_state>(); });
   return *slot->onednn;
+}
+
+/// Packs src into dst with `w`, the blocks split over the context's threads, each part
+/// with its own scratch.
+inline void onednn_pack_shared(const cpu_context& ctx, onednn_state& st,
+                               const onednn_weight_packing& w, const std::uint16_t* src,
+                               std::uint16_t* dst) {
+  const std::size_t blocks = w.blocks();
+  const std::size_t movers = std::min<std::size_t>(ctx.thread_count(), blocks);
+  const std::size_t per = (blocks + movers - 1) / movers;
+  parallel_for(ctx, movers, 1, [&](std::size_t p0, std::size_t p1) {
+    for (std::size_t p = p0; p < p1; ++p) {
+      onednn_part& part = st.part(p);
+      const std::lock_guard lock(part.busy);
+      w.pack(src, dst, std::min(blocks, p * per), std::min(blocks, (p + 1) * per),
+             static_cast<std::uint16_t*>(part.packing.get(w.scratch_values() * 2)));
+    }
+  });
 }
 
 template <class T>
@@ -822,24 +843,14 @@ bool onednn_conv(const cpu_context& ctx, onednn_conv_key key, const TIn* in0, co
   // threads; oneDNN's reorder runs on the OpenMP threads the parts run on (one when the
   // images are split: an OpenMP team woken here would spin beside precis's threads).
   std::optional<dnnl::memory> shared_weights;
+  std::unique_lock<std::mutex> shared_use;
   if (!weights && first.in1.move != onednn_move::same && first.in1.prim == last.in1.prim) {
+    shared_use = std::unique_lock(st.shared_use);
     shared_weights.emplace(first.in1.prim, st.engine,
                            st.shared_weights.get(first.in1.prim.get_size()));
     if (first.in1.move == onednn_move::pack) {
-      const onednn_weight_packing& w = first.in1.packing;
-      const std::size_t blocks = w.blocks();
-      const std::size_t movers = std::min<std::size_t>(threads, blocks);
-      const std::size_t per = (blocks + movers - 1) / movers;
-      parallel_for(ctx, movers, 1, [&](std::size_t p0, std::size_t p1) {
-        for (std::size_t p = p0; p < p1; ++p) {
-          onednn_part& part = st.part(p);
-          const std::lock_guard lock(part.busy);
-          w.pack(reinterpret_cast<const std::uint16_t*>(in1),
-                 static_cast<std::uint16_t*>(shared_weights->get_data_handle()),
-                 std::min(blocks, p * per), std::min(blocks, (p + 1) * per),
-                 static_cast<std::uint16_t*>(part.packing.get(w.scratch_values() * 2)));
-        }
-      });
+      onednn_pack_shared(ctx, st, first.in1.packing, reinterpret_cast<const std::uint16_t*>(in1),
+                         static_cast<std::uint16_t*>(shared_weights->get_data_handle()));
     } else {
       onednn_part& p0 = st.part(0);
       const std::lock_guard lock(p0.busy);
