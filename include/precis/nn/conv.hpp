@@ -229,6 +229,25 @@ class conv_base : public layer_base<Tag, P, op::conv, 4, 4, Ctx> {
       }
     }
   }
+  /// backward() of the layer named `kind`: dx = data(dy, w, dx) unless !input_gradient
+  /// (the input-gradient buffer is then emptied), dw = weights(x, dy, dw), then the
+  /// parameters' gradients.
+  template <class Data, class Weights>
+  void run_backward(context_ref_t<Ctx> ctx, const tensor<G>& dy, bool input_gradient,
+                    std::string_view kind, Data&& data, Weights&& weights) {
+    const auto& x = x_.get(kind);
+    check_same_shape("precis::nn::" + std::string(kind) + ": dy and the output", dy, y_);
+    const auto& w = weight_.value();
+    if (input_gradient) {
+      ensure(dx_, shape_of<4>(x));
+      data(dy, w, dx_);
+    } else {
+      ensure(dx_, shape_t<4>{});
+    }
+    ensure(dw_, shape_of<4>(w));
+    weights(x, dy, dw_);
+    accumulate_parameters(ctx, dy);
+  }
   std::string describe_shape() const {
     return std::to_string(in_) + "->" + std::to_string(out_) + " " +
            conv_geometry_string(kernel_, params_) + (bias_on_ ? "" : " no bias");
@@ -341,18 +360,14 @@ class conv2d_layer : public detail::conv_base<Tag, P, Ctx> {
 
  private:
   void backward_impl(context_ref_t<Ctx> ctx, const tensor<G>& dy, bool input_gradient) {
-    const auto& x = this->x_.get(kind);
-    check_same_shape("precis::nn::conv2d: dy and the output", dy, this->y_);
-    const auto& w = this->weight_.value();
-    if (input_gradient) {
-      detail::ensure(this->dx_, detail::shape_of<4>(x));
-      precis::conv2d_backward_data<P>(ctx, dy, w, this->dx_, this->params_);
-    } else {
-      detail::ensure(this->dx_, shape_t<4>{});
-    }
-    detail::ensure(this->dw_, detail::shape_of<4>(w));
-    precis::conv2d_backward_weights<P>(ctx, x, dy, this->dw_, this->params_);
-    this->accumulate_parameters(ctx, dy);
+    this->run_backward(
+        ctx, dy, input_gradient, kind,
+        [&](const tensor<G>& d, const auto& w, tensor<G>& dx) {
+          precis::conv2d_backward_data<P>(ctx, d, w, dx, this->params_);
+        },
+        [&](const auto& x, const tensor<G>& d, tensor<G>& dw) {
+          precis::conv2d_backward_weights<P>(ctx, x, d, dw, this->params_);
+        });
   }
 
  public:
@@ -435,18 +450,14 @@ class conv_transpose2d_layer : public detail::conv_base<Tag, P, Ctx> {
 
  private:
   void backward_impl(context_ref_t<Ctx> ctx, const tensor<G>& dy, bool input_gradient) {
-    const auto& x = this->x_.get(kind);
-    check_same_shape("precis::nn::conv_transpose2d: dy and the output", dy, this->y_);
-    const auto& w = this->weight_.value();
-    if (input_gradient) {
-      detail::ensure(this->dx_, detail::shape_of<4>(x));
-      precis::conv_transpose2d_backward_data<P>(ctx, dy, w, this->dx_, this->params_);
-    } else {
-      detail::ensure(this->dx_, shape_t<4>{});
-    }
-    detail::ensure(this->dw_, detail::shape_of<4>(w));
-    precis::conv_transpose2d_backward_weights<P>(ctx, x, dy, this->dw_, this->params_);
-    this->accumulate_parameters(ctx, dy);
+    this->run_backward(
+        ctx, dy, input_gradient, kind,
+        [&](const tensor<G>& d, const auto& w, tensor<G>& dx) {
+          precis::conv_transpose2d_backward_data<P>(ctx, d, w, dx, this->params_);
+        },
+        [&](const auto& x, const tensor<G>& d, tensor<G>& dw) {
+          precis::conv_transpose2d_backward_weights<P>(ctx, x, d, dw, this->params_);
+        });
   }
 
  public:

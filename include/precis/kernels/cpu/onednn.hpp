@@ -186,6 +186,16 @@ struct onednn_conv_key {
   bool operator<(const onednn_conv_key& o) const { return tie() < o.tie(); }
 };
 
+/// Rows [i0, i1) of columns [j0, j1) of a transpose, one value at a time: dst[j * ld_dst +
+/// i] = src[i * ld_src + j] (the edges of transpose_16 and transpose_32).
+template <class T>
+inline void transpose_one_by_one(const T* s, std::size_t ld_src, T* d, std::size_t ld_dst,
+                                 std::size_t i0, std::size_t i1, std::size_t j0, std::size_t j1) {
+  for (std::size_t j = j0; j < j1; ++j) {
+    for (std::size_t i = i0; i < i1; ++i) d[j * ld_dst + i] = s[i * ld_src + j];
+  }
+}
+
 #if defined(__SSE2__)
 /// v[0..7], eight rows of eight 16-bit values, transposed in place (24 unpacks).
 inline void transpose_8x8_16(__m128i (&v)[8]) {
@@ -219,11 +229,8 @@ inline void transpose_8x8_16(__m128i (&v)[8]) {
 inline void transpose_16(const std::uint16_t* s, std::size_t ld_src, std::uint16_t* d,
                          std::size_t ld_dst, std::size_t rows, std::size_t cols) {
   const std::size_t r8 = rows - rows % 8, c8 = cols - cols % 8;
-  // Rows [i0, i1) of columns [j0, j1), one value at a time.
   const auto one_by_one = [&](std::size_t i0, std::size_t i1, std::size_t j0, std::size_t j1) {
-    for (std::size_t j = j0; j < j1; ++j) {
-      for (std::size_t i = i0; i < i1; ++i) d[j * ld_dst + i] = s[i * ld_src + j];
-    }
+    transpose_one_by_one(s, ld_src, d, ld_dst, i0, i1, j0, j1);
   };
 #if defined(__SSE2__)
   const auto block = [&](std::size_t r, std::size_t c, std::size_t valid_rows) {
@@ -279,9 +286,7 @@ inline void transpose_32(const std::uint32_t* s, std::size_t ld_src, std::uint32
                          std::size_t ld_dst, std::size_t rows, std::size_t cols) {
   const std::size_t r4 = rows - rows % 4, c4 = cols - cols % 4;
   const auto one_by_one = [&](std::size_t i0, std::size_t i1, std::size_t j0, std::size_t j1) {
-    for (std::size_t j = j0; j < j1; ++j) {
-      for (std::size_t i = i0; i < i1; ++i) d[j * ld_dst + i] = s[i * ld_src + j];
-    }
+    transpose_one_by_one(s, ld_src, d, ld_dst, i0, i1, j0, j1);
   };
   for (std::size_t c = 0; c < c4; c += 4) {
     for (std::size_t r = 0; r < r4; r += 4) {
