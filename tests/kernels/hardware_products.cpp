@@ -282,7 +282,7 @@ TEST_CASE("precis's packing of bfloat16 weights matches oneDNN's reorder bit for
   }
   using precis::detail::onednn_conv_kind;
   using precis::detail::onednn_move;
-  precis::cpu_context ctx(1);
+  precis::cpu_context ctx{1};
   auto& st = precis::detail::onednn_of(ctx);
   const auto bf16 = int(dnnl::memory::data_type::bf16);
   int packed = 0;
