@@ -73,38 +73,13 @@ void check_row_shape(std::string_view what, const X& x, const T& t) {
 
 enum class softmax_kind { softmax, log_softmax };
 
-/// dst[i] = src[i] * f rounded once to Y, in one pass: softmax's 1 / sum applied as the
-/// output is stored, the same bits as scaling in place and then store_block.
-template <class Y>
-void store_scaled(const float* src, float f, Y* dst, std::size_t n) {
-  if constexpr (std::is_same_v<Y, float>) {
-    for (std::size_t i = 0; i < n; ++i) dst[i] = src[i] * f;
-  } else if constexpr (std::is_same_v<Y, bfloat16>) {
-    // store_block's rounding (precis::convert: nearest-even, overflow to infinity), on the
-    // bit patterns; the loop vectorises.
-    auto* d = reinterpret_cast<typename Y::storage_type*>(dst);
-    for (std::size_t i = 0; i < n; ++i) {
-      d[i] = encode<typename Y::format, rounding::nearest_even, overflow::infinity>(src[i] * f);
-    }
-  } else {
-    constexpr std::size_t chunk = 256;
-    float part[chunk];
-    for (std::size_t i = 0; i < n; i += chunk) {
-      const std::size_t len = std::min(chunk, n - i);
-      for (std::size_t j = 0; j < len; ++j) part[j] = src[i + j] * f;
-      store_block(part, dst + i, len);
-    }
-  }
-}
-
-/// The float softmax or log-softmax of k rows of `cols` elements, from `buf` to `out` (Y).
-/// Softmax: one pass for the row's maximum m, one that writes e = exp(x - m) and sums it
-/// (the blocked row sum, in the same order as vmath::row_sum), one that multiplies by
-/// 1 / sum (as PyTorch does: a division per element would cost more than the exp) as it
-/// rounds to Y. Log-softmax, in place, then stored: the maximum, the sum of exp(x - m)
-/// without storing it, then (x - m) - log(sum).
-template <softmax_kind K, class A, class Y>
-void softmax_rows(float* buf, Y* out, std::size_t k, std::size_t cols) {
+/// The float softmax or log-softmax of k rows of `cols` elements, in place. Softmax: one
+/// pass for the row's maximum m, one that writes e = exp(x - m) and sums it (the blocked
+/// row sum, in the same order as vmath::row_sum), one that multiplies by 1 / sum (as
+/// PyTorch does: a division per element would cost more than the exp). Log-softmax: the
+/// maximum, the sum of exp(x - m) without storing it, then (x - m) - log(sum).
+template <softmax_kind K, class A>
+void softmax_rows(float* buf, std::size_t k, std::size_t cols) {
   using vmath::vf;
   for (std::size_t i = 0; i < k; ++i) {
     float* row = buf + i * cols;
@@ -115,12 +90,12 @@ void softmax_rows(float* buf, Y* out, std::size_t k, std::size_t cols) {
         vmath::store_padded(row, j, cols, e);
         return vmath::zero_past(e, j, cols);
       });
-      store_scaled(row, 1.0F / s, out + i * cols, cols);
+      const vf inv = vmath::splat(1.0F / s);
+      vmath::map(row, row, cols, [inv](vf v) { return v * inv; });
     } else {
       const float s = vmath::row_sum(row, cols, [m](vf v) { return vmath::exp<A>(v - m); });
       const vf lse = vmath::splat(std::log(s));
       vmath::map(row, row, cols, [m, lse](vf v) { return (v - m) - lse; });
-      store_block(row, out + i * cols, cols);
     }
   }
 }
@@ -143,7 +118,8 @@ void softmax_forward(std::string_view name, const cpu_context& ctx, const host_t
       for (std::size_t r = begin; r < end; r += run) {
         const std::size_t k = std::min(run, end - r);
         load_block(in + r * cols, buf.data(), k * cols);
-        softmax_rows<K, arith_t<P>>(buf.data(), out + r * cols, k, cols);
+        softmax_rows<K, arith_t<P>>(buf.data(), k, cols);
+        store_block(buf.data(), out + r * cols, k * cols);
       }
     });
     return;
