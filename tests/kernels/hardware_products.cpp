@@ -332,3 +332,220 @@ TEST_CASE("precis's packing of bfloat16 weights matches oneDNN's reorder bit for
   CHECK(packed > 0);
 }
 #endif
+
+#if PRECIS_HAS_ONEDNN
+namespace {
+
+/// n bfloat16 integers in [-4, 4] from a fixed linear congruential sequence: products of
+/// them sum exactly in float over any K used here, so a product's result is exact.
+std::vector<bfloat16> small_integers(std::size_t n, std::uint32_t seed) {
+  std::vector<bfloat16> v(n);
+  std::uint32_t x = seed;
+  for (auto& e : v) {
+    x = x * 1664525U + 1013904223U;
+    e = bfloat16(float(int((x >> 28) % 9U) - 4));
+  }
+  return v;
+}
+
+/// An operand's layout in a test: element (r, c) at p[r * row + c * col].
+struct test_layout {
+  std::int64_t row, col;
+  std::size_t offset;  // values before the first element (an odd one misaligns the words)
+  std::size_t extent(std::size_t rows, std::size_t cols) const {
+    return offset + std::size_t(std::int64_t(rows - 1) * row + std::int64_t(cols - 1) * col) + 1;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("precis's AMX product is exact on integer sums for every layout and edge" *
+          doctest::skip(!precis::detail::amx_usable())) {
+  // amx_product called directly, whatever amx_takes says: sizes across the 16- and 32-wide
+  // tiles and K's 32-value steps, A row-major, transposed or strided, B row-major,
+  // transposed (32-bit word pairs, or value by value where K is odd or the pointer
+  // misaligned) or strided. Every element must be written once, equal to the exact sum.
+  using precis::detail::strided_operand;
+  const std::size_t Ms[] = {1, 33, 70}, Ns[] = {1, 17, 33, 80}, Ks[] = {1, 31, 64, 100};
+  std::size_t products = 0;
+  for (std::size_t M : Ms) {
+    for (std::size_t N : Ns) {
+      for (std::size_t K : Ks) {
+        const test_layout a_layouts[] = {
+            {std::int64_t(K), 1, 0}, {1, std::int64_t(M), 0}, {std::int64_t(2 * K + 3), 2, 1}};
+        const test_layout b_layouts[] = {{std::int64_t(N), 1, 0},
+                                         {1, std::int64_t(K), 0},
+                                         {1, std::int64_t(K + K % 2), 1},
+                                         {3, std::int64_t(3 * K + 1), 0}};
+        for (const auto& la : a_layouts) {
+          for (const auto& lb : b_layouts) {
+            for (unsigned threads : {1U, 2U}) {
+              const std::size_t batch = threads == 1 ? 1 : 3;  // 3 items on 2 threads: split
+              const std::size_t a_item = la.extent(M, K), b_item = lb.extent(K, N);
+              const auto av = small_integers(a_item * batch, std::uint32_t(M * 7 + K));
+              const auto bv = small_integers(b_item * batch, std::uint32_t(N * 5 + K));
+              std::vector<float> c(batch * M * N, std::nanf(""));
+              std::vector<int> writes(batch * M * N, 0);
+              const precis::cpu_context ctx{threads};
+              auto& st = precis::detail::onednn_of(ctx);
+              const bool ran = precis::detail::amx_product(
+                  ctx, st, batch, M, N, K,
+                  strided_operand<const bfloat16>{av.data() + la.offset, std::int64_t(a_item),
+                                                  la.row, la.col},
+                  strided_operand<const bfloat16>{bv.data() + lb.offset, std::int64_t(b_item),
+                                                  lb.row, lb.col},
+                  [&](std::size_t item, std::size_t i0, std::size_t rows, std::size_t j0,
+                      const float* v, std::size_t n) {
+                    for (std::size_t r = 0; r < rows; ++r) {
+                      for (std::size_t j = 0; j < n; ++j) {
+                        const std::size_t at = (item * M + i0 + r) * N + j0 + j;
+                        c[at] = v[r * 32 + j];
+                        ++writes[at];
+                      }
+                    }
+                  });
+              REQUIRE(ran);
+              std::size_t wrong = 0, rewritten = 0;
+              for (std::size_t item = 0; item < batch; ++item) {
+                const bfloat16* pa = av.data() + item * a_item + la.offset;
+                const bfloat16* pb = bv.data() + item * b_item + lb.offset;
+                for (std::size_t i = 0; i < M; ++i) {
+                  for (std::size_t j = 0; j < N; ++j) {
+                    double s = 0;
+                    for (std::size_t k = 0; k < K; ++k) {
+                      s += double(float(pa[std::int64_t(i) * la.row + std::int64_t(k) * la.col])) *
+                           double(float(pb[std::int64_t(k) * lb.row + std::int64_t(j) * lb.col]));
+                    }
+                    const std::size_t at = (item * M + i) * N + j;
+                    if (double(c[at]) != s) ++wrong;
+                    if (writes[at] != 1) ++rewritten;
+                  }
+                }
+              }
+              INFO("M=" << M << " N=" << N << " K=" << K << " a(" << la.row << "," << la.col
+                        << ") b(" << lb.row << "," << lb.col << ") +" << lb.offset
+                        << " threads=" << threads);
+              CHECK(wrong == 0);
+              CHECK(rewritten == 0);
+              ++products;
+            }
+          }
+        }
+      }
+    }
+  }
+  CHECK(products == 3 * 4 * 4 * 3 * 4 * 2);
+}
+
+TEST_CASE(
+    "bfloat16 products past amx_takes run on AMX tiles: exact sums, one rounding, "
+    "flushed subnormals, any thread count" *
+    doctest::skip(!precis::detail::amx_usable())) {
+  // Through precis::gemm at sizes where onednn_product hands the product to the AMX kernel:
+  // M = 256, K = 512, N = 4096 (B of 2^21 values).
+  const std::size_t M = 256, K = 512, N = 4096;
+  REQUIRE(precis::detail::amx_takes(M, N, K));
+  REQUIRE(!precis::detail::amx_takes(M, N / 2, K));
+  using P = precis::presets::bf16_mixed;
+  const auto av = small_integers(M * K, 11), bv = small_integers(K * N, 12);
+  auto a = host_tensor<bfloat16, 2>::from_shape({M, K});
+  auto at = host_tensor<bfloat16, 2>::from_shape({K, M});
+  auto b = host_tensor<bfloat16, 2>::from_shape({K, N});
+  auto bt = host_tensor<bfloat16, 2>::from_shape({N, K});
+  for (std::size_t i = 0; i < M; ++i) {
+    for (std::size_t k = 0; k < K; ++k) a(i, k) = at(k, i) = av[i * K + k];
+  }
+  for (std::size_t k = 0; k < K; ++k) {
+    for (std::size_t j = 0; j < N; ++j) b(k, j) = bt(j, k) = bv[k * N + j];
+  }
+  auto bias = host_tensor<bfloat16, 1>::from_shape({N});
+  for (std::size_t j = 0; j < N; ++j) bias(j) = bfloat16(float(int(j % 11) - 5));
+  // Every 9th row against the exact sums.
+  const auto exact = [&](std::size_t i, std::size_t j) {
+    double s = 0;
+    for (std::size_t k = 0; k < K; ++k) s += double(float(a(i, k))) * double(float(b(k, j)));
+    return s;
+  };
+  for (unsigned threads : {1U, 2U}) {
+    INFO("threads=" << threads);
+    const precis::cpu_context ctx{threads};
+    for (int layout = 0; layout < 3; ++layout) {
+      INFO("layout=" << layout << " (0: plain, 1: A transposed, 2: B transposed)");
+      precis::gemm_options o;
+      o.trans_a = layout == 1;
+      o.trans_b = layout == 2;
+      auto c = poisoned<float, 2>(std::array<std::size_t, 2>{M, N});
+      precis::gemm<P>(ctx, layout == 1 ? at : a, layout == 2 ? bt : b, c, o);
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < M; i += 9) {
+        for (std::size_t j = 0; j < N; ++j) wrong += double(c(i, j)) != exact(i, j) ? 1U : 0U;
+      }
+      CHECK(wrong == 0);
+    }
+    // bfloat16 output with a bfloat16 bias (written straight from the tiles), and alpha
+    // (through precis's epilogue): each the exact value rounded once.
+    auto c16 = poisoned<bfloat16, 2>(std::array<std::size_t, 2>{M, N});
+    precis::gemm_options tb;
+    tb.trans_b = true;
+    precis::gemm<P>(ctx, a, bt, bias, c16, tb);
+    auto half = poisoned<float, 2>(std::array<std::size_t, 2>{M, N});
+    precis::gemm_options o;
+    o.alpha = 0.5F;
+    precis::gemm<P>(ctx, a, b, half, o);
+    std::size_t wrong16 = 0, wrong_half = 0;
+    for (std::size_t i = 0; i < M; i += 9) {
+      for (std::size_t j = 0; j < N; ++j) {
+        const double s = exact(i, j);
+        wrong16 += c16(i, j).bits() != bfloat16(float(s + double(float(bias(j))))).bits() ? 1U : 0U;
+        wrong_half += double(half(i, j)) != 0.5 * s ? 1U : 0U;
+      }
+    }
+    CHECK(wrong16 == 0);
+    CHECK(wrong_half == 0);
+  }
+  // Subnormals: a subnormal input counts as zero, a subnormal product is flushed, a NaN
+  // input gives NaN (also through the bfloat16 store).
+  auto z = host_tensor<bfloat16, 2>::from_shape({M, K});
+  z.fill(bfloat16(0.0F));
+  auto e = host_tensor<bfloat16, 2>::from_shape({K, N});
+  e.fill(bfloat16(0.0F));
+  z(0, 0) = bfloat16(std::ldexp(1.0F, -130));
+  z(1, 0) = bfloat16(std::ldexp(1.0F, -70));
+  z(2, 0) = bfloat16(3.0F);
+  z(3, 0) = bfloat16(std::nanf(""));
+  e(0, 0) = bfloat16(std::ldexp(1.0F, -70));
+  e(0, 1) = bfloat16(1.0F);
+  auto cz = poisoned<float, 2>(std::array<std::size_t, 2>{M, N});
+  auto cz16 = poisoned<bfloat16, 2>(std::array<std::size_t, 2>{M, N});
+  precis::gemm<P>(precis::cpu_context{1}, z, e, cz);
+  precis::gemm<P>(precis::cpu_context{1}, z, e, cz16);
+  CHECK(cz(0, 1) == 0.0F);                   // 2^-130 x 1: subnormal input
+  CHECK(cz(1, 0) == 0.0F);                   // 2^-70 x 2^-70 = 2^-140: flushed
+  CHECK(cz(1, 1) == std::ldexp(1.0F, -70));  // a normal product is kept
+  CHECK(cz(2, 1) == 3.0F);
+  CHECK(std::isnan(cz(3, 1)));
+  CHECK(std::isnan(float(cz16(3, 1))));
+  CHECK(float(cz16(2, 1)) == 3.0F);
+  CHECK(cz(4, 1) == 0.0F);
+  // Random values: the same bits on 1 and 2 threads (every element is one chain of tile
+  // steps however the product is split), within float64 bounds.
+  const auto ra = random_tensor<bfloat16, 2>({M, K});
+  const auto rb = random_tensor<bfloat16, 2>({K, N});
+  auto r1 = poisoned<float, 2>(std::array<std::size_t, 2>{M, N});
+  auto r2 = r1;
+  precis::gemm<P>(precis::cpu_context{1}, ra, rb, r1);
+  precis::gemm<P>(precis::cpu_context{2}, ra, rb, r2);
+  CHECK(same_bits(r1, r2));
+  const auto rad = to_double(ra), rbd = to_double(rb);
+  double worst = 0, norm = 0;
+  for (std::size_t i = 0; i < M; i += 9) {
+    for (std::size_t j = 0; j < N; ++j) {
+      double s = 0;
+      for (std::size_t k = 0; k < K; ++k) s += rad(i, k) * rbd(k, j);
+      worst = std::max(worst, std::fabs(double(r1(i, j)) - s));
+      norm = std::max(norm, std::fabs(s));
+    }
+  }
+  CHECK(worst / norm < bound<float>());
+}
+#endif

@@ -26,6 +26,9 @@
 #include <precis/kernels/context.hpp>
 #include <precis/numeric/bfloat16.hpp>
 
+#include <precis/kernels/cpu/amx.hpp>
+#include <precis/kernels/cpu/transpose.hpp>
+
 #include <dlfcn.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -186,133 +189,6 @@ struct onednn_conv_key {
   bool operator<(const onednn_conv_key& o) const { return tie() < o.tie(); }
 };
 
-/// Rows [i0, i1) of columns [j0, j1) of a transpose, one value at a time: dst[j * ld_dst +
-/// i] = src[i * ld_src + j] (the edges of transpose_16 and transpose_32).
-template <class T>
-inline void transpose_one_by_one(const T* s, std::size_t ld_src, T* d, std::size_t ld_dst,
-                                 std::size_t i0, std::size_t i1, std::size_t j0, std::size_t j1) {
-  for (std::size_t j = j0; j < j1; ++j) {
-    for (std::size_t i = i0; i < i1; ++i) d[j * ld_dst + i] = s[i * ld_src + j];
-  }
-}
-
-#if defined(__SSE2__)
-/// v[0..7], eight rows of eight 16-bit values, transposed in place (24 unpacks).
-inline void transpose_8x8_16(__m128i (&v)[8]) {
-  const __m128i t0 = _mm_unpacklo_epi16(v[0], v[1]), t1 = _mm_unpackhi_epi16(v[0], v[1]);
-  const __m128i t2 = _mm_unpacklo_epi16(v[2], v[3]), t3 = _mm_unpackhi_epi16(v[2], v[3]);
-  const __m128i t4 = _mm_unpacklo_epi16(v[4], v[5]), t5 = _mm_unpackhi_epi16(v[4], v[5]);
-  const __m128i t6 = _mm_unpacklo_epi16(v[6], v[7]), t7 = _mm_unpackhi_epi16(v[6], v[7]);
-  const __m128i u0 = _mm_unpacklo_epi32(t0, t2), u1 = _mm_unpackhi_epi32(t0, t2);
-  const __m128i u2 = _mm_unpacklo_epi32(t1, t3), u3 = _mm_unpackhi_epi32(t1, t3);
-  const __m128i u4 = _mm_unpacklo_epi32(t4, t6), u5 = _mm_unpackhi_epi32(t4, t6);
-  const __m128i u6 = _mm_unpacklo_epi32(t5, t7), u7 = _mm_unpackhi_epi32(t5, t7);
-  v[0] = _mm_unpacklo_epi64(u0, u4);
-  v[1] = _mm_unpackhi_epi64(u0, u4);
-  v[2] = _mm_unpacklo_epi64(u1, u5);
-  v[3] = _mm_unpackhi_epi64(u1, u5);
-  v[4] = _mm_unpacklo_epi64(u2, u6);
-  v[5] = _mm_unpackhi_epi64(u2, u6);
-  v[6] = _mm_unpacklo_epi64(u3, u7);
-  v[7] = _mm_unpackhi_epi64(u3, u7);
-}
-#endif
-
-/// dst = src transposed, for a rows x cols matrix of 16-bit values: dst[j * ld_dst + i] =
-/// src[i * ld_src + j]. 8 x 8 blocks go through SSE2 unpacks (8 loads, 24 unpacks, 8
-/// stores), the edges one value at a time. The blocks run in strips 64 columns wide, rows
-/// of blocks down each strip: the source is read a few whole cache lines at a time, and
-/// the destination rows a strip writes (64 of them) stay in the cache until their lines are
-/// full. A matrix of fewer than 8 rows whose destination rows are contiguous (NCHW -> NHWC
-/// with 1 to 7 channels) takes 8 columns at a time too: each destination row is stored 8
-/// values wide, the overhang landing on the next rows, which are written after it.
-inline void transpose_16(const std::uint16_t* s, std::size_t ld_src, std::uint16_t* d,
-                         std::size_t ld_dst, std::size_t rows, std::size_t cols) {
-  const std::size_t r8 = rows - rows % 8, c8 = cols - cols % 8;
-  const auto one_by_one = [&](std::size_t i0, std::size_t i1, std::size_t j0, std::size_t j1) {
-    transpose_one_by_one(s, ld_src, d, ld_dst, i0, i1, j0, j1);
-  };
-#if defined(__SSE2__)
-  const auto block = [&](std::size_t r, std::size_t c, std::size_t valid_rows) {
-    __m128i v[8];
-    for (std::size_t i = 0; i < 8; ++i) {
-      v[i] = i < valid_rows
-                 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + (r + i) * ld_src + c))
-                 : _mm_setzero_si128();
-    }
-    transpose_8x8_16(v);
-    for (std::size_t j = 0; j < 8; ++j) {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + (c + j) * ld_dst + r), v[j]);
-    }
-  };
-  if (rows < 8 && ld_dst == rows) {
-    // A block's overhang reaches 8 - rows values past its last row; it must stay inside
-    // the matrix, in rows written later.
-    std::size_t c = 0;
-    for (; c + 8 <= cols && (cols - c - 7) * rows > 7; c += 8) block(0, c, rows);
-    one_by_one(0, rows, c, cols);
-    return;
-  }
-  for (std::size_t c0 = 0; c0 < c8; c0 += 64) {
-    const std::size_t c1 = std::min(c8, c0 + 64);
-    for (std::size_t r0 = 0; r0 < r8; r0 += 64) {
-      const std::size_t r1 = std::min(r8, r0 + 64);
-      for (std::size_t c = c0; c < c1; c += 8) {
-        for (std::size_t r = r0; r < r1; r += 8) block(r, c, 8);
-      }
-    }
-    one_by_one(r8, rows, c0, c1);
-  }
-#else
-  one_by_one(0, rows, 0, c8);
-#endif
-  one_by_one(0, rows, c8, cols);
-}
-
-/// dst = each of `images` row-major rows x cols matrices of 16-bit values, transposed:
-/// NCHW -> NHWC images with rows = C, cols = H*W, and back with rows = H*W, cols = C.
-/// oneDNN 2.6's own reorder between these layouts (jit:uni) moved about 13 GB/s here,
-/// several times the convolution's own time on small layers.
-inline void transpose_images_16(const std::uint16_t* src, std::uint16_t* dst, std::size_t images,
-                                std::size_t rows, std::size_t cols) {
-  for (std::size_t n = 0; n < images; ++n) {
-    transpose_16(src + n * rows * cols, cols, dst + n * rows * cols, rows, rows, cols);
-  }
-}
-
-/// The 32-bit version of transpose_16, 4 x 4 blocks through SSE2 unpacks: dst[j * ld_dst +
-/// i] = src[i * ld_src + j] for a rows x cols matrix.
-inline void transpose_32(const std::uint32_t* s, std::size_t ld_src, std::uint32_t* d,
-                         std::size_t ld_dst, std::size_t rows, std::size_t cols) {
-  const std::size_t r4 = rows - rows % 4, c4 = cols - cols % 4;
-  const auto one_by_one = [&](std::size_t i0, std::size_t i1, std::size_t j0, std::size_t j1) {
-    transpose_one_by_one(s, ld_src, d, ld_dst, i0, i1, j0, j1);
-  };
-  for (std::size_t c = 0; c < c4; c += 4) {
-    for (std::size_t r = 0; r < r4; r += 4) {
-#if defined(__SSE2__)
-      const auto row = [&](std::size_t i) {
-        return _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + (r + i) * ld_src + c));
-      };
-      const __m128i a0 = row(0), a1 = row(1), a2 = row(2), a3 = row(3);
-      const __m128i t0 = _mm_unpacklo_epi32(a0, a1), t1 = _mm_unpackhi_epi32(a0, a1);
-      const __m128i t2 = _mm_unpacklo_epi32(a2, a3), t3 = _mm_unpackhi_epi32(a2, a3);
-      const auto out = [&](std::size_t j, __m128i v) {
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + (c + j) * ld_dst + r), v);
-      };
-      out(0, _mm_unpacklo_epi64(t0, t2));
-      out(1, _mm_unpackhi_epi64(t0, t2));
-      out(2, _mm_unpacklo_epi64(t1, t3));
-      out(3, _mm_unpackhi_epi64(t1, t3));
-#else
-      one_by_one(r, r + 4, c, c + 4);
-#endif
-    }
-    one_by_one(r4, rows, c, c + 4);
-  }
-  one_by_one(0, rows, c4, cols);
-}
-
 /// How precis packs bfloat16 weights [O, I, KH, KW] into one of oneDNN's pair-interleaved
 /// blocked layouts, the ones its bfloat16 convolutions take (AcdB16b32a2b, ABcd16a16b2a,
 /// AcdB16a2b, ...: "VNNI" layouts). Blocks of bo output by bi input channels, the padding
@@ -470,9 +346,10 @@ struct onednn_state {
   std::map<onednn_matmul_key, onednn_matmul_entry> matmuls;
   std::map<onednn_conv_key, onednn_conv_entry> convs;
   std::vector<std::unique_ptr<onednn_part>> parts;
-  scratch_bytes shared_weights;  // a convolution's weights in its primitive's layout
-  /// Held by a convolution while its parts read shared_weights: kernels called
-  /// concurrently on one context are serialised there.
+  /// A convolution's weights in its primitive's layout, or an AMX product's packed B.
+  scratch_bytes shared_packed;
+  /// Held by a convolution or an AMX product while its parts read shared_packed: kernels
+  /// called concurrently on one context are serialised there.
   std::mutex shared_use;
 
   /// The cached primitive for `key`, made on first use.
@@ -685,6 +562,165 @@ inline bool onednn_has_products() {
   }
 }
 
+/// Rows of A an AMX product's part packs at once (amx_product): about 1 MiB of packed A,
+/// which stays in the L2 cache while the panels of B pass over it.
+inline std::size_t amx_row_block(const amx_layout& l) {
+  return std::clamp<std::size_t>((std::size_t(1) << 19) / l.lda / 32 * 32, 32, 256);
+}
+
+/// Whether a bfloat16 product of these sizes (per batch item) takes precis's AMX kernel
+/// rather than oneDNN's: at least 256 rows and 256 terms, and B of at least 2^21 values.
+/// That is where it measured faster than oneDNN 2.6 on a Sapphire Rapids core (1.5x for
+/// 2048 x 2048 x 2048, 1.7x with A transposed, 1.07x with B transposed; 1536: 1.1-1.6x).
+/// On smaller products its packing and its float-to-bfloat16 pass over each tile take
+/// longer than oneDNN's whole product (0.8x at 1024 with B transposed, 0.45x for 6272 x 64
+/// x 64), so they stay with oneDNN.
+inline bool amx_takes(std::size_t M, std::size_t N, std::size_t K) {
+  return M >= 256 && K >= 256 && N * K >= (std::size_t(1) << 21);
+}
+
+/// precis's AMX product (amx.hpp) for every batch item: the float sums of A B handed to
+/// write(item, first row, rows, first column, values, count) in blocks of up to 32 columns,
+/// row r's `count` values at values + 32 r. Batch items
+/// are split over the context's threads when there are at least as many as threads (each
+/// part packs its own B); otherwise B is packed once, its panels split over the threads,
+/// and the product's 32-row or 32-column blocks, whichever are more, are split. Every
+/// element is the same chain of tile steps however it is split. False, having written
+/// nothing, when the CPU has no usable AMX (amx_usable()). Any sizes: onednn_product
+/// calls it where amx_takes(M, N, K).
+template <class Write>
+bool amx_product(const cpu_context& ctx, onednn_state& st, std::size_t batch, std::size_t M,
+                 std::size_t N, std::size_t K, strided_operand<const bfloat16> a,
+                 strided_operand<const bfloat16> b, Write&& write) {
+  if (!amx_usable()) return false;
+  const amx_layout l = amx_layout::of(N, K);
+  const std::size_t block = amx_row_block(l), columns = l.np / 32;
+  const std::size_t threads = ctx.thread_count();
+  const auto a_of = [&](std::size_t item) {
+    return reinterpret_cast<const std::uint16_t*>(a.p + std::int64_t(item) * a.batch);
+  };
+  const auto b_of = [&](std::size_t item) {
+    return reinterpret_cast<const std::uint16_t*>(b.p + std::int64_t(item) * b.batch);
+  };
+  // Rows [i0, i1) and 32-column blocks [q0, q1) of one item, B packed at bp.
+  const auto run = [&](onednn_part& part, std::size_t item, const std::uint16_t* bp, std::size_t i0,
+                       std::size_t i1, std::size_t q0, std::size_t q1) {
+    const std::size_t rows = amx_layout::rows(block);
+    auto* ap = static_cast<std::uint16_t*>(part.in0.get(rows * l.lda * 2));
+    auto* out = static_cast<float*>(part.results.get(rows * 32 * sizeof(float)));
+    for (std::size_t r0 = i0; r0 < i1; r0 += block) {
+      const std::size_t m = std::min(block, i1 - r0);
+      amx_pack_a(a_of(item) + std::int64_t(r0) * a.row, a.row, a.col, m, l, ap);
+      for (std::size_t q = q0; q < q1; ++q) {
+        amx_column(ap, amx_layout::rows(m), bp + 2 * q * l.panel_values(),
+                   bp + (2 * q + 1) * l.panel_values(), l, out);
+        const std::size_t j0 = 32 * q, n = std::min<std::size_t>(32, N - j0);
+        write(item, r0, m, j0, out, n);
+      }
+    }
+  };
+
+  if (batch >= threads && batch > 1) {
+    const std::size_t per = (batch + threads - 1) / threads, parts = (batch + per - 1) / per;
+    parallel_for(ctx, parts, 1, [&](std::size_t p0, std::size_t p1) {
+      for (std::size_t p = p0; p < p1; ++p) {
+        onednn_part& part = st.part(p);
+        const std::lock_guard lock(part.busy);
+        auto* bp = static_cast<std::uint16_t*>(part.in1.get(l.panels() * l.panel_values() * 2));
+        for (std::size_t item = p * per; item < std::min(batch, (p + 1) * per); ++item) {
+          amx_pack_b(b_of(item), b.row, b.col, l, 0, l.panels(), bp);
+          run(part, item, bp, 0, M, 0, columns);
+        }
+      }
+    });
+    return true;
+  }
+
+  const std::size_t row_blocks = (M + 31) / 32;
+  const bool split_rows = row_blocks >= columns;
+  const std::size_t extent = split_rows ? row_blocks : columns;
+  const std::size_t by_size = std::max<std::size_t>(1, M * N * K / (std::size_t(1) << 18));
+  const std::size_t parts = std::max<std::size_t>(1, std::min({threads, extent, by_size}));
+  const std::size_t chunk = (extent + parts - 1) / parts, used = (extent + chunk - 1) / chunk;
+  const std::size_t pack_per = (columns + used - 1) / used;  // 32-column blocks per packer
+  const std::lock_guard use(st.shared_use);
+  auto* bp = static_cast<std::uint16_t*>(st.shared_packed.get(l.panels() * l.panel_values() * 2));
+  for (std::size_t item = 0; item < batch; ++item) {
+    parallel_for(ctx, used, 1, [&](std::size_t p0, std::size_t p1) {
+      for (std::size_t p = p0; p < p1; ++p) {
+        amx_pack_b(b_of(item), b.row, b.col, l, 2 * std::min(columns, p * pack_per),
+                   2 * std::min(columns, (p + 1) * pack_per), bp);
+      }
+    });
+    parallel_for(ctx, used, 1, [&](std::size_t p0, std::size_t p1) {
+      for (std::size_t p = p0; p < p1; ++p) {
+        onednn_part& part = st.part(p);
+        const std::lock_guard lock(part.busy);
+        const std::size_t begin = p * chunk, end = std::min(extent, begin + chunk);
+        if (split_rows) {
+          run(part, item, bp, 32 * begin, std::min(M, 32 * end), 0, columns);
+        } else {
+          run(part, item, bp, 0, M, begin, end);
+        }
+      }
+    });
+  }
+  return true;
+}
+
+/// Rows of an AMX product's block written straight to C (row r at out + r * ldc): out[j] =
+/// v[j] (+ bias[j]) for j < n, row r's v at v + 32 r, rounded once to TC (float or
+/// bfloat16), 16 values at a time. The same values as
+/// gemm_writer with alpha 1 and no epilogue: bfloat16 by nearest-even rounding of the top
+/// half of the bits, a NaN through the format's own conversion.
+template <class TC, class TBias>
+#if PRECIS_AMX_KERNEL
+__attribute__((target("avx512f,avx512bw,avx512vl")))
+#endif
+void amx_store_rows(const float* v, std::size_t rows, std::size_t n, const TBias* bias, TC* out,
+                    std::int64_t ldc) {
+#if PRECIS_AMX_KERNEL
+  // The zero-masked forms: GCC 12 warns that the plain ones read an undefined source.
+  constexpr __mmask16 all = 0xFFFF;
+  alignas(64) float sums[16];
+  for (std::size_t r = 0; r < rows; ++r, v += 32, out += ldc) {
+    for (std::size_t j = 0; j < n; j += 16) {
+      const std::size_t len = std::min<std::size_t>(16, n - j);
+      const auto m = static_cast<__mmask16>((1U << len) - 1U);
+      __m512 x = _mm512_maskz_loadu_ps(m, v + j);
+      if (bias != nullptr) {
+        if constexpr (std::is_same_v<TBias, float>) {
+          x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, bias + j));
+        } else {
+          const __m256i h = _mm256_maskz_loadu_epi16(m, bias + j);
+          x = _mm512_add_ps(x, _mm512_castsi512_ps(_mm512_maskz_slli_epi32(
+                                   all, _mm512_maskz_cvtepu16_epi32(all, h), 16)));
+        }
+      }
+      if constexpr (std::is_same_v<TC, float>) {
+        _mm512_mask_storeu_ps(out + j, m, x);
+      } else {
+        const __m512i u = _mm512_castps_si512(x);
+        const __m512i odd =
+            _mm512_and_si512(_mm512_maskz_srli_epi32(all, u, 16), _mm512_set1_epi32(1));
+        const __m512i rounded = _mm512_maskz_srli_epi32(
+            all, _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+        _mm512_mask_cvtepi32_storeu_epi16(out + j, m, rounded);
+        if (const __mmask16 nan = _mm512_mask_cmp_ps_mask(m, x, x, _CMP_UNORD_Q); nan != 0) {
+          _mm512_store_ps(sums, x);
+          for (std::size_t l = 0; l < len; ++l) {
+            if (((nan >> l) & 1U) != 0) out[j + l] = TC(sums[l]);
+          }
+        }
+      }
+    }
+  }
+#else
+  // Never called where PRECIS_AMX_KERNEL is 0 (amx_usable() is false there).
+  (void)v, (void)rows, (void)n, (void)bias, (void)out, (void)ldc;
+#endif
+}
+
 /// Runs a product of bfloat16 or float operands (TIn) through oneDNN: for every batch item,
 /// C = alpha A B (+ bias), all float sums, written straight to C when `direct` (C and the
 /// bias of types oneDNN writes, nothing else to apply; alpha, oneDNN's output scale, only
@@ -692,7 +728,8 @@ inline bool onednn_has_products() {
 /// of A B handed to finish(item, row, first column, values, count) for precis's epilogue
 /// (which applies alpha). False, having written nothing, when the CPU has no dot-product
 /// instructions for TIn or oneDNN offers only its reference implementation for this layout
-/// (then the exact kernel is faster).
+/// (then the exact kernel is faster). bfloat16 products on CPUs with AMX run precis's AMX
+/// kernel instead (amx_product), through finish.
 template <class TIn, class TC, class TBias, class Finish>
 bool onednn_product(const cpu_context& ctx, std::size_t batch, std::size_t M, std::size_t N,
                     std::size_t K, strided_operand<const TIn> a, strided_operand<const TIn> b,
@@ -703,6 +740,25 @@ bool onednn_product(const cpu_context& ctx, std::size_t batch, std::size_t M, st
   onednn_state& st = onednn_of(ctx);
   direct = direct && onednn_io_type_v<TC> && (bias == nullptr || onednn_io_type_v<TBias>) &&
            (alpha == 1.0F || bias == nullptr);
+  if constexpr (std::is_same_v<TIn, bfloat16>) {
+    if (amx_takes(M, N, K) && amx_usable()) {
+      if constexpr (onednn_io_type_v<TC> && onednn_io_type_v<TBias>) {
+        if (direct && alpha == 1.0F) {
+          const auto store = [&](std::size_t item, std::size_t i0, std::size_t rows, std::size_t j0,
+                                 const float* v, std::size_t n) {
+            amx_store_rows(v, rows, n, bias == nullptr ? nullptr : bias + j0,
+                           c + std::int64_t(item) * c_batch + std::int64_t(i0) * ldc + j0, ldc);
+          };
+          return amx_product(ctx, st, batch, M, N, K, a, b, store);
+        }
+      }
+      const auto rows = [&](std::size_t item, std::size_t i0, std::size_t count, std::size_t j0,
+                            const float* v, std::size_t n) {
+        for (std::size_t r = 0; r < count; ++r) finish(item, i0 + r, j0, v + 32 * r, n);
+      };
+      return amx_product(ctx, st, batch, M, N, K, a, b, rows);
+    }
+  }
 
   // Parts: batch items when there are enough, else rows or columns, whichever is longer.
   const std::size_t work = batch * M * N * std::max<std::size_t>(K, 1);
@@ -852,7 +908,7 @@ bool onednn_conv(const cpu_context& ctx, onednn_conv_key key, const TIn* in0, co
   if (!weights && first.in1.move != onednn_move::same && first.in1.prim == last.in1.prim) {
     shared_use = std::unique_lock(st.shared_use);
     shared_weights.emplace(first.in1.prim, st.engine,
-                           st.shared_weights.get(first.in1.prim.get_size()));
+                           st.shared_packed.get(first.in1.prim.get_size()));
     if (first.in1.move == onednn_move::pack) {
       onednn_pack_shared(ctx, st, first.in1.packing, reinterpret_cast<const std::uint16_t*>(in1),
                          static_cast<std::uint16_t*>(shared_weights->get_data_handle()));
