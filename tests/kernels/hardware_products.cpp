@@ -348,6 +348,12 @@ std::vector<bfloat16> small_integers(std::size_t n, std::uint32_t seed) {
   return v;
 }
 
+/// The first 64-byte aligned element of v (within its first 32).
+const bfloat16* aligned64(const std::vector<bfloat16>& v) {
+  const auto at = reinterpret_cast<std::uintptr_t>(v.data());
+  return v.data() + ((64 - at % 64) % 64) / sizeof(bfloat16);
+}
+
 /// An operand's layout in a test: element (r, c) at p[r * row + c * col].
 struct test_layout {
   std::int64_t row, col;
@@ -364,9 +370,11 @@ TEST_CASE("precis's AMX product is exact on integer sums for every layout and ed
   // amx_product called directly, whatever amx_takes says: sizes across the 16- and 32-wide
   // tiles and K's 32-value steps, A row-major, transposed or strided, B row-major,
   // transposed (32-bit word pairs, or value by value where K is odd or the pointer
-  // misaligned) or strided. Every element must be written once, equal to the exact sum.
+  // misaligned) or strided. A row-major with K = 64 or 128 from a 64-byte aligned start is
+  // read in place (its last rows past a multiple of 32 copied). Every element must be
+  // written once, equal to the exact sum.
   using precis::detail::strided_operand;
-  const std::size_t Ms[] = {1, 33, 70}, Ns[] = {1, 17, 33, 80}, Ks[] = {1, 31, 64, 100};
+  const std::size_t Ms[] = {1, 33, 70}, Ns[] = {1, 17, 33, 80}, Ks[] = {1, 31, 64, 100, 128};
   std::size_t products = 0;
   for (std::size_t M : Ms) {
     for (std::size_t N : Ns) {
@@ -382,7 +390,7 @@ TEST_CASE("precis's AMX product is exact on integer sums for every layout and ed
             for (unsigned threads : {1U, 2U}) {
               const std::size_t batch = threads == 1 ? 1 : 3;  // 3 items on 2 threads: split
               const std::size_t a_item = la.extent(M, K), b_item = lb.extent(K, N);
-              const auto av = small_integers(a_item * batch, std::uint32_t(M * 7 + K));
+              const auto av = small_integers(a_item * batch + 32, std::uint32_t(M * 7 + K));
               const auto bv = small_integers(b_item * batch, std::uint32_t(N * 5 + K));
               std::vector<float> c(batch * M * N, std::nanf(""));
               std::vector<int> writes(batch * M * N, 0);
@@ -390,7 +398,7 @@ TEST_CASE("precis's AMX product is exact on integer sums for every layout and ed
               auto& st = precis::detail::onednn_of(ctx);
               const bool ran = precis::detail::amx_product(
                   ctx, st, batch, M, N, K,
-                  strided_operand<const bfloat16>{av.data() + la.offset, std::int64_t(a_item),
+                  strided_operand<const bfloat16>{aligned64(av) + la.offset, std::int64_t(a_item),
                                                   la.row, la.col},
                   strided_operand<const bfloat16>{bv.data() + lb.offset, std::int64_t(b_item),
                                                   lb.row, lb.col},
@@ -407,7 +415,7 @@ TEST_CASE("precis's AMX product is exact on integer sums for every layout and ed
               REQUIRE(ran);
               std::size_t wrong = 0, rewritten = 0;
               for (std::size_t item = 0; item < batch; ++item) {
-                const bfloat16* pa = av.data() + item * a_item + la.offset;
+                const bfloat16* pa = aligned64(av) + item * a_item + la.offset;
                 const bfloat16* pb = bv.data() + item * b_item + lb.offset;
                 for (std::size_t i = 0; i < M; ++i) {
                   for (std::size_t j = 0; j < N; ++j) {
@@ -434,7 +442,7 @@ TEST_CASE("precis's AMX product is exact on integer sums for every layout and ed
       }
     }
   }
-  CHECK(products == 3 * 4 * 4 * 3 * 4 * 2);
+  CHECK(products == 3 * 4 * 5 * 3 * 4 * 2);
 }
 
 TEST_CASE(
@@ -442,10 +450,10 @@ TEST_CASE(
     "flushed subnormals, any thread count" *
     doctest::skip(!precis::detail::amx_usable())) {
   // Through precis::gemm at sizes where onednn_product hands the product to the AMX kernel:
-  // M = 256, K = 512, N = 4096 (B of 2^21 values).
+  // M = 256, K = 512, N = 4096 (B of 2^21 values, enough for every layout).
   const std::size_t M = 256, K = 512, N = 4096;
-  REQUIRE(precis::detail::amx_takes(M, N, K));
-  REQUIRE(!precis::detail::amx_takes(M, N / 2, K));
+  REQUIRE(precis::detail::amx_takes(M, N, K, true));
+  REQUIRE(!precis::detail::amx_takes(M, N / 4, K, false));
   using P = precis::presets::bf16_mixed;
   const auto av = small_integers(M * K, 11), bv = small_integers(K * N, 12);
   auto a = host_tensor<bfloat16, 2>::from_shape({M, K});

@@ -155,54 +155,57 @@ inline void amx_pack_b(const std::uint16_t* b, std::int64_t row, std::int64_t co
 }
 
 #if PRECIS_AMX_KERNEL
-/// Columns [32 q, 32 q + 32) of C for `rows` (a multiple of 32) rows of packed A: out[i * 32
-/// + j] = sum over k of A(i, k) B(k, 32 q + j), for panels b0 = 2q and b1 = 2q + 1 of
-/// packed B. Rows go 32 at a time, each 32 x 32 block four tiles (tmm0-3) summed over all
-/// of K from two A tiles (tmm4-5) and two B tiles (tmm6-7).
-__attribute__((target("amx-tile,amx-bf16"))) inline void amx_column(
-    const std::uint16_t* a, std::size_t rows, const std::uint16_t* b0, const std::uint16_t* b1,
-    const amx_layout& l, float* out) {
-  struct alignas(64) tile_config {
-    std::uint8_t palette = 1, start_row = 0;
-    std::uint8_t reserved[14] = {};
-    std::uint16_t bytes_per_row[16] = {};
-    std::uint8_t rows[16] = {};
-  } config;
-  for (int t = 0; t < 8; ++t) {
-    config.bytes_per_row[t] = 64;
-    config.rows[t] = 16;
+/// Loads the tile configuration this kernel uses (tmm0-7, each 16 rows of 64 bytes) on the
+/// calling thread: amx_block runs between amx_begin and amx_end (which releases the tiles).
+// The configuration is a constant in memory: built on the stack, GCC 12 kept only the
+// stores that the LDTILECFG asm operand's declared type covers (its first 16 bytes).
+__attribute__((target("amx-tile"))) inline void amx_begin() {
+  alignas(64) static constexpr std::uint8_t config[64] = {
+      1,  0,  0,  0,  0,  0,  0,  0,  0,  0, 0,  0, 0,  0, 0,  0,   // palette 1, row 0
+      64, 0,  64, 0,  64, 0,  64, 0,  64, 0, 64, 0, 64, 0, 64, 0,   // tmm0-7: 64 bytes
+      0,  0,  0,  0,  0,  0,  0,  0,  0,  0, 0,  0, 0,  0, 0,  0,   // tmm8-15: unused
+      16, 16, 16, 16, 16, 16, 16, 16, 0,  0, 0,  0, 0,  0, 0,  0};  // tmm0-7: 16 rows
+  _tile_loadconfig(config);
+}
+
+__attribute__((target("amx-tile"))) inline void amx_end() { _tile_release(); }
+
+/// One 32 x 32 block of C: out[i * 32 + j] = sum over k < kp of A(i, k) B(k, j), with A's 32
+/// rows at a, lda values apart (kp values each, zeros past K), and B's columns in panels b0
+/// (j < 16) and b1 (packed by amx_pack_b). Four tiles (tmm0-3) summed over all of K from
+/// two A tiles (tmm4-5) and two B tiles (tmm6-7), then stored.
+__attribute__((target("amx-tile,amx-bf16"))) inline void amx_block(const std::uint16_t* a,
+                                                                   std::size_t lda,
+                                                                   const std::uint16_t* b0,
+                                                                   const std::uint16_t* b1,
+                                                                   std::size_t kp, float* out) {
+  const std::size_t stride = lda * 2;
+  const std::uint16_t* a1 = a + 16 * lda;
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (std::size_t k = 0; k < kp; k += 32) {
+    _tile_loadd(4, a + k, stride);
+    _tile_loadd(6, b0 + k * 16, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_loadd(7, b1 + k * 16, 64);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_loadd(5, a1 + k, stride);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
   }
-  _tile_loadconfig(&config);
-  const std::size_t stride = l.lda * 2;
-  for (std::size_t i = 0; i < rows; i += 32) {
-    const std::uint16_t* a0 = a + i * l.lda;
-    const std::uint16_t* a1 = a0 + 16 * l.lda;
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (std::size_t k = 0; k < l.kp; k += 32) {
-      _tile_loadd(4, a0 + k, stride);
-      _tile_loadd(6, b0 + k * 16, 64);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_loadd(7, b1 + k * 16, 64);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_loadd(5, a1 + k, stride);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-    }
-    float* o = out + i * 32;
-    _tile_stored(0, o, 128);
-    _tile_stored(1, o + 16, 128);
-    _tile_stored(2, o + 16 * 32, 128);
-    _tile_stored(3, o + 16 * 32 + 16, 128);
-  }
-  _tile_release();
+  _tile_stored(0, out, 128);
+  _tile_stored(1, out + 16, 128);
+  _tile_stored(2, out + 16 * 32, 128);
+  _tile_stored(3, out + 16 * 32 + 16, 128);
 }
 #else
 // Never called where PRECIS_AMX_KERNEL is 0 (amx_usable() is false there).
-inline void amx_column(const std::uint16_t*, std::size_t, const std::uint16_t*,
-                       const std::uint16_t*, const amx_layout&, float*) {}
+inline void amx_begin() {}
+inline void amx_end() {}
+inline void amx_block(const std::uint16_t*, std::size_t, const std::uint16_t*, const std::uint16_t*,
+                      std::size_t, float*) {}
 #endif
 
 }  // namespace precis::detail

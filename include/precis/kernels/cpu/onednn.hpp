@@ -569,14 +569,16 @@ inline std::size_t amx_row_block(const amx_layout& l) {
 }
 
 /// Whether a bfloat16 product of these sizes (per batch item) takes precis's AMX kernel
-/// rather than oneDNN's: at least 256 rows and 256 terms, and B of at least 2^21 values.
-/// That is where it measured faster than oneDNN 2.6 on a Sapphire Rapids core (1.5x for
-/// 2048 x 2048 x 2048, 1.7x with A transposed, 1.07x with B transposed; 1536: 1.1-1.6x).
-/// On smaller products its packing and its float-to-bfloat16 pass over each tile take
-/// longer than oneDNN's whole product (0.8x at 1024 with B transposed, 0.45x for 6272 x 64
-/// x 64), so they stay with oneDNN.
-inline bool amx_takes(std::size_t M, std::size_t N, std::size_t K) {
-  return M >= 256 && K >= 256 && N * K >= (std::size_t(1) << 21);
+/// rather than oneDNN's: at least 256 rows, columns and terms, and B of at least 2^20
+/// values, 2^21 where B is transposed (oneDNN 2.6's fastest layout). That is where it
+/// measured faster than oneDNN 2.6 on a Sapphire Rapids core with bfloat16 output: 1024 x
+/// 1024 x 1024 1.2x, 1.6x with A transposed; 2048: 1.5x, 1.7x with A transposed, 1.07x with
+/// B transposed. On smaller products its float-to-bfloat16 pass over each 32 x 32 block
+/// and its packing are not hidden behind the tiles' sums, and oneDNN's whole product is
+/// faster (512: 0.8x; 6272 x 64 x 64: 0.6x; B transposed at 1024: 0.9x).
+inline bool amx_takes(std::size_t M, std::size_t N, std::size_t K, bool b_transposed) {
+  const std::size_t b_values = std::size_t(1) << (b_transposed ? 21 : 20);
+  return M >= 256 && N >= 256 && K >= 256 && N * K >= b_values;
 }
 
 /// precis's AMX product (amx.hpp) for every batch item: the float sums of A B handed to
@@ -587,7 +589,7 @@ inline bool amx_takes(std::size_t M, std::size_t N, std::size_t K) {
 /// and the product's 32-row or 32-column blocks, whichever are more, are split. Every
 /// element is the same chain of tile steps however it is split. False, having written
 /// nothing, when the CPU has no usable AMX (amx_usable()). Any sizes: onednn_product
-/// calls it where amx_takes(M, N, K).
+/// calls it where amx_takes says.
 template <class Write>
 bool amx_product(const cpu_context& ctx, onednn_state& st, std::size_t batch, std::size_t M,
                  std::size_t N, std::size_t K, strided_operand<const bfloat16> a,
@@ -602,22 +604,40 @@ bool amx_product(const cpu_context& ctx, onednn_state& st, std::size_t batch, st
   const auto b_of = [&](std::size_t item) {
     return reinterpret_cast<const std::uint16_t*>(b.p + std::int64_t(item) * b.batch);
   };
-  // Rows [i0, i1) and 32-column blocks [q0, q1) of one item, B packed at bp.
+  // Rows [i0, i1) and 32-column blocks [q0, q1) of one item, B packed at bp. A is read in
+  // place where its rows are whole tiles on cache-line boundaries, and not 4 KiB apart
+  // (16 rows in one L1 set); otherwise, and for a last block of fewer than 32 rows, rows
+  // are copied to the part's scratch first.
+  const bool in_place = a.col == 1 && K % 32 == 0 && (a.row * 2) % 64 == 0 &&
+                        (a.row * 2) % 4096 != 0 && (a.batch * 2) % 64 == 0 &&
+                        reinterpret_cast<std::uintptr_t>(a.p) % 64 == 0;
   const auto run = [&](onednn_part& part, std::size_t item, const std::uint16_t* bp, std::size_t i0,
                        std::size_t i1, std::size_t q0, std::size_t q1) {
     const std::size_t rows = amx_layout::rows(block);
     auto* ap = static_cast<std::uint16_t*>(part.in0.get(rows * l.lda * 2));
-    auto* out = static_cast<float*>(part.results.get(rows * 32 * sizeof(float)));
+    auto* out = static_cast<float*>(part.results.get(32 * 32 * sizeof(float)));
+    amx_begin();
     for (std::size_t r0 = i0; r0 < i1; r0 += block) {
       const std::size_t m = std::min(block, i1 - r0);
-      amx_pack_a(a_of(item) + std::int64_t(r0) * a.row, a.row, a.col, m, l, ap);
+      const std::size_t whole = in_place ? m / 32 * 32 : 0;  // rows read in place
+      if (whole < m) {
+        amx_pack_a(a_of(item) + std::int64_t(r0 + whole) * a.row, a.row, a.col, m - whole, l, ap);
+      }
       for (std::size_t q = q0; q < q1; ++q) {
-        amx_column(ap, amx_layout::rows(m), bp + 2 * q * l.panel_values(),
-                   bp + (2 * q + 1) * l.panel_values(), l, out);
+        const std::uint16_t* b0 = bp + 2 * q * l.panel_values();
         const std::size_t j0 = 32 * q, n = std::min<std::size_t>(32, N - j0);
-        write(item, r0, m, j0, out, n);
+        for (std::size_t ir = 0; ir < m; ir += 32) {
+          if (ir < whole) {
+            amx_block(a_of(item) + std::int64_t(r0 + ir) * a.row, std::size_t(a.row), b0,
+                      b0 + l.panel_values(), l.kp, out);
+          } else {
+            amx_block(ap + (ir - whole) * l.lda, l.lda, b0, b0 + l.panel_values(), l.kp, out);
+          }
+          write(item, r0 + ir, std::min<std::size_t>(32, m - ir), j0, out, n);
+        }
       }
     }
+    amx_end();
   };
 
   if (batch >= threads && batch > 1) {
@@ -741,7 +761,7 @@ bool onednn_product(const cpu_context& ctx, std::size_t batch, std::size_t M, st
   direct = direct && onednn_io_type_v<TC> && (bias == nullptr || onednn_io_type_v<TBias>) &&
            (alpha == 1.0F || bias == nullptr);
   if constexpr (std::is_same_v<TIn, bfloat16>) {
-    if (amx_takes(M, N, K) && amx_usable()) {
+    if (amx_takes(M, N, K, b.row == 1) && amx_usable()) {
       if constexpr (onednn_io_type_v<TC> && onednn_io_type_v<TBias>) {
         if (direct && alpha == 1.0F) {
           const auto store = [&](std::size_t item, std::size_t i0, std::size_t rows, std::size_t j0,
