@@ -371,10 +371,10 @@ TEST_CASE("precis's AMX product is exact on integer sums for every layout and ed
   // tiles and K's 32-value steps, A row-major, transposed or strided, B row-major,
   // transposed (32-bit word pairs, or value by value where K is odd or the pointer
   // misaligned) or strided. A row-major with K = 64 or 128 from a 64-byte aligned start is
-  // read in place (its last rows past a multiple of 32 copied). Every element must be
-  // written once, equal to the exact sum.
+  // read in place (its last rows past a multiple of 32 copied); K = 300 is summed in two
+  // ranges of k (amx_k_block). Every element must be written once, equal to the exact sum.
   using precis::detail::strided_operand;
-  const std::size_t Ms[] = {1, 33, 70}, Ns[] = {1, 17, 33, 80}, Ks[] = {1, 31, 64, 100, 128};
+  const std::size_t Ms[] = {1, 33, 70}, Ns[] = {1, 17, 33, 80}, Ks[] = {1, 31, 64, 100, 128, 300};
   std::size_t products = 0;
   for (std::size_t M : Ms) {
     for (std::size_t N : Ns) {
@@ -442,7 +442,7 @@ TEST_CASE("precis's AMX product is exact on integer sums for every layout and ed
       }
     }
   }
-  CHECK(products == 3 * 4 * 5 * 3 * 4 * 2);
+  CHECK(products == 3 * 4 * 6 * 3 * 4 * 2);
 }
 
 TEST_CASE(

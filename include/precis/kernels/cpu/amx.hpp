@@ -170,22 +170,30 @@ __attribute__((target("amx-tile"))) inline void amx_begin() {
 
 __attribute__((target("amx-tile"))) inline void amx_end() { _tile_release(); }
 
-/// One 32 x 32 block of C: out[i * 32 + j] = sum over k < kp of A(i, k) B(k, j), with A's 32
-/// rows at a, lda values apart (kp values each, zeros past K), and B's columns in panels b0
-/// (j < 16) and b1 (packed by amx_pack_b). Four tiles (tmm0-3) summed over all of K from
-/// two A tiles (tmm4-5) and two B tiles (tmm6-7), then stored.
-__attribute__((target("amx-tile,amx-bf16"))) inline void amx_block(const std::uint16_t* a,
-                                                                   std::size_t lda,
-                                                                   const std::uint16_t* b0,
-                                                                   const std::uint16_t* b1,
-                                                                   std::size_t kp, float* out) {
+/// One 32 x 32 block of C, tmm0-3, summed over k in [k0, k1) (multiples of 32) from two A
+/// tiles (tmm4-5) and two B tiles (tmm6-7): A's 32 rows at a, lda values apart (zeros past
+/// K), B's columns in panels b0 (j < 16) and b1 (packed by amx_pack_b). The sum starts from
+/// zero, or from `from` where it is not null; the block is then stored to `to`. Both are
+/// 32 x 32 floats, element (i, j) at i * 32 + j. A block's float values stored and loaded
+/// again are unchanged, so a block summed over several ranges of k is the same bits as one
+/// summed over all of them at once.
+__attribute__((target("amx-tile,amx-bf16"))) inline void amx_block(
+    const std::uint16_t* a, std::size_t lda, const std::uint16_t* b0, const std::uint16_t* b1,
+    std::size_t k0, std::size_t k1, const float* from, float* to) {
   const std::size_t stride = lda * 2;
   const std::uint16_t* a1 = a + 16 * lda;
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  for (std::size_t k = 0; k < kp; k += 32) {
+  if (from == nullptr) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  } else {
+    _tile_loadd(0, from, 128);
+    _tile_loadd(1, from + 16, 128);
+    _tile_loadd(2, from + 16 * 32, 128);
+    _tile_loadd(3, from + 16 * 32 + 16, 128);
+  }
+  for (std::size_t k = k0; k < k1; k += 32) {
     _tile_loadd(4, a + k, stride);
     _tile_loadd(6, b0 + k * 16, 64);
     _tile_dpbf16ps(0, 4, 6);
@@ -195,10 +203,10 @@ __attribute__((target("amx-tile,amx-bf16"))) inline void amx_block(const std::ui
     _tile_dpbf16ps(2, 5, 6);
     _tile_dpbf16ps(3, 5, 7);
   }
-  _tile_stored(0, out, 128);
-  _tile_stored(1, out + 16, 128);
-  _tile_stored(2, out + 16 * 32, 128);
-  _tile_stored(3, out + 16 * 32 + 16, 128);
+  _tile_stored(0, to, 128);
+  _tile_stored(1, to + 16, 128);
+  _tile_stored(2, to + 16 * 32, 128);
+  _tile_stored(3, to + 16 * 32 + 16, 128);
 }
 #else
 // Never called where PRECIS_AMX_KERNEL is 0 (amx_usable() is false there).

@@ -568,6 +568,10 @@ inline std::size_t amx_row_block(const amx_layout& l) {
   return std::clamp<std::size_t>((std::size_t(1) << 19) / l.lda / 32 * 32, 32, 256);
 }
 
+/// The range of k an AMX product sums for one column block before moving on to the next
+/// rows (amx_product): B's two panels for 256 values of k are 16 KiB, which stay in L1.
+inline constexpr std::size_t amx_k_block = 256;
+
 /// Whether a bfloat16 product of these sizes (per batch item) takes precis's AMX kernel
 /// rather than oneDNN's: at least 256 rows, columns and terms, and B of at least 2^20
 /// values, 2^21 where B is transposed (oneDNN 2.6's fastest layout). That is where it
@@ -615,7 +619,9 @@ bool amx_product(const cpu_context& ctx, onednn_state& st, std::size_t batch, st
                        std::size_t i1, std::size_t q0, std::size_t q1) {
     const std::size_t rows = amx_layout::rows(block);
     auto* ap = static_cast<std::uint16_t*>(part.in0.get(rows * l.lda * 2));
-    auto* out = static_cast<float*>(part.results.get(32 * 32 * sizeof(float)));
+    // The blocks' partial sums between ranges of k, then the finished block.
+    auto* sums = static_cast<float*>(part.results.get((rows + 32) * 32 * sizeof(float)));
+    float* out = sums + rows * 32;
     amx_begin();
     for (std::size_t r0 = i0; r0 < i1; r0 += block) {
       const std::size_t m = std::min(block, i1 - r0);
@@ -625,15 +631,24 @@ bool amx_product(const cpu_context& ctx, onednn_state& st, std::size_t batch, st
       }
       for (std::size_t q = q0; q < q1; ++q) {
         const std::uint16_t* b0 = bp + 2 * q * l.panel_values();
+        const std::uint16_t* b1 = b0 + l.panel_values();
         const std::size_t j0 = 32 * q, n = std::min<std::size_t>(32, N - j0);
-        for (std::size_t ir = 0; ir < m; ir += 32) {
-          if (ir < whole) {
-            amx_block(a_of(item) + std::int64_t(r0 + ir) * a.row, std::size_t(a.row), b0,
-                      b0 + l.panel_values(), l.kp, out);
-          } else {
-            amx_block(ap + (ir - whole) * l.lda, l.lda, b0, b0 + l.panel_values(), l.kp, out);
+        // k in ranges of amx_k_block: B's panels for one range stay in L1 while the
+        // block's rows pass over them.
+        for (std::size_t k0 = 0; k0 < l.kp; k0 += amx_k_block) {
+          const std::size_t k1 = std::min(l.kp, k0 + amx_k_block);
+          for (std::size_t ir = 0; ir < m; ir += 32) {
+            float* partial = sums + ir * 32;
+            float* to = k1 == l.kp ? out : partial;
+            if (ir < whole) {
+              amx_block(a_of(item) + std::int64_t(r0 + ir) * a.row, std::size_t(a.row), b0, b1, k0,
+                        k1, k0 == 0 ? nullptr : partial, to);
+            } else {
+              amx_block(ap + (ir - whole) * l.lda, l.lda, b0, b1, k0, k1,
+                        k0 == 0 ? nullptr : partial, to);
+            }
+            if (k1 == l.kp) write(item, r0 + ir, std::min<std::size_t>(32, m - ir), j0, out, n);
           }
-          write(item, r0 + ir, std::min<std::size_t>(32, m - ir), j0, out, n);
         }
       }
     }
