@@ -409,16 +409,16 @@ void gemm(const cpu_context& ctx, const host_tensor<TA, 3>& a, const host_tensor
 }
 
 /// Which engine runs hardware products (products::hardware) with bfloat16 inputs in this
-/// build on this machine: oneDNN and the instruction set it uses (with "; matmul: precis
-/// AMX tiles" where matrix products run on precis's own AMX kernel), or precis's exact
-/// kernel and why. (Float inputs under hardware products run on oneDNN wherever precis::onednn is
+/// build on this machine: oneDNN and the instruction set it uses (with "; large matmuls:
+/// precis AMX tiles" where the matrix products that detail::amx_takes run on precis's own
+/// AMX kernel), or precis's exact kernel and why. (Float inputs under hardware products run on oneDNN wherever precis::onednn is
 /// linked: cpu_float_products_engine().)
 inline std::string cpu_products_engine() {
 #if PRECIS_HAS_ONEDNN
   const std::string onednn = detail::onednn_version_name();
   if (detail::onednn_has_bf16_products()) {
     const std::string engine = onednn + " (" + detail::onednn_isa_name() + ")";
-    return detail::amx_usable() ? engine + "; matmul: precis AMX tiles" : engine;
+    return detail::amx_usable() ? engine + "; large matmuls: precis AMX tiles" : engine;
   }
   return std::string("precis exact kernel (no bfloat16 dot-product instructions: ") + onednn +
          " sees " + detail::onednn_isa_name() + ")";

@@ -140,7 +140,8 @@ class scratch_bytes {
 
 /// What one part of a product owns: its stream and scratch memory (oneDNN's scratchpad,
 /// float results waiting for precis's epilogue, operands reordered to a primitive's layout,
-/// the working values of precis's weight packing).
+/// the working values of precis's weight packing; for an AMX product, A's copied rows, B's
+/// panels when the part packs its own, and the blocks' sums).
 struct onednn_part {
   std::mutex busy;  // held while a part runs (see cpu_context on concurrent kernels)
   std::unique_ptr<dnnl::stream> stream;
@@ -764,8 +765,9 @@ void amx_store_rows(const float* v, std::size_t rows, std::size_t n, const TBias
 /// of A B handed to finish(item, row, first column, values, count) for precis's epilogue
 /// (which applies alpha). False, having written nothing, when the CPU has no dot-product
 /// instructions for TIn or oneDNN offers only its reference implementation for this layout
-/// (then the exact kernel is faster). bfloat16 products on CPUs with AMX run precis's AMX
-/// kernel instead (amx_product), through finish.
+/// (then the exact kernel is faster). bfloat16 products that amx_takes run on precis's AMX
+/// kernel instead where the CPU has it (amx_product): written straight to C where oneDNN
+/// would have written it (alpha 1), through finish otherwise.
 template <class TIn, class TC, class TBias, class Finish>
 bool onednn_product(const cpu_context& ctx, std::size_t batch, std::size_t M, std::size_t N,
                     std::size_t K, strided_operand<const TIn> a, strided_operand<const TIn> b,
