@@ -2,6 +2,7 @@
 // by the oneDNN layouts and the AMX product's packing).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #if defined(__SSE2__)
