@@ -577,11 +577,11 @@ inline constexpr std::size_t amx_k_block = 256;
 /// rather than oneDNN's: at least 256 rows, columns and terms, and B of at least 2^20
 /// values, 2^21 where B is transposed (oneDNN 2.6's fastest layout). That is where it
 /// measured faster than oneDNN 2.6 on a Sapphire Rapids core with bfloat16 output: 1024 x
-/// 1024 x 1024 1.2x, 1.8x with A transposed; 2048: 1.6-1.7x; with B transposed 1.0x at
-/// 1024, 1.04x at 2048. On smaller products, and on products of few terms, its
-/// float-to-bfloat16 pass over each 32 x 32 block and its packing are not hidden behind
-/// the tiles' sums, and oneDNN's whole product is faster (512: 0.85x; 6272 x 64 x 64 and
-/// 6272 x 64 x 256: 0.6x and 0.85x).
+/// 1024 x 1024 1.3x, 1.8x with A transposed; 2048: 1.8x, 1.2x with B transposed (1.0x at
+/// 1024). On smaller products, and on products of few terms, its float-to-bfloat16 pass
+/// over each 32 x 32 block and its packing are not hidden behind the tiles' sums, and
+/// oneDNN's whole product is faster (512: 0.85x; 6272 x 64 x 64 and 6272 x 64 x 256: 0.6x
+/// and 0.85x).
 inline bool amx_takes(std::size_t M, std::size_t N, std::size_t K, bool b_transposed) {
   const std::size_t b_values = std::size_t(1) << (b_transposed ? 21 : 20);
   return M >= 256 && N >= 256 && K >= 256 && N * K >= b_values;
