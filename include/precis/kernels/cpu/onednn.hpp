@@ -24,6 +24,7 @@
 #endif
 
 #include <precis/kernels/context.hpp>
+#include <precis/kernels/cpu/support.hpp>
 #include <precis/numeric/bfloat16.hpp>
 
 #include <precis/kernels/cpu/amx.hpp>
@@ -576,12 +577,13 @@ inline constexpr std::size_t amx_k_block = 256;
 /// Whether a bfloat16 product of these sizes (per batch item) takes precis's AMX kernel
 /// rather than oneDNN's: at least 256 rows, columns and terms, and B of at least 2^20
 /// values, 2^21 where B is transposed (oneDNN 2.6's fastest layout). That is where it
-/// measured faster than oneDNN 2.6 on a Sapphire Rapids core with bfloat16 output: 1024 x
-/// 1024 x 1024 1.3x, 1.8x with A transposed; 2048: 1.8x, 1.2x with B transposed (1.0x at
-/// 1024). On smaller products, and on products of few terms, its float-to-bfloat16 pass
-/// over each 32 x 32 block and its packing are not hidden behind the tiles' sums, and
-/// oneDNN's whole product is faster (512: 0.85x; 6272 x 64 x 64 and 6272 x 64 x 256: 0.6x
-/// and 0.85x).
+/// measured faster than oneDNN 2.6 on a Sapphire Rapids core with bfloat16 output: 1.11-1.22x
+/// at 1024 x 1024 x 1024 and 1.58-1.67x at 2048 (bench_gemm); in a throwaway comparison
+/// of the layouts, 1.8x at 1024 with A transposed, 1.0x at 1024 and 1.2x at 2048 with B
+/// transposed. On smaller products, and on products of few terms, its float-to-bfloat16
+/// pass over each 32 x 32 block and its packing are not hidden behind the tiles' sums, and
+/// oneDNN's whole product was faster in the same comparison (512: 0.85x; 6272 x 64 x 64
+/// and 6272 x 64 x 256: 0.6x and 0.85x).
 inline bool amx_takes(std::size_t M, std::size_t N, std::size_t K, bool b_transposed) {
   const std::size_t b_values = std::size_t(1) << (b_transposed ? 21 : 20);
   return M >= 256 && N >= 256 && K >= 256 && N * K >= b_values;
@@ -706,56 +708,21 @@ bool amx_product(const cpu_context& ctx, onednn_state& st, std::size_t batch, st
 }
 
 /// Rows of an AMX product's block written straight to C (row r at out + r * ldc): out[j] =
-/// v[j] (+ bias[j]) for j < n, row r's v at v + 32 r, rounded once to TC (float or
-/// bfloat16), 16 values at a time. The same values as
-/// gemm_writer with alpha 1 and no epilogue: bfloat16 by nearest-even rounding of the top
-/// half of the bits, a NaN through the format's own conversion.
+/// v[j] (+ bias[j]) for j < n, row r's v at v + 32 r, rounded once to TC by store_block
+/// (the same values as gemm_writer with alpha 1 and no epilogue).
 template <class TC, class TBias>
-#if PRECIS_AMX_KERNEL
-__attribute__((target("avx512f,avx512bw,avx512vl")))
-#endif
 void amx_store_rows(const float* v, std::size_t rows, std::size_t n, const TBias* bias, TC* out,
                     std::int64_t ldc) {
-#if PRECIS_AMX_KERNEL
-  // The zero-masked forms: GCC 12 warns that the plain ones read an undefined source.
-  constexpr __mmask16 all = 0xFFFF;
-  alignas(64) float sums[16];
+  alignas(64) float b[32], sums[32];
+  if (bias != nullptr) load_block(bias, b, n);
   for (std::size_t r = 0; r < rows; ++r, v += 32, out += ldc) {
-    for (std::size_t j = 0; j < n; j += 16) {
-      const std::size_t len = std::min<std::size_t>(16, n - j);
-      const auto m = static_cast<__mmask16>((1U << len) - 1U);
-      __m512 x = _mm512_maskz_loadu_ps(m, v + j);
-      if (bias != nullptr) {
-        if constexpr (std::is_same_v<TBias, float>) {
-          x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, bias + j));
-        } else {
-          const __m256i h = _mm256_maskz_loadu_epi16(m, bias + j);
-          x = _mm512_add_ps(x, _mm512_castsi512_ps(_mm512_maskz_slli_epi32(
-                                   all, _mm512_maskz_cvtepu16_epi32(all, h), 16)));
-        }
-      }
-      if constexpr (std::is_same_v<TC, float>) {
-        _mm512_mask_storeu_ps(out + j, m, x);
-      } else {
-        const __m512i u = _mm512_castps_si512(x);
-        const __m512i odd =
-            _mm512_and_si512(_mm512_maskz_srli_epi32(all, u, 16), _mm512_set1_epi32(1));
-        const __m512i rounded = _mm512_maskz_srli_epi32(
-            all, _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
-        _mm512_mask_cvtepi32_storeu_epi16(out + j, m, rounded);
-        if (const __mmask16 nan = _mm512_mask_cmp_ps_mask(m, x, x, _CMP_UNORD_Q); nan != 0) {
-          _mm512_store_ps(sums, x);
-          for (std::size_t l = 0; l < len; ++l) {
-            if (((nan >> l) & 1U) != 0) out[j + l] = TC(sums[l]);
-          }
-        }
-      }
+    if (bias == nullptr) {
+      store_block(v, out, n);
+    } else {
+      for (std::size_t j = 0; j < n; ++j) sums[j] = v[j] + b[j];
+      store_block(sums, out, n);
     }
   }
-#else
-  // Never called where PRECIS_AMX_KERNEL is 0 (amx_usable() is false there).
-  (void)v, (void)rows, (void)n, (void)bias, (void)out, (void)ldc;
-#endif
 }
 
 /// Runs a product of bfloat16 or float operands (TIn) through oneDNN: for every batch item,
