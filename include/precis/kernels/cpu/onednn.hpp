@@ -577,8 +577,8 @@ inline constexpr std::size_t amx_k_block = 256;
 /// Whether a bfloat16 product of these sizes (per batch item) takes precis's AMX kernel
 /// rather than oneDNN's: at least 256 rows, columns and terms, and B of at least 2^20
 /// values, 2^21 where B is transposed (oneDNN 2.6's fastest layout). That is where it
-/// measured faster than oneDNN 2.6 on a Sapphire Rapids core with bfloat16 output: 1.11-1.22x
-/// at 1024 x 1024 x 1024 and 1.58-1.67x at 2048 (bench_gemm); in a throwaway comparison
+/// measured faster than oneDNN 2.6 on a Sapphire Rapids core with bfloat16 output: 1.10-1.28x
+/// at 1024 x 1024 x 1024 and 1.72-1.75x at 2048 (bench_gemm); in a throwaway comparison
 /// of the layouts, 1.8x at 1024 with A transposed, 1.0x at 1024 and 1.2x at 2048 with B
 /// transposed. On smaller products, and on products of few terms, its float-to-bfloat16
 /// pass over each 32 x 32 block and its packing are not hidden behind the tiles' sums, and
