@@ -9,7 +9,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -198,6 +200,46 @@ TEST_CASE_TEMPLATE("layer norm matches float64, forward and backward", C, fp32_c
   CHECK(rel_error(dx, reshaped_like<3>(an.dx, {2, 5, 48})) < bound<T>());
   CHECK(rel_error(dg, an.dg) < bound<T>());
   CHECK(rel_error(db, an.db) < bound<T>());
+}
+
+// The float path writes narrow outputs from registers (bfloat16) or through blocks
+// (float16): each must be the float result rounded once, by precis::convert's rounding,
+// with and without a partial last vector; float rows are read and written in place, so y
+// may be x.
+TEST_CASE_TEMPLATE(
+    "layer norm: a narrow output is the float output rounded once; float rows "
+    "in place",
+    X, float, bfloat16, float16) {
+  using P = precis::presets::bf16_mixed;
+  const cpu_context ctx{1};
+  for (const std::size_t cols : {1U, 15U, 16U, 37U, 300U}) {
+    INFO("cols " << cols);
+    auto x = random_tensor<X, 2>({4, cols}, -3, 5);
+    x(2, cols / 2) = X(std::numeric_limits<float>::quiet_NaN());
+    const auto g = random_tensor<X, 1>({cols}, 0.5, 1.5);
+    const auto b = random_tensor<X, 1>({cols});
+    auto mean = poisoned<float, 1>(std::array<std::size_t, 1>{4}), rstd = mean;
+    auto yf = poisoned<float, 2>(x.shape());
+    precis::layer_norm<P>(ctx, x, g, b, yf, mean, rstd);
+    CHECK(std::isnan(yf(2, 0)));
+    CHECK(!std::isnan(yf(1, 0)));
+    const auto round_all = [&]<class T>(T) {
+      auto r = host_tensor<T, 2>::from_shape({4, cols});
+      precis::convert(std::span<const float>(yf.data(), yf.size()),
+                      std::span<T>(r.data(), r.size()));
+      return r;
+    };
+    auto yb = poisoned<bfloat16, 2>(x.shape());
+    precis::layer_norm<P>(ctx, x, g, b, yb, mean, rstd);
+    CHECK(same_bits(yb, round_all(bfloat16{})));
+    auto yh = poisoned<float16, 2>(x.shape());
+    precis::layer_norm<P>(ctx, x, g, b, yh, mean, rstd);
+    CHECK(same_bits(yh, round_all(float16{})));
+    auto xf = host_tensor<float, 2>::from_shape({4, cols});
+    for (std::size_t i = 0; i < x.size(); ++i) xf.data()[i] = float(to_double(x.data()[i]));
+    precis::layer_norm<P>(ctx, xf, g, b, xf, mean, rstd);
+    CHECK(same_bits(xf, yf));
+  }
 }
 
 TEST_CASE_TEMPLATE("batch norm matches float64: training, running statistics, inference, backward", C,

@@ -11,8 +11,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <random>
 #include <limits>
+#include <random>
+#include <span>
 
 namespace {
 
@@ -183,6 +184,61 @@ TEST_CASE("softmax shape mismatches throw naming both shapes, writing nothing") 
   check_error([&] { precis::logsumexp_backward<P>(ctx, l, x, l, dx); }, "logsumexp_backward", "[4]", "[3]");
   for (float v : y) CHECK(std::isnan(v));
   for (float v : dx) CHECK(std::isnan(v));
+}
+
+namespace {
+
+/// y (float) rounded to T by precis::convert, as a tensor.
+template <class T>
+host_tensor<T, 2> rounded(const host_tensor<float, 2>& y) {
+  auto r = host_tensor<T, 2>::from_shape({y.shape()[0], y.shape()[1]});
+  precis::convert(std::span<const float>(y.data(), y.size()), std::span<T>(r.data(), r.size()));
+  return r;
+}
+
+}  // namespace
+
+// The float path writes narrow outputs from registers (bfloat16) or through blocks
+// (float16): each must be the float result rounded once, by precis::convert's rounding,
+// at row lengths with and without a partial last vector, NaN rows included; float rows
+// are read and written in place, so y may be x.
+TEST_CASE_TEMPLATE(
+    "softmax and log-softmax: a narrow output is the float output rounded once; "
+    "float rows in place",
+    X, float, bfloat16, float16) {
+  using P = precis::presets::bf16_mixed;
+  const cpu_context ctx{1};
+  for (const std::size_t cols : {1U, 15U, 16U, 37U, 300U}) {
+    INFO("cols " << cols);
+    auto x = random_tensor<X, 2>({5, cols}, -6, 6);
+    x(3, cols / 2) = X(std::numeric_limits<float>::quiet_NaN());
+    for (const bool log : {false, true}) {
+      INFO((log ? "log_softmax" : "softmax"));
+      const auto run = [&](const auto& in, auto& out) {
+        if (log) {
+          precis::log_softmax<P>(ctx, in, out);
+        } else {
+          precis::softmax<P>(ctx, in, out);
+        }
+      };
+      auto yf = poisoned<float, 2>(x.shape());
+      run(x, yf);
+      CHECK(std::isnan(yf(3, 0)));
+      CHECK(!std::isnan(yf(2, 0)));
+      auto yb = poisoned<bfloat16, 2>(x.shape());
+      run(x, yb);
+      CHECK(same_bits(yb, rounded<bfloat16>(yf)));
+      auto yh = poisoned<float16, 2>(x.shape());
+      run(x, yh);
+      CHECK(same_bits(yh, rounded<float16>(yf)));
+      auto xf = host_tensor<float, 2>::from_shape({5, cols});
+      for (std::size_t i = 0; i < x.size(); ++i) xf.data()[i] = float(to_double(x.data()[i]));
+      auto ref = poisoned<float, 2>(x.shape());
+      run(xf, ref);
+      run(xf, xf);
+      CHECK(same_bits(xf, ref));
+    }
+  }
 }
 
 TEST_CASE("softmax family is bit-identical for 1 and 2 threads") {

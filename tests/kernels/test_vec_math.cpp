@@ -231,3 +231,66 @@ TEST_CASE("row sums of long rows stay accurate, and do not depend on where a row
     CHECK(vm::row_sum(y.data(), n) == s);
   }
 }
+
+TEST_CASE("bfloat16 vector loads are exact and stores round as precis::convert does") {
+  using precis::bfloat16;
+  // Every bfloat16 bit pattern widens to its value (NaNs keep their bits).
+  std::vector<std::uint16_t> bits(1U << 16);
+  for (std::size_t i = 0; i < bits.size(); ++i) bits[i] = std::uint16_t(i);
+  std::size_t wrong_loads = 0;
+  for (std::size_t i = 0; i < bits.size(); i += vm::lanes) {
+    float out[vm::lanes];
+    vm::store(out, vm::load_upper_half(bits.data() + i));
+    for (std::size_t j = 0; j < vm::lanes; ++j) {
+      wrong_loads += std::bit_cast<std::uint32_t>(out[j]) != std::uint32_t(bits[i + j]) << 16;
+    }
+  }
+  CHECK(wrong_loads == 0);
+  // Stores: every upper half with lower halves at and around the rounding boundaries
+  // (ties, just below and above them, the extremes) and random ones, against the scalar
+  // conversion; NaNs become the canonical quiet NaN, overflow infinity.
+  std::mt19937 g(3);
+  std::vector<float> in;
+  for (std::uint32_t hi = 0; hi < (1U << 16); ++hi) {
+    for (const std::uint32_t lo :
+         {0x0000U, 0x0001U, 0x7FFFU, 0x8000U, 0x8001U, 0xFFFFU, std::uint32_t(g() & 0xFFFFU)}) {
+      in.push_back(std::bit_cast<float>((hi << 16) | lo));
+    }
+  }
+  while (in.size() % vm::lanes != 0) in.push_back(0.0F);
+  std::vector<std::uint16_t> out(in.size());
+  for (std::size_t i = 0; i < in.size(); i += vm::lanes) {
+    vm::store_upper_half<bfloat16::format>(out.data() + i, vm::load(in.data() + i));
+  }
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < in.size(); ++i) wrong += out[i] != bfloat16(in[i]).bits();
+  CHECK(wrong == 0);
+  // Partial vectors read and write only their lanes.
+  for (std::size_t count = 1; count < vm::lanes; ++count) {
+    std::vector<std::uint16_t> dst(vm::lanes, 0xABCDU);
+    vm::store_upper_half<bfloat16::format>(dst.data(), vm::load(in.data() + 7 * vm::lanes), count);
+    const vm::vf back = vm::load_upper_half(dst.data(), count);
+    for (std::size_t j = 0; j < vm::lanes; ++j) {
+      if (j < count) {
+        CHECK(dst[j] == bfloat16(in[7 * vm::lanes + j]).bits());
+        CHECK(std::bit_cast<std::uint32_t>(float(back[j])) == std::uint32_t(dst[j]) << 16);
+      } else {
+        CHECK(dst[j] == 0xABCDU);
+        CHECK(float(back[j]) == 0.0F);
+      }
+    }
+  }
+}
+
+TEST_CASE("row maxima: the largest value, NaN if there is one, tails ignored") {
+  std::mt19937 g(5);
+  std::uniform_real_distribution<float> u(-100.0F, 100.0F);
+  for (std::size_t n : {1U, 15U, 16U, 17U, 100U}) {
+    INFO("n = " << n);
+    std::vector<float> x(n + vm::lanes, 1e30F);  // beyond n: larger values, never read
+    for (std::size_t i = 0; i < n; ++i) x[i] = u(g);
+    CHECK(vm::row_max(x.data(), n) == *std::max_element(x.begin(), x.begin() + std::ptrdiff_t(n)));
+    x[n - 1] = std::numeric_limits<float>::quiet_NaN();
+    CHECK(std::isnan(vm::row_max(x.data(), n)));
+  }
+}

@@ -42,17 +42,22 @@ inline void check_eps(std::string_view name, double eps) {
 }
 
 /// Mean and biased variance of n values, two-pass, each sum kept in Acc (float: vmath's
-/// blocked row sums, products never fused into them).
-template <class Acc, class M>
-std::pair<M, M> mean_and_variance(const M* v, std::size_t n) {
+/// blocked row sums, products never fused into them, and the row `next`, where given,
+/// fetched into the cache during the second pass: rows of a large tensor then come from
+/// memory while the current one is computed).
+template <class Acc, class M, class Next = M>
+std::pair<M, M> mean_and_variance(const M* v, std::size_t n, const Next* next = nullptr) {
   if constexpr (vmath::float_path_v<M, Acc>) {
     using vmath::vf;
     const float mu = vmath::row_sum(v, n) / static_cast<float>(n);
     const vf muv = vmath::splat(mu);
-    const float var = vmath::row_sum(v, n, [muv](vf a) {
-                        const vf d = a - muv;
-                        return vmath::product(d, d);
-                      }) / static_cast<float>(n);
+    const float var = vmath::row_sum_of(n,
+                                        [&](std::size_t i) {
+                                          vmath::prefetch_line(next, i);
+                                          const vf d = vmath::load_padded(v, i, n) - muv;
+                                          return vmath::zero_past(vmath::product(d, d), i, n);
+                                        }) /
+                      static_cast<float>(n);
     return {mu, var};
   }
   accumulator<Acc> s;
@@ -86,18 +91,22 @@ M blend(M running, M value, M momentum) {
   }
 }
 
-/// One row of layer norm in float, in place: mean and biased variance (two passes) as
-/// vmath row sums, then ((x - mean) rstd) gamma + beta, no product fused into a sum.
-/// Returns {mean, rstd}.
-inline std::pair<float, float> vector_layer_norm_row(float* v, const float* gamma,
-                                                     const float* beta, std::size_t n, float eps) {
+/// One row of layer norm in float from x (n floats) to y: mean and biased variance (two
+/// passes) as vmath row sums, then ((x - mean) rstd) gamma + beta, no product fused into a
+/// sum, each result rounded once to Y (y may be x when Y is float); the row `next` (or
+/// null) is fetched into the cache meanwhile. Returns {mean, rstd}.
+template <class Y, class Next>
+std::pair<float, float> vector_layer_norm_row(const float* x, Y* y, const float* gamma,
+                                              const float* beta, std::size_t n, float eps,
+                                              const Next* next) {
   using vmath::vf;
-  const auto [mu, var] = mean_and_variance<float>(v, n);
+  const auto [mu, var] = mean_and_variance<float>(x, n, next);
   const float rs = 1.0F / std::sqrt(var + eps);
   const vf muv = vmath::splat(mu), rsv = vmath::splat(rs);
-  vmath::map3(v, gamma, beta, v, n, [muv, rsv](vf a, vf g, vf b) {
-    return vmath::product(vmath::product(a - muv, rsv), g) + b;
-  });
+  map_store(
+      y, n,
+      [muv, rsv](vf a, vf g, vf b) { return vmath::product(vmath::product(a - muv, rsv), g) + b; },
+      x, gamma, beta);
   return {mu, rs};
 }
 
@@ -150,19 +159,18 @@ void layer_norm(const cpu_context& ctx, const host_tensor<X, N>& x, const host_t
   detail::load_block(beta.data(), bt.data(), cols);
   const M e = static_cast<M>(eps);
   if constexpr (detail::vmath::float_path_v<M, Acc>) {
+    // Rows read and written in place where they are float, converted one row at a time
+    // otherwise.
     detail::for_rows(ctx, rows, cols, [&](std::size_t begin, std::size_t end) {
-      const std::size_t run = std::min(detail::row_run(cols), end - begin);
-      std::vector<float> v(run * cols);
-      for (std::size_t r0 = begin; r0 < end; r0 += run) {
-        const std::size_t k = std::min(run, end - r0);
-        detail::load_block(x.data() + r0 * cols, v.data(), k * cols);
-        for (std::size_t i = 0; i < k; ++i) {
-          const auto [mu, rs] =
-              detail::vector_layer_norm_row(v.data() + i * cols, g.data(), bt.data(), cols, e);
-          mean.data()[r0 + i] = static_cast<S>(mu);
-          rstd.data()[r0 + i] = static_cast<S>(rs);
-        }
-        detail::store_block(v.data(), y.data() + r0 * cols, k * cols);
+      std::vector<float> scratch;
+      if constexpr (!std::is_same_v<X, float>) scratch.resize(cols);
+      for (std::size_t r = begin; r < end; ++r) {
+        const float* v = detail::float_view(x.data() + r * cols, scratch.data(), cols);
+        const X* next = r + 1 < end ? x.data() + (r + 1) * cols : nullptr;
+        const auto [mu, rs] = detail::vector_layer_norm_row(v, y.data() + r * cols, g.data(),
+                                                            bt.data(), cols, e, next);
+        mean.data()[r] = static_cast<S>(mu);
+        rstd.data()[r] = static_cast<S>(rs);
       }
     });
     return;

@@ -8,13 +8,14 @@
 // A row holding NaN gives NaN; an all -inf row gives NaN from softmax (as PyTorch) and
 // -inf from logsumexp.
 //
-// Float math and float sums (the default) run on SIMD vectors (kernels/cpu/vec_math.hpp):
-// exp within 1 ulp, softmax's quotient as a product with the sum's reciprocal (within 1.5
-// ulp of the float quotient, as PyTorch computes it), and row sums in 16 partial sums per
-// block of 256 elements with the blocks added pairwise, so long rows (a 50257-token
-// vocabulary) keep float accuracy; the same bits under every build flag. Other types
-// (double, or an `unsafe` accumulator narrower than float) keep one running sum per row in
-// the accumulate type.
+// Float math and float sums (the default) run on SIMD vectors (kernels/cpu/vec_math.hpp),
+// float rows read and written where they are (no copies; y may be x), bfloat16 widened
+// and rounded in registers: exp within 1 ulp, softmax's quotient as a product with the
+// sum's reciprocal (within 1.5 ulp of the float quotient, as PyTorch computes it), and row
+// sums in 16 partial sums per block of 256 elements with the blocks added pairwise, so
+// long rows (a 50257-token vocabulary) keep float accuracy; the same bits under every
+// build flag. Other types (double, or an `unsafe` accumulator narrower than float) keep
+// one running sum per row in the accumulate type.
 #pragma once
 
 #include <precis/kernels/common.hpp>
@@ -26,9 +27,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace precis {
@@ -73,29 +76,74 @@ void check_row_shape(std::string_view what, const X& x, const T& t) {
 
 enum class softmax_kind { softmax, log_softmax };
 
-/// The float softmax or log-softmax of k rows of `cols` elements, in place. Softmax: one
-/// pass for the row's maximum m, one that writes e = exp(x - m) and sums it (the blocked
-/// row sum, in the same order as vmath::row_sum), one that multiplies by 1 / sum (as
-/// PyTorch does: a division per element would cost more than the exp). Log-softmax: the
-/// maximum, the sum of exp(x - m) without storing it, then (x - m) - log(sum).
-template <softmax_kind K, class A>
-void softmax_rows(float* buf, std::size_t k, std::size_t cols) {
+/// A row's floats for the float path and their maximum: the row itself where X is float;
+/// bfloat16 widened into `scratch` in the same pass as the maximum; other formats
+/// converted into `scratch` first.
+template <class X>
+std::pair<const float*, float> float_row_and_max(const X* row, float* scratch, std::size_t cols) {
+  if constexpr (std::is_same_v<X, bfloat16>) {
+    const auto* bits = reinterpret_cast<const std::uint16_t*>(row);
+    const float m = vmath::row_max_of(cols, [&](std::size_t j) {
+      const vmath::vf v = vmath::load_upper_half(bits + j, std::min(vmath::lanes, cols - j));
+      vmath::store_padded(scratch, j, cols, v);
+      return v;
+    });
+    return {scratch, m};
+  } else {
+    const float* v = float_view(row, scratch, cols);
+    return {v, vmath::row_max(v, cols)};
+  }
+}
+
+/// The float softmax or log-softmax of k rows of `cols` elements from `in` to `out`
+/// (scratch: cols floats, used where X or Y is not float). Softmax: one pass for the
+/// row's maximum m (reading the input, widening bfloat16), one that writes e = exp(x - m)
+/// and sums it (the blocked row sum, in the same order as vmath::row_sum), one that
+/// multiplies by 1 / sum (as PyTorch does: a division per element would cost more than the
+/// exp) and rounds to Y. Log-softmax: the maximum, the sum of exp(x - m) without storing
+/// it, then (x - m) - log(sum). Float rows are read and written in place (no copies), so
+/// out may be in.
+template <softmax_kind K, class A, class X, class Y>
+void softmax_rows(const X* in, Y* out, float* scratch, std::size_t k, std::size_t cols) {
   using vmath::vf;
   for (std::size_t i = 0; i < k; ++i) {
-    float* row = buf + i * cols;
-    const vf m = vmath::splat(vmath::row_max(row, cols));
+    Y* y = out + i * cols;
+    float* sr = scratch;
+    // (Not a structured binding: clang 14 does not let the lambdas below capture one.)
+    const std::pair<const float*, float> row = float_row_and_max(in + i * cols, sr, cols);
+    const float* x = row.first;
+    const float max = row.second;
+    if (!std::isfinite(max)) {
+      // A NaN, +inf or an all -inf row: x - max is NaN in some lane, and then so is the
+      // sum and every result (as computing it would give).
+      const vf nan = vmath::splat(std::numeric_limits<float>::quiet_NaN());
+      map_store(
+          y, cols, [nan](vf) { return nan; }, x);
+      continue;
+    }
+    const vf m = vmath::splat(max);
+    // The next row is fetched during the exp pass (see vmath::prefetch_line).
+    const X* next = i + 1 < k ? in + (i + 1) * cols : nullptr;
     if constexpr (K == softmax_kind::softmax) {
+      float* e = sr;
+      if constexpr (std::is_same_v<Y, float>) e = y;
       const float s = vmath::row_sum_of(cols, [&](std::size_t j) {
-        const vf e = vmath::exp<A>(vmath::load_padded(row, j, cols) - m);
-        vmath::store_padded(row, j, cols, e);
-        return vmath::zero_past(e, j, cols);
+        vmath::prefetch_line(next, j);
+        const vf ej = vmath::exp_not_nan<A>(vmath::load_padded(x, j, cols) - m);
+        vmath::store_padded(e, j, cols, ej);
+        return vmath::zero_past(ej, j, cols);
       });
       const vf inv = vmath::splat(1.0F / s);
-      vmath::map(row, row, cols, [inv](vf v) { return v * inv; });
+      map_store(
+          y, cols, [inv](vf v) { return v * inv; }, static_cast<const float*>(e));
     } else {
-      const float s = vmath::row_sum(row, cols, [m](vf v) { return vmath::exp<A>(v - m); });
+      const float s = vmath::row_sum_of(cols, [&](std::size_t j) {
+        vmath::prefetch_line(next, j);
+        return vmath::zero_past(vmath::exp_not_nan<A>(vmath::load_padded(x, j, cols) - m), j, cols);
+      });
       const vf lse = vmath::splat(std::log(s));
-      vmath::map(row, row, cols, [m, lse](vf v) { return (v - m) - lse; });
+      map_store(
+          y, cols, [m, lse](vf v) { return (v - m) - lse; }, x);
     }
   }
 }
@@ -113,14 +161,10 @@ void softmax_forward(std::string_view name, const cpu_context& ctx, const host_t
   if (cols == 0) return;
   if constexpr (vmath::float_path_v<M, Acc>) {
     for_rows(ctx, rows, cols, [&](std::size_t begin, std::size_t end) {
-      const std::size_t run = std::min(row_run(cols), end - begin);
-      std::vector<float> buf(run * cols);
-      for (std::size_t r = begin; r < end; r += run) {
-        const std::size_t k = std::min(run, end - r);
-        load_block(in + r * cols, buf.data(), k * cols);
-        softmax_rows<K, arith_t<P>>(buf.data(), k, cols);
-        store_block(buf.data(), out + r * cols, k * cols);
-      }
+      std::vector<float> scratch;
+      if constexpr (!std::is_same_v<X, float> || !std::is_same_v<Y, float>) scratch.resize(cols);
+      softmax_rows<K, arith_t<P>>(in + begin * cols, out + begin * cols, scratch.data(),
+                                  end - begin, cols);
     });
     return;
   }

@@ -94,6 +94,50 @@ constexpr void accumulate(accumulator<Acc>& acc, M x) {
   acc.add(static_cast<typename accumulator<Acc>::value_type>(x));
 }
 
+/// The floats of `n` elements at src for a row kernel's float path: src itself where T is
+/// float (read in place, no copy), else load_block's conversion into `scratch` (n floats).
+template <class T>
+const float* float_view(const T* src, float* scratch, std::size_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    return src;
+  } else {
+    load_block(src, scratch, n);
+    return scratch;
+  }
+}
+
+/// out[i] = f(a[i], b[i], ...) over n elements, f taking and giving vmath vectors, each
+/// result rounded once to Y as store_block rounds it: written directly where Y is float,
+/// rounded in registers where Y is bfloat16 (vmath::store_upper_half, the same rounding),
+/// through blocks of `block_size` and store_block otherwise. out may be one of the
+/// inputs when Y is float.
+template <class Y, class F, class... In>
+void map_store(Y* out, std::size_t n, F f, const In*... in) {
+  using vmath::lanes;
+  if constexpr (std::is_same_v<Y, float>) {
+    std::size_t i = 0;
+    for (; i + lanes <= n; i += lanes) vmath::store(out + i, f(vmath::load(in + i)...));
+    if (i < n) vmath::store_partial(out + i, f(vmath::load_partial(in + i, n - i)...), n - i);
+  } else if constexpr (std::is_same_v<Y, bfloat16>) {
+    auto* bits = reinterpret_cast<std::uint16_t*>(out);
+    std::size_t i = 0;
+    for (; i + lanes <= n; i += lanes) {
+      vmath::store_upper_half<bfloat16::format>(bits + i, f(vmath::load(in + i)...));
+    }
+    if (i < n) {
+      vmath::store_upper_half<bfloat16::format>(bits + i, f(vmath::load_partial(in + i, n - i)...),
+                                                n - i);
+    }
+  } else {
+    std::array<float, block_size> res;
+    for (std::size_t b = 0; b < n; b += block_size) {
+      const std::size_t len = std::min(block_size, n - b);
+      map_store(res.data(), len, f, (in + b)...);
+      store_block(res.data(), out + b, len);
+    }
+  }
+}
+
 /// Calls f(start, len, out, in...) over [0, n) in blocks of `block_size`, with each input
 /// block converted to M and `out` (M) rounded to `Out` afterwards; blocks are shared among
 /// threads. Inputs already of type M are read in place and an output of type M is written

@@ -1,6 +1,7 @@
 // precis/kernels/cpu/vec_math.hpp: float math on SIMD vectors for the host kernels (exp,
-// the normal CDF behind GELU, sigmoid, and sums of long rows). Private to precis
-// (namespace precis::detail::vmath).
+// the normal CDF behind GELU, sigmoid, sums and maxima of long rows, bfloat16 loads and
+// rounding stores, fetching the next row ahead). Private to precis (namespace
+// precis::detail::vmath).
 //
 // Why written here: no scalar libm call per element in a hot loop, and the same bits under
 // every build flag and on every target. The vectors are GCC/Clang vector extensions of the
@@ -23,6 +24,7 @@
 // sigmoid within 2 ulps, its gradient within 4.
 #pragma once
 
+#include <precis/numeric/detail/encoding.hpp>
 #include <precis/numeric/detail/unfused.hpp>
 
 #include <algorithm>
@@ -146,6 +148,45 @@ inline void store_partial(float* p, vf v, std::size_t count) {
 #endif
 }
 
+/// Lanes of 16 and of unsigned 32 bits (a 16-bit format's bit patterns, their widening).
+using vh = std::uint16_t __attribute__((vector_size(lanes * sizeof(std::uint16_t))));
+using vu = std::uint32_t __attribute__((vector_size(lanes * sizeof(float))));
+
+/// The floats of `count` (<= lanes) values of a 16-bit format with float's exponent
+/// (bfloat16) from their bits at p, zeros above: exact, a shift.
+inline vf load_upper_half(const std::uint16_t* p, std::size_t count = lanes) {
+  vh h = {};
+  if (count == lanes) {
+    std::memcpy(&h, p, sizeof h);
+  } else {
+    for (std::size_t j = 0; j < count; ++j) h[j] = p[j];
+  }
+  return (vf)(__builtin_convertvector(h, vu) << 16);
+}
+
+/// v's lanes below `count` (<= lanes) rounded to F, a 16-bit format with float's exponent
+/// (bfloat16), by encoding's encode_upper_half (precis::convert's rounding: the same bits),
+/// their bits written to p.
+template <class F>
+inline void store_upper_half(std::uint16_t* p, vf v, std::size_t count = lanes) {
+  const vh h = __builtin_convertvector(encode_upper_half<F>((vu)v), vh);
+  if (count == lanes) {
+    std::memcpy(p, &h, sizeof h);
+  } else {
+    for (std::size_t j = 0; j < count; ++j) p[j] = h[j];
+  }
+}
+
+/// Fetching ahead (a hint, which never faults): the row kernels fetch the next row while
+/// they compute on the current one, so that rows of a tensor larger than the caches arrive
+/// from memory during the arithmetic.
+/// Called for every vector's first element i of a pass over a row, this fetches each
+/// cache line of the row `next` (of any element type; null: none) once.
+template <class T>
+inline void prefetch_line(const T* next, std::size_t i) {
+  if (next != nullptr && (i * sizeof(T)) % 64 == 0) __builtin_prefetch(next + i, 0, 3);
+}
+
 /// 2^n for integral n (as floats) in [-126, 127].
 inline vf pow2(vf n) {
   return (vf)((__builtin_convertvector(n, vi) + 127) << 23);
@@ -225,11 +266,18 @@ inline vf scale2(vf v, vf n) {
 #endif
 }
 
+/// exp(x) for x with no NaN lane: exp's bits there, without its NaN test (softmax's
+/// x - max, which is never NaN when the maximum is finite).
+template <class A = exact_arith>
+inline vf exp_not_nan(vf x) {
+  const exp_parts e = exp_reduce<A>(x);
+  return scale2(e.p, e.n);
+}
+
 /// exp(x), within 1 ulp; NaN stays NaN, +inf gives inf, -inf 0.
 template <class A = exact_arith>
 inline vf exp(vf x) {
-  const exp_parts e = exp_reduce<A>(x);
-  return select(x != x, x, scale2(e.p, e.n));
+  return select(x != x, x, exp_not_nan<A>(x));
 }
 
 /// -x^2 / 2 as an exact sum a + b (b's rounding is far below a's ulp): x is split into a
@@ -427,17 +475,15 @@ inline vf zero_past(vf v, std::size_t i, std::size_t n) {
   return select(lanes_below(n - i), v, vf{});
 }
 
-/// The largest element of a row of n >= 1 floats; NaN if the row holds one.
-inline float row_max(const float* x, std::size_t n) {
+/// The largest of the values f(i) gives for the lanes-wide vectors starting at i, over a
+/// row of n >= 1 (lanes from n on are ignored); NaN if one of them is NaN.
+template <class F>
+float row_max_of(std::size_t n, F f) {
   vf m = splat(-__builtin_inff());
   vi nan = {};
   for (std::size_t i = 0; i < n; i += lanes) {
-    vf v;
-    if (i + lanes <= n) {
-      v = load(x + i);
-    } else {  // the tail, padded with -inf
-      v = select(lanes_below(n - i), load_partial(x + i, n - i), splat(-__builtin_inff()));
-    }
+    vf v = f(i);
+    if (i + lanes > n) v = select(lanes_below(n - i), v, splat(-__builtin_inff()));  // the tail
     nan |= (v != v);
     m = max(v, m);
   }
@@ -450,6 +496,11 @@ inline float row_max(const float* x, std::size_t n) {
     any_nan = any_nan || nan[j] != 0;
   }
   return any_nan ? __builtin_nanf("") : best;
+}
+
+/// The largest element of a row of n >= 1 floats; NaN if the row holds one.
+inline float row_max(const float* x, std::size_t n) {
+  return row_max_of(n, [x, n](std::size_t i) { return load_padded(x, i, n); });
 }
 
 /// The 16 partial sums of block_sum (partial j in lane j % lanes of vector j / lanes) added

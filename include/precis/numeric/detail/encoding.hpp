@@ -85,13 +85,26 @@ PRECIS_HOST_DEVICE constexpr typename F::storage_type encode_bits(
   return out_t(result);
 }
 
-
 /// Rounds `x` (float or double) once, directly, to format `F`.
 /// NaN gives F's canonical NaN (`quiet_nan_bits`). Infinity gives infinity (NaN for
 /// formats without infinity), or +-max under `overflow::saturate`. Finite values beyond
 /// max follow `O` (see `precis::overflow`); a finite overflow keeps the sign, so float8_e4m3
 /// gives the NaN pattern with the input's sign, as CUDA does.
 /// `random_bits` is read only by `rounding::stochastic`.
+/// Float bits `u` rounded to a 16-bit format F with float's exponent (bfloat16: float's
+/// upper half), nearest-even, overflow to infinity, a NaN as F's quiet NaN; F's bits are
+/// the low 16 of the result. U is std::uint32_t, or a GCC vector of them (the host
+/// kernels' SIMD stores, kernels/cpu/vec_math.hpp): the one rounding both use. Adds just
+/// under half an ulp, plus the kept lowest bit (ties to even), and takes the upper half; a
+/// carry out of the largest finite value lands on infinity, as it should.
+template <class F, class U>
+PRECIS_HOST_DEVICE constexpr U encode_upper_half(U u) {
+  static_assert(F::exponent_bits == 8 && F::total_bits == 16,
+                "precis: encode_upper_half is for formats with float's exponent in 16 bits");
+  const U rounded = (u + 0x7FFFU + ((u >> 16) & 1U)) >> 16;
+  return (u & 0x7FFFFFFFU) > 0x7F800000U ? U{} + std::uint32_t(F::quiet_nan_bits) : rounded;
+}
+
 template <class F, rounding R, overflow O, class Src>
 PRECIS_HOST_DEVICE constexpr typename F::storage_type encode(Src x,
                                                              std::uint32_t random_bits = 0) {
@@ -102,13 +115,9 @@ PRECIS_HOST_DEVICE constexpr typename F::storage_type encode(Src x,
                 "to float first or round to nearest");
   if constexpr (std::is_same_v<Src, float> && F::exponent_bits == S::exponent_bits &&
                 R == rounding::nearest_even && O == overflow::infinity) {
-    // float -> bfloat16 keeps the exponent: add just under half an ulp, plus the kept
-    // lowest bit (ties to even), and take the upper half. A carry out of the largest
-    // finite value lands on infinity, as it should.
+    // float -> bfloat16 keeps the exponent (see encode_upper_half).
     // The source type spelled dependently: nvcc 13 fails on a non-dependent one here.
-    const std::uint32_t u = __builtin_bit_cast(typename S::storage_type, x);
-    const std::uint32_t rounded = (u + 0x7FFFU + ((u >> 16) & 1U)) >> 16;
-    return (u & 0x7FFFFFFFU) > 0x7F800000U ? F::quiet_nan_bits : out_t(rounded);
+    return out_t(encode_upper_half<F>(__builtin_bit_cast(typename S::storage_type, x)));
   } else {
     return encode_bits<F, R, O, S>(__builtin_bit_cast(typename S::storage_type, x), random_bits);
   }
