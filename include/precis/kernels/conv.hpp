@@ -35,7 +35,10 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -550,10 +553,78 @@ inline onednn_conv_key onednn_key(const conv_geometry& g, onednn_conv_kind kind,
           kind, out_type, bias, 1};
 }
 
+/// The pixels a 1x1 convolution without padding reads (x[., ., i sy, j sx]), as images of
+/// g.ho x g.wo: xs [n, c, ho, wo].
+template <class T>
+void gather_strided_pixels(const cpu_context& ctx, const conv_geometry& g, const T* x, T* xs) {
+  const std::size_t sy = g.p.stride[0], sx = g.p.stride[1], h = g.h, w = g.w, ho = g.ho, wo = g.wo;
+  // Where sx is 2, pairs of values are read as one integer twice as wide and its low half
+  // kept (little-endian), which compilers vectorise (AVX-512: VPMOVDW); the pairs stop
+  // before the row's end.
+  const std::size_t pairs = sx == 2 ? std::min(wo, w / 2) : 0;
+  using U = std::conditional_t<sizeof(T) == 2, std::uint16_t, std::uint32_t>;
+  using U2 = std::conditional_t<sizeof(T) == 2, std::uint32_t, std::uint64_t>;
+  static_assert(sizeof(T) == sizeof(U) && std::endian::native == std::endian::little);
+  parallel_for(ctx, g.n * g.c, std::max<std::size_t>(1, elements_per_thread / (ho * wo)),
+               [&](std::size_t p0, std::size_t p1) {
+                 // Sizes as locals of the loop: the stores (memcpy, which may alias anything)
+                 // would otherwise have them reloaded from g or the closure every iteration,
+                 // and the loop would not vectorise.
+                 const std::size_t n_pairs = pairs, rows = ho, cols = wo, step = sx;
+                 for (std::size_t p = p0; p < p1; ++p) {
+                   for (std::size_t i = 0; i < rows; ++i) {
+                     const T* src = x + (p * h + i * sy) * w;
+                     T* dst = xs + (p * rows + i) * cols;
+                     for (std::size_t j = 0; j < n_pairs; ++j) {
+                       U2 pair;
+                       std::memcpy(&pair, src + 2 * j, sizeof pair);
+                       const U low = U(pair);
+                       std::memcpy(static_cast<void*>(dst + j), &low, sizeof low);
+                     }
+                     for (std::size_t j = n_pairs; j < cols; ++j) dst[j] = src[j * step];
+                   }
+                 }
+               });
+}
+
+/// For a strided 1x1 convolution without padding, which reads only the pixels its stride
+/// lands on (a quarter of x at stride 2, as in ResNet's downsampling shortcuts): the
+/// stride-1 geometry on those pixels. The forward and weight-gradient passes gather them
+/// (gather_strided_pixels) and run that: the same sums, with the move to oneDNN's layout
+/// and the primitive seeing only the pixels used.
+inline std::optional<conv_geometry> sampled_1x1(const conv_geometry& g) {
+  if (g.kh != 1 || g.kw != 1 || g.p.padding[0] != 0 || g.p.padding[1] != 0 ||
+      (g.p.stride[0] == 1 && g.p.stride[1] == 1) || g.n * g.c * g.pixels() == 0) {
+    return std::nullopt;
+  }
+  conv_geometry dense = g;
+  dense.h = g.ho;
+  dense.w = g.wo;
+  dense.p.stride = {1, 1};
+  dense.p.dilation = {1, 1};
+  return dense;
+}
+
+/// Runs f(xs) with xs the pixels of x that g (see sampled_1x1) reads, gathered into a
+/// buffer of the context's.
+template <class T, class F>
+bool with_sampled_pixels(const cpu_context& ctx, const conv_geometry& g, const T* x, F&& f) {
+  static_assert(sizeof(float) % sizeof(T) == 0);
+  float_buffer buf(ctx, (g.n * g.c * g.pixels() * sizeof(T) + sizeof(float) - 1) / sizeof(float));
+  T* xs = reinterpret_cast<T*>(buf.get());
+  gather_strided_pixels(ctx, g, x, xs);
+  return f(static_cast<const T*>(xs));
+}
+
 /// Geometry g's forward pass through oneDNN (see onednn_conv); false where it does not run.
 template <class TIn, class TY, class TBias>
 bool onednn_conv_forward(const cpu_context& ctx, const conv_geometry& g, const TIn* x, const TIn* w,
                          const TBias* bias, TY* y) {
+  if (const auto dense = sampled_1x1(g)) {
+    if (!onednn_has_products<TIn>()) return false;  // nothing gathered for the exact kernel
+    return with_sampled_pixels(
+        ctx, g, x, [&](const TIn* xs) { return onednn_conv_forward(ctx, *dense, xs, w, bias, y); });
+  }
   // oneDNN takes a float bias; another type is converted (Co values) first.
   std::vector<float> converted;
   const float* bias_f = nullptr;
@@ -586,6 +657,12 @@ bool onednn_conv_backward_data(const cpu_context& ctx, const conv_geometry& g, c
 template <class TIn, class TW>
 bool onednn_conv_backward_weights(const cpu_context& ctx, const conv_geometry& g, const TIn* x,
                                   const TIn* dy, TW* dw) {
+  if (const auto dense = sampled_1x1(g)) {
+    if (!onednn_has_products<TIn>()) return false;
+    return with_sampled_pixels(ctx, g, x, [&](const TIn* xs) {
+      return onednn_conv_backward_weights(ctx, *dense, xs, dy, dw);
+    });
+  }
   const auto key = onednn_key(g, onednn_conv_kind::backward_weights, onednn_type<float>(), false);
   return onednn_conv(ctx, key, x, dy, nullptr, dw, false,
                      [&](std::size_t b, std::size_t len, const float* v) { store_block(v, dw + b, len); });
