@@ -13,7 +13,10 @@ channels-last and its faster time is kept (its best layout). dtype float32 is pr
 exact fp32 (the reference), float32_hardware its fp32_hardware (oneDNN's float products,
 gemm and conv2d only), both against torch's float32. --append keeps the rows already in
 the CSV (another machine's). `isa` is what precis's kernels
-were compiled for and the engine of bf16_mixed's hardware products.
+were compiled for, the engine of bf16_mixed's hardware products, the instruction set
+torch's kernels dispatched to, and ONEDNN_MAX_CPU_ISA where it is set. An AVX2 machine's
+paths can be measured on an AVX-512 one: precis built with -march=x86-64-v3 and
+PRECIS_NATIVE=OFF, and both run under ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2.
 
     python3 -m venv /tmp/torchenv && /tmp/torchenv/bin/pip install torch numpy
     /tmp/torchenv/bin/python bench/torch_kernels.py \\
@@ -119,6 +122,11 @@ def main():
     # "CPU: ...; precis kernels compiled for X; hardware products: Y" from precis's side.
     m = re.search(r"compiled for (.*?); hardware products: (.*)$", isa_line)
     isa = f"precis {m.group(1)}; products {m.group(2)}" if m else isa_line
+    # torch's kernels by the instruction set it dispatched to (ATEN_CPU_CAPABILITY can lower
+    # it, and ONEDNN_MAX_CPU_ISA its oneDNN's, to measure an AVX2 machine's paths).
+    isa += f"; torch {torch.backends.cpu.get_cpu_capability()}"
+    if os.environ.get("ONEDNN_MAX_CPU_ISA"):
+        isa += f"; ONEDNN_MAX_CPU_ISA={os.environ['ONEDNN_MAX_CPU_ISA']}"
     cpu = cpu_model()
     print(f"CPU: {cpu}; {isa}; torch {torch.__version__}")
     if args.csv:
