@@ -708,19 +708,21 @@ bool amx_product(const cpu_context& ctx, onednn_state& st, std::size_t batch, st
 }
 
 /// Rows of an AMX product's block written straight to C (row r at out + r * ldc): out[j] =
-/// v[j] (+ bias[j]) for j < n, row r's v at v + 32 r, rounded once to TC by store_block
-/// (the same values as gemm_writer with alpha 1 and no epilogue).
+/// v[j] (+ bias[j]) for j < n, row r's v at v + 32 r, rounded once to TC as store_block
+/// rounds (map_store: bfloat16 in registers, by precis::convert's routine), the same values
+/// as gemm_writer with alpha 1 and no epilogue.
 template <class TC, class TBias>
 void amx_store_rows(const float* v, std::size_t rows, std::size_t n, const TBias* bias, TC* out,
                     std::int64_t ldc) {
-  alignas(64) float b[32], sums[32];
+  alignas(64) float b[32];
   if (bias != nullptr) load_block(bias, b, n);
   for (std::size_t r = 0; r < rows; ++r, v += 32, out += ldc) {
     if (bias == nullptr) {
-      store_block(v, out, n);
+      map_store(
+          out, n, [](vmath::vf x) { return x; }, v);
     } else {
-      for (std::size_t j = 0; j < n; ++j) sums[j] = v[j] + b[j];
-      store_block(sums, out, n);
+      map_store(
+          out, n, [](vmath::vf x, vmath::vf c) { return x + c; }, v, static_cast<const float*>(b));
     }
   }
 }
