@@ -38,6 +38,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -184,6 +185,15 @@ double dot(const precis::host_tensor<double, N>& w, const precis::host_tensor<do
 template <class T, std::size_t N>
 bool same_bits(const precis::host_tensor<T, N>& a, const precis::host_tensor<T, N>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+/// A float tensor rounded to T by precis::convert (the reference for a kernel's narrow
+/// output: its float output rounded once).
+template <class T, std::size_t N>
+precis::host_tensor<T, N> rounded(const precis::host_tensor<float, N>& y) {
+  auto r = precis::host_tensor<T, N>::from_shape(y.shape());
+  precis::convert(std::span<const float>(y.data(), y.size()), std::span<T>(r.data(), r.size()));
+  return r;
 }
 
 /// Runs f and checks it throws precis::error whose message contains every one of `parts`.

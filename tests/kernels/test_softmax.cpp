@@ -13,7 +13,6 @@
 #include <cstdint>
 #include <limits>
 #include <random>
-#include <span>
 
 namespace {
 
@@ -185,18 +184,6 @@ TEST_CASE("softmax shape mismatches throw naming both shapes, writing nothing") 
   for (float v : y) CHECK(std::isnan(v));
   for (float v : dx) CHECK(std::isnan(v));
 }
-
-namespace {
-
-/// y (float) rounded to T by precis::convert, as a tensor.
-template <class T>
-host_tensor<T, 2> rounded(const host_tensor<float, 2>& y) {
-  auto r = host_tensor<T, 2>::from_shape({y.shape()[0], y.shape()[1]});
-  precis::convert(std::span<const float>(y.data(), y.size()), std::span<T>(r.data(), r.size()));
-  return r;
-}
-
-}  // namespace
 
 // The float path writes narrow outputs from registers (bfloat16) or through blocks
 // (float16): each must be the float result rounded once, by precis::convert's rounding,
