@@ -14,9 +14,11 @@ exact fp32 (the reference), float32_hardware its fp32_hardware (oneDNN's float p
 gemm and conv2d only), both against torch's float32. --append keeps the rows already in
 the CSV (another machine's). `isa` is what precis's kernels
 were compiled for, the engine of bf16_mixed's hardware products, the instruction set
-torch's kernels dispatched to, and ONEDNN_MAX_CPU_ISA where it is set. An AVX2 machine's
-paths can be measured on an AVX-512 one: precis built with -march=x86-64-v3 and
-PRECIS_NATIVE=OFF, and both run under ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2.
+torch's kernels dispatched to, and ONEDNN_MAX_CPU_ISA and MKL_ENABLE_INSTRUCTIONS where
+they are set. An AVX2 machine's paths can be measured on an AVX-512 one: precis built with
+-march=x86-64-v3 and PRECIS_NATIVE=OFF, and both run under ONEDNN_MAX_CPU_ISA=AVX2
+ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 (torch's float matmul is MKL's,
+which the first two do not limit).
 
     python3 -m venv /tmp/torchenv && /tmp/torchenv/bin/pip install torch numpy
     /tmp/torchenv/bin/python bench/torch_kernels.py \\
@@ -125,8 +127,9 @@ def main():
     # torch's kernels by the instruction set it dispatched to (ATEN_CPU_CAPABILITY can lower
     # it, and ONEDNN_MAX_CPU_ISA its oneDNN's, to measure an AVX2 machine's paths).
     isa += f"; torch {torch.backends.cpu.get_cpu_capability()}"
-    if os.environ.get("ONEDNN_MAX_CPU_ISA"):
-        isa += f"; ONEDNN_MAX_CPU_ISA={os.environ['ONEDNN_MAX_CPU_ISA']}"
+    for var in ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS"):
+        if os.environ.get(var):
+            isa += f"; {var}={os.environ[var]}"
     cpu = cpu_model()
     print(f"CPU: {cpu}; {isa}; torch {torch.__version__}")
     if args.csv:
