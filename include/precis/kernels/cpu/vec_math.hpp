@@ -165,11 +165,13 @@ inline vf load_upper_half(const std::uint16_t* p, std::size_t count = lanes) {
 }
 
 /// v's lanes below `count` (<= lanes) rounded to F, a 16-bit format with float's exponent
-/// (bfloat16), by encoding's encode_upper_half (precis::convert's rounding: the same bits),
-/// their bits written to p.
+/// (bfloat16), by encoding's PRECIS_DETAIL_ENCODE_UPPER_HALF (precis::convert's rounding:
+/// the same bits), their bits written to p.
 template <class F>
 inline void store_upper_half(std::uint16_t* p, vf v, std::size_t count = lanes) {
-  const vh h = __builtin_convertvector(encode_upper_half<F>((vu)v), vh);
+  const vu u = (vu)v;
+  const vh h = __builtin_convertvector(
+      PRECIS_DETAIL_ENCODE_UPPER_HALF(u, std::uint32_t(F::quiet_nan_bits)), vh);
   if (count == lanes) {
     std::memcpy(p, &h, sizeof h);
   } else {
@@ -588,19 +590,6 @@ inline float row_sum(const float* x, std::size_t n) {
 /// The sum of a[i] * b[i] over a row (each product rounded, then summed as row_sum does).
 inline float row_dot(const float* a, const float* b, std::size_t n) {
   return row_sum_of(n, [&](std::size_t i) { return product(load_padded(a, i, n), load_padded(b, i, n)); });
-}
-
-/// out[i] = f(a[i], b[i], c[i]) over n floats (in place allowed).
-template <class F>
-void map3(const float* a, const float* b, const float* c, float* out, std::size_t n, F f) {
-  std::size_t i = 0;
-  for (; i + lanes <= n; i += lanes) store(out + i, f(load(a + i), load(b + i), load(c + i)));
-  if (i < n) {
-    store_partial(
-        out + i,
-        f(load_partial(a + i, n - i), load_partial(b + i, n - i), load_partial(c + i, n - i)),
-        n - i);
-  }
 }
 
 }  // namespace precis::detail::vmath

@@ -91,18 +91,24 @@ PRECIS_HOST_DEVICE constexpr typename F::storage_type encode_bits(
 /// max follow `O` (see `precis::overflow`); a finite overflow keeps the sign, so float8_e4m3
 /// gives the NaN pattern with the input's sign, as CUDA does.
 /// `random_bits` is read only by `rounding::stochastic`.
-/// Float bits `u` rounded to a 16-bit format F with float's exponent (bfloat16: float's
-/// upper half), nearest-even, overflow to infinity, a NaN as F's quiet NaN; F's bits are
-/// the low 16 of the result. U is std::uint32_t, or a GCC vector of them (the host
-/// kernels' SIMD stores, kernels/cpu/vec_math.hpp): the one rounding both use. Adds just
-/// under half an ulp, plus the kept lowest bit (ties to even), and takes the upper half; a
-/// carry out of the largest finite value lands on infinity, as it should.
-template <class F, class U>
-PRECIS_HOST_DEVICE constexpr U encode_upper_half(U u) {
+/// Float bits `u` rounded to a 16-bit format with float's exponent (bfloat16: float's upper
+/// half), nearest-even, overflow to infinity, a NaN as that format's quiet NaN `nan_bits`;
+/// the format's bits are the low 16 of the result. Adds just under half an ulp, plus the
+/// kept lowest bit (ties to even), and takes the upper half; a carry out of the largest
+/// finite value lands on infinity, as it should. A macro so that the one formula serves
+/// both encode_upper_half below (host and device) and the host kernels' SIMD stores on GCC
+/// vectors of std::uint32_t (kernels/cpu/vec_math.hpp), which nvcc would reject in a
+/// host-and-device template. `u` must be a variable (it is read several times).
+#define PRECIS_DETAIL_ENCODE_UPPER_HALF(u, nan_bits)           \
+  ((((u)&0x7FFFFFFFU) > 0x7F800000U) ? (((u)&0U) + (nan_bits)) \
+                                     : (((u) + 0x7FFFU + (((u) >> 16) & 1U)) >> 16))
+
+/// PRECIS_DETAIL_ENCODE_UPPER_HALF for format F (bfloat16's format).
+template <class F>
+PRECIS_HOST_DEVICE constexpr std::uint32_t encode_upper_half(std::uint32_t u) {
   static_assert(F::exponent_bits == 8 && F::total_bits == 16,
                 "precis: encode_upper_half is for formats with float's exponent in 16 bits");
-  const U rounded = (u + 0x7FFFU + ((u >> 16) & 1U)) >> 16;
-  return (u & 0x7FFFFFFFU) > 0x7F800000U ? U{} + std::uint32_t(F::quiet_nan_bits) : rounded;
+  return PRECIS_DETAIL_ENCODE_UPPER_HALF(u, std::uint32_t(F::quiet_nan_bits));
 }
 
 template <class F, rounding R, overflow O, class Src>
