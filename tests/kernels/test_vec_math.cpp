@@ -294,3 +294,34 @@ TEST_CASE("row maxima: the largest value, NaN if there is one, tails ignored") {
     CHECK(std::isnan(vm::row_max(x.data(), n)));
   }
 }
+
+TEST_CASE("min and max follow a < b ? a : b and a > b ? a : b in every lane") {
+  // NaN on either side, zeros of both signs, infinities, subnormals and ordinary values:
+  // every pair, against the scalar conditional (bit for bit: the sign of a zero counts).
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> v{nan,  -nan,  0.0F,  -0.0F,  inf,    -inf, 1e-45F, -1e-45F,
+                             1.5F, -2.0F, 3e38F, -3e38F, 1e-40F, 7.0F, -7.0F};
+  std::vector<float> a, b;
+  for (float p : v) {
+    for (float q : v) {
+      a.push_back(p);
+      b.push_back(q);
+    }
+  }
+  while (a.size() % vm::lanes != 0) {
+    a.push_back(0.0F);
+    b.push_back(1.0F);
+  }
+  for (std::size_t i = 0; i < a.size(); i += vm::lanes) {
+    const vm::vf x = vm::load(a.data() + i), y = vm::load(b.data() + i);
+    const vm::vf lo = vm::min(x, y), hi = vm::max(x, y);
+    for (std::size_t l = 0; l < vm::lanes; ++l) {
+      INFO("a = " << a[i + l] << ", b = " << b[i + l]);
+      const float want_lo = a[i + l] < b[i + l] ? a[i + l] : b[i + l];
+      const float want_hi = a[i + l] > b[i + l] ? a[i + l] : b[i + l];
+      CHECK(std::bit_cast<std::uint32_t>(lo[l]) == std::bit_cast<std::uint32_t>(want_lo));
+      CHECK(std::bit_cast<std::uint32_t>(hi[l]) == std::bit_cast<std::uint32_t>(want_hi));
+    }
+  }
+}

@@ -34,7 +34,7 @@
 #include <cstring>
 #include <type_traits>
 
-#if defined(__AVX__) || defined(__FMA__)
+#if defined(__SSE__) || defined(__AVX__) || defined(__FMA__)
 #include <immintrin.h>
 #endif
 
@@ -98,13 +98,37 @@ struct fused_arith {
 };
 
 /// m ? a : b lane-wise (m: all ones or all zeros per lane, as comparisons give). Written
-/// as the vector conditional, which compilers turn into a blend (and min/max below into
-/// the min/max instructions, whose NaN rule is the same: b where a is NaN).
+/// as the vector conditional, which compilers turn into a blend.
 inline vf select(vi m, vf a, vf b) { return m != 0 ? a : b; }
 
 inline vf abs(vf x) { return (vf)((vi)x & splat_i(0x7FFFFFFF)); }
-inline vf min(vf a, vf b) { return a < b ? a : b; }  // b where a is NaN
-inline vf max(vf a, vf b) { return a > b ? a : b; }
+
+/// a < b ? a : b and a > b ? a : b lane-wise: b where either is NaN, and where both are
+/// zeros. That is the rule of x86's min/max instructions, called directly: GCC 12 turns the
+/// conditional into them only when neither operand is a constant (with one, a compare and
+/// a blend).
+inline vf min(vf a, vf b) {
+#if defined(__AVX512F__)
+  return (vf)_mm512_maskz_min_ps(__mmask16(0xFFFF), (__m512)a, (__m512)b);  // see scale2
+#elif defined(__AVX__)
+  return (vf)_mm256_min_ps((__m256)a, (__m256)b);
+#elif defined(__SSE__)
+  return (vf)_mm_min_ps((__m128)a, (__m128)b);
+#else
+  return a < b ? a : b;
+#endif
+}
+inline vf max(vf a, vf b) {
+#if defined(__AVX512F__)
+  return (vf)_mm512_maskz_max_ps(__mmask16(0xFFFF), (__m512)a, (__m512)b);
+#elif defined(__AVX__)
+  return (vf)_mm256_max_ps((__m256)a, (__m256)b);
+#elif defined(__SSE__)
+  return (vf)_mm_max_ps((__m128)a, (__m128)b);
+#else
+  return a > b ? a : b;
+#endif
+}
 
 inline vf load(const float* p) {
   vf v;
