@@ -156,6 +156,37 @@ TEST_CASE_TEMPLATE("large logits stay finite (max subtracted)", C, fp32_config, 
   }
 }
 
+TEST_CASE("rows spanning more than 86 below their maximum: subnormal and zero terms") {
+  // Softmax runs a shorter exp where every x - max >= -86 (vmath::exp_normal) and the full
+  // one elsewhere: rows on both sides of that line, terms down to subnormal and to zero.
+  const cpu_context ctx{1};
+  for (const double spread : {85.9, 86.1, 95.0, 105.0, 200.0}) {
+    INFO("values in [-" << spread << ", 2]");
+    auto x = random_tensor<float, 2>({6, 40}, -spread, 2);
+    for (std::size_t r = 0; r < 6; ++r) x(r, r) = float(-spread);  // the far end, in every row
+    const auto xd = to_double(x);
+    auto y = poisoned<float, 2>(x.shape());
+    precis::softmax<precis::presets::fp32>(ctx, x, y);
+    CHECK(rel_error(y, softmax_ref(xd)) < bound<float>());
+    // Each probability on its own, tiny ones included, against exp of the float x - max
+    // (the kernel's argument; its rounding moves a result by up to |x - max| 2^-24 of
+    // itself, whatever the exp): within 4 float ulps, or 2^-148 where subnormal.
+    for (std::size_t r = 0; r < 6; ++r) {
+      float m = x(r, 0);
+      for (std::size_t j = 1; j < 40; ++j) m = std::max(m, x(r, j));
+      double sum = 0;
+      for (std::size_t j = 0; j < 40; ++j) sum += std::exp(double(x(r, j) - m));
+      for (std::size_t j = 0; j < 40; ++j) {
+        const double want = std::exp(double(x(r, j) - m)) / sum;
+        INFO("x = " << x(r, j) << ", max = " << m);
+        CHECK(std::abs(double(y(r, j)) - want) <= std::max(4 * 0x1p-24 * want, 0x1p-148));
+      }
+    }
+    precis::log_softmax<precis::presets::fp32>(ctx, x, y);
+    CHECK(rel_error(y, log_softmax_ref(xd)) < bound<float>());
+  }
+}
+
 TEST_CASE("logsumexp of an infinite maximum is that maximum; softmax of NaN is NaN") {
   const cpu_context ctx{1};
   const float inf = std::numeric_limits<float>::infinity();

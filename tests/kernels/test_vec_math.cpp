@@ -117,6 +117,40 @@ TEST_CASE_TEMPLATE("vectorised exp is within 1 ulp (1.05 with fused multiply-add
   CHECK(e.subnormal <= 1.0);
 }
 
+TEST_CASE_TEMPLATE("exp_normal gives exp's bits over its whole range", A, vm::exact_arith,
+                   vm::fused_arith) {
+  // Every 127th float of [-86, 88] (a stride coprime to the exponent's boundaries), both
+  // ends and their neighbours, and the bfloat16 and float16 values inside the range.
+  std::vector<float> xs{
+      vm::exp_normal_low,          88.0F, std::nextafter(vm::exp_normal_low, 0.0F),
+      std::nextafter(88.0F, 0.0F), 0.0F,  -0.0F};
+  const auto add_range = [&](float lo, float hi) {  // lo < hi, same sign
+    const auto a = std::bit_cast<std::uint32_t>(lo), b = std::bit_cast<std::uint32_t>(hi);
+    for (std::uint32_t u = std::min(a, b); u <= std::max(a, b); u += 127) {
+      xs.push_back(std::bit_cast<float>(u));
+    }
+  };
+  add_range(std::numeric_limits<float>::denorm_min(), 88.0F);
+  add_range(-std::numeric_limits<float>::denorm_min(), vm::exp_normal_low);
+  for (float x : inputs(vm::exp_normal_low, 88.0F)) {
+    if (x >= vm::exp_normal_low && x <= 88.0F) xs.push_back(x);
+  }
+  while (xs.size() % vm::lanes != 0) xs.push_back(1.0F);
+  std::size_t differ = 0;
+  float first = 0;
+  for (std::size_t i = 0; i < xs.size(); i += vm::lanes) {
+    const vm::vf x = vm::load(xs.data() + i);
+    const vm::vf fast = vm::exp_normal<A>(x), general = vm::exp<A>(x);
+    for (std::size_t l = 0; l < vm::lanes; ++l) {
+      if (std::bit_cast<std::uint32_t>(fast[l]) != std::bit_cast<std::uint32_t>(general[l])) {
+        if (differ++ == 0) first = xs[i + l];
+      }
+    }
+  }
+  INFO(xs.size() << " inputs; the first that differs: " << first);
+  CHECK(differ == 0);
+}
+
 TEST_CASE_TEMPLATE("vectorised normal CDF and GELU are within 6 ulps, tails included", A,
                    vm::exact_arith, vm::fused_arith) {
   const auto xs = inputs(-20.0F, 20.0F);

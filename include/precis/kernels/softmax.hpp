@@ -76,43 +76,46 @@ void check_row_shape(std::string_view what, const X& x, const T& t) {
 
 enum class softmax_kind { softmax, log_softmax };
 
-/// A row's floats for the float path and their maximum: the row itself where X is float;
-/// bfloat16 widened into `scratch` in the same pass as the maximum; other formats
-/// converted into `scratch` first.
+/// A row's floats for the float path and their range: the row itself where X is float;
+/// bfloat16 widened into `scratch` in the same pass as the range; other formats converted
+/// into `scratch` first.
 template <class X>
-std::pair<const float*, float> float_row_and_max(const X* row, float* scratch, std::size_t cols) {
+std::pair<const float*, vmath::row_range> float_row_and_range(const X* row, float* scratch,
+                                                              std::size_t cols) {
   if constexpr (std::is_same_v<X, bfloat16>) {
     const auto* bits = reinterpret_cast<const std::uint16_t*>(row);
-    const float m = vmath::row_max_of(cols, [&](std::size_t j) {
+    const vmath::row_range r = vmath::row_range_of(cols, [&](std::size_t j) {
       const vmath::vf v = vmath::load_upper_half(bits + j, std::min(vmath::lanes, cols - j));
       vmath::store_padded(scratch, j, cols, v);
       return v;
     });
-    return {scratch, m};
+    return {scratch, r};
   } else {
     const float* v = float_view(row, scratch, cols);
-    return {v, vmath::row_max(v, cols)};
+    return {v, vmath::row_range_of(
+                   cols, [v, cols](std::size_t j) { return vmath::load_padded(v, j, cols); })};
   }
 }
 
 /// The float softmax or log-softmax of k rows of `cols` elements from `in` to `out`
 /// (scratch: cols floats, used where X or Y is not float). Softmax: one pass for the
-/// row's maximum m (reading the input, widening bfloat16), one that writes e = exp(x - m)
-/// and sums it (the blocked row sum, in the same order as vmath::row_sum), one that
-/// multiplies by 1 / sum (as PyTorch does: a division per element would cost more than the
-/// exp) and rounds to Y. Log-softmax: the maximum, the sum of exp(x - m) without storing
-/// it, then (x - m) - log(sum). Float rows are read and written in place (no copies), so
-/// out may be in.
+/// row's range (reading the input, widening bfloat16), one that writes e = exp(x - m)
+/// (m the maximum) and sums it (the blocked row sum, in the same order as vmath::row_sum),
+/// one that multiplies by 1 / sum (as PyTorch does: a division per element would cost more
+/// than the exp) and rounds to Y. Log-softmax: the range, the sum of exp(x - m) without
+/// storing it, then (x - m) - log(sum). Where the row's minimum is within 86 of m (so is
+/// every x - m), exp is vmath::exp_normal, the same bits in fewer operations. Float rows are
+/// read and written in place (no copies), so out may be in.
 template <softmax_kind K, class A, class X, class Y>
 void softmax_rows(const X* in, Y* out, float* scratch, std::size_t k, std::size_t cols) {
   using vmath::vf;
   for (std::size_t i = 0; i < k; ++i) {
     Y* y = out + i * cols;
-    float* sr = scratch;
     // (Not a structured binding: clang 14 does not let the lambdas below capture one.)
-    const std::pair<const float*, float> row = float_row_and_max(in + i * cols, sr, cols);
+    const std::pair<const float*, vmath::row_range> row =
+        float_row_and_range(in + i * cols, scratch, cols);
     const float* x = row.first;
-    const float max = row.second;
+    const float max = row.second.max;
     if (!std::isfinite(max)) {
       // A NaN, +inf or an all -inf row: x - max is NaN in some lane, and then so is the
       // sum and every result (as computing it would give).
@@ -124,26 +127,34 @@ void softmax_rows(const X* in, Y* out, float* scratch, std::size_t k, std::size_
     const vf m = vmath::splat(max);
     // The next row is fetched during the exp pass (see vmath::prefetch_line).
     const X* next = i + 1 < k ? in + (i + 1) * cols : nullptr;
-    if constexpr (K == softmax_kind::softmax) {
-      float* e = sr;
-      if constexpr (std::is_same_v<Y, float>) e = y;
-      const float s = vmath::row_sum_of(cols, [&](std::size_t j) {
-        vmath::prefetch_line(next, j);
-        const vf ej = vmath::exp_not_nan<A>(vmath::load_padded(x, j, cols) - m);
-        vmath::store_padded(e, j, cols, ej);
-        return vmath::zero_past(ej, j, cols);
-      });
-      const vf inv = vmath::splat(1.0F / s);
-      map_store(
-          y, cols, [inv](vf v) { return v * inv; }, static_cast<const float*>(e));
+    const auto finish_row = [&](auto exp) {
+      if constexpr (K == softmax_kind::softmax) {
+        float* e = scratch;
+        if constexpr (std::is_same_v<Y, float>) e = y;
+        const float s = vmath::row_sum_of(cols, [&](std::size_t j) {
+          vmath::prefetch_line(next, j);
+          const vf ej = exp(vmath::load_padded(x, j, cols) - m);
+          vmath::store_padded(e, j, cols, ej);
+          return vmath::zero_past(ej, j, cols);
+        });
+        const vf inv = vmath::splat(1.0F / s);
+        map_store(
+            y, cols, [inv](vf v) { return v * inv; }, static_cast<const float*>(e));
+      } else {
+        const float s = vmath::row_sum_of(cols, [&](std::size_t j) {
+          vmath::prefetch_line(next, j);
+          return vmath::zero_past(exp(vmath::load_padded(x, j, cols) - m), j, cols);
+        });
+        const vf lse = vmath::splat(std::log(s));
+        map_store(
+            y, cols, [m, lse](vf v) { return (v - m) - lse; }, x);
+      }
+    };
+    // x - m >= min - m, rounded: monotone rounding keeps every lane in exp_normal's range.
+    if (row.second.min - max >= vmath::exp_normal_low) {
+      finish_row([](vf v) { return vmath::exp_normal<A>(v); });
     } else {
-      const float s = vmath::row_sum_of(cols, [&](std::size_t j) {
-        vmath::prefetch_line(next, j);
-        return vmath::zero_past(vmath::exp_not_nan<A>(vmath::load_padded(x, j, cols) - m), j, cols);
-      });
-      const vf lse = vmath::splat(std::log(s));
-      map_store(
-          y, cols, [m, lse](vf v) { return (v - m) - lse; }, x);
+      finish_row([](vf v) { return vmath::exp_not_nan<A>(v); });
     }
   }
 }

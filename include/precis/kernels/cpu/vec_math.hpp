@@ -300,6 +300,27 @@ inline vf exp_not_nan(vf x) {
   return scale2(e.p, e.n);
 }
 
+/// The lower end of exp_normal's range: x >= -86 gives n >= -124 below, so p 2^n >=
+/// 0.7 2^-124 is normal.
+inline constexpr float exp_normal_low = -86.0F;
+
+/// exp(x) for x in [exp_normal_low, 88], where exp's result is a normal float: exp's bits,
+/// in fewer operations. Nothing to clamp, and p 2^n (p in [0.7, 1.42], n in [-124, 127])
+/// is exact and normal, so adding n to p's exponent field gives it (without AVX-512's
+/// VSCALEFPS, scale2's two products cost eight operations). Softmax takes it for rows
+/// whose values lie within 86 of their maximum (the usual rows).
+template <class A = exact_arith>
+inline vf exp_normal(vf x) {
+  const vf n = (product(x, splat(1.44269502F)) + splat(exp_magic)) - splat(exp_magic);
+  const exp_parts e =
+      exp_of_reduced<A>(A::madd(-n, splat(ln2_lo), x - product(n, splat(ln2_hi))), n);
+#if defined(__AVX512F__)
+  return scale2(e.p, e.n);
+#else
+  return (vf)((vi)e.p + (__builtin_convertvector(e.n, vi) << 23));
+#endif
+}
+
 /// exp(x), within 1 ulp; NaN stays NaN, +inf gives inf, -inf 0.
 template <class A = exact_arith>
 inline vf exp(vf x) {
@@ -501,27 +522,53 @@ inline vf zero_past(vf v, std::size_t i, std::size_t n) {
   return select(lanes_below(n - i), v, vf{});
 }
 
-/// The largest of the values f(i) gives for the lanes-wide vectors starting at i, over a
-/// row of n >= 1 (lanes from n on are ignored); NaN if one of them is NaN.
-template <class F>
-float row_max_of(std::size_t n, F f) {
-  vf m = splat(-__builtin_inff());
+/// The smallest and largest values of a row; both NaN if the row holds a NaN.
+struct row_range {
+  float min, max;
+};
+
+/// The range of the values f(i) gives for the lanes-wide vectors starting at i, over a row
+/// of n >= 1 (lanes from n on are ignored); the minimum only where WithMin (else +inf).
+template <bool WithMin, class F>
+row_range row_extremes(std::size_t n, F f) {
+  vf lo = splat(__builtin_inff()), hi = splat(-__builtin_inff());
   vi nan = {};
   for (std::size_t i = 0; i < n; i += lanes) {
-    vf v = f(i);
-    if (i + lanes > n) v = select(lanes_below(n - i), v, splat(-__builtin_inff()));  // the tail
+    vf v = f(i), v_lo = v;
+    if (i + lanes > n) {  // the tail
+      const vi in = lanes_below(n - i);
+      v = select(in, v, splat(-__builtin_inff()));
+      v_lo = select(in, v_lo, splat(__builtin_inff()));
+    }
     nan |= (v != v);
-    m = max(v, m);
+    hi = max(v, hi);
+    if constexpr (WithMin) lo = min(v_lo, lo);
   }
-  float part[lanes];
-  store(part, m);
-  float best = part[0];
-  bool any_nan = nan[0] != 0;
+  float low[lanes], high[lanes];
+  std::int32_t nans[lanes];
+  store(low, lo);
+  store(high, hi);
+  std::memcpy(nans, &nan, sizeof nan);
+  row_range r{low[0], high[0]};
+  bool any_nan = nans[0] != 0;
   for (std::size_t j = 1; j < lanes; ++j) {
-    best = part[j] > best ? part[j] : best;
-    any_nan = any_nan || nan[j] != 0;
+    r.min = low[j] < r.min ? low[j] : r.min;
+    r.max = high[j] > r.max ? high[j] : r.max;
+    any_nan = any_nan || nans[j] != 0;
   }
-  return any_nan ? __builtin_nanf("") : best;
+  if (any_nan) r.min = r.max = __builtin_nanf("");
+  return r;
+}
+
+template <class F>
+row_range row_range_of(std::size_t n, F f) {
+  return row_extremes<true>(n, f);
+}
+
+/// The largest of the values f(i) gives (see row_extremes); NaN if one of them is NaN.
+template <class F>
+float row_max_of(std::size_t n, F f) {
+  return row_extremes<false>(n, f).max;
 }
 
 /// The largest element of a row of n >= 1 floats; NaN if the row holds one.
