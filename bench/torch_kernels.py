@@ -12,7 +12,8 @@ ratio = torch_ms / precis_ms: above 1, precis is faster. For conv2d PyTorch runs
 channels-last and its faster time is kept (its best layout). dtype float32 is precis's
 exact fp32 (the reference), float32_hardware its fp32_hardware (oneDNN's float products,
 gemm and conv2d only), both against torch's float32. --append keeps the rows already in
-the CSV (another machine's). `isa` is what precis's kernels
+the CSV (another machine's), replacing those of the same kernel, shape, dtype, thread
+count, CPU and isa; --kernels limits a run to some kernels. `isa` is what precis's kernels
 were compiled for, the engine of bf16_mixed's hardware products, the instruction set
 torch's kernels dispatched to, and ONEDNN_MAX_CPU_ISA and MKL_ENABLE_INSTRUCTIONS where
 they are set. An AVX2 machine's paths can be measured on an AVX-512 one: precis built with
@@ -102,6 +103,7 @@ def main():
     ap.add_argument("--threads", default="1,2", help="thread counts, comma-separated")
     ap.add_argument("--quick", action="store_true", help="a few small shapes only")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--kernels", help="only these kernels, comma-separated (gemm, conv2d, softmax, ...)")
     args = ap.parse_args()
     import torch  # after argument parsing: --help works without torch
 
@@ -116,6 +118,8 @@ def main():
         torch.set_num_threads(threads)
         for line in run.stdout.splitlines():
             kernel, shape, dtype, t, precis_ms = line.split(",")
+            if args.kernels and kernel not in args.kernels.split(","):
+                continue
             torch_ms = torch_time(torch, kernel, shape, dtype, args.reps)
             rows.append([kernel, shape, dtype, t, float(precis_ms), torch_ms])
             print(f"{kernel:10} {shape:32} {dtype:8} threads {t}: precis {float(precis_ms):9.4f} ms"
@@ -140,7 +144,10 @@ def main():
                 kept = list(csv.reader(f))
             if not kept or kept[0] != header:
                 sys.exit(f"{args.csv} does not start with the header {','.join(header)}; not appending")
-            kept = kept[1:]
+            # Rows measured again (same kernel, shape, dtype, threads, CPU and isa) are replaced.
+            cpu_isa = [cpu, isa]
+            again = {tuple(r[:4]) for r in rows}
+            kept = [r for r in kept[1:] if not (tuple(r[:4]) in again and r[7:9] == cpu_isa)]
         tmp = args.csv + ".tmp"
         with open(tmp, "w", newline="") as f:
             w = csv.writer(f)
