@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -64,6 +65,30 @@ TEST_CASE("cpu_products_engine names the engine this build and CPU use") {
   CHECK(float_engine == "precis exact kernel (precis::onednn not linked)");
 #endif
 }
+
+#if PRECIS_HAS_ONEDNN
+TEST_CASE("a limit on oneDNN's instruction set holds for precis's AMX kernel too") {
+  // CTest runs this binary twice on a machine with AMX: as it is, and under
+  // ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 (test_kernels_onednn_no_amx), where oneDNN's
+  // AVX512-BF16 kernels run and precis's AMX tiles must not.
+  const char* limit = std::getenv("ONEDNN_MAX_CPU_ISA");
+  const std::string l = limit == nullptr ? "" : limit;
+  const bool amx_allowed = l.empty() || l == "ALL" || l == "AVX512_CORE_AMX";
+  MESSAGE("ONEDNN_MAX_CPU_ISA=" << l << "; oneDNN sees "
+                                << std::string(precis::detail::onednn_isa_name())
+                                << "; AMX usable: " << precis::detail::amx_usable());
+  CHECK(precis::detail::amx_enabled() == (precis::detail::amx_usable() && amx_allowed));
+  const bool tiles = precis::cpu_products_engine().find("AMX tiles") != std::string::npos;
+  CHECK(tiles == precis::detail::amx_enabled());
+  if (precis::detail::amx_usable() && !amx_allowed) {
+    // A product past amx_takes: amx_product declines it (writing nothing; the operands are
+    // never read).
+    const precis::cpu_context ctx{1};
+    CHECK(!precis::detail::amx_product(ctx, precis::detail::onednn_of(ctx), 1, 256, 4096, 512, {},
+                                       {}, [](auto&&...) {}));
+  }
+}
+#endif
 
 TEST_CASE("float hardware products keep subnormals and fuse each product into the sum") {
   using P = precis::presets::fp32_hardware;
@@ -366,7 +391,7 @@ struct test_layout {
 }  // namespace
 
 TEST_CASE("precis's AMX product is exact on integer sums for every layout and edge" *
-          doctest::skip(!precis::detail::amx_usable())) {
+          doctest::skip(!precis::detail::amx_enabled())) {
   // amx_product called directly, whatever amx_takes says: sizes across the 16- and 32-wide
   // tiles and K's 32-value steps, A row-major, transposed or strided, B row-major,
   // transposed (32-bit word pairs, or value by value where K is odd or the pointer
@@ -448,7 +473,7 @@ TEST_CASE("precis's AMX product is exact on integer sums for every layout and ed
 TEST_CASE(
     "bfloat16 products past amx_takes run on AMX tiles: exact sums, one rounding, "
     "flushed subnormals, any thread count" *
-    doctest::skip(!precis::detail::amx_usable())) {
+    doctest::skip(!precis::detail::amx_enabled())) {
   // Through precis::gemm at sizes where onednn_product hands the product to the AMX kernel:
   // M = 256, K = 512, N = 4096 (B of 2^21 values, enough for every layout).
   const std::size_t M = 256, K = 512, N = 4096;

@@ -418,7 +418,7 @@ inline std::string cpu_products_engine() {
   const std::string onednn = detail::onednn_version_name();
   if (detail::onednn_has_bf16_products()) {
     const std::string engine = onednn + " (" + detail::onednn_isa_name() + ")";
-    return detail::amx_usable() ? engine + "; large matmuls: precis AMX tiles" : engine;
+    return detail::amx_enabled() ? engine + "; large matmuls: precis AMX tiles" : engine;
   }
   return std::string("precis exact kernel (no bfloat16 dot-product instructions: ") + onednn +
          " sees " + detail::onednn_isa_name() + ")";

@@ -94,6 +94,11 @@ inline bool onednn_has_bf16_products() {
   const dnnl::cpu_isa isa = onednn_isa();
   return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
 }
+/// True where precis's AMX kernel takes large bfloat16 matrix products: the CPU and OS
+/// allow AMX (amx_usable()) and so does oneDNN's instruction-set limit (its effective ISA,
+/// which ONEDNN_MAX_CPU_ISA or dnnl::set_max_cpu_isa can lower, is avx512_core_amx). A
+/// limit given to oneDNN thus holds for all of precis's hardware products.
+inline bool amx_enabled() { return amx_usable() && onednn_isa() == dnnl::cpu_isa::avx512_core_amx; }
 inline const char* onednn_isa_name() {
   switch (onednn_isa()) {
     case dnnl::cpu_isa::avx512_core_amx:
@@ -596,13 +601,13 @@ inline bool amx_takes(std::size_t M, std::size_t N, std::size_t K, bool b_transp
 /// part packs its own B); otherwise B is packed once, its panels split over the threads,
 /// and the product's 32-row or 32-column blocks, whichever are more, are split. Every
 /// element is the same chain of tile steps however it is split. False, having written
-/// nothing, when the CPU has no usable AMX (amx_usable()). Any sizes: onednn_product
+/// nothing, where AMX is not enabled (amx_enabled()). Any sizes: onednn_product
 /// calls it where amx_takes says.
 template <class Write>
 bool amx_product(const cpu_context& ctx, onednn_state& st, std::size_t batch, std::size_t M,
                  std::size_t N, std::size_t K, strided_operand<const bfloat16> a,
                  strided_operand<const bfloat16> b, Write&& write) {
-  if (!amx_usable()) return false;
+  if (!amx_enabled()) return false;
   const amx_layout l = amx_layout::of(N, K);
   const std::size_t block = amx_row_block(l), columns = l.np / 32;
   const std::size_t threads = ctx.thread_count();
@@ -748,7 +753,7 @@ bool onednn_product(const cpu_context& ctx, std::size_t batch, std::size_t M, st
   direct = direct && onednn_io_type_v<TC> && (bias == nullptr || onednn_io_type_v<TBias>) &&
            (alpha == 1.0F || bias == nullptr);
   if constexpr (std::is_same_v<TIn, bfloat16>) {
-    if (amx_takes(M, N, K, b.row == 1) && amx_usable()) {
+    if (amx_takes(M, N, K, b.row == 1) && amx_enabled()) {
       if constexpr (onednn_io_type_v<TC> && onednn_io_type_v<TBias>) {
         if (direct && alpha == 1.0F) {
           const auto store = [&](std::size_t item, std::size_t i0, std::size_t rows, std::size_t j0,
