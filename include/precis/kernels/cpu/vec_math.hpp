@@ -560,6 +560,8 @@ row_range row_extremes(std::size_t n, F f) {
   return r;
 }
 
+/// The smallest and largest of the values f(i) gives (see row_extremes); both NaN if one of
+/// them is NaN.
 template <class F>
 row_range row_range_of(std::size_t n, F f) {
   return row_extremes<true>(n, f);
