@@ -121,12 +121,14 @@ cmd_clang() {
   # library, the tests and the other examples with a second compiler, within CI's time.
   # The headers' stand-alone check is the test stage's (whether a header includes what it
   # uses does not depend on the compiler), within CI's time.
-  # MPI (precis::mpi, its tests and example) is the test stage's too. -O1: clang's warnings
+  # MPI (precis::mpi, its tests and example) is the test stage's too, and so are the tests'
+  # instruction-set variants (PRECIS_ISA_VARIANT_TESTS). -O1: clang's warnings
   # come from its front end, whatever the optimisation level, and precis gives the same bits
   # under any flags (tests/flags); it compiles faster than -O3.
   configure build/clang clang++ Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -DNDEBUG" \
     -DPRECIS_WERROR=ON -DPRECIS_CUDA=OFF -DPRECIS_BITS_PROBE=OFF \
-    -DPRECIS_BUILD_BENCH=OFF -DPRECIS_BUILD_TRAINING_EXAMPLES=OFF -DPRECIS_HEADER_CHECKS=OFF -DPRECIS_MPI=OFF
+    -DPRECIS_BUILD_BENCH=OFF -DPRECIS_BUILD_TRAINING_EXAMPLES=OFF -DPRECIS_HEADER_CHECKS=OFF -DPRECIS_MPI=OFF \
+    -DPRECIS_ISA_VARIANT_TESTS=OFF
   build build/clang
   run_ctest build/clang -LE '^slow$'
 }
@@ -155,7 +157,7 @@ cmd_sanitize() {
   configure build/asan g++ RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O0 -g1 -DNDEBUG" \
     -DPRECIS_SANITIZE=ON -DPRECIS_CUDA=OFF \
     -DPRECIS_BUILD_BENCH=OFF -DPRECIS_BUILD_TRAINING_EXAMPLES=OFF -DPRECIS_WERROR=OFF -DPRECIS_BITS_PROBE=OFF \
-    -DPRECIS_HEADER_CHECKS=OFF -DPRECIS_MPI=OFF
+    -DPRECIS_HEADER_CHECKS=OFF -DPRECIS_MPI=OFF -DPRECIS_ISA_VARIANT_TESTS=OFF
   build build/asan
   ASAN_OPTIONS="${ASAN_OPTIONS:-detect_stack_use_after_return=1:strict_string_checks=1}" \
   UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1}" \

@@ -119,21 +119,25 @@ TEST_CASE_TEMPLATE("vectorised exp is within 1 ulp (1.05 with fused multiply-add
 
 TEST_CASE_TEMPLATE("exp_normal gives exp's bits over its whole range", A, vm::exact_arith,
                    vm::fused_arith) {
-  // Every 127th float of [-86, 88] (a stride coprime to the exponent's boundaries), both
-  // ends and their neighbours, and the bfloat16 and float16 values inside the range.
+  // Every 1021st float of [-86, 88] (a prime stride, so every exponent and every part of
+  // the mantissas is visited), both ends and their neighbours, and the bfloat16 and
+  // float16 values inside the range.
   std::vector<float> xs{
       vm::exp_normal_low,          88.0F, std::nextafter(vm::exp_normal_low, 0.0F),
       std::nextafter(88.0F, 0.0F), 0.0F,  -0.0F};
   const auto add_range = [&](float lo, float hi) {  // lo < hi, same sign
     const auto a = std::bit_cast<std::uint32_t>(lo), b = std::bit_cast<std::uint32_t>(hi);
-    for (std::uint32_t u = std::min(a, b); u <= std::max(a, b); u += 127) {
+    for (std::uint32_t u = std::min(a, b); u <= std::max(a, b); u += 1021) {
       xs.push_back(std::bit_cast<float>(u));
     }
   };
   add_range(std::numeric_limits<float>::denorm_min(), 88.0F);
   add_range(-std::numeric_limits<float>::denorm_min(), vm::exp_normal_low);
-  for (float x : inputs(vm::exp_normal_low, 88.0F)) {
-    if (x >= vm::exp_normal_low && x <= 88.0F) xs.push_back(x);
+  for (std::uint32_t bits = 0; bits < 65536; ++bits) {
+    for (const float x : {float(precis::bfloat16::from_bits(std::uint16_t(bits))),
+                          float(precis::float16::from_bits(std::uint16_t(bits)))}) {
+      if (x >= vm::exp_normal_low && x <= 88.0F) xs.push_back(x);
+    }
   }
   while (xs.size() % vm::lanes != 0) xs.push_back(1.0F);
   std::size_t differ = 0;
