@@ -135,9 +135,10 @@ detail::math_t<op::loss, P, X> cross_entropy(const cpu_context& ctx, const host_
     std::vector<M> buf(cols);
     for (std::size_t r = begin; r < end; ++r) {
       detail::load_block(logits.data() + r * cols, buf.data(), cols);
-      const M m = detail::row_max(buf.data(), cols);
+      const detail::row_bounds<M> b = detail::row_min_max(buf.data(), cols);
+      const M m = b.max;
       const M picked = buf[static_cast<std::size_t>(targets.data()[r])];
-      const M s = detail::exp_shifted_sum<Acc, detail::arith_t<P>>(buf.data(), cols, m);
+      const M s = detail::exp_shifted_sum<Acc, detail::arith_t<P>>(buf.data(), cols, b);
       per_row[r] = m + std::log(s) - picked;
     }
   });
@@ -161,8 +162,8 @@ void cross_entropy_backward(const cpu_context& ctx, const host_tensor<X, 2>& log
     std::vector<M> buf(cols);
     for (std::size_t r = begin; r < end; ++r) {
       detail::load_block(logits.data() + r * cols, buf.data(), cols);
-      const M m = detail::row_max(buf.data(), cols);
-      const M s = detail::exp_shifted_sum<Acc, detail::arith_t<P>>(buf.data(), cols, m);
+      const M s = detail::exp_shifted_sum<Acc, detail::arith_t<P>>(
+          buf.data(), cols, detail::row_min_max(buf.data(), cols));
       for (auto& v : buf) v = v / s;
       buf[static_cast<std::size_t>(targets.data()[r])] -= M(1);
       for (auto& v : buf) v *= scale;

@@ -38,26 +38,44 @@ namespace precis {
 
 namespace detail {
 
-/// The row's maximum (NaN if the row holds one).
+/// The smallest and largest values of a row (both NaN if the row holds a NaN).
 template <class M>
-M row_max(const M* x, std::size_t n) {
+struct row_bounds {
+  M min, max;
+};
+
+/// The row's bounds (float: one vmath pass).
+template <class M>
+row_bounds<M> row_min_max(const M* x, std::size_t n) {
   if constexpr (std::is_same_v<M, float>) {
-    if (n > 0) return vmath::row_max(x, n);
+    if (n > 0) {
+      const vmath::row_range r =
+          vmath::row_range_of(n, [x, n](std::size_t j) { return vmath::load_padded(x, j, n); });
+      return {r.min, r.max};
+    }
   }
-  M m = -std::numeric_limits<M>::infinity();
+  row_bounds<M> b{std::numeric_limits<M>::infinity(), -std::numeric_limits<M>::infinity()};
   for (std::size_t j = 0; j < n; ++j) {
-    if (!std::isnan(m) && (x[j] > m || std::isnan(x[j]))) m = x[j];
+    if (std::isnan(x[j])) return {x[j], x[j]};
+    b.min = x[j] < b.min ? x[j] : b.min;
+    b.max = x[j] > b.max ? x[j] : b.max;
   }
-  return m;
+  return b;
 }
 
-/// Replaces the row x by exp(x - m) and returns the sum of those, kept in Acc, as M (float:
-/// vmath's exp and blocked row sum).
+/// Replaces the row x by exp(x - m), m = b.max, and returns the sum of those, kept in Acc,
+/// as M (float: vmath's exp and blocked row sum; vmath::exp_normal, the same bits in fewer
+/// operations, where every x - m is within its range, as softmax_rows does).
 template <class Acc, class A, class M>
-M exp_shifted_sum(M* x, std::size_t n, M m) {
+M exp_shifted_sum(M* x, std::size_t n, row_bounds<M> b) {
+  const M m = b.max;
   if constexpr (vmath::float_path_v<M, Acc>) {
     const vmath::vf mv = vmath::splat(m);
-    vmath::map(x, x, n, [mv](vmath::vf v) { return vmath::exp<A>(v - mv); });
+    if (b.min - m >= vmath::exp_normal_low) {
+      vmath::map(x, x, n, [mv](vmath::vf v) { return vmath::exp_normal<A>(v - mv); });
+    } else {
+      vmath::map(x, x, n, [mv](vmath::vf v) { return vmath::exp<A>(v - mv); });
+    }
     return vmath::row_sum(x, n);
   }
   accumulator<Acc> s;
@@ -183,9 +201,10 @@ void softmax_forward(std::string_view name, const cpu_context& ctx, const host_t
     std::vector<M> buf(cols);
     for (std::size_t r = begin; r < end; ++r) {
       load_block(in + r * cols, buf.data(), cols);
-      const M m = row_max(buf.data(), cols);
+      const row_bounds<M> b = row_min_max(buf.data(), cols);
+      const M m = b.max;
       if constexpr (K == softmax_kind::softmax) {
-        const M s = exp_shifted_sum<Acc, arith_t<P>>(buf.data(), cols, m);
+        const M s = exp_shifted_sum<Acc, arith_t<P>>(buf.data(), cols, b);
         for (auto& v : buf) v = v / s;
       } else {
         std::vector<M>& shifted = buf;
@@ -236,12 +255,13 @@ void logsumexp(const cpu_context& ctx, const host_tensor<X, N>& x, host_tensor<Y
     std::vector<M> buf(cols);
     for (std::size_t r = begin; r < end; ++r) {
       detail::load_block(in + r * cols, buf.data(), cols);
-      const M m = detail::row_max(buf.data(), cols);
+      const detail::row_bounds<M> b = detail::row_min_max(buf.data(), cols);
+      const M m = b.max;
       if (std::isinf(m)) {
         o[r] = round_to<Y>(m);
         continue;
       }
-      const M s = detail::exp_shifted_sum<Acc, detail::arith_t<P>>(buf.data(), cols, m);
+      const M s = detail::exp_shifted_sum<Acc, detail::arith_t<P>>(buf.data(), cols, b);
       o[r] = round_to<Y>(m + std::log(s));
     }
   });
