@@ -1,7 +1,7 @@
 // precis's side of the comparison with PyTorch on the same CPU (bench/torch_kernels.py runs
 // both and writes bench/results/cpu/torch_kernels.csv): gemm, conv2d on the ResNet-18
-// layers, softmax, layer norm and GELU, in bfloat16 (bf16_mixed: hardware products where
-// precis::onednn is linked) and float (fp32), timed best-of-N after a warm-up on a context
+// layers, softmax, layer norm, GELU and cross-entropy, in bfloat16 (bf16_mixed: hardware products
+// where precis::onednn is linked) and float (fp32), timed best-of-N after a warm-up on a context
 // with the given thread count. One CSV line per measurement on standard output:
 //
 //   kernel,shape,dtype,threads,ms
@@ -9,18 +9,21 @@
 // Shapes: gemm "MxNxK" (A M x K, B K x N, C in the input type), conv2d
 // "n<N>_c<C>_h<H>_co<Co>_k<K>_s<stride>_p<pad>" (square H x H images and K x K kernels,
 // output in the input type), row kernels "RxC" over the last axis (output in the input
-// type; layer norm with gamma and beta, statistics in float).
+// type; layer norm with gamma and beta, statistics in float; cross-entropy the mean loss
+// of R rows of C logits, row r's target r * 7 mod C).
 //
 //   bench_torch_kernels --threads N [--quick]
 #include <precis/kernels/conv.hpp>
 #include <precis/kernels/elementwise.hpp>
 #include <precis/kernels/gemm.hpp>
+#include <precis/kernels/loss.hpp>
 #include <precis/kernels/norm.hpp>
 #include <precis/kernels/softmax.hpp>
 
 #include "common.hpp"
 #include "resnet18.hpp"
 
+#include <cstdint>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -86,6 +89,12 @@ void run_all(const precis::cpu_context& ctx, const char* dtype, bool quick, std:
                                reps));
   report("gelu", rc, dtype, threads,
          precis_bench::best_ms([&] { precis::gelu<P>(ctx, x, y); }, reps));
+  auto targets = precis::host_tensor<std::int64_t, 1>::from_shape({rows});
+  for (std::size_t r = 0; r < rows; ++r) targets(r) = std::int64_t(r * 7 % cols);
+  volatile float loss = 0;
+  report("cross_entropy", rc, dtype, threads,
+         precis_bench::best_ms([&] { loss = float(precis::cross_entropy<P>(ctx, x, targets)); },
+                               reps));
 }
 
 }  // namespace

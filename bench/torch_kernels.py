@@ -80,6 +80,9 @@ def torch_time(torch, kernel, shape, dtype, reps):
             return best_ms(lambda: F.layer_norm(x, (c,), gamma, beta), reps)
         if kernel == "gelu":
             return best_ms(lambda: F.gelu(x), reps)
+        if kernel == "cross_entropy":
+            t = torch.arange(r, dtype=torch.int64) * 7 % c  # as bench_torch_kernels
+            return best_ms(lambda: F.cross_entropy(x, t), reps)
     raise ValueError(f"unknown kernel {kernel}")
 
 

@@ -320,17 +320,31 @@ TEST_CASE("bfloat16 vector loads are exact and stores round as precis::convert d
   }
 }
 
-TEST_CASE("row maxima: the largest value, NaN if there is one, tails ignored") {
+TEST_CASE("row ranges: the smallest and largest values, NaN if there is one, tails ignored") {
   std::mt19937 g(5);
   std::uniform_real_distribution<float> u(-100.0F, 100.0F);
+  const auto range = [](const std::vector<float>& x, std::size_t n) {
+    return vm::row_range_of(n, [&](std::size_t i) { return vm::load_padded(x.data(), i, n); });
+  };
   for (std::size_t n : {1U, 15U, 16U, 17U, 100U}) {
-    INFO("n = " << n);
-    std::vector<float> x(n + vm::lanes, 1e30F);  // beyond n: larger values, never read
-    for (std::size_t i = 0; i < n; ++i) x[i] = u(g);
-    CHECK(vm::row_max(x.data(), n) == *std::max_element(x.begin(), x.begin() + std::ptrdiff_t(n)));
-    x[n - 1] = std::numeric_limits<float>::quiet_NaN();
-    CHECK(std::isnan(vm::row_max(x.data(), n)));
+    for (const float beyond : {1e30F, -1e30F}) {  // beyond n: never read
+      INFO("n = " << n << ", beyond n: " << beyond);
+      std::vector<float> x(n + vm::lanes, beyond);
+      for (std::size_t i = 0; i < n; ++i) x[i] = u(g);
+      const auto first = x.begin(), last = x.begin() + std::ptrdiff_t(n);
+      CHECK(range(x, n).max == *std::max_element(first, last));
+      CHECK(range(x, n).min == *std::min_element(first, last));
+      x[n - 1] = std::numeric_limits<float>::quiet_NaN();
+      CHECK(std::isnan(range(x, n).max));
+      CHECK(std::isnan(range(x, n).min));
+    }
   }
+  // Whether a row's shifted values x - max all lie in exp_normal's range.
+  CHECK(vm::exp_normal_covers(-86.0F, 0.0F));
+  CHECK(vm::exp_normal_covers(1.0F, 87.0F));
+  CHECK(!vm::exp_normal_covers(std::nextafter(-86.0F, -87.0F), 0.0F));
+  CHECK(!vm::exp_normal_covers(-std::numeric_limits<float>::infinity(), 0.0F));
+  CHECK(!vm::exp_normal_covers(std::numeric_limits<float>::quiet_NaN(), 0.0F));
 }
 
 TEST_CASE("min and max follow a < b ? a : b and a > b ? a : b in every lane") {

@@ -135,7 +135,7 @@ detail::math_t<op::loss, P, X> cross_entropy(const cpu_context& ctx, const host_
     std::vector<M> buf(cols);
     for (std::size_t r = begin; r < end; ++r) {
       detail::load_block(logits.data() + r * cols, buf.data(), cols);
-      const detail::row_bounds<M> b = detail::row_min_max(buf.data(), cols);
+      const detail::vmath::row_range<M> b = detail::row_min_max(buf.data(), cols);
       const M m = b.max;
       const M picked = buf[static_cast<std::size_t>(targets.data()[r])];
       const M s = detail::exp_shifted_sum<Acc, detail::arith_t<P>>(buf.data(), cols, b);

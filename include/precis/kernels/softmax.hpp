@@ -38,23 +38,16 @@ namespace precis {
 
 namespace detail {
 
-/// The smallest and largest values of a row (both NaN if the row holds a NaN).
+/// The smallest and largest values of a row (both NaN if the row holds a NaN; float: one
+/// vmath pass).
 template <class M>
-struct row_bounds {
-  M min, max;
-};
-
-/// The row's bounds (float: one vmath pass).
-template <class M>
-row_bounds<M> row_min_max(const M* x, std::size_t n) {
+vmath::row_range<M> row_min_max(const M* x, std::size_t n) {
   if constexpr (std::is_same_v<M, float>) {
     if (n > 0) {
-      const vmath::row_range r =
-          vmath::row_range_of(n, [x, n](std::size_t j) { return vmath::load_padded(x, j, n); });
-      return {r.min, r.max};
+      return vmath::row_range_of(n, [x, n](std::size_t j) { return vmath::load_padded(x, j, n); });
     }
   }
-  row_bounds<M> b{std::numeric_limits<M>::infinity(), -std::numeric_limits<M>::infinity()};
+  vmath::row_range<M> b{std::numeric_limits<M>::infinity(), -std::numeric_limits<M>::infinity()};
   for (std::size_t j = 0; j < n; ++j) {
     if (std::isnan(x[j])) return {x[j], x[j]};
     b.min = x[j] < b.min ? x[j] : b.min;
@@ -67,11 +60,11 @@ row_bounds<M> row_min_max(const M* x, std::size_t n) {
 /// as M (float: vmath's exp and blocked row sum; vmath::exp_normal, the same bits in fewer
 /// operations, where every x - m is within its range, as softmax_rows does).
 template <class Acc, class A, class M>
-M exp_shifted_sum(M* x, std::size_t n, row_bounds<M> b) {
+M exp_shifted_sum(M* x, std::size_t n, vmath::row_range<M> b) {
   const M m = b.max;
   if constexpr (vmath::float_path_v<M, Acc>) {
     const vmath::vf mv = vmath::splat(m);
-    if (b.min - m >= vmath::exp_normal_low) {
+    if (vmath::exp_normal_covers(b.min, m)) {
       vmath::map(x, x, n, [mv](vmath::vf v) { return vmath::exp_normal<A>(v - mv); });
     } else {
       vmath::map(x, x, n, [mv](vmath::vf v) { return vmath::exp<A>(v - mv); });
@@ -98,11 +91,11 @@ enum class softmax_kind { softmax, log_softmax };
 /// bfloat16 widened into `scratch` in the same pass as the range; other formats converted
 /// into `scratch` first.
 template <class X>
-std::pair<const float*, vmath::row_range> float_row_and_range(const X* row, float* scratch,
-                                                              std::size_t cols) {
+std::pair<const float*, vmath::row_range<float>> float_row_and_range(const X* row, float* scratch,
+                                                                     std::size_t cols) {
   if constexpr (std::is_same_v<X, bfloat16>) {
     const auto* bits = reinterpret_cast<const std::uint16_t*>(row);
-    const vmath::row_range r = vmath::row_range_of(cols, [&](std::size_t j) {
+    const vmath::row_range<float> r = vmath::row_range_of(cols, [&](std::size_t j) {
       const vmath::vf v = vmath::load_upper_half(bits + j, std::min(vmath::lanes, cols - j));
       vmath::store_padded(scratch, j, cols, v);
       return v;
@@ -110,8 +103,7 @@ std::pair<const float*, vmath::row_range> float_row_and_range(const X* row, floa
     return {scratch, r};
   } else {
     const float* v = float_view(row, scratch, cols);
-    return {v, vmath::row_range_of(
-                   cols, [v, cols](std::size_t j) { return vmath::load_padded(v, j, cols); })};
+    return {v, row_min_max(v, cols)};
   }
 }
 
@@ -130,7 +122,7 @@ void softmax_rows(const X* in, Y* out, float* scratch, std::size_t k, std::size_
   for (std::size_t i = 0; i < k; ++i) {
     Y* y = out + i * cols;
     // (Not a structured binding: clang 14 does not let the lambdas below capture one.)
-    const std::pair<const float*, vmath::row_range> row =
+    const std::pair<const float*, vmath::row_range<float>> row =
         float_row_and_range(in + i * cols, scratch, cols);
     const float* x = row.first;
     const float max = row.second.max;
@@ -168,8 +160,7 @@ void softmax_rows(const X* in, Y* out, float* scratch, std::size_t k, std::size_
             y, cols, [m, lse](vf v) { return (v - m) - lse; }, x);
       }
     };
-    // x - m >= min - m, rounded: monotone rounding keeps every lane in exp_normal's range.
-    if (row.second.min - max >= vmath::exp_normal_low) {
+    if (vmath::exp_normal_covers(row.second.min, max)) {
       finish_row([](vf v) { return vmath::exp_normal<A>(v); });
     } else {
       finish_row([](vf v) { return vmath::exp_not_nan<A>(v); });
@@ -201,7 +192,7 @@ void softmax_forward(std::string_view name, const cpu_context& ctx, const host_t
     std::vector<M> buf(cols);
     for (std::size_t r = begin; r < end; ++r) {
       load_block(in + r * cols, buf.data(), cols);
-      const row_bounds<M> b = row_min_max(buf.data(), cols);
+      const vmath::row_range<M> b = row_min_max(buf.data(), cols);
       const M m = b.max;
       if constexpr (K == softmax_kind::softmax) {
         const M s = exp_shifted_sum<Acc, arith_t<P>>(buf.data(), cols, b);
@@ -255,7 +246,7 @@ void logsumexp(const cpu_context& ctx, const host_tensor<X, N>& x, host_tensor<Y
     std::vector<M> buf(cols);
     for (std::size_t r = begin; r < end; ++r) {
       detail::load_block(in + r * cols, buf.data(), cols);
-      const detail::row_bounds<M> b = detail::row_min_max(buf.data(), cols);
+      const detail::vmath::row_range<M> b = detail::row_min_max(buf.data(), cols);
       const M m = b.max;
       if (std::isinf(m)) {
         o[r] = round_to<Y>(m);

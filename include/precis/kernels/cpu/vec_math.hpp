@@ -1,5 +1,5 @@
 // precis/kernels/cpu/vec_math.hpp: float math on SIMD vectors for the host kernels (exp,
-// the normal CDF behind GELU, sigmoid, sums and maxima of long rows, bfloat16 loads and
+// the normal CDF behind GELU, sigmoid, sums and ranges of long rows, bfloat16 loads and
 // rounding stores, fetching the next row ahead). Private to precis (namespace
 // precis::detail::vmath).
 //
@@ -34,7 +34,7 @@
 #include <cstring>
 #include <type_traits>
 
-#if defined(__SSE__) || defined(__AVX__) || defined(__FMA__)
+#if defined(__SSE__)
 #include <immintrin.h>
 #endif
 
@@ -307,8 +307,9 @@ inline constexpr float exp_normal_low = -86.0F;
 /// exp(x) for x in [exp_normal_low, 88], where exp's result is a normal float: exp's bits,
 /// in fewer operations. Nothing to clamp, and p 2^n (p in [0.7, 1.42], n in [-124, 127])
 /// is exact and normal, so adding n to p's exponent field gives it (without AVX-512's
-/// VSCALEFPS, scale2's two products cost eight operations). Softmax takes it for rows
-/// whose values lie within 86 of their maximum (the usual rows).
+/// VSCALEFPS, scale2's two products cost eight operations). The row kernels (softmax,
+/// logsumexp, cross-entropy) take it for rows whose values lie within 86 of their maximum
+/// (the usual rows; see exp_normal_covers).
 template <class A = exact_arith>
 inline vf exp_normal(vf x) {
   const vf n = (product(x, splat(1.44269502F)) + splat(exp_magic)) - splat(exp_magic);
@@ -523,33 +524,36 @@ inline vf zero_past(vf v, std::size_t i, std::size_t n) {
 }
 
 /// The smallest and largest values of a row; both NaN if the row holds a NaN.
+template <class T>
 struct row_range {
-  float min, max;
+  T min, max;
 };
 
 /// The range of the values f(i) gives for the lanes-wide vectors starting at i, over a row
-/// of n >= 1 (lanes from n on are ignored); the minimum only where WithMin (else +inf).
-template <bool WithMin, class F>
-row_range row_extremes(std::size_t n, F f) {
+/// of n >= 1 (lanes from n on are ignored).
+template <class F>
+row_range<float> row_range_of(std::size_t n, F f) {
   vf lo = splat(__builtin_inff()), hi = splat(-__builtin_inff());
   vi nan = {};
   for (std::size_t i = 0; i < n; i += lanes) {
-    vf v = f(i), v_lo = v;
-    if (i + lanes > n) {  // the tail
+    const vf v = f(i);
+    if (i + lanes > n) {  // the tail: its lanes past n count for nothing
       const vi in = lanes_below(n - i);
-      v = select(in, v, splat(-__builtin_inff()));
-      v_lo = select(in, v_lo, splat(__builtin_inff()));
+      nan |= in & (v != v);
+      lo = min(select(in, v, splat(__builtin_inff())), lo);
+      hi = max(select(in, v, splat(-__builtin_inff())), hi);
+    } else {
+      nan |= (v != v);
+      lo = min(v, lo);
+      hi = max(v, hi);
     }
-    nan |= (v != v);
-    hi = max(v, hi);
-    if constexpr (WithMin) lo = min(v_lo, lo);
   }
   float low[lanes], high[lanes];
   std::int32_t nans[lanes];
   store(low, lo);
   store(high, hi);
   std::memcpy(nans, &nan, sizeof nan);
-  row_range r{low[0], high[0]};
+  row_range<float> r{low[0], high[0]};
   bool any_nan = nans[0] != 0;
   for (std::size_t j = 1; j < lanes; ++j) {
     r.min = low[j] < r.min ? low[j] : r.min;
@@ -560,23 +564,11 @@ row_range row_extremes(std::size_t n, F f) {
   return r;
 }
 
-/// The smallest and largest of the values f(i) gives (see row_extremes); both NaN if one of
-/// them is NaN.
-template <class F>
-row_range row_range_of(std::size_t n, F f) {
-  return row_extremes<true>(n, f);
-}
-
-/// The largest of the values f(i) gives (see row_extremes); NaN if one of them is NaN.
-template <class F>
-float row_max_of(std::size_t n, F f) {
-  return row_extremes<false>(n, f).max;
-}
-
-/// The largest element of a row of n >= 1 floats; NaN if the row holds one.
-inline float row_max(const float* x, std::size_t n) {
-  return row_max_of(n, [x, n](std::size_t i) { return load_padded(x, i, n); });
-}
+/// True where exp_normal may take x - hi for every x of a row whose range is [lo, hi]
+/// (hi finite): x - hi >= lo - hi, rounded, since rounding is monotone, so lo - hi >=
+/// exp_normal_low puts every lane in exp_normal's range. False for a NaN or an infinite
+/// bound.
+inline bool exp_normal_covers(float lo, float hi) { return lo - hi >= exp_normal_low; }
 
 /// The 16 partial sums of block_sum (partial j in lane j % lanes of vector j / lanes) added
 /// pairwise: p[j] += p[j + w] for j < w, w = 8, 4, 2, 1, then p[0]; in registers, as

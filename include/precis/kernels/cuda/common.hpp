@@ -44,7 +44,7 @@ inline unsigned row_blocks(std::size_t rows, std::string_view name) {
   return unsigned(rows);
 }
 
-/// The larger of two values, NaN winning (the host's row_max rule).
+/// The larger of two values, NaN winning (the host rows' rule, vmath::row_range_of).
 template <class M>
 __device__ inline M max_nan(M a, M b) {
   return (!::isnan(a) && (b > a || ::isnan(b))) ? b : a;
