@@ -8,7 +8,8 @@
 //
 // Shapes: gemm "MxNxK" (A M x K, B K x N, C in the input type), conv2d
 // "n<N>_c<C>_h<H>_co<Co>_k<K>_s<stride>_p<pad>" (square H x H images and K x K kernels,
-// output in the input type), row kernels "RxC" over the last axis (output in the input
+// output in the input type; kernel conv2d with NCHW images, conv2d_nhwc with channels-last
+// ones, image_layout::nhwc), row kernels "RxC" over the last axis (output in the input
 // type; layer norm with gamma and beta, statistics in float; cross-entropy the mean loss
 // of R rows of C logits, row r's target r * 7 mod C).
 //
@@ -63,15 +64,21 @@ void run_all(const precis::cpu_context& ctx, const char* dtype, bool quick, std:
     precis::conv2d_params p;
     p.stride = {l.s, l.s};
     p.padding = {l.p, l.p};
-    const auto x = random_tensor<T, 4>({batch, l.c, l.h, l.h}, g);
     const auto w = random_tensor<T, 4>({l.co, l.c, l.k, l.k}, g);
-    auto y = precis::host_tensor<T, 4>::from_shape({batch, l.co, ho, ho});
-    const double ms = precis_bench::best_ms([&] { precis::conv2d<P>(ctx, x, w, y, p); }, reps);
-    report("conv2d",
-           "n" + std::to_string(batch) + "_c" + std::to_string(l.c) + "_h" + std::to_string(l.h) +
-               "_co" + std::to_string(l.co) + "_k" + std::to_string(l.k) + "_s" +
-               std::to_string(l.s) + "_p" + std::to_string(l.p),
-           dtype, threads, ms);
+    const std::string shape = "n" + std::to_string(batch) + "_c" + std::to_string(l.c) + "_h" +
+                              std::to_string(l.h) + "_co" + std::to_string(l.co) + "_k" +
+                              std::to_string(l.k) + "_s" + std::to_string(l.s) + "_p" +
+                              std::to_string(l.p);
+    for (const auto layout : {precis::image_layout::nchw, precis::image_layout::nhwc}) {
+      p.layout = layout;
+      const auto x =
+          random_tensor<T, 4>(precis::detail::image_shape(layout, batch, l.c, l.h, l.h), g);
+      auto y = precis::host_tensor<T, 4>::from_shape(
+          precis::detail::image_shape(layout, batch, l.co, ho, ho));
+      const double ms = precis_bench::best_ms([&] { precis::conv2d<P>(ctx, x, w, y, p); }, reps);
+      report(layout == precis::image_layout::nchw ? "conv2d" : "conv2d_nhwc", shape, dtype, threads,
+             ms);
+    }
     if (quick) break;
   }
   if (products_only) return;

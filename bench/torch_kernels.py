@@ -8,8 +8,9 @@ dtype and thread count:
 
     kernel,shape,dtype,threads,precis_ms,torch_ms,ratio,cpu,isa
 
-ratio = torch_ms / precis_ms: above 1, precis is faster. For conv2d PyTorch runs NCHW and
-channels-last and its faster time is kept (its best layout). dtype float32 is precis's
+ratio = torch_ms / precis_ms: above 1, precis is faster. For conv2d (precis's NCHW images)
+PyTorch runs NCHW and channels-last and its faster time is kept (its best layout); for
+conv2d_nhwc (precis's channels-last images) PyTorch runs channels-last. dtype float32 is precis's
 exact fp32 (the reference), float32_hardware its fp32_hardware (oneDNN's float products,
 gemm and conv2d only), both against torch's float32. --append keeps the rows already in
 the CSV (another machine's), replacing those of the same kernel, shape, dtype, thread
@@ -62,14 +63,16 @@ def torch_time(torch, kernel, shape, dtype, reps):
             m, n, k = (int(v) for v in shape.split("x"))
             a, b = rand(m, k), rand(k, n)
             return best_ms(lambda: torch.mm(a, b), reps)
-        if kernel == "conv2d":
+        if kernel in ("conv2d", "conv2d_nhwc"):
             d = {k: int(v) for k, v in re.findall(r"([a-z]+)(\d+)", shape)}
             x = rand(d["n"], d["c"], d["h"], d["h"])
             w = rand(d["co"], d["c"], d["k"], d["k"])
-            nchw = best_ms(lambda: F.conv2d(x, w, stride=d["s"], padding=d["p"]), reps)
             xl = x.contiguous(memory_format=torch.channels_last)
             wl = w.contiguous(memory_format=torch.channels_last)
             last = best_ms(lambda: F.conv2d(xl, wl, stride=d["s"], padding=d["p"]), reps)
+            if kernel == "conv2d_nhwc":
+                return last
+            nchw = best_ms(lambda: F.conv2d(x, w, stride=d["s"], padding=d["p"]), reps)
             return min(nchw, last)
         r, c = (int(v) for v in shape.split("x"))
         x = rand(r, c)

@@ -320,3 +320,131 @@ TEST_CASE("conv2d rejects bad shapes and arguments, naming them, and writes noth
               "[1, 6, 6, 6]");
   CHECK(std::isnan(dw(0, 0, 0, 0)));
 }
+
+namespace {
+
+/// t [N, C, H, W] as [N, H, W, C] (the same values), and back.
+template <class T>
+host_tensor<T, 4> nhwc_of(const host_tensor<T, 4>& t) {
+  const auto s = t.shape();
+  auto r = host_tensor<T, 4>::from_shape({s[0], s[2], s[3], s[1]});
+  for (std::size_t n = 0; n < s[0]; ++n)
+    for (std::size_t c = 0; c < s[1]; ++c)
+      for (std::size_t i = 0; i < s[2]; ++i)
+        for (std::size_t j = 0; j < s[3]; ++j) r(n, i, j, c) = t(n, c, i, j);
+  return r;
+}
+template <class T>
+host_tensor<T, 4> nchw_of(const host_tensor<T, 4>& t) {
+  const auto s = t.shape();
+  auto r = host_tensor<T, 4>::from_shape({s[0], s[3], s[1], s[2]});
+  for (std::size_t n = 0; n < s[0]; ++n)
+    for (std::size_t i = 0; i < s[1]; ++i)
+      for (std::size_t j = 0; j < s[2]; ++j)
+        for (std::size_t c = 0; c < s[3]; ++c) r(n, c, i, j) = t(n, i, j, c);
+  return r;
+}
+shape4 nhwc_shape(const shape4& s) { return {s[0], s[2], s[3], s[1]}; }
+
+}  // namespace
+
+// Channels-last images hold the same values at other places: every pass gives NCHW's bits
+// (whose float64 bounds the tests above check), and each result is held to float64 too.
+TEST_CASE_TEMPLATE("channels-last convolutions give the NCHW convolutions' bits", Cfg, fp32_config,
+                   fp32_hw_config, bf16_config, fp16_config, f64_config) {
+  using T = typename Cfg::T;
+  using P = typename Cfg::P;
+  for (const geo& g : geometries) {
+    INFO("x " << precis::shape_string(g.xs()) << " w " << precis::shape_string(g.ws()) << " stride "
+              << g.p.stride[0] << " pad " << g.p.padding[0] << " dilation " << g.p.dilation[0]
+              << " groups " << g.p.groups);
+    const auto x = random_tensor<T, 4>(g.xs());
+    const auto w = random_tensor<T, 4>(g.ws());
+    const auto dy = random_tensor<T, 4>(g.ys());
+    const auto bias = random_tensor<T, 1>({g.co});
+    const auto xl = nhwc_of(x), dyl = nhwc_of(dy);
+    precis::conv2d_params pl = g.p;
+    pl.layout = precis::image_layout::nhwc;
+    const auto xd = to_double(x), wd = to_double(w), dyd = to_double(dy);
+    for (unsigned threads : {1U, 2U}) {
+      INFO("threads " << threads);
+      const precis::cpu_context ctx{threads};
+      auto y = poisoned<T, 4>(g.ys()), yl = poisoned<T, 4>(nhwc_shape(g.ys()));
+      precis::conv2d<P>(ctx, x, w, y, g.p);
+      precis::conv2d<P>(ctx, xl, w, yl, pl);
+      CHECK(same_bits(nchw_of(yl), y));
+      CHECK(rel_error(nchw_of(yl), ref_forward(g, xd, wd)) < bound<T>());
+      auto yb = poisoned<float, 4>(g.ys()), ybl = poisoned<float, 4>(nhwc_shape(g.ys()));
+      precis::conv2d<P>(ctx, x, w, bias, yb, g.p);
+      precis::conv2d<P>(ctx, xl, w, bias, ybl, pl);
+      CHECK(same_bits(nchw_of(ybl), yb));
+      auto dx = poisoned<T, 4>(g.xs()), dxl = poisoned<T, 4>(nhwc_shape(g.xs()));
+      precis::conv2d_backward_data<P>(ctx, dy, w, dx, g.p);
+      precis::conv2d_backward_data<P>(ctx, dyl, w, dxl, pl);
+      CHECK(same_bits(nchw_of(dxl), dx));
+      CHECK(rel_error(nchw_of(dxl), ref_backward_data(g, dyd, wd)) < bound<T>());
+      auto dw = poisoned<T, 4>(g.ws()), dwl = poisoned<T, 4>(g.ws());
+      precis::conv2d_backward_weights<P>(ctx, x, dy, dw, g.p);
+      precis::conv2d_backward_weights<P>(ctx, xl, dyl, dwl, pl);
+      CHECK(same_bits(dwl, dw));
+      CHECK(rel_error(dwl, ref_backward_weights(g, xd, dyd)) < bound<T>());
+      auto db = poisoned<T, 1>(std::array<std::size_t, 1>{g.co});
+      auto dbl = poisoned<T, 1>(std::array<std::size_t, 1>{g.co});
+      precis::conv2d_backward_bias<P>(ctx, dy, db);
+      precis::conv2d_backward_bias<P>(ctx, dyl, dbl, precis::image_layout::nhwc);
+      CHECK(same_bits(dbl, db));
+      // The transposed convolution of dy (the adjoint of this one, with the output_padding
+      // that gives back x's size), and its gradients.
+      precis::conv2d_params pt = g.p, ptl = pl;
+      for (std::size_t a = 0; a < 2; ++a) {
+        const std::size_t in = a == 0 ? g.h : g.w, k = a == 0 ? g.kh : g.kw;
+        pt.output_padding[a] =
+            (in + 2 * g.p.padding[a] - g.p.dilation[a] * (k - 1) - 1) % g.p.stride[a];
+      }
+      ptl.output_padding = pt.output_padding;
+      auto t = poisoned<T, 4>(g.xs()), tl = poisoned<T, 4>(nhwc_shape(g.xs()));
+      precis::conv_transpose2d<P>(ctx, dy, w, t, pt);
+      precis::conv_transpose2d<P>(ctx, dyl, w, tl, ptl);
+      CHECK(same_bits(nchw_of(tl), t));
+      auto tdx = poisoned<T, 4>(g.ys()), tdxl = poisoned<T, 4>(nhwc_shape(g.ys()));
+      precis::conv_transpose2d_backward_data<P>(ctx, x, w, tdx, pt);
+      precis::conv_transpose2d_backward_data<P>(ctx, xl, w, tdxl, ptl);
+      CHECK(same_bits(nchw_of(tdxl), tdx));
+      auto tdw = poisoned<T, 4>(g.ws()), tdwl = poisoned<T, 4>(g.ws());
+      precis::conv_transpose2d_backward_weights<P>(ctx, dy, x, tdw, pt);
+      precis::conv_transpose2d_backward_weights<P>(ctx, dyl, xl, tdwl, ptl);
+      CHECK(same_bits(tdwl, tdw));
+    }
+  }
+}
+
+TEST_CASE("channels-last convolutions check NHWC shapes, naming them, and write nothing") {
+  using P = precis::presets::bf16_mixed;
+  using T = precis::bfloat16;
+  const precis::cpu_context ctx{1};
+  precis::conv2d_params p;
+  p.layout = precis::image_layout::nhwc;
+  const auto x = random_tensor<T, 4>({1, 8, 8, 4});  // [N, H, W, C]
+  const auto w = random_tensor<T, 4>({5, 4, 3, 3});
+  auto y = poisoned<T, 4>(shape4{1, 6, 6, 5});
+  precis::conv2d<P>(ctx, x, w, y, p);
+  CHECK(!std::isnan(float(y(0, 5, 5, 4))));
+  auto y_nchw = poisoned<T, 4>(shape4{1, 5, 6, 6});  // NCHW's shape
+  check_error([&] { precis::conv2d<P>(ctx, x, w, y_nchw, p); }, "precis::conv2d: y", "[1, 5, 6, 6]",
+              "expected [1, 6, 6, 5]");
+  CHECK(std::isnan(float(y_nchw(0, 0, 0, 0))));
+  // An NCHW tensor read as NHWC has 8 channels, which w's 4 do not match.
+  const auto x_nchw = random_tensor<T, 4>({1, 4, 8, 8});
+  check_error([&] { precis::conv2d<P>(ctx, x_nchw, w, y_nchw, p); }, "w", "[5, 4, 3, 3]",
+              "[5, 8, 3, 3]");
+  CHECK(std::isnan(float(y_nchw(0, 0, 0, 0))));
+  auto dx = poisoned<T, 4>(shape4{1, 8, 8, 4});
+  const auto dy_nchw = random_tensor<T, 4>({1, 5, 6, 6});
+  check_error([&] { precis::conv2d_backward_data<P>(ctx, dy_nchw, w, dx, p); }, "dy",
+              "[1, 5, 6, 6]", "[1, 6, 6, 5]");
+  CHECK(std::isnan(float(dx(0, 0, 0, 0))));
+  auto t = poisoned<T, 4>(shape4{1, 4, 8, 8});
+  check_error([&] { precis::conv_transpose2d<P>(ctx, y, w, t, p); }, "y", "[1, 4, 8, 8]",
+              "[1, 8, 8, 4]");
+  CHECK(std::isnan(float(t(0, 0, 0, 0))));
+}

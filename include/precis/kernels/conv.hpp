@@ -1,6 +1,6 @@
-// precis/kernels/conv.hpp: 2-D convolution (NCHW; stride, padding, dilation, groups),
-// forward, backward-data and backward-weights, and the transposed convolution, on host
-// tensors.
+// precis/kernels/conv.hpp: 2-D convolution (NCHW or channels-last NHWC images; stride,
+// padding, dilation, groups), forward, backward-data and backward-weights, and the
+// transposed convolution, on host tensors.
 //
 // Semantics (op::conv under the policy, as gemm's): inputs in their tensors' element types
 // (the policy's storage or gradient type, or float; float rounded to tfloat32 first under
@@ -19,8 +19,12 @@
 // instructions where it has them (cpu_products_engine() says; subnormals flushed), float
 // inputs on oneDNN's float kernels (products fused into the sums, subnormals kept); oneDNN's
 // summation order, each output still rounded once; the same bits for a given machine and
-// thread count. oneDNN picks its layouts (blocked or channels-last); precis's NCHW tensors
-// are reordered to and from them per call, in scratch memory kept by the context.
+// thread count. oneDNN picks its layouts (channels-last or blocked); NCHW images are
+// transposed to and from them per call, in scratch memory kept by the context, while
+// channels-last images (conv2d_params::layout) are the layout its bfloat16 convolutions
+// read and write, so nothing is moved (its float convolutions prefer blocked layouts, and
+// are reordered from either). The exact kernels take channels-last images through NCHW
+// copies in the context's scratch: the same sums, so the same bits as NCHW.
 //
 // Shapes are checked before anything is written (precis::error names expected and actual
 // shapes); exact products are the same bits for every thread count.
@@ -30,6 +34,7 @@
 #include <precis/kernels/context.hpp>
 #include <precis/kernels/cpu/gemm_kernel.hpp>
 #include <precis/kernels/cpu/support.hpp>
+#include <precis/kernels/cpu/transpose.hpp>
 #include <precis/kernels/gemm.hpp>
 #include <precis/tensor/host_tensor.hpp>
 
@@ -48,6 +53,14 @@
 
 namespace precis {
 
+/// How a convolution's images (x, y and their gradients) are laid out: `nchw` [N, C, H, W]
+/// (PyTorch's default), or `nhwc` [N, H, W, C], channels-last (PyTorch's
+/// channels_last memory format, oneDNN's nhwc), where a pixel's channels are contiguous.
+/// Weights are [Co, C / groups, KH, KW] either way. The layout changes where values are,
+/// never a result: channels-last gives the same bits as NCHW for the same policy, machine
+/// and thread count. It is the fast one for the CPU's bfloat16 convolutions (no transposes).
+enum class image_layout { nchw, nhwc };
+
 /// Geometry of a 2-D convolution, PyTorch's Conv2d arguments: output size
 /// (in + 2 pad - dilation (k - 1) - 1) / stride + 1 per axis; `groups` splits channels
 /// into independent convolutions (groups == channels: depthwise). `output_padding` belongs
@@ -56,18 +69,27 @@ namespace precis {
 /// that a stride-s convolution's several input sizes can all be produced; PyTorch also
 /// accepts values up to the dilation, which precis refuses because the transposed
 /// convolution would then no longer be the adjoint of a convolution of x's size); the
-/// convolutions reject a nonzero value.
+/// convolutions reject a nonzero value. `layout` says how the images are laid out.
 struct conv2d_params {
   std::array<std::size_t, 2> stride{1, 1};
   std::array<std::size_t, 2> padding{0, 0};
   std::array<std::size_t, 2> dilation{1, 1};
   std::size_t groups = 1;
   std::array<std::size_t, 2> output_padding{0, 0};
+  image_layout layout = image_layout::nchw;
 };
 
 namespace detail {
 
-/// All sizes of one convolution, from x [N, C, H, W] and w [Co, C / groups, KH, KW].
+/// The shape of n images of c channels, h x w pixels, in `layout`.
+inline std::array<std::size_t, 4> image_shape(image_layout layout, std::size_t n, std::size_t c,
+                                              std::size_t h, std::size_t w) {
+  if (layout == image_layout::nhwc) return {n, h, w, c};
+  return {n, c, h, w};
+}
+
+/// All sizes of one convolution, from x [N, C, H, W] (or [N, H, W, C]) and w [Co, C / groups,
+/// KH, KW].
 struct conv_geometry {
   std::size_t n, c, h, w, co, kh, kw, ho, wo, groups;
   conv2d_params p;
@@ -75,6 +97,9 @@ struct conv_geometry {
   std::size_t cog() const { return co / groups; }
   std::size_t taps() const { return cg() * kh * kw; }  // the product's depth
   std::size_t pixels() const { return ho * wo; }
+  bool channels_last() const { return p.layout == image_layout::nhwc; }
+  std::array<std::size_t, 4> x_shape() const { return image_shape(p.layout, n, c, h, w); }
+  std::array<std::size_t, 4> y_shape() const { return image_shape(p.layout, n, co, ho, wo); }
 };
 
 /// Computes the geometry and checks x and w; throws precis::error naming shapes.
@@ -82,10 +107,11 @@ template <class X, class W>
 conv_geometry conv_geometry_of(std::string_view name, const X& x, const W& w,
                                const conv2d_params& p) {
   conv_geometry g{};
+  const bool last = p.layout == image_layout::nhwc;
   g.n = std::size_t(x.shape()[0]);
-  g.c = std::size_t(x.shape()[1]);
-  g.h = std::size_t(x.shape()[2]);
-  g.w = std::size_t(x.shape()[3]);
+  g.c = std::size_t(x.shape()[last ? 3 : 1]);
+  g.h = std::size_t(x.shape()[last ? 1 : 2]);
+  g.w = std::size_t(x.shape()[last ? 2 : 3]);
   g.co = std::size_t(w.shape()[0]);
   g.kh = std::size_t(w.shape()[2]);
   g.kw = std::size_t(w.shape()[3]);
@@ -532,6 +558,94 @@ constexpr void check_conv_types() {
 template <Policy P>
 inline constexpr bool conv_tf32_v = tf32_inputs_v<op::conv, P>;
 
+/// Scratch of the context for n values of T (uninitialised; aligned as float_buffer).
+template <class T>
+class scratch_values {
+ public:
+  scratch_values(const cpu_context& ctx, std::size_t n)
+      : buf_(ctx, (n * sizeof(T) + sizeof(float) - 1) / sizeof(float)) {}
+  T* get() const { return reinterpret_cast<T*>(buf_.get()); }
+
+ private:
+  float_buffer buf_;
+};
+
+/// g for NCHW images: what the exact kernels run on the NCHW copies of channels-last ones.
+inline conv_geometry nchw_of(conv_geometry g) {
+  g.p.layout = image_layout::nchw;
+  return g;
+}
+
+/// Copies of `images` NHWC images of c channels, `pixels` each, as NCHW, and back.
+template <class T>
+void images_to_nchw(const T* src, T* dst, std::size_t images, std::size_t c, std::size_t pixels) {
+  transpose_images(src, dst, images, pixels, c);
+}
+template <class T>
+void images_to_nhwc(const T* src, T* dst, std::size_t images, std::size_t c, std::size_t pixels) {
+  transpose_images(src, dst, images, c, pixels);
+}
+
+/// The exact forward pass y = conv(x, w) (+ bias; may be nullptr) in g's layout.
+template <Policy P, class TX, class TW, class TB, class TY>
+void exact_conv_forward(const cpu_context& ctx, const conv_geometry& g, const TX* x, const TW* w,
+                        const TB* bias, TY* y) {
+  if (g.channels_last()) {
+    const scratch_values<TX> xc(ctx, g.n * g.c * g.h * g.w);
+    const scratch_values<TY> yc(ctx, g.n * g.co * g.pixels());
+    images_to_nchw(x, xc.get(), g.n, g.c, g.h * g.w);
+    exact_conv_forward<P>(ctx, nchw_of(g), xc.get(), w, bias, yc.get());
+    images_to_nhwc(yc.get(), y, g.n, g.co, g.pixels());
+  } else if constexpr (double_conv_v<P, TX, TW>) {
+    direct_conv_forward<P>(ctx, g, x, w, bias, y);
+  } else {
+    constexpr bool tf32 = conv_tf32_v<P>;
+    const auto xf = to_float<tf32>(ctx, x, g.n * g.c * g.h * g.w);
+    conv_forward_float<tf32>(ctx, g, xf.get(), w, bias, y);
+  }
+}
+
+/// The exact backward-data pass dx = conv^T(dy, w) in g's layout (also the transposed
+/// convolution's forward pass).
+template <Policy P, class TG, class TW, class TX>
+void exact_conv_backward_data(const cpu_context& ctx, const conv_geometry& g, const TG* dy,
+                              const TW* w, TX* dx) {
+  if (g.channels_last()) {
+    const scratch_values<TG> dyc(ctx, g.n * g.co * g.pixels());
+    const scratch_values<TX> dxc(ctx, g.n * g.c * g.h * g.w);
+    images_to_nchw(dy, dyc.get(), g.n, g.co, g.pixels());
+    exact_conv_backward_data<P>(ctx, nchw_of(g), dyc.get(), w, dxc.get());
+    images_to_nhwc(dxc.get(), dx, g.n, g.c, g.h * g.w);
+  } else if constexpr (double_conv_v<P, TG, TW>) {
+    direct_conv_backward_data<P>(ctx, g, dy, w, static_cast<const TX*>(nullptr), dx);
+  } else {
+    constexpr bool tf32 = conv_tf32_v<P>;
+    const auto dyf = to_float<tf32>(ctx, dy, g.n * g.co * g.pixels());
+    const auto wf = to_float<tf32>(ctx, w, g.co * g.taps());
+    conv_backward_data_float(ctx, g, dyf.get(), wf.get(), dx);
+  }
+}
+
+/// The exact backward-weights pass dw from x and dy in g's layout.
+template <Policy P, class TX, class TG, class TW>
+void exact_conv_backward_weights(const cpu_context& ctx, const conv_geometry& g, const TX* x,
+                                 const TG* dy, TW* dw) {
+  if (g.channels_last()) {
+    const scratch_values<TX> xc(ctx, g.n * g.c * g.h * g.w);
+    const scratch_values<TG> dyc(ctx, g.n * g.co * g.pixels());
+    images_to_nchw(x, xc.get(), g.n, g.c, g.h * g.w);
+    images_to_nchw(dy, dyc.get(), g.n, g.co, g.pixels());
+    exact_conv_backward_weights<P>(ctx, nchw_of(g), xc.get(), dyc.get(), dw);
+  } else if constexpr (double_conv_v<P, TX, TG>) {
+    direct_conv_backward_weights<P>(ctx, g, x, dy, dw);
+  } else {
+    constexpr bool tf32 = conv_tf32_v<P>;
+    const auto xf = to_float<tf32>(ctx, x, g.n * g.c * g.h * g.w);
+    const auto dyf = to_float<tf32>(ctx, dy, g.n * g.co * g.pixels());
+    conv_backward_weights_float(ctx, g, xf.get(), dyf.get(), dw);
+  }
+}
+
 template <std::size_t N>
 std::array<std::size_t, N> dims(std::array<std::size_t, N> a) {
   return a;
@@ -547,17 +661,54 @@ inline constexpr bool hardware_conv_v = hardware_products_v<op::conv, P, TA, TB>
 inline onednn_conv_key onednn_key(const conv_geometry& g, onednn_conv_kind kind, int out_type,
                                   bool bias) {
   const auto i = [](std::size_t v) { return std::int64_t(v); };
-  return {i(g.n), i(g.c), i(g.h), i(g.w), i(g.co), i(g.kh), i(g.kw), i(g.ho), i(g.wo), i(g.groups),
-          i(g.p.stride[0]), i(g.p.stride[1]), i(g.p.padding[0]), i(g.p.padding[1]),
-          i(g.p.padding[0]), i(g.p.padding[1]), i(g.p.dilation[0]) - 1, i(g.p.dilation[1]) - 1,
-          kind, out_type, bias, 1};
+  return {i(g.n),
+          i(g.c),
+          i(g.h),
+          i(g.w),
+          i(g.co),
+          i(g.kh),
+          i(g.kw),
+          i(g.ho),
+          i(g.wo),
+          i(g.groups),
+          i(g.p.stride[0]),
+          i(g.p.stride[1]),
+          i(g.p.padding[0]),
+          i(g.p.padding[1]),
+          i(g.p.padding[0]),
+          i(g.p.padding[1]),
+          i(g.p.dilation[0]) - 1,
+          i(g.p.dilation[1]) - 1,
+          kind,
+          out_type,
+          bias,
+          1,
+          0,
+          g.channels_last()};
 }
 
 /// The pixels a 1x1 convolution without padding reads (x[., ., i sy, j sx]), as images of
-/// g.ho x g.wo: xs [n, c, ho, wo].
+/// g.ho x g.wo: xs [n, c, ho, wo] (or [n, ho, wo, c] for channels-last images, whose
+/// pixels are copied whole).
 template <class T>
 void gather_strided_pixels(const cpu_context& ctx, const conv_geometry& g, const T* x, T* xs) {
   const std::size_t sy = g.p.stride[0], sx = g.p.stride[1], h = g.h, w = g.w, ho = g.ho, wo = g.wo;
+  if (g.channels_last()) {
+    const std::size_t c = g.c;
+    parallel_for(ctx, g.n * ho, std::max<std::size_t>(1, elements_per_thread / (wo * c)),
+                 [&](std::size_t r0, std::size_t r1) {
+                   for (std::size_t r = r0; r < r1; ++r) {
+                     const std::size_t n = r / ho, i = r % ho;
+                     const T* src = x + (n * h + i * sy) * w * c;
+                     T* dst = xs + r * wo * c;
+                     for (std::size_t j = 0; j < wo; ++j) {
+                       std::memcpy(static_cast<void*>(dst + j * c), src + j * sx * c,
+                                   c * sizeof(T));
+                     }
+                   }
+                 });
+    return;
+  }
   // Where sx is 2, pairs of values are read as one integer twice as wide and its low half
   // kept (little-endian), which compilers vectorise (AVX-512: VPMOVDW); the pairs stop
   // before the row's end.
@@ -591,7 +742,8 @@ void gather_strided_pixels(const cpu_context& ctx, const conv_geometry& g, const
 /// lands on (a quarter of x at stride 2, as in ResNet's downsampling shortcuts): the
 /// stride-1 geometry on those pixels. The forward and weight-gradient passes gather them
 /// (gather_strided_pixels) and run that: the same sums, with the move to oneDNN's layout
-/// and the primitive seeing only the pixels used.
+/// and the primitive seeing only the pixels used (channels-last images too: the same
+/// primitive then runs for both layouts, so they give the same bits).
 inline std::optional<conv_geometry> sampled_1x1(const conv_geometry& g) {
   if (g.kh != 1 || g.kw != 1 || g.p.padding[0] != 0 || g.p.padding[1] != 0 ||
       (g.p.stride[0] == 1 && g.p.stride[1] == 1) || g.n * g.c * g.pixels() == 0) {
@@ -671,13 +823,14 @@ bool onednn_conv_backward_weights(const cpu_context& ctx, const conv_geometry& g
 
 }  // namespace detail
 
-/// y = conv2d(x, w): x [N, C, H, W], w [Co, C / groups, KH, KW], y [N, Co, Ho, Wo].
+/// y = conv2d(x, w): x [N, C, H, W], w [Co, C / groups, KH, KW], y [N, Co, Ho, Wo]
+/// (x [N, H, W, C] and y [N, Ho, Wo, Co] where p.layout is image_layout::nhwc).
 template <Policy P, class TX, class TW, class TY>
 void conv2d(const cpu_context& ctx, const host_tensor<TX, 4>& x, const host_tensor<TW, 4>& w,
             host_tensor<TY, 4>& y, const conv2d_params& p = {}) {
   detail::check_conv_types<P, TX, TW, TY>();
   const auto g = detail::conv_geometry_of("precis::conv2d", x, w, p);
-  check_shape("precis::conv2d: y", y, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
+  check_shape("precis::conv2d: y", y, g.y_shape());
 #if PRECIS_HAS_ONEDNN
   if constexpr (detail::hardware_conv_v<P, TX, TW>) {
     if (detail::onednn_conv_forward(ctx, g, x.data(), w.data(), static_cast<const float*>(nullptr),
@@ -686,13 +839,8 @@ void conv2d(const cpu_context& ctx, const host_tensor<TX, 4>& x, const host_tens
     }
   }
 #endif
-  if constexpr (detail::double_conv_v<P, TX, TW>) {
-    detail::direct_conv_forward<P>(ctx, g, x.data(), w.data(), static_cast<const TY*>(nullptr), y.data());
-  } else {
-    constexpr bool tf32 = detail::conv_tf32_v<P>;
-    const auto xf = detail::to_float<tf32>(ctx, x.data(), x.size());
-    detail::conv_forward_float<tf32>(ctx, g, xf.get(), w.data(), static_cast<const TY*>(nullptr), y.data());
-  }
+  detail::exact_conv_forward<P>(ctx, g, x.data(), w.data(), static_cast<const TY*>(nullptr),
+                                y.data());
 }
 
 /// As conv2d, plus bias [Co] added to every pixel of its channel before the one rounding.
@@ -702,42 +850,29 @@ void conv2d(const cpu_context& ctx, const host_tensor<TX, 4>& x, const host_tens
   detail::check_conv_types<P, TX, TW, TY>();
   const auto g = detail::conv_geometry_of("precis::conv2d", x, w, p);
   check_shape("precis::conv2d: bias", bias, detail::dims<1>({g.co}));
-  check_shape("precis::conv2d: y", y, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
+  check_shape("precis::conv2d: y", y, g.y_shape());
 #if PRECIS_HAS_ONEDNN
   if constexpr (detail::hardware_conv_v<P, TX, TW>) {
     if (detail::onednn_conv_forward(ctx, g, x.data(), w.data(), bias.data(), y.data())) return;
   }
 #endif
-  if constexpr (detail::double_conv_v<P, TX, TW>) {
-    detail::direct_conv_forward<P>(ctx, g, x.data(), w.data(), bias.data(), y.data());
-  } else {
-    constexpr bool tf32 = detail::conv_tf32_v<P>;
-    const auto xf = detail::to_float<tf32>(ctx, x.data(), x.size());
-    detail::conv_forward_float<tf32>(ctx, g, xf.get(), w.data(), bias.data(), y.data());
-  }
+  detail::exact_conv_forward<P>(ctx, g, x.data(), w.data(), bias.data(), y.data());
 }
 
-/// dx = dL/dx of y = conv2d(x, w) from dy (x's shape is dx's shape).
+/// dx = dL/dx of y = conv2d(x, w) from dy (x's shape is dx's shape; both in p.layout).
 template <Policy P, class TG, class TW, class TX>
 void conv2d_backward_data(const cpu_context& ctx, const host_tensor<TG, 4>& dy,
                           const host_tensor<TW, 4>& w, host_tensor<TX, 4>& dx,
                           const conv2d_params& p = {}) {
   detail::check_conv_types<P, TG, TW, TX>();
   const auto g = detail::conv_geometry_of("precis::conv2d_backward_data", dx, w, p);
-  check_shape("precis::conv2d_backward_data: dy", dy, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
+  check_shape("precis::conv2d_backward_data: dy", dy, g.y_shape());
 #if PRECIS_HAS_ONEDNN
   if constexpr (detail::hardware_conv_v<P, TG, TW>) {
     if (detail::onednn_conv_backward_data(ctx, g, dy.data(), w.data(), dx.data())) return;
   }
 #endif
-  if constexpr (detail::double_conv_v<P, TG, TW>) {
-    detail::direct_conv_backward_data<P>(ctx, g, dy.data(), w.data(), static_cast<const TX*>(nullptr), dx.data());
-  } else {
-    constexpr bool tf32 = detail::conv_tf32_v<P>;
-    const auto dyf = detail::to_float<tf32>(ctx, dy.data(), dy.size());
-    const auto wf = detail::to_float<tf32>(ctx, w.data(), w.size());
-    detail::conv_backward_data_float(ctx, g, dyf.get(), wf.get(), dx.data());
-  }
+  detail::exact_conv_backward_data<P>(ctx, g, dy.data(), w.data(), dx.data());
 }
 
 /// dw = dL/dw of y = conv2d(x, w) from x and dy, summed over the batch in float.
@@ -747,43 +882,46 @@ void conv2d_backward_weights(const cpu_context& ctx, const host_tensor<TX, 4>& x
                              const conv2d_params& p = {}) {
   detail::check_conv_types<P, TX, TG, TW>();
   const auto g = detail::conv_geometry_of("precis::conv2d_backward_weights", x, dw, p);
-  check_shape("precis::conv2d_backward_weights: dy", dy, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
+  check_shape("precis::conv2d_backward_weights: dy", dy, g.y_shape());
 #if PRECIS_HAS_ONEDNN
   if constexpr (detail::hardware_conv_v<P, TX, TG>) {
     if (detail::onednn_conv_backward_weights(ctx, g, x.data(), dy.data(), dw.data())) return;
   }
 #endif
-  if constexpr (detail::double_conv_v<P, TX, TG>) {
-    detail::direct_conv_backward_weights<P>(ctx, g, x.data(), dy.data(), dw.data());
-  } else {
-    constexpr bool tf32 = detail::conv_tf32_v<P>;
-    const auto xf = detail::to_float<tf32>(ctx, x.data(), x.size());
-    const auto dyf = detail::to_float<tf32>(ctx, dy.data(), dy.size());
-    detail::conv_backward_weights_float(ctx, g, xf.get(), dyf.get(), dw.data());
-  }
+  detail::exact_conv_backward_weights<P>(ctx, g, x.data(), dy.data(), dw.data());
 }
 
-/// db = dL/dbias of y = conv2d(x, w, bias) from dy [N, Co, Ho, Wo]: per channel, the sum
-/// over images and then pixels, in that order, in the accumulate type of op::reduction
-/// under P (as precis::sum), rounded once to TB. (gemm's bias gradient is
-/// `sum<P>(ctx, dc, 0, db)`.)
+/// db = dL/dbias of y = conv2d(x, w, bias) from dy [N, Co, Ho, Wo] ([N, Ho, Wo, Co] for
+/// `layout` nhwc): per channel, the sum over images and then pixels, in that order, in the
+/// accumulate type of op::reduction under P (as precis::sum), rounded once to TB; the same
+/// bits in either layout. (gemm's bias gradient is `sum<P>(ctx, dc, 0, db)`.)
 template <Policy P, kernel_element TG, kernel_element TB>
 void conv2d_backward_bias(const cpu_context& ctx, const host_tensor<TG, 4>& dy,
-                          host_tensor<TB, 1>& db) {
-  const std::size_t n = std::size_t(dy.shape()[0]), co = std::size_t(dy.shape()[1]);
-  const std::size_t pixels = std::size_t(dy.shape()[2]) * std::size_t(dy.shape()[3]);
+                          host_tensor<TB, 1>& db, image_layout layout = image_layout::nchw) {
+  const bool last = layout == image_layout::nhwc;
+  const std::size_t n = std::size_t(dy.shape()[0]), co = std::size_t(dy.shape()[last ? 3 : 1]);
+  const std::size_t pixels = last ? std::size_t(dy.shape()[1]) * std::size_t(dy.shape()[2])
+                                  : std::size_t(dy.shape()[2]) * std::size_t(dy.shape()[3]);
   check_shape("precis::conv2d_backward_bias: db", db, detail::dims<1>({co}));
   using M = detail::math_t<op::reduction, P, TG>;
   using Acc = detail::accumulate_t<op::reduction, P>;
+  // A channel's values: one plane per image (NCHW), or every co-th value (NHWC).
+  const std::size_t image = co * pixels, step = last ? co : 1, plane_at = last ? 1 : pixels;
   detail::for_rows(ctx, co, n * pixels, [&](std::size_t b, std::size_t e) {
     std::array<M, detail::block_size> buf;
+    std::array<TG, detail::block_size> gathered;
     for (std::size_t c = b; c < e; ++c) {
       accumulator<Acc> acc;
       for (std::size_t i = 0; i < n; ++i) {
-        const TG* plane = dy.data() + (i * co + c) * pixels;
+        const TG* plane = dy.data() + i * image + c * plane_at;
         for (std::size_t q = 0; q < pixels; q += detail::block_size) {
           const std::size_t len = std::min(detail::block_size, pixels - q);
-          detail::load_block(plane + q, buf.data(), len);
+          const TG* src = plane + q;
+          if (step != 1) {
+            for (std::size_t k = 0; k < len; ++k) gathered[k] = plane[(q + k) * step];
+            src = gathered.data();
+          }
+          detail::load_block(src, buf.data(), len);
           for (std::size_t k = 0; k < len; ++k) detail::accumulate(acc, buf[k]);
         }
       }
@@ -811,7 +949,10 @@ conv_geometry transpose_geometry(std::string_view what, const X& x, const W& w, 
   check_argument(p.groups >= 1 && p.stride[0] >= 1 && p.stride[1] >= 1 && p.dilation[0] >= 1 &&
                      p.dilation[1] >= 1,
                  name + ":", "stride, dilation and groups must be at least 1");
-  const std::size_t n = std::size_t(x.shape()[0]), ci = std::size_t(x.shape()[1]);
+  const bool last = p.layout == image_layout::nhwc;
+  const std::size_t n = std::size_t(x.shape()[0]), ci = std::size_t(x.shape()[last ? 3 : 1]);
+  const std::size_t xh = std::size_t(x.shape()[last ? 1 : 2]);
+  const std::size_t xw = std::size_t(x.shape()[last ? 2 : 3]);
   const std::size_t kh = std::size_t(w.shape()[2]), kw = std::size_t(w.shape()[3]);
   check_shape(name + ": w", w, dims<4>({ci, std::size_t(w.shape()[1]), kh, kw}));
   const std::size_t co = std::size_t(w.shape()[1]) * p.groups;
@@ -834,9 +975,9 @@ conv_geometry transpose_geometry(std::string_view what, const X& x, const W& w, 
     }
     return full - 2 * p.padding[a];
   };
-  const std::size_t ho = out(std::size_t(x.shape()[2]), kh, 0);
-  const std::size_t wo = out(std::size_t(x.shape()[3]), kw, 1);
-  check_shape(name + ": y", y, dims<4>({n, co, ho, wo}));
+  const std::size_t ho = out(xh, kh, 0);
+  const std::size_t wo = out(xw, kw, 1);
+  check_shape(name + ": y", y, image_shape(p.layout, n, co, ho, wo));
   // The forward convolution this is the adjoint of: y (co channels) -> x (ci channels).
   conv_geometry g{};
   g.n = n;
@@ -848,8 +989,8 @@ conv_geometry transpose_geometry(std::string_view what, const X& x, const W& w, 
   g.kw = kw;
   g.groups = p.groups;
   g.p = adjoint_params(p);
-  g.ho = std::size_t(x.shape()[2]);
-  g.wo = std::size_t(x.shape()[3]);
+  g.ho = xh;
+  g.wo = xw;
   if (ci % p.groups != 0) {
     throw error(name + ": groups = " + std::to_string(p.groups) + " must divide the channels " +
                 std::to_string(ci) + " of x " + shape_string(x.shape()));
@@ -861,8 +1002,9 @@ conv_geometry transpose_geometry(std::string_view what, const X& x, const W& w, 
 
 /// Transposed convolution (PyTorch's ConvTranspose2d): x [N, Ci, H, W], w [Ci, Co / groups,
 /// KH, KW], y [N, Co, Ho, Wo] with Ho = (H - 1) stride - 2 pad + dilation (KH - 1) + 1 +
-/// output_padding. It is the backward-data of the convolution y -> x with weight w, so it
-/// shares that code and its semantics.
+/// output_padding (x [N, H, W, Ci] and y [N, Ho, Wo, Co] where p.layout is nhwc). It is the
+/// backward-data of the convolution y -> x with weight w, so it shares that code and its
+/// semantics.
 template <Policy P, class TX, class TW, class TY>
 void conv_transpose2d(const cpu_context& ctx, const host_tensor<TX, 4>& x,
                       const host_tensor<TW, 4>& w, host_tensor<TY, 4>& y,
@@ -874,14 +1016,7 @@ void conv_transpose2d(const cpu_context& ctx, const host_tensor<TX, 4>& x,
     if (detail::onednn_conv_backward_data(ctx, g, x.data(), w.data(), y.data())) return;
   }
 #endif
-  if constexpr (detail::double_conv_v<P, TX, TW>) {
-    detail::direct_conv_backward_data<P>(ctx, g, x.data(), w.data(), static_cast<const TY*>(nullptr), y.data());
-  } else {
-    constexpr bool tf32 = detail::conv_tf32_v<P>;
-    const auto xf = detail::to_float<tf32>(ctx, x.data(), x.size());
-    const auto wf = detail::to_float<tf32>(ctx, w.data(), w.size());
-    detail::conv_backward_data_float(ctx, g, xf.get(), wf.get(), y.data());
-  }
+  detail::exact_conv_backward_data<P>(ctx, g, x.data(), w.data(), y.data());
 }
 
 /// dx of y = conv_transpose2d(x, w) (same `p`, output_padding included): the forward

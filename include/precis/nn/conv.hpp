@@ -216,6 +216,12 @@ class conv_base : public layer_base<Tag, P, op::conv, 4, 4, Ctx> {
       throw error("precis::nn::" + std::string(layer) + ": off the host a convolution takes no " +
                   "bias yet; build it with nn::no_bias (a batch norm after it gives the shift)");
     }
+    // The modules around a convolution (norms, pooling, upsampling, concatenation) and the
+    // shape checks between layers read images as NCHW.
+    if (p.layout != image_layout::nchw) {
+      throw error("precis::nn::" + std::string(layer) + ": the layers take NCHW images; " +
+                  "channels-last (image_layout::nhwc) is a layout of the conv2d kernels only");
+    }
   }
 
   /// Adds dw (the caller's) and, with a bias, db from dy to the parameters' gradients.

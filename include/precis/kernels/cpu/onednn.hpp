@@ -178,8 +178,9 @@ struct onednn_matmul_entry {
 enum class onednn_conv_kind { forward, backward_data, backward_weights };
 
 /// A convolution's sizes as oneDNN takes them, for the images of one part: x [n, c, h, w],
-/// w [co, c / groups, kh, kw], y [n, co, ho, wo]; `dilate` is dilation - 1, `pad_r` what
-/// makes oneDNN's output size ho x wo.
+/// w [co, c / groups, kh, kw], y [n, co, ho, wo] (the images NHWC in memory where
+/// `channels_last`); `dilate` is dilation - 1, `pad_r` what makes oneDNN's output size
+/// ho x wo.
 struct onednn_conv_key {
   std::int64_t n, c, h, w, co, kh, kw, ho, wo, groups;
   std::int64_t stride_y, stride_x, pad_t, pad_l, pad_b, pad_r, dilate_y, dilate_x;
@@ -188,10 +189,12 @@ struct onednn_conv_key {
   bool bias;             // forward only: a float bias [co]
   std::int64_t threads;  // the OpenMP threads it runs on (set by onednn_conv)
   int in_type = 0;       // the inputs' dnnl data type (set by onednn_conv from its inputs)
+  bool channels_last = false;  // precis's images are NHWC (else NCHW)
 
   auto tie() const {
     return std::tie(n, c, h, w, co, kh, kw, ho, wo, groups, stride_y, stride_x, pad_t, pad_l, pad_b,
-                    pad_r, dilate_y, dilate_x, kind, in_type, out_type, bias, threads);
+                    pad_r, dilate_y, dilate_x, kind, in_type, out_type, bias, threads,
+                    channels_last);
   }
   bool operator<(const onednn_conv_key& o) const { return tie() < o.tie(); }
 };
@@ -462,12 +465,13 @@ struct onednn_state {
                         : dnnl::reorder(dnnl::reorder::primitive_desc(engine, prim, engine, user));
       return o;
     };
-    const md x_user(xd, in, tag::nchw), y_user(yd, in, tag::nchw);
+    const tag itag = k.channels_last ? tag::nhwc : tag::nchw;  // precis's images
+    const md x_user(xd, in, itag), y_user(yd, in, itag);
     const md w_user(wd, in, wtag);
     if (fwd) {
       e.in0 = operand(x_user, fwd_pd.src_desc(), true);
       e.in1 = operand(w_user, fwd_pd.weights_desc(), true);
-      e.out = operand(md(yd, out, tag::nchw), fwd_pd.dst_desc(), false);
+      e.out = operand(md(yd, out, itag), fwd_pd.dst_desc(), false);
       e.bias = bias_md;
       e.scratchpad = fwd_pd.scratchpad_desc();
       e.implementation = fwd_pd.impl_info_str();
@@ -479,7 +483,7 @@ struct onednn_state {
           attr, engine, fwd_pd);
       e.in0 = operand(y_user, pd.diff_dst_desc(), true);
       e.in1 = operand(w_user, pd.weights_desc(), true);
-      e.out = operand(md(xd, out, tag::nchw), pd.diff_src_desc(), false);
+      e.out = operand(md(xd, out, itag), pd.diff_src_desc(), false);
       e.scratchpad = pd.scratchpad_desc();
       e.implementation = pd.impl_info_str();
       e.primitive = dnnl::convolution_backward_data(pd);

@@ -1,10 +1,12 @@
 // precis/kernels/cpu/transpose.hpp: transposes of 16- and 32-bit matrices (private; used
-// by the oneDNN layouts and the AMX product's packing).
+// by the oneDNN layouts, the AMX product's packing and the exact convolutions' channels-last
+// images).
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -136,6 +138,40 @@ inline void transpose_32(const std::uint32_t* s, std::size_t ld_src, std::uint32
     one_by_one(r4, rows, c, c + 4);
   }
   one_by_one(0, rows, c4, cols);
+}
+
+/// dst = each of `images` row-major rows x cols matrices of T, transposed (any trivially
+/// copyable T: 2- and 4-byte values take transpose_16 and transpose_32, others go one by
+/// one in 16 x 16 tiles). NHWC -> NCHW images with rows = H*W, cols = C; back with rows = C,
+/// cols = H*W.
+template <class T>
+void transpose_images(const T* src, T* dst, std::size_t images, std::size_t rows,
+                      std::size_t cols) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  const std::size_t size = rows * cols;
+  for (std::size_t n = 0; n < images; ++n) {
+    const T* s = src + n * size;
+    T* d = dst + n * size;
+    if constexpr (sizeof(T) == 2 || sizeof(T) == 4) {
+      using U = std::conditional_t<sizeof(T) == 2, std::uint16_t, std::uint32_t>;
+      // The values are moved as integers of their size: their bits, unchanged.
+      const auto* su = reinterpret_cast<const U*>(s);
+      auto* du = reinterpret_cast<U*>(d);
+      if constexpr (sizeof(T) == 2) {
+        transpose_16(su, cols, du, rows, rows, cols);
+      } else {
+        transpose_32(su, cols, du, rows, rows, cols);
+      }
+    } else {
+      constexpr std::size_t tile = 16;
+      for (std::size_t i = 0; i < rows; i += tile) {
+        for (std::size_t j = 0; j < cols; j += tile) {
+          transpose_one_by_one(s, cols, d, rows, i, std::min(rows, i + tile), j,
+                               std::min(cols, j + tile));
+        }
+      }
+    }
+  }
 }
 
 }  // namespace precis::detail

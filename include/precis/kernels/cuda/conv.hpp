@@ -206,6 +206,16 @@ void zero_fill(cuda_context& ctx, device_tensor<T, 4>& t) {
   check(cudaMemsetAsync(t.data(), 0, t.size() * sizeof(T), ctx.stream()), "cudaMemsetAsync");
 }
 
+/// The device convolutions take NCHW images only: channels-last (image_layout::nhwc) is the
+/// host convolutions' (cuDNN's NHWC tensors are not wired here yet).
+inline void require_nchw(const char* name, const conv2d_params& p) {
+  if (p.layout != image_layout::nchw) {
+    throw error(std::string(name) +
+                ": channels-last images (conv2d_params::layout = image_layout::nhwc) are taken by "
+                "the host convolutions only; the device ones take NCHW images");
+  }
+}
+
 }  // namespace detail::cuda
 
 /// y = conv2d(x, w) on the device (see the host conv2d).
@@ -213,6 +223,7 @@ template <Policy P, class T>
 void conv2d(cuda_context& ctx, const device_tensor<T, 4>& x, const device_tensor<T, 4>& w,
             device_tensor<T, 4>& y, const conv2d_params& p = {}) {
   detail::check_conv_types<P, T, T, T>();
+  detail::cuda::require_nchw("precis::conv2d", p);
   const auto g = detail::conv_geometry_of("precis::conv2d", x, w, p);
   check_shape("precis::conv2d: y", y, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
   if (y.size() == 0) return;
@@ -227,6 +238,7 @@ void conv2d_backward_data(cuda_context& ctx, const device_tensor<T, 4>& dy,
                           const device_tensor<T, 4>& w, device_tensor<T, 4>& dx,
                           const conv2d_params& p = {}) {
   detail::check_conv_types<P, T, T, T>();
+  detail::cuda::require_nchw("precis::conv2d_backward_data", p);
   const auto g = detail::conv_geometry_of("precis::conv2d_backward_data", dx, w, p);
   check_shape("precis::conv2d_backward_data: dy", dy, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
   if (dx.size() == 0) return;
@@ -241,6 +253,7 @@ void conv2d_backward_weights(cuda_context& ctx, const device_tensor<T, 4>& x,
                              const device_tensor<T, 4>& dy, device_tensor<T, 4>& dw,
                              const conv2d_params& p = {}) {
   detail::check_conv_types<P, T, T, T>();
+  detail::cuda::require_nchw("precis::conv2d_backward_weights", p);
   const auto g = detail::conv_geometry_of("precis::conv2d_backward_weights", x, dw, p);
   check_shape("precis::conv2d_backward_weights: dy", dy, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
   if (dw.size() == 0) return;
@@ -256,6 +269,7 @@ template <Policy P, class T>
 void conv_transpose2d(cuda_context& ctx, const device_tensor<T, 4>& x, const device_tensor<T, 4>& w,
                       device_tensor<T, 4>& y, const conv2d_params& p = {}) {
   detail::check_conv_types<P, T, T, T>();
+  detail::cuda::require_nchw("precis::conv_transpose2d", p);
   const auto g = detail::transpose_geometry("precis::conv_transpose2d", x, w, y, p);
   if (y.size() == 0) return;
   if (x.size() == 0 || w.size() == 0) return detail::cuda::zero_fill(ctx, y);
