@@ -3,10 +3,14 @@
 // layer shapes, one and two threads. oneDNN gets its preferred weight layout (reordered
 // once, outside the timing) and NCHW activations, as precis keeps them ("nchw"), or its
 // preferred activation layout too, the input reordered outside the timing ("own layouts":
-// the primitive bf16_mixed's hardware products run, minus precis's per-call reorders).
+// the primitive bf16_mixed's hardware products run, minus precis's per-call reorders), and
+// the latter again with its weights reordered in every call, as a training step must
+// ("own layouts, weights per call").
 // precis runs bf16_mixed (hardware products: oneDNN where precis::onednn is linked and the
-// CPU has bfloat16 instructions), bf16_exact and fp16_mixed (precis's exact kernel), and
-// fp32. Ratios are taken within this run.
+// CPU has bfloat16 instructions) on NCHW images and on channels-last ones
+// (image_layout::nhwc, the layout oneDNN's own choice is on CPUs with AMX or AVX512-BF16),
+// bf16_exact and fp16_mixed (precis's exact kernel), and fp32. Ratios are taken within
+// this run.
 //
 //   bench_conv [--csv path] [--batch N]
 #include <precis/kernels/conv.hpp>
@@ -37,10 +41,12 @@ precis::host_tensor<T, 4> random4(std::array<std::size_t, 4> s, std::mt19937& g)
   return t;
 }
 
-/// oneDNN forward convolution in data type `dt`, timed; weights reordered once first.
-/// Empty when oneDNN has no implementation on this CPU (bf16 needs AVX-512 in oneDNN 2.x).
-std::optional<double> time_dnnl(const layer& l, std::size_t n, std::size_t ho, dnnl::memory::data_type dt,
-                 void* x, void* w, void* y, int reps, bool own_layouts = false) {
+/// oneDNN forward convolution in data type `dt`, timed; weights reordered once first, or
+/// in every call too where `weights_per_call`. Empty when oneDNN has no implementation on
+/// this CPU (bf16 needs AVX-512 in oneDNN 2.x).
+std::optional<double> time_dnnl(const layer& l, std::size_t n, std::size_t ho,
+                                dnnl::memory::data_type dt, void* x, void* w, void* y, int reps,
+                                bool own_layouts = false, bool weights_per_call = false) {
   using tag = dnnl::memory::format_tag;
   using dim = dnnl::memory::dim;
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
@@ -68,13 +74,17 @@ std::optional<double> time_dnnl(const layer& l, std::size_t n, std::size_t ho, d
     ymem = dnnl::memory(pd.dst_desc(), eng);
   }
   dnnl::memory wmem(pd.weights_desc(), eng);
-  dnnl::reorder(wuser, wmem).execute(strm, wuser, wmem);
+  dnnl::reorder wreorder(wuser, wmem);
+  wreorder.execute(strm, wuser, wmem);
   strm.wait();
   dnnl::convolution_forward conv(pd);
-  return precis_bench::best_ms([&] {
-    conv.execute(strm, {{DNNL_ARG_SRC, xmem}, {DNNL_ARG_WEIGHTS, wmem}, {DNNL_ARG_DST, ymem}});
-    strm.wait();
-  }, reps);
+  return precis_bench::best_ms(
+      [&] {
+        if (weights_per_call) wreorder.execute(strm, wuser, wmem);
+        conv.execute(strm, {{DNNL_ARG_SRC, xmem}, {DNNL_ARG_WEIGHTS, wmem}, {DNNL_ARG_DST, ymem}});
+        strm.wait();
+      },
+      reps);
 }
 
 }  // namespace
@@ -86,9 +96,11 @@ int main(int argc, char** argv) {
   }
   std::mt19937 g(7);
   precis_bench::table tab({"layer", "threads", "GFLOP", "oneDNN f32 GF/s", "oneDNN bf16 GF/s",
-                           "oneDNN bf16 own layouts GF/s", "precis fp32 GF/s", "precis bf16 GF/s",
-                           "precis bf16 exact GF/s", "precis fp16 GF/s", "bf16/oneDNN bf16",
-                           "bf16/oneDNN own layouts", "bf16/fp32", "exact/oneDNN f32"});
+                           "oneDNN bf16 own layouts GF/s", "own layouts, weights per call GF/s",
+                           "precis fp32 GF/s", "precis bf16 GF/s", "precis bf16 exact GF/s",
+                           "precis fp16 GF/s", "precis bf16 NHWC GF/s", "bf16/oneDNN bf16",
+                           "bf16/oneDNN own layouts", "bf16 NHWC/oneDNN own layouts",
+                           "bf16 NHWC/weights per call", "bf16/fp32", "exact/oneDNN f32"});
   for (int threads : {1, 2}) {
     omp_set_num_threads(threads);
     const precis::cpu_context ctx{unsigned(threads)};
@@ -121,7 +133,21 @@ int main(int argc, char** argv) {
       const auto t_do = time_dnnl(l, batch, ho, dnnl::memory::data_type::bf16,
                                     const_cast<precis::bfloat16*>(xb.data()),
                                     const_cast<precis::bfloat16*>(wb.data()), yd.data(), reps, true);
+      const auto t_dw = time_dnnl(
+          l, batch, ho, dnnl::memory::data_type::bf16, const_cast<precis::bfloat16*>(xb.data()),
+          const_cast<precis::bfloat16*>(wb.data()), yd.data(), reps, true, true);
       settle();
+      // The same values as channels-last images.
+      precis::conv2d_params pl = p;
+      pl.layout = precis::image_layout::nhwc;
+      auto xl = precis::host_tensor<precis::bfloat16, 4>::from_shape({batch, l.h, l.h, l.c});
+      for (std::size_t i = 0; i < batch; ++i)
+        for (std::size_t c = 0; c < l.c; ++c)
+          for (std::size_t y = 0; y < l.h; ++y)
+            for (std::size_t x = 0; x < l.h; ++x) xl(i, y, x, c) = xb(i, c, y, x);
+      auto yl = precis::host_tensor<precis::bfloat16, 4>::from_shape({batch, ho, ho, l.co});
+      const double t_l = precis_bench::best_ms(
+          [&] { precis::conv2d<precis::presets::bf16_mixed>(ctx, xl, wb, yl, pl); }, reps);
       const double t_b = precis_bench::best_ms([&] { precis::conv2d<precis::presets::bf16_mixed>(ctx, xb, wb, yb, p); }, reps);
       const double t_e = precis_bench::best_ms([&] { precis::conv2d<precis::presets::bf16_exact>(ctx, xb, wb, yb, p); }, reps);
       const double t_f = precis_bench::best_ms([&] { precis::conv2d<precis::presets::fp32>(ctx, xf, wf, yf, p); }, reps);
@@ -135,16 +161,21 @@ int main(int argc, char** argv) {
       };
       tab.add({l.name, std::to_string(threads), precis_bench::fixed(flop * 1e-9, 2),
                precis_bench::fixed_or_na(gf_or(t_df), 1), precis_bench::fixed_or_na(gf_or(t_db), 1),
-               precis_bench::fixed_or_na(gf_or(t_do), 1), precis_bench::fixed(gf(t_f), 1),
-               precis_bench::fixed(gf(t_b), 1), precis_bench::fixed(gf(t_e), 1),
-               precis_bench::fixed(gf(t_h), 1), precis_bench::fixed_or_na(ratio(t_db, t_b)),
-               precis_bench::fixed_or_na(ratio(t_do, t_b)), precis_bench::fixed(t_f / t_b),
+               precis_bench::fixed_or_na(gf_or(t_do), 1), precis_bench::fixed_or_na(gf_or(t_dw), 1),
+               precis_bench::fixed(gf(t_f), 1), precis_bench::fixed(gf(t_b), 1),
+               precis_bench::fixed(gf(t_e), 1), precis_bench::fixed(gf(t_h), 1),
+               precis_bench::fixed(gf(t_l), 1), precis_bench::fixed_or_na(ratio(t_db, t_b)),
+               precis_bench::fixed_or_na(ratio(t_do, t_b)),
+               precis_bench::fixed_or_na(ratio(t_do, t_l)),
+               precis_bench::fixed_or_na(ratio(t_dw, t_l)), precis_bench::fixed(t_f / t_b),
                precis_bench::fixed_or_na(ratio(t_df, t_e))});
     }
   }
   precis_bench::print_machine();
-  std::printf("batch %zu, NCHW; precis micro-kernel: %s; hardware products (bf16_mixed): %s\n",
-              batch, precis_bench::simd_name(), precis::cpu_products_engine().c_str());
+  std::printf(
+      "batch %zu, NCHW (and NHWC where named); precis micro-kernel: %s; hardware products "
+      "(bf16_mixed): %s\n",
+      batch, precis_bench::simd_name(), precis::cpu_products_engine().c_str());
   tab.print();
   if (const auto path = precis_bench::csv_path(argc, argv); !path.empty()) tab.write_csv(path);
 }
