@@ -71,10 +71,9 @@ void run_all(const precis::cpu_context& ctx, const char* dtype, bool quick, std:
                               std::to_string(l.p);
     for (const auto layout : {precis::image_layout::nchw, precis::image_layout::nhwc}) {
       p.layout = layout;
-      const auto x =
-          random_tensor<T, 4>(precis::detail::image_shape(layout, batch, l.c, l.h, l.h), g);
-      auto y = precis::host_tensor<T, 4>::from_shape(
-          precis::detail::image_shape(layout, batch, l.co, ho, ho));
+      const auto x = random_tensor<T, 4>(precis::image_shape(layout, batch, l.c, l.h, l.h), g);
+      auto y =
+          precis::host_tensor<T, 4>::from_shape(precis::image_shape(layout, batch, l.co, ho, ho));
       const double ms = precis_bench::best_ms([&] { precis::conv2d<P>(ctx, x, w, y, p); }, reps);
       report(layout == precis::image_layout::nchw ? "conv2d" : "conv2d_nhwc", shape, dtype, threads,
              ms);

@@ -9,6 +9,7 @@
 #include "kernel_checks.hpp"
 
 #include <doctest/doctest.h>
+#include <xtensor/xmanipulation.hpp>
 
 #include <array>
 #include <cstddef>
@@ -326,23 +327,11 @@ namespace {
 /// t [N, C, H, W] as [N, H, W, C] (the same values), and back.
 template <class T>
 host_tensor<T, 4> nhwc_of(const host_tensor<T, 4>& t) {
-  const auto s = t.shape();
-  auto r = host_tensor<T, 4>::from_shape({s[0], s[2], s[3], s[1]});
-  for (std::size_t n = 0; n < s[0]; ++n)
-    for (std::size_t c = 0; c < s[1]; ++c)
-      for (std::size_t i = 0; i < s[2]; ++i)
-        for (std::size_t j = 0; j < s[3]; ++j) r(n, i, j, c) = t(n, c, i, j);
-  return r;
+  return xt::transpose(t, {0, 2, 3, 1});
 }
 template <class T>
 host_tensor<T, 4> nchw_of(const host_tensor<T, 4>& t) {
-  const auto s = t.shape();
-  auto r = host_tensor<T, 4>::from_shape({s[0], s[3], s[1], s[2]});
-  for (std::size_t n = 0; n < s[0]; ++n)
-    for (std::size_t i = 0; i < s[1]; ++i)
-      for (std::size_t j = 0; j < s[2]; ++j)
-        for (std::size_t c = 0; c < s[3]; ++c) r(n, c, i, j) = t(n, i, j, c);
-  return r;
+  return xt::transpose(t, {0, 3, 1, 2});
 }
 shape4 nhwc_shape(const shape4& s) { return {s[0], s[2], s[3], s[1]}; }
 

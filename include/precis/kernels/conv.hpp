@@ -61,6 +61,14 @@ namespace precis {
 /// and thread count. It is the fast one for the CPU's bfloat16 convolutions (no transposes).
 enum class image_layout { nchw, nhwc };
 
+/// The shape of n images of c channels, h x w pixels each, in `layout`: [n, c, h, w] or
+/// [n, h, w, c].
+inline std::array<std::size_t, 4> image_shape(image_layout layout, std::size_t n, std::size_t c,
+                                              std::size_t h, std::size_t w) {
+  if (layout == image_layout::nhwc) return {n, h, w, c};
+  return {n, c, h, w};
+}
+
 /// Geometry of a 2-D convolution, PyTorch's Conv2d arguments: output size
 /// (in + 2 pad - dilation (k - 1) - 1) / stride + 1 per axis; `groups` splits channels
 /// into independent convolutions (groups == channels: depthwise). `output_padding` belongs
@@ -80,13 +88,6 @@ struct conv2d_params {
 };
 
 namespace detail {
-
-/// The shape of n images of c channels, h x w pixels, in `layout`.
-inline std::array<std::size_t, 4> image_shape(image_layout layout, std::size_t n, std::size_t c,
-                                              std::size_t h, std::size_t w) {
-  if (layout == image_layout::nhwc) return {n, h, w, c};
-  return {n, c, h, w};
-}
 
 /// All sizes of one convolution, from x [N, C, H, W] (or [N, H, W, C]) and w [Co, C / groups,
 /// KH, KW].

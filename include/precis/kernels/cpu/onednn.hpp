@@ -872,7 +872,8 @@ bool onednn_product(const cpu_context& ctx, std::size_t batch, std::size_t M, st
 /// Runs a convolution pass with bfloat16 or float operands (TIn) through oneDNN. `key`
 /// describes the whole batch (its n, kind, out_type and bias are used as given; in_type is
 /// set from TIn); in0, in1 and out are in
-/// precis's layouts (NCHW images, [co, c / groups, kh, kw] weights): forward x, w -> y,
+/// precis's layouts (NCHW images, or NHWC where key.channels_last; [co, c / groups, kh, kw]
+/// weights): forward x, w -> y,
 /// backward_data dy, w -> dx, backward_weights x, dy -> dw. Images are split over the
 /// context's threads when there are at least as many as threads (each part one
 /// single-threaded call; weight gradients are float partial sums per part, added in part
