@@ -12,8 +12,11 @@
 #include <doctest/doctest.h>
 
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <type_traits>
 
 namespace {
 
@@ -238,6 +241,107 @@ TEST_CASE_TEMPLATE("nearest and bilinear upsampling match float64, forward and b
         return dot(dyd, yy);
       };
       CHECK(rel_error(fd_gradient(f, xd), dxref) < fd_bound);
+    }
+  }
+}
+
+namespace {
+
+/// The bits of a float or a 16-bit format.
+template <class T>
+std::uint32_t bits_of(T v) {
+  if constexpr (sizeof(T) == 4) {
+    return std::bit_cast<std::uint32_t>(v);
+  } else {
+    return std::bit_cast<std::uint16_t>(v);
+  }
+}
+
+/// Values with many ties (-0 and +0 among them), infinities and NaNs of two payloads and
+/// both signs: where max pooling's first maximum differs from any other maximum.
+template <class T>
+host_tensor<T, 4> tie_tensor(const shape4& shape, std::uint32_t seed) {
+  const float nan_a = std::bit_cast<float>(0x7fc10000U), nan_b = std::bit_cast<float>(0xffc20000U);
+  const float pool[] = {-2.0F, -1.0F, -0.0F, 0.0F, 1.0F, 2.0F, INFINITY, -INFINITY, nan_a, nan_b};
+  auto t = host_tensor<T, 4>::from_shape(shape);
+  std::uint32_t r = seed;
+  for (auto& v : t) {
+    r = r * 1664525U + 1013904223U;
+    // NaNs rarer than the rest, so most windows have none.
+    const std::uint32_t k = (r >> 16) % 64;
+    v = T(k < 60 ? pool[k % 8] : pool[8 + k % 2]);
+  }
+  return t;
+}
+
+}  // namespace
+
+// The first maximum of each window in row-major order (the first NaN where there is one),
+// found element by element: an oracle independent of the kernel's separable search.
+TEST_CASE_TEMPLATE(
+    "max pooling takes each window's first maximum, bit for bit, with ties and "
+    "NaNs",
+    T, float, precis::bfloat16) {
+  using P = std::conditional_t<std::is_same_v<T, float>, precis::presets::fp32,
+                               precis::presets::bf16_mixed>;
+  const pool_case cases[] = {
+      {{2, 3, 13, 17}, pp(3, 2, 1)}, {{1, 2, 9, 11}, pp(2, 0, 0)}, {{1, 2, 12, 13}, pp(3, 1, 1)},
+      {{1, 3, 10, 16}, pp(4, 3, 2)}, {{2, 1, 7, 9}, pp(1, 1, 0)},  {{1, 2, 5, 40}, pp(3, 2, 0)},
+      {{1, 1, 6, 6}, pp(5, 2, 2)},
+  };
+  std::uint32_t seed = 1;
+  for (const auto& c : cases) {
+    INFO("x " << precis::shape_string(c.x) << " kernel " << c.p.kernel[0] << " stride "
+              << c.p.stride[0] << " padding " << c.p.padding[0]);
+    const auto ys = pooled(c);
+    const auto x = tie_tensor<T>(c.x, seed++);
+    // Small integers: every sum of them is exact, so any order gives the oracle's bits.
+    auto dy = host_tensor<T, 4>::from_shape(ys);
+    for (std::size_t i = 0; i < dy.size(); ++i) dy.data()[i] = T(float(int(i % 7) - 3));
+    // The oracle: index of each window's first maximum, and the gradient it receives.
+    auto first = host_tensor<std::size_t, 4>::from_shape(ys);
+    auto best = host_tensor<float, 4>::from_shape(ys);
+    auto done = host_tensor<int, 4>::from_shape(ys);
+    done.fill(0);
+    for_windows(c, [&](auto n, auto ch, auto oy, auto ox, auto iy, auto ix, auto) {
+      const float v = float(x(n, ch, iy, ix));
+      float& b = best(n, ch, oy, ox);
+      if (done(n, ch, oy, ox) == 0) {
+        done(n, ch, oy, ox) = 1;
+      } else if (std::isnan(b) || !(v > b || std::isnan(v))) {
+        return;
+      }
+      b = v;
+      first(n, ch, oy, ox) = iy * c.x[3] + ix;
+    });
+    auto dx_ref = host_tensor<double, 4>::from_shape(c.x);
+    dx_ref.fill(0.0);
+    for (std::size_t n = 0; n < ys[0]; ++n)
+      for (std::size_t ch = 0; ch < ys[1]; ++ch)
+        for (std::size_t oy = 0; oy < ys[2]; ++oy)
+          for (std::size_t ox = 0; ox < ys[3]; ++ox) {
+            const std::size_t at = first(n, ch, oy, ox);
+            dx_ref(n, ch, at / c.x[3], at % c.x[3]) += double(float(dy(n, ch, oy, ox)));
+          }
+    for (unsigned threads : {1U, 2U}) {
+      const precis::cpu_context ctx{threads};
+      auto y = poisoned<T, 4>(ys);
+      precis::max_pool2d<P>(ctx, x, y, c.p);
+      std::size_t wrong = 0;
+      for (std::size_t n = 0; n < ys[0]; ++n)
+        for (std::size_t ch = 0; ch < ys[1]; ++ch)
+          for (std::size_t oy = 0; oy < ys[2]; ++oy)
+            for (std::size_t ox = 0; ox < ys[3]; ++ox) {
+              const std::size_t at = first(n, ch, oy, ox);
+              wrong += bits_of(y(n, ch, oy, ox)) != bits_of(x(n, ch, at / c.x[3], at % c.x[3]));
+            }
+      CHECK(wrong == 0);
+      auto dx = poisoned<float, 4>(c.x);
+      precis::max_pool2d_backward<P>(ctx, x, dy, dx, c.p);
+      std::size_t wrong_dx = 0;
+      for (std::size_t i = 0; i < dx.size(); ++i)
+        wrong_dx += double(dx.data()[i]) != dx_ref.data()[i];
+      CHECK(wrong_dx == 0);
     }
   }
 }

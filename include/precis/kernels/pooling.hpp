@@ -7,7 +7,9 @@
 // into a float (math-type) image of the input plane in a fixed order and round that image
 // once, so a plane's result does not depend on the threads, which take whole planes.
 // Max pooling's backward recomputes the window's maximum from x (the first maximum wins, as
-// in PyTorch; NaN propagates and wins).
+// in PyTorch; NaN propagates and wins). Both passes find it separably: the first maximum of
+// each input row's part of a window (a vectorised pass along the rows), then the first of
+// those down the window's rows, which is the window's first maximum in row-major order.
 //
 // Shapes are checked before anything is written; a mismatch throws precis::error naming
 // both shapes.
@@ -23,6 +25,7 @@
 #include <array>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -107,22 +110,92 @@ const M* plane_as(const T* src, std::size_t n, std::vector<M>& buffer) {
   }
 }
 
-/// Index (in the plane) of the first maximum of window w (NaN wins).
-template <class M, class T>
-std::size_t argmax_in(const T* x, std::size_t width, const window& w) {
-  std::size_t best = w.y0 * width + w.x0;
-  M bv = load<M>(x[best]);
-  for (std::size_t y = w.y0; y < w.y1; ++y) {
-    for (std::size_t xx = w.x0; xx < w.x1; ++xx) {
-      const M v = load<M>(x[y * width + xx]);
-      if (std::isnan(bv)) return best;
-      if (v > bv || std::isnan(v)) {
-        bv = v;
-        best = y * width + xx;
+/// Whether v replaces b as a window's maximum so far: larger, or NaN where b is not. Taking
+/// the first element of a window and folding the rest in row-major order with this gives
+/// its first maximum (equal values, -0 and +0 among them, keep the first; the first NaN
+/// wins). Bitwise operators keep it branch-free, so the loops below vectorise.
+template <class M>
+inline bool beats(M v, M b) {
+  return (v > b) | ((v != v) & (b == b));  // NOLINT(misc-redundant-expression): NaN tests
+}
+
+/// The first maximum of every window of a plane, found separably (see the file comment):
+/// out_v[oy * wo + ox] its value and, where WithIndex, out_i[...] its index in the plane.
+/// `rv` / `ri` are the caller's scratch (h * wo values, and indices).
+template <bool WithIndex, class M>
+void window_maxima(const pool_geometry& g, const M* xp, std::vector<M>& rv,
+                   std::vector<std::uint32_t>& ri, M* out_v, std::uint32_t* out_i) {
+  const std::size_t h = g.h, w = g.w, wo = g.wo, kw = g.kw, sw = g.sw, pw = g.pw;
+  rv.resize(h * wo);
+  if constexpr (WithIndex) ri.resize(h * wo);
+  // Outputs whose column window lies inside the row: [lo, hi); the others are clipped.
+  const std::size_t lo = std::min(wo, (pw + sw - 1) / sw);
+  const std::size_t hi = std::max(lo, std::min(wo, w + pw >= kw ? (w + pw - kw) / sw + 1 : 0));
+  for (std::size_t y = 0; y < h; ++y) {
+    const M* row = xp + y * w;
+    M* bv = rv.data() + y * wo;
+    std::uint32_t* bi = WithIndex ? ri.data() + y * wo : nullptr;
+    const auto clipped = [&](std::size_t ox) {
+      const window c = window_at(g, 0, ox);
+      M b = row[c.x0];
+      std::size_t at = c.x0;
+      for (std::size_t x = c.x0 + 1; x < c.x1; ++x) {
+        if (beats(row[x], b)) {
+          b = row[x];
+          at = x;
+        }
+      }
+      bv[ox] = b;
+      if constexpr (WithIndex) bi[ox] = std::uint32_t(at);
+    };
+    for (std::size_t ox = 0; ox < lo; ++ox) clipped(ox);
+    // Inside: tap k of output ox reads row[ox * sw - pw + k]; strides 1 and 2 are
+    // constants to the compiler, so it vectorises their loads.
+    const auto inside = [&](auto stride) {
+      const std::size_t s = stride();
+      for (std::size_t ox = lo; ox < hi; ++ox) {
+        bv[ox] = row[ox * s - pw];
+        if constexpr (WithIndex) bi[ox] = std::uint32_t(ox * s - pw);
+      }
+      for (std::size_t k = 1; k < kw; ++k) {
+        for (std::size_t ox = lo; ox < hi; ++ox) {
+          const M v = row[ox * s - pw + k];
+          const bool take = beats(v, bv[ox]);
+          bv[ox] = take ? v : bv[ox];
+          if constexpr (WithIndex) bi[ox] = take ? std::uint32_t(ox * s - pw + k) : bi[ox];
+        }
+      }
+    };
+    if (sw == 1) {
+      inside([] { return std::size_t(1); });
+    } else if (sw == 2) {
+      inside([] { return std::size_t(2); });
+    } else {
+      inside([&] { return sw; });
+    }
+    for (std::size_t ox = hi; ox < wo; ++ox) clipped(ox);
+  }
+  // Down each window's rows: the first of the rows' first maxima.
+  for (std::size_t oy = 0; oy < g.ho; ++oy) {
+    const window c = window_at(g, oy, 0);
+    M* ov = out_v + oy * wo;
+    std::uint32_t* oi = WithIndex ? out_i + oy * wo : nullptr;
+    const M* first = rv.data() + c.y0 * wo;
+    for (std::size_t ox = 0; ox < wo; ++ox) ov[ox] = first[ox];
+    if constexpr (WithIndex) {
+      const std::uint32_t* fi = ri.data() + c.y0 * wo;
+      for (std::size_t ox = 0; ox < wo; ++ox) oi[ox] = std::uint32_t(c.y0 * w) + fi[ox];
+    }
+    for (std::size_t y = c.y0 + 1; y < c.y1; ++y) {
+      const M* r = rv.data() + y * wo;
+      const std::uint32_t* rix = WithIndex ? ri.data() + y * wo : nullptr;
+      for (std::size_t ox = 0; ox < wo; ++ox) {
+        const bool take = beats(r[ox], ov[ox]);
+        ov[ox] = take ? r[ox] : ov[ox];
+        if constexpr (WithIndex) oi[ox] = take ? std::uint32_t(y * w) + rix[ox] : oi[ox];
       }
     }
   }
-  return best;
 }
 
 /// The static checks of every pooling kernel: TOut is the output's element type, TIn the
@@ -177,16 +250,12 @@ void max_pool2d(const cpu_context& ctx, const host_tensor<TX, 4>& x, host_tensor
   const auto g = detail::pool_geometry_of("precis::max_pool2d", x, p);
   check_shape("precis::max_pool2d: y", y, detail::pooled_shape(x, g));
   detail::for_rows(ctx, g.planes, g.h * g.w, [&](std::size_t b, std::size_t e) {
-    std::vector<M> plane, row(g.wo);
+    std::vector<M> plane, rows, out(g.ho * g.wo);
+    std::vector<std::uint32_t> unused;
     for (std::size_t pl = b; pl < e; ++pl) {
       const M* xp = detail::plane_as<M>(x.data() + pl * g.h * g.w, g.h * g.w, plane);
-      TY* yp = y.data() + pl * g.ho * g.wo;
-      for (std::size_t oy = 0; oy < g.ho; ++oy) {
-        for (std::size_t ox = 0; ox < g.wo; ++ox) {
-          row[ox] = xp[detail::argmax_in<M>(xp, g.w, detail::window_at(g, oy, ox))];
-        }
-        detail::store_block(row.data(), yp + oy * g.wo, g.wo);
-      }
+      detail::window_maxima<false>(g, xp, rows, unused, out.data(), nullptr);
+      detail::store_block(out.data(), y.data() + pl * g.ho * g.wo, g.ho * g.wo);
     }
   });
 }
@@ -202,19 +271,21 @@ void max_pool2d_backward(const cpu_context& ctx, const host_tensor<TX, 4>& x,
   check_shape("precis::max_pool2d_backward: dy", dy, detail::pooled_shape(x, g));
   check_shape("precis::max_pool2d_backward: dx", dx, detail::shape_array<4>(x));
   using A = accumulator<detail::accumulate_t<op::pooling, P>>;
+  detail::check_argument(g.h * g.w <= std::size_t(UINT32_MAX), "precis::max_pool2d_backward:",
+                         "planes of more than 2^32 pixels are not supported");
   detail::for_rows(ctx, g.planes, g.h * g.w, [&](std::size_t b, std::size_t e) {
-    std::vector<M> plane;
+    std::vector<M> plane, rows, maxima(g.ho * g.wo);
+    std::vector<std::uint32_t> row_at, at(g.ho * g.wo);
     std::vector<A> acc(g.h * g.w);
     std::vector<typename A::value_type> sums(g.h * g.w);
     for (std::size_t pl = b; pl < e; ++pl) {
       const M* xp = detail::plane_as<M>(x.data() + pl * g.h * g.w, g.h * g.w, plane);
       const TG* dyp = dy.data() + pl * g.ho * g.wo;
+      detail::window_maxima<true>(g, xp, rows, row_at, maxima.data(), at.data());
       std::fill(acc.begin(), acc.end(), A{});
-      for (std::size_t oy = 0; oy < g.ho; ++oy) {
-        for (std::size_t ox = 0; ox < g.wo; ++ox) {
-          detail::accumulate(acc[detail::argmax_in<M>(xp, g.w, detail::window_at(g, oy, ox))],
-                             detail::load<M>(dyp[oy * g.wo + ox]));
-        }
+      // In output order, as before: each input's sum keeps its order.
+      for (std::size_t o = 0; o < g.ho * g.wo; ++o) {
+        detail::accumulate(acc[at[o]], detail::load<M>(dyp[o]));
       }
       for (std::size_t i = 0; i < g.h * g.w; ++i) sums[i] = acc[i].value();
       detail::store_block(sums.data(), dx.data() + pl * g.h * g.w, g.h * g.w);
