@@ -150,6 +150,23 @@ TEST_CASE("clipping after unscaling: gradients scaled by 65536 end with norm <= 
   CHECK_THROWS_AS(precis::clip_grad_norm(u, 0.0), precis::error);
 }
 
+TEST_CASE("grad_norm of several tensors of any length matches a long double sum") {
+  // Lengths around the eight running sums' multiple, and one long tensor: every tail and
+  // the hand-over of sums between tensors.
+  std::vector<std::vector<float>> g;
+  for (const std::size_t n : {1UL, 7UL, 8UL, 9UL, 15UL, 16UL, 17UL, 100003UL})
+    g.push_back(random_values<float>(n, 3.0f));
+  g[1][2] = 1e-30F;  // a square far below the others
+  g[3][0] = 3e19F;   // and one whose square is past float's range
+  long double reference = 0.0L;
+  for (const auto& t : g)
+    for (float v : t) reference += static_cast<long double>(v) * static_cast<long double>(v);
+  const double expected = static_cast<double>(std::sqrt(reference));
+  auto u = precis::unscale(precis::scaled<std::vector<std::vector<float>>>(std::move(g), 1.0f));
+  // Sums of 100k positive doubles: a few ulps of double.
+  CHECK(std::fabs(precis::grad_norm(u) - expected) <= 1e-14 * expected);
+}
+
 TEST_CASE("bfloat16 gradients clip in place") {
   std::vector<bfloat16> g{bfloat16(3.0f * 256.0f), bfloat16(4.0f * 256.0f)};
   auto u = precis::unscale(precis::scaled<std::vector<bfloat16>>(std::move(g), 256.0f));

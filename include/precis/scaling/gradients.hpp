@@ -10,6 +10,7 @@
 #include <precis/kernels/unscale.hpp>
 #include <precis/numeric/detail/unfused.hpp>
 
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <ranges>
@@ -233,16 +234,37 @@ void unscale(unscaled<G>&) {
                 "step, at the end of gradient accumulation");
 }
 
-/// The L2 norm of all gradients together, accumulated in double.
+/// The L2 norm of all gradients together, accumulated in double: eight running sums (element
+/// i of each tensor goes to sum i mod 8), added pairwise at the end. A fixed order, so the
+/// same value on every machine; eight independent chains of additions run several times
+/// faster than one (a step of a model with 11M parameters spent 3% of its time here).
 template <gradients G>
 double grad_norm(const unscaled<G>& g) {
-  double sum = 0.0;
+  constexpr std::size_t lanes = 8;
+  std::array<double, lanes> sum{};
   gradient_access<G>::for_each(const_cast<G&>(g.values()), [&](auto span) {
     // Squares of floats are exact in double; mul keeps the compiler from fusing them anyway,
     // so the machine code is the same under any -ffp-contract (tests/flags).
-    for (auto v : span) sum += detail::mul(double(float(v)), double(float(v)));
+    const auto square = [](auto v) { return detail::mul(double(float(v)), double(float(v))); };
+    const std::size_t n = span.size(), whole = n - n % lanes;
+    // Named sums, not the array: GCC keeps an array it adds into in memory.
+    double s0 = sum[0], s1 = sum[1], s2 = sum[2], s3 = sum[3];
+    double s4 = sum[4], s5 = sum[5], s6 = sum[6], s7 = sum[7];
+    for (std::size_t i = 0; i < whole; i += lanes) {
+      s0 += square(span[i]);
+      s1 += square(span[i + 1]);
+      s2 += square(span[i + 2]);
+      s3 += square(span[i + 3]);
+      s4 += square(span[i + 4]);
+      s5 += square(span[i + 5]);
+      s6 += square(span[i + 6]);
+      s7 += square(span[i + 7]);
+    }
+    sum = {s0, s1, s2, s3, s4, s5, s6, s7};
+    for (std::size_t i = whole; i < n; ++i) sum[i % lanes] += square(span[i]);
   });
-  return std::sqrt(sum);
+  return std::sqrt(((sum[0] + sum[1]) + (sum[2] + sum[3])) +
+                   ((sum[4] + sum[5]) + (sum[6] + sum[7])));
 }
 
 /// Scales the gradients so that their joint L2 norm is at most `max_norm`; returns the
