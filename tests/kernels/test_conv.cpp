@@ -437,3 +437,56 @@ TEST_CASE("channels-last convolutions check NHWC shapes, naming them, and write 
               "[1, 8, 8, 4]");
   CHECK(std::isnan(float(t(0, 0, 0, 0))));
 }
+
+// conv2d_backward and conv_transpose2d_backward compute both passes in one call (with the
+// hardware's products, dy moved to oneDNN's layout once): the separate calls' bits.
+TEST_CASE_TEMPLATE("the paired backward passes give the separate passes' bits", Cfg, fp32_config,
+                   fp32_hw_config, bf16_config, fp16_config, f64_config) {
+  using T = typename Cfg::T;
+  using P = typename Cfg::P;
+  for (const geo& g : geometries) {
+    INFO("x " << precis::shape_string(g.xs()) << " w " << precis::shape_string(g.ws()) << " stride "
+              << g.p.stride[0] << " pad " << g.p.padding[0] << " dilation " << g.p.dilation[0]
+              << " groups " << g.p.groups);
+    const auto x = random_tensor<T, 4>(g.xs());
+    const auto w = random_tensor<T, 4>(g.ws());
+    const auto dy = random_tensor<T, 4>(g.ys());
+    precis::conv2d_params pt = g.p;  // the transposed convolution of dy gives back x's size
+    for (std::size_t a = 0; a < 2; ++a) {
+      const std::size_t in = a == 0 ? g.h : g.w, k = a == 0 ? g.kh : g.kw;
+      pt.output_padding[a] =
+          (in + 2 * g.p.padding[a] - g.p.dilation[a] * (k - 1) - 1) % g.p.stride[a];
+    }
+    for (unsigned threads : {1U, 2U}) {
+      INFO("threads " << threads);
+      const precis::cpu_context ctx{threads};
+      auto dx = poisoned<T, 4>(g.xs()), dx2 = poisoned<T, 4>(g.xs());
+      auto dw = poisoned<T, 4>(g.ws()), dw2 = poisoned<T, 4>(g.ws());
+      precis::conv2d_backward_data<P>(ctx, dy, w, dx, g.p);
+      precis::conv2d_backward_weights<P>(ctx, x, dy, dw, g.p);
+      precis::conv2d_backward<P>(ctx, x, dy, w, dx2, dw2, g.p);
+      CHECK(same_bits(dx2, dx));
+      CHECK(same_bits(dw2, dw));
+      // The transposed convolution dy -> [x's shape]: its input is dy, its output gradient x.
+      auto tdx = poisoned<T, 4>(g.ys()), tdx2 = poisoned<T, 4>(g.ys());
+      auto tdw = poisoned<T, 4>(g.ws()), tdw2 = poisoned<T, 4>(g.ws());
+      precis::conv_transpose2d_backward_data<P>(ctx, x, w, tdx, pt);
+      precis::conv_transpose2d_backward_weights<P>(ctx, dy, x, tdw, pt);
+      precis::conv_transpose2d_backward<P>(ctx, dy, x, w, tdx2, tdw2, pt);
+      CHECK(same_bits(tdx2, tdx));
+      CHECK(same_bits(tdw2, tdw));
+      CHECK(rel_error(tdx2, ref_forward(g, to_double(x), to_double(w))) < bound<T>());
+    }
+  }
+  // Shapes are checked before anything is written.
+  const geo& g = geometries[0];
+  const auto x = random_tensor<T, 4>(g.xs());
+  const auto w = random_tensor<T, 4>(g.ws());
+  const auto dy = random_tensor<T, 4>(g.ys());
+  auto dx = poisoned<T, 4>(g.xs());
+  auto dw_bad = poisoned<T, 4>(shape4{g.co, g.c, g.kh, g.kw + 1});
+  check_error(
+      [&] { precis::conv2d_backward<P>(precis::cpu_context{1}, x, dy, w, dx, dw_bad, g.p); },
+      "precis::conv2d_backward: dw");
+  CHECK(std::isnan(double(dx(0, 0, 0, 0))));
+}

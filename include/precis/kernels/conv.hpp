@@ -820,6 +820,61 @@ bool onednn_conv_backward_weights(const cpu_context& ctx, const conv_geometry& g
   return onednn_conv(ctx, key, x, dy, nullptr, dw, false,
                      [&](std::size_t b, std::size_t len, const float* v) { store_block(v, dw + b, len); });
 }
+
+/// Both backward passes of geometry g (NCHW images, hardware products) with the output
+/// gradient moved to channels-last once (conv2d_backward, conv_transpose2d_backward):
+///   conv2d:           dx = backward_data(g, dy, w),  dw = backward_weights(g, x, dy)
+///   conv_transpose2d: dx = forward(g, dy, w),        dw = backward_weights(g, dy, x)
+/// where in the second g is the convolution dy -> x. The images are transposed to NHWC
+/// here, split over the context's threads, and oneDNN runs the channels-last primitives,
+/// which are the ones the NCHW calls run: the same bits as the two calls. bfloat16 only:
+/// float primitives take blocked layouts, which oneDNN's reorders reach from NCHW as
+/// directly as from NHWC. Returns false,
+/// having written nothing, where either pass would not run on oneDNN (strided 1x1
+/// convolutions, which gather their pixels, included); dw is then the caller's to compute,
+/// and so is dx.
+template <class TIn, class TDX, class TDW>
+bool onednn_backward_pair(const cpu_context& ctx, const conv_geometry& g, bool transposed,
+                          const TIn* x, const TIn* dy, const TIn* w, TDX* dx, TDW* dw) {
+  if constexpr (sizeof(TIn) != 2) {
+    return false;
+  } else {
+    if (g.channels_last() || !onednn_has_products<TIn>() || sampled_1x1(g)) return false;
+    if (g.n == 0 || g.c == 0 || g.co == 0 || g.h == 0 || g.w == 0) return false;
+    conv_geometry last = g;
+    last.p.layout = image_layout::nhwc;
+    // In conv2d's terms: the image the weights are read against (x) and its output gradient
+    // (dy), each [n, channels, pixels].
+    const std::size_t x_size = g.n * g.c * g.h * g.w, y_size = g.n * g.co * g.pixels();
+    const TIn* img = transposed ? dy : x;   // [n, c, h, w] in g
+    const TIn* grad = transposed ? x : dy;  // [n, co, ho, wo] in g
+    const scratch_values<TIn> img_l(ctx, x_size), grad_l(ctx, y_size);
+    const std::size_t out_size = transposed ? y_size : x_size;  // dx's elements
+    const scratch_values<TDX> dx_l(ctx, out_size);
+    const auto to_nhwc = [&](const TIn* src, TIn* dst, std::size_t channels, std::size_t pixels) {
+      parallel_for(ctx, g.n, 1, [&](std::size_t b, std::size_t e) {
+        transpose_images(src + b * channels * pixels, dst + b * channels * pixels, e - b, channels,
+                         pixels);
+      });
+    };
+    to_nhwc(img, img_l.get(), g.c, g.h * g.w);
+    to_nhwc(grad, grad_l.get(), g.co, g.pixels());
+    const bool data_ran = transposed
+                              ? onednn_conv_forward(ctx, last, img_l.get(), w,
+                                                    static_cast<const float*>(nullptr), dx_l.get())
+                              : onednn_conv_backward_data(ctx, last, grad_l.get(), w, dx_l.get());
+    if (!data_ran) return false;
+    if (!onednn_conv_backward_weights(ctx, last, img_l.get(), grad_l.get(), dw)) return false;
+    // dx back to NCHW: for conv2d it is x-shaped, for the transposed convolution y-shaped.
+    const std::size_t channels = transposed ? g.co : g.c,
+                      pixels = transposed ? g.pixels() : g.h * g.w;
+    parallel_for(ctx, g.n, 1, [&](std::size_t b, std::size_t e) {
+      transpose_images(dx_l.get() + b * channels * pixels, dx + b * channels * pixels, e - b,
+                       pixels, channels);
+    });
+    return true;
+  }
+}
 #endif
 
 }  // namespace detail
@@ -890,6 +945,34 @@ void conv2d_backward_weights(const cpu_context& ctx, const host_tensor<TX, 4>& x
   }
 #endif
   detail::exact_conv_backward_weights<P>(ctx, g, x.data(), dy.data(), dw.data());
+}
+
+/// dx and dw of y = conv2d(x, w) from dy in one call: conv2d_backward_data's dx and
+/// conv2d_backward_weights's dw, the same bits. Where the hardware's products run on NCHW
+/// images, dy and x go to oneDNN's channels-last layout once for both passes (separately,
+/// dy is moved twice). Every shape is checked before anything is written.
+template <Policy P, class TX, class TG, class TW, class TDX, class TDW>
+void conv2d_backward(const cpu_context& ctx, const host_tensor<TX, 4>& x,
+                     const host_tensor<TG, 4>& dy, const host_tensor<TW, 4>& w,
+                     host_tensor<TDX, 4>& dx, host_tensor<TDW, 4>& dw,
+                     const conv2d_params& p = {}) {
+  detail::check_conv_types<P, TG, TW, TDX>();
+  detail::check_conv_types<P, TX, TG, TDW>();
+  const auto g = detail::conv_geometry_of("precis::conv2d_backward", x, w, p);
+  check_shape("precis::conv2d_backward: dy", dy, g.y_shape());
+  check_shape("precis::conv2d_backward: dx", dx, g.x_shape());
+  check_shape("precis::conv2d_backward: dw", dw, detail::shape_array<4>(w));
+#if PRECIS_HAS_ONEDNN
+  if constexpr (std::is_same_v<TX, TG> && std::is_same_v<TG, TW> &&
+                detail::hardware_conv_v<P, TG, TW>) {
+    if (detail::onednn_backward_pair(ctx, g, false, x.data(), dy.data(), w.data(), dx.data(),
+                                     dw.data())) {
+      return;
+    }
+  }
+#endif
+  conv2d_backward_data<P>(ctx, dy, w, dx, p);
+  conv2d_backward_weights<P>(ctx, x, dy, dw, p);
 }
 
 /// db = dL/dbias of y = conv2d(x, w, bias) from dy [N, Co, Ho, Wo] ([N, Ho, Wo, Co] for
@@ -1027,6 +1110,35 @@ void conv_transpose2d_backward_data(const cpu_context& ctx, const host_tensor<TG
                                     const host_tensor<TW, 4>& w, host_tensor<TX, 4>& dx,
                                     const conv2d_params& p = {}) {
   conv2d<P>(ctx, dy, w, dx, detail::adjoint_params(p));
+}
+
+/// dx and dw of y = conv_transpose2d(x, w) (same `p`) in one call:
+/// conv_transpose2d_backward_data's dx and conv_transpose2d_backward_weights's dw, the same
+/// bits, with dy and x moved to oneDNN's channels-last layout once for both (see
+/// conv2d_backward). Every shape is checked before anything is written.
+template <Policy P, class TX, class TG, class TW, class TDX, class TDW>
+void conv_transpose2d_backward(const cpu_context& ctx, const host_tensor<TX, 4>& x,
+                               const host_tensor<TG, 4>& dy, const host_tensor<TW, 4>& w,
+                               host_tensor<TDX, 4>& dx, host_tensor<TDW, 4>& dw,
+                               const conv2d_params& p = {}) {
+  detail::check_conv_types<P, TG, TW, TDX>();
+  detail::check_conv_types<P, TG, TX, TDW>();
+  // The convolution dy -> x (transpose_geometry checks x, w, p and dy's shape).
+  [[maybe_unused]] const auto g =
+      detail::transpose_geometry("precis::conv_transpose2d_backward", x, w, dy, p);
+  check_shape("precis::conv_transpose2d_backward: dx", dx, detail::shape_array<4>(x));
+  check_shape("precis::conv_transpose2d_backward: dw", dw, detail::shape_array<4>(w));
+#if PRECIS_HAS_ONEDNN
+  if constexpr (std::is_same_v<TX, TG> && std::is_same_v<TG, TW> &&
+                detail::hardware_conv_v<P, TG, TW>) {
+    if (detail::onednn_backward_pair(ctx, g, true, x.data(), dy.data(), w.data(), dx.data(),
+                                     dw.data())) {
+      return;
+    }
+  }
+#endif
+  conv_transpose2d_backward_data<P>(ctx, dy, w, dx, p);
+  conv_transpose2d_backward_weights<P>(ctx, x, dy, dw, p);
 }
 
 /// dw of y = conv_transpose2d(x, w) (same `p`): the weight gradient of the convolution

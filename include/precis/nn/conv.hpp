@@ -235,23 +235,23 @@ class conv_base : public layer_base<Tag, P, op::conv, 4, 4, Ctx> {
       }
     }
   }
-  /// backward() of the layer named `kind`: dx = data(dy, w, dx) unless !input_gradient
-  /// (the input-gradient buffer is then emptied), dw = weights(x, dy, dw), then the
-  /// parameters' gradients.
-  template <class Data, class Weights>
+  /// backward() of the layer named `kind`: dx and dw = both(x, dy, w, dx, dw), or, where
+  /// !input_gradient, dw = weights(x, dy, dw) alone (the input-gradient buffer is then
+  /// emptied); then the parameters' gradients.
+  template <class Both, class Weights>
   void run_backward(context_ref_t<Ctx> ctx, const tensor<G>& dy, bool input_gradient,
-                    std::string_view kind, Data&& data, Weights&& weights) {
+                    std::string_view kind, Both&& both, Weights&& weights) {
     const auto& x = x_.get(kind);
     check_same_shape("precis::nn::" + std::string(kind) + ": dy and the output", dy, y_);
     const auto& w = weight_.value();
+    ensure(dw_, shape_of<4>(w));
     if (input_gradient) {
       ensure(dx_, shape_of<4>(x));
-      data(dy, w, dx_);
+      both(x, dy, w, dx_, dw_);
     } else {
       ensure(dx_, shape_t<4>{});
+      weights(x, dy, dw_);
     }
-    ensure(dw_, shape_of<4>(w));
-    weights(x, dy, dw_);
     accumulate_parameters(ctx, dy);
   }
   std::string describe_shape() const {
@@ -368,8 +368,13 @@ class conv2d_layer : public detail::conv_base<Tag, P, Ctx> {
   void backward_impl(context_ref_t<Ctx> ctx, const tensor<G>& dy, bool input_gradient) {
     this->run_backward(
         ctx, dy, input_gradient, kind,
-        [&](const tensor<G>& d, const auto& w, tensor<G>& dx) {
-          precis::conv2d_backward_data<P>(ctx, d, w, dx, this->params_);
+        [&](const auto& x, const tensor<G>& d, const auto& w, tensor<G>& dx, tensor<G>& dw) {
+          if constexpr (base::on_host) {
+            precis::conv2d_backward<P>(ctx, x, d, w, dx, dw, this->params_);
+          } else {
+            precis::conv2d_backward_data<P>(ctx, d, w, dx, this->params_);
+            precis::conv2d_backward_weights<P>(ctx, x, d, dw, this->params_);
+          }
         },
         [&](const auto& x, const tensor<G>& d, tensor<G>& dw) {
           precis::conv2d_backward_weights<P>(ctx, x, d, dw, this->params_);
@@ -458,8 +463,13 @@ class conv_transpose2d_layer : public detail::conv_base<Tag, P, Ctx> {
   void backward_impl(context_ref_t<Ctx> ctx, const tensor<G>& dy, bool input_gradient) {
     this->run_backward(
         ctx, dy, input_gradient, kind,
-        [&](const tensor<G>& d, const auto& w, tensor<G>& dx) {
-          precis::conv_transpose2d_backward_data<P>(ctx, d, w, dx, this->params_);
+        [&](const auto& x, const tensor<G>& d, const auto& w, tensor<G>& dx, tensor<G>& dw) {
+          if constexpr (base::on_host) {
+            precis::conv_transpose2d_backward<P>(ctx, x, d, w, dx, dw, this->params_);
+          } else {
+            precis::conv_transpose2d_backward_data<P>(ctx, d, w, dx, this->params_);
+            precis::conv_transpose2d_backward_weights<P>(ctx, x, d, dw, this->params_);
+          }
         },
         [&](const auto& x, const tensor<G>& d, tensor<G>& dw) {
           precis::conv_transpose2d_backward_weights<P>(ctx, x, d, dw, this->params_);
