@@ -170,7 +170,10 @@ TEST_CASE("rows spanning more than 86 below their maximum: subnormal and zero te
     CHECK(rel_error(y, softmax_ref(xd)) < bound<float>());
     // Each probability on its own, tiny ones included, against exp of the float x - max
     // (the kernel's argument; its rounding moves a result by up to |x - max| 2^-24 of
-    // itself, whatever the exp): within 4 float ulps, or 2^-148 where subnormal.
+    // itself, whatever the exp): within 8 float ulps, or 2^-148 where subnormal. The
+    // budget: exp's 1 ulp, the reciprocal of the sum and the product with it 1.5, the sum's
+    // own relative error (its terms' exp errors, 1 ulp, and up to 6 roundings of positive
+    // partial sums, 3 ulps): 6.5 ulps at worst (a random row reached 4.8).
     for (std::size_t r = 0; r < 6; ++r) {
       float m = x(r, 0);
       for (std::size_t j = 1; j < 40; ++j) m = std::max(m, x(r, j));
@@ -179,7 +182,7 @@ TEST_CASE("rows spanning more than 86 below their maximum: subnormal and zero te
       for (std::size_t j = 0; j < 40; ++j) {
         const double want = std::exp(double(x(r, j) - m)) / sum;
         INFO("x = " << x(r, j) << ", max = " << m);
-        CHECK(std::abs(double(y(r, j)) - want) <= std::max(4 * 0x1p-24 * want, 0x1p-148));
+        CHECK(std::abs(double(y(r, j)) - want) <= std::max(8 * 0x1p-24 * want, 0x1p-148));
       }
     }
     precis::log_softmax<precis::presets::fp32>(ctx, x, y);
