@@ -13,6 +13,7 @@
 
 #include <array>
 #include <cstddef>
+#include <string>
 
 namespace {
 
@@ -29,6 +30,13 @@ struct geo {
   shape4 ws() const { return {co, c / p.groups, kh, kw}; }
   shape4 ys() const { return {n, co, ho(), wo()}; }
 };
+
+/// g in words, for the failure messages.
+std::string describe(const geo& g) {
+  return "x " + precis::shape_string(g.xs()) + " w " + precis::shape_string(g.ws()) + " stride " +
+         std::to_string(g.p.stride[0]) + " pad " + std::to_string(g.p.padding[0]) + " dilation " +
+         std::to_string(g.p.dilation[0]) + " groups " + std::to_string(g.p.groups);
+}
 
 /// Calls f(n, o, ci, ky, kx, oy, ox, iy, ix) for every in-bounds term of the convolution.
 template <class F>
@@ -118,9 +126,7 @@ TEST_CASE_TEMPLATE("conv2d forward and backward match float64", Cfg, fp32_config
   using T = typename Cfg::T;
   using P = typename Cfg::P;
   for (const geo& g : geometries) {
-    INFO("x " << precis::shape_string(g.xs()) << " w " << precis::shape_string(g.ws())
-              << " stride " << g.p.stride[0] << " pad " << g.p.padding[0] << " dilation "
-              << g.p.dilation[0] << " groups " << g.p.groups);
+    INFO(describe(g));
     const auto x = random_tensor<T, 4>(g.xs());
     const auto w = random_tensor<T, 4>(g.ws());
     const auto dy = random_tensor<T, 4>(g.ys());
@@ -335,6 +341,17 @@ host_tensor<T, 4> nchw_of(const host_tensor<T, 4>& t) {
 }
 shape4 nhwc_shape(const shape4& s) { return {s[0], s[2], s[3], s[1]}; }
 
+/// g's parameters for the transposed convolution of g's output: the output_padding that
+/// gives back x's size (the rows and columns g's last stride step leaves out).
+precis::conv2d_params transposed_params(const geo& g) {
+  precis::conv2d_params p = g.p;
+  for (std::size_t a = 0; a < 2; ++a) {
+    const std::size_t in = a == 0 ? g.h : g.w, k = a == 0 ? g.kh : g.kw;
+    p.output_padding[a] = (in + 2 * g.p.padding[a] - g.p.dilation[a] * (k - 1) - 1) % g.p.stride[a];
+  }
+  return p;
+}
+
 }  // namespace
 
 // Channels-last images hold the same values at other places: every pass gives NCHW's bits
@@ -344,9 +361,7 @@ TEST_CASE_TEMPLATE("channels-last convolutions give the NCHW convolutions' bits"
   using T = typename Cfg::T;
   using P = typename Cfg::P;
   for (const geo& g : geometries) {
-    INFO("x " << precis::shape_string(g.xs()) << " w " << precis::shape_string(g.ws()) << " stride "
-              << g.p.stride[0] << " pad " << g.p.padding[0] << " dilation " << g.p.dilation[0]
-              << " groups " << g.p.groups);
+    INFO(describe(g));
     const auto x = random_tensor<T, 4>(g.xs());
     const auto w = random_tensor<T, 4>(g.ws());
     const auto dy = random_tensor<T, 4>(g.ys());
@@ -384,12 +399,8 @@ TEST_CASE_TEMPLATE("channels-last convolutions give the NCHW convolutions' bits"
       CHECK(same_bits(dbl, db));
       // The transposed convolution of dy (the adjoint of this one, with the output_padding
       // that gives back x's size), and its gradients.
-      precis::conv2d_params pt = g.p, ptl = pl;
-      for (std::size_t a = 0; a < 2; ++a) {
-        const std::size_t in = a == 0 ? g.h : g.w, k = a == 0 ? g.kh : g.kw;
-        pt.output_padding[a] =
-            (in + 2 * g.p.padding[a] - g.p.dilation[a] * (k - 1) - 1) % g.p.stride[a];
-      }
+      const precis::conv2d_params pt = transposed_params(g);
+      precis::conv2d_params ptl = pl;
       ptl.output_padding = pt.output_padding;
       auto t = poisoned<T, 4>(g.xs()), tl = poisoned<T, 4>(nhwc_shape(g.xs()));
       precis::conv_transpose2d<P>(ctx, dy, w, t, pt);
@@ -445,18 +456,11 @@ TEST_CASE_TEMPLATE("the paired backward passes give the separate passes' bits", 
   using T = typename Cfg::T;
   using P = typename Cfg::P;
   for (const geo& g : geometries) {
-    INFO("x " << precis::shape_string(g.xs()) << " w " << precis::shape_string(g.ws()) << " stride "
-              << g.p.stride[0] << " pad " << g.p.padding[0] << " dilation " << g.p.dilation[0]
-              << " groups " << g.p.groups);
+    INFO(describe(g));
     const auto x = random_tensor<T, 4>(g.xs());
     const auto w = random_tensor<T, 4>(g.ws());
     const auto dy = random_tensor<T, 4>(g.ys());
-    precis::conv2d_params pt = g.p;  // the transposed convolution of dy gives back x's size
-    for (std::size_t a = 0; a < 2; ++a) {
-      const std::size_t in = a == 0 ? g.h : g.w, k = a == 0 ? g.kh : g.kw;
-      pt.output_padding[a] =
-          (in + 2 * g.p.padding[a] - g.p.dilation[a] * (k - 1) - 1) % g.p.stride[a];
-    }
+    const precis::conv2d_params pt = transposed_params(g);  // dy's gives back x's size
     for (unsigned threads : {1U, 2U}) {
       INFO("threads " << threads);
       const precis::cpu_context ctx{threads};
