@@ -269,14 +269,15 @@ TEST_CASE("hardware convolutions: subnormals, thread counts, batch split or not"
 }
 
 #if PRECIS_HAS_ONEDNN
-TEST_CASE("the 16-bit NCHW <-> NHWC transpose matches the element-by-element one") {
+TEST_CASE_TEMPLATE("the NCHW <-> NHWC transpose matches the element-by-element one", U,
+                   std::uint16_t, std::uint32_t, std::uint64_t) {
   // Rows and columns below, at and past the 8 x 8 blocks, and images one after another.
   for (const std::size_t rows : {1U, 3U, 7U, 8U, 9U, 16U, 67U}) {
     for (const std::size_t cols : {1U, 5U, 8U, 15U, 49U, 784U}) {
       const std::size_t images = 3, size = images * rows * cols;
-      std::vector<std::uint16_t> a(size), t(size, 0xFFFF), back(size, 0xFFFF);
-      for (std::size_t i = 0; i < size; ++i) a[i] = std::uint16_t(i * 40503U + 7U);
-      precis::detail::transpose_images_16(a.data(), t.data(), images, rows, cols);
+      std::vector<U> a(size), t(size, U(0xFFFF)), back(size, U(0xFFFF));
+      for (std::size_t i = 0; i < size; ++i) a[i] = U(i * 40503U + 7U);
+      precis::detail::transpose_images(a.data(), t.data(), images, rows, cols);
       bool ok = true;
       for (std::size_t n = 0; n < images; ++n) {
         for (std::size_t i = 0; i < rows; ++i) {
@@ -285,7 +286,7 @@ TEST_CASE("the 16-bit NCHW <-> NHWC transpose matches the element-by-element one
           }
         }
       }
-      precis::detail::transpose_images_16(t.data(), back.data(), images, cols, rows);
+      precis::detail::transpose_images(t.data(), back.data(), images, cols, rows);
       CAPTURE(rows);
       CAPTURE(cols);
       CHECK(ok);

@@ -577,14 +577,21 @@ inline conv_geometry nchw_of(conv_geometry g) {
   return g;
 }
 
-/// Copies of `images` NHWC images of c channels, `pixels` each, as NCHW, and back.
+/// Copies of `images` NHWC images of c channels, `pixels` each, as NCHW (and, below, of
+/// NCHW ones as NHWC), the images split over the context's threads.
 template <class T>
-void images_to_nchw(const T* src, T* dst, std::size_t images, std::size_t c, std::size_t pixels) {
-  transpose_images(src, dst, images, pixels, c);
+void images_to_nchw(const cpu_context& ctx, const T* src, T* dst, std::size_t images, std::size_t c,
+                    std::size_t pixels) {
+  parallel_for(ctx, images, 1, [&](std::size_t b, std::size_t e) {
+    transpose_images(src + b * c * pixels, dst + b * c * pixels, e - b, pixels, c);
+  });
 }
 template <class T>
-void images_to_nhwc(const T* src, T* dst, std::size_t images, std::size_t c, std::size_t pixels) {
-  transpose_images(src, dst, images, c, pixels);
+void images_to_nhwc(const cpu_context& ctx, const T* src, T* dst, std::size_t images, std::size_t c,
+                    std::size_t pixels) {
+  parallel_for(ctx, images, 1, [&](std::size_t b, std::size_t e) {
+    transpose_images(src + b * c * pixels, dst + b * c * pixels, e - b, c, pixels);
+  });
 }
 
 /// The exact forward pass y = conv(x, w) (+ bias; may be nullptr) in g's layout.
@@ -594,9 +601,9 @@ void exact_conv_forward(const cpu_context& ctx, const conv_geometry& g, const TX
   if (g.channels_last()) {
     const scratch_values<TX> xc(ctx, g.n * g.c * g.h * g.w);
     const scratch_values<TY> yc(ctx, g.n * g.co * g.pixels());
-    images_to_nchw(x, xc.get(), g.n, g.c, g.h * g.w);
+    images_to_nchw(ctx, x, xc.get(), g.n, g.c, g.h * g.w);
     exact_conv_forward<P>(ctx, nchw_of(g), xc.get(), w, bias, yc.get());
-    images_to_nhwc(yc.get(), y, g.n, g.co, g.pixels());
+    images_to_nhwc(ctx, yc.get(), y, g.n, g.co, g.pixels());
   } else if constexpr (double_conv_v<P, TX, TW>) {
     direct_conv_forward<P>(ctx, g, x, w, bias, y);
   } else {
@@ -614,9 +621,9 @@ void exact_conv_backward_data(const cpu_context& ctx, const conv_geometry& g, co
   if (g.channels_last()) {
     const scratch_values<TG> dyc(ctx, g.n * g.co * g.pixels());
     const scratch_values<TX> dxc(ctx, g.n * g.c * g.h * g.w);
-    images_to_nchw(dy, dyc.get(), g.n, g.co, g.pixels());
+    images_to_nchw(ctx, dy, dyc.get(), g.n, g.co, g.pixels());
     exact_conv_backward_data<P>(ctx, nchw_of(g), dyc.get(), w, dxc.get());
-    images_to_nhwc(dxc.get(), dx, g.n, g.c, g.h * g.w);
+    images_to_nhwc(ctx, dxc.get(), dx, g.n, g.c, g.h * g.w);
   } else if constexpr (double_conv_v<P, TG, TW>) {
     direct_conv_backward_data<P>(ctx, g, dy, w, static_cast<const TX*>(nullptr), dx);
   } else {
@@ -634,8 +641,8 @@ void exact_conv_backward_weights(const cpu_context& ctx, const conv_geometry& g,
   if (g.channels_last()) {
     const scratch_values<TX> xc(ctx, g.n * g.c * g.h * g.w);
     const scratch_values<TG> dyc(ctx, g.n * g.co * g.pixels());
-    images_to_nchw(x, xc.get(), g.n, g.c, g.h * g.w);
-    images_to_nchw(dy, dyc.get(), g.n, g.co, g.pixels());
+    images_to_nchw(ctx, x, xc.get(), g.n, g.c, g.h * g.w);
+    images_to_nchw(ctx, dy, dyc.get(), g.n, g.co, g.pixels());
     exact_conv_backward_weights<P>(ctx, nchw_of(g), xc.get(), dyc.get(), dw);
   } else if constexpr (double_conv_v<P, TX, TG>) {
     direct_conv_backward_weights<P>(ctx, g, x, dy, dw);
@@ -662,30 +669,30 @@ inline constexpr bool hardware_conv_v = hardware_products_v<op::conv, P, TA, TB>
 inline onednn_conv_key onednn_key(const conv_geometry& g, onednn_conv_kind kind, int out_type,
                                   bool bias) {
   const auto i = [](std::size_t v) { return std::int64_t(v); };
-  return {i(g.n),
-          i(g.c),
-          i(g.h),
-          i(g.w),
-          i(g.co),
-          i(g.kh),
-          i(g.kw),
-          i(g.ho),
-          i(g.wo),
-          i(g.groups),
-          i(g.p.stride[0]),
-          i(g.p.stride[1]),
-          i(g.p.padding[0]),
-          i(g.p.padding[1]),
-          i(g.p.padding[0]),
-          i(g.p.padding[1]),
-          i(g.p.dilation[0]) - 1,
-          i(g.p.dilation[1]) - 1,
-          kind,
-          out_type,
-          bias,
-          1,
-          0,
-          g.channels_last()};
+  onednn_conv_key key = {i(g.n),
+                         i(g.c),
+                         i(g.h),
+                         i(g.w),
+                         i(g.co),
+                         i(g.kh),
+                         i(g.kw),
+                         i(g.ho),
+                         i(g.wo),
+                         i(g.groups),
+                         i(g.p.stride[0]),
+                         i(g.p.stride[1]),
+                         i(g.p.padding[0]),
+                         i(g.p.padding[1]),
+                         i(g.p.padding[0]),
+                         i(g.p.padding[1]),
+                         i(g.p.dilation[0]) - 1,
+                         i(g.p.dilation[1]) - 1,
+                         kind,
+                         out_type,
+                         bias,
+                         1};
+  key.channels_last = g.channels_last();
+  return key;
 }
 
 /// The pixels a 1x1 convolution without padding reads (x[., ., i sy, j sx]), as images of
@@ -851,14 +858,8 @@ bool onednn_backward_pair(const cpu_context& ctx, const conv_geometry& g, bool t
     const scratch_values<TIn> img_l(ctx, x_size), grad_l(ctx, y_size);
     const std::size_t out_size = transposed ? y_size : x_size;  // dx's elements
     const scratch_values<TDX> dx_l(ctx, out_size);
-    const auto to_nhwc = [&](const TIn* src, TIn* dst, std::size_t channels, std::size_t pixels) {
-      parallel_for(ctx, g.n, 1, [&](std::size_t b, std::size_t e) {
-        transpose_images(src + b * channels * pixels, dst + b * channels * pixels, e - b, channels,
-                         pixels);
-      });
-    };
-    to_nhwc(img, img_l.get(), g.c, g.h * g.w);
-    to_nhwc(grad, grad_l.get(), g.co, g.pixels());
+    images_to_nhwc(ctx, img, img_l.get(), g.n, g.c, g.h * g.w);
+    images_to_nhwc(ctx, grad, grad_l.get(), g.n, g.co, g.pixels());
     const bool data_ran = transposed
                               ? onednn_conv_forward(ctx, last, img_l.get(), w,
                                                     static_cast<const float*>(nullptr), dx_l.get())
@@ -866,12 +867,8 @@ bool onednn_backward_pair(const cpu_context& ctx, const conv_geometry& g, bool t
     if (!data_ran) return false;
     if (!onednn_conv_backward_weights(ctx, last, img_l.get(), grad_l.get(), dw)) return false;
     // dx back to NCHW: for conv2d it is x-shaped, for the transposed convolution y-shaped.
-    const std::size_t channels = transposed ? g.co : g.c,
-                      pixels = transposed ? g.pixels() : g.h * g.w;
-    parallel_for(ctx, g.n, 1, [&](std::size_t b, std::size_t e) {
-      transpose_images(dx_l.get() + b * channels * pixels, dx + b * channels * pixels, e - b,
-                       pixels, channels);
-    });
+    images_to_nchw(ctx, dx_l.get(), dx, g.n, transposed ? g.co : g.c,
+                   transposed ? g.pixels() : g.h * g.w);
     return true;
   }
 }

@@ -337,9 +337,9 @@ inline void onednn_move_operand(const onednn_operand& o, dnnl::stream& s, dnnl::
   const auto* src = static_cast<const std::uint16_t*>(from.get_data_handle());
   auto* dst = static_cast<std::uint16_t*>(to.get_data_handle());
   if (o.move == onednn_move::to_nhwc) {
-    transpose_images_16(src, dst, images, channels, pixels);
+    transpose_images(src, dst, images, channels, pixels);
   } else {
-    transpose_images_16(src, dst, images, pixels, channels);
+    transpose_images(src, dst, images, pixels, channels);
   }
 }
 

@@ -96,17 +96,6 @@ inline void transpose_16(const std::uint16_t* s, std::size_t ld_src, std::uint16
   one_by_one(0, rows, c8, cols);
 }
 
-/// dst = each of `images` row-major rows x cols matrices of 16-bit values, transposed:
-/// NCHW -> NHWC images with rows = C, cols = H*W, and back with rows = H*W, cols = C.
-/// oneDNN 2.6's own reorder between these layouts (jit:uni) moved about 13 GB/s here,
-/// several times the convolution's own time on small layers.
-inline void transpose_images_16(const std::uint16_t* src, std::uint16_t* dst, std::size_t images,
-                                std::size_t rows, std::size_t cols) {
-  for (std::size_t n = 0; n < images; ++n) {
-    transpose_16(src + n * rows * cols, cols, dst + n * rows * cols, rows, rows, cols);
-  }
-}
-
 /// The 32-bit version of transpose_16, 4 x 4 blocks through SSE2 unpacks: dst[j * ld_dst +
 /// i] = src[i * ld_src + j] for a rows x cols matrix.
 inline void transpose_32(const std::uint32_t* s, std::size_t ld_src, std::uint32_t* d,
@@ -142,8 +131,9 @@ inline void transpose_32(const std::uint32_t* s, std::size_t ld_src, std::uint32
 
 /// dst = each of `images` row-major rows x cols matrices of T, transposed (any trivially
 /// copyable T: 2- and 4-byte values take transpose_16 and transpose_32, others go one by
-/// one in 16 x 16 tiles). NHWC -> NCHW images with rows = H*W, cols = C; back with rows = C,
-/// cols = H*W.
+/// one in 16 x 16 tiles). NCHW -> NHWC images with rows = C, cols = H*W; back with
+/// rows = H*W, cols = C. oneDNN 2.6's own reorder between these layouts (jit:uni) moved
+/// about 13 GB/s here, several times the convolution's own time on small layers.
 template <class T>
 void transpose_images(const T* src, T* dst, std::size_t images, std::size_t rows,
                       std::size_t cols) {
