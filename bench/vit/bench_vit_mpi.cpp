@@ -47,7 +47,7 @@ void time_steps(const options& o, const vit::config& c, const char* name, const 
   auto model = nn::build<S, 4>(Map{}, vit::blueprint<4>(c), {.seed = 1});
   broadcast_parameters(model, reducer, ctx);
   nn::softmax_cross_entropy<policy_for_t<vit::head, Map>> loss;
-  adamw opt(model.masters(), {.lr = 1e-3, .weight_decay = 0.05}, model.decay_mask());
+  adamw opt(model.masters(), {.lr = 1e-3, .weight_decay = 0.05}, model.decay_mask(), ctx);
   nn::trainer tr(model, loss, opt, scaler);
   const auto [first, last] = shard(o.batch, reducer.rank(), reducer.size());
   const std::size_t n = last - first;

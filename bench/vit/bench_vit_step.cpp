@@ -50,7 +50,7 @@ struct step_setup {
   step_setup(const options& o, const vit::config& c)
       : ctx{o.threads},
         model(nn::build<S, 4>(Map{}, vit::blueprint<Depth>(c), {.seed = 1})),
-        opt(model.masters(), {.lr = 1e-4, .weight_decay = 0.05}, model.decay_mask()),
+        opt(model.masters(), {.lr = 1e-4, .weight_decay = 0.05}, model.decay_mask(), ctx),
         tr(model, loss, opt, scaler),
         x(std::array<std::size_t, 4>{o.batch, c.channels, c.image, c.image}),
         y(std::array<std::size_t, 1>{o.batch}) {

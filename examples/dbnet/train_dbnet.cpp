@@ -286,7 +286,7 @@ void time_one(const Entry& e, const options& o, const dbnet::config& dc, const d
   const cpu_context ctx{o.threads};
   auto model = nn::build<S, 4>(Map{}, dbnet::blueprint(dc), {.seed = o.seed});
   dbnet::loss_t<Map, decltype(model)> loss;
-  adamw opt(model.masters(), {.lr = o.lr, .weight_decay = o.weight_decay}, model.decay_mask());
+  adamw opt(model.masters(), {.lr = o.lr, .weight_decay = o.weight_decay}, model.decay_mask(), ctx);
   typename Entry::scaler scaler;
   nn::trainer tr(model, loss, opt, scaler);
   std::vector<std::size_t> order(train.count);
@@ -319,7 +319,7 @@ result train_one(const Entry& e, const options& o, const dbnet::config& dc, cons
   auto model = nn::build<S, 4>(Map{}, dbnet::blueprint(dc), {.seed = o.seed});
   dbnet::loss_t<Map, decltype(model)> loss;
   const std::size_t per_epoch = train.count / o.batch, total = per_epoch * o.epochs;
-  adamw opt(model.masters(), {.lr = o.lr, .weight_decay = o.weight_decay}, model.decay_mask());
+  adamw opt(model.masters(), {.lr = o.lr, .weight_decay = o.weight_decay}, model.decay_mask(), ctx);
   warmup_cosine schedule(o.lr, std::max<std::size_t>(total / 10, 1), total, o.lr * 0.01);
   typename Entry::scaler scaler;
   nn::trainer tr(model, loss, opt, scaler, schedule);

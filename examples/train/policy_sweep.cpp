@@ -167,7 +167,7 @@ result train_one(const Entry& e, const config& c, const dataset& train, const da
   const cpu_context ctx{c.threads};
   auto model = nn::build<S, 2>(Map{}, blueprint(c), {.seed = c.seed});
   nn::softmax_cross_entropy<typename Entry::loss> loss;
-  adamw opt(model.masters(), {.lr = c.lr, .weight_decay = 0.0f});
+  adamw opt(model.masters(), {.lr = c.lr, .weight_decay = 0.0f}, {}, ctx);
   warmup_cosine schedule(c.lr, c.steps / 20, c.steps, 1e-4f);
   typename Entry::scaler scaler;
   nn::trainer tr(model, loss, opt, scaler, schedule);

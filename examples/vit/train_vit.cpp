@@ -282,7 +282,7 @@ result train_one(const Entry& e, const options& o, const vit::config& vc, const 
   if (o.init) nn::load_safetensors(model, *o.init, vit::torch_name);
   nn::softmax_cross_entropy<LossPolicy> loss;
   const std::size_t per_epoch = train.count / o.batch, total = per_epoch * o.epochs;
-  adamw opt(model.masters(), {.lr = o.lr, .weight_decay = o.weight_decay}, model.decay_mask());
+  adamw opt(model.masters(), {.lr = o.lr, .weight_decay = o.weight_decay}, model.decay_mask(), ctx);
   warmup_cosine schedule(o.lr, std::max<std::size_t>(total / 10, 1), total, o.lr * 0.01);
   typename Entry::scaler scaler;
 #if PRECIS_EXAMPLE_MPI

@@ -8,6 +8,8 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
+#include <span>
 #include <vector>
 
 namespace {
@@ -73,6 +75,96 @@ TEST_CASE("adamw follows PyTorch's rule (float64 reference), with bfloat16 gradi
     opt.step(g);
   }
   for (std::size_t k = 0; k < w.size(); ++k) CHECK(w[k] == doctest::Approx(rw[k]).epsilon(1e-4));
+}
+
+namespace {
+
+// The update rules one element at a time in float, as the optimizers' comments state them
+// (std::fma for each fused operation; AdamW's decay as its own pass over the tensor, so no
+// product is fused into the addition that follows it).
+void reference_sgd(std::vector<float>& w, std::vector<float>& buf, const std::vector<float>& g,
+                   const precis::sgd_options& o, bool first) {
+  const float wd = float(o.weight_decay), momentum = float(o.momentum),
+              kept = float(1.0 - o.dampening), minus_lr = float(-o.lr);
+  for (std::size_t k = 0; k < w.size(); ++k) {
+    float d = std::fma(w[k], wd, g[k]);
+    const float old = buf[k] * momentum;
+    buf[k] = first ? d : std::fma(d, kept, old);
+    d = o.nesterov ? std::fma(buf[k], momentum, d) : buf[k];
+    w[k] = std::fma(d, minus_lr, w[k]);
+  }
+}
+
+void reference_adamw(std::vector<float>& w, std::vector<float>& m, std::vector<float>& v,
+                     const std::vector<float>& g, const precis::adamw_options& o, int t) {
+  const float keep = float(1.0 - o.lr * o.weight_decay), lerp = float(1.0 - o.beta1),
+              beta2 = float(o.beta2), one_minus_beta2 = float(1.0 - o.beta2),
+              step = float(-(o.lr / (1.0 - std::pow(o.beta1, t)))),
+              bias2_sqrt = float(std::sqrt(1.0 - std::pow(o.beta2, t))), eps = float(o.eps);
+  for (auto& x : w) x *= keep;
+  for (std::size_t k = 0; k < w.size(); ++k) {
+    m[k] = std::fma(lerp, g[k] - m[k], m[k]);
+    const float a = one_minus_beta2 * g[k], b = v[k] * beta2;
+    v[k] = std::fma(a, g[k], b);
+    const float denom = std::sqrt(v[k]) / bias2_sqrt + eps;
+    const float u = step * m[k];
+    w[k] = w[k] + u / denom;
+  }
+}
+
+// Tensors around the vector width and the blocks, and two large enough to be split over
+// two threads.
+constexpr std::size_t update_sizes[] = {1, 15, 16, 17, 2047, 2049, 70001, 131072};
+
+template <class T>
+void check_update_bits(unsigned threads) {
+  const precis::cpu_context ctx{threads};
+  const precis::sgd_options so{.lr = 0.05, .momentum = 0.9, .dampening = 0.1, .weight_decay = 0.01};
+  const precis::adamw_options ao{
+      .lr = 3e-3, .beta1 = 0.85, .beta2 = 0.99, .eps = 1e-6, .weight_decay = 0.1};
+  std::vector<std::vector<float>> sw, aw, ref_sw, ref_aw, buf, m, v;
+  for (std::size_t n : update_sizes) {
+    sw.push_back(random_floats(n, 1.0f));
+    aw.push_back(random_floats(n, 1.0f));
+    buf.emplace_back(n, 0.0f);
+    m.emplace_back(n, 0.0f);
+    v.emplace_back(n, 0.0f);
+  }
+  ref_sw = sw;
+  ref_aw = aw;
+  std::vector<std::span<float>> sspans(sw.begin(), sw.end()), aspans(aw.begin(), aw.end());
+  precis::sgd sgd(sspans, so, {}, ctx);
+  precis::adamw adamw(aspans, ao, {}, ctx);
+  for (int t = 1; t <= 3; ++t) {
+    std::vector<std::vector<T>> g;
+    for (std::size_t n : update_sizes) {
+      const auto f = random_floats(n, 0.3f);
+      g.emplace_back(f.begin(), f.end());  // rounded to T
+    }
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      const std::vector<float> gf(g[i].begin(), g[i].end());
+      reference_sgd(ref_sw[i], buf[i], gf, so, t == 1);
+      reference_adamw(ref_aw[i], m[i], v[i], gf, ao, t);
+    }
+    sgd.step(g);
+    adamw.step(g);
+  }
+  for (std::size_t i = 0; i < sw.size(); ++i) {
+    CAPTURE(update_sizes[i]);
+    CHECK(std::memcmp(sw[i].data(), ref_sw[i].data(), sw[i].size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(aw[i].data(), ref_aw[i].data(), aw[i].size() * sizeof(float)) == 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the vectorised, threaded updates give the element-by-element rule's bits") {
+  for (unsigned threads : {1U, 2U, 3U}) {
+    CAPTURE(threads);
+    check_update_bits<float>(threads);
+    check_update_bits<bfloat16>(threads);
+    check_update_bits<precis::float16>(threads);
+  }
 }
 
 TEST_CASE("weight decay applies only to the tensors the decay flags name") {

@@ -2,13 +2,22 @@
 // of any gradient type, with float state: SGD with momentum and AdamW. They work with the
 // scalers: a scaler calls `step(grads)` only for finite gradients, so a skipped step
 // changes neither the weights nor the optimizer's state or step count.
+//
+// An update is elementwise, so it runs on SIMD vectors (vmath: fma, sqrt and division are
+// correctly rounded instructions, the scalar operations' bits) and on the threads of the
+// context the optimizer was given, each tensor split into contiguous parts: the same bits
+// on every target and thread count.
 #pragma once
 
 #include <precis/config.hpp>
+#include <precis/kernels/context.hpp>
+#include <precis/kernels/cpu/support.hpp>
+#include <precis/kernels/cpu/vec_math.hpp>
 #include <precis/numeric/detail/unfused.hpp>
 #include <precis/scaling/gradients.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <span>
@@ -42,6 +51,40 @@ void for_each_master(std::span<const std::span<float>> masters, G& grads, std::s
     f(i, masters[i], g);
     ++i;
   });
+}
+
+/// Calls f(k, n, gf) over blocks of one tensor's gradients `g` on ctx's threads: k the
+/// block's first element, n its length, gf its gradients as floats (g's own memory where it
+/// holds floats, else converted into a buffer).
+template <class T, class F>
+void for_gradient_blocks(const cpu_context& ctx, std::span<T> g, F&& f) {
+  constexpr std::size_t block = 2048;
+  parallel_for(ctx, g.size(), std::size_t{1} << 15, [&](std::size_t b, std::size_t e) {
+    std::array<float, block> buffer;
+    for (std::size_t k = b; k < e; k += block) {
+      const std::size_t n = std::min(block, e - k);
+      f(k, n, float_view(g.data() + k, buffer.data(), n));
+    }
+  });
+}
+
+/// Calls f(i, c) for each vector of a block of n floats: i its first element, c how many of
+/// its lanes are in the block (vmath::lanes but in the last).
+template <class F>
+void for_vectors(std::size_t n, F&& f) {
+  for (std::size_t i = 0; i < n; i += vmath::lanes) f(i, std::min(vmath::lanes, n - i));
+}
+
+/// The c floats at p as a vector (the lanes past c zero), and back.
+inline vmath::vf load_lanes(const float* p, std::size_t c) {
+  return c == vmath::lanes ? vmath::load(p) : vmath::load_partial(p, c);
+}
+inline void store_lanes(float* p, vmath::vf v, std::size_t c) {
+  if (c == vmath::lanes) {
+    vmath::store(p, v);
+  } else {
+    vmath::store_partial(p, v, c);
+  }
 }
 
 inline std::vector<std::vector<float>> zeros_like(std::span<const std::span<float>> masters) {
@@ -103,43 +146,60 @@ struct sgd_options {
 ///   d = nesterov ? fma(b, momentum, d) : b                      (with momentum)
 ///   w = fma(d, -lr, w)
 /// Every fused operation is an explicit std::fma and no product feeds an addition, so the
-/// bits do not depend on -march or -ffp-contract (README, "Same bits under any flags").
+/// bits do not depend on -march or -ffp-contract (README, "Same bits under any flags"), nor
+/// on the thread count.
 class sgd {
  public:
   static constexpr std::string_view kind = "sgd";
 
   /// `masters`: the float master weights, in the order the gradients come in; `decay`: for
-  /// each of them, whether weight decay applies (empty: all).
-  sgd(std::vector<std::span<float>> masters, sgd_options o = {}, std::vector<bool> decay = {})
+  /// each of them, whether weight decay applies (empty: all); `ctx`: the threads the updates
+  /// run on (give the model's context, whose threads are idle during the update; the
+  /// default is one thread).
+  sgd(std::vector<std::span<float>> masters, sgd_options o = {}, std::vector<bool> decay = {},
+      cpu_context ctx = cpu_context{1})
       : masters_(std::move(masters)),
         options_(o),
         decay_(detail::decay_flags(std::move(decay), masters_.size(), "precis::sgd")),
-        velocity_(detail::zeros_like(masters_)) {
+        velocity_(detail::zeros_like(masters_)),
+        ctx_(std::move(ctx)) {
     if (auto e = validate_options(o); !e.empty()) throw error("precis::sgd: " + e);
   }
 
   /// One update from the gradients (any gradient element type, read as float).
   template <gradients G>
   void step(G& grads) {
+    namespace vmath = detail::vmath;
+    using vmath::splat;
     const auto& o = options_;
-    const float momentum = static_cast<float>(o.momentum);
-    const float kept = static_cast<float>(1.0 - o.dampening);
-    const float minus_lr = static_cast<float>(-o.lr);
-    const bool first = steps_ == 0;
-    detail::for_each_master(masters_, grads, "precis::sgd", [&](std::size_t i, std::span<float> w, auto g) {
-      auto& buf = velocity_[i];
-      const float wd = static_cast<float>(o.weight_decay);
-      const bool decays = decay_[i] && o.weight_decay != 0.0;
-      for (std::size_t k = 0; k < w.size(); ++k) {
-        float d = float(g[k]);
-        if (decays) d = std::fma(w[k], wd, d);
-        if (o.momentum != 0.0) {
-          buf[k] = first ? d : std::fma(d, kept, buf[k] * momentum);
-          d = o.nesterov ? std::fma(buf[k], momentum, d) : buf[k];
-        }
-        w[k] = std::fma(d, minus_lr, w[k]);
-      }
-    });
+    const auto momentum = splat(static_cast<float>(o.momentum));
+    const auto kept = splat(static_cast<float>(1.0 - o.dampening));
+    const auto minus_lr = splat(static_cast<float>(-o.lr));
+    const auto wd = splat(static_cast<float>(o.weight_decay));
+    const bool first = steps_ == 0, with_momentum = o.momentum != 0.0;
+    detail::for_each_master(
+        masters_, grads, "precis::sgd", [&](std::size_t i, std::span<float> w, auto g) {
+          float* const buf = velocity_[i].data();
+          const bool decays = decay_[i] && o.weight_decay != 0.0;
+          detail::for_gradient_blocks(ctx_, g, [&](std::size_t k, std::size_t n, const float* gf) {
+            detail::for_vectors(n, [&](std::size_t j, std::size_t c) {
+              float* const wp = w.data() + k + j;
+              float* const bp = buf + k + j;
+              const auto wv = detail::load_lanes(wp, c);
+              auto d = detail::load_lanes(gf + j, c);
+              if (decays) d = vmath::fma(wv, wd, d);
+              if (with_momentum) {
+                const auto b =
+                    first
+                        ? d
+                        : vmath::fma(d, kept, vmath::product(detail::load_lanes(bp, c), momentum));
+                detail::store_lanes(bp, b, c);
+                d = o.nesterov ? vmath::fma(b, momentum, d) : b;
+              }
+              detail::store_lanes(wp, vmath::fma(d, minus_lr, wv), c);
+            });
+          });
+        });
     ++steps_;
   }
 
@@ -185,6 +245,7 @@ class sgd {
   sgd_options options_;
   std::vector<bool> decay_;
   std::vector<std::vector<float>> velocity_;
+  cpu_context ctx_;
   std::uint64_t steps_ = 0;
 };
 
@@ -207,56 +268,71 @@ struct adamw_options {
 ///                                                  else fma((1 - b1) - 1, g - m, g)
 ///   v = fma((1 - beta2) * g, g, v * beta2)
 ///   w = w + (-lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
-/// Every fused operation is an explicit std::fma and no product feeds an addition (the
-/// decay pass is a separate loop for that reason), so the bits do not depend on -march
-/// or -ffp-contract.
+/// Every fused operation is an explicit fma and no product feeds an addition (the decayed
+/// weight is rounded before the update is added, as PyTorch's separate pass rounds it), so
+/// the bits depend neither on -march or -ffp-contract nor on the thread count.
 class adamw {
  public:
   static constexpr std::string_view kind = "adamw";
 
-  /// `decay`: for each master tensor, whether weight decay applies (empty: all of them).
-  adamw(std::vector<std::span<float>> masters, adamw_options o = {}, std::vector<bool> decay = {})
+  /// `decay`: for each master tensor, whether weight decay applies (empty: all of them);
+  /// `ctx`: the threads the updates run on (give the model's context, whose threads are idle
+  /// during the update; the default is one thread).
+  adamw(std::vector<std::span<float>> masters, adamw_options o = {}, std::vector<bool> decay = {},
+        cpu_context ctx = cpu_context{1})
       : masters_(std::move(masters)),
         options_(o),
         decay_(detail::decay_flags(std::move(decay), masters_.size(), "precis::adamw")),
         m_(detail::zeros_like(masters_)),
-        v_(detail::zeros_like(masters_)) {
+        v_(detail::zeros_like(masters_)),
+        ctx_(std::move(ctx)) {
     if (auto e = validate_options(o); !e.empty()) throw error("precis::adamw: " + e);
   }
 
   template <gradients G>
   void step(G& grads) {
+    namespace vmath = detail::vmath;
+    using vmath::splat;
     const auto& o = options_;
     const std::uint64_t t = steps_ + 1;
     // PyTorch forms these in double (Python floats) and its kernels round them to float.
-    const float keep = static_cast<float>(1.0 - detail::mul(o.lr, o.weight_decay));
     const float lerp_weight = static_cast<float>(1.0 - o.beta1);
     const bool small_weight = std::fabs(lerp_weight) < 0.5f;  // PyTorch's lerp switches form here
-    const float beta2 = static_cast<float>(o.beta2);
-    const float one_minus_beta2 = static_cast<float>(1.0 - o.beta2);
-    const float step_size = static_cast<float>(-(o.lr / (1.0 - std::pow(o.beta1, double(t)))));
-    const float bias2_sqrt = static_cast<float>(std::pow(1.0 - std::pow(o.beta2, double(t)), 0.5));
-    const float eps = static_cast<float>(o.eps);
-    constexpr std::size_t block = 4096;  // the decay pass runs a block ahead, in cache
-    detail::for_each_master(masters_, grads, "precis::adamw", [&](std::size_t i, std::span<float> w, auto g) {
-      auto& m = m_[i];
-      auto& v = v_[i];
-      const bool decays = decay_[i] && o.weight_decay != 0.0;
-      for (std::size_t b = 0; b < w.size(); b += block) {
-        const std::size_t e = std::min(w.size(), b + block);
-        if (decays) {
-          for (std::size_t k = b; k < e; ++k) w[k] *= keep;
-        }
-        for (std::size_t k = b; k < e; ++k) {
-          const float gk = float(g[k]);
-          const float diff = gk - m[k];
-          m[k] = small_weight ? std::fma(lerp_weight, diff, m[k]) : std::fma(lerp_weight - 1.0f, diff, gk);
-          v[k] = std::fma(one_minus_beta2 * gk, gk, v[k] * beta2);
-          const float denom = std::sqrt(v[k]) / bias2_sqrt + eps;
-          w[k] = w[k] + step_size * m[k] / denom;
-        }
-      }
-    });
+    const auto keep = splat(static_cast<float>(1.0 - detail::mul(o.lr, o.weight_decay)));
+    const auto lerp = splat(small_weight ? lerp_weight : lerp_weight - 1.0f);
+    const auto beta2 = splat(static_cast<float>(o.beta2));
+    const auto one_minus_beta2 = splat(static_cast<float>(1.0 - o.beta2));
+    const auto step_size =
+        splat(static_cast<float>(-(o.lr / (1.0 - std::pow(o.beta1, double(t))))));
+    const auto bias2_sqrt =
+        splat(static_cast<float>(std::pow(1.0 - std::pow(o.beta2, double(t)), 0.5)));
+    const auto eps = splat(static_cast<float>(o.eps));
+    detail::for_each_master(
+        masters_, grads, "precis::adamw", [&](std::size_t i, std::span<float> w, auto g) {
+          float* const m = m_[i].data();
+          float* const v = v_[i].data();
+          const bool decays = decay_[i] && o.weight_decay != 0.0;
+          detail::for_gradient_blocks(ctx_, g, [&](std::size_t k, std::size_t n, const float* gf) {
+            detail::for_vectors(n, [&](std::size_t j, std::size_t c) {
+              float* const wp = w.data() + k + j;
+              float* const mp = m + k + j;
+              float* const vp = v + k + j;
+              auto wv = detail::load_lanes(wp, c);
+              auto mv = detail::load_lanes(mp, c);
+              const auto gv = detail::load_lanes(gf + j, c);
+              if (decays) wv = vmath::product(wv, keep);
+              const auto diff = gv - mv;
+              // lerp(m, g, 1 - beta1) in PyTorch's two forms.
+              mv = vmath::fma(lerp, diff, small_weight ? mv : gv);
+              const auto vv = vmath::fma(vmath::product(one_minus_beta2, gv), gv,
+                                         vmath::product(detail::load_lanes(vp, c), beta2));
+              const auto denom = vmath::sqrt(vv) / bias2_sqrt + eps;
+              detail::store_lanes(wp, wv + vmath::product(step_size, mv) / denom, c);
+              detail::store_lanes(mp, mv, c);
+              detail::store_lanes(vp, vv, c);
+            });
+          });
+        });
     steps_ = t;
   }
 
@@ -298,6 +374,7 @@ class adamw {
   adamw_options options_;
   std::vector<bool> decay_;
   std::vector<std::vector<float>> m_, v_;
+  cpu_context ctx_;
   std::uint64_t steps_ = 0;
 };
 

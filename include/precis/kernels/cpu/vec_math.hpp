@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -96,6 +97,38 @@ struct fused_arith {
 #endif
   }
 };
+
+/// a * b + c with one rounding, lane-wise: std::fma's bits, by the FMA instruction where
+/// the build targets it and by std::fma per lane elsewhere (exact, slower). Unlike
+/// fused_arith::madd, never unfused: for code whose result is defined by fma (the
+/// optimizers follow PyTorch's).
+inline vf fma(vf a, vf b, vf c) {
+#if defined(__AVX512F__)
+  return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__AVX__) && defined(__FMA__)
+  return (vf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+  vf r;
+  for (std::size_t j = 0; j < lanes; ++j) r[j] = std::fma(a[j], b[j], c[j]);
+  return r;
+#endif
+}
+
+/// The square root lane-wise, correctly rounded (std::sqrt's bits). Called as an
+/// instruction: std::sqrt per element does not vectorise, as it may set errno.
+inline vf sqrt(vf x) {
+#if defined(__AVX512F__)
+  return (vf)_mm512_maskz_sqrt_ps(__mmask16(0xFFFF), (__m512)x);  // see scale2
+#elif defined(__AVX__)
+  return (vf)_mm256_sqrt_ps((__m256)x);
+#elif defined(__SSE__)
+  return (vf)_mm_sqrt_ps((__m128)x);
+#else
+  vf r;
+  for (std::size_t j = 0; j < lanes; ++j) r[j] = std::sqrt(x[j]);
+  return r;
+#endif
+}
 
 /// m ? a : b lane-wise (m: all ones or all zeros per lane, as comparisons give). Written
 /// as the vector conditional, which compilers turn into a blend.
