@@ -1,17 +1,22 @@
 // precis's side of the comparison with PyTorch on the same CPU (bench/torch_kernels.py runs
 // both and writes bench/results/cpu/torch_kernels.csv): gemm, conv2d on the ResNet-18
-// layers, softmax, layer norm, GELU and cross-entropy, in bfloat16 (bf16_mixed: hardware products
-// where precis::onednn is linked) and float (fp32), timed best-of-N after a warm-up on a context
-// with the given thread count. One CSV line per measurement on standard output:
+// layers, max pooling, softmax, layer norm, GELU and cross-entropy, in bfloat16 (bf16_mixed:
+// hardware products where precis::onednn is linked) and float (fp32), timed best-of-N after a
+// warm-up on a context with the given thread count. One CSV line per measurement on standard
+// output:
 //
 //   kernel,shape,dtype,threads,ms
 //
 // Shapes: gemm "MxNxK" (A M x K, B K x N, C in the input type), conv2d
 // "n<N>_c<C>_h<H>_co<Co>_k<K>_s<stride>_p<pad>" (square H x H images and K x K kernels,
 // output in the input type; kernel conv2d with NCHW images, conv2d_nhwc with channels-last
-// ones, image_layout::nhwc), row kernels "RxC" over the last axis (output in the input
-// type; layer norm with gamma and beta, statistics in float; cross-entropy the mean loss
-// of R rows of C logits, row r's target r * 7 mod C).
+// ones, image_layout::nhwc), max_pool2d and max_pool2d_backward
+// "n<N>_c<C>_h<H>_k<K>_s<stride>_p<pad>" (NCHW; the backward pass finds each window's maximum
+// again, as precis's does, and writes dx in the input type), row kernels "RxC" over the last axis
+// (output in the input type; layer norm with gamma and beta, statistics in float; cross-entropy the
+// mean loss of R rows of C logits, row r's target r * 7 mod C), adamw "<T>x<N>" (one step of
+// precis::adamw on T tensors of N float weights with float gradients, on the context's
+// threads; float32 only).
 //
 //   bench_torch_kernels --threads N [--quick]
 #include <precis/kernels/conv.hpp>
@@ -19,7 +24,9 @@
 #include <precis/kernels/gemm.hpp>
 #include <precis/kernels/loss.hpp>
 #include <precis/kernels/norm.hpp>
+#include <precis/kernels/pooling.hpp>
 #include <precis/kernels/softmax.hpp>
+#include <precis/optim/optimizers.hpp>
 
 #include "common.hpp"
 #include "resnet18.hpp"
@@ -28,6 +35,8 @@
 #include <cstdio>
 #include <random>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 namespace {
 
@@ -81,6 +90,25 @@ void run_all(const precis::cpu_context& ctx, const char* dtype, bool quick, std:
     if (quick) break;
   }
   if (products_only) return;
+  // ResNet-18's stem pooling, and DBNet's at a 512-pixel input (width 64, batch 4).
+  struct pool_shape {
+    std::size_t n, c, h;
+  };
+  for (const pool_shape s : {pool_shape{2, 64, 112}, pool_shape{4, 64, 128}}) {
+    const precis::pool2d_params p{.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}};
+    const std::size_t ho = (s.h + 2 - 3) / 2 + 1;
+    const auto x = random_tensor<T, 4>({s.n, s.c, s.h, s.h}, g);
+    const auto dy = random_tensor<T, 4>({s.n, s.c, ho, ho}, g);
+    auto y = precis::host_tensor<T, 4>::from_shape({s.n, s.c, ho, ho});
+    auto dx = precis::host_tensor<T, 4>::from_shape({s.n, s.c, s.h, s.h});
+    const std::string shape = "n" + std::to_string(s.n) + "_c" + std::to_string(s.c) + "_h" +
+                              std::to_string(s.h) + "_k3_s2_p1";
+    report("max_pool2d", shape, dtype, threads,
+           precis_bench::best_ms([&] { precis::max_pool2d<P>(ctx, x, y, p); }, reps));
+    report("max_pool2d_backward", shape, dtype, threads,
+           precis_bench::best_ms([&] { precis::max_pool2d_backward<P>(ctx, x, dy, dx, p); }, reps));
+    if (quick) break;
+  }
   const std::size_t rows = quick ? 64 : 1024, cols = 4096;
   const std::string rc = std::to_string(rows) + "x" + std::to_string(cols);
   const auto x = random_tensor<T, 2>({rows, cols}, g);
@@ -101,6 +129,21 @@ void run_all(const precis::cpu_context& ctx, const char* dtype, bool quick, std:
   report("cross_entropy", rc, dtype, threads,
          precis_bench::best_ms([&] { loss = float(precis::cross_entropy<P>(ctx, x, targets)); },
                                reps));
+  if constexpr (std::is_same_v<T, float>) {
+    // About the weights of the DBNet example at width 64 (11M), in 8 tensors.
+    const std::size_t tensors = 8, n = quick ? 4096 : std::size_t{1} << 20;
+    std::vector<std::vector<float>> w, grads;
+    std::uniform_real_distribution<float> u(-1.0F, 1.0F);
+    for (std::size_t i = 0; i < tensors; ++i) {
+      w.emplace_back(n);
+      grads.emplace_back(n);
+      for (auto& v : w.back()) v = u(g);
+      for (auto& v : grads.back()) v = u(g) * 1e-2F;
+    }
+    precis::adamw opt({w.begin(), w.end()}, {.lr = 1e-3, .weight_decay = 0.01}, {}, ctx);
+    report("adamw", std::to_string(tensors) + "x" + std::to_string(n), dtype, threads,
+           precis_bench::best_ms([&] { opt.step(grads); }, reps));
+  }
 }
 
 }  // namespace

@@ -10,7 +10,12 @@ dtype and thread count:
 
 ratio = torch_ms / precis_ms: above 1, precis is faster. For conv2d (precis's NCHW images)
 PyTorch runs NCHW and channels-last and its faster time is kept (its best layout); for
-conv2d_nhwc (precis's channels-last images) PyTorch runs channels-last. dtype float32 is precis's
+conv2d_nhwc (precis's channels-last images) PyTorch runs channels-last. max_pool2d and
+max_pool2d_backward take PyTorch's faster layout too (its NCHW max pooling is much the slower
+one). max_pool2d_backward
+finds each window's maximum again in precis; PyTorch's reads the indices its forward pass kept
+(max_pool2d_with_indices_backward), as its training step does. adamw is one optimizer step
+over R tensors of C float weights against torch.optim.AdamW with its defaults. dtype float32 is precis's
 exact fp32 (the reference), float32_hardware its fp32_hardware (oneDNN's float products,
 gemm and conv2d only), both against torch's float32. --append keeps the rows already in
 the CSV (another machine's), replacing those of the same kernel, shape, dtype, thread
@@ -74,7 +79,29 @@ def torch_time(torch, kernel, shape, dtype, reps):
                 return last
             nchw = best_ms(lambda: F.conv2d(x, w, stride=d["s"], padding=d["p"]), reps)
             return min(nchw, last)
+        if kernel in ("max_pool2d", "max_pool2d_backward"):
+            d = {k: int(v) for k, v in re.findall(r"([a-z]+)(\d+)", shape)}
+            args = ([d["k"]] * 2, [d["s"]] * 2, [d["p"]] * 2)
+            times = []
+            for layout in (torch.contiguous_format, torch.channels_last):  # its best layout
+                x = rand(d["n"], d["c"], d["h"], d["h"]).contiguous(memory_format=layout)
+                if kernel == "max_pool2d":
+                    times.append(best_ms(lambda: F.max_pool2d(x, *args), reps))
+                    continue
+                # Training keeps the forward pass's indices: torch's backward only scatters.
+                y, idx = torch.ops.aten.max_pool2d_with_indices(x, *args)
+                dy = rand(*y.shape).contiguous(memory_format=layout)
+                back = torch.ops.aten.max_pool2d_with_indices_backward
+                times.append(best_ms(lambda: back(dy, x, *args, [1, 1], False, idx), reps))
+            return min(times)
         r, c = (int(v) for v in shape.split("x"))
+        if kernel == "adamw":
+            # torch.optim.AdamW as constructed by default (on the CPU its for-loop form).
+            params = [torch.nn.Parameter(rand(c)) for _ in range(r)]
+            for p in params:
+                p.grad = rand(c) * 1e-2
+            opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
+            return best_ms(opt.step, reps)
         x = rand(r, c)
         if kernel == "softmax":
             return best_ms(lambda: torch.softmax(x, -1), reps)
