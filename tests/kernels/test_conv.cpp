@@ -114,6 +114,10 @@ const geo geometries[] = {
     {1, 8, 10, 7, 4, 1, 1, params(3, 0, 2, 2)},  // strided, grouped, dilation irrelevant
     {2, 3, 9, 11, 4, 3, 3, axes({2, 1}, {1, 2}, {1, 2})},  // stride, pad, dilation per axis
     {1, 2, 4, 5, 3, 3, 3, axes({1, 2}, {5, 4}, {3, 1})},   // padding past the kernel's reach
+    // Whole blocks of 16 channels: without AMX, oneDNN's bfloat16 kernels take nChw16c
+    // images, which precis moves itself.
+    {2, 32, 7, 6, 16, 3, 3, params(1, 1, 1, 1)},
+    {1, 16, 9, 9, 32, 3, 3, params(2, 1, 1, 1)},
 };
 
 }  // namespace

@@ -834,9 +834,10 @@ bool onednn_conv_backward_weights(const cpu_context& ctx, const conv_geometry& g
 ///   conv_transpose2d: dx = forward(g, dy, w),        dw = backward_weights(g, dy, x)
 /// where in the second g is the convolution dy -> x. The images are transposed to NHWC
 /// here, split over the context's threads, and oneDNN runs the channels-last primitives,
-/// which are the ones the NCHW calls run: the same bits as the two calls. bfloat16 only:
-/// float primitives take blocked layouts, which oneDNN's reorders reach from NCHW as
-/// directly as from NHWC. Returns false,
+/// which are the ones the NCHW calls run: the same bits as the two calls. bfloat16 on AMX
+/// only, whose primitives (brgconv) take NHWC: float primitives, and oneDNN's AVX-512
+/// bfloat16 ones without AMX, take 16-channel blocks, which precis's transposes reach from
+/// NCHW as directly as from NHWC (the separate calls are then faster). Returns false,
 /// having written nothing, where either pass would not run on oneDNN (strided 1x1
 /// convolutions, which gather their pixels, included); dw is then the caller's to compute,
 /// and so is dx.
@@ -847,6 +848,7 @@ bool onednn_backward_pair(const cpu_context& ctx, const conv_geometry& g, bool t
     return false;
   } else {
     if (g.channels_last() || !onednn_has_products<TIn>() || sampled_1x1(g)) return false;
+    if (onednn_isa() != dnnl::cpu_isa::avx512_core_amx) return false;
     if (g.n == 0 || g.c == 0 || g.co == 0 || g.h == 0 || g.w == 0) return false;
     conv_geometry last = g;
     last.p.layout = image_layout::nhwc;

@@ -301,7 +301,26 @@ struct onednn_weight_packing {
 /// How an operand goes between precis's layout and the primitive's: not at all (`same`),
 /// by precis's 16-bit transpose (NCHW <-> NHWC bfloat16 images), by precis's packing of
 /// bfloat16 weights (`pack`, onednn_weight_packing), or by oneDNN's reorder.
-enum class onednn_move { same, to_nhwc, to_nchw, pack, reorder };
+/// How an operand gets from precis's layout to the primitive's (and back, for an output):
+/// not at all; precis's transposes between NCHW and NHWC images, or between either and
+/// 16-channel blocks (nChw16c, oneDNN's aBcd16b: [N][C / 16][H][W][16], what its AVX-512
+/// bfloat16 kernels take without AMX); precis's weight packing; or oneDNN's reorder.
+enum class onednn_move {
+  same,
+  to_nhwc,
+  to_nchw,
+  nchw_to_blocks,
+  blocks_to_nchw,
+  nhwc_to_blocks,
+  blocks_to_nhwc,
+  pack,
+  reorder
+};
+
+/// The 16 channels of one pixel in an nChw16c image: moved as one value.
+struct channel_block16 {
+  std::uint16_t v[16];
+};
 
 /// One operand of a convolution primitive: precis's layout (NCHW, OIHW), the primitive's
 /// (oneDNN's choice: blocked or channels-last where its fast kernels want them) and the
@@ -333,13 +352,29 @@ inline void onednn_move_operand(const onednn_operand& o, dnnl::stream& s, dnnl::
   }
   const dnnl::memory::dims d = o.user.dims();  // N, C, H, W
   const auto images = std::size_t(d[0]), channels = std::size_t(d[1]);
-  const auto pixels = std::size_t(d[2] * d[3]);
+  const auto pixels = std::size_t(d[2] * d[3]), blocks = channels / 16;
   const auto* src = static_cast<const std::uint16_t*>(from.get_data_handle());
   auto* dst = static_cast<std::uint16_t*>(to.get_data_handle());
-  if (o.move == onednn_move::to_nhwc) {
-    transpose_images(src, dst, images, channels, pixels);
-  } else {
-    transpose_images(src, dst, images, pixels, channels);
+  const auto* src_blocks = static_cast<const channel_block16*>(from.get_data_handle());
+  auto* dst_blocks = static_cast<channel_block16*>(to.get_data_handle());
+  switch (o.move) {
+    case onednn_move::to_nhwc: transpose_images(src, dst, images, channels, pixels); break;
+    case onednn_move::to_nchw: transpose_images(src, dst, images, pixels, channels); break;
+    // A block of 16 channels of an NCHW image is [16][pixels]; in nChw16c [pixels][16].
+    case onednn_move::nchw_to_blocks:
+      transpose_images(src, dst, images * blocks, 16, pixels);
+      break;
+    case onednn_move::blocks_to_nchw:
+      transpose_images(src, dst, images * blocks, pixels, 16);
+      break;
+    // An NHWC image is [pixels][blocks] of 16-channel blocks; nChw16c [blocks][pixels].
+    case onednn_move::nhwc_to_blocks:
+      transpose_images(src_blocks, dst_blocks, images, pixels, blocks);
+      break;
+    case onednn_move::blocks_to_nhwc:
+      transpose_images(src_blocks, dst_blocks, images, blocks, pixels);
+      break;
+    default: throw error("precis: internal error: unknown oneDNN operand move");
   }
 }
 
@@ -451,6 +486,20 @@ struct onednn_state {
           user == md(d, dt::bf16, tag::nchw) && prim == md(d, dt::bf16, tag::nhwc)) {
         o.move = input ? onednn_move::to_nhwc : onednn_move::to_nchw;
         return o;
+      }
+      // bfloat16 images, NCHW or NHWC in precis and in 16-channel blocks in the primitive
+      // (oneDNN's AVX-512 bfloat16 kernels without AMX), whole blocks only: precis's
+      // transposes, several times faster than oneDNN 2.6's reorder for these layouts.
+      if (d.size() == 4 && user.data_type() == dt::bf16 && d[1] % 16 == 0 &&
+          prim == md(d, dt::bf16, tag::aBcd16b)) {
+        if (user == md(d, dt::bf16, tag::nchw)) {
+          o.move = input ? onednn_move::nchw_to_blocks : onednn_move::blocks_to_nchw;
+          return o;
+        }
+        if (user == md(d, dt::bf16, tag::nhwc)) {
+          o.move = input ? onednn_move::nhwc_to_blocks : onednn_move::blocks_to_nhwc;
+          return o;
+        }
       }
       // bfloat16 weights into a pair-interleaved blocked layout: precis's packing.
       if (input && d.size() == 4 && user == md(d, dt::bf16, tag::oihw)) {
@@ -875,9 +924,12 @@ bool onednn_product(const cpu_context& ctx, std::size_t batch, std::size_t M, st
 /// precis's layouts (NCHW images, or NHWC where key.channels_last; [co, c / groups, kh, kw]
 /// weights): forward x, w -> y,
 /// backward_data dy, w -> dx, backward_weights x, dy -> dw. Images are split over the
-/// context's threads when there are at least as many as threads (each part one
-/// single-threaded call; weight gradients are float partial sums per part, added in part
-/// order); fewer images run as one call on oneDNN's threads, as many as the context's.
+/// context's threads when there are at least as many as threads and a part's images hold
+/// at least as many elements as the weights (each part one single-threaded call; weight
+/// gradients are float partial sums per part, added in part order); otherwise one call runs
+/// on oneDNN's threads, as many as the context's (deep layers at small batches, where each
+/// part would read, or write, all the weights). Either way the choice depends only on the
+/// shapes and the thread count, so the bits do too.
 /// `out` is written directly when `direct` (its type is key.out_type); otherwise float
 /// values go to finish(first element, count, values). False, having written nothing, where
 /// the CPU has no dot-product instructions for TIn or oneDNN offers only its reference
@@ -893,7 +945,17 @@ bool onednn_conv(const cpu_context& ctx, onednn_conv_key key, const TIn* in0, co
   const bool weights = key.kind == onednn_conv_kind::backward_weights;
   const std::size_t threads = ctx.thread_count();
   const std::size_t n = std::size_t(key.n);
-  const std::size_t parts = threads > 1 && n >= threads ? threads : 1;
+  // Elements of an image of x and y, and of the whole weight tensor.
+  const std::size_t x_image = std::size_t(key.c * key.h * key.w);
+  const std::size_t y_image = std::size_t(key.co * key.ho * key.wo);
+  const std::size_t w_size = std::size_t(key.co * (key.c / key.groups) * key.kh * key.kw);
+  // Whole images per thread, unless a part's images would be smaller than the weights
+  // (deep layers at small batches): every part reads all the weights (and a weight
+  // gradient's part writes them all, summed afterwards), so oneDNN's threads, which split
+  // the channels, do better there.
+  const bool split =
+      threads > 1 && n >= threads && (n / threads) * std::max(x_image, y_image) >= w_size;
+  const std::size_t parts = split ? threads : 1;
   const std::size_t chunk = (n + parts - 1) / parts;
   const std::size_t used = (n + chunk - 1) / chunk;  // parts with at least one image
   const int omp = parts > 1 ? 1 : int(threads);
@@ -909,10 +971,6 @@ bool onednn_conv(const cpu_context& ctx, onednn_conv_key key, const TIn* in0, co
   if (first.implementation.rfind("ref", 0) == 0 || last.implementation.rfind("ref", 0) == 0) {
     return false;
   }
-  // Elements per image of x and y, and of the whole weight tensor.
-  const std::size_t x_image = std::size_t(key.c * key.h * key.w);
-  const std::size_t y_image = std::size_t(key.co * key.ho * key.wo);
-  const std::size_t w_size = std::size_t(key.co * (key.c / key.groups) * key.kh * key.kw);
   const std::size_t in0_image = key.kind == onednn_conv_kind::backward_data ? y_image : x_image;
   const std::size_t out_image = key.kind == onednn_conv_kind::forward ? y_image : x_image;
 
