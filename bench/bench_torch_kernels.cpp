@@ -10,7 +10,8 @@
 // Shapes: gemm "MxNxK" (A M x K, B K x N, C in the input type), conv2d
 // "n<N>_c<C>_h<H>_co<Co>_k<K>_s<stride>_p<pad>" (square H x H images and K x K kernels,
 // output in the input type; kernel conv2d with NCHW images, conv2d_nhwc with channels-last
-// ones, image_layout::nhwc), max_pool2d and max_pool2d_backward
+// ones, image_layout::nhwc; conv2d_backward and conv2d_nhwc_backward both backward passes,
+// dx in the input type and dw in float), max_pool2d and max_pool2d_backward
 // "n<N>_c<C>_h<H>_k<K>_s<stride>_p<pad>" (NCHW; the backward pass finds each window's maximum
 // again, as precis's does, and writes dx in the input type), row kernels "RxC" over the last axis
 // (output in the input type; layer norm with gamma and beta, statistics in float; cross-entropy the
@@ -84,8 +85,15 @@ void run_all(const precis::cpu_context& ctx, const char* dtype, bool quick, std:
       auto y =
           precis::host_tensor<T, 4>::from_shape(precis::image_shape(layout, batch, l.co, ho, ho));
       const double ms = precis_bench::best_ms([&] { precis::conv2d<P>(ctx, x, w, y, p); }, reps);
-      report(layout == precis::image_layout::nchw ? "conv2d" : "conv2d_nhwc", shape, dtype, threads,
-             ms);
+      const bool nchw = layout == precis::image_layout::nchw;
+      report(nchw ? "conv2d" : "conv2d_nhwc", shape, dtype, threads, ms);
+      // Both backward passes (dx in T, dw in float), as a training step runs them.
+      const auto dy = random_tensor<T, 4>(precis::image_shape(layout, batch, l.co, ho, ho), g);
+      auto dx = precis::host_tensor<T, 4>::from_shape(x.shape());
+      auto dw = precis::host_tensor<float, 4>::from_shape(w.shape());
+      report(nchw ? "conv2d_backward" : "conv2d_nhwc_backward", shape, dtype, threads,
+             precis_bench::best_ms([&] { precis::conv2d_backward<P>(ctx, x, dy, w, dx, dw, p); },
+                                   reps));
     }
     if (quick) break;
   }

@@ -15,7 +15,9 @@ max_pool2d_backward take PyTorch's faster layout too (its NCHW max pooling is mu
 one). max_pool2d_backward
 finds each window's maximum again in precis; PyTorch's reads the indices its forward pass kept
 (max_pool2d_with_indices_backward), as its training step does. adamw is one optimizer step
-over R tensors of C float weights against torch.optim.AdamW with its defaults. dtype float32 is precis's
+over R tensors of C float weights against torch.optim.AdamW with its defaults.
+conv2d_backward and conv2d_nhwc_backward time both backward passes (dx and dw) against
+torch.ops.aten.convolution_backward, as autograd calls it, in the same layouts. dtype float32 is precis's
 exact fp32 (the reference), float32_hardware its fp32_hardware (oneDNN's float products,
 gemm and conv2d only), both against torch's float32. --append keeps the rows already in
 the CSV (another machine's), replacing those of the same kernel, shape, dtype, thread
@@ -68,17 +70,27 @@ def torch_time(torch, kernel, shape, dtype, reps):
             m, n, k = (int(v) for v in shape.split("x"))
             a, b = rand(m, k), rand(k, n)
             return best_ms(lambda: torch.mm(a, b), reps)
-        if kernel in ("conv2d", "conv2d_nhwc"):
+        if kernel in ("conv2d", "conv2d_nhwc", "conv2d_backward", "conv2d_nhwc_backward"):
             d = {k: int(v) for k, v in re.findall(r"([a-z]+)(\d+)", shape)}
             x = rand(d["n"], d["c"], d["h"], d["h"])
             w = rand(d["co"], d["c"], d["k"], d["k"])
-            xl = x.contiguous(memory_format=torch.channels_last)
-            wl = w.contiguous(memory_format=torch.channels_last)
-            last = best_ms(lambda: F.conv2d(xl, wl, stride=d["s"], padding=d["p"]), reps)
-            if kernel == "conv2d_nhwc":
+            st, pad = [d["s"]] * 2, [d["p"]] * 2
+
+            def timed(layout):
+                xl, wl = x.contiguous(memory_format=layout), w.contiguous(memory_format=layout)
+                if not kernel.endswith("_backward"):
+                    return best_ms(lambda: F.conv2d(xl, wl, stride=st, padding=pad), reps)
+                y = F.conv2d(xl, wl, stride=st, padding=pad)
+                dy = rand(*y.shape).contiguous(memory_format=layout)
+                # dx and dw, as autograd asks for them (no bias).
+                back = torch.ops.aten.convolution_backward
+                return best_ms(lambda: back(dy, xl, wl, None, st, pad, [1, 1], False, [0, 0], 1,
+                                            [True, True, False]), reps)
+
+            last = timed(torch.channels_last)
+            if "nhwc" in kernel:
                 return last
-            nchw = best_ms(lambda: F.conv2d(x, w, stride=d["s"], padding=d["p"]), reps)
-            return min(nchw, last)
+            return min(timed(torch.contiguous_format), last)
         if kernel in ("max_pool2d", "max_pool2d_backward"):
             d = {k: int(v) for k, v in re.findall(r"([a-z]+)(\d+)", shape)}
             args = ([d["k"]] * 2, [d["s"]] * 2, [d["p"]] * 2)
