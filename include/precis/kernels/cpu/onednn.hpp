@@ -924,12 +924,9 @@ bool onednn_product(const cpu_context& ctx, std::size_t batch, std::size_t M, st
 /// precis's layouts (NCHW images, or NHWC where key.channels_last; [co, c / groups, kh, kw]
 /// weights): forward x, w -> y,
 /// backward_data dy, w -> dx, backward_weights x, dy -> dw. Images are split over the
-/// context's threads when there are at least as many as threads and a part's images hold
-/// at least as many elements as the weights (each part one single-threaded call; weight
-/// gradients are float partial sums per part, added in part order); otherwise one call runs
-/// on oneDNN's threads, as many as the context's (deep layers at small batches, where each
-/// part would read, or write, all the weights). Either way the choice depends only on the
-/// shapes and the thread count, so the bits do too.
+/// context's threads when there are at least as many as threads (each part one
+/// single-threaded call; weight gradients are float partial sums per part, added in part
+/// order); fewer images run as one call on oneDNN's threads, as many as the context's.
 /// `out` is written directly when `direct` (its type is key.out_type); otherwise float
 /// values go to finish(first element, count, values). False, having written nothing, where
 /// the CPU has no dot-product instructions for TIn or oneDNN offers only its reference
@@ -945,17 +942,7 @@ bool onednn_conv(const cpu_context& ctx, onednn_conv_key key, const TIn* in0, co
   const bool weights = key.kind == onednn_conv_kind::backward_weights;
   const std::size_t threads = ctx.thread_count();
   const std::size_t n = std::size_t(key.n);
-  // Elements of an image of x and y, and of the whole weight tensor.
-  const std::size_t x_image = std::size_t(key.c * key.h * key.w);
-  const std::size_t y_image = std::size_t(key.co * key.ho * key.wo);
-  const std::size_t w_size = std::size_t(key.co * (key.c / key.groups) * key.kh * key.kw);
-  // Whole images per thread, unless a part's images would be smaller than the weights
-  // (deep layers at small batches): every part reads all the weights (and a weight
-  // gradient's part writes them all, summed afterwards), so oneDNN's threads, which split
-  // the channels, do better there.
-  const bool split =
-      threads > 1 && n >= threads && (n / threads) * std::max(x_image, y_image) >= w_size;
-  const std::size_t parts = split ? threads : 1;
+  const std::size_t parts = threads > 1 && n >= threads ? threads : 1;
   const std::size_t chunk = (n + parts - 1) / parts;
   const std::size_t used = (n + chunk - 1) / chunk;  // parts with at least one image
   const int omp = parts > 1 ? 1 : int(threads);
@@ -971,6 +958,10 @@ bool onednn_conv(const cpu_context& ctx, onednn_conv_key key, const TIn* in0, co
   if (first.implementation.rfind("ref", 0) == 0 || last.implementation.rfind("ref", 0) == 0) {
     return false;
   }
+  // Elements per image of x and y, and of the whole weight tensor.
+  const std::size_t x_image = std::size_t(key.c * key.h * key.w);
+  const std::size_t y_image = std::size_t(key.co * key.ho * key.wo);
+  const std::size_t w_size = std::size_t(key.co * (key.c / key.groups) * key.kh * key.kw);
   const std::size_t in0_image = key.kind == onednn_conv_kind::backward_data ? y_image : x_image;
   const std::size_t out_image = key.kind == onednn_conv_kind::forward ? y_image : x_image;
 
