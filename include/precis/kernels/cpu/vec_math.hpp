@@ -73,31 +73,6 @@ inline T product(T a, T b) {
   return opaque(a * b);
 }
 
-/// How the polynomials and argument reductions below multiply and add (their template
-/// parameter A). exact_arith rounds every product before the addition it feeds: the same
-/// bits under every build flag and on every target (what policies with exact products
-/// get). fused_arith computes a * b + c with one rounding, a fused multiply-add, where the
-/// build targets FMA (AVX-512, or -mfma), and as exact_arith does elsewhere: about a third
-/// fewer operations in exp, GELU and sigmoid, within the same error bounds (tested), with
-/// bits that depend on the build's target (what policies with products::hardware get,
-/// whose matrix products already depend on the machine).
-struct exact_arith {
-  static vf madd(vf a, vf b, vf c) { return product(a, b) + c; }
-};
-struct fused_arith {
-  static vf madd(vf a, vf b, vf c) {
-#if defined(__AVX512F__)
-    return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
-#elif defined(__AVX__) && defined(__FMA__)
-    return (vf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
-#elif defined(__FMA__)
-    return (vf)_mm_fmadd_ps((__m128)a, (__m128)b, (__m128)c);
-#else
-    return product(a, b) + c;
-#endif
-  }
-};
-
 /// a * b + c with one rounding, lane-wise: std::fma's bits, by the FMA instruction where
 /// the build targets it and by std::fma per lane elsewhere (exact, slower). Unlike
 /// fused_arith::madd, never unfused: for code whose result is defined by fma (the
@@ -113,6 +88,27 @@ inline vf fma(vf a, vf b, vf c) {
   return r;
 #endif
 }
+
+/// How the polynomials and argument reductions below multiply and add (their template
+/// parameter A). exact_arith rounds every product before the addition it feeds: the same
+/// bits under every build flag and on every target (what policies with exact products
+/// get). fused_arith computes a * b + c with one rounding, a fused multiply-add, where the
+/// build targets FMA (AVX-512, or -mfma), and as exact_arith does elsewhere: about a third
+/// fewer operations in exp, GELU and sigmoid, within the same error bounds (tested), with
+/// bits that depend on the build's target (what policies with products::hardware get,
+/// whose matrix products already depend on the machine).
+struct exact_arith {
+  static vf madd(vf a, vf b, vf c) { return product(a, b) + c; }
+};
+struct fused_arith {
+  static vf madd(vf a, vf b, vf c) {
+#if defined(__AVX512F__) || (defined(__AVX__) && defined(__FMA__))
+    return fma(a, b, c);
+#else
+    return product(a, b) + c;  // fma here would be std::fma per lane: exact but slow
+#endif
+  }
+};
 
 /// The square root lane-wise, correctly rounded (std::sqrt's bits). Called as an
 /// instruction: std::sqrt per element does not vectorise, as it may set errno.
