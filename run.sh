@@ -5,23 +5,23 @@
 #   ./run.sh test       g++ Release build in build/gcc (-O2 under CI, else -O3), warnings
 #                       are errors, CTest
 #   ./run.sh demo       builds and runs the demo (precis_demo); arguments are passed on
-#   ./run.sh clang      as test, with clang++ in build/clang (the build-flag bit-identity
-#                       test, which builds with both compilers, runs in `test` only; the
-#                       training examples are built, their `slow` runs left to `test`),
-#                       and the libFuzzer harnesses fuzzed
-#   ./run.sh sanitize   ASan + UBSan build of the host tests in build/asan, CTest
+#   ./run.sh clang      the second compiler and the sanitizers in one build: clang++ -O0
+#                       with ASan + UBSan and -Werror in build/clang, CTest without the
+#                       `slow` tests, the libFuzzer harnesses fuzzed (what only repeats the
+#                       test stage's work is left to it: the training examples, benchmarks,
+#                       header checks, bits probe, MPI, instruction-set variants)
 #   ./run.sh cuda       PRECIS_CUDA=ON in build/cuda: every CUDA unit compiled and linked
 #                       with nvcc, their tests and the CUDA compile-fail tests (tests
 #                       labelled gpu are skipped without a GPU); host-only targets are
 #                       left to `test`
 #   ./run.sh package    install to build/install-prefix, build tests/consumer against it,
 #                       conan create with boost and xtensor taken from the system
-#   ./run.sh ci         test, clang, sanitize, cuda, package
+#   ./run.sh ci         test, clang, cuda, package
 #
-# CTest labels: `gpu` needs a GPU (exits 77 without one, reported as skipped);
-# `slow` and `compile_fail` are left out of the sanitizer run, which adds nothing to
-# them. JOBS (default 2) sets build and test parallelism; TEST_TIMEOUT (default 600) the
-# seconds after which a test counts as hung and fails.
+# CTest labels: `gpu` needs a GPU (exits 77 without one, reported as skipped); `slow`
+# (the examples' training runs, the numerical comparisons) is left out of the clang stage.
+# JOBS (default 2) sets build and test parallelism; TEST_TIMEOUT (default 600) the seconds
+# after which a test counts as hung and fails.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -116,21 +116,25 @@ cmd_test() {
 }
 
 cmd_clang() {
-  # The benchmarks and the training examples (their code is the examples', built with
-  # -Werror and run by the test stage) are left to the test stage: this stage checks the
-  # library, the tests and the other examples with a second compiler, within CI's time.
-  # The headers' stand-alone check is the test stage's (whether a header includes what it
-  # uses does not depend on the compiler), within CI's time.
-  # MPI (precis::mpi, its tests and example) is the test stage's too, and so are the tests'
-  # instruction-set variants (PRECIS_ISA_VARIANT_TESTS). -O1: clang's warnings
-  # come from its front end, whatever the optimisation level, and precis gives the same bits
-  # under any flags (tests/flags); it compiles faster than -O3.
-  configure build/clang clang++ Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -DNDEBUG" \
-    -DPRECIS_WERROR=ON -DPRECIS_CUDA=OFF -DPRECIS_BITS_PROBE=OFF \
-    -DPRECIS_BUILD_BENCH=OFF -DPRECIS_BUILD_TRAINING_EXAMPLES=OFF -DPRECIS_HEADER_CHECKS=OFF -DPRECIS_MPI=OFF \
-    -DPRECIS_ISA_VARIANT_TESTS=OFF
+  # One build for the second compiler and the sanitizers. clang's warnings come from its
+  # front end, whatever the optimisation level, and precis gives the same bits under any
+  # flags (tests/flags), so -O0, where clang compiles fastest: on a two-core EPYC this
+  # stage's build took 160 s and its tests 195 s, where the two stages it replaces (clang
+  # at -O1 for the warnings, GCC at -O0 with the sanitizers) took 349 s and 445 s.
+  # -g1: line tables only, which is what the sanitizers' reports print (file and line per
+  # frame). Left to the test stage, which builds them with -Werror and runs them: the
+  # benchmarks, the training examples (their code is the examples', their runs are slow),
+  # the headers' stand-alone check (whether a header includes what it uses does not depend
+  # on the compiler), the bits probe (it builds with both compilers itself), MPI, and the
+  # tests' instruction-set variants.
+  configure build/clang clang++ RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O0 -g1 -DNDEBUG" \
+    -DPRECIS_SANITIZE=ON -DPRECIS_WERROR=ON -DPRECIS_CUDA=OFF -DPRECIS_BITS_PROBE=OFF \
+    -DPRECIS_BUILD_BENCH=OFF -DPRECIS_BUILD_TRAINING_EXAMPLES=OFF -DPRECIS_HEADER_CHECKS=OFF \
+    -DPRECIS_MPI=OFF -DPRECIS_ISA_VARIANT_TESTS=OFF
   build build/clang
-  run_ctest build/clang -LE '^slow$'
+  ASAN_OPTIONS="${ASAN_OPTIONS:-detect_stack_use_after_return=1:strict_string_checks=1}" \
+  UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1}" \
+    run_ctest build/clang -LE '^(gpu|slow)$'
 }
 
 cmd_demo() {
@@ -142,26 +146,6 @@ cmd_demo() {
   exe="$(find build/gcc -type f -name precis_demo -perm -u+x -print -quit)"
   [[ -n "$exe" ]] || die "precis_demo was built but not found under build/gcc"
   "$exe" "$@"
-}
-
-cmd_sanitize() {
-  # Warnings are checked by the test and clang stages; GCC's warnings under
-  # -fsanitize are known to have false positives. -O0 (not RelWithDebInfo's -O2): the
-  # sanitizers check the same code, every access left in place, and its build is the
-  # longest of CI's: at -O1 the whole stage took about 7 minutes of CI; at -O0 the tree
-  # builds in 4.3 minutes on two cores (45% less compile time than -O1) and its tests run
-  # in 103 s instead of 36 s. -O2 takes 30-40% longer than -O1 to compile.
-  # -g1: line tables only, which is what the sanitizers'
-  # reports print (file and line per frame); full -g took about 3x as long to compile
-  # (tests/nn/test_model.cpp: 324 s against 110 s).
-  configure build/asan g++ RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O0 -g1 -DNDEBUG" \
-    -DPRECIS_SANITIZE=ON -DPRECIS_CUDA=OFF \
-    -DPRECIS_BUILD_BENCH=OFF -DPRECIS_BUILD_TRAINING_EXAMPLES=OFF -DPRECIS_WERROR=OFF -DPRECIS_BITS_PROBE=OFF \
-    -DPRECIS_HEADER_CHECKS=OFF -DPRECIS_MPI=OFF -DPRECIS_ISA_VARIANT_TESTS=OFF
-  build build/asan
-  ASAN_OPTIONS="${ASAN_OPTIONS:-detect_stack_use_after_return=1:strict_string_checks=1}" \
-  UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1}" \
-    run_ctest build/asan -LE '^(gpu|slow|compile_fail)$'
 }
 
 cmd_cuda() {
@@ -204,7 +188,7 @@ cmd_package() {
 }
 
 cmd_ci() {
-  local stages=(test clang sanitize cuda package) i=0 t
+  local stages=(test clang cuda package) i=0 t
   ci_start=$SECONDS ci_stage=""
   trap '[[ $? -eq 0 ]] || printf "\n\033[1m==== %s FAILED (%ds into ci) ====\033[0m\n" \
     "$ci_stage" $((SECONDS - ci_start)) >&2' EXIT
@@ -225,7 +209,7 @@ usage() {
 
 command="${1:-}"
 case "$command" in
-  test | demo | clang | sanitize | cuda | package | ci)
+  test | demo | clang | cuda | package | ci)
     shift
     install_packages
     "cmd_$command" "$@"
