@@ -244,56 +244,71 @@ struct onednn_weight_packing {
   std::size_t o_blocks() const { return std::size_t((o + bo - 1) / bo); }
   std::size_t i_blocks() const { return std::size_t((i + bi - 1) / bi); }
   std::size_t blocks() const { return o_blocks() * i_blocks(); }
-  /// 16-bit values of the scratch pack() takes.
-  std::size_t scratch_values() const { return std::size_t(bo * bi * kh * kw); }
+  /// One kernel position's values in pack()'s scratch: [bo][I padded to whole blocks], and
+  /// 32 more, so that the positions' rows do not all fall on the same cache sets (with
+  /// 512 input channels they would be 16 KiB apart).
+  std::size_t scratch_plane() const { return std::size_t(bo * bi) * i_blocks() + 32; }
+  /// 16-bit values of the scratch pack() takes: one row of blocks' values, [KH KW] planes.
+  std::size_t scratch_values() const { return scratch_plane() * std::size_t(kh * kw); }
 
   /// Packs blocks [b0, b1) (ob-major) of src [O, I, KH, KW] into dst, through `scratch`
-  /// (scratch_values() values): each output channel's [bi, KH KW] slice is first turned
-  /// into [KH KW, bi] rows (transpose_16), then each kernel position's [bo, bi] values go
-  /// to their block as word transposes (pairs along I) or row interleaves (pairs along O).
+  /// (scratch_values() values). For each row of blocks (one ob), the bo output channels'
+  /// [I, KH KW] slices that the range covers are first turned into [KH KW][bo][I] (one
+  /// long transpose_16 per channel, or a copy for 1x1 kernels; the scratch is zeroed first
+  /// where the blocks have padding); then each kernel position's [bo, bi] values go to
+  /// their block as word transposes (pairs along I) or row interleaves (pairs along O).
   void pack(const std::uint16_t* src, std::uint16_t* dst, std::size_t b0, std::size_t b1,
             std::uint16_t* scratch) const {
     const std::size_t k = std::size_t(kh * kw), ubo = std::size_t(bo), ubi = std::size_t(bi);
-    const std::size_t plane = ubo * ubi;
-    for (std::size_t blk = b0; blk < b1; ++blk) {
-      const std::size_t ob = blk / i_blocks(), ib = blk % i_blocks();
-      const std::size_t o0 = ob * ubo, i0 = ib * ubi;
-      const std::size_t no = std::min(ubo, std::size_t(o) - o0);
-      const std::size_t ni = std::min(ubi, std::size_t(i) - i0);
-      if (no < ubo || ni < ubi) std::fill(scratch, scratch + k * plane, std::uint16_t(0));
+    const std::size_t ui = std::size_t(i), nib = i_blocks(), ipad = nib * ubi;
+    const std::size_t plane = scratch_plane();
+    for (std::size_t blk = b0; blk < b1;) {
+      const std::size_t ob = blk / nib, ib0 = blk % nib, ib1 = std::min(nib, ib0 + (b1 - blk));
+      const std::size_t o0 = ob * ubo, no = std::min(ubo, std::size_t(o) - o0);
+      // Input channels [c0, c1) are the tensor's, [c1, c2) the padding of the last block.
+      const std::size_t c0 = ib0 * ubi, c2 = ib1 * ubi, c1 = std::min(ui, c2);
+      if (no < ubo || c1 < c2) std::fill(scratch, scratch + k * plane, std::uint16_t(0));
       for (std::size_t ol = 0; ol < no; ++ol) {
-        transpose_16(src + ((o0 + ol) * std::size_t(i) + i0) * k, k, scratch + ol * ubi, plane, ni,
-                     k);
-      }
-      for (std::size_t hw = 0; hw < k; ++hw) {
-        const std::uint16_t* m = scratch + hw * plane;  // [bo][bi]
-        std::uint16_t* out = dst + std::int64_t(ob) * s_ob + std::int64_t(ib) * s_ib +
-                             std::int64_t(hw / std::size_t(kw)) * s_h +
-                             std::int64_t(hw % std::size_t(kw)) * s_w;
-        if (!pairs_over_o) {
-          // words [bo][bi / 2] -> [bi / 2][bo]
-          transpose_32(reinterpret_cast<const std::uint32_t*>(m), ubi / 2,
-                       reinterpret_cast<std::uint32_t*>(out), ubo, ubo, ubi / 2);
-          continue;
+        const std::uint16_t* from = src + ((o0 + ol) * ui + c0) * k;
+        if (k == 1) {
+          std::copy(from, from + (c1 - c0), scratch + ol * ipad + c0);
+        } else {
+          transpose_16(from, k, scratch + ol * ipad + c0, plane, c1 - c0, k);
         }
-        for (std::size_t r = 0; r < ubo; r += 2) {  // rows r and r + 1 interleaved
-          const std::uint16_t *a = m + r * ubi, *b = a + ubi;
-          std::uint16_t* w = out + r * ubi;
-          std::size_t j = 0;
+      }
+      for (std::size_t ib = ib0; ib < ib1; ++ib) {
+        for (std::size_t hw = 0; hw < k; ++hw) {
+          const std::uint16_t* m = scratch + hw * plane + ib * ubi;  // [bo][bi], rows ipad apart
+          std::uint16_t* out = dst + std::int64_t(ob) * s_ob + std::int64_t(ib) * s_ib +
+                               std::int64_t(hw / std::size_t(kw)) * s_h +
+                               std::int64_t(hw % std::size_t(kw)) * s_w;
+          if (!pairs_over_o) {
+            // words [bo][bi / 2] -> [bi / 2][bo]
+            transpose_32(reinterpret_cast<const std::uint32_t*>(m), ipad / 2,
+                         reinterpret_cast<std::uint32_t*>(out), ubo, ubo, ubi / 2);
+            continue;
+          }
+          for (std::size_t r = 0; r < ubo; r += 2) {  // rows r and r + 1 interleaved
+            const std::uint16_t *a = m + r * ipad, *b = a + ipad;
+            std::uint16_t* w = out + r * ubi;
+            std::size_t j = 0;
 #if defined(__SSE2__)
-          for (; j + 8 <= ubi; j += 8) {
-            const __m128i va = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + j));
-            const __m128i vb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + j));
-            _mm_storeu_si128(reinterpret_cast<__m128i*>(w + 2 * j), _mm_unpacklo_epi16(va, vb));
-            _mm_storeu_si128(reinterpret_cast<__m128i*>(w + 2 * j + 8), _mm_unpackhi_epi16(va, vb));
-          }
+            for (; j + 8 <= ubi; j += 8) {
+              const __m128i va = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + j));
+              const __m128i vb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + j));
+              _mm_storeu_si128(reinterpret_cast<__m128i*>(w + 2 * j), _mm_unpacklo_epi16(va, vb));
+              _mm_storeu_si128(reinterpret_cast<__m128i*>(w + 2 * j + 8),
+                               _mm_unpackhi_epi16(va, vb));
+            }
 #endif
-          for (; j < ubi; ++j) {
-            w[2 * j] = a[j];
-            w[2 * j + 1] = b[j];
+            for (; j < ubi; ++j) {
+              w[2 * j] = a[j];
+              w[2 * j + 1] = b[j];
+            }
           }
         }
       }
+      blk += ib1 - ib0;
     }
   }
 };

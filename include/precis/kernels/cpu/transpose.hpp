@@ -47,11 +47,12 @@ inline void transpose_8x8_16(__m128i (&v)[8]) {
 
 /// dst = src transposed, for a rows x cols matrix of 16-bit values: dst[j * ld_dst + i] =
 /// src[i * ld_src + j]. 8 x 8 blocks go through SSE2 unpacks (8 loads, 24 unpacks, 8
-/// stores), the edges one value at a time. The blocks run in strips 64 columns wide, rows
-/// of blocks down each strip: the source is read a few whole cache lines at a time, and
-/// the destination rows a strip writes (64 of them) stay in the cache until their lines are
-/// full. A matrix of fewer than 8 rows whose destination rows are contiguous (NCHW -> NHWC
-/// with 1 to 7 channels) takes 8 columns at a time too: each destination row is stored 8
+/// stores); with at least 8 rows and columns, the edges are blocks that overlap the last
+/// whole ones, otherwise they go one value at a time. The blocks run in strips 64 columns
+/// wide, rows of blocks down each strip: the source is read a few whole cache lines at a
+/// time, and the destination rows a strip writes (64 of them) stay in the cache until their
+/// lines are full. A matrix of fewer than 8 rows whose destination rows are contiguous (NCHW ->
+/// NHWC with 1 to 7 channels) takes 8 columns at a time too: each destination row is stored 8
 /// values wide, the overhang landing on the next rows, which are written after it.
 inline void transpose_16(const std::uint16_t* s, std::size_t ld_src, std::uint16_t* d,
                          std::size_t ld_dst, std::size_t rows, std::size_t cols) {
@@ -80,6 +81,15 @@ inline void transpose_16(const std::uint16_t* s, std::size_t ld_src, std::uint16
     one_by_one(0, rows, c, cols);
     return;
   }
+  if (rows < 8) {
+    one_by_one(0, rows, 0, cols);
+    return;
+  }
+  // With at least 8 rows and columns, the last partial row or column of blocks is a whole
+  // block moved back to end at the edge: it writes some values a second time, the same.
+  const auto tail_rows = [&](std::size_t c) {
+    if (r8 < rows) block(rows - 8, c, 8);
+  };
   for (std::size_t c0 = 0; c0 < c8; c0 += 64) {
     const std::size_t c1 = std::min(c8, c0 + 64);
     for (std::size_t r0 = 0; r0 < r8; r0 += 64) {
@@ -88,12 +98,19 @@ inline void transpose_16(const std::uint16_t* s, std::size_t ld_src, std::uint16
         for (std::size_t r = r0; r < r1; r += 8) block(r, c, 8);
       }
     }
-    one_by_one(r8, rows, c0, c1);
+    for (std::size_t c = c0; c < c1; c += 8) tail_rows(c);
+  }
+  if (c8 < cols) {
+    if (cols < 8) {
+      one_by_one(0, rows, c8, cols);
+      return;
+    }
+    for (std::size_t r = 0; r < r8; r += 8) block(r, cols - 8, 8);
+    tail_rows(cols - 8);
   }
 #else
-  one_by_one(0, rows, 0, c8);
+  one_by_one(0, rows, 0, cols);
 #endif
-  one_by_one(0, rows, c8, cols);
 }
 
 /// The 32-bit version of transpose_16, 4 x 4 blocks through SSE2 unpacks: dst[j * ld_dst +
