@@ -285,9 +285,20 @@ TEST_CASE_TEMPLATE(
   using P = std::conditional_t<std::is_same_v<T, float>, precis::presets::fp32,
                                precis::presets::bf16_mixed>;
   const pool_case cases[] = {
-      {{2, 3, 13, 17}, pp(3, 2, 1)}, {{1, 2, 9, 11}, pp(2, 0, 0)}, {{1, 2, 12, 13}, pp(3, 1, 1)},
-      {{1, 3, 10, 16}, pp(4, 3, 2)}, {{2, 1, 7, 9}, pp(1, 1, 0)},  {{1, 2, 5, 40}, pp(3, 2, 0)},
+      {{2, 3, 13, 17}, pp(3, 2, 1)},
+      {{1, 2, 9, 11}, pp(2, 0, 0)},
+      {{1, 2, 12, 13}, pp(3, 1, 1)},
+      {{1, 3, 10, 16}, pp(4, 3, 2)},
+      {{2, 1, 7, 9}, pp(1, 1, 0)},
+      {{1, 2, 5, 40}, pp(3, 2, 0)},
       {{1, 1, 6, 6}, pp(5, 2, 2)},
+      // Rows of at least a vector of outputs (4, 8 or 16 lanes) take the vectorised passes
+      // for strides 1 and 2: whole vectors, a last one that overlaps, and clipped edges.
+      {{1, 2, 9, 70}, pp(3, 1, 1)},
+      {{2, 1, 6, 75}, pp(3, 2, 1)},
+      {{1, 1, 5, 64}, pp(2, 2, 0)},
+      {{1, 2, 4, 37}, pp(3, 2, 1)},
+      {{1, 1, 3, 33}, pp(2, 1, 0)},
   };
   std::uint32_t seed = 1;
   for (const auto& c : cases) {

@@ -10,6 +10,10 @@
 // in PyTorch; NaN propagates and wins). Both passes find it separably: the first maximum of
 // each input row's part of a window (a vectorised pass along the rows), then the first of
 // those down the window's rows, which is the window's first maximum in row-major order.
+// With float math, strides 1 and 2 and rows of at least a vector of outputs, both steps
+// run on vmath's vectors (a vector of outputs at a time, each lane folding its window's
+// taps in the scalar loop's order: the same bits); elsewhere the compiler vectorises the
+// scalar loops, whose remainders and edges ran one output at a time.
 //
 // Shapes are checked before anything is written; a mismatch throws precis::error naming
 // both shapes.
@@ -26,8 +30,10 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace precis {
@@ -119,6 +125,79 @@ inline bool beats(M v, M b) {
   return (v > b) | ((v != v) & (b == b));  // NOLINT(misc-redundant-expression): NaN tests
 }
 
+/// p[0], p[2], ..., p[2 (lanes - 1)], reading p[0 .. 2 lanes - 2] only: the second load
+/// starts one value early, so that the lanes it gives are its odd ones.
+inline vmath::vf load_even(const float* p) {
+  const vmath::vf a = vmath::load(p), b = vmath::load(p + vmath::lanes - 1);
+#if defined(__AVX512F__)
+  return __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 17, 19, 21, 23, 25, 27, 29, 31);
+#elif defined(__AVX__)
+  return __builtin_shufflevector(a, b, 0, 2, 4, 6, 9, 11, 13, 15);
+#else
+  return __builtin_shufflevector(a, b, 0, 2, 5, 7);
+#endif
+}
+
+/// beats() lane by lane: all ones where v replaces b.
+inline vmath::vi beats(vmath::vf v, vmath::vf b) {
+  return (v > b) | ((v != v) & (b == b));  // NOLINT(misc-redundant-expression): NaN tests
+}
+
+/// m ? a : b for lanes of integers (m all ones or all zeros per lane).
+inline vmath::vi select_i(vmath::vi m, vmath::vi a, vmath::vi b) { return (m & a) | (~m & b); }
+
+inline vmath::vi load_i(const std::uint32_t* p) {
+  vmath::vi v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store_i(std::uint32_t* p, vmath::vi v) { std::memcpy(p, &v, sizeof v); }
+
+/// The row pass of window_maxima on float vectors, for strides 1 and 2 and at least
+/// `lanes` outputs inside the row ([lo, hi)): a vector of outputs at a time, the last one
+/// moved back to end at hi (it computes some outputs again, the same). Each lane folds its
+/// window's taps in order with beats(), as the scalar loop does: the same bits.
+template <bool WithIndex>
+void row_maxima_simd(const float* row, std::size_t lo, std::size_t hi, std::size_t s,
+                     std::size_t pw, std::size_t kw, float* bv, std::uint32_t* bi) {
+  constexpr std::size_t n = vmath::lanes;
+  for (std::size_t ox = lo; ox < hi; ox += n) {
+    const std::size_t b = std::min(ox, hi - n);
+    const float* p = row + b * s - pw;  // tap 0 of lane 0
+    const auto tap = [&](std::size_t k) { return s == 1 ? vmath::load(p + k) : load_even(p + k); };
+    vmath::vf best = tap(0);
+    const vmath::vi first = vmath::splat_i(std::int32_t(b * s - pw)) +
+                            vmath::lane_index() * vmath::splat_i(std::int32_t(s));
+    vmath::vi at = first;
+    for (std::size_t k = 1; k < kw; ++k) {
+      const vmath::vf v = tap(k);
+      const vmath::vi take = beats(v, best);
+      best = vmath::select(take, v, best);
+      if constexpr (WithIndex) at = select_i(take, first + vmath::splat_i(std::int32_t(k)), at);
+    }
+    vmath::store(bv + b, best);
+    if constexpr (WithIndex) store_i(bi + b, at);
+  }
+}
+
+/// One step down the rows of window_maxima on float vectors (wo >= lanes): ov / oi take
+/// row r's first maxima (at rix, of input row y) where they beat the ones so far.
+template <bool WithIndex>
+void fold_row_simd(std::size_t wo, const float* r, const std::uint32_t* rix, std::uint32_t y_w,
+                   float* ov, std::uint32_t* oi) {
+  constexpr std::size_t n = vmath::lanes;
+  for (std::size_t ox = 0; ox < wo; ox += n) {
+    const std::size_t b = std::min(ox, wo - n);
+    const vmath::vf v = vmath::load(r + b), cur = vmath::load(ov + b);
+    const vmath::vi take = beats(v, cur);
+    vmath::store(ov + b, vmath::select(take, v, cur));
+    if constexpr (WithIndex) {
+      const vmath::vi at = load_i(rix + b) + vmath::splat_i(std::int32_t(y_w));
+      store_i(oi + b, select_i(take, at, load_i(oi + b)));
+    }
+  }
+}
+
 /// The first maximum of every window of a plane, found separably (see the file comment):
 /// out_v[oy * wo + ox] its value and, where WithIndex, out_i[...] its index in the plane.
 /// `rv` / `ri` are the caller's scratch (h * wo values, and indices).
@@ -166,6 +245,13 @@ void window_maxima(const pool_geometry& g, const M* xp, std::vector<M>& rv,
         }
       }
     };
+    if constexpr (std::is_same_v<M, float>) {
+      if ((sw == 1 || sw == 2) && hi - lo >= vmath::lanes) {
+        row_maxima_simd<WithIndex>(row, lo, hi, sw, pw, kw, bv, bi);
+        for (std::size_t ox = hi; ox < wo; ++ox) clipped(ox);
+        continue;
+      }
+    }
     if (sw == 1) {
       inside([] { return std::size_t(1); });
     } else if (sw == 2) {
@@ -189,6 +275,12 @@ void window_maxima(const pool_geometry& g, const M* xp, std::vector<M>& rv,
     for (std::size_t y = c.y0 + 1; y < c.y1; ++y) {
       const M* r = rv.data() + y * wo;
       const std::uint32_t* rix = WithIndex ? ri.data() + y * wo : nullptr;
+      if constexpr (std::is_same_v<M, float>) {
+        if (wo >= vmath::lanes) {
+          fold_row_simd<WithIndex>(wo, r, rix, std::uint32_t(y * w), ov, oi);
+          continue;
+        }
+      }
       for (std::size_t ox = 0; ox < wo; ++ox) {
         const bool take = beats(r[ox], ov[ox]);
         ov[ox] = take ? r[ox] : ov[ox];
