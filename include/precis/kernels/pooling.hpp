@@ -143,15 +143,19 @@ inline vmath::vi beats(vmath::vf v, vmath::vf b) {
   return (v > b) | ((v != v) & (b == b));  // NOLINT(misc-redundant-expression): NaN tests
 }
 
-/// m ? a : b for lanes of integers (m all ones or all zeros per lane).
-inline vmath::vi select_i(vmath::vi m, vmath::vi a, vmath::vi b) { return (m & a) | (~m & b); }
-
-inline vmath::vi load_i(const std::uint32_t* p) {
-  vmath::vi v;
+/// m ? a : b for lanes of indices (m all ones or all zeros per lane). Indices are unsigned
+/// lanes, which wrap where signed ones would overflow: a plane may hold up to 2^32 values.
+inline vmath::vu select_u(vmath::vi m, vmath::vu a, vmath::vu b) {
+  const auto mu = (vmath::vu)m;
+  return (mu & a) | (~mu & b);
+}
+inline vmath::vu splat_u(std::size_t v) { return vmath::vu{} + std::uint32_t(v); }
+inline vmath::vu load_u(const std::uint32_t* p) {
+  vmath::vu v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-inline void store_i(std::uint32_t* p, vmath::vi v) { std::memcpy(p, &v, sizeof v); }
+inline void store_u(std::uint32_t* p, vmath::vu v) { std::memcpy(p, &v, sizeof v); }
 
 /// The row pass of window_maxima on float vectors, for strides 1 and 2 and at least
 /// `lanes` outputs inside the row ([lo, hi)): a vector of outputs at a time, the last one
@@ -166,17 +170,16 @@ void row_maxima_simd(const float* row, std::size_t lo, std::size_t hi, std::size
     const float* p = row + b * s - pw;  // tap 0 of lane 0
     const auto tap = [&](std::size_t k) { return s == 1 ? vmath::load(p + k) : load_even(p + k); };
     vmath::vf best = tap(0);
-    const vmath::vi first = vmath::splat_i(std::int32_t(b * s - pw)) +
-                            vmath::lane_index() * vmath::splat_i(std::int32_t(s));
-    vmath::vi at = first;
+    const vmath::vu first = splat_u(b * s - pw) + (vmath::vu)vmath::lane_index() * splat_u(s);
+    vmath::vu at = first;
     for (std::size_t k = 1; k < kw; ++k) {
       const vmath::vf v = tap(k);
       const vmath::vi take = beats(v, best);
       best = vmath::select(take, v, best);
-      if constexpr (WithIndex) at = select_i(take, first + vmath::splat_i(std::int32_t(k)), at);
+      if constexpr (WithIndex) at = select_u(take, first + splat_u(k), at);
     }
     vmath::store(bv + b, best);
-    if constexpr (WithIndex) store_i(bi + b, at);
+    if constexpr (WithIndex) store_u(bi + b, at);
   }
 }
 
@@ -192,8 +195,8 @@ void fold_row_simd(std::size_t wo, const float* r, const std::uint32_t* rix, std
     const vmath::vi take = beats(v, cur);
     vmath::store(ov + b, vmath::select(take, v, cur));
     if constexpr (WithIndex) {
-      const vmath::vi at = load_i(rix + b) + vmath::splat_i(std::int32_t(y_w));
-      store_i(oi + b, select_i(take, at, load_i(oi + b)));
+      const vmath::vu at = load_u(rix + b) + splat_u(y_w);
+      store_u(oi + b, select_u(take, at, load_u(oi + b)));
     }
   }
 }
