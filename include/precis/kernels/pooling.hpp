@@ -119,9 +119,10 @@ const M* plane_as(const T* src, std::size_t n, std::vector<M>& buffer) {
 /// Whether v replaces b as a window's maximum so far: larger, or NaN where b is not. Taking
 /// the first element of a window and folding the rest in row-major order with this gives
 /// its first maximum (equal values, -0 and +0 among them, keep the first; the first NaN
-/// wins). Bitwise operators keep it branch-free, so the loops below vectorise.
+/// wins). Bitwise operators keep it branch-free, so the loops below vectorise. On vmath
+/// vectors, lane by lane: all ones in the lanes where v replaces b.
 template <class M>
-inline bool beats(M v, M b) {
+inline auto beats(M v, M b) {
   return (v > b) | ((v != v) & (b == b));  // NOLINT(misc-redundant-expression): NaN tests
 }
 
@@ -138,11 +139,6 @@ inline vmath::vf load_even(const float* p) {
 #endif
 }
 
-/// beats() lane by lane: all ones where v replaces b.
-inline vmath::vi beats(vmath::vf v, vmath::vf b) {
-  return (v > b) | ((v != v) & (b == b));  // NOLINT(misc-redundant-expression): NaN tests
-}
-
 /// m ? a : b for lanes of indices (m all ones or all zeros per lane). Indices are unsigned
 /// lanes, which wrap where signed ones would overflow: a plane may hold up to 2^32 values.
 inline vmath::vu select_u(vmath::vi m, vmath::vu a, vmath::vu b) {
@@ -157,18 +153,25 @@ inline vmath::vu load_u(const std::uint32_t* p) {
 }
 inline void store_u(std::uint32_t* p, vmath::vu v) { std::memcpy(p, &v, sizeof v); }
 
-/// The row pass of window_maxima on float vectors, for strides 1 and 2 and at least
+/// The row pass of window_maxima on float vectors, for strides S = 1 and 2 and at least
 /// `lanes` outputs inside the row ([lo, hi)): a vector of outputs at a time, the last one
 /// moved back to end at hi (it computes some outputs again, the same). Each lane folds its
 /// window's taps in order with beats(), as the scalar loop does: the same bits.
-template <bool WithIndex>
-void row_maxima_simd(const float* row, std::size_t lo, std::size_t hi, std::size_t s,
-                     std::size_t pw, std::size_t kw, float* bv, std::uint32_t* bi) {
-  constexpr std::size_t n = vmath::lanes;
+template <bool WithIndex, std::size_t S>
+void row_maxima_simd(const float* row, std::size_t lo, std::size_t hi, std::size_t pw,
+                     std::size_t kw, float* bv, std::uint32_t* bi) {
+  static_assert(S == 1 || S == 2);
+  constexpr std::size_t n = vmath::lanes, s = S;
   for (std::size_t ox = lo; ox < hi; ox += n) {
     const std::size_t b = std::min(ox, hi - n);
     const float* p = row + b * s - pw;  // tap 0 of lane 0
-    const auto tap = [&](std::size_t k) { return s == 1 ? vmath::load(p + k) : load_even(p + k); };
+    const auto tap = [&](std::size_t k) {
+      if constexpr (S == 1) {
+        return vmath::load(p + k);
+      } else {
+        return load_even(p + k);
+      }
+    };
     vmath::vf best = tap(0);
     const vmath::vu first = splat_u(b * s - pw) + (vmath::vu)vmath::lane_index() * splat_u(s);
     vmath::vu at = first;
@@ -250,7 +253,11 @@ void window_maxima(const pool_geometry& g, const M* xp, std::vector<M>& rv,
     };
     if constexpr (std::is_same_v<M, float>) {
       if ((sw == 1 || sw == 2) && hi - lo >= vmath::lanes) {
-        row_maxima_simd<WithIndex>(row, lo, hi, sw, pw, kw, bv, bi);
+        if (sw == 1) {
+          row_maxima_simd<WithIndex, 1>(row, lo, hi, pw, kw, bv, bi);
+        } else {
+          row_maxima_simd<WithIndex, 2>(row, lo, hi, pw, kw, bv, bi);
+        }
         for (std::size_t ox = hi; ox < wo; ++ox) clipped(ox);
         continue;
       }

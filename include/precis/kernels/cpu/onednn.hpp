@@ -313,9 +313,6 @@ struct onednn_weight_packing {
   }
 };
 
-/// How an operand goes between precis's layout and the primitive's: not at all (`same`),
-/// by precis's 16-bit transpose (NCHW <-> NHWC bfloat16 images), by precis's packing of
-/// bfloat16 weights (`pack`, onednn_weight_packing), or by oneDNN's reorder.
 /// How an operand gets from precis's layout to the primitive's (and back, for an output):
 /// not at all; precis's transposes between NCHW and NHWC images, or between either and
 /// 16-channel blocks (nChw16c, oneDNN's aBcd16b: [N][C / 16][H][W][16], what its AVX-512
