@@ -268,6 +268,142 @@ TEST_CASE("hardware convolutions: subnormals, thread counts, batch split or not"
   }
 }
 
+namespace {
+
+/// dL/dw of y = conv2d(x, w) in float64 (stride s, padding k / 2; images in `layout`).
+host_tensor<double, 4> reference_weight_gradient(const host_tensor<double, 4>& x,
+                                                 const host_tensor<double, 4>& dy,
+                                                 precis::image_layout layout, std::size_t co,
+                                                 std::size_t k, std::size_t s) {
+  const bool last = layout == precis::image_layout::nhwc;
+  const std::size_t n = x.shape()[0], c = x.shape()[last ? 3 : 1], h = x.shape()[last ? 1 : 2];
+  const std::size_t ho = dy.shape()[last ? 1 : 2], pad = k / 2;
+  const auto at = [&](const host_tensor<double, 4>& t, std::size_t i, std::size_t ch, std::size_t r,
+                      std::size_t q) { return last ? t(i, r, q, ch) : t(i, ch, r, q); };
+  auto dw = host_tensor<double, 4>::from_shape({co, c, k, k});
+  dw.fill(0.0);
+  for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t o = 0; o < co; ++o) {
+      for (std::size_t r = 0; r < ho; ++r) {
+        for (std::size_t q = 0; q < ho; ++q) {
+          const double g = at(dy, i, o, r, q);
+          for (std::size_t ch = 0; ch < c; ++ch) {
+            for (std::size_t a = 0; a < k; ++a) {
+              for (std::size_t b = 0; b < k; ++b) {
+                const std::size_t yy = r * s + a, xx = q * s + b;
+                if (yy < pad || xx < pad || yy - pad >= h || xx - pad >= h) continue;
+                dw(o, ch, a, b) += g * at(x, i, ch, yy - pad, xx - pad);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return dw;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("hardware weight gradients split by output channels", T, bfloat16, float) {
+  // Layers whose weight gradient outweighs its images (deep layers: small images, many
+  // channels): oneDNN computes it in chunks of output channels, each over every image. Here
+  // chunks with a tail (80 = 48 + 32 on 2 threads, 32 + 32 + 16 on 3), input channels
+  // outside oneDNN's 16-channel blocks (24), a stride, and several chunks per thread (512
+  // -> 384 channels: 3 x 128 on 1 thread, 4 x 96 on 2); both image layouts; float and
+  // bfloat16 gradients; against float64, and the same bits twice.
+  using P = std::conditional_t<std::is_same_v<T, float>, precis::presets::fp32_hardware,
+                               precis::presets::bf16_mixed>;
+  struct shape {
+    std::size_t n, c, h, co, k, s;
+  };
+  std::size_t chunked = 0;
+  for (const shape g :
+       {shape{2, 48, 4, 80, 3, 1}, shape{2, 24, 7, 64, 3, 2}, shape{1, 512, 2, 384, 3, 1}}) {
+    const std::size_t ho = (g.h + 2 * (g.k / 2) - g.k) / g.s + 1;
+    for (const auto layout : {precis::image_layout::nchw, precis::image_layout::nhwc}) {
+      precis::conv2d_params p;
+      p.stride = {g.s, g.s};
+      p.padding = {g.k / 2, g.k / 2};
+      p.layout = layout;
+      const auto x = random_tensor<T, 4>(precis::image_shape(layout, g.n, g.c, g.h, g.h));
+      const auto dy = random_tensor<T, 4>(precis::image_shape(layout, g.n, g.co, ho, ho));
+      const auto ref =
+          reference_weight_gradient(to_double(x), to_double(dy), layout, g.co, g.k, g.s);
+      for (unsigned threads : {1U, 2U, 3U}) {
+        CAPTURE(g.c);
+        CAPTURE(g.co);
+        CAPTURE(int(layout));
+        CAPTURE(threads);
+        const precis::cpu_context ctx{threads};
+#if PRECIS_HAS_ONEDNN
+        if (precis::detail::onednn_has_products<T>()) {
+          auto w = host_tensor<T, 4>::from_shape({g.co, g.c, g.k, g.k});
+          const auto geo = precis::detail::conv_geometry_of("test", x, w, p);
+          const auto key = precis::detail::onednn_key(
+              geo, precis::detail::onednn_conv_kind::backward_weights, 0, false);
+          const std::size_t chunk = precis::detail::onednn_weight_chunk(key, threads);
+          CHECK(chunk < g.co);
+          chunked += chunk > 0;
+        }
+#endif
+        host_tensor<float, 4> dw[2] = {poisoned<float, 4>(std::array{g.co, g.c, g.k, g.k}),
+                                       poisoned<float, 4>(std::array{g.co, g.c, g.k, g.k})};
+        for (auto& d : dw) precis::conv2d_backward_weights<P>(ctx, x, dy, d, p);
+        CHECK(rel_error(dw[0], ref) < bound<float>());
+        CHECK(same_bits(dw[0], dw[1]));
+        auto dw16 = poisoned<bfloat16, 4>(std::array{g.co, g.c, g.k, g.k});
+        precis::conv2d_backward_weights<P>(ctx, x, dy, dw16, p);
+        CHECK(rel_error(dw16, ref) < bound<bfloat16>());
+      }
+    }
+  }
+  if (onednn_runs()) {
+    // Every geometry but the 1-thread runs of the two small ones is split by channels.
+    CHECK(chunked == 14);
+  }
+}
+
+#if PRECIS_HAS_ONEDNN
+TEST_CASE("precis's unblocking of float weight gradients matches oneDNN's reorder") {
+  // ABcd16b16a ([O/16][I/16][KH][KW][16 i][16 o]) back to OIHW, 1x1 to 7x7, against
+  // oneDNN's reorder; other layouts and partial blocks are left to the reorder.
+  precis::cpu_context ctx{1};
+  auto& st = precis::detail::onednn_of(ctx);
+  using md = dnnl::memory::desc;
+  using tag = dnnl::memory::format_tag;
+  const auto f32 = dnnl::memory::data_type::f32;
+  struct shape {
+    std::int64_t o, i, k;
+  };
+  for (const shape s : {shape{16, 16, 1}, shape{32, 48, 3}, shape{64, 16, 7}, shape{48, 32, 2}}) {
+    CAPTURE(s.o);
+    CAPTURE(s.i);
+    CAPTURE(s.k);
+    const dnnl::memory::dims d{s.o, s.i, s.k, s.k};
+    const md blocked(d, f32, tag::ABcd16b16a), plain(d, f32, tag::oihw);
+    const auto u = precis::detail::onednn_weight_unblocking::of(blocked);
+    REQUIRE(u.has_value());
+    const std::size_t n = std::size_t(s.o * s.i * s.k * s.k);
+    std::vector<float> src(n), mine(n, -1.0F), theirs(n, -2.0F);
+    for (std::size_t e = 0; e < n; ++e) src[e] = float(e) * 0.5F + 1.0F;
+    u->unpack(src.data(), mine.data());
+    dnnl::stream stream(st.engine);
+    dnnl::memory from(blocked, st.engine, src.data()), to(plain, st.engine, theirs.data());
+    dnnl::reorder(dnnl::reorder::primitive_desc(st.engine, blocked, st.engine, plain))
+        .execute(stream, from, to);
+    stream.wait();
+    CHECK(mine == theirs);
+  }
+  CHECK_FALSE(precis::detail::onednn_weight_unblocking::of(md({32, 32, 3, 3}, f32, tag::ABcd16a16b))
+                  .has_value());
+  CHECK_FALSE(precis::detail::onednn_weight_unblocking::of(md({24, 32, 3, 3}, f32, tag::ABcd16b16a))
+                  .has_value());
+  CHECK_FALSE(
+      precis::detail::onednn_weight_unblocking::of(md({32, 32, 3, 3}, f32, tag::oihw)).has_value());
+}
+#endif
+
 #if PRECIS_HAS_ONEDNN
 TEST_CASE_TEMPLATE("the NCHW <-> NHWC transpose matches the element-by-element one", U,
                    std::uint16_t, std::uint32_t, std::uint64_t) {

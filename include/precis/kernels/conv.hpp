@@ -824,8 +824,9 @@ bool onednn_conv_backward_weights(const cpu_context& ctx, const conv_geometry& g
     });
   }
   const auto key = onednn_key(g, onednn_conv_kind::backward_weights, onednn_type<float>(), false);
-  return onednn_conv(ctx, key, x, dy, nullptr, dw, false,
-                     [&](std::size_t b, std::size_t len, const float* v) { store_block(v, dw + b, len); });
+  return onednn_conv(
+      ctx, key, x, dy, nullptr, dw, std::is_same_v<TW, float>,
+      [&](std::size_t b, std::size_t len, const float* v) { store_block(v, dw + b, len); });
 }
 
 /// Both backward passes of geometry g (NCHW images, hardware products) with the output

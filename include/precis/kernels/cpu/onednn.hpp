@@ -151,7 +151,7 @@ class scratch_bytes {
 struct onednn_part {
   std::mutex busy;  // held while a part runs (see cpu_context on concurrent kernels)
   std::unique_ptr<dnnl::stream> stream;
-  scratch_bytes scratchpad, results, in0, in1, out, packing;
+  scratch_bytes scratchpad, results, in0, in1, out, packing, slice;
 };
 
 /// A product's shape, layouts and types: the key of the primitive cache.
@@ -313,10 +313,55 @@ struct onednn_weight_packing {
   }
 };
 
+/// How precis moves a float weight gradient from oneDNN's ABcd16b16a layout ([O / 16]
+/// [I / 16][KH][KW] blocks of [16 i][16 o] values, what its bfloat16 weight-gradient kernels
+/// write) back to [O, I, KH, KW]: per block and input channel, one [KH KW][16 o] transpose.
+/// Whole blocks only (O and I multiples of 16).
+struct onednn_weight_unblocking {
+  std::int64_t o, i, k;     // the weights' output and input channels; KH KW
+  std::int64_t s_ob, s_ib;  // strides of the blocks, in elements
+
+  /// The unblocking of a primitive's float weight layout, or nothing where it is another.
+  static std::optional<onednn_weight_unblocking> of(const dnnl::memory::desc& prim) {
+    const dnnl_memory_desc_t& d = prim.data;
+    if (d.ndims != 4 || d.data_type != dnnl_f32 || d.format_kind != dnnl_blocked ||
+        d.extra.flags != 0 || d.offset0 != 0 || d.dims[0] % 16 != 0 || d.dims[1] % 16 != 0) {
+      return std::nullopt;
+    }
+    const dnnl_blocking_desc_t& b = d.format_desc.blocking;
+    if (b.inner_nblks != 2 || b.inner_idxs[0] != 1 || b.inner_idxs[1] != 0 ||
+        b.inner_blks[0] != 16 || b.inner_blks[1] != 16 || b.strides[3] != 256 ||
+        b.strides[2] != 256 * d.dims[3]) {
+      return std::nullopt;
+    }
+    for (int j = 0; j < 4; ++j) {
+      if (d.padded_dims[j] != d.dims[j] || d.padded_offsets[j] != 0) return std::nullopt;
+    }
+    return onednn_weight_unblocking{d.dims[0], d.dims[1], d.dims[2] * d.dims[3], b.strides[0],
+                                    b.strides[1]};
+  }
+
+  /// dst [O, I, KH, KW] from src in the blocked layout.
+  void unpack(const float* src, float* dst) const {
+    const auto ld = std::size_t(i * k), uk = std::size_t(k);
+    for (std::int64_t ob = 0; ob < o / 16; ++ob) {
+      for (std::int64_t ib = 0; ib < i / 16; ++ib) {
+        const float* block = src + ob * s_ob + ib * s_ib;  // [KH KW][16 i][16 o]
+        float* to = dst + (std::size_t(ob) * 16 * ld + std::size_t(ib) * 16 * uk);
+        for (std::size_t c = 0; c < 16; ++c) {  // dst[o][c][hw] = block[hw][c][o]
+          transpose_32(reinterpret_cast<const std::uint32_t*>(block + c * 16), 256,
+                       reinterpret_cast<std::uint32_t*>(to + c * uk), ld, uk, 16);
+        }
+      }
+    }
+  }
+};
+
 /// How an operand gets from precis's layout to the primitive's (and back, for an output):
 /// not at all; precis's transposes between NCHW and NHWC images, or between either and
 /// 16-channel blocks (nChw16c, oneDNN's aBcd16b: [N][C / 16][H][W][16], what its AVX-512
-/// bfloat16 kernels take without AMX); precis's weight packing; or oneDNN's reorder.
+/// bfloat16 kernels take without AMX); precis's weight packing, or its unblocking of float
+/// weight gradients; or oneDNN's reorder.
 enum class onednn_move {
   same,
   to_nhwc,
@@ -326,6 +371,7 @@ enum class onednn_move {
   nhwc_to_blocks,
   blocks_to_nhwc,
   pack,
+  unblock_weights,
   reorder
 };
 
@@ -342,6 +388,7 @@ struct onednn_operand {
   onednn_move move = onednn_move::same;
   dnnl::reorder reorder;            ///< for onednn_move::reorder
   onednn_weight_packing packing{};  ///< for onednn_move::pack
+  onednn_weight_unblocking unblocking{};  ///< for onednn_move::unblock_weights
 };
 
 /// Moves operand o's values from `from` to `to` (precis's layout to the primitive's for an
@@ -360,6 +407,11 @@ inline void onednn_move_operand(const onednn_operand& o, dnnl::stream& s, dnnl::
     w.pack(static_cast<const std::uint16_t*>(from.get_data_handle()),
            static_cast<std::uint16_t*>(to.get_data_handle()), 0, w.blocks(),
            static_cast<std::uint16_t*>(scratch.get(w.scratch_values() * 2)));
+    return;
+  }
+  if (o.move == onednn_move::unblock_weights) {
+    o.unblocking.unpack(static_cast<const float*>(from.get_data_handle()),
+                        static_cast<float*>(to.get_data_handle()));
     return;
   }
   const dnnl::memory::dims d = o.user.dims();  // N, C, H, W
@@ -518,6 +570,14 @@ struct onednn_state {
         if (const auto packing = onednn_weight_packing::of(prim)) {
           o.move = onednn_move::pack;
           o.packing = *packing;
+          return o;
+        }
+      }
+      // A float weight gradient out of 16 x 16 blocks: precis's transposes.
+      if (!input && d.size() == 4 && user == md(d, dt::f32, tag::oihw)) {
+        if (const auto unblocking = onednn_weight_unblocking::of(prim)) {
+          o.move = onednn_move::unblock_weights;
+          o.unblocking = *unblocking;
           return o;
         }
       }
@@ -930,6 +990,148 @@ bool onednn_product(const cpu_context& ctx, std::size_t batch, std::size_t M, st
   return true;
 }
 
+/// An input operand in its primitive's layout: `user` itself, or its values moved into
+/// `buf` (on the calling thread, or oneDNN's for a reorder).
+inline dnnl::memory onednn_input(onednn_state& st, onednn_part& part, const onednn_operand& o,
+                                 const void* user, scratch_bytes& buf) {
+  dnnl::memory u(o.user, st.engine, const_cast<void*>(user));
+  if (o.move == onednn_move::same) return u;
+  dnnl::memory m(o.prim, st.engine, buf.get(o.prim.get_size()));
+  onednn_move_operand(o, *part.stream, u, m, part.packing);
+  return m;
+}
+
+/// Runs entry e's primitive of the given kind on part's stream: in0 and in1 in the
+/// primitive's layouts (forward x, w; backward data dy, w; backward weights x, dy), the
+/// output moved from the primitive's layout to `user_out` in precis's. Waits for it.
+inline void onednn_execute(onednn_state& st, onednn_part& part, const onednn_conv_entry& e,
+                           onednn_conv_kind kind, const dnnl::memory& a, const dnnl::memory& b,
+                           const float* bias, void* user_out) {
+  dnnl::stream& s = *part.stream;
+  dnnl::memory o(e.out.prim, st.engine,
+                 e.out.move == onednn_move::same ? user_out : part.out.get(e.out.prim.get_size()));
+  std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_SCRATCHPAD,
+       dnnl::memory(e.scratchpad, st.engine, part.scratchpad.get(e.scratchpad.get_size()))}};
+  if (kind == onednn_conv_kind::forward) {
+    args.emplace(DNNL_ARG_SRC, a);
+    args.emplace(DNNL_ARG_WEIGHTS, b);
+    args.emplace(DNNL_ARG_DST, o);
+    if (bias != nullptr) {
+      args.emplace(DNNL_ARG_BIAS, dnnl::memory(e.bias, st.engine, const_cast<float*>(bias)));
+    }
+  } else if (kind == onednn_conv_kind::backward_data) {
+    args.emplace(DNNL_ARG_DIFF_DST, a);
+    args.emplace(DNNL_ARG_WEIGHTS, b);
+    args.emplace(DNNL_ARG_DIFF_SRC, o);
+  } else {
+    args.emplace(DNNL_ARG_SRC, a);
+    args.emplace(DNNL_ARG_DIFF_DST, b);
+    args.emplace(DNNL_ARG_DIFF_WEIGHTS, o);
+  }
+  e.primitive.execute(s, args);
+  if (e.out.move != onednn_move::same) {
+    // The primitive's writes finish before a transpose on this thread reads them.
+    if (e.out.move != onednn_move::reorder) s.wait();
+    dnnl::memory u(e.out.user, st.engine, user_out);
+    onednn_move_operand(e.out, s, o, u, part.packing);
+  }
+  s.wait();
+}
+
+/// Float values of a weight gradient per chunk of output channels that suit the cache: a
+/// chunk's gradient, in the primitive's layout and then in precis's, stays in a core's L2.
+inline constexpr std::size_t onednn_weight_chunk_values = std::size_t(1) << 19;
+
+/// Output channels per chunk where a weight gradient is computed by chunks of output
+/// channels, or 0 where the images are split instead. By channels where the gradient is at
+/// least as large as the images it is summed from (deep layers: 3x3, 512 channels, 7 x 7
+/// pixels): split by images, each part would write and then add a whole gradient. The
+/// chunks are whole 16-channel blocks, as many per thread, and each small enough for the
+/// cache (onednn_weight_chunk_values) where the gradient is not.
+inline std::size_t onednn_weight_chunk(const onednn_conv_key& k, std::size_t threads) {
+  if (k.kind != onednn_conv_kind::backward_weights || k.groups != 1 || k.co < 32) return 0;
+  const auto w_size = std::size_t(k.co * k.c * k.kh * k.kw);
+  const auto images = std::size_t(k.n * (k.c * k.h * k.w + k.co * k.ho * k.wo));
+  if (w_size < images) return 0;
+  const std::size_t blocks = std::size_t(k.co + 15) / 16;
+  const std::size_t workers = std::min(threads, blocks);
+  const double per_worker = double(w_size) / double(workers * onednn_weight_chunk_values);
+  const std::size_t m = std::max<std::size_t>(1, std::size_t(per_worker + 0.5));
+  const std::size_t chunks = std::min(blocks, workers * m);
+  if (chunks < 2) return 0;
+  return (blocks + chunks - 1) / chunks * 16;
+}
+
+/// The weight gradient of `key` (backward_weights, groups 1) by chunks of `chunk` output
+/// channels (onednn_weight_chunk), whole chunks split over the context's threads: for each,
+/// one single-threaded call on every image, with dy's channels of the chunk copied out
+/// first, and its float values (precis's [co, c, kh, kw] order) written to `out` where
+/// `direct` (a float weight gradient), else to finish(first element, count, values). Each worker
+/// moves x to the primitive's layout once. False, having written nothing, where oneDNN offers only
+/// its reference implementation.
+template <class TIn, class TOut, class Finish>
+bool onednn_weights_by_channels(const cpu_context& ctx, onednn_state& st, onednn_conv_key key,
+                                std::size_t chunk, const TIn* x, const TIn* dy, TOut* out,
+                                bool direct, Finish& finish) {
+  const std::size_t co = std::size_t(key.co), n = std::size_t(key.n);
+  const std::size_t pixels = std::size_t(key.ho * key.wo);
+  const std::size_t per_channel = std::size_t(key.c * key.kh * key.kw);
+  const std::size_t chunks = (co + chunk - 1) / chunk;
+  const std::size_t workers = std::min<std::size_t>(ctx.thread_count(), chunks);
+  key.threads = 1;
+  const auto entry_for = [&](std::size_t channels) -> const onednn_conv_entry& {
+    onednn_conv_key k = key;
+    k.co = std::int64_t(channels);
+    return st.conv(k);
+  };
+  const onednn_conv_entry& full = entry_for(chunk);
+  const std::size_t tail_channels = co - (chunks - 1) * chunk;
+  const onednn_conv_entry& tail = tail_channels == chunk ? full : entry_for(tail_channels);
+  if (full.implementation.rfind("ref", 0) == 0 || tail.implementation.rfind("ref", 0) == 0) {
+    return false;
+  }
+  parallel_for(ctx, workers, 1, [&](std::size_t w0, std::size_t w1) {
+    for (std::size_t w = w0; w < w1; ++w) {
+      onednn_part& part = st.part(w);
+      const std::lock_guard lock(part.busy);
+      std::optional<dnnl::memory> xm;
+      const onednn_operand* x_as = nullptr;
+      omp_threads::instance().with(1, [&] {
+        for (std::size_t j = chunks * w / workers; j < chunks * (w + 1) / workers; ++j) {
+          const std::size_t o0 = j * chunk, oc = std::min(chunk, co - o0);
+          const onednn_conv_entry& e = oc == chunk ? full : tail;
+          // dy's channels [o0, o0 + oc) of every image, as a [n, oc, ...] tensor.
+          auto* slice = static_cast<TIn*>(part.slice.get(n * oc * pixels * sizeof(TIn)));
+          for (std::size_t i = 0; i < n; ++i) {
+            const TIn* img = dy + i * co * pixels;
+            TIn* to = slice + i * oc * pixels;
+            if (key.channels_last) {
+              for (std::size_t q = 0; q < pixels; ++q) {
+                std::copy_n(img + q * co + o0, oc, to + q * oc);
+              }
+            } else {
+              std::copy_n(img + o0 * pixels, oc * pixels, to);
+            }
+          }
+          if (!xm || !(x_as->prim == e.in0.prim) || x_as->move != e.in0.move) {
+            xm = onednn_input(st, part, e.in0, x, part.in0);
+            x_as = &e.in0;
+          }
+          const dnnl::memory b = onednn_input(st, part, e.in1, slice, part.in1);
+          void* values = direct ? static_cast<void*>(out + o0 * per_channel)
+                                : part.results.get(oc * per_channel * sizeof(float));
+          onednn_execute(st, part, e, onednn_conv_kind::backward_weights, *xm, b, nullptr, values);
+          if (!direct) {
+            finish(o0 * per_channel, oc * per_channel, static_cast<const float*>(values));
+          }
+        }
+      });
+    }
+  });
+  return true;
+}
+
 /// Runs a convolution pass with bfloat16 or float operands (TIn) through oneDNN. `key`
 /// describes the whole batch (its n, kind, out_type and bias are used as given; in_type is
 /// set from TIn); in0, in1 and out are in
@@ -939,10 +1141,12 @@ bool onednn_product(const cpu_context& ctx, std::size_t batch, std::size_t M, st
 /// context's threads when there are at least as many as threads (each part one
 /// single-threaded call; weight gradients are float partial sums per part, added in part
 /// order); fewer images run as one call on oneDNN's threads, as many as the context's.
-/// `out` is written directly when `direct` (its type is key.out_type); otherwise float
-/// values go to finish(first element, count, values). False, having written nothing, where
-/// the CPU has no dot-product instructions for TIn or oneDNN offers only its reference
-/// implementation.
+/// A weight gradient at least as large as its images is computed by chunks of output
+/// channels instead (onednn_weights_by_channels). `out` is written directly when `direct`
+/// (its type is key.out_type; a weight gradient split by images is a sum of the parts',
+/// finished); otherwise float values go to finish(first element, count, values). False, having
+/// written nothing, where the CPU has no dot-product instructions for TIn or oneDNN offers only its
+/// reference implementation.
 template <class TIn, class TOut, class Finish>
 bool onednn_conv(const cpu_context& ctx, onednn_conv_key key, const TIn* in0, const TIn* in1,
                  const float* bias, TOut* out, bool direct, Finish&& finish) {
@@ -953,6 +1157,9 @@ bool onednn_conv(const cpu_context& ctx, onednn_conv_key key, const TIn* in0, co
   onednn_state& st = onednn_of(ctx);
   const bool weights = key.kind == onednn_conv_kind::backward_weights;
   const std::size_t threads = ctx.thread_count();
+  if (const std::size_t channels = onednn_weight_chunk(key, threads)) {
+    return onednn_weights_by_channels(ctx, st, key, channels, in0, in1, out, direct, finish);
+  }
   const std::size_t n = std::size_t(key.n);
   const std::size_t parts = threads > 1 && n >= threads ? threads : 1;
   const std::size_t chunk = (n + parts - 1) / parts;
@@ -1006,54 +1213,18 @@ bool onednn_conv(const cpu_context& ctx, onednn_conv_key key, const TIn* in0, co
     const onednn_conv_entry& e = images == chunk ? first : last;
     onednn_part& part = st.part(p);
     const std::lock_guard lock(part.busy);
-    dnnl::stream& s = *part.stream;
-    // An input in the primitive's layout: the user's memory, or a reordered copy.
-    const auto input = [&](const onednn_operand& o, const TIn* user, scratch_bytes& buf) {
-      dnnl::memory u(o.user, st.engine, const_cast<TIn*>(user));
-      if (o.move == onednn_move::same) return u;
-      dnnl::memory m(o.prim, st.engine, buf.get(o.prim.get_size()));
-      onednn_move_operand(o, s, u, m, part.packing);
-      return m;
-    };
     // Where the output goes in precis's layout: y or dx itself, or float values kept in
     // the part for finish() or for the sum of the weight gradients' parts.
     const bool to_caller = direct && !weights;
     void* user_out = to_caller ? static_cast<void*>(out + b0 * out_image)
                                : part.results.get(e.out.user.get_size());
     omp_threads::instance().with(omp, [&] {
-      const dnnl::memory a = input(e.in0, in0 + b0 * in0_image, part.in0);
-      const dnnl::memory b = shared_weights ? *shared_weights
-                                            : input(e.in1, weights ? in1 + b0 * y_image : in1, part.in1);
-      dnnl::memory o(e.out.prim, st.engine,
-                     e.out.move == onednn_move::same ? user_out
-                                                     : part.out.get(e.out.prim.get_size()));
-      std::unordered_map<int, dnnl::memory> args{
-          {DNNL_ARG_SCRATCHPAD,
-           dnnl::memory(e.scratchpad, st.engine, part.scratchpad.get(e.scratchpad.get_size()))}};
-      if (key.kind == onednn_conv_kind::forward) {
-        args.emplace(DNNL_ARG_SRC, a);
-        args.emplace(DNNL_ARG_WEIGHTS, b);
-        args.emplace(DNNL_ARG_DST, o);
-        if (key.bias) {
-          args.emplace(DNNL_ARG_BIAS, dnnl::memory(e.bias, st.engine, const_cast<float*>(bias)));
-        }
-      } else if (key.kind == onednn_conv_kind::backward_data) {
-        args.emplace(DNNL_ARG_DIFF_DST, a);
-        args.emplace(DNNL_ARG_WEIGHTS, b);
-        args.emplace(DNNL_ARG_DIFF_SRC, o);
-      } else {
-        args.emplace(DNNL_ARG_SRC, a);
-        args.emplace(DNNL_ARG_DIFF_DST, b);
-        args.emplace(DNNL_ARG_DIFF_WEIGHTS, o);
-      }
-      e.primitive.execute(s, args);
-      if (e.out.move != onednn_move::same) {
-        // The primitive's writes finish before a transpose on this thread reads them.
-        if (e.out.move != onednn_move::reorder) s.wait();
-        dnnl::memory u(e.out.user, st.engine, user_out);
-        onednn_move_operand(e.out, s, o, u, part.packing);
-      }
-      s.wait();
+      const dnnl::memory a = onednn_input(st, part, e.in0, in0 + b0 * in0_image, part.in0);
+      const dnnl::memory b =
+          shared_weights
+              ? *shared_weights
+              : onednn_input(st, part, e.in1, weights ? in1 + b0 * y_image : in1, part.in1);
+      onednn_execute(st, part, e, key.kind, a, b, key.bias ? bias : nullptr, user_out);
     });
     if (!to_caller && !weights) {
       finish(b0 * out_image, images * out_image, static_cast<const float*>(user_out));
