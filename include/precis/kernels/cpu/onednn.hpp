@@ -565,8 +565,15 @@ struct onednn_state {
           return o;
         }
       }
-      // bfloat16 weights into a pair-interleaved blocked layout: precis's packing.
-      if (input && d.size() == 4 && user == md(d, dt::bf16, tag::oihw)) {
+      // bfloat16 weights into a pair-interleaved blocked layout: precis's packing where
+      // oneDNN runs its AMX kernels (their layouts, AcdB16b32a2b and ABcd16a16b2a, precis
+      // packs faster than oneDNN 2.6's reorder: 512 x 512 x 3x3, 0.52 / 0.49 ms against
+      // 0.71 / 0.53 on a Sapphire Rapids core). For the AVX512-BF16 kernels' layouts
+      // (ABcd8b16a2b, ABcd8a16b2a) the reorder is the faster: 0.39-0.52 ms against
+      // 0.71-0.95 on an EPYC core, and not slower than precis's packing split over two
+      // threads. bench/results/README.md has both measurements.
+      if (input && d.size() == 4 && user == md(d, dt::bf16, tag::oihw) &&
+          onednn_isa() == dnnl::cpu_isa::avx512_core_amx) {
         if (const auto packing = onednn_weight_packing::of(prim)) {
           o.move = onednn_move::pack;
           o.packing = *packing;
