@@ -278,23 +278,33 @@ host_tensor<double, 4> reference_weight_gradient(const host_tensor<double, 4>& x
   const bool last = layout == precis::image_layout::nhwc;
   const std::size_t n = x.shape()[0], c = x.shape()[last ? 3 : 1], h = x.shape()[last ? 1 : 2];
   const std::size_t ho = dy.shape()[last ? 1 : 2], pad = k / 2;
-  const auto at = [&](const host_tensor<double, 4>& t, std::size_t i, std::size_t ch, std::size_t r,
-                      std::size_t q) { return last ? t(i, r, q, ch) : t(i, ch, r, q); };
+  // Both images as NCHW values, so that the sums below walk plain arrays.
+  const auto nchw = [&](const host_tensor<double, 4>& t, std::size_t ch, std::size_t side) {
+    std::vector<double> v(n * ch * side * side);
+    for (std::size_t i = 0; i < n; ++i) {
+      for (std::size_t a = 0; a < ch; ++a) {
+        for (std::size_t r = 0; r < side * side; ++r) {
+          v[(i * ch + a) * side * side + r] = last ? t.data()[(i * side * side + r) * ch + a]
+                                                   : t.data()[(i * ch + a) * side * side + r];
+        }
+      }
+    }
+    return v;
+  };
+  const std::vector<double> xs = nchw(x, c, h), gs = nchw(dy, co, ho);
   auto dw = host_tensor<double, 4>::from_shape({co, c, k, k});
   dw.fill(0.0);
   for (std::size_t i = 0; i < n; ++i) {
     for (std::size_t o = 0; o < co; ++o) {
-      for (std::size_t r = 0; r < ho; ++r) {
-        for (std::size_t q = 0; q < ho; ++q) {
-          const double g = at(dy, i, o, r, q);
-          for (std::size_t ch = 0; ch < c; ++ch) {
-            for (std::size_t a = 0; a < k; ++a) {
-              for (std::size_t b = 0; b < k; ++b) {
-                const std::size_t yy = r * s + a, xx = q * s + b;
-                if (yy < pad || xx < pad || yy - pad >= h || xx - pad >= h) continue;
-                dw(o, ch, a, b) += g * at(x, i, ch, yy - pad, xx - pad);
-              }
-            }
+      for (std::size_t r = 0; r < ho * ho; ++r) {
+        const double g = gs[(i * co + o) * ho * ho + r];
+        for (std::size_t a = 0; a < k; ++a) {
+          for (std::size_t b = 0; b < k; ++b) {
+            const std::size_t yy = (r / ho) * s + a, xx = (r % ho) * s + b;
+            if (yy < pad || xx < pad || yy - pad >= h || xx - pad >= h) continue;
+            const double* xp = xs.data() + (i * c * h + yy - pad) * h + (xx - pad);
+            double* dp = dw.data() + (o * c * k + a) * k + b;
+            for (std::size_t ch = 0; ch < c; ++ch) dp[ch * k * k] += g * xp[ch * h * h];
           }
         }
       }
@@ -311,7 +321,8 @@ TEST_CASE_TEMPLATE("hardware weight gradients split by output channels", T, bflo
   // chunks with a tail (80 = 48 + 32 on 2 threads, 32 + 32 + 16 on 3), input channels
   // outside oneDNN's 16-channel blocks (24), a stride, and several chunks per thread (512
   // -> 384 channels: 3 x 128 on 1 thread, 4 x 96 on 2); both image layouts; float and
-  // bfloat16 gradients; against float64, and the same bits twice.
+  // bfloat16 gradients (bfloat16 on the small geometries); against float64, and the same
+  // bits twice.
   using P = std::conditional_t<std::is_same_v<T, float>, precis::presets::fp32_hardware,
                                precis::presets::bf16_mixed>;
   struct shape {
@@ -330,7 +341,11 @@ TEST_CASE_TEMPLATE("hardware weight gradients split by output channels", T, bflo
       const auto dy = random_tensor<T, 4>(precis::image_shape(layout, g.n, g.co, ho, ho));
       const auto ref =
           reference_weight_gradient(to_double(x), to_double(dy), layout, g.co, g.k, g.s);
+      // (The large one on 1 and 2 threads, with float gradients: its checks dominate the
+      // test's time under the sanitizers.)
+      const bool large = g.c * g.co > 100000;
       for (unsigned threads : {1U, 2U, 3U}) {
+        if (large && threads == 3) continue;
         CAPTURE(g.c);
         CAPTURE(g.co);
         CAPTURE(int(layout));
@@ -352,6 +367,7 @@ TEST_CASE_TEMPLATE("hardware weight gradients split by output channels", T, bflo
         for (auto& d : dw) precis::conv2d_backward_weights<P>(ctx, x, dy, d, p);
         CHECK(rel_error(dw[0], ref) < bound<float>());
         CHECK(same_bits(dw[0], dw[1]));
+        if (large) continue;
         auto dw16 = poisoned<bfloat16, 4>(std::array{g.co, g.c, g.k, g.k});
         precis::conv2d_backward_weights<P>(ctx, x, dy, dw16, p);
         CHECK(rel_error(dw16, ref) < bound<bfloat16>());
@@ -359,8 +375,8 @@ TEST_CASE_TEMPLATE("hardware weight gradients split by output channels", T, bflo
     }
   }
   if (onednn_runs()) {
-    // Every geometry but the 1-thread runs of the two small ones is split by channels.
-    CHECK(chunked == 14);
+    // Every run but the 1-thread ones of the two small geometries is split by channels.
+    CHECK(chunked == 12);
   }
 }
 
