@@ -1074,9 +1074,9 @@ inline std::size_t onednn_weight_chunk(const onednn_conv_key& k, std::size_t thr
 /// channels (onednn_weight_chunk), whole chunks split over the context's threads: for each,
 /// one single-threaded call on every image, with dy's channels of the chunk copied out
 /// first, and its float values (precis's [co, c, kh, kw] order) written to `out` where
-/// `direct` (a float weight gradient), else to finish(first element, count, values). Each worker
-/// moves x to the primitive's layout once. False, having written nothing, where oneDNN offers only
-/// its reference implementation.
+/// `direct` (a float weight gradient), else to finish(first element, count, values). Each
+/// worker moves x to the primitive's layout once. False, having written nothing, where
+/// oneDNN offers only its reference implementation.
 template <class TIn, class TOut, class Finish>
 bool onednn_weights_by_channels(const cpu_context& ctx, onednn_state& st, onednn_conv_key key,
                                 std::size_t chunk, const TIn* x, const TIn* dy, TOut* out,
@@ -1151,9 +1151,9 @@ bool onednn_weights_by_channels(const cpu_context& ctx, onednn_state& st, onednn
 /// A weight gradient at least as large as its images is computed by chunks of output
 /// channels instead (onednn_weights_by_channels). `out` is written directly when `direct`
 /// (its type is key.out_type; a weight gradient split by images is a sum of the parts',
-/// finished); otherwise float values go to finish(first element, count, values). False, having
-/// written nothing, where the CPU has no dot-product instructions for TIn or oneDNN offers only its
-/// reference implementation.
+/// finished); otherwise float values go to finish(first element, count, values). False,
+/// having written nothing, where the CPU has no dot-product instructions for TIn or oneDNN
+/// offers only its reference implementation.
 template <class TIn, class TOut, class Finish>
 bool onednn_conv(const cpu_context& ctx, onednn_conv_key key, const TIn* in0, const TIn* in1,
                  const float* bias, TOut* out, bool direct, Finish&& finish) {
