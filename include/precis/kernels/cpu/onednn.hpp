@@ -12,9 +12,10 @@
 // count.
 //
 // Threads: the context's own worker threads run the parts of a product (rows, or columns,
-// or batch items split evenly), each part one single-threaded oneDNN call. oneDNN's OpenMP
-// threads are thus never started beside precis's pool: on a 2-core machine two pools
-// would take turns on the cores. Primitives are made once per shape and kept in the
+// or batch items split evenly; a deep layer's weight gradient, chunks of output channels),
+// each part one single-threaded oneDNN call. oneDNN's OpenMP threads are thus not started
+// beside precis's pool (a convolution with fewer images than threads is the exception: it
+// runs as one call on them): on a 2-core machine two pools would take turns on the cores. Primitives are made once per shape and kept in the
 // context with their scratch memory (oneDNN's user scratchpad mode), so a call after the
 // first allocates no scratch.
 #pragma once
