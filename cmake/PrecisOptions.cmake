@@ -6,6 +6,10 @@ include(CheckCXXCompilerFlag)
 option(PRECIS_WERROR "Treat warnings as errors in precis's own targets" OFF)
 option(PRECIS_SANITIZE "Build precis's own C++ targets with ASan and UBSan" OFF)
 option(PRECIS_NATIVE "Build the benchmarks for this machine's processor (-march=native)" ON)
+# The benchmarks' C++ compiled for errors and warnings only (-fsyntax-only: every template
+# they use instantiated, no code generated, nothing linked), for a build that runs none of
+# them (CI's test stage). Their targets are then object libraries that produce no object.
+option(PRECIS_BENCH_CHECK_ONLY "Check the benchmarks' code with -fsyntax-only instead of building them" OFF)
 
 # precis_tristate(<option> <out-var>)
 # The value of the AUTO/ON/OFF cache option <option> as AUTO, ON or OFF in <out-var>
