@@ -6,6 +6,9 @@
 // the primitive bf16_mixed's hardware products run, minus precis's per-call reorders), and
 // the latter again with its weights reordered in every call, as a training step must
 // ("own layouts, weights per call").
+// precis's evaluation passes keep the weights moved to oneDNN's layout between calls
+// (conv2d_params::weights_version, which nn's layers set in mode::eval): "kept" is that,
+// against oneDNN with its weights reordered once.
 // precis runs bf16_mixed (hardware products: oneDNN where precis::onednn is linked and the
 // CPU has bfloat16 instructions) on NCHW images and on channels-last ones
 // (image_layout::nhwc, the layout oneDNN's own choice is on CPUs with AMX or AVX512-BF16),
@@ -22,6 +25,7 @@
 #include <omp.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <optional>
 #include <random>
@@ -95,12 +99,29 @@ int main(int argc, char** argv) {
     if (std::string(argv[i]) == "--batch") batch = std::stoul(argv[i + 1]);
   }
   std::mt19937 g(7);
-  precis_bench::table tab({"layer", "threads", "GFLOP", "oneDNN f32 GF/s", "oneDNN bf16 GF/s",
-                           "oneDNN bf16 own layouts GF/s", "own layouts, weights per call GF/s",
-                           "precis fp32 GF/s", "precis bf16 GF/s", "precis bf16 exact GF/s",
-                           "precis fp16 GF/s", "precis bf16 NHWC GF/s", "bf16/oneDNN bf16",
-                           "bf16/oneDNN own layouts", "bf16 NHWC/oneDNN own layouts",
-                           "bf16 NHWC/weights per call", "bf16/fp32", "exact/oneDNN f32"});
+  precis_bench::table tab({"layer",
+                           "threads",
+                           "GFLOP",
+                           "oneDNN f32 GF/s",
+                           "oneDNN bf16 GF/s",
+                           "oneDNN bf16 own layouts GF/s",
+                           "own layouts, weights per call GF/s",
+                           "precis fp32 GF/s",
+                           "precis bf16 GF/s",
+                           "precis bf16 exact GF/s",
+                           "precis fp16 GF/s",
+                           "precis bf16 NHWC GF/s",
+                           "bf16/oneDNN bf16",
+                           "bf16/oneDNN own layouts",
+                           "bf16 NHWC/oneDNN own layouts",
+                           "bf16 NHWC/weights per call",
+                           "bf16/fp32",
+                           "exact/oneDNN f32",
+                           "precis bf16 kept GF/s",
+                           "precis bf16 NHWC kept GF/s",
+                           "bf16 kept/oneDNN bf16",
+                           "bf16 NHWC kept/oneDNN own layouts"});
+  std::uint64_t version = 0;  // a new one for each layer's weights
   for (int threads : {1, 2}) {
     omp_set_num_threads(threads);
     const precis::cpu_context ctx{unsigned(threads)};
@@ -149,6 +170,14 @@ int main(int argc, char** argv) {
       const double t_l = precis_bench::best_ms(
           [&] { precis::conv2d<precis::presets::bf16_mixed>(ctx, xl, wb, yl, pl); }, reps);
       const double t_b = precis_bench::best_ms([&] { precis::conv2d<precis::presets::bf16_mixed>(ctx, xb, wb, yb, p); }, reps);
+      // The weights kept in oneDNN's layout (moved by the first call, outside the best).
+      ++version;
+      precis::conv2d_params pk = p, plk = pl;
+      pk.weights_version = plk.weights_version = version;
+      const double t_bk = precis_bench::best_ms(
+          [&] { precis::conv2d<precis::presets::bf16_mixed>(ctx, xb, wb, yb, pk); }, reps);
+      const double t_lk = precis_bench::best_ms(
+          [&] { precis::conv2d<precis::presets::bf16_mixed>(ctx, xl, wb, yl, plk); }, reps);
       const double t_e = precis_bench::best_ms([&] { precis::conv2d<precis::presets::bf16_exact>(ctx, xb, wb, yb, p); }, reps);
       const double t_f = precis_bench::best_ms([&] { precis::conv2d<precis::presets::fp32>(ctx, xf, wf, yf, p); }, reps);
       const double t_h = precis_bench::best_ms([&] { precis::conv2d<precis::presets::fp16_mixed>(ctx, xh, wh, yh, p); }, reps);
@@ -159,16 +188,28 @@ int main(int argc, char** argv) {
       const auto ratio = [&](const std::optional<double>& ms, double t) {
         return ms ? std::optional<double>(*ms / t) : std::nullopt;
       };
-      tab.add({l.name, std::to_string(threads), precis_bench::fixed(flop * 1e-9, 2),
-               precis_bench::fixed_or_na(gf_or(t_df), 1), precis_bench::fixed_or_na(gf_or(t_db), 1),
-               precis_bench::fixed_or_na(gf_or(t_do), 1), precis_bench::fixed_or_na(gf_or(t_dw), 1),
-               precis_bench::fixed(gf(t_f), 1), precis_bench::fixed(gf(t_b), 1),
-               precis_bench::fixed(gf(t_e), 1), precis_bench::fixed(gf(t_h), 1),
-               precis_bench::fixed(gf(t_l), 1), precis_bench::fixed_or_na(ratio(t_db, t_b)),
+      tab.add({l.name,
+               std::to_string(threads),
+               precis_bench::fixed(flop * 1e-9, 2),
+               precis_bench::fixed_or_na(gf_or(t_df), 1),
+               precis_bench::fixed_or_na(gf_or(t_db), 1),
+               precis_bench::fixed_or_na(gf_or(t_do), 1),
+               precis_bench::fixed_or_na(gf_or(t_dw), 1),
+               precis_bench::fixed(gf(t_f), 1),
+               precis_bench::fixed(gf(t_b), 1),
+               precis_bench::fixed(gf(t_e), 1),
+               precis_bench::fixed(gf(t_h), 1),
+               precis_bench::fixed(gf(t_l), 1),
+               precis_bench::fixed_or_na(ratio(t_db, t_b)),
                precis_bench::fixed_or_na(ratio(t_do, t_b)),
                precis_bench::fixed_or_na(ratio(t_do, t_l)),
-               precis_bench::fixed_or_na(ratio(t_dw, t_l)), precis_bench::fixed(t_f / t_b),
-               precis_bench::fixed_or_na(ratio(t_df, t_e))});
+               precis_bench::fixed_or_na(ratio(t_dw, t_l)),
+               precis_bench::fixed(t_f / t_b),
+               precis_bench::fixed_or_na(ratio(t_df, t_e)),
+               precis_bench::fixed(gf(t_bk), 1),
+               precis_bench::fixed(gf(t_lk), 1),
+               precis_bench::fixed_or_na(ratio(t_db, t_bk)),
+               precis_bench::fixed_or_na(ratio(t_do, t_lk))});
     }
   }
   precis_bench::print_machine();

@@ -7,11 +7,13 @@
 // runs, and the checks below assert exactly that.
 #include <precis/kernels/conv.hpp>
 #include <precis/kernels/gemm.hpp>
+#include <precis/nn/conv.hpp>
 
 #include "kernel_checks.hpp"
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstddef>
@@ -375,6 +377,127 @@ TEST_CASE_TEMPLATE("hardware weight gradients split by output channels", T, bflo
     CHECK(chunked == 12);
   }
 }
+
+#if PRECIS_HAS_ONEDNN
+TEST_CASE("weights moved to oneDNN's layout are kept under a weights_version until it changes") {
+  // conv2d (forward primitive) and conv_transpose2d (backward-data primitive), bf16_mixed:
+  // a call with a nonzero weights_version gives the bits of a call without one, and a later
+  // call with the same weights and version reuses what the first moved. New values written
+  // to the same address under the same version (a caller breaking its promise) are not
+  // seen, which shows that nothing was moved again; a new version moves them.
+  using P = precis::presets::bf16_mixed;
+  using shape4 = std::array<std::size_t, 4>;
+  const bool kept = precis::detail::onednn_has_products<bfloat16>();
+  for (unsigned threads : {1U, 2U}) {
+    for (const bool transposed : {false, true}) {
+      CAPTURE(threads);
+      CAPTURE(transposed);
+      const precis::cpu_context ctx{threads};
+      const auto& st = precis::detail::onednn_of(ctx);
+      const auto x = random_tensor<bfloat16, 4>(shape4{2, 32, 6, 6});
+      // conv2d: [out 64, in 32, 3, 3]; conv_transpose2d: [in 32, out 64, 3, 3].
+      auto w = random_tensor<bfloat16, 4>(transposed ? shape4{32, 64, 3, 3} : shape4{64, 32, 3, 3});
+      const auto run = [&](std::uint64_t version) {
+        precis::conv2d_params p;
+        p.padding = {1, 1};
+        p.weights_version = version;
+        auto y = poisoned<float, 4>(shape4{2, 64, 6, 6});
+        if (transposed) {
+          precis::conv_transpose2d<P>(ctx, x, w, y, p);
+        } else {
+          precis::conv2d<P>(ctx, x, w, y, p);
+        }
+        return y;
+      };
+      const auto before = run(0);
+      const std::size_t reuses = st.kept_reuses;
+      CHECK(same_bits(run(7), before));  // moved, and kept
+      CHECK(st.kept_reuses == reuses);
+      CHECK(same_bits(run(7), before));  // kept
+      CHECK(st.kept_reuses == reuses + (kept ? 1 : 0));
+      CHECK(same_bits(run(0), before));  // no version: moved, nothing kept is touched
+
+      const auto other = random_tensor<bfloat16, 4>(w.shape());
+      std::copy(other.begin(), other.end(), w.begin());
+      const auto after = run(0);
+      REQUIRE_FALSE(same_bits(after, before));
+      CHECK(same_bits(run(7), kept ? before : after));
+      CHECK(same_bits(run(8), after));
+      CHECK(same_bits(run(8), after));
+      CHECK(st.kept_reuses == reuses + (kept ? 3 : 0));
+    }
+  }
+}
+
+TEST_CASE("nn's convolutions keep their moved weights while evaluating, until a refresh") {
+  // An evaluation pass names the weight's version (parameter::version()); training passes
+  // name none. Both give the same bits.
+  namespace nn = precis::nn;
+  using P = precis::presets::bf16_mixed;
+  using shape4 = std::array<std::size_t, 4>;
+  const std::size_t kept = precis::detail::onednn_has_products<bfloat16>() ? 1 : 0;
+  const precis::cpu_context ctx{2};
+  const auto& st = precis::detail::onednn_of(ctx);
+  nn::conv2d_layer<nn::tags::conv2d, P, precis::cpu_context> layer(
+      nn::conv2d(32, 64, 3, {.padding = {1, 1}}));
+  layer.reset(1);
+  const auto x = random_tensor<bfloat16, 4>(shape4{2, 32, 6, 6});
+  const host_tensor<bfloat16, 4> trained = layer.forward(ctx, x, nn::mode::train);
+  const std::size_t reuses = st.kept_reuses;
+  CHECK(same_bits(layer.forward(ctx, x, nn::mode::eval), trained));
+  CHECK(same_bits(layer.forward(ctx, x, nn::mode::eval), trained));
+  CHECK(same_bits(layer.forward(ctx, x, nn::mode::train), trained));
+  CHECK(st.kept_reuses == reuses + kept);
+  // An optimizer's step: the master weights change, then the working copy is refreshed.
+  layer.weight().master()(5, 3, 1, 1) += 0.5F;
+  layer.weight().refresh(ctx);
+  const host_tensor<bfloat16, 4> stepped = layer.forward(ctx, x, nn::mode::train);
+  REQUIRE_FALSE(same_bits(stepped, trained));
+  CHECK(same_bits(layer.forward(ctx, x, nn::mode::eval), stepped));
+  CHECK(st.kept_reuses == reuses + kept);
+  CHECK(same_bits(layer.forward(ctx, x, nn::mode::eval), stepped));
+  CHECK(st.kept_reuses == reuses + 2 * kept);
+}
+
+TEST_CASE("at most kept_limit weights are kept; the least recently used is given up") {
+  using P = precis::presets::bf16_mixed;
+  using shape4 = std::array<std::size_t, 4>;
+  if (!precis::detail::onednn_has_products<bfloat16>()) {
+    MESSAGE("skipped: no bfloat16 dot-product instructions here, nothing is kept");
+    return;
+  }
+  const precis::cpu_context ctx{1};
+  const auto& st = precis::detail::onednn_of(ctx);
+  constexpr std::size_t limit = precis::detail::onednn_state::kept_limit;
+  const auto x = random_tensor<bfloat16, 4>(shape4{1, 16, 3, 3});
+  std::vector<host_tensor<bfloat16, 4>> ws;
+  for (std::size_t i = 0; i <= limit; ++i)
+    ws.push_back(random_tensor<bfloat16, 4>(shape4{32, 16, 3, 3}));
+  const auto run = [&](std::size_t i, std::uint64_t version) {
+    precis::conv2d_params p;
+    p.padding = {1, 1};
+    p.weights_version = version;
+    auto y = poisoned<float, 4>(shape4{1, 32, 3, 3});
+    precis::conv2d<P>(ctx, x, ws[i], y, p);
+    return y;
+  };
+  std::vector<host_tensor<float, 4>> fresh;
+  for (std::size_t i = 0; i <= limit; ++i) fresh.push_back(run(i, 0));
+  REQUIRE(st.kept.empty());  // no version, nothing kept
+  for (std::size_t i = 0; i < limit; ++i) CHECK(same_bits(run(i, 100 + i), fresh[i]));
+  CHECK(st.kept.size() == limit);
+  const std::size_t reuses = st.kept_reuses;
+  CHECK(same_bits(run(0, 100), fresh[0]));  // weights 0 are now the most recently used
+  CHECK(st.kept_reuses == reuses + 1);
+  CHECK(same_bits(run(limit, 100 + limit), fresh[limit]));  // gives up weights 1
+  CHECK(st.kept.size() == limit);
+  CHECK(same_bits(run(0, 100), fresh[0]));
+  CHECK(same_bits(run(2, 102), fresh[2]));
+  CHECK(st.kept_reuses == reuses + 3);
+  CHECK(same_bits(run(1, 101), fresh[1]));  // moved again
+  CHECK(st.kept_reuses == reuses + 3);
+}
+#endif
 
 #if PRECIS_HAS_ONEDNN
 TEST_CASE("precis's unblocking of float weight gradients matches oneDNN's reorder") {

@@ -446,6 +446,36 @@ TEST_CASE("parameters keep their storage when assigned; a different shape is ref
   CHECK_THROWS_AS(wa = c.root().inner().weight(), error);
 }
 
+TEST_CASE("a parameter's version changes whenever its working copy may, and is never reused") {
+  // What kernels may key weights derived from value() on (conv2d_params::weights_version).
+  auto a = nn::build<float, 2>(presets::bf16_mixed{}, nn::linear(3, 4), {.seed = 1});
+  auto b = nn::build<float, 2>(presets::bf16_mixed{}, nn::linear(3, 4), {.seed = 2});
+  auto& wa = a.root().inner().weight();
+  auto& wb = b.root().inner().weight();
+  const std::uint64_t v0 = wa.version();
+  CHECK(v0 != 0);
+  CHECK(wb.version() != v0);
+  CHECK(wa.version() == v0);  // reading changes nothing
+  wa.master()(0, 0) = 0.25f;  // the master alone: the working copy is unchanged until refresh
+  CHECK(wa.version() == v0);
+  a.refresh();
+  const std::uint64_t v1 = wa.version();
+  CHECK(v1 != v0);
+  CHECK(v1 != wb.version());
+  wa = wb;  // an assignment copies the working copy's values
+  CHECK(wa.version() != v1);
+  CHECK(wa.version() != wb.version());
+  const auto copy = wa;  // another address: the same version names other storage
+  CHECK(copy.value().data() != wa.value().data());
+  wa.refresh();
+  CHECK(wa.version() != copy.version());
+  // Float storage is the master weights themselves, written in place: no version.
+  auto f = nn::build<float, 2>(presets::fp32{}, nn::linear(3, 4), {.seed = 1});
+  CHECK(f.root().weight().version() == 0);
+  f.refresh();
+  CHECK(f.root().weight().version() == 0);
+}
+
 TEST_CASE("bad input is refused before anything runs, naming the layer's path and both shapes") {
   auto m = nn::build<float, 3>(presets::fp32{}, nn::named("encoder", nn::repeat<2>(mlp_block(4))), {.seed = 1});
   host_tensor<float, 3> x(std::array<std::size_t, 3>{2, 3, 4});

@@ -85,6 +85,15 @@ struct conv2d_params {
   std::size_t groups = 1;
   std::array<std::size_t, 2> output_padding{0, 0};
   image_layout layout = image_layout::nchw;
+  /// Names the contents of the weights passed with these parameters, for an engine that
+  /// moves weights into a layout of its own (oneDNN's hardware products): a forward (or a
+  /// transposed convolution's forward) or backward-data call keeps the moved weights in
+  /// the context, and a later call with the same weight tensor (same address) and the same
+  /// nonzero value uses them without moving them again. The caller promises that the
+  /// values at that address have not changed while the value stayed the same. 0 (the
+  /// default): moved in every call. nn's convolutions pass their weight's
+  /// parameter::version() when evaluating (mode::eval).
+  std::uint64_t weights_version = 0;
 };
 
 namespace detail {
@@ -798,8 +807,9 @@ bool onednn_conv_forward(const cpu_context& ctx, const conv_geometry& g, const T
   constexpr bool direct = onednn_io_type_v<TY>;
   const auto key = onednn_key(g, onednn_conv_kind::forward,
                               direct ? onednn_type<TY>() : onednn_type<float>(), bias != nullptr);
-  return onednn_conv(ctx, key, x, w, bias_f, y, direct,
-                     [&](std::size_t b, std::size_t len, const float* v) { store_block(v, y + b, len); });
+  return onednn_conv(
+      ctx, key, x, w, bias_f, y, direct, g.p.weights_version,
+      [&](std::size_t b, std::size_t len, const float* v) { store_block(v, y + b, len); });
 }
 
 /// Geometry g's backward-data pass (dy, w -> dx) through oneDNN.
@@ -809,8 +819,9 @@ bool onednn_conv_backward_data(const cpu_context& ctx, const conv_geometry& g, c
   constexpr bool direct = onednn_io_type_v<TX>;
   const auto key = onednn_key(g, onednn_conv_kind::backward_data,
                               direct ? onednn_type<TX>() : onednn_type<float>(), false);
-  return onednn_conv(ctx, key, dy, w, nullptr, dx, direct,
-                     [&](std::size_t b, std::size_t len, const float* v) { store_block(v, dx + b, len); });
+  return onednn_conv(
+      ctx, key, dy, w, nullptr, dx, direct, g.p.weights_version,
+      [&](std::size_t b, std::size_t len, const float* v) { store_block(v, dx + b, len); });
 }
 
 /// Geometry g's backward-weights pass (x, dy -> dw) through oneDNN.
@@ -825,7 +836,7 @@ bool onednn_conv_backward_weights(const cpu_context& ctx, const conv_geometry& g
   }
   const auto key = onednn_key(g, onednn_conv_kind::backward_weights, onednn_type<float>(), false);
   return onednn_conv(
-      ctx, key, x, dy, nullptr, dw, std::is_same_v<TW, float>,
+      ctx, key, x, dy, nullptr, dw, std::is_same_v<TW, float>, std::uint64_t(0),
       [&](std::size_t b, std::size_t len, const float* v) { store_block(v, dw + b, len); });
 }
 

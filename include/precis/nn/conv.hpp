@@ -254,6 +254,16 @@ class conv_base : public layer_base<Tag, P, op::conv, 4, 4, Ctx> {
     }
     accumulate_parameters(ctx, dy);
   }
+  /// The kernel parameters of a forward pass. When evaluating they carry the weight's
+  /// version, so that an engine which moves the weights into a layout of its own (oneDNN's
+  /// hardware products) keeps them moved until the weights change
+  /// (conv2d_params::weights_version). Training passes move them in every call: the weights
+  /// change every step, and their moved copy would be memory held for nothing.
+  conv2d_params forward_params(mode m) const {
+    conv2d_params p = params_;
+    if (m == mode::eval) p.weights_version = weight_.version();
+    return p;
+  }
   std::string describe_shape() const {
     return std::to_string(in_) + "->" + std::to_string(out_) + " " +
            conv_geometry_string(kernel_, params_) + (bias_on_ ? "" : " no bias");
@@ -338,16 +348,17 @@ class conv2d_layer : public detail::conv_base<Tag, P, Ctx> {
     return {in[0], this->out_, ho, wo};
   }
 
-  const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode = mode::train) {
+  const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode m = mode::train) {
     detail::ensure(this->y_, output_shape(detail::shape_of<4>(x), path_name<Tag>()));
     const auto& w = this->weight_.value();
+    const conv2d_params p = this->forward_params(m);
     if constexpr (!base::on_host) {
-      precis::conv2d<P>(ctx, x, w, this->y_, this->params_);
+      precis::conv2d<P>(ctx, x, w, this->y_, p);
     } else {
       if (this->bias_on_) {
-        precis::conv2d<P>(ctx, x, w, this->bias_.value(), this->y_, this->params_);
+        precis::conv2d<P>(ctx, x, w, this->bias_.value(), this->y_, p);
       } else {
-        precis::conv2d<P>(ctx, x, w, this->y_, this->params_);
+        precis::conv2d<P>(ctx, x, w, this->y_, p);
       }
     }
     this->x_.set(x);
@@ -428,21 +439,22 @@ class conv_transpose2d_layer : public detail::conv_base<Tag, P, Ctx> {
     return {in[0], this->out_, ho, wo};
   }
 
-  const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode = mode::train) {
+  const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode m = mode::train) {
     const auto out = output_shape(detail::shape_of<4>(x), path_name<Tag>());
     detail::ensure(this->y_, out);
     const auto& w = this->weight_.value();
+    const conv2d_params p = this->forward_params(m);
     if constexpr (!base::on_host) {
-      precis::conv_transpose2d<P>(ctx, x, w, this->y_, this->params_);
+      precis::conv_transpose2d<P>(ctx, x, w, this->y_, p);
     } else {
       if (this->bias_on_) {
         // The kernel has no bias: its sums are kept in its math type (float, or double under
         // a double policy), the bias added, then one rounding.
         detail::ensure(sums_, out);
-        precis::conv_transpose2d<P>(ctx, x, w, sums_, this->params_);
+        precis::conv_transpose2d<P>(ctx, x, w, sums_, p);
         add_bias(ctx);
       } else {
-        precis::conv_transpose2d<P>(ctx, x, w, this->y_, this->params_);
+        precis::conv_transpose2d<P>(ctx, x, w, this->y_, p);
       }
     }
     this->x_.set(x);

@@ -20,6 +20,7 @@
 #include <precis/tensor/host_tensor.hpp>
 
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -104,6 +105,17 @@ using tensor_t = typename context_traits<Ctx>::template tensor<T, N>;
 template <class Ctx>
 using context_ref_t = typename context_traits<Ctx>::ref;
 
+namespace detail {
+
+/// A value no parameter's working copy has had before in this process (see
+/// parameter::version).
+inline std::uint64_t next_parameter_version() {
+  static std::atomic<std::uint64_t> counter{0};
+  return counter.fetch_add(1, std::memory_order_relaxed) + 1;
+}
+
+}  // namespace detail
+
 /// A trainable tensor of rank N on context Ctx: master weights and gradient in M (float or
 /// double), the working copy in S. Its buffers never move: assigning a parameter copies the
 /// values into the existing storage, so an optimizer holding spans of the master weights
@@ -125,7 +137,10 @@ class parameter {
   explicit parameter(const shape_type& shape) : master_(shape), grad_(shape) {
     io::fill(master_, M(0));
     io::fill(grad_, M(0));
-    if constexpr (!same_storage) working_ = tensor<S>(shape);
+    if constexpr (!same_storage) {
+      working_ = tensor<S>(shape);
+      version_ = detail::next_parameter_version();
+    }
   }
   parameter(const parameter&) = default;
   parameter(parameter&&) noexcept = default;
@@ -156,9 +171,19 @@ class parameter {
   tensor<M>& grad() { return grad_; }
   const tensor<M>& grad() const { return grad_; }
 
+  /// Names the contents of the working copy: a value taken afresh (never one this process
+  /// used before) whenever they may change, at every refresh() and assignment; kernels may
+  /// keep what they derived from value() under it (conv2d_params::weights_version). 0 when
+  /// S is M: the working copy is then the master weights, which are written in place
+  /// (master(), master_span()) without telling the parameter, so it names nothing.
+  std::uint64_t version() const { return version_; }
+
   /// Rounds the master weights to the working copy (nearest-even), once per step.
   void refresh(context_ref_t<Ctx> ctx) {
-    if constexpr (!same_storage) io::cast(ctx, master_, working_);
+    if constexpr (!same_storage) {
+      version_ = detail::next_parameter_version();  // before the values change
+      io::cast(ctx, master_, working_);
+    }
   }
   void refresh()
     requires std::is_same_v<Ctx, cpu_context>
@@ -221,13 +246,17 @@ class parameter {
                      other.master_, master_);
     std::copy(other.master_.begin(), other.master_.end(), master_.begin());
     std::copy(other.grad_.begin(), other.grad_.end(), grad_.begin());
-    if constexpr (!same_storage) std::copy(other.working_.begin(), other.working_.end(), working_.begin());
+    if constexpr (!same_storage) {
+      version_ = detail::next_parameter_version();
+      std::copy(other.working_.begin(), other.working_.end(), working_.begin());
+    }
     problem_ = other.problem_;
   }
 
   tensor<M> master_;
   tensor<M> grad_;
   tensor<S> working_;  // empty when S is M
+  std::uint64_t version_ = 0;  // see version()
   std::string problem_;
 };
 

@@ -458,9 +458,50 @@ struct onednn_state {
   std::vector<std::unique_ptr<onednn_part>> parts;
   /// A convolution's weights in its primitive's layout, or an AMX product's packed B.
   scratch_bytes shared_packed;
-  /// Held by a convolution or an AMX product while its parts read shared_packed: kernels
-  /// called concurrently on one context are serialised there.
+  /// Held by a convolution or an AMX product while its parts read shared_packed or kept
+  /// weights: kernels called concurrently on one context are serialised there.
   std::mutex shared_use;
+
+  /// A convolution's weights kept in its primitive's layout between calls, for a caller
+  /// that names their contents (conv2d_params::weights_version): moved again only when
+  /// the version differs. `version` is 0 while no complete move is held.
+  struct kept_weights {
+    const void* source = nullptr;
+    dnnl::memory::desc layout;
+    std::uint64_t version = 0;
+    std::uint64_t last_use = 0;
+    scratch_bytes values;
+  };
+  /// At most this many are kept (a model's convolutions); beyond it the least recently
+  /// used is given up.
+  static constexpr std::size_t kept_limit = 256;
+  std::vector<std::unique_ptr<kept_weights>> kept;  // under shared_use
+  std::uint64_t kept_uses = 0;                      // under shared_use
+  /// Calls that found their weights kept (under shared_use; what tests count).
+  std::size_t kept_reuses = 0;
+
+  /// The kept weights of `source` in `layout`, made (or the least recently used one
+  /// recycled) on first use. Call under shared_use.
+  kept_weights& keep(const void* source, const dnnl::memory::desc& layout) {
+    kept_weights* found = nullptr;
+    for (const auto& k : kept) {
+      if (k->source == source && k->layout == layout) found = k.get();
+    }
+    if (found == nullptr) {
+      if (kept.size() < kept_limit) {
+        found = kept.emplace_back(std::make_unique<kept_weights>()).get();
+      } else {
+        found = std::min_element(kept.begin(), kept.end(), [](const auto& a, const auto& b) {
+                  return a->last_use < b->last_use;
+                })->get();
+      }
+      found->source = source;
+      found->layout = layout;
+      found->version = 0;
+    }
+    found->last_use = ++kept_uses;
+    return *found;
+  }
 
   /// The cached primitive for `key`, made on first use.
   // Primitives are made on as many OpenMP threads as they will run on: oneDNN fixes a
@@ -1152,12 +1193,16 @@ bool onednn_weights_by_channels(const cpu_context& ctx, onednn_state& st, onednn
 /// A weight gradient at least as large as its images is computed by chunks of output
 /// channels instead (onednn_weights_by_channels). `out` is written directly when `direct`
 /// (its type is key.out_type; a weight gradient split by images is a sum of the parts',
-/// finished); otherwise float values go to finish(first element, count, values). False,
-/// having written nothing, where the CPU has no dot-product instructions for TIn or oneDNN
-/// offers only its reference implementation.
+/// finished); otherwise float values go to finish(first element, count, values). A nonzero
+/// weights_version (forward and backward data) names the contents of in1: the weights
+/// moved to the primitive's layout are kept, and a later call with the same in1, layout and
+/// version uses them unmoved (see conv2d_params::weights_version). False, having written
+/// nothing, where the CPU has no dot-product instructions for TIn or oneDNN offers only its
+/// reference implementation.
 template <class TIn, class TOut, class Finish>
 bool onednn_conv(const cpu_context& ctx, onednn_conv_key key, const TIn* in0, const TIn* in1,
-                 const float* bias, TOut* out, bool direct, Finish&& finish) {
+                 const float* bias, TOut* out, bool direct, std::uint64_t weights_version,
+                 Finish&& finish) {
   if (!onednn_has_products<TIn>()) return false;
   key.in_type = onednn_type<TIn>();
   // Empty sums and empty tensors: the exact kernel writes their zeros.
@@ -1196,23 +1241,33 @@ bool onednn_conv(const cpu_context& ctx, onednn_conv_key key, const TIn* in0, co
   // into the state's shared buffer. precis's packing splits its blocks over the context's
   // threads; oneDNN's reorder runs on the OpenMP threads the parts run on (one when the
   // images are split: an OpenMP team woken here would spin beside precis's threads).
+  // With a weights_version they are kept in the state, and moved only when it changed.
   std::optional<dnnl::memory> shared_weights;
   std::unique_lock<std::mutex> shared_use;
   if (!weights && first.in1.move != onednn_move::same && first.in1.prim == last.in1.prim) {
     shared_use = std::unique_lock(st.shared_use);
+    onednn_state::kept_weights* kept =
+        weights_version != 0 ? &st.keep(in1, first.in1.prim) : nullptr;
+    const std::size_t bytes = first.in1.prim.get_size();
     shared_weights.emplace(first.in1.prim, st.engine,
-                           st.shared_packed.get(first.in1.prim.get_size()));
-    if (first.in1.move == onednn_move::pack) {
-      onednn_pack_shared(ctx, st, first.in1.packing, reinterpret_cast<const std::uint16_t*>(in1),
-                         static_cast<std::uint16_t*>(shared_weights->get_data_handle()));
+                           kept != nullptr ? kept->values.get(bytes) : st.shared_packed.get(bytes));
+    if (kept != nullptr && kept->version == weights_version) {
+      ++st.kept_reuses;
     } else {
-      onednn_part& p0 = st.part(0);
-      const std::lock_guard lock(p0.busy);
-      dnnl::memory u(first.in1.user, st.engine, const_cast<TIn*>(in1));
-      omp_threads::instance().with(omp, [&] {
-        onednn_move_operand(first.in1, *p0.stream, u, *shared_weights, p0.packing);
-        p0.stream->wait();
-      });
+      if (kept != nullptr) kept->version = 0;  // until the move below has completed
+      if (first.in1.move == onednn_move::pack) {
+        onednn_pack_shared(ctx, st, first.in1.packing, reinterpret_cast<const std::uint16_t*>(in1),
+                           static_cast<std::uint16_t*>(shared_weights->get_data_handle()));
+      } else {
+        onednn_part& p0 = st.part(0);
+        const std::lock_guard lock(p0.busy);
+        dnnl::memory u(first.in1.user, st.engine, const_cast<TIn*>(in1));
+        omp_threads::instance().with(omp, [&] {
+          onednn_move_operand(first.in1, *p0.stream, u, *shared_weights, p0.packing);
+          p0.stream->wait();
+        });
+      }
+      if (kept != nullptr) kept->version = weights_version;
     }
   }
 
