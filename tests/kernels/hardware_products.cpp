@@ -459,7 +459,7 @@ TEST_CASE("nn's convolutions keep their moved weights while evaluating, until a 
   CHECK(st.kept_reuses == reuses + 2 * kept);
 }
 
-TEST_CASE("at most kept_limit weights are kept; the least recently used is given up") {
+TEST_CASE("kept weights are limited in number and bytes; the least recently used are given up") {
   using P = precis::presets::bf16_mixed;
   using shape4 = std::array<std::size_t, 4>;
   if (!precis::detail::onednn_has_products<bfloat16>()) {
@@ -467,7 +467,7 @@ TEST_CASE("at most kept_limit weights are kept; the least recently used is given
     return;
   }
   const precis::cpu_context ctx{1};
-  const auto& st = precis::detail::onednn_of(ctx);
+  auto& st = precis::detail::onednn_of(ctx);
   constexpr std::size_t limit = precis::detail::onednn_state::kept_limit;
   const auto x = random_tensor<bfloat16, 4>(shape4{1, 16, 3, 3});
   std::vector<host_tensor<bfloat16, 4>> ws;
@@ -496,6 +496,26 @@ TEST_CASE("at most kept_limit weights are kept; the least recently used is given
   CHECK(st.kept_reuses == reuses + 3);
   CHECK(same_bits(run(1, 101), fresh[1]));  // moved again
   CHECK(st.kept_reuses == reuses + 3);
+
+  // A limit in bytes that holds three of these: the least recently used go, freed.
+  const std::size_t each = st.kept.front()->bytes;
+  CHECK(each >= ws[0].size() * sizeof(bfloat16));
+  st.kept_bytes_limit = 3 * each;
+  CHECK(same_bits(run(4, 104), fresh[4]));  // kept before: reused, the others given up
+  CHECK(st.kept_reuses == reuses + 4);
+  REQUIRE(st.kept.size() == 3);
+  CHECK(same_bits(run(1, 101), fresh[1]));
+  CHECK(same_bits(run(4, 104), fresh[4]));
+  CHECK(st.kept_reuses == reuses + 6);
+  CHECK(same_bits(run(5, 105), fresh[5]));  // weights 5 were given up: moved again
+  CHECK(st.kept_reuses == reuses + 6);
+  CHECK(st.kept.size() == 3);
+  // A tensor larger than the limit is still kept for its own call, alone.
+  st.kept_bytes_limit = each / 2;
+  CHECK(same_bits(run(6, 106), fresh[6]));
+  CHECK(st.kept.size() == 1);
+  CHECK(same_bits(run(6, 106), fresh[6]));
+  CHECK(st.kept_reuses == reuses + 7);
 }
 #endif
 

@@ -40,6 +40,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -47,8 +48,8 @@
 #include <optional>
 #include <string>
 #include <tuple>
-#include <unordered_map>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 namespace precis::detail {
@@ -468,38 +469,53 @@ struct onednn_state {
   struct kept_weights {
     const void* source = nullptr;
     dnnl::memory::desc layout;
+    std::size_t bytes = 0;
     std::uint64_t version = 0;
     std::uint64_t last_use = 0;
     scratch_bytes values;
   };
-  /// At most this many are kept (a model's convolutions); beyond it the least recently
-  /// used is given up.
+  /// At most this many weight tensors are kept (a model's convolutions)...
   static constexpr std::size_t kept_limit = 256;
+  /// ... holding at most this many bytes (a bfloat16 ResNet-50's weights take 50 MB); beyond
+  /// either the least recently used are given up, their memory freed. Weights of a freed
+  /// tensor are never used again (a new tensor at the same address has a new version) and
+  /// go that way.
+  std::size_t kept_bytes_limit = std::size_t(512) << 20;
   std::vector<std::unique_ptr<kept_weights>> kept;  // under shared_use
   std::uint64_t kept_uses = 0;                      // under shared_use
   /// Calls that found their weights kept (under shared_use; what tests count).
   std::size_t kept_reuses = 0;
 
-  /// The kept weights of `source` in `layout`, made (or the least recently used one
-  /// recycled) on first use. Call under shared_use.
+  /// The kept weights of `source` in `layout`, made on first use (with version 0). Call
+  /// under shared_use; the entry stays valid until the next call.
   kept_weights& keep(const void* source, const dnnl::memory::desc& layout) {
-    kept_weights* found = nullptr;
-    for (const auto& k : kept) {
-      if (k->source == source && k->layout == layout) found = k.get();
+    auto it = std::find_if(kept.begin(), kept.end(), [&](const auto& k) {
+      return k->source == source && k->layout == layout;
+    });
+    if (it == kept.end()) {
+      auto k = std::make_unique<kept_weights>();
+      k->source = source;
+      k->layout = layout;
+      k->bytes = layout.get_size();
+      kept.push_back(std::move(k));
+      it = std::prev(kept.end());
     }
-    if (found == nullptr) {
-      if (kept.size() < kept_limit) {
-        found = kept.emplace_back(std::make_unique<kept_weights>()).get();
-      } else {
-        found = std::min_element(kept.begin(), kept.end(), [](const auto& a, const auto& b) {
-                  return a->last_use < b->last_use;
-                })->get();
-      }
-      found->source = source;
-      found->layout = layout;
-      found->version = 0;
-    }
+    kept_weights* const found = it->get();
     found->last_use = ++kept_uses;
+    for (;;) {
+      std::size_t bytes = 0;
+      for (const auto& k : kept) bytes += k->bytes;
+      if (kept.size() <= kept_limit && bytes <= kept_bytes_limit) break;
+      // The least recently used but this call's own, which it needs whatever its size.
+      auto oldest = kept.end();
+      for (auto k = kept.begin(); k != kept.end(); ++k) {
+        if (k->get() != found && (oldest == kept.end() || (*k)->last_use < (*oldest)->last_use)) {
+          oldest = k;
+        }
+      }
+      if (oldest == kept.end()) break;
+      kept.erase(oldest);
+    }
     return *found;
   }
 
