@@ -111,6 +111,19 @@ precis::host_tensor<T, N> random_tensor(const std::array<std::size_t, N>& shape,
   return t;
 }
 
+/// Float64 values in [-1, 1), 2e-3 apart in a random order: no two within central
+/// differences' step of each other, so that a maximum's winner does not change under them
+/// (random_tensor's values can, and then the difference quotient straddles the switch).
+template <std::size_t N>
+precis::host_tensor<double, N> tie_free_tensor(const std::array<std::size_t, N>& shape) {
+  auto t = precis::host_tensor<double, N>::from_shape(shape);
+  std::vector<std::size_t> order(t.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::shuffle(order.begin(), order.end(), rng());
+  for (std::size_t i = 0; i < t.size(); ++i) t.data()[i] = -1.0 + 2e-3 * double(order[i]);
+  return t;
+}
+
 /// The same values in float64.
 template <class T, std::size_t N>
 precis::host_tensor<double, N> to_double(const precis::host_tensor<T, N>& t) {

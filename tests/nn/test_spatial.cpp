@@ -18,7 +18,6 @@
 #include <cmath>
 #include <cstddef>
 #include <map>
-#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -50,17 +49,6 @@ struct head_conv : layer<op::conv> {
 
 /// A float64 tensor uniform in [-1, 1) (gradcheck.hpp's).
 host_tensor<double, 4> random_image(const shape4& s) { return precis_test::random_tensor<4>(s); }
-
-/// A float64 image whose values are distinct and at least 1e-3 apart (a shuffled ramp), so
-/// that no max-pooling window holds a tie the central differences could cross.
-host_tensor<double, 4> tie_free_image(const shape4& s) {
-  host_tensor<double, 4> t(s);
-  std::vector<std::size_t> order(t.size());
-  std::iota(order.begin(), order.end(), std::size_t(0));
-  std::shuffle(order.begin(), order.end(), precis_test::rng());
-  for (std::size_t i = 0; i < t.size(); ++i) t.data()[i] = -1.0 + 2e-3 * double(order[i]);
-  return t;
-}
 
 // Gives every gamma and beta of a model values away from 1 and 0, so their gradients matter.
 template <class Model>
@@ -278,12 +266,12 @@ TEST_CASE(
   const pool2d_params overlapping{.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}};
   auto mp = nn::build<double, 4>(f64{}, nn::max_pool2d(overlapping));
   CHECK(mp.output_shape({2, 3, 7, 7}) == shape4{2, 3, 4, 4});
-  check_gradients(mp, tie_free_image({2, 3, 7, 7}));
+  check_gradients(mp, precis_test::tie_free_tensor<4>({2, 3, 7, 7}));
   CHECK(nn::describe(mp).find("max_pool2d  3x3 s2x2 p1x1") != std::string::npos);
   // Default 2x2, stride 2: the last column of a width-5 image feeds nothing.
   auto mp2 = nn::build<double, 4>(f64{}, nn::max_pool2d());
   CHECK(mp2.output_shape({2, 3, 6, 5}) == shape4{2, 3, 3, 2});
-  check_gradients(mp2, tie_free_image({2, 3, 6, 5}));
+  check_gradients(mp2, precis_test::tie_free_tensor<4>({2, 3, 6, 5}));
 
   auto ap = nn::build<double, 4>(f64{}, nn::avg_pool2d(overlapping));
   check_gradients(ap, random_image({2, 3, 7, 6}));
