@@ -102,8 +102,9 @@ run_ctest() {
 # Under CI the test stage compiles at -O2 instead of Release's -O3: the whole tree builds in
 # about 9 minutes instead of 12 on CI's two cores, its tests run about 15 s longer, and
 # precis gives the same bits under any flags (tests/flags). And it checks the benchmarks,
-# which CI never runs, with -fsyntax-only (PRECIS_BENCH_CHECK_ONLY): every error and
-# front-end warning under -Werror, in about a fifth of the time that building them at -O2
+# which CI never runs, with -fsyntax-only (PRECIS_BENCH_CHECK_ONLY): every compile error, and
+# the front-end warnings of those that carry the project's warning set (the step
+# benchmarks), under -Werror, in about a fifth of the time that building them at -O2
 # takes (bench_vit_step: 11 s against 62; 160 s of compilation in all). Outside CI build/gcc
 # keeps -O3 and builds the benchmarks, as their recorded figures were measured. Both settings
 # are always passed, so that a tree configured once under CI does not keep them in its cache.
@@ -127,8 +128,8 @@ cmd_clang() {
   # stage's build took 160 s and its tests 195 s, where the two stages it replaces (clang
   # at -O1 for the warnings, GCC at -O0 with the sanitizers) took 349 s and 445 s.
   # -g1: line tables only, which is what the sanitizers' reports print (file and line per
-  # frame). Left to the test stage, which builds them with -Werror and runs them: the
-  # benchmarks, the training examples (their code is the examples', their runs are slow),
+  # frame). Left to the test stage, which compiles them with -Werror and runs what runs: the
+  # benchmarks (under CI only checked, see configure_gcc), the training examples (their code is the examples', their runs are slow),
   # the headers' stand-alone check (whether a header includes what it uses does not depend
   # on the compiler), the bits probe (it builds with both compilers itself), MPI, and the
   # tests' instruction-set variants.
@@ -166,8 +167,8 @@ cmd_cuda() {
   # binaries there, nvcc's host pass (g++ on the host half of each unit) was two thirds of a
   # unit's time at -O3 (test_nn_block.cu: 38 of 56 s; 13 s at -O0), and nvcc's -O level does
   # not reach the device code (cicc and ptxas run the same either way). CUDA sources carry
-  # no warning flags, so -O0 loses no warning; the one C++ test here, test_cuda_host, runs
-  # at -O0. Outside CI both are -O3.
+  # no warning flags; the one C++ unit here, test_cuda_host, runs at -O0 and loses only the
+  # optimiser's warnings (-Wmaybe-uninitialized and the like). Outside CI both are -O3.
   local archs="80;90" level=3
   [[ -n "${CI:-}" ]] && archs=90 level=0
   configure build/cuda g++ Release -DPRECIS_WERROR=ON -DPRECIS_CUDA=ON -DPRECIS_BITS_PROBE=OFF \

@@ -15,9 +15,9 @@
 // or batch items split evenly; a deep layer's weight gradient, chunks of output channels),
 // each part one single-threaded oneDNN call. oneDNN's OpenMP threads are thus not started
 // beside precis's pool (a convolution with fewer images than threads is the exception: it
-// runs as one call on them): on a 2-core machine two pools would take turns on the cores. Primitives are made once per shape and kept in the
-// context with their scratch memory (oneDNN's user scratchpad mode), so a call after the
-// first allocates no scratch.
+// runs as one call on them): on a 2-core machine two pools would take turns on the cores.
+// Primitives are made once per shape and kept in the context with their scratch memory
+// (oneDNN's user scratchpad mode), so a call after the first allocates no scratch.
 #pragma once
 
 #if !PRECIS_HAS_ONEDNN
@@ -502,18 +502,15 @@ struct onednn_state {
     }
     kept_weights* const found = it->get();
     found->last_use = ++kept_uses;
-    for (;;) {
-      std::size_t bytes = 0;
-      for (const auto& k : kept) bytes += k->bytes;
-      if (kept.size() <= kept_limit && bytes <= kept_bytes_limit) break;
-      // The least recently used but this call's own, which it needs whatever its size.
-      auto oldest = kept.end();
-      for (auto k = kept.begin(); k != kept.end(); ++k) {
-        if (k->get() != found && (oldest == kept.end() || (*k)->last_use < (*oldest)->last_use)) {
-          oldest = k;
-        }
-      }
-      if (oldest == kept.end()) break;
+    std::size_t bytes = 0;
+    for (const auto& k : kept) bytes += k->bytes;
+    // Give up the least recently used but this call's own, which it needs whatever its size.
+    while (kept.size() > 1 && (kept.size() > kept_limit || bytes > kept_bytes_limit)) {
+      const auto oldest =
+          std::min_element(kept.begin(), kept.end(), [&](const auto& a, const auto& b) {
+            return a.get() != found && (b.get() == found || a->last_use < b->last_use);
+          });
+      bytes -= (*oldest)->bytes;
       kept.erase(oldest);
     }
     return *found;
