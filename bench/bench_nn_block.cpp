@@ -249,6 +249,8 @@ int main(int argc, char** argv) {
     run<presets::fp32>("fp32", batch, repeats, th, t);
     run<presets::bf16_mixed>("bf16_mixed", batch, repeats, th, t);
     run<presets::fp16_mixed>("fp16_mixed", batch, repeats, th, t);
+    run<presets::fp32_hardware>("fp32_hardware", batch, repeats, th, t);
+    run<presets::fp16_hardware>("fp16_hardware", batch, repeats, th, t);
   }
   t.print();
   if (!csv.empty()) t.write_csv(csv);

@@ -12,8 +12,8 @@
 // precis runs bf16_mixed (hardware products: oneDNN where precis::onednn is linked and the
 // CPU has bfloat16 instructions) on NCHW images and on channels-last ones
 // (image_layout::nhwc, the layout oneDNN's own choice is on CPUs with AMX or AVX512-BF16),
-// bf16_exact and fp16_mixed (precis's exact kernel), and fp32. Ratios are taken within
-// this run.
+// bf16_exact and fp16_mixed (precis's exact kernel), fp16_hardware (oneDNN's float kernels
+// on the inputs converted to float) and fp32. Ratios are taken within this run.
 //
 //   bench_conv [--csv path] [--batch N]
 #include <precis/kernels/conv.hpp>
@@ -120,7 +120,10 @@ int main(int argc, char** argv) {
                            "precis bf16 kept GF/s",
                            "precis bf16 NHWC kept GF/s",
                            "bf16 kept/oneDNN bf16",
-                           "bf16 NHWC kept/oneDNN own layouts"});
+                           "bf16 NHWC kept/oneDNN own layouts",
+                           "precis fp16 hardware GF/s",
+                           "fp16 hardware/fp16",
+                           "fp16 hardware/oneDNN f32"});
   std::uint64_t version = 0;  // a new one for each layer's weights
   for (int threads : {1, 2}) {
     omp_set_num_threads(threads);
@@ -181,6 +184,8 @@ int main(int argc, char** argv) {
       const double t_e = precis_bench::best_ms([&] { precis::conv2d<precis::presets::bf16_exact>(ctx, xb, wb, yb, p); }, reps);
       const double t_f = precis_bench::best_ms([&] { precis::conv2d<precis::presets::fp32>(ctx, xf, wf, yf, p); }, reps);
       const double t_h = precis_bench::best_ms([&] { precis::conv2d<precis::presets::fp16_mixed>(ctx, xh, wh, yh, p); }, reps);
+      const double t_hw = precis_bench::best_ms(
+          [&] { precis::conv2d<precis::presets::fp16_hardware>(ctx, xh, wh, yh, p); }, reps);
       const auto gf = [&](double ms) { return flop / ms * 1e-6; };
       const auto gf_or = [&](const std::optional<double>& ms) {
         return ms ? std::optional<double>(gf(*ms)) : std::nullopt;
@@ -209,7 +214,10 @@ int main(int argc, char** argv) {
                precis_bench::fixed(gf(t_bk), 1),
                precis_bench::fixed(gf(t_lk), 1),
                precis_bench::fixed_or_na(ratio(t_db, t_bk)),
-               precis_bench::fixed_or_na(ratio(t_do, t_lk))});
+               precis_bench::fixed_or_na(ratio(t_do, t_lk)),
+               precis_bench::fixed(gf(t_hw), 1),
+               precis_bench::fixed(t_h / t_hw),
+               precis_bench::fixed_or_na(ratio(t_df, t_hw))});
     }
   }
   precis_bench::print_machine();

@@ -3,7 +3,9 @@
 // called directly (float accumulation, bfloat16 output), square sizes 256..2048, on one and
 // two threads. precis's bfloat16 runs twice: bf16_mixed (hardware products: oneDNN where
 // precis::onednn is linked and the CPU has bfloat16 instructions) and bf16_exact (precis's
-// exact kernel); precis fp32 is the float kernel. Ratios are taken within this run.
+// exact kernel); precis fp32 is the float kernel. float16 runs fp16_mixed (precis's exact
+// kernel) and fp16_hardware (oneDNN's float kernels on the inputs converted to float, where
+// precis::onednn is linked). Ratios are taken within this run.
 // precis's outputs are compared with sgemm's (the products are exact in both, only the
 // order of the float sums differs).
 //
@@ -48,8 +50,8 @@ int main(int argc, char** argv) {
   std::mt19937 g(42);
   precis_bench::table tab({"n", "threads", "sgemm GF/s", "precis fp32 GF/s", "oneDNN bf16 GF/s",
                            "precis bf16 GF/s", "precis bf16 exact GF/s", "precis fp16 GF/s",
-                           "bf16/oneDNN", "bf16/fp32", "exact/sgemm", "fp16/sgemm",
-                           "max |bf16-sgemm|"});
+                           "precis fp16 hardware GF/s", "bf16/oneDNN", "bf16/fp32", "exact/sgemm",
+                           "fp16/sgemm", "fp16 hardware/sgemm", "max |bf16-sgemm|"});
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   dnnl::stream strm(eng);
   for (int threads : {1, 2}) {
@@ -85,6 +87,8 @@ int main(int argc, char** argv) {
           [&] { precis::gemm<precis::presets::bf16_mixed>(ctx, a16, b16, c16); }, reps);
       const double t_fp16 = precis_bench::best_ms(
           [&] { precis::gemm<precis::presets::fp16_mixed>(ctx, ah, bh, ch); }, reps);
+      const double t_fp16_hw = precis_bench::best_ms(
+          [&] { precis::gemm<precis::presets::fp16_hardware>(ctx, ah, bh, ch); }, reps);
       // precis's bf16 output against sgemm's float output rounded to bf16: one bf16 ulp at most.
       double maxdiff = 0;
       for (std::size_t i = 0; i < n * n; ++i) {
@@ -112,15 +116,16 @@ int main(int argc, char** argv) {
         if (e.status != dnnl_unimplemented) throw;
       }
       const double gs = gflops(n, t_sgemm), gb = gflops(n, t_bf16), gh = gflops(n, t_fp16);
-      const double gf = gflops(n, t_fp32), ge = gflops(n, t_exact);
+      const double gf = gflops(n, t_fp32), ge = gflops(n, t_exact), ghw = gflops(n, t_fp16_hw);
       char diff[32];
       std::snprintf(diff, sizeof diff, "%.2g", maxdiff);
       tab.add({std::to_string(n), std::to_string(threads), precis_bench::fixed(gs, 1),
                precis_bench::fixed(gf, 1), precis_bench::fixed_or_na(gd, 1),
                precis_bench::fixed(gb, 1), precis_bench::fixed(ge, 1), precis_bench::fixed(gh, 1),
+               precis_bench::fixed(ghw, 1),
                precis_bench::fixed_or_na(gd ? std::optional<double>(gb / *gd) : std::nullopt),
                precis_bench::fixed(gb / gf), precis_bench::fixed(ge / gs),
-               precis_bench::fixed(gh / gs), diff});
+               precis_bench::fixed(gh / gs), precis_bench::fixed(ghw / gs), diff});
     }
   }
   precis_bench::print_machine();

@@ -123,6 +123,183 @@ TEST_CASE("float hardware products keep subnormals and fuse each product into th
   }
 }
 
+namespace {
+
+/// A float16 tensor's values as float (exact).
+template <std::size_t N>
+host_tensor<float, N> as_float(const host_tensor<precis::float16, N>& t) {
+  auto f = host_tensor<float, N>::from_shape(t.shape());
+  std::transform(t.begin(), t.end(), f.begin(), [](precis::float16 v) { return float(v); });
+  return f;
+}
+
+/// A float tensor's values rounded to float16.
+template <std::size_t N>
+host_tensor<precis::float16, N> as_float16(const host_tensor<float, N>& t) {
+  auto h = host_tensor<precis::float16, N>::from_shape(t.shape());
+  std::transform(t.begin(), t.end(), h.begin(), [](float v) { return precis::float16(v); });
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("float16 hardware products are the float kernels' on the converted inputs") {
+  using precis::float16;
+  using H = precis::presets::fp16_hardware;
+  using F = precis::presets::fp32_hardware;
+  // Every product of two float16 values is exact in float: subnormal inputs are kept.
+  const float sub = std::ldexp(1.0F, -24);  // float16's smallest subnormal
+  CHECK(single_product<H, float16>(sub, 1.0F) == sub);
+  CHECK(single_product<H, float16>(sub, sub) == std::ldexp(1.0F, -48));
+  CHECK(single_product<H, float16>(std::ldexp(1.0F, -20), 3.0F) == 3.0F * std::ldexp(1.0F, -20));
+
+  // Products: the bits of fp32_hardware's on the same values as float (and, for a float16
+  // C, those rounded once), for each transpose, one and two threads, and batched.
+  const std::size_t M = 70, N = 45, K = 300;
+  for (const bool ta : {false, true}) {
+    for (const bool tb : {false, true}) {
+      precis::gemm_options o;
+      o.trans_a = ta;
+      o.trans_b = tb;
+      const auto a = random_tensor<float16, 2>(ta ? std::array<std::size_t, 2>{K, M}
+                                                  : std::array<std::size_t, 2>{M, K});
+      const auto b = random_tensor<float16, 2>(tb ? std::array<std::size_t, 2>{N, K}
+                                                  : std::array<std::size_t, 2>{K, N});
+      const auto bias = random_tensor<float, 1>({N});
+      for (unsigned threads : {1U, 2U}) {
+        CAPTURE(ta);
+        CAPTURE(tb);
+        CAPTURE(threads);
+        const precis::cpu_context ctx{threads};
+        auto c = poisoned<float, 2>(std::array<std::size_t, 2>{M, N});
+        auto ref = c;
+        precis::gemm<H>(ctx, a, b, bias, c, o);
+        precis::gemm<F>(ctx, as_float(a), as_float(b), bias, ref, o);
+        CHECK(same_bits(c, ref));
+        auto c16 = poisoned<float16, 2>(std::array<std::size_t, 2>{M, N});
+        precis::gemm<H>(ctx, a, b, bias, c16, o);
+        CHECK(same_bits(c16, as_float16(ref)));
+      }
+    }
+  }
+  const auto qa = random_tensor<float16, 3>({3, 17, 40});
+  const auto qb = random_tensor<float16, 3>({3, 26, 40});
+  precis::gemm_options o;
+  o.trans_b = true;
+  o.alpha = 0.125F;
+  auto c = poisoned<float, 3>(std::array<std::size_t, 3>{3, 17, 26});
+  auto ref = c;
+  precis::gemm<H>(precis::cpu_context{2}, qa, qb, c, o);
+  precis::gemm<F>(precis::cpu_context{2}, as_float(qa), as_float(qb), ref, o);
+  CHECK(same_bits(c, ref));
+}
+
+#if PRECIS_HAS_ONEDNN
+TEST_CASE("float16 hardware convolutions are the float kernels' on the converted inputs") {
+  using precis::float16;
+  using H = precis::presets::fp16_hardware;
+  using F = precis::presets::fp32_hardware;
+  using shape4 = std::array<std::size_t, 4>;
+  struct case_t {
+    std::size_t c, h, co, k, stride, pad;
+    precis::image_layout layout;
+  };
+  // A 3x3 layer, and a strided 1x1 (its pixels gathered), in both layouts.
+  for (const case_t t : {case_t{16, 9, 32, 3, 1, 1, precis::image_layout::nchw},
+                         case_t{16, 9, 32, 3, 1, 1, precis::image_layout::nhwc},
+                         case_t{32, 10, 48, 1, 2, 0, precis::image_layout::nchw},
+                         case_t{32, 10, 48, 1, 2, 0, precis::image_layout::nhwc}}) {
+    const bool last = t.layout == precis::image_layout::nhwc;
+    const std::size_t ho = (t.h + 2 * t.pad - t.k) / t.stride + 1;
+    const auto image = [&](std::size_t n, std::size_t ch, std::size_t side) {
+      return last ? shape4{n, side, side, ch} : shape4{n, ch, side, side};
+    };
+    precis::conv2d_params p;
+    p.stride = {t.stride, t.stride};
+    p.padding = {t.pad, t.pad};
+    p.layout = t.layout;
+    precis::conv2d_params p_float = p;  // float weights with a version would be kept
+    p.weights_version = 5;              // float16 weights are converted every call: nothing is kept
+    for (const std::size_t n : {std::size_t(1), std::size_t(3)}) {
+      const auto x = random_tensor<float16, 4>(image(n, t.c, t.h));
+      const auto w = random_tensor<float16, 4>({t.co, t.c, t.k, t.k});
+      const auto dy = random_tensor<float16, 4>(image(n, t.co, ho));
+      const auto bias = random_tensor<float, 1>({t.co});
+      for (unsigned threads : {1U, 2U}) {
+        CAPTURE(t.k);
+        CAPTURE(last);
+        CAPTURE(n);
+        CAPTURE(threads);
+        const precis::cpu_context ctx{threads};
+        const std::size_t reuses = precis::detail::onednn_of(ctx).kept_reuses;
+        auto y = poisoned<float, 4>(image(n, t.co, ho)), y_ref = y;
+        precis::conv2d<H>(ctx, x, w, bias, y, p);
+        precis::conv2d<F>(ctx, as_float(x), as_float(w), bias, y_ref, p_float);
+        CHECK(same_bits(y, y_ref));
+        auto y16 = poisoned<float16, 4>(y.shape());
+        precis::conv2d<H>(ctx, x, w, y16, p);
+        precis::conv2d<H>(ctx, x, w, y16, p);
+        auto y_nobias = y_ref;
+        precis::conv2d<F>(ctx, as_float(x), as_float(w), y_nobias, p_float);
+        CHECK(same_bits(y16, as_float16(y_nobias)));
+        CHECK(precis::detail::onednn_of(ctx).kept_reuses == reuses);
+        auto dx = poisoned<float, 4>(x.shape()), dx_ref = dx;
+        precis::conv2d_backward_data<H>(ctx, dy, w, dx, p);
+        precis::conv2d_backward_data<F>(ctx, as_float(dy), as_float(w), dx_ref, p_float);
+        CHECK(same_bits(dx, dx_ref));
+        auto dw = poisoned<float, 4>(w.shape()), dw_ref = dw;
+        precis::conv2d_backward_weights<H>(ctx, x, dy, dw, p);
+        precis::conv2d_backward_weights<F>(ctx, as_float(x), as_float(dy), dw_ref, p_float);
+        CHECK(same_bits(dw, dw_ref));
+      }
+    }
+  }
+}
+
+TEST_CASE("float16 product operands of any strides are converted whole") {
+  // detail::onednn_product with float16 operands whose rows, columns, or neither are
+  // contiguous (the last: every second element of every third row), against float64.
+  using precis::float16;
+  const std::size_t batch = 2, M = 19, N = 23, K = 37;
+  const auto store = random_tensor<float16, 1>({batch * M * K * 6});
+  const auto other = random_tensor<float16, 1>({batch * K * N});
+  const precis::cpu_context ctx{2};
+  struct layout_t {
+    std::int64_t batch, row, col;
+  };
+  for (const layout_t l : {layout_t{std::int64_t(M * K), std::int64_t(K), 1},
+                           layout_t{std::int64_t(M * K), 1, std::int64_t(M)},
+                           layout_t{std::int64_t(3 * M * K * 2), std::int64_t(3 * K * 2), 2}}) {
+    CAPTURE(l.batch);
+    CAPTURE(l.row);
+    CAPTURE(l.col);
+    auto c = poisoned<float, 1>(std::array<std::size_t, 1>{batch * M * N});
+    const precis::detail::strided_operand<const float16> a{store.data(), l.batch, l.row, l.col};
+    const precis::detail::strided_operand<const float16> b{other.data(), std::int64_t(K * N),
+                                                           std::int64_t(N), 1};
+    REQUIRE(precis::detail::onednn_product(
+        ctx, batch, M, N, K, a, b, c.data(), std::int64_t(M * N), std::int64_t(N),
+        static_cast<const float*>(nullptr), 1.0F, true,
+        [](std::size_t, std::size_t, std::size_t, const float*, std::size_t) {}));
+    auto ref = host_tensor<double, 1>::from_shape({batch * M * N});
+    for (std::size_t q = 0; q < batch; ++q) {
+      for (std::size_t i = 0; i < M; ++i) {
+        for (std::size_t j = 0; j < N; ++j) {
+          double sum = 0;
+          for (std::size_t k = 0; k < K; ++k) {
+            sum += double(float(store.data()[std::int64_t(q) * l.batch + std::int64_t(i) * l.row +
+                                             std::int64_t(k) * l.col])) *
+                   double(float(other.data()[(q * K + k) * N + j]));
+          }
+          ref.data()[(q * M + i) * N + j] = sum;
+        }
+      }
+    }
+    CHECK(rel_error(c, ref) < bound<float>());
+  }
+}
+#endif
+
 TEST_CASE("hardware products flush subnormals; exact products keep them") {
   const float tiny = std::ldexp(1.0F, -130);  // subnormal in bfloat16 (and float)
   const float small = std::ldexp(1.0F, -70);  // normal, but small * small = 2^-140 is not

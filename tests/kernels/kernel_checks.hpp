@@ -57,6 +57,9 @@ using fp32_config = config<float, precis::presets::fp32>;
 using fp32_hw_config = config<float, precis::presets::fp32_hardware>;
 using bf16_config = config<precis::bfloat16, precis::presets::bf16_mixed>;
 using fp16_config = config<precis::float16, precis::presets::fp16_mixed>;
+/// float16 tensors with the hardware's products (oneDNN's float kernels on the converted
+/// inputs where the test links precis::onednn, else the exact kernel): fp16's bounds.
+using fp16_hw_config = config<precis::float16, precis::presets::fp16_hardware>;
 
 /// The error bound of the table above for output element type T.
 template <class T>

@@ -126,7 +126,7 @@ const geo geometries[] = {
 using f64_config = config<double, precis::policy<double, double, double, double>>;
 
 TEST_CASE_TEMPLATE("conv2d forward and backward match float64", Cfg, fp32_config, fp32_hw_config,
-                   bf16_config, fp16_config, f64_config) {
+                   bf16_config, fp16_config, fp16_hw_config, f64_config) {
   using T = typename Cfg::T;
   using P = typename Cfg::P;
   for (const geo& g : geometries) {
@@ -172,7 +172,7 @@ TEST_CASE("conv2d's float64 adjoints are the gradients (central differences)") {
 }
 
 TEST_CASE_TEMPLATE("conv_transpose2d is the adjoint of conv2d, forward and backward", Cfg,
-                   fp32_config, fp32_hw_config, bf16_config, f64_config) {
+                   fp32_config, fp32_hw_config, bf16_config, fp16_hw_config, f64_config) {
   using T = typename Cfg::T;
   using P = typename Cfg::P;
   // conv_transpose2d(x, w) with x [N, Ci, H, W] is the backward-data of the convolution
@@ -361,7 +361,7 @@ precis::conv2d_params transposed_params(const geo& g) {
 // Channels-last images hold the same values at other places: every pass gives NCHW's bits
 // (whose float64 bounds the tests above check), and each result is held to float64 too.
 TEST_CASE_TEMPLATE("channels-last convolutions give the NCHW convolutions' bits", Cfg, fp32_config,
-                   fp32_hw_config, bf16_config, fp16_config, f64_config) {
+                   fp32_hw_config, bf16_config, fp16_config, fp16_hw_config, f64_config) {
   using T = typename Cfg::T;
   using P = typename Cfg::P;
   for (const geo& g : geometries) {
@@ -456,7 +456,7 @@ TEST_CASE("channels-last convolutions check NHWC shapes, naming them, and write 
 // conv2d_backward and conv_transpose2d_backward compute both passes in one call (with the
 // hardware's products, dy moved to oneDNN's layout once): the separate calls' bits.
 TEST_CASE_TEMPLATE("the paired backward passes give the separate passes' bits", Cfg, fp32_config,
-                   fp32_hw_config, bf16_config, fp16_config, f64_config) {
+                   fp32_hw_config, bf16_config, fp16_config, fp16_hw_config, f64_config) {
   using T = typename Cfg::T;
   using P = typename Cfg::P;
   for (const geo& g : geometries) {

@@ -103,7 +103,7 @@ void check_forward(std::size_t M, std::size_t N, std::size_t K, const precis::ge
 }  // namespace
 
 TEST_CASE_TEMPLATE("gemm matches float64 on odd sizes, transposes, alpha/beta, bias, epilogues",
-                   Cfg, fp32_config, fp32_hw_config, bf16_config, fp16_config) {
+                   Cfg, fp32_config, fp32_hw_config, bf16_config, fp16_config, fp16_hw_config) {
   using T = typename Cfg::T;
   for (bool ta : {false, true}) {
     for (bool tb : {false, true}) {
@@ -258,7 +258,7 @@ TEST_CASE("gemm in double computes in double") {
 }
 
 TEST_CASE_TEMPLATE("batched gemm matches float64 per batch item", Cfg, fp32_config, fp32_hw_config,
-                   bf16_config) {
+                   bf16_config, fp16_hw_config) {
   using T = typename Cfg::T;
   const std::size_t B = 3, M = 17, N = 26, K = 40;
   precis::gemm_options o;
@@ -282,7 +282,7 @@ TEST_CASE_TEMPLATE("batched gemm matches float64 per batch item", Cfg, fp32_conf
 }
 
 TEST_CASE_TEMPLATE("gemm_backward matches the float64 adjoint, itself checked by differences", Cfg,
-                   fp32_config, fp32_hw_config, bf16_config, fp16_config) {
+                   fp32_config, fp32_hw_config, bf16_config, fp16_config, fp16_hw_config) {
   using T = typename Cfg::T;
   using P = typename Cfg::P;
   const std::size_t M = 11, N = 9, K = 13;

@@ -378,13 +378,19 @@ TEST_CASE("describe prints one row per layer with its path, resolved policy and 
 }
 
 TEST_CASE("describe names the engine of float hardware products apart from the bfloat16 one") {
-  auto m = nn::build<float, 2>(presets::fp32_hardware{}, nn::linear(4, 2), {.seed = 1});
-  const std::string t = nn::describe(m);
-  CHECK(t.find("hardware products") != std::string::npos);
-  const std::string line = "hardware products with float inputs run on: " + cpu_float_products_engine() + "\n";
-  REQUIRE(t.size() >= line.size());
-  CHECK(t.substr(t.size() - line.size()) == line);
-  CHECK(t.find("hardware products run on:") == std::string::npos);  // no bfloat16 products here
+  const std::string line =
+      "hardware products with float or float16 inputs run on: " + cpu_float_products_engine() +
+      "\n";
+  // float inputs, and float16 ones (converted to float for oneDNN's float kernels).
+  for (const std::string& t :
+       {nn::describe(nn::build<float, 2>(presets::fp32_hardware{}, nn::linear(4, 2), {.seed = 1})),
+        nn::describe(
+            nn::build<float16, 2>(presets::fp16_hardware{}, nn::linear(4, 2), {.seed = 1}))}) {
+    CHECK(t.find("hardware products") != std::string::npos);
+    REQUIRE(t.size() >= line.size());
+    CHECK(t.substr(t.size() - line.size()) == line);
+    CHECK(t.find("hardware products run on:") == std::string::npos);  // no bfloat16 products here
+  }
 }
 
 TEST_CASE("joins add in float and round once; the input gradient is the sum of both paths, rounded once") {

@@ -87,6 +87,12 @@ static_assert(is_same_v<apply_rules_t<op::reduction, presets::bf16_pure>,
 // The products choice is kept by every kind (it only matters to matmul and conv).
 static_assert(is_same_v<apply_rules_t<op::softmax, presets::bf16_exact>::products_type, products::exact>);
 static_assert(is_same_v<apply_rules_t<op::conv, presets::bf16_mixed>::products_type, products::hardware>);
+// fp16_hardware is fp16_mixed but for its products, and the rules treat both alike.
+static_assert(is_same_v<apply_rules_t<op::matmul, presets::fp16_hardware>::products_type,
+                        products::hardware>);
+static_assert(is_same_v<apply_rules_t<op::softmax, presets::fp16_hardware>::compute_type,
+                        apply_rules_t<op::softmax, presets::fp16_mixed>::compute_type>);
+static_assert(is_same_v<apply_rules_t<op::loss, presets::fp16_hardware>::accumulate_type, float>);
 static_assert(!Policy<policy<float, float, float, float, float, recipe::none, int>>);
 // Not promoted when taken as an explicit override.
 static_assert(is_same_v<apply_rules_t<op::softmax, presets::fp16_mixed, false>, presets::fp16_mixed>);

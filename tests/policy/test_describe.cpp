@@ -45,4 +45,7 @@ TEST_CASE("describe_policy prints one policy") {
         "gradient=float8_e5m2 fp8=delayed products=exact waived=-");
   CHECK(describe_policy<presets::bf16_pure>().ends_with("products=hardware waived=narrow_master"));
   CHECK(describe_policy<presets::bf16_exact>().find("products=exact") != std::string::npos);
+  CHECK(describe_policy<presets::fp16_hardware>() ==
+        "storage=float16 compute=float16 accumulate=float master=float gradient=float16 fp8=none "
+        "products=hardware waived=-");
 }

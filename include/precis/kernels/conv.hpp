@@ -785,10 +785,28 @@ bool with_sampled_pixels(const cpu_context& ctx, const conv_geometry& g, const T
   return f(static_cast<const T*>(xs));
 }
 
+/// The weights' element count of geometry g ([co, c / groups, kh, kw]).
+inline std::size_t weight_count(const conv_geometry& g) {
+  return g.co * (g.c / g.groups) * g.kh * g.kw;
+}
+
+/// g for the float copies of float16 operands (onednn_float_copy): the weights are a new
+/// copy every call, so nothing is kept for them.
+inline conv_geometry float_copy_geometry(conv_geometry g) {
+  g.p.weights_version = 0;
+  return g;
+}
+
 /// Geometry g's forward pass through oneDNN (see onednn_conv); false where it does not run.
 template <class TIn, class TY, class TBias>
 bool onednn_conv_forward(const cpu_context& ctx, const conv_geometry& g, const TIn* x, const TIn* w,
                          const TBias* bias, TY* y) {
+  if constexpr (std::is_same_v<TIn, float16>) {
+    const float_buffer xf = onednn_float_copy(ctx, x, g.n * g.c * g.h * g.w);
+    const float_buffer wf = onednn_float_copy(ctx, w, weight_count(g));
+    return onednn_conv_forward(ctx, float_copy_geometry(g), static_cast<const float*>(xf.get()),
+                               static_cast<const float*>(wf.get()), bias, y);
+  }
   if (const auto dense = sampled_1x1(g)) {
     if (!onednn_has_products<TIn>()) return false;  // nothing gathered for the exact kernel
     return with_sampled_pixels(
@@ -816,6 +834,13 @@ bool onednn_conv_forward(const cpu_context& ctx, const conv_geometry& g, const T
 template <class TIn, class TX>
 bool onednn_conv_backward_data(const cpu_context& ctx, const conv_geometry& g, const TIn* dy,
                                const TIn* w, TX* dx) {
+  if constexpr (std::is_same_v<TIn, float16>) {
+    const float_buffer dyf = onednn_float_copy(ctx, dy, g.n * g.co * g.pixels());
+    const float_buffer wf = onednn_float_copy(ctx, w, weight_count(g));
+    return onednn_conv_backward_data(ctx, float_copy_geometry(g),
+                                     static_cast<const float*>(dyf.get()),
+                                     static_cast<const float*>(wf.get()), dx);
+  }
   constexpr bool direct = onednn_io_type_v<TX>;
   const auto key = onednn_key(g, onednn_conv_kind::backward_data,
                               direct ? onednn_type<TX>() : onednn_type<float>(), false);
@@ -828,6 +853,12 @@ bool onednn_conv_backward_data(const cpu_context& ctx, const conv_geometry& g, c
 template <class TIn, class TW>
 bool onednn_conv_backward_weights(const cpu_context& ctx, const conv_geometry& g, const TIn* x,
                                   const TIn* dy, TW* dw) {
+  if constexpr (std::is_same_v<TIn, float16>) {
+    const float_buffer xf = onednn_float_copy(ctx, x, g.n * g.c * g.h * g.w);
+    const float_buffer dyf = onednn_float_copy(ctx, dy, g.n * g.co * g.pixels());
+    return onednn_conv_backward_weights(ctx, g, static_cast<const float*>(xf.get()),
+                                        static_cast<const float*>(dyf.get()), dw);
+  }
   if (const auto dense = sampled_1x1(g)) {
     if (!onednn_has_products<TIn>()) return false;
     return with_sampled_pixels(ctx, g, x, [&](const TIn* xs) {
@@ -856,7 +887,7 @@ bool onednn_conv_backward_weights(const cpu_context& ctx, const conv_geometry& g
 template <class TIn, class TDX, class TDW>
 bool onednn_backward_pair(const cpu_context& ctx, const conv_geometry& g, bool transposed,
                           const TIn* x, const TIn* dy, const TIn* w, TDX* dx, TDW* dw) {
-  if constexpr (sizeof(TIn) != 2) {
+  if constexpr (!std::is_same_v<TIn, bfloat16>) {
     return false;
   } else {
     if (g.channels_last() || !onednn_has_products<TIn>() || sampled_1x1(g)) return false;

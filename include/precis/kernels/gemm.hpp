@@ -75,11 +75,13 @@ inline constexpr bool tf32_inputs_v =
     std::is_same_v<typename kernel_policy_t<Op, P>::compute_type, tfloat32>;
 
 /// True when inputs of type T (both operands) under P can take the hardware's products:
-/// bfloat16 with float sums, or float that the float engine computes as it is (float math
-/// and sums, not rounded to tfloat32 first).
+/// bfloat16 or float16 with float sums (float16 on oneDNN's float kernels, which multiply
+/// any two float16 values exactly), or float that the float engine computes as it is
+/// (float math and sums, not rounded to tfloat32 first).
 template <op_kind Op, Policy P, class T>
 inline constexpr bool hardware_inputs_v = std::disjunction_v<
-    std::conjunction<std::is_same<T, bfloat16>, std::is_same<accumulate_t<Op, P>, float>>,
+    std::conjunction<std::disjunction<std::is_same<T, bfloat16>, std::is_same<T, float16>>,
+                     std::is_same<accumulate_t<Op, P>, float>>,
     std::conjunction<std::is_same<T, float>, std::bool_constant<float_engine_v<Op, P, T, T>>,
                      std::bool_constant<!tf32_inputs_v<Op, P>>>>;
 
@@ -427,8 +429,9 @@ inline std::string cpu_products_engine() {
 #endif
 }
 
-/// Which engine runs hardware products with float inputs in this build on this machine:
-/// oneDNN's float kernels and the instruction set they use, or precis's exact kernel.
+/// Which engine runs hardware products with float inputs (and float16 ones, converted to
+/// float) in this build on this machine: oneDNN's float kernels and the instruction set they
+/// use, or precis's exact kernel.
 inline std::string cpu_float_products_engine() {
 #if PRECIS_HAS_ONEDNN
   return detail::onednn_version_name() + " (" + detail::onednn_isa_name() + ")";

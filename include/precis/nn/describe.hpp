@@ -52,7 +52,7 @@ inline std::string byte_string(std::size_t bytes) {
 /// "fp32 by rule" or "hardware products"), its parameter count and bytes; every cast build
 /// inserted, with the conversion it makes; then totals, and, when a layer uses hardware
 /// products, the engine that runs them here (precis::cpu_products_engine(), and
-/// precis::cpu_float_products_engine() for float storage).
+/// precis::cpu_float_products_engine() for float and float16 storage).
 template <class Root, class Map>
 std::string describe(const model<Root, Map>& m) {
   std::vector<std::vector<std::string>> rows{{"path", "kind", "shape", "layer", "op", "storage", "compute",
@@ -111,7 +111,8 @@ std::string describe(const model<Root, Map>& m) {
     }
   });
   // Which engines this build and CPU give the layers whose products are the hardware's:
-  // float inputs (storage float) run on oneDNN's float kernels, others on its bfloat16 ones.
+  // float and float16 inputs (storage float or float16) run on oneDNN's float kernels,
+  // others on its bfloat16 ones.
   const auto column = [&](std::string_view name) {
     return std::size_t(std::find(rows.front().begin(), rows.front().end(), name) -
                        rows.front().begin());
@@ -120,7 +121,7 @@ std::string describe(const model<Root, Map>& m) {
   bool hardware_float = false, hardware_other = false;
   for (const auto& r : rows) {
     if (r.size() > notes && r[notes].find("hardware products") != std::string::npos) {
-      (r[storage] == "float" ? hardware_float : hardware_other) = true;
+      (r[storage] == "float" || r[storage] == "float16" ? hardware_float : hardware_other) = true;
     }
   }
   std::vector<std::string> total(rows.front().size(), "");
@@ -131,7 +132,9 @@ std::string describe(const model<Root, Map>& m) {
   std::string table = precis::detail::format_table(rows);
   if (hardware_other) table += "hardware products run on: " + cpu_products_engine() + "\n";
   if (hardware_float) {
-    table += "hardware products with float inputs run on: " + cpu_float_products_engine() + "\n";
+    table +=
+        "hardware products with float or float16 inputs run on: " + cpu_float_products_engine() +
+        "\n";
   }
   return table;
 }

@@ -25,8 +25,10 @@ struct exact {
 /// the hardware's order; where the CPU has no such instructions the exact kernel runs
 /// (precis::cpu_products_engine() says which one does). float inputs: oneDNN's float
 /// kernels (the products fused into float sums, subnormals kept, oneDNN's order; what
-/// PyTorch's float matmul and convolution run). Either way the same bits for a given machine
-/// and thread count; without precis::onednn the exact kernel runs.
+/// PyTorch's float matmul and convolution run); float16 inputs: the same kernels on the
+/// inputs converted to float (exactly, as is every product of two float16 values). Either way
+/// the same bits for a given machine and thread count; without precis::onednn the exact
+/// kernel runs.
 struct hardware {
   static constexpr const char* name = "hardware";
 };

@@ -38,6 +38,14 @@ using bf16_exact = policy<bfloat16, bfloat16, float, float>;
 /// gradients need loss scaling (precis::scaler_for gives dynamic_scaler).
 using fp16_mixed = policy<float16, float16, float, float>;
 
+/// fp16_mixed with the hardware's products (products::hardware): on the CPU, float16 matrix
+/// products and convolutions run on oneDNN's float kernels where precis::onednn is linked
+/// (the inputs converted to float, exactly; each product of two float16 values is exact in
+/// float, so nothing is flushed), summed in oneDNN's order: the same bits for a given machine
+/// and thread count, not across them. Everything else is fp16_mixed's, loss scaling included.
+using fp16_hardware =
+    policy<float16, float16, float, float, float16, recipe::none, products::hardware>;
+
 /// bfloat16 everywhere, master weights included: half the optimizer memory, at the cost
 /// of updates smaller than bfloat16's resolution being lost. An expert choice: it waives
 /// rule::narrow_master, and the waiver shows in every type and table that uses it. Its

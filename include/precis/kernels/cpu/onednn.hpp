@@ -25,8 +25,10 @@
 #endif
 
 #include <precis/kernels/context.hpp>
+#include <precis/kernels/cpu/gemm_kernel.hpp>
 #include <precis/kernels/cpu/support.hpp>
 #include <precis/numeric/bfloat16.hpp>
+#include <precis/numeric/float16.hpp>
 
 #include <precis/kernels/cpu/amx.hpp>
 #include <precis/kernels/cpu/transpose.hpp>
@@ -744,17 +746,71 @@ struct strided_operand {
 };
 
 /// True when oneDNN runs products of TIn inputs on this CPU with more than its reference
-/// code: bfloat16 needs the dot-product instructions; float runs on every x86-64 CPU.
+/// code: bfloat16 needs the dot-product instructions; float runs on every x86-64 CPU, and
+/// float16 on oneDNN's float kernels (see onednn_float_copy).
 template <class TIn>
 inline bool onednn_has_products() {
   if constexpr (std::is_same_v<TIn, bfloat16>) {
     return onednn_has_bf16_products();
   } else {
-    static_assert(std::is_same_v<TIn, float>,
-                  "precis: oneDNN products take bfloat16 or float inputs");
+    static_assert(std::is_same_v<TIn, float> || std::is_same_v<TIn, float16>,
+                  "precis: oneDNN products take bfloat16, float16 or float inputs");
     return true;
   }
 }
+
+/// float16 inputs of a product run on oneDNN's float kernels: every float16 value is a float
+/// exactly, and so is the product of two (at most 22 significant bits, and at least 2^-48,
+/// inside float's normal range), so converting them first gives float16 inputs the float
+/// path's semantics (products::hardware with float inputs: products fused into float sums,
+/// subnormals kept, oneDNN's order). This is `n` float16 values as float, in a buffer of the
+/// context's, converted on its threads.
+inline float_buffer onednn_float_copy(const cpu_context& ctx, const float16* src, std::size_t n) {
+  float_buffer buf(ctx, n);
+  float* dst = buf.get();
+  parallel_for(ctx, n, elements_per_thread,
+               [&](std::size_t b, std::size_t e) { load_block(src + b, dst + b, e - b); });
+  return buf;
+}
+
+/// A float16 product operand (batch items of rows x cols, see strided_operand) as float
+/// (onednn_float_copy), contiguous along whichever of its rows or columns is (a transposed
+/// operand stays transposed), or row by row where neither is; one batch item where the
+/// operand's batch stride is 0 (one matrix for every item).
+class onednn_float_operand {
+ public:
+  onednn_float_operand(const cpu_context& ctx, strided_operand<const float16> o, std::size_t batch,
+                       std::size_t rows, std::size_t cols)
+      : buf_(ctx, (o.batch == 0 ? 1 : batch) * rows * cols) {
+    const std::size_t items = o.batch == 0 ? 1 : batch, size = rows * cols;
+    const bool by_columns = o.col != 1 && o.row == 1;
+    // Runs of `inner` values contiguous in the copy: rows, or columns where by_columns.
+    const std::size_t inner = by_columns ? rows : cols, outer = by_columns ? cols : rows;
+    const std::int64_t step = by_columns ? o.row : o.col, run = by_columns ? o.col : o.row;
+    float* dst = buf_.get();
+    parallel_for(ctx, items * outer, std::max<std::size_t>(1, elements_per_thread / (inner + 1)),
+                 [&](std::size_t r0, std::size_t r1) {
+                   for (std::size_t r = r0; r < r1; ++r) {
+                     const std::size_t item = r / outer, i = r % outer;
+                     const float16* s = o.p + std::int64_t(item) * o.batch + std::int64_t(i) * run;
+                     float* d = dst + item * size + i * inner;
+                     if (step == 1) {
+                       load_block(s, d, inner);
+                     } else {
+                       for (std::size_t j = 0; j < inner; ++j)
+                         d[j] = float(s[std::int64_t(j) * step]);
+                     }
+                   }
+                 });
+    op_ = {dst, o.batch == 0 ? 0 : std::int64_t(size), by_columns ? 1 : std::int64_t(cols),
+           by_columns ? std::int64_t(rows) : 1};
+  }
+  strided_operand<const float> operand() const { return op_; }
+
+ private:
+  float_buffer buf_;
+  strided_operand<const float> op_{};
+};
 
 /// Rows of A an AMX product's part packs at once (amx_product): about 1 MiB of packed A,
 /// which stays in the L2 cache while the panels of B pass over it.
@@ -919,7 +975,8 @@ void amx_store_rows(const float* v, std::size_t rows, std::size_t n, const TBias
   }
 }
 
-/// Runs a product of bfloat16 or float operands (TIn) through oneDNN: for every batch item,
+/// Runs a product of bfloat16, float16 or float operands (TIn; float16 ones converted to
+/// float first, see onednn_float_copy) through oneDNN: for every batch item,
 /// C = alpha A B (+ bias), all float sums, written straight to C when `direct` (C and the
 /// bias of types oneDNN writes, nothing else to apply; alpha, oneDNN's output scale, only
 /// without a bias, whose order with the scale oneDNN does not promise), else as float rows
@@ -936,6 +993,11 @@ bool onednn_product(const cpu_context& ctx, std::size_t batch, std::size_t M, st
                     bool direct, Finish&& finish) {
   if (!onednn_has_products<TIn>() || K == 0) return false;  // K == 0: the exact kernel's zeros
   if (batch == 0 || M == 0 || N == 0) return true;
+  if constexpr (std::is_same_v<TIn, float16>) {
+    const onednn_float_operand fa(ctx, a, batch, M, K), fb(ctx, b, batch, K, N);
+    return onednn_product(ctx, batch, M, N, K, fa.operand(), fb.operand(), c, c_batch, ldc, bias,
+                          alpha, direct, finish);
+  }
   onednn_state& st = onednn_of(ctx);
   direct = direct && onednn_io_type_v<TC> && (bias == nullptr || onednn_io_type_v<TBias>) &&
            (alpha == 1.0F || bias == nullptr);
