@@ -256,6 +256,32 @@ TEST_CASE("float16 hardware convolutions are the float kernels' on the converted
   }
 }
 
+TEST_CASE(
+    "nn's float16 convolutions with hardware products: the float kernels' bits, nothing kept") {
+  // An nn conv layer under fp16_hardware: its output is fp32_hardware's convolution of the
+  // same values as float (working weights and bias included), rounded once to float16, in
+  // training and in evaluation passes; evaluation keeps no converted weights.
+  namespace nn = precis::nn;
+  using precis::float16;
+  using shape4 = std::array<std::size_t, 4>;
+  const precis::cpu_context ctx{2};
+  const auto& st = precis::detail::onednn_of(ctx);
+  nn::conv2d_layer<nn::tags::conv2d, precis::presets::fp16_hardware, precis::cpu_context> layer(
+      nn::conv2d(32, 48, 3, {.padding = {1, 1}}));
+  layer.reset(3);
+  const auto x = random_tensor<float16, 4>(shape4{2, 32, 7, 7});
+  precis::conv2d_params p;
+  p.padding = {1, 1};
+  auto ref = poisoned<float, 4>(shape4{2, 48, 7, 7});
+  precis::conv2d<precis::presets::fp32_hardware>(ctx, as_float(x), as_float(layer.weight().value()),
+                                                 as_float(layer.bias().value()), ref, p);
+  const std::size_t reuses = st.kept_reuses;
+  CHECK(same_bits(layer.forward(ctx, x, nn::mode::train), as_float16(ref)));
+  CHECK(same_bits(layer.forward(ctx, x, nn::mode::eval), as_float16(ref)));
+  CHECK(same_bits(layer.forward(ctx, x, nn::mode::eval), as_float16(ref)));
+  CHECK(st.kept_reuses == reuses);
+}
+
 TEST_CASE("float16 product operands of any strides are converted whole") {
   // detail::onednn_product with float16 operands whose rows, columns, or neither are
   // contiguous (the last: every second element of every third row), against float64.
