@@ -801,33 +801,34 @@ inline conv_geometry float_copy_geometry(conv_geometry g) {
 template <class TIn, class TY, class TBias>
 bool onednn_conv_forward(const cpu_context& ctx, const conv_geometry& g, const TIn* x, const TIn* w,
                          const TBias* bias, TY* y) {
-  if constexpr (std::is_same_v<TIn, float16>) {
-    const float_buffer xf = onednn_float_copy(ctx, x, g.n * g.c * g.h * g.w);
-    const float_buffer wf = onednn_float_copy(ctx, w, weight_count(g));
-    return onednn_conv_forward(ctx, float_copy_geometry(g), static_cast<const float*>(xf.get()),
-                               static_cast<const float*>(wf.get()), bias, y);
-  }
   if (const auto dense = sampled_1x1(g)) {
     if (!onednn_has_products<TIn>()) return false;  // nothing gathered for the exact kernel
     return with_sampled_pixels(
         ctx, g, x, [&](const TIn* xs) { return onednn_conv_forward(ctx, *dense, xs, w, bias, y); });
   }
-  // oneDNN takes a float bias; another type is converted (Co values) first.
-  std::vector<float> converted;
-  const float* bias_f = nullptr;
-  if constexpr (std::is_same_v<TBias, float>) {
-    bias_f = bias;
-  } else if (bias != nullptr) {
-    converted.resize(g.co);
-    load_block(bias, converted.data(), g.co);
-    bias_f = converted.data();
+  if constexpr (std::is_same_v<TIn, float16>) {
+    const float_buffer xf = onednn_float_copy(ctx, x, g.n * g.c * g.h * g.w);
+    const float_buffer wf = onednn_float_copy(ctx, w, weight_count(g));
+    return onednn_conv_forward(ctx, float_copy_geometry(g), static_cast<const float*>(xf.get()),
+                               static_cast<const float*>(wf.get()), bias, y);
+  } else {
+    // oneDNN takes a float bias; another type is converted (Co values) first.
+    std::vector<float> converted;
+    const float* bias_f = nullptr;
+    if constexpr (std::is_same_v<TBias, float>) {
+      bias_f = bias;
+    } else if (bias != nullptr) {
+      converted.resize(g.co);
+      load_block(bias, converted.data(), g.co);
+      bias_f = converted.data();
+    }
+    constexpr bool direct = onednn_io_type_v<TY>;
+    const auto key = onednn_key(g, onednn_conv_kind::forward,
+                                direct ? onednn_type<TY>() : onednn_type<float>(), bias != nullptr);
+    return onednn_conv(
+        ctx, key, x, w, bias_f, y, direct, g.p.weights_version,
+        [&](std::size_t b, std::size_t len, const float* v) { store_block(v, y + b, len); });
   }
-  constexpr bool direct = onednn_io_type_v<TY>;
-  const auto key = onednn_key(g, onednn_conv_kind::forward,
-                              direct ? onednn_type<TY>() : onednn_type<float>(), bias != nullptr);
-  return onednn_conv(
-      ctx, key, x, w, bias_f, y, direct, g.p.weights_version,
-      [&](std::size_t b, std::size_t len, const float* v) { store_block(v, y + b, len); });
 }
 
 /// Geometry g's backward-data pass (dy, w -> dx) through oneDNN.
@@ -840,35 +841,37 @@ bool onednn_conv_backward_data(const cpu_context& ctx, const conv_geometry& g, c
     return onednn_conv_backward_data(ctx, float_copy_geometry(g),
                                      static_cast<const float*>(dyf.get()),
                                      static_cast<const float*>(wf.get()), dx);
+  } else {
+    constexpr bool direct = onednn_io_type_v<TX>;
+    const auto key = onednn_key(g, onednn_conv_kind::backward_data,
+                                direct ? onednn_type<TX>() : onednn_type<float>(), false);
+    return onednn_conv(
+        ctx, key, dy, w, nullptr, dx, direct, g.p.weights_version,
+        [&](std::size_t b, std::size_t len, const float* v) { store_block(v, dx + b, len); });
   }
-  constexpr bool direct = onednn_io_type_v<TX>;
-  const auto key = onednn_key(g, onednn_conv_kind::backward_data,
-                              direct ? onednn_type<TX>() : onednn_type<float>(), false);
-  return onednn_conv(
-      ctx, key, dy, w, nullptr, dx, direct, g.p.weights_version,
-      [&](std::size_t b, std::size_t len, const float* v) { store_block(v, dx + b, len); });
 }
 
 /// Geometry g's backward-weights pass (x, dy -> dw) through oneDNN.
 template <class TIn, class TW>
 bool onednn_conv_backward_weights(const cpu_context& ctx, const conv_geometry& g, const TIn* x,
                                   const TIn* dy, TW* dw) {
-  if constexpr (std::is_same_v<TIn, float16>) {
-    const float_buffer xf = onednn_float_copy(ctx, x, g.n * g.c * g.h * g.w);
-    const float_buffer dyf = onednn_float_copy(ctx, dy, g.n * g.co * g.pixels());
-    return onednn_conv_backward_weights(ctx, g, static_cast<const float*>(xf.get()),
-                                        static_cast<const float*>(dyf.get()), dw);
-  }
   if (const auto dense = sampled_1x1(g)) {
     if (!onednn_has_products<TIn>()) return false;
     return with_sampled_pixels(ctx, g, x, [&](const TIn* xs) {
       return onednn_conv_backward_weights(ctx, *dense, xs, dy, dw);
     });
   }
-  const auto key = onednn_key(g, onednn_conv_kind::backward_weights, onednn_type<float>(), false);
-  return onednn_conv(
-      ctx, key, x, dy, nullptr, dw, std::is_same_v<TW, float>, std::uint64_t(0),
-      [&](std::size_t b, std::size_t len, const float* v) { store_block(v, dw + b, len); });
+  if constexpr (std::is_same_v<TIn, float16>) {
+    const float_buffer xf = onednn_float_copy(ctx, x, g.n * g.c * g.h * g.w);
+    const float_buffer dyf = onednn_float_copy(ctx, dy, g.n * g.co * g.pixels());
+    return onednn_conv_backward_weights(ctx, g, static_cast<const float*>(xf.get()),
+                                        static_cast<const float*>(dyf.get()), dw);
+  } else {
+    const auto key = onednn_key(g, onednn_conv_kind::backward_weights, onednn_type<float>(), false);
+    return onednn_conv(
+        ctx, key, x, dy, nullptr, dw, std::is_same_v<TW, float>, std::uint64_t(0),
+        [&](std::size_t b, std::size_t len, const float* v) { store_block(v, dw + b, len); });
+  }
 }
 
 /// Both backward passes of geometry g (NCHW images, hardware products) with the output

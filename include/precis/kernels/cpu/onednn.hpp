@@ -975,8 +975,8 @@ void amx_store_rows(const float* v, std::size_t rows, std::size_t n, const TBias
   }
 }
 
-/// Runs a product of bfloat16, float16 or float operands (TIn; float16 ones converted to
-/// float first, see onednn_float_copy) through oneDNN: for every batch item,
+/// Runs a product of bfloat16 or float operands (TIn; float16 ones take the overload below)
+/// through oneDNN: for every batch item,
 /// C = alpha A B (+ bias), all float sums, written straight to C when `direct` (C and the
 /// bias of types oneDNN writes, nothing else to apply; alpha, oneDNN's output scale, only
 /// without a bias, whose order with the scale oneDNN does not promise), else as float rows
@@ -993,11 +993,6 @@ bool onednn_product(const cpu_context& ctx, std::size_t batch, std::size_t M, st
                     bool direct, Finish&& finish) {
   if (!onednn_has_products<TIn>() || K == 0) return false;  // K == 0: the exact kernel's zeros
   if (batch == 0 || M == 0 || N == 0) return true;
-  if constexpr (std::is_same_v<TIn, float16>) {
-    const onednn_float_operand fa(ctx, a, batch, M, K), fb(ctx, b, batch, K, N);
-    return onednn_product(ctx, batch, M, N, K, fa.operand(), fb.operand(), c, c_batch, ldc, bias,
-                          alpha, direct, finish);
-  }
   onednn_state& st = onednn_of(ctx);
   direct = direct && onednn_io_type_v<TC> && (bias == nullptr || onednn_io_type_v<TBias>) &&
            (alpha == 1.0F || bias == nullptr);
@@ -1112,6 +1107,20 @@ bool onednn_product(const cpu_context& ctx, std::size_t batch, std::size_t M, st
     }
   });
   return true;
+}
+
+/// onednn_product with float16 operands: both converted to float (onednn_float_operand),
+/// then the float product.
+template <class TC, class TBias, class Finish>
+bool onednn_product(const cpu_context& ctx, std::size_t batch, std::size_t M, std::size_t N,
+                    std::size_t K, strided_operand<const float16> a,
+                    strided_operand<const float16> b, TC* c, std::int64_t c_batch, std::int64_t ldc,
+                    const TBias* bias, float alpha, bool direct, Finish&& finish) {
+  if (K == 0) return false;  // the exact kernel's zeros
+  if (batch == 0 || M == 0 || N == 0) return true;
+  const onednn_float_operand fa(ctx, a, batch, M, K), fb(ctx, b, batch, K, N);
+  return onednn_product(ctx, batch, M, N, K, fa.operand(), fb.operand(), c, c_batch, ldc, bias,
+                        alpha, direct, finish);
 }
 
 /// An input operand in its primitive's layout: `user` itself, or its values moved into
