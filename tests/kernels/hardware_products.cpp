@@ -11,6 +11,8 @@
 
 #include "kernel_checks.hpp"
 
+#include <xtensor/xview.hpp>
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -673,6 +675,41 @@ TEST_CASE("nn's convolutions keep their moved weights while evaluating, until a 
   CHECK(st.kept_reuses == reuses + kept);
   CHECK(same_bits(layer.forward(ctx, x, nn::mode::eval), stepped));
   CHECK(st.kept_reuses == reuses + 2 * kept);
+}
+
+TEST_CASE_TEMPLATE(
+    "large weights are reordered in blocks of output channels split over the threads", T, bfloat16,
+    float) {
+  // 256 x 256 x 3x3 weights (past onednn_block_reorder::min_bytes), two images on two
+  // threads: each image is one single-threaded part, and the weights' move is split over
+  // both threads by blocks of output channels. Each image alone on one thread runs the same
+  // primitive with the weights moved by one reorder: the same bits, forward and backward
+  // data, unless the split move misplaced a value.
+  using P = std::conditional_t<std::is_same_v<T, float>, precis::presets::fp32_hardware,
+                               precis::presets::bf16_mixed>;
+  using shape4 = std::array<std::size_t, 4>;
+  const std::size_t c = 256, h = 7;
+  const auto x = random_tensor<T, 4>(shape4{2, c, h, h});
+  const auto w = random_tensor<T, 4>(shape4{c, c, 3, 3});
+  precis::conv2d_params p;
+  p.padding = {1, 1};
+  const precis::cpu_context two{2}, one{1};
+  auto y = poisoned<float, 4>(shape4{2, c, h, h});
+  auto dx = poisoned<float, 4>(shape4{2, c, h, h});
+  precis::conv2d<P>(two, x, w, y, p);
+  precis::conv2d_backward_data<P>(two, x, w, dx, p);
+  for (std::size_t i = 0; i < 2; ++i) {
+    CAPTURE(i);
+    host_tensor<T, 4> xi = xt::view(x, xt::range(i, i + 1));
+    auto yi = poisoned<float, 4>(shape4{1, c, h, h});
+    auto dxi = poisoned<float, 4>(shape4{1, c, h, h});
+    precis::conv2d<P>(one, xi, w, yi, p);
+    precis::conv2d_backward_data<P>(one, xi, w, dxi, p);
+    const host_tensor<float, 4> y_i = xt::view(y, xt::range(i, i + 1));
+    const host_tensor<float, 4> dx_i = xt::view(dx, xt::range(i, i + 1));
+    CHECK(same_bits(y_i, yi));
+    CHECK(same_bits(dx_i, dxi));
+  }
 }
 
 TEST_CASE("kept weights are limited in number and bytes; the least recently used are given up") {

@@ -384,6 +384,61 @@ struct channel_block16 {
   std::uint16_t v[16];
 };
 
+/// oneDNN's reorder of one block of output channels of a weight tensor, for layouts that
+/// keep whole blocks of output channels apart (ABcd16b16a, ABcd8b16a2b, ...: the output
+/// channels' blocks outermost), so that the context's threads can move the blocks of a
+/// large tensor in parts: block j is at j * user_step bytes in precis's [O, I, KH, KW] and
+/// at j * prim_step in the primitive's layout.
+struct onednn_block_reorder {
+  /// Weights smaller than this are moved by one reorder on one thread: waking the other
+  /// threads would cost more than it saves.
+  static constexpr std::size_t min_bytes = std::size_t(1) << 19;
+
+  dnnl::reorder reorder;  ///< of `rows` output channels; rows 0: none
+  dnnl::memory::desc user, prim;
+  std::int64_t rows = 0, blocks = 0;
+  std::size_t user_step = 0, prim_step = 0;
+
+  /// The reorder of one block of `prim`'s output channels from plain `user` weights, where
+  /// prim's layout keeps those blocks outermost and there are at least two.
+  static onednn_block_reorder of(const dnnl::engine& engine, const dnnl::memory::desc& user,
+                                 const dnnl::memory::desc& prim) {
+    const dnnl_memory_desc_t& d = prim.data;
+    if (d.ndims != 4 || d.format_kind != dnnl_blocked || d.extra.flags != 0 || d.offset0 != 0) {
+      return {};
+    }
+    const dnnl_blocking_desc_t& b = d.format_desc.blocking;
+    std::int64_t rows = 1, padded = 1;
+    for (int j = 0; j < b.inner_nblks; ++j) {
+      if (b.inner_idxs[j] == 0) rows *= b.inner_blks[j];
+    }
+    for (int j = 0; j < 4; ++j) {
+      if (d.padded_dims[j] != d.dims[j] || d.padded_offsets[j] != 0) return {};
+      padded *= d.padded_dims[j];
+    }
+    // The output channels' blocks outermost: one block's values are contiguous.
+    if (rows < 2 || d.dims[0] % rows != 0 || d.dims[0] / rows < 2 ||
+        b.strides[0] * (d.dims[0] / rows) != padded) {
+      return {};
+    }
+    dnnl_memory_desc_t block = d;
+    block.dims[0] = block.padded_dims[0] = rows;
+    const dnnl::memory::desc block_prim(block);
+    const dnnl::memory::dims ud{rows, d.dims[1], d.dims[2], d.dims[3]};
+    const dnnl::memory::desc block_user(ud, user.data_type(), dnnl::memory::format_tag::oihw);
+    onednn_block_reorder r;
+    r.reorder =
+        dnnl::reorder(dnnl::reorder::primitive_desc(engine, block_user, engine, block_prim));
+    r.user = block_user;
+    r.prim = block_prim;
+    r.rows = rows;
+    r.blocks = d.dims[0] / rows;
+    r.user_step = block_user.get_size();
+    r.prim_step = block_prim.get_size();
+    return r;
+  }
+};
+
 /// One operand of a convolution primitive: precis's layout (NCHW, OIHW), the primitive's
 /// (oneDNN's choice: blocked or channels-last where its fast kernels want them) and the
 /// way between them when they differ (user -> primitive for inputs, back for outputs).
@@ -391,6 +446,7 @@ struct onednn_operand {
   dnnl::memory::desc user, prim;
   onednn_move move = onednn_move::same;
   dnnl::reorder reorder;            ///< for onednn_move::reorder
+  onednn_block_reorder blocks{};    ///< for onednn_move::reorder of weights, where it applies
   onednn_weight_packing packing{};  ///< for onednn_move::pack
   onednn_weight_unblocking unblocking{};  ///< for onednn_move::unblock_weights
 };
@@ -648,6 +704,12 @@ struct onednn_state {
       o.move = onednn_move::reorder;
       o.reorder = input ? dnnl::reorder(dnnl::reorder::primitive_desc(engine, user, engine, prim))
                         : dnnl::reorder(dnnl::reorder::primitive_desc(engine, prim, engine, user));
+      // Large weights: also the reorder of one block of output channels, so that the
+      // context's threads can share the move (onednn_conv).
+      if (input && d.size() == 4 && user == md(d, user.data_type(), tag::oihw) &&
+          prim.get_size() >= onednn_block_reorder::min_bytes) {
+        o.blocks = onednn_block_reorder::of(engine, user, prim);
+      }
       return o;
     };
     const tag itag = k.channels_last ? tag::nhwc : tag::nchw;  // precis's images
@@ -1323,8 +1385,10 @@ bool onednn_conv(const cpu_context& ctx, onednn_conv_key key, const TIn* in0, co
 
   // The weights of a forward or backward-data pass are the same for every part: moved once
   // into the state's shared buffer. precis's packing splits its blocks over the context's
-  // threads; oneDNN's reorder runs on the OpenMP threads the parts run on (one when the
-  // images are split: an OpenMP team woken here would spin beside precis's threads).
+  // threads; oneDNN's reorder runs on the OpenMP threads the parts run on. Where the images
+  // are split (each part on one OpenMP thread: a team woken here would spin beside
+  // precis's threads), large weights are reordered by blocks of output channels, the
+  // blocks split over the context's threads (onednn_block_reorder), else on one thread.
   // With a weights_version they are kept in the state, and moved only when it changed.
   std::optional<dnnl::memory> shared_weights;
   std::unique_lock<std::mutex> shared_use;
@@ -1342,6 +1406,30 @@ bool onednn_conv(const cpu_context& ctx, onednn_conv_key key, const TIn* in0, co
       if (first.in1.move == onednn_move::pack) {
         onednn_pack_shared(ctx, st, first.in1.packing, reinterpret_cast<const std::uint16_t*>(in1),
                            static_cast<std::uint16_t*>(shared_weights->get_data_handle()));
+      } else if (first.in1.move == onednn_move::reorder && first.in1.blocks.rows != 0 && omp == 1 &&
+                 threads > 1) {
+        // The images are split over the threads, each part's call on one OpenMP thread:
+        // the weights' blocks of output channels are split over the same threads, each
+        // part's reorders on its own stream.
+        const onednn_block_reorder& r = first.in1.blocks;
+        const auto blocks = std::size_t(r.blocks);
+        const std::size_t movers = std::min(threads, blocks);
+        const auto* from = reinterpret_cast<const char*>(in1);
+        auto* to = static_cast<char*>(shared_weights->get_data_handle());
+        parallel_for(ctx, movers, 1, [&](std::size_t p0, std::size_t p1) {
+          for (std::size_t p = p0; p < p1; ++p) {
+            onednn_part& part = st.part(p);
+            const std::lock_guard lock(part.busy);
+            omp_threads::instance().with(1, [&] {
+              for (std::size_t j = blocks * p / movers; j < blocks * (p + 1) / movers; ++j) {
+                dnnl::memory u(r.user, st.engine, const_cast<char*>(from + j * r.user_step));
+                dnnl::memory m(r.prim, st.engine, to + j * r.prim_step);
+                r.reorder.execute(*part.stream, u, m);
+              }
+              part.stream->wait();
+            });
+          }
+        });
       } else {
         onednn_part& p0 = st.part(0);
         const std::lock_guard lock(p0.busy);
