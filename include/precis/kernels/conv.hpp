@@ -785,13 +785,9 @@ bool with_sampled_pixels(const cpu_context& ctx, const conv_geometry& g, const T
   return f(static_cast<const T*>(xs));
 }
 
-/// The weights' element count of geometry g ([co, c / groups, kh, kw]).
-inline std::size_t weight_count(const conv_geometry& g) {
-  return g.co * (g.c / g.groups) * g.kh * g.kw;
-}
-
-/// g for the float copies of float16 operands (onednn_float_copy): the weights are a new
-/// copy every call, so nothing is kept for them.
+/// g for the float copies of float16 operands (to_float; see onednn_float_operand on why the
+/// copy gives float16 the float path's semantics): the weights are a new copy every call, so
+/// nothing is kept for them.
 inline conv_geometry float_copy_geometry(conv_geometry g) {
   g.p.weights_version = 0;
   return g;
@@ -807,10 +803,9 @@ bool onednn_conv_forward(const cpu_context& ctx, const conv_geometry& g, const T
         ctx, g, x, [&](const TIn* xs) { return onednn_conv_forward(ctx, *dense, xs, w, bias, y); });
   }
   if constexpr (std::is_same_v<TIn, float16>) {
-    const float_buffer xf = onednn_float_copy(ctx, x, g.n * g.c * g.h * g.w);
-    const float_buffer wf = onednn_float_copy(ctx, w, weight_count(g));
-    return onednn_conv_forward(ctx, float_copy_geometry(g), static_cast<const float*>(xf.get()),
-                               static_cast<const float*>(wf.get()), bias, y);
+    const auto xf = to_float<false>(ctx, x, g.n * g.c * g.h * g.w);
+    const auto wf = to_float<false>(ctx, w, g.co * g.taps());
+    return onednn_conv_forward(ctx, float_copy_geometry(g), xf.get(), wf.get(), bias, y);
   } else {
     // oneDNN takes a float bias; another type is converted (Co values) first.
     std::vector<float> converted;
@@ -836,11 +831,9 @@ template <class TIn, class TX>
 bool onednn_conv_backward_data(const cpu_context& ctx, const conv_geometry& g, const TIn* dy,
                                const TIn* w, TX* dx) {
   if constexpr (std::is_same_v<TIn, float16>) {
-    const float_buffer dyf = onednn_float_copy(ctx, dy, g.n * g.co * g.pixels());
-    const float_buffer wf = onednn_float_copy(ctx, w, weight_count(g));
-    return onednn_conv_backward_data(ctx, float_copy_geometry(g),
-                                     static_cast<const float*>(dyf.get()),
-                                     static_cast<const float*>(wf.get()), dx);
+    const auto dyf = to_float<false>(ctx, dy, g.n * g.co * g.pixels());
+    const auto wf = to_float<false>(ctx, w, g.co * g.taps());
+    return onednn_conv_backward_data(ctx, float_copy_geometry(g), dyf.get(), wf.get(), dx);
   } else {
     constexpr bool direct = onednn_io_type_v<TX>;
     const auto key = onednn_key(g, onednn_conv_kind::backward_data,
@@ -862,10 +855,9 @@ bool onednn_conv_backward_weights(const cpu_context& ctx, const conv_geometry& g
     });
   }
   if constexpr (std::is_same_v<TIn, float16>) {
-    const float_buffer xf = onednn_float_copy(ctx, x, g.n * g.c * g.h * g.w);
-    const float_buffer dyf = onednn_float_copy(ctx, dy, g.n * g.co * g.pixels());
-    return onednn_conv_backward_weights(ctx, g, static_cast<const float*>(xf.get()),
-                                        static_cast<const float*>(dyf.get()), dw);
+    const auto xf = to_float<false>(ctx, x, g.n * g.c * g.h * g.w);
+    const auto dyf = to_float<false>(ctx, dy, g.n * g.co * g.pixels());
+    return onednn_conv_backward_weights(ctx, g, xf.get(), dyf.get(), dw);
   } else {
     const auto key = onednn_key(g, onednn_conv_kind::backward_weights, onednn_type<float>(), false);
     return onednn_conv(

@@ -387,17 +387,16 @@ struct channel_block16 {
 /// oneDNN's reorder of one block of output channels of a weight tensor, for layouts that
 /// keep whole blocks of output channels apart (ABcd16b16a, ABcd8b16a2b, ...: the output
 /// channels' blocks outermost), so that the context's threads can move the blocks of a
-/// large tensor in parts: block j is at j * user_step bytes in precis's [O, I, KH, KW] and
-/// at j * prim_step in the primitive's layout.
+/// large tensor in parts: block j is at j * step bytes both in precis's [O, I, KH, KW] and
+/// in the primitive's layout (no padding: the same values, the same size).
 struct onednn_block_reorder {
   /// Weights smaller than this are moved by one reorder on one thread: waking the other
   /// threads would cost more than it saves.
   static constexpr std::size_t min_bytes = std::size_t(1) << 19;
 
-  dnnl::reorder reorder;  ///< of `rows` output channels; rows 0: none
+  dnnl::reorder reorder;  ///< of one block of output channels; blocks 0: none
   dnnl::memory::desc user, prim;
-  std::int64_t rows = 0, blocks = 0;
-  std::size_t user_step = 0, prim_step = 0;
+  std::size_t blocks = 0, step = 0;
 
   /// The reorder of one block of `prim`'s output channels from plain `user` weights, where
   /// prim's layout keeps those blocks outermost and there are at least two.
@@ -431,10 +430,8 @@ struct onednn_block_reorder {
         dnnl::reorder(dnnl::reorder::primitive_desc(engine, block_user, engine, block_prim));
     r.user = block_user;
     r.prim = block_prim;
-    r.rows = rows;
-    r.blocks = d.dims[0] / rows;
-    r.user_step = block_user.get_size();
-    r.prim_step = block_prim.get_size();
+    r.blocks = std::size_t(d.dims[0] / rows);
+    r.step = block_prim.get_size();
     return r;
   }
 };
@@ -809,7 +806,7 @@ struct strided_operand {
 
 /// True when oneDNN runs products of TIn inputs on this CPU with more than its reference
 /// code: bfloat16 needs the dot-product instructions; float runs on every x86-64 CPU, and
-/// float16 on oneDNN's float kernels (see onednn_float_copy).
+/// float16 on oneDNN's float kernels (see onednn_float_operand).
 template <class TIn>
 inline bool onednn_has_products() {
   if constexpr (std::is_same_v<TIn, bfloat16>) {
@@ -821,24 +818,16 @@ inline bool onednn_has_products() {
   }
 }
 
-/// float16 inputs of a product run on oneDNN's float kernels: every float16 value is a float
-/// exactly, and so is the product of two (at most 22 significant bits, and at least 2^-48,
-/// inside float's normal range), so converting them first gives float16 inputs the float
-/// path's semantics (products::hardware with float inputs: products fused into float sums,
-/// subnormals kept, oneDNN's order). This is `n` float16 values as float, in a buffer of the
-/// context's, converted on its threads.
-inline float_buffer onednn_float_copy(const cpu_context& ctx, const float16* src, std::size_t n) {
-  float_buffer buf(ctx, n);
-  float* dst = buf.get();
-  parallel_for(ctx, n, elements_per_thread,
-               [&](std::size_t b, std::size_t e) { load_block(src + b, dst + b, e - b); });
-  return buf;
-}
-
-/// A float16 product operand (batch items of rows x cols, see strided_operand) as float
-/// (onednn_float_copy), contiguous along whichever of its rows or columns is (a transposed
-/// operand stays transposed), or row by row where neither is; one batch item where the
-/// operand's batch stride is 0 (one matrix for every item).
+/// A float16 product operand (batch items of rows x cols, see strided_operand) as float, in
+/// a buffer of the context's, converted on its threads: contiguous along whichever of its
+/// rows or columns is (a transposed operand stays transposed), or row by row where neither
+/// is; one batch item where the operand's batch stride is 0 (one matrix for every item).
+/// float16 inputs of products and convolutions run on oneDNN's float kernels so: every
+/// float16 value is a float exactly, and so is the product of two (at most 22 significant
+/// bits, and at least 2^-48, inside float's normal range), so converting them first gives
+/// float16 inputs the float path's semantics (products::hardware with float inputs: products
+/// fused into float sums, subnormals kept, oneDNN's order). Convolutions convert theirs with
+/// conv.hpp's to_float.
 class onednn_float_operand {
  public:
   onednn_float_operand(const cpu_context& ctx, strided_operand<const float16> o, std::size_t batch,
@@ -1406,14 +1395,13 @@ bool onednn_conv(const cpu_context& ctx, onednn_conv_key key, const TIn* in0, co
       if (first.in1.move == onednn_move::pack) {
         onednn_pack_shared(ctx, st, first.in1.packing, reinterpret_cast<const std::uint16_t*>(in1),
                            static_cast<std::uint16_t*>(shared_weights->get_data_handle()));
-      } else if (first.in1.move == onednn_move::reorder && first.in1.blocks.rows != 0 && omp == 1 &&
-                 threads > 1) {
+      } else if (first.in1.move == onednn_move::reorder && first.in1.blocks.blocks != 0 &&
+                 omp == 1 && threads > 1) {
         // The images are split over the threads, each part's call on one OpenMP thread:
         // the weights' blocks of output channels are split over the same threads, each
         // part's reorders on its own stream.
         const onednn_block_reorder& r = first.in1.blocks;
-        const auto blocks = std::size_t(r.blocks);
-        const std::size_t movers = std::min(threads, blocks);
+        const std::size_t blocks = r.blocks, movers = std::min(threads, blocks);
         const auto* from = reinterpret_cast<const char*>(in1);
         auto* to = static_cast<char*>(shared_weights->get_data_handle());
         parallel_for(ctx, movers, 1, [&](std::size_t p0, std::size_t p1) {
@@ -1422,8 +1410,8 @@ bool onednn_conv(const cpu_context& ctx, onednn_conv_key key, const TIn* in0, co
             const std::lock_guard lock(part.busy);
             omp_threads::instance().with(1, [&] {
               for (std::size_t j = blocks * p / movers; j < blocks * (p + 1) / movers; ++j) {
-                dnnl::memory u(r.user, st.engine, const_cast<char*>(from + j * r.user_step));
-                dnnl::memory m(r.prim, st.engine, to + j * r.prim_step);
+                dnnl::memory u(r.user, st.engine, const_cast<char*>(from + j * r.step));
+                dnnl::memory m(r.prim, st.engine, to + j * r.step);
                 r.reorder.execute(*part.stream, u, m);
               }
               part.stream->wait();
