@@ -135,14 +135,6 @@ host_tensor<float, N> as_float(const host_tensor<precis::float16, N>& t) {
   return f;
 }
 
-/// A float tensor's values rounded to float16.
-template <std::size_t N>
-host_tensor<precis::float16, N> as_float16(const host_tensor<float, N>& t) {
-  auto h = host_tensor<precis::float16, N>::from_shape(t.shape());
-  std::transform(t.begin(), t.end(), h.begin(), [](float v) { return precis::float16(v); });
-  return h;
-}
-
 }  // namespace
 
 TEST_CASE("float16 hardware products are the float kernels' on the converted inputs") {
@@ -184,7 +176,7 @@ TEST_CASE("float16 hardware products are the float kernels' on the converted inp
         auto ref_nobias = ref;
         precis::gemm<H>(ctx, a, b, c16, o);
         precis::gemm<F>(ctx, as_float(a), as_float(b), ref_nobias, o);
-        CHECK(same_bits(c16, as_float16(ref_nobias)));
+        CHECK(same_bits(c16, rounded<precis::float16>(ref_nobias)));
       }
     }
   }
@@ -248,7 +240,7 @@ TEST_CASE("float16 hardware convolutions are the float kernels' on the converted
         precis::conv2d<H>(ctx, x, w, y16, p);
         auto y_nobias = y_ref;
         precis::conv2d<F>(ctx, as_float(x), as_float(w), y_nobias, p_float);
-        CHECK(same_bits(y16, as_float16(y_nobias)));
+        CHECK(same_bits(y16, rounded<precis::float16>(y_nobias)));
         CHECK(st.kept_reuses == reuses);
         CHECK(st.kept.size() == kept);
         auto dx = poisoned<float, 4>(x.shape()), dx_ref = dx;
@@ -284,9 +276,9 @@ TEST_CASE(
   precis::conv2d<precis::presets::fp32_hardware>(ctx, as_float(x), as_float(layer.weight().value()),
                                                  as_float(layer.bias().value()), ref, p);
   const std::size_t reuses = st.kept_reuses, kept = st.kept.size();
-  CHECK(same_bits(layer.forward(ctx, x, nn::mode::train), as_float16(ref)));
-  CHECK(same_bits(layer.forward(ctx, x, nn::mode::eval), as_float16(ref)));
-  CHECK(same_bits(layer.forward(ctx, x, nn::mode::eval), as_float16(ref)));
+  CHECK(same_bits(layer.forward(ctx, x, nn::mode::train), rounded<precis::float16>(ref)));
+  CHECK(same_bits(layer.forward(ctx, x, nn::mode::eval), rounded<precis::float16>(ref)));
+  CHECK(same_bits(layer.forward(ctx, x, nn::mode::eval), rounded<precis::float16>(ref)));
   CHECK(st.kept_reuses == reuses);
   CHECK(st.kept.size() == kept);
 }
