@@ -11,9 +11,10 @@
 // "n<N>_c<C>_h<H>_co<Co>_k<K>_s<stride>_p<pad>" (square H x H images and K x K kernels,
 // output in the input type; kernel conv2d with NCHW images, conv2d_nhwc with channels-last
 // ones, image_layout::nhwc; conv2d_backward and conv2d_nhwc_backward both backward passes,
-// dx in the input type and dw in float), max_pool2d and max_pool2d_backward
-// "n<N>_c<C>_h<H>_k<K>_s<stride>_p<pad>" (NCHW; the backward pass finds each window's maximum
-// again, as precis's does, and writes dx in the input type), row kernels "RxC" over the last axis
+// dx in the input type and dw in float), max_pool2d, max_pool2d_indices (the same, also
+// writing each maximum's index, as a training pass does) and max_pool2d_backward (from those
+// indices, dx in the input type) "n<N>_c<C>_h<H>_k<K>_s<stride>_p<pad>" (NCHW), row kernels
+// "RxC" over the last axis
 // (output in the input type; layer norm with gamma and beta, statistics in float; cross-entropy the
 // mean loss of R rows of C logits, row r's target r * 7 mod C), adamw "<T>x<N>" (one step of
 // precis::adamw on T tensors of N float weights with float gradients, on the context's
@@ -113,8 +114,13 @@ void run_all(const precis::cpu_context& ctx, const char* dtype, bool quick, std:
                               std::to_string(s.h) + "_k3_s2_p1";
     report("max_pool2d", shape, dtype, threads,
            precis_bench::best_ms([&] { precis::max_pool2d<P>(ctx, x, y, p); }, reps));
+    // A training step's passes: the forward pass keeping the indices, the backward from them.
+    auto indices = precis::host_tensor<std::uint32_t, 4>::from_shape({s.n, s.c, ho, ho});
+    report("max_pool2d_indices", shape, dtype, threads,
+           precis_bench::best_ms([&] { precis::max_pool2d<P>(ctx, x, y, indices, p); }, reps));
     report("max_pool2d_backward", shape, dtype, threads,
-           precis_bench::best_ms([&] { precis::max_pool2d_backward<P>(ctx, x, dy, dx, p); }, reps));
+           precis_bench::best_ms([&] { precis::max_pool2d_backward<P>(ctx, indices, dy, dx, p); },
+                                 reps));
     if (quick) break;
   }
   const std::size_t rows = quick ? 64 : 1024, cols = 4096;

@@ -10,11 +10,12 @@ dtype and thread count:
 
 ratio = torch_ms / precis_ms: above 1, precis is faster. For conv2d (precis's NCHW images)
 PyTorch runs NCHW and channels-last and its faster time is kept (its best layout); for
-conv2d_nhwc (precis's channels-last images) PyTorch runs channels-last. max_pool2d and
-max_pool2d_backward take PyTorch's faster layout too (its NCHW max pooling is much the slower
-one). max_pool2d_backward
-finds each window's maximum again in precis; PyTorch's reads the indices its forward pass kept
-(max_pool2d_with_indices_backward), as its training step does. adamw is one optimizer step
+conv2d_nhwc (precis's channels-last images) PyTorch runs channels-last. The max pooling
+rows take PyTorch's faster layout too (its NCHW max pooling is much the slower one):
+max_pool2d is the pooling alone, max_pool2d_indices the training forward pass that also
+keeps each maximum's index (torch's max_pool2d_with_indices), and max_pool2d_backward the
+backward pass from those indices on both sides (max_pool2d_with_indices_backward), as a
+training step runs them. adamw is one optimizer step
 over R tensors of C float weights against torch.optim.AdamW with its defaults.
 conv2d_backward and conv2d_nhwc_backward time both backward passes (dx and dw) against
 torch.ops.aten.convolution_backward, as autograd calls it, in the same layouts. dtype float32 is precis's
@@ -91,7 +92,7 @@ def torch_time(torch, kernel, shape, dtype, reps):
             if "nhwc" in kernel:
                 return last
             return min(timed(torch.contiguous_format), last)
-        if kernel in ("max_pool2d", "max_pool2d_backward"):
+        if kernel in ("max_pool2d", "max_pool2d_indices", "max_pool2d_backward"):
             d = {k: int(v) for k, v in re.findall(r"([a-z]+)(\d+)", shape)}
             args = ([d["k"]] * 2, [d["s"]] * 2, [d["p"]] * 2)
             times = []
@@ -100,8 +101,12 @@ def torch_time(torch, kernel, shape, dtype, reps):
                 if kernel == "max_pool2d":
                     times.append(best_ms(lambda: F.max_pool2d(x, *args), reps))
                     continue
-                # Training keeps the forward pass's indices: torch's backward only scatters.
-                y, idx = torch.ops.aten.max_pool2d_with_indices(x, *args)
+                with_indices = torch.ops.aten.max_pool2d_with_indices
+                if kernel == "max_pool2d_indices":
+                    times.append(best_ms(lambda: with_indices(x, *args), reps))
+                    continue
+                # Training keeps the forward pass's indices: the backward pass only scatters.
+                y, idx = with_indices(x, *args)
                 dy = rand(*y.shape).contiguous(memory_format=layout)
                 back = torch.ops.aten.max_pool2d_with_indices_backward
                 times.append(best_ms(lambda: back(dy, x, *args, [1, 1], False, idx), reps))

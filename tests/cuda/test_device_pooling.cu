@@ -1,7 +1,8 @@
 // The device pooling, upsampling and batch-norm kernels against the CPU kernels on the
 // same random inputs, forward and backward, within the output type's bound; outputs are
-// poisoned with NaN first. Pooling covers overlapping and padded windows (whose backward
-// passes gather several outputs per input), count_include_pad both ways, upsampling by
+// poisoned with NaN first. Max pooling's kept indices are the host's, and its backward pass
+// from them gives the bits of the one from x. Pooling covers overlapping and padded windows (whose
+// backward passes gather several outputs per input), count_include_pad both ways, upsampling by
 // integer and non-integer factors with and without align_corners. Batch norm covers rank 2
 // and 4, the running statistics and inference mode. Shape errors are thrown before any
 // launch. Exits 77 (skipped) where no GPU is present.
@@ -12,6 +13,7 @@
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace {
@@ -54,6 +56,19 @@ void check_pooling(precis::cuda_context& ctx, const precis::cpu_context& cpu,
     precis::max_pool2d_backward<P>(cpu, x, dy, gx, p);
     precis::max_pool2d_backward<P>(ctx, dx_, ddy, dg, p);
     compare("max_pool2d_backward" + w, ctx, dg, gx);
+    // The indices a training pass keeps: the host's, and the backward pass from them gives
+    // the backward pass from x bit for bit.
+    auto at = precis::host_tensor<std::uint32_t, 4>::from_shape(ys);
+    precis::max_pool2d<P>(cpu, x, y, at, p);
+    auto dat = poisoned<std::uint32_t, 4>(ys);
+    d = poisoned<T, 4>(ys);
+    precis::max_pool2d<P>(ctx, dx_, d, dat, p);
+    expect(same_bits(ctx, dat, at), "max_pool2d's indices are the host's" + w);
+    expect(same_bits(ctx, d, y), "max_pool2d with indices gives the host's bits" + w);
+    auto dgk = poisoned<T, 4>(xs);
+    precis::max_pool2d_backward<P>(ctx, dat, ddy, dgk, p);
+    expect(same_bits(ctx, dgk, precis::to_host(dg, ctx.stream())),
+           "max_pool2d_backward from indices gives the bits of the one from x" + w);
     d = poisoned<T, 4>(ys);
     precis::avg_pool2d<P>(cpu, x, y, p);
     precis::avg_pool2d<P>(ctx, dx_, d, p);

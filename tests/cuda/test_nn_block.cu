@@ -1,8 +1,9 @@
 // A ResNet basic block with a projection shortcut (convolutions, batch norm, ReLU, residual
 // add) built by nn::build from one blueprint on the host and on the device (cuda_context):
 // the same masters, the same input; the device's output, input gradient and parameter
-// gradients against the host's within the storage type's bound. Exits 77 (skipped) where
-// no GPU is present.
+// gradients against the host's within the storage type's bound; and a max pooling layer,
+// whose indices the device keeps, with the host's bits. Exits 77 (skipped) where no GPU is
+// present.
 #include <precis/nn/cuda.hpp>  // first: the device kernels, then nn
 
 #include "device_test.hpp"
@@ -92,6 +93,24 @@ void check_block(cuda_context& ctx, const std::string& tag) {
   });
 }
 
+// nn::max_pool2d alone on the host and the device: the device layer keeps its indices in a
+// device tensor, and both passes give the host's bits.
+template <class P>
+void check_max_pool(cuda_context& ctx, const std::string& tag) {
+  using S = typename P::storage_type;
+  using G = typename P::gradient_type;
+  const cpu_context cpu{2};
+  const pool2d_params stem{.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}};
+  auto host = nn::build<S, 4>(P{}, nn::max_pool2d(stem));
+  auto device = nn::build<S, 4, cuda_context>(P{}, nn::max_pool2d(stem));
+  const auto x = random_tensor<S, 4>({2, 8, 13, 12});
+  const auto dy = random_tensor<G, 4>({2, 8, 7, 6});
+  expect(same_bits(ctx, device.forward(ctx, to_device(x)), host.forward(cpu, x)),
+         tag + " max_pool2d layer forward");
+  expect(same_bits(ctx, device.backward(ctx, to_device(dy)), host.backward(cpu, dy)),
+         tag + " max_pool2d layer backward");
+}
+
 }  // namespace
 
 int main() {
@@ -100,5 +119,7 @@ int main() {
   check_block<presets::fp32>(ctx, "fp32");
   check_block<presets::bf16_mixed>(ctx, "bf16_mixed");
   check_block<presets::fp16_mixed>(ctx, "fp16_mixed");
+  check_max_pool<presets::fp32>(ctx, "fp32");
+  check_max_pool<presets::bf16_mixed>(ctx, "bf16_mixed");
   return finish();
 }

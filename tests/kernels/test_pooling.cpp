@@ -151,8 +151,13 @@ void for_bilinear(const shape4& xs, const shape4& ys, bool ac, F f) {
 
 }  // namespace
 
+// Double math, and bfloat16 sums rounded after every addition (bf16_pure): the backward
+// pass's general path besides the float one.
+using f64_config = config<double, precis::policy<double, double, double, double>>;
+using bf16_pure_config = config<precis::bfloat16, precis::presets::bf16_pure>;
+
 TEST_CASE_TEMPLATE("max and avg pooling match float64, forward and backward", Cfg, fp32_config,
-                   bf16_config, fp16_config) {
+                   bf16_config, fp16_config, f64_config, bf16_pure_config) {
   using T = typename Cfg::T;
   using P = typename Cfg::P;
   for (const auto& c : pool_cases) {
@@ -169,6 +174,15 @@ TEST_CASE_TEMPLATE("max and avg pooling match float64, forward and backward", Cf
       auto dx = poisoned<T, 4>(c.x);
       precis::max_pool2d_backward<P>(ctx, x, dy, dx, c.p);
       CHECK(rel_error(dx, ref_max_backward(c, xd, dyd)) < bound<T>());
+      // With the indices a training pass keeps: the same maxima, and the backward pass
+      // from them gives the bits of the one from x.
+      auto y_kept = poisoned<T, 4>(pooled(c));
+      auto indices = host_tensor<std::uint32_t, 4>::from_shape(pooled(c));
+      precis::max_pool2d<P>(ctx, x, y_kept, indices, c.p);
+      CHECK(same_bits(y_kept, y));
+      auto dx_kept = poisoned<T, 4>(c.x);
+      precis::max_pool2d_backward<P>(ctx, indices, dy, dx_kept, c.p);
+      CHECK(same_bits(dx_kept, dx));
       precis::avg_pool2d<P>(ctx, x, y, c.p);
       CHECK(rel_error(y, ref_avg(c, xd)) < bound<T>());
       poison(dx);
@@ -355,6 +369,20 @@ TEST_CASE_TEMPLATE(
       for (std::size_t i = 0; i < dx.size(); ++i)
         wrong_dx += double(dx.data()[i]) != dx_ref.data()[i];
       CHECK(wrong_dx == 0);
+      // The kept indices are the oracle's, and the backward pass from them gives its dx.
+      auto indices = host_tensor<std::uint32_t, 4>::from_shape(ys);
+      indices.fill(UINT32_MAX);
+      precis::max_pool2d<P>(ctx, x, y, indices, c.p);
+      std::size_t wrong_at = 0;
+      for (std::size_t i = 0; i < indices.size(); ++i)
+        wrong_at += std::size_t(indices.data()[i]) != first.data()[i];
+      CHECK(wrong_at == 0);
+      poison(dx);
+      precis::max_pool2d_backward<P>(ctx, indices, dy, dx, c.p);
+      wrong_dx = 0;
+      for (std::size_t i = 0; i < dx.size(); ++i)
+        wrong_dx += double(dx.data()[i]) != dx_ref.data()[i];
+      CHECK(wrong_dx == 0);
     }
   }
 }
@@ -384,6 +412,24 @@ TEST_CASE("pooling rejects bad shapes and arguments, naming them, and writes not
   CHECK(std::isnan(y(0, 0, 0, 0)));
   check_error([&] { precis::avg_pool2d<P>(ctx, x, y, pp(2, 1, 2)); }, "padding");
   check_error([&] { precis::max_pool2d<P>(ctx, x, y, pp(9, 1, 0)); }, "does not fit");
+  // Indices: their shape is the output's, and each must lie in its plane.
+  auto indices = host_tensor<std::uint32_t, 4>::from_shape({1, 2, 4, 5});
+  auto y4 = poisoned<float, 4>(shape4{1, 2, 4, 4});
+  check_error([&] { precis::max_pool2d<P>(ctx, x, y4, indices); }, "precis::max_pool2d: indices",
+              "[1, 2, 4, 5]", "[1, 2, 4, 4]");
+  CHECK(std::isnan(y4(0, 0, 0, 0)));
+  auto good = host_tensor<std::uint32_t, 4>::from_shape({1, 2, 4, 4});
+  precis::max_pool2d<P>(ctx, x, y4, good);
+  auto dx = poisoned<float, 4>(shape4{1, 2, 8, 8});
+  check_error([&] { precis::max_pool2d_backward<P>(ctx, indices, y4, dx); },
+              "precis::max_pool2d_backward: indices", "[1, 2, 4, 5]", "[1, 2, 4, 4]");
+  auto outside = good;
+  outside(0, 1, 3, 3) = 64;  // the plane holds 8 x 8 elements
+  check_error([&] { precis::max_pool2d_backward<P>(ctx, outside, y4, dx); },
+              "precis::max_pool2d_backward", "outside its plane of 8 x 8");
+  std::size_t written = 0;
+  for (std::size_t i = 0; i < dx.size(); ++i) written += !std::isnan(dx.data()[i]);
+  CHECK(written == 0);
   auto u = poisoned<float, 4>(shape4{1, 3, 16, 16});
   check_error([&] { precis::upsample_bilinear2d<P>(ctx, x, u); }, "[1, 3, 16, 16]", "[1, 2, 16, 16]");
   CHECK(std::isnan(u(0, 0, 0, 0)));

@@ -10,10 +10,14 @@
 // in PyTorch; NaN propagates and wins). Both passes find it separably: the first maximum of
 // each input row's part of a window (a vectorised pass along the rows), then the first of
 // those down the window's rows, which is the window's first maximum in row-major order.
-// With float math, strides 1 and 2 and rows of at least a vector of outputs, both steps
-// run on vmath's vectors (a vector of outputs at a time, each lane folding its window's
-// taps in the scalar loop's order: the same bits); elsewhere the compiler vectorises the
-// scalar loops, whose remainders and edges ran one output at a time.
+// With float math and rows of at least a vector of outputs, both steps run on vmath's
+// vectors (the row pass for strides 1 and 2): a vector of outputs at a time, held in
+// registers while each lane folds its window's taps, or its rows' maxima, in the scalar
+// loop's order (the same bits). Elsewhere the compiler vectorises the scalar loops, whose
+// remainders and edges run one output at a time. max_pool2d can also
+// write each maximum's index in its plane (4 bytes per output, which nn's max_pool2d keeps
+// in training passes); the backward pass from those indices adds each dy where its index
+// names, in output order: the bits of the pass from x, without x or a second search.
 //
 // Shapes are checked before anything is written; a mismatch throws precis::error naming
 // both shapes.
@@ -27,6 +31,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -186,21 +191,27 @@ void row_maxima_simd(const float* row, std::size_t lo, std::size_t hi, std::size
   }
 }
 
-/// One step down the rows of window_maxima on float vectors (wo >= lanes): ov / oi take
-/// row r's first maxima (at rix, of input row y) where they beat the ones so far.
+/// The pass down the rows of window_maxima on float vectors (wo >= lanes), for one row of
+/// outputs: a vector of outputs at a time, held in registers while it folds the first maxima
+/// of the window's rows [y0, y1) (rv's values, at ri's columns) in order, then stored once;
+/// the last vector is moved back to end at wo, as in the row pass.
 template <bool WithIndex>
-void fold_row_simd(std::size_t wo, const float* r, const std::uint32_t* rix, std::uint32_t y_w,
-                   float* ov, std::uint32_t* oi) {
+void fold_rows_simd(std::size_t wo, std::size_t w, std::size_t y0, std::size_t y1, const float* rv,
+                    const std::uint32_t* ri, float* ov, std::uint32_t* oi) {
   constexpr std::size_t n = vmath::lanes;
   for (std::size_t ox = 0; ox < wo; ox += n) {
     const std::size_t b = std::min(ox, wo - n);
-    const vmath::vf v = vmath::load(r + b), cur = vmath::load(ov + b);
-    const vmath::vi take = beats(v, cur);
-    vmath::store(ov + b, vmath::select(take, v, cur));
-    if constexpr (WithIndex) {
-      const vmath::vu at = load_u(rix + b) + splat_u(y_w);
-      store_u(oi + b, select_u(take, at, load_u(oi + b)));
+    vmath::vf best = vmath::load(rv + y0 * wo + b);
+    vmath::vu at{};
+    if constexpr (WithIndex) at = load_u(ri + y0 * wo + b) + splat_u(y0 * w);
+    for (std::size_t y = y0 + 1; y < y1; ++y) {
+      const vmath::vf v = vmath::load(rv + y * wo + b);
+      const vmath::vi take = beats(v, best);
+      best = vmath::select(take, v, best);
+      if constexpr (WithIndex) at = select_u(take, load_u(ri + y * wo + b) + splat_u(y * w), at);
     }
+    vmath::store(ov + b, best);
+    if constexpr (WithIndex) store_u(oi + b, at);
   }
 }
 
@@ -211,11 +222,11 @@ template <bool WithIndex, class M>
 void window_maxima(const pool_geometry& g, const M* xp, std::vector<M>& rv,
                    std::vector<std::uint32_t>& ri, M* out_v, std::uint32_t* out_i) {
   const std::size_t h = g.h, w = g.w, wo = g.wo, kw = g.kw, sw = g.sw, pw = g.pw;
-  rv.resize(h * wo);
-  if constexpr (WithIndex) ri.resize(h * wo);
   // Outputs whose column window lies inside the row: [lo, hi); the others are clipped.
   const std::size_t lo = std::min(wo, (pw + sw - 1) / sw);
   const std::size_t hi = std::max(lo, std::min(wo, w + pw >= kw ? (w + pw - kw) / sw + 1 : 0));
+  rv.resize(h * wo);
+  if constexpr (WithIndex) ri.resize(h * wo);
   for (std::size_t y = 0; y < h; ++y) {
     const M* row = xp + y * w;
     M* bv = rv.data() + y * wo;
@@ -276,6 +287,13 @@ void window_maxima(const pool_geometry& g, const M* xp, std::vector<M>& rv,
     const window c = window_at(g, oy, 0);
     M* ov = out_v + oy * wo;
     std::uint32_t* oi = WithIndex ? out_i + oy * wo : nullptr;
+    if constexpr (std::is_same_v<M, float>) {
+      if (wo >= vmath::lanes) {
+        fold_rows_simd<WithIndex>(wo, w, c.y0, c.y1, rv.data(), WithIndex ? ri.data() : nullptr, ov,
+                                  oi);
+        continue;
+      }
+    }
     const M* first = rv.data() + c.y0 * wo;
     for (std::size_t ox = 0; ox < wo; ++ox) ov[ox] = first[ox];
     if constexpr (WithIndex) {
@@ -285,12 +303,6 @@ void window_maxima(const pool_geometry& g, const M* xp, std::vector<M>& rv,
     for (std::size_t y = c.y0 + 1; y < c.y1; ++y) {
       const M* r = rv.data() + y * wo;
       const std::uint32_t* rix = WithIndex ? ri.data() + y * wo : nullptr;
-      if constexpr (std::is_same_v<M, float>) {
-        if (wo >= vmath::lanes) {
-          fold_row_simd<WithIndex>(wo, r, rix, std::uint32_t(y * w), ov, oi);
-          continue;
-        }
-      }
       for (std::size_t ox = 0; ox < wo; ++ox) {
         const bool take = beats(r[ox], ov[ox]);
         ov[ox] = take ? r[ox] : ov[ox];
@@ -391,6 +403,88 @@ void max_pool2d_backward(const cpu_context& ctx, const host_tensor<TX, 4>& x,
       }
       for (std::size_t i = 0; i < g.h * g.w; ++i) sums[i] = acc[i].value();
       detail::store_block(sums.data(), dx.data() + pl * g.h * g.w, g.h * g.w);
+    }
+  });
+}
+
+/// y = max over each window of x, and `indices` (y's shape): the index in its plane
+/// (row * W + column, as PyTorch's max_pool2d_with_indices gives) of each window's first
+/// maximum, the one y holds. A training pass keeps them for the backward pass below, which
+/// then needs neither x nor a second search of the windows.
+template <Policy P, class TX, class TY>
+void max_pool2d(const cpu_context& ctx, const host_tensor<TX, 4>& x, host_tensor<TY, 4>& y,
+                host_tensor<std::uint32_t, 4>& indices, const pool2d_params& p = {}) {
+  detail::check_pool_types<P, TY, TX>();
+  using M = detail::math_t<op::pooling, P, TX>;
+  const auto g = detail::pool_geometry_of("precis::max_pool2d", x, p);
+  check_shape("precis::max_pool2d: y", y, detail::pooled_shape(x, g));
+  check_shape("precis::max_pool2d: indices", indices, detail::pooled_shape(x, g));
+  detail::check_argument(g.h * g.w <= std::size_t(UINT32_MAX), "precis::max_pool2d:",
+                         "indices of planes of more than 2^32 pixels are not supported");
+  detail::for_rows(ctx, g.planes, g.h * g.w, [&](std::size_t b, std::size_t e) {
+    std::vector<M> plane, rows, out(g.ho * g.wo);
+    std::vector<std::uint32_t> row_at;
+    for (std::size_t pl = b; pl < e; ++pl) {
+      const M* xp = detail::plane_as<M>(x.data() + pl * g.h * g.w, g.h * g.w, plane);
+      detail::window_maxima<true>(g, xp, rows, row_at, out.data(),
+                                  indices.data() + pl * g.ho * g.wo);
+      detail::store_block(out.data(), y.data() + pl * g.ho * g.wo, g.ho * g.wo);
+    }
+  });
+}
+
+/// dx of y = max_pool2d(x) from the indices the forward pass gave: each dy goes to the
+/// element its index names, the gradients reaching one element summed in output order in
+/// the accumulate type and rounded once: the bits of the backward pass from x. dx's shape is
+/// x's. Every index is checked to lie in its plane before anything is written.
+template <Policy P, class TG, class TDX>
+void max_pool2d_backward(const cpu_context& ctx, const host_tensor<std::uint32_t, 4>& indices,
+                         const host_tensor<TG, 4>& dy, host_tensor<TDX, 4>& dx,
+                         const pool2d_params& p = {}) {
+  detail::check_pool_types<P, TDX, TG>();
+  using M = detail::math_t<op::pooling, P, TG>;
+  using Acc = detail::accumulate_t<op::pooling, P>;
+  const auto g = detail::pool_geometry_of("precis::max_pool2d_backward", dx, p);
+  check_shape("precis::max_pool2d_backward: dy", dy, detail::pooled_shape(dx, g));
+  check_shape("precis::max_pool2d_backward: indices", indices, detail::pooled_shape(dx, g));
+  const std::size_t hw = g.h * g.w, out = g.ho * g.wo;
+  std::atomic<bool> bad{false};
+  detail::for_rows(ctx, g.planes, out, [&](std::size_t b, std::size_t e) {
+    std::uint32_t top = 0;
+    for (std::size_t i = b * out; i < e * out; ++i) top = std::max(top, indices.data()[i]);
+    if (std::size_t(top) >= hw) bad = true;
+  });
+  if (bad) {
+    throw error("precis::max_pool2d_backward: an index lies outside its plane of " +
+                std::to_string(g.h) + " x " + std::to_string(g.w) +
+                " elements (indices come from max_pool2d on an input of dx's shape)");
+  }
+  detail::for_rows(ctx, g.planes, hw, [&](std::size_t b, std::size_t e) {
+    if constexpr (std::is_same_v<M, float> && std::is_same_v<Acc, float>) {
+      // The running sums are exact float additions from 0: add each term in place.
+      std::vector<float> sums(std::is_same_v<TDX, float> ? 0 : hw);
+      for (std::size_t pl = b; pl < e; ++pl) {
+        float* s = std::is_same_v<TDX, float> ? reinterpret_cast<float*>(dx.data()) + pl * hw
+                                              : sums.data();
+        const std::uint32_t* at = indices.data() + pl * out;
+        const TG* dyp = dy.data() + pl * out;
+        std::fill(s, s + hw, 0.0f);
+        for (std::size_t o = 0; o < out; ++o) s[at[o]] += detail::load<float>(dyp[o]);
+        if constexpr (!std::is_same_v<TDX, float>) detail::store_block(s, dx.data() + pl * hw, hw);
+      }
+    } else {
+      using A = accumulator<Acc>;
+      std::vector<A> acc(hw);
+      std::vector<typename A::value_type> sums(hw);
+      for (std::size_t pl = b; pl < e; ++pl) {
+        const std::uint32_t* at = indices.data() + pl * out;
+        const TG* dyp = dy.data() + pl * out;
+        std::fill(acc.begin(), acc.end(), A{});
+        for (std::size_t o = 0; o < out; ++o)
+          detail::accumulate(acc[at[o]], detail::load<M>(dyp[o]));
+        for (std::size_t i = 0; i < hw; ++i) sums[i] = acc[i].value();
+        detail::store_block(sums.data(), dx.data() + pl * hw, hw);
+      }
     }
   });
 }

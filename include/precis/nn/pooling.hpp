@@ -8,11 +8,14 @@
 //
 // Pooling and upsampling run under their tags' policies resolved for op::pooling through
 // kernels/pooling.hpp: window sums and gradient sums in the accumulate type, each output
-// rounded once; max pooling's gradient goes to the window's first maximum. Global average
-// pooling runs under op::reduction (the rule set makes its sums float or wider): each
-// channel's mean is one running sum over H * W in element order, divided once and rounded
-// once; backward gives every input element dy / (H * W), computed in the math type and
-// rounded once to the gradient type (host only so far). None of these layers has parameters.
+// rounded once; max pooling's gradient goes to the window's first maximum, whose index a
+// training forward pass keeps (4 bytes per output) so that the backward pass neither reads x
+// nor searches the windows again (a backward pass must follow a training-mode forward).
+// Global average pooling runs under op::reduction (the rule set makes its sums float or
+// wider): each channel's mean is one running sum over H * W in element order, divided once
+// and rounded once; backward gives every input element dy / (H * W), computed in the math
+// type and rounded once to the gradient type (host only so far). None of these layers has
+// parameters.
 #pragma once
 
 #include <precis/kernels/pooling.hpp>
@@ -22,6 +25,7 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -47,29 +51,46 @@ struct pool_on_images {
   using type = L;
 };
 
-// The pooling kernels a pool2d_layer runs: forward y from x, backward dx from x and dy, on
-// any context with these kernels (by qualified name: the device overloads come first).
+// The pooling kernels a pool2d_layer runs, on any context with these kernels (by qualified
+// name: the device overloads come first). A training forward pass fills `kept`, what the
+// backward pass needs besides dy: max pooling keeps each window's first maximum's index,
+// average pooling nothing.
 struct max_pool_kernel {
   static constexpr std::string_view name = "max_pool2d";
-  template <Policy P, class C, class X, class Y>
-  static void forward(C& ctx, const X& x, Y& y, const pool2d_params& p) {
-    precis::max_pool2d<P>(ctx, x, y, p);
+  template <class Ctx>
+  using kept = tensor_t<Ctx, std::uint32_t, 4>;
+  template <Policy P, class C, class X, class Y, class K>
+  static void forward(C& ctx, const X& x, Y& y, K& indices, const pool2d_params& p, mode m) {
+    if (m == mode::train) {
+      detail::ensure(indices, shape_of<4>(y));
+      precis::max_pool2d<P>(ctx, x, y, indices, p);
+    } else {
+      precis::max_pool2d<P>(ctx, x, y, p);
+    }
   }
-  template <Policy P, class C, class X, class DY, class DX>
-  static void backward(C& ctx, const X& x, const DY& dy, DX& dx, const pool2d_params& p) {
-    precis::max_pool2d_backward<P>(ctx, x, dy, dx, p);
+  template <Policy P, class C, class K, class DY, class DX>
+  static void backward(C& ctx, const K& indices, const DY& dy, DX& dx, const pool2d_params& p) {
+    precis::max_pool2d_backward<P>(ctx, indices, dy, dx, p);
+  }
+  template <class K>
+  static std::size_t kept_bytes(const K& indices) {
+    return bytes_of(indices);
   }
 };
 struct avg_pool_kernel {
   static constexpr std::string_view name = "avg_pool2d";
+  struct nothing {};
+  template <class Ctx>
+  using kept = nothing;
   template <Policy P, class C, class X, class Y>
-  static void forward(C& ctx, const X& x, Y& y, const pool2d_params& p) {
+  static void forward(C& ctx, const X& x, Y& y, nothing&, const pool2d_params& p, mode) {
     precis::avg_pool2d<P>(ctx, x, y, p);
   }
-  template <Policy P, class C, class X, class DY, class DX>
-  static void backward(C& ctx, const X&, const DY& dy, DX& dx, const pool2d_params& p) {
+  template <Policy P, class C, class DY, class DX>
+  static void backward(C& ctx, const nothing&, const DY& dy, DX& dx, const pool2d_params& p) {
     precis::avg_pool2d_backward<P>(ctx, dy, dx, p);
   }
+  static std::size_t kept_bytes(const nothing&) { return 0; }
 };
 
 // The resampling kernels an upsample_layer runs (sizes come from the tensors' shapes).
@@ -192,17 +213,25 @@ class pool2d_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
     return {in[0], in[1], ho, wo};
   }
 
-  const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode = mode::train) {
+  const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode m = mode::train) {
     detail::ensure(y_, output_shape(detail::shape_of<4>(x), path_name<Tag>()));
-    Kernel::template forward<P>(ctx, x, y_, p_);
+    Kernel::template forward<P>(ctx, x, y_, kept_, p_, m);
     x_.set(x);
+    last_train_ = m == mode::train;
     return y_;
   }
+  /// Backward of the last forward pass, which must have been in training mode (max
+  /// pooling's gradient goes where that pass found the maxima).
   const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
     const auto& x = x_.get(kind);
+    if (!last_train_) {
+      throw error("precis::nn::" + std::string(kind) +
+                  ": backward() after an evaluation-mode forward(); run forward() in "
+                  "mode::train before a backward pass");
+    }
     check_same_shape("precis::nn::" + std::string(kind) + ": dy and the output", dy, y_);
     detail::ensure(dx_, detail::shape_of<4>(x));
-    Kernel::template backward<P>(ctx, x, dy, dx_, p_);
+    Kernel::template backward<P>(ctx, kept_, dy, dx_, p_);
     return dx_;
   }
 
@@ -216,7 +245,9 @@ class pool2d_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
       s += " no pad count";
     return s;
   }
-  std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
+  std::size_t own_bytes() const {
+    return detail::bytes_of(y_) + detail::bytes_of(dx_) + Kernel::kept_bytes(kept_);
+  }
   /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
   template <class Self, class F>
   static void for_each_observed(Self& self, F&& f) {
@@ -238,7 +269,9 @@ class pool2d_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
   pool2d_params p_;
   tensor<S> y_;
   tensor<G> dx_;
+  typename Kernel::template kept<Ctx> kept_;
   detail::saved<tensor<S>> x_;
+  bool last_train_ = false;
 };
 
 /// Upsampling by an integer factor built for tag Tag under the resolved policy P:

@@ -19,6 +19,7 @@
 #if defined(__CUDACC__)
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace precis {
@@ -101,6 +102,36 @@ __global__ void max_pool_backward_kernel(const X* x, const G* dy, DX* dx, pool_g
     const G* dyp = dy + pl * g.ho * g.wo;
     dx[i] = round_to<DX>(gather_windows<M, Acc>(g, at, [&](std::size_t oy, std::size_t ox, M& v) {
       if (device_argmax<M>(xp, g.w, device_window(g, oy, ox)) != at) return false;
+      v = device_load<M>(dyp[oy * g.wo + ox]);
+      return true;
+    }));
+  }
+}
+
+template <class M, class X, class Y>
+__global__ void max_pool_indices_kernel(const X* x, Y* y, std::uint32_t* at, pool_geometry g) {
+  const std::size_t n = g.planes * g.ho * g.wo;
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    const std::size_t pl = i / (g.ho * g.wo), o = i % (g.ho * g.wo);
+    const X* xp = x + pl * g.h * g.w;
+    const std::size_t best = device_argmax<M>(xp, g.w, device_window(g, o / g.wo, o % g.wo));
+    y[i] = round_to<Y>(device_load<M>(xp[best]));
+    at[i] = std::uint32_t(best);
+  }
+}
+
+template <class M, class Acc, class G, class DX>
+__global__ void max_pool_backward_indices_kernel(const std::uint32_t* at, const G* dy, DX* dx,
+                                                 pool_geometry g) {
+  const std::size_t n = g.planes * g.h * g.w;
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    const std::size_t pl = i / (g.h * g.w), e = i % (g.h * g.w);
+    const std::uint32_t* atp = at + pl * g.ho * g.wo;
+    const G* dyp = dy + pl * g.ho * g.wo;
+    dx[i] = round_to<DX>(gather_windows<M, Acc>(g, e, [&](std::size_t oy, std::size_t ox, M& v) {
+      if (atp[oy * g.wo + ox] != e) return false;
       v = device_load<M>(dyp[oy * g.wo + ox]);
       return true;
     }));
@@ -321,6 +352,42 @@ void max_pool2d_backward(cuda_context& ctx, const device_tensor<TX, 4>& x,
   detail::cuda::launch_over(ctx, dx.size(), "precis::max_pool2d_backward",
                             detail::cuda::max_pool_backward_kernel<M, Acc, TX, TG, TDX>, x.data(),
                             dy.data(), dx.data(), g);
+}
+
+/// y = max over each window of x on the device, and each window's first maximum's index in
+/// its plane (see the host max_pool2d with indices).
+template <Policy P, class TX, class TY>
+void max_pool2d(cuda_context& ctx, const device_tensor<TX, 4>& x, device_tensor<TY, 4>& y,
+                device_tensor<std::uint32_t, 4>& indices, const pool2d_params& p = {}) {
+  detail::check_pool_types<P, TY, TX>();
+  using M = detail::math_t<op::pooling, P, TX>;
+  const auto g = detail::pool_geometry_of("precis::max_pool2d", x, p);
+  check_shape("precis::max_pool2d: y", y, detail::pooled_shape(x, g));
+  check_shape("precis::max_pool2d: indices", indices, detail::pooled_shape(x, g));
+  detail::check_argument(g.h * g.w <= std::size_t(UINT32_MAX), "precis::max_pool2d:",
+                         "indices of planes of more than 2^32 pixels are not supported");
+  detail::cuda::launch_over(ctx, y.size(), "precis::max_pool2d",
+                            detail::cuda::max_pool_indices_kernel<M, TX, TY>, x.data(), y.data(),
+                            indices.data(), g);
+}
+
+/// dx of y = max_pool2d(x) on the device from the forward pass's indices (see the host
+/// overload). Each dx element gathers, in the host's order, the outputs whose windows hold
+/// it and whose index names it; the indices are not checked here (one naming no element of
+/// its window gives no gradient).
+template <Policy P, class TG, class TDX>
+void max_pool2d_backward(cuda_context& ctx, const device_tensor<std::uint32_t, 4>& indices,
+                         const device_tensor<TG, 4>& dy, device_tensor<TDX, 4>& dx,
+                         const pool2d_params& p = {}) {
+  detail::check_pool_types<P, TDX, TG>();
+  using M = detail::math_t<op::pooling, P, TG>;
+  using Acc = detail::accumulate_t<op::pooling, P>;
+  const auto g = detail::pool_geometry_of("precis::max_pool2d_backward", dx, p);
+  check_shape("precis::max_pool2d_backward: dy", dy, detail::pooled_shape(dx, g));
+  check_shape("precis::max_pool2d_backward: indices", indices, detail::pooled_shape(dx, g));
+  detail::cuda::launch_over(ctx, dx.size(), "precis::max_pool2d_backward",
+                            detail::cuda::max_pool_backward_indices_kernel<M, Acc, TG, TDX>,
+                            indices.data(), dy.data(), dx.data(), g);
 }
 
 /// y = mean over each window of x on the device (see the host avg_pool2d).
