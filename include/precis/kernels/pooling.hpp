@@ -324,6 +324,30 @@ constexpr void check_pool_types() {
                 "stored under");
 }
 
+/// The checks of max_pool2d with indices (host and device tensors): y and the indices of
+/// the pooled shape, planes whose indices fit 32 bits. Returns the geometry.
+template <class X, class Y, class I>
+pool_geometry check_max_pool_indices(const X& x, const Y& y, const I& indices,
+                                     const pool2d_params& p) {
+  const auto g = pool_geometry_of("precis::max_pool2d", x, p);
+  check_shape("precis::max_pool2d: y", y, pooled_shape(x, g));
+  check_shape("precis::max_pool2d: indices", indices, pooled_shape(x, g));
+  check_argument(g.h * g.w <= std::size_t(UINT32_MAX), "precis::max_pool2d:",
+                 "indices of planes of more than 2^32 pixels are not supported");
+  return g;
+}
+
+/// The checks of max_pool2d_backward from indices (host and device tensors): dy and the
+/// indices of the shape pooled from dx's. Returns the geometry.
+template <class DX, class DY, class I>
+pool_geometry check_max_pool_backward_indices(const DX& dx, const DY& dy, const I& indices,
+                                              const pool2d_params& p) {
+  const auto g = pool_geometry_of("precis::max_pool2d_backward", dx, p);
+  check_shape("precis::max_pool2d_backward: dy", dy, pooled_shape(dx, g));
+  check_shape("precis::max_pool2d_backward: indices", indices, pooled_shape(dx, g));
+  return g;
+}
+
 /// Source coordinate of bilinear upsampling (PyTorch's area_pixel_compute_source_index).
 template <class M>
 M bilinear_source(std::size_t dst, std::size_t in, std::size_t out, bool align_corners) {
@@ -416,11 +440,7 @@ void max_pool2d(const cpu_context& ctx, const host_tensor<TX, 4>& x, host_tensor
                 host_tensor<std::uint32_t, 4>& indices, const pool2d_params& p = {}) {
   detail::check_pool_types<P, TY, TX>();
   using M = detail::math_t<op::pooling, P, TX>;
-  const auto g = detail::pool_geometry_of("precis::max_pool2d", x, p);
-  check_shape("precis::max_pool2d: y", y, detail::pooled_shape(x, g));
-  check_shape("precis::max_pool2d: indices", indices, detail::pooled_shape(x, g));
-  detail::check_argument(g.h * g.w <= std::size_t(UINT32_MAX), "precis::max_pool2d:",
-                         "indices of planes of more than 2^32 pixels are not supported");
+  const auto g = detail::check_max_pool_indices(x, y, indices, p);
   detail::for_rows(ctx, g.planes, g.h * g.w, [&](std::size_t b, std::size_t e) {
     std::vector<M> plane, rows, out(g.ho * g.wo);
     std::vector<std::uint32_t> row_at;
@@ -444,9 +464,7 @@ void max_pool2d_backward(const cpu_context& ctx, const host_tensor<std::uint32_t
   detail::check_pool_types<P, TDX, TG>();
   using M = detail::math_t<op::pooling, P, TG>;
   using Acc = detail::accumulate_t<op::pooling, P>;
-  const auto g = detail::pool_geometry_of("precis::max_pool2d_backward", dx, p);
-  check_shape("precis::max_pool2d_backward: dy", dy, detail::pooled_shape(dx, g));
-  check_shape("precis::max_pool2d_backward: indices", indices, detail::pooled_shape(dx, g));
+  const auto g = detail::check_max_pool_backward_indices(dx, dy, indices, p);
   const std::size_t hw = g.h * g.w, out = g.ho * g.wo;
   std::atomic<bool> bad{false};
   detail::for_rows(ctx, g.planes, out, [&](std::size_t b, std::size_t e) {

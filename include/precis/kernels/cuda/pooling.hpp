@@ -361,11 +361,7 @@ void max_pool2d(cuda_context& ctx, const device_tensor<TX, 4>& x, device_tensor<
                 device_tensor<std::uint32_t, 4>& indices, const pool2d_params& p = {}) {
   detail::check_pool_types<P, TY, TX>();
   using M = detail::math_t<op::pooling, P, TX>;
-  const auto g = detail::pool_geometry_of("precis::max_pool2d", x, p);
-  check_shape("precis::max_pool2d: y", y, detail::pooled_shape(x, g));
-  check_shape("precis::max_pool2d: indices", indices, detail::pooled_shape(x, g));
-  detail::check_argument(g.h * g.w <= std::size_t(UINT32_MAX), "precis::max_pool2d:",
-                         "indices of planes of more than 2^32 pixels are not supported");
+  const auto g = detail::check_max_pool_indices(x, y, indices, p);
   detail::cuda::launch_over(ctx, y.size(), "precis::max_pool2d",
                             detail::cuda::max_pool_indices_kernel<M, TX, TY>, x.data(), y.data(),
                             indices.data(), g);
@@ -382,9 +378,7 @@ void max_pool2d_backward(cuda_context& ctx, const device_tensor<std::uint32_t, 4
   detail::check_pool_types<P, TDX, TG>();
   using M = detail::math_t<op::pooling, P, TG>;
   using Acc = detail::accumulate_t<op::pooling, P>;
-  const auto g = detail::pool_geometry_of("precis::max_pool2d_backward", dx, p);
-  check_shape("precis::max_pool2d_backward: dy", dy, detail::pooled_shape(dx, g));
-  check_shape("precis::max_pool2d_backward: indices", indices, detail::pooled_shape(dx, g));
+  const auto g = detail::check_max_pool_backward_indices(dx, dy, indices, p);
   detail::cuda::launch_over(ctx, dx.size(), "precis::max_pool2d_backward",
                             detail::cuda::max_pool_backward_indices_kernel<M, Acc, TG, TDX>,
                             indices.data(), dy.data(), dx.data(), g);
