@@ -105,7 +105,8 @@ void check_max_pool(cuda_context& ctx, const std::string& tag) {
   auto device = nn::build<S, 4, cuda_context>(P{}, nn::max_pool2d(stem));
   const auto x = random_tensor<S, 4>({2, 8, 13, 12});
   const auto dy = random_tensor<G, 4>({2, 8, 7, 6});
-  expect(same_bits(ctx, device.forward(ctx, to_device(x)), host.forward(cpu, x)),
+  const auto xd = to_device(x);  // alive until the backward pass, which reads its shape
+  expect(same_bits(ctx, device.forward(ctx, xd), host.forward(cpu, x)),
          tag + " max_pool2d layer forward");
   expect(same_bits(ctx, device.backward(ctx, to_device(dy)), host.backward(cpu, dy)),
          tag + " max_pool2d layer backward");

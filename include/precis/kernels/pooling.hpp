@@ -6,18 +6,17 @@
 // accumulate type, each output rounded once. Backward passes add every output gradient
 // into a float (math-type) image of the input plane in a fixed order and round that image
 // once, so a plane's result does not depend on the threads, which take whole planes.
-// Max pooling's backward recomputes the window's maximum from x (the first maximum wins, as
-// in PyTorch; NaN propagates and wins). Both passes find it separably: the first maximum of
-// each input row's part of a window (a vectorised pass along the rows), then the first of
-// those down the window's rows, which is the window's first maximum in row-major order.
-// With float math and rows of at least a vector of outputs, both steps run on vmath's
-// vectors (the row pass for strides 1 and 2): a vector of outputs at a time, held in
-// registers while each lane folds its window's taps, or its rows' maxima, in the scalar
-// loop's order (the same bits). Elsewhere the compiler vectorises the scalar loops, whose
-// remainders and edges run one output at a time. max_pool2d can also
-// write each maximum's index in its plane (4 bytes per output, which nn's max_pool2d keeps
-// in training passes); the backward pass from those indices adds each dy where its index
-// names, in output order: the bits of the pass from x, without x or a second search.
+// Max pooling's gradient goes to each window's first maximum (as in PyTorch; NaN propagates
+// and wins), which the backward pass from x finds again. Both passes find it separably: the first
+// maximum of each input row's part of a window (a vectorised pass along the rows), then the first
+// of those down the window's rows, which is the window's first maximum in row-major order. With
+// float math and rows of at least a vector of outputs, both steps run on vmath's vectors (the row
+// pass for strides 1 and 2): a vector of outputs at a time, held in registers while each lane folds
+// its window's taps, or its rows' maxima, in the scalar loop's order (the same bits). Elsewhere the
+// compiler vectorises the scalar loops, whose remainders and edges run one output at a time.
+// max_pool2d can also write each maximum's index in its plane (4 bytes per output, which nn's
+// max_pool2d keeps in training passes); the backward pass from those indices adds each dy where its
+// index names, in output order: the bits of the pass from x, without x or a second search.
 //
 // Shapes are checked before anything is written; a mismatch throws precis::error naming
 // both shapes.
@@ -79,6 +78,9 @@ pool_geometry pool_geometry_of(std::string_view name, const X& x, const pool2d_p
   if (g.h + 2 * g.ph < g.kh || g.w + 2 * g.pw < g.kw) {
     throw error(n + ": window " + shape_string(p.kernel) + " does not fit input " +
                 shape_string(x.shape()) + " plus padding");
+  }
+  if (g.h == 0 || g.w == 0) {
+    throw error(n + ": input " + shape_string(x.shape()) + " has no pixels");
   }
   g.ho = (g.h + 2 * g.ph - g.kh) / g.sh + 1;
   g.wo = (g.w + 2 * g.pw - g.kw) / g.sw + 1;
@@ -145,7 +147,7 @@ inline vmath::vf load_even(const float* p) {
 }
 
 /// m ? a : b for lanes of indices (m all ones or all zeros per lane). Indices are unsigned
-/// lanes, which wrap where signed ones would overflow: a plane may hold up to 2^32 values.
+/// lanes, which wrap where signed ones would overflow: a plane may hold up to 2^32 - 1 values.
 inline vmath::vu select_u(vmath::vi m, vmath::vu a, vmath::vu b) {
   const auto mu = (vmath::vu)m;
   return (mu & a) | (~mu & b);
@@ -333,7 +335,7 @@ pool_geometry check_max_pool_indices(const X& x, const Y& y, const I& indices,
   check_shape("precis::max_pool2d: y", y, pooled_shape(x, g));
   check_shape("precis::max_pool2d: indices", indices, pooled_shape(x, g));
   check_argument(g.h * g.w <= std::size_t(UINT32_MAX), "precis::max_pool2d:",
-                 "indices of planes of more than 2^32 pixels are not supported");
+                 "indices of planes of 2^32 pixels or more are not supported");
   return g;
 }
 
@@ -410,7 +412,7 @@ void max_pool2d_backward(const cpu_context& ctx, const host_tensor<TX, 4>& x,
   check_shape("precis::max_pool2d_backward: dx", dx, detail::shape_array<4>(x));
   using A = accumulator<detail::accumulate_t<op::pooling, P>>;
   detail::check_argument(g.h * g.w <= std::size_t(UINT32_MAX), "precis::max_pool2d_backward:",
-                         "planes of more than 2^32 pixels are not supported");
+                         "planes of 2^32 pixels or more are not supported");
   detail::for_rows(ctx, g.planes, g.h * g.w, [&](std::size_t b, std::size_t e) {
     std::vector<M> plane, rows, maxima(g.ho * g.wo);
     std::vector<std::uint32_t> row_at, at(g.ho * g.wo);
@@ -456,7 +458,9 @@ void max_pool2d(const cpu_context& ctx, const host_tensor<TX, 4>& x, host_tensor
 /// dx of y = max_pool2d(x) from the indices the forward pass gave: each dy goes to the
 /// element its index names, the gradients reaching one element summed in output order in
 /// the accumulate type and rounded once: the bits of the backward pass from x. dx's shape is
-/// x's. Every index is checked to lie in its plane before anything is written.
+/// x's. The indices are trusted to be max_pool2d's for these parameters: each is checked to
+/// lie in its plane before anything is written, not in its window (one outside its window
+/// takes its gradient there; the device overload gives it none).
 template <Policy P, class TG, class TDX>
 void max_pool2d_backward(const cpu_context& ctx, const host_tensor<std::uint32_t, 4>& indices,
                          const host_tensor<TG, 4>& dy, host_tensor<TDX, 4>& dx,

@@ -10,7 +10,7 @@
 // kernels/pooling.hpp: window sums and gradient sums in the accumulate type, each output
 // rounded once; max pooling's gradient goes to the window's first maximum, whose index a
 // training forward pass keeps (4 bytes per output) so that the backward pass neither reads x
-// nor searches the windows again (a backward pass must follow a training-mode forward).
+// nor searches the windows again (after an evaluation-mode forward it searches them in x).
 // Global average pooling runs under op::reduction (the rule set makes its sums float or
 // wider): each channel's mean is one running sum over H * W in element order, divided once
 // and rounded once; backward gives every input element dy / (H * W), computed in the math
@@ -68,9 +68,16 @@ struct max_pool_kernel {
       precis::max_pool2d<P>(ctx, x, y, p);
     }
   }
-  template <Policy P, class C, class K, class DY, class DX>
-  static void backward(C& ctx, const K& indices, const DY& dy, DX& dx, const pool2d_params& p) {
-    precis::max_pool2d_backward<P>(ctx, indices, dy, dx, p);
+  /// From the indices where the last forward pass was in training mode (`kept`), else from
+  /// x: the same bits.
+  template <Policy P, class C, class K, class X, class DY, class DX>
+  static void backward(C& ctx, const K& indices, bool kept, const X& x, const DY& dy, DX& dx,
+                       const pool2d_params& p) {
+    if (kept) {
+      precis::max_pool2d_backward<P>(ctx, indices, dy, dx, p);
+    } else {
+      precis::max_pool2d_backward<P>(ctx, x, dy, dx, p);
+    }
   }
   template <class K>
   static std::size_t kept_bytes(const K& indices) {
@@ -86,8 +93,9 @@ struct avg_pool_kernel {
   static void forward(C& ctx, const X& x, Y& y, nothing&, const pool2d_params& p, mode) {
     precis::avg_pool2d<P>(ctx, x, y, p);
   }
-  template <Policy P, class C, class DY, class DX>
-  static void backward(C& ctx, const nothing&, const DY& dy, DX& dx, const pool2d_params& p) {
+  template <Policy P, class C, class X, class DY, class DX>
+  static void backward(C& ctx, const nothing&, bool, const X&, const DY& dy, DX& dx,
+                       const pool2d_params& p) {
     precis::avg_pool2d_backward<P>(ctx, dy, dx, p);
   }
   static std::size_t kept_bytes(const nothing&) { return 0; }
@@ -220,18 +228,14 @@ class pool2d_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
     last_train_ = m == mode::train;
     return y_;
   }
-  /// Backward of the last forward pass, which must have been in training mode (max
-  /// pooling's gradient goes where that pass found the maxima).
+  /// Backward of the last forward pass. Max pooling's gradient goes where that pass found
+  /// the maxima: through the indices a training-mode pass kept, or, after an
+  /// evaluation-mode pass, by finding them again in x (the same bits, more slowly).
   const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
     const auto& x = x_.get(kind);
-    if (!last_train_) {
-      throw error("precis::nn::" + std::string(kind) +
-                  ": backward() after an evaluation-mode forward(); run forward() in "
-                  "mode::train before a backward pass");
-    }
     check_same_shape("precis::nn::" + std::string(kind) + ": dy and the output", dy, y_);
     detail::ensure(dx_, detail::shape_of<4>(x));
-    Kernel::template backward<P>(ctx, kept_, dy, dx_, p_);
+    Kernel::template backward<P>(ctx, kept_, last_train_, x, dy, dx_, p_);
     return dx_;
   }
 
