@@ -350,6 +350,35 @@ pool_geometry check_max_pool_backward_indices(const DX& dx, const DY& dy, const 
   return g;
 }
 
+/// One plane of max pooling's backward pass: each of the `out` gradients dy[o] added at the
+/// plane element at[o] names, in output order, in accumulator<Acc>, each element's sum then
+/// rounded once into dx (hw elements; those that receive nothing are +0). Float math with
+/// float sums (every preset) adds in place from +0, straight into dx where it is float: the
+/// accumulator's bits without its copy. `acc` and `sums` are the caller's scratch.
+template <class M, class Acc, class TG, class TDX>
+void scatter_max_gradients(const std::uint32_t* at, const TG* dy, std::size_t out, TDX* dx,
+                           std::size_t hw, std::vector<accumulator<Acc>>& acc,
+                           std::vector<typename accumulator<Acc>::value_type>& sums) {
+  if constexpr (std::is_same_v<M, float> && std::is_same_v<Acc, float>) {
+    float* s = nullptr;
+    if constexpr (std::is_same_v<TDX, float>) {
+      s = dx;
+    } else {
+      sums.resize(hw);
+      s = sums.data();
+    }
+    std::fill(s, s + hw, 0.0f);
+    for (std::size_t o = 0; o < out; ++o) s[at[o]] += load<float>(dy[o]);
+    if constexpr (!std::is_same_v<TDX, float>) store_block(s, dx, hw);
+  } else {
+    acc.assign(hw, accumulator<Acc>{});
+    for (std::size_t o = 0; o < out; ++o) accumulate(acc[at[o]], load<M>(dy[o]));
+    sums.resize(hw);
+    for (std::size_t i = 0; i < hw; ++i) sums[i] = acc[i].value();
+    store_block(sums.data(), dx, hw);
+  }
+}
+
 /// Source coordinate of bilinear upsampling (PyTorch's area_pixel_compute_source_index).
 template <class M>
 M bilinear_source(std::size_t dst, std::size_t in, std::size_t out, bool align_corners) {
@@ -410,25 +439,20 @@ void max_pool2d_backward(const cpu_context& ctx, const host_tensor<TX, 4>& x,
   const auto g = detail::pool_geometry_of("precis::max_pool2d_backward", x, p);
   check_shape("precis::max_pool2d_backward: dy", dy, detail::pooled_shape(x, g));
   check_shape("precis::max_pool2d_backward: dx", dx, detail::shape_array<4>(x));
-  using A = accumulator<detail::accumulate_t<op::pooling, P>>;
+  using Acc = detail::accumulate_t<op::pooling, P>;
   detail::check_argument(g.h * g.w <= std::size_t(UINT32_MAX), "precis::max_pool2d_backward:",
                          "planes of 2^32 pixels or more are not supported");
-  detail::for_rows(ctx, g.planes, g.h * g.w, [&](std::size_t b, std::size_t e) {
-    std::vector<M> plane, rows, maxima(g.ho * g.wo);
-    std::vector<std::uint32_t> row_at, at(g.ho * g.wo);
-    std::vector<A> acc(g.h * g.w);
-    std::vector<typename A::value_type> sums(g.h * g.w);
+  const std::size_t hw = g.h * g.w, out = g.ho * g.wo;
+  detail::for_rows(ctx, g.planes, hw, [&](std::size_t b, std::size_t e) {
+    std::vector<M> plane, rows, maxima(out);
+    std::vector<std::uint32_t> row_at, at(out);
+    std::vector<accumulator<Acc>> acc;
+    std::vector<typename accumulator<Acc>::value_type> sums;
     for (std::size_t pl = b; pl < e; ++pl) {
-      const M* xp = detail::plane_as<M>(x.data() + pl * g.h * g.w, g.h * g.w, plane);
-      const TG* dyp = dy.data() + pl * g.ho * g.wo;
+      const M* xp = detail::plane_as<M>(x.data() + pl * hw, hw, plane);
       detail::window_maxima<true>(g, xp, rows, row_at, maxima.data(), at.data());
-      std::fill(acc.begin(), acc.end(), A{});
-      // In output order, as before: each input's sum keeps its order.
-      for (std::size_t o = 0; o < g.ho * g.wo; ++o) {
-        detail::accumulate(acc[at[o]], detail::load<M>(dyp[o]));
-      }
-      for (std::size_t i = 0; i < g.h * g.w; ++i) sums[i] = acc[i].value();
-      detail::store_block(sums.data(), dx.data() + pl * g.h * g.w, g.h * g.w);
+      detail::scatter_max_gradients<M, Acc>(at.data(), dy.data() + pl * out, out,
+                                            dx.data() + pl * hw, hw, acc, sums);
     }
   });
 }
@@ -482,31 +506,11 @@ void max_pool2d_backward(const cpu_context& ctx, const host_tensor<std::uint32_t
                 " elements (indices come from max_pool2d on an input of dx's shape)");
   }
   detail::for_rows(ctx, g.planes, hw, [&](std::size_t b, std::size_t e) {
-    if constexpr (std::is_same_v<M, float> && std::is_same_v<Acc, float>) {
-      // The running sums are exact float additions from 0: add each term in place.
-      std::vector<float> sums(std::is_same_v<TDX, float> ? 0 : hw);
-      for (std::size_t pl = b; pl < e; ++pl) {
-        float* s = std::is_same_v<TDX, float> ? reinterpret_cast<float*>(dx.data()) + pl * hw
-                                              : sums.data();
-        const std::uint32_t* at = indices.data() + pl * out;
-        const TG* dyp = dy.data() + pl * out;
-        std::fill(s, s + hw, 0.0f);
-        for (std::size_t o = 0; o < out; ++o) s[at[o]] += detail::load<float>(dyp[o]);
-        if constexpr (!std::is_same_v<TDX, float>) detail::store_block(s, dx.data() + pl * hw, hw);
-      }
-    } else {
-      using A = accumulator<Acc>;
-      std::vector<A> acc(hw);
-      std::vector<typename A::value_type> sums(hw);
-      for (std::size_t pl = b; pl < e; ++pl) {
-        const std::uint32_t* at = indices.data() + pl * out;
-        const TG* dyp = dy.data() + pl * out;
-        std::fill(acc.begin(), acc.end(), A{});
-        for (std::size_t o = 0; o < out; ++o)
-          detail::accumulate(acc[at[o]], detail::load<M>(dyp[o]));
-        for (std::size_t i = 0; i < hw; ++i) sums[i] = acc[i].value();
-        detail::store_block(sums.data(), dx.data() + pl * hw, hw);
-      }
+    std::vector<accumulator<Acc>> acc;
+    std::vector<typename accumulator<Acc>::value_type> sums;
+    for (std::size_t pl = b; pl < e; ++pl) {
+      detail::scatter_max_gradients<M, Acc>(indices.data() + pl * out, dy.data() + pl * out, out,
+                                            dx.data() + pl * hw, hw, acc, sums);
     }
   });
 }
