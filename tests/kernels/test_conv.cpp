@@ -11,9 +11,11 @@
 #include <doctest/doctest.h>
 #include <xtensor/xmanipulation.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -306,6 +308,84 @@ TEST_CASE("conv2d gives the same bits on 1, 2 and 3 threads") {
       CHECK(same_bits(dw[0], dw[t]));
     }
   }
+}
+
+TEST_CASE("the im2col packers give the reader's value for every element of every panel") {
+  // The packers read runs of pixels along output rows, with bounds worked out once per run;
+  // the reader's operator() checks each element on its own. Geometries with padding on one
+  // side only, strides and dilations that differ between the axes, kernels wider than the
+  // image plus padding on one side, rows shorter and longer than a panel, and panels that
+  // start anywhere (across rows and images).
+  using precis::detail::im2col_reader;
+  constexpr std::size_t MR = precis::detail::gemm_mr, NR = precis::detail::gemm_nr;
+  std::size_t panels = 0;
+  for (const std::array<std::size_t, 4>& hw :
+       {std::array<std::size_t, 4>{5, 7, 3, 2}, {9, 1, 1, 1}, {4, 23, 2, 3}, {11, 13, 1, 3}}) {
+    for (std::size_t k = 1; k <= 5; k += 2) {
+      for (std::size_t s = 1; s <= 3; ++s) {
+        for (std::size_t pad = 0; pad <= 2; ++pad) {
+          for (std::size_t d = 1; d <= 2; ++d) {
+            precis::conv2d_params p;
+            p.stride = {s, 4 - s};
+            p.padding = {pad, 2 - pad};
+            p.dilation = {d, 3 - d};
+            const std::size_t n = 2, c = hw[2], h = hw[0], w = hw[1];
+            const std::size_t kh = k, kw = hw[3];
+            if (h + 2 * p.padding[0] < p.dilation[0] * (kh - 1) + 1 ||
+                w + 2 * p.padding[1] < p.dilation[1] * (kw - 1) + 1) {
+              continue;
+            }
+            host_tensor<float, 4> x({n, c, h, w});
+            for (std::size_t i = 0; i < x.size(); ++i) x.data()[i] = float(i + 1);  // no zeros
+            const host_tensor<float, 4> wt({3, c, kh, kw});
+            const auto g = precis::detail::conv_geometry_of("test", x, wt, p);
+            INFO("x " << precis::shape_string(x.shape()) << " kernel " << kh << "x" << kw
+                      << " stride " << p.stride[0] << "," << p.stride[1] << " pad " << p.padding[0]
+                      << "," << p.padding[1] << " dilation " << p.dilation[0] << ","
+                      << p.dilation[1]);
+            const im2col_reader col(g, x.data(), c * h * w);
+            const std::size_t J = n * g.pixels(), T = g.taps();
+            std::vector<float> out(std::max(MR, NR) * (J + T));
+            // Pixel panels: rows j0 .. j0 + rows, taps t0 .. t0 + kc.
+            const precis::detail::im2col_pixel_packer<MR> pixels{&col};
+            for (std::size_t j0 = 0; j0 < J; ++j0) {
+              const std::size_t rows = std::min(MR, J - j0), t0 = j0 % T, kc = T - t0;
+              std::fill(out.begin(), out.end(), -1.0F);
+              pixels(j0, rows, t0, kc, out.data());
+              bool same = true;
+              for (std::size_t kk = 0; kk < kc; ++kk) {
+                for (std::size_t r = 0; r < MR; ++r) {
+                  const float want = r < rows ? col(t0 + kk, col.at(j0 + r)) : 0.0F;
+                  same = same && out[kk * MR + r] == want;
+                }
+              }
+              CHECK_MESSAGE(same, "pixel panel from j0 = " << j0);
+              ++panels;
+            }
+            // Tap panels: columns t0 .. t0 + cols, pixels j0 .. j0 + kc.
+            const precis::detail::im2col_tap_packer<NR> taps{&col};
+            for (std::size_t t0 = 0; t0 < T; t0 += 3) {
+              for (std::size_t j0 = 0; j0 < J; j0 += 5) {
+                const std::size_t cols = std::min(NR, T - t0), kc = J - j0;
+                std::fill(out.begin(), out.end(), -1.0F);
+                taps(t0, cols, j0, kc, out.data());
+                bool same = true;
+                for (std::size_t kk = 0; kk < kc; ++kk) {
+                  for (std::size_t cc = 0; cc < NR; ++cc) {
+                    const float want = cc < cols ? col(t0 + cc, col.at(j0 + kk)) : 0.0F;
+                    same = same && out[kk * NR + cc] == want;
+                  }
+                }
+                CHECK_MESSAGE(same, "tap panel from t0 = " << t0 << ", j0 = " << j0);
+                ++panels;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  CHECK(panels > 1000);
 }
 
 TEST_CASE("conv2d rejects bad shapes and arguments, naming them, and writes nothing") {

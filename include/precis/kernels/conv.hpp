@@ -220,6 +220,49 @@ class im2col_reader {
     return px.image[tp.offset + std::size_t(iy) * g_->w + std::size_t(ix)];
   }
 
+  /// col[t, j + i] for the `count` pixels j, j + 1, ... of one output row that start at
+  /// `px` (pixel j), written to out[i * step]: the same values as operator(), with the
+  /// bounds worked out once for the run instead of once per element. The columns a tap
+  /// reads inside the image are a range of i, so a run is zeros, a copy of an input row
+  /// (every stride-th element of it) and zeros.
+  void run(std::size_t t, const pixel& px, std::size_t count, float* out, std::size_t step) const {
+    const tap& tp = taps_[t];
+    const std::ptrdiff_t iy = px.y0 + tp.dy, ix = px.x0 + tp.dx;
+    std::size_t lo = count, hi = count;  // the run's elements inside the image: [lo, hi)
+    if (std::size_t(iy) < g_->h) {
+      const auto s = std::ptrdiff_t(g_->p.stride[1]), w = std::ptrdiff_t(g_->w);
+      // ix + i s >= 0 from i = lo; ix + i s < w below i = hi.
+      lo = std::min(count, ix >= 0 ? 0 : std::size_t((-ix + s - 1) / s));
+      hi = ix >= w ? lo : std::clamp(std::size_t((w - ix + s - 1) / s), lo, count);
+    }
+    std::size_t i = 0;
+    for (; i < lo; ++i) out[i * step] = 0.0F;
+    if (lo < hi) {
+      const float* src = px.image + tp.offset + std::size_t(iy) * g_->w;
+      const std::size_t s = g_->p.stride[1];
+      const std::size_t x0 = std::size_t(ix + std::ptrdiff_t(lo * s));  // the column of i = lo
+      if (step == 1 && s == 1) {
+        std::copy(src + x0, src + x0 + (hi - lo), out + lo);
+      } else {
+        for (std::size_t c = x0; i < hi; ++i, c += s) out[i * step] = src[c];
+      }
+      i = hi;
+    }
+    for (; i < count; ++i) out[i * step] = 0.0F;
+  }
+
+  /// Splits the `count` consecutive pixels from j0 into runs of one output row each (see
+  /// run()): calls f(first, length, pixel) for each, first counted from j0.
+  template <class F>
+  void for_each_run(std::size_t j0, std::size_t count, F&& f) const {
+    const std::size_t wo = g_->wo;
+    for (std::size_t i = 0; i < count;) {
+      const std::size_t len = std::min(count - i, wo - (j0 + i) % wo);
+      f(i, len, at(j0 + i));
+      i += len;
+    }
+  }
+
  private:
   struct tap {
     std::size_t offset;      // channel ch's first element
@@ -238,11 +281,22 @@ struct im2col_pixel_packer {
   const im2col_reader* col;
   void operator()(std::size_t j0, std::size_t rows, std::size_t t0, std::size_t kc,
                   float* out) const {
-    im2col_reader::pixel px[R];
-    for (std::size_t r = 0; r < rows; ++r) px[r] = col->at(j0 + r);
+    // The panel's pixels as runs along output rows (at most R of them).
+    struct span {
+      std::size_t first, length;
+      im2col_reader::pixel px;
+    };
+    span runs[R];
+    std::size_t count = 0;
+    col->for_each_run(j0, rows,
+                      [&](std::size_t first, std::size_t length, const im2col_reader::pixel& px) {
+                        runs[count++] = {first, length, px};
+                      });
     for (std::size_t k = 0; k < kc; ++k) {
       float* o = out + k * R;
-      for (std::size_t r = 0; r < rows; ++r) o[r] = (*col)(t0 + k, px[r]);
+      for (std::size_t i = 0; i < count; ++i) {
+        col->run(t0 + k, runs[i].px, runs[i].length, o + runs[i].first, 1);
+      }
       for (std::size_t r = rows; r < R; ++r) o[r] = 0.0F;
     }
   }
@@ -255,12 +309,16 @@ struct im2col_tap_packer {
   const im2col_reader* col;
   void operator()(std::size_t t0, std::size_t cols, std::size_t j0, std::size_t kc,
                   float* out) const {
-    for (std::size_t k = 0; k < kc; ++k) {
-      const auto px = col->at(j0 + k);
-      float* o = out + k * R;
-      for (std::size_t c = 0; c < cols; ++c) o[c] = (*col)(t0 + c, px);
-      for (std::size_t c = cols; c < R; ++c) o[c] = 0.0F;
-    }
+    // Each tap's values over a run of pixels along an output row are one strided copy.
+    col->for_each_run(j0, kc,
+                      [&](std::size_t first, std::size_t length, const im2col_reader::pixel& px) {
+                        float* o = out + first * R;
+                        for (std::size_t c = 0; c < cols; ++c)
+                          col->run(t0 + c, px, length, o + c, R);
+                        for (std::size_t c = cols; c < R; ++c) {
+                          for (std::size_t k = 0; k < length; ++k) o[k * R + c] = 0.0F;
+                        }
+                      });
   }
 };
 
