@@ -242,7 +242,14 @@ class im2col_reader {
       const std::size_t s = g_->p.stride[1];
       const std::size_t x0 = std::size_t(ix + std::ptrdiff_t(lo * s));  // the column of i = lo
       if (step == 1 && s == 1) {
-        std::copy(src + x0, src + x0 + (hi - lo), out + lo);
+        // Runs are short (a pixel panel's are at most MR long): vector moves, no memmove call.
+        const float* from = src + x0;
+        float* to = out + lo;
+        const std::size_t n = hi - lo;
+        std::size_t j = 0;
+        for (; j + vmath::lanes <= n; j += vmath::lanes)
+          vmath::store(to + j, vmath::load(from + j));
+        if (j < n) vmath::store_partial(to + j, vmath::load_partial(from + j, n - j), n - j);
       } else {
         for (std::size_t c = x0; i < hi; ++i, c += s) out[i * step] = src[c];
       }
@@ -385,6 +392,20 @@ void conv_backward_data_float(const cpu_context& ctx, const conv_geometry& g, co
       // B = dy_g (Cog x NP): element (i, n*P + q) at dyf[((n0 + n)*Co + gr*Cog + i) * P + q].
       const auto pb = [&](std::size_t j0, std::size_t cols, std::size_t k0, std::size_t kc,
                           float* out) {
+        if (j0 / P == (j0 + cols - 1) / P) {
+          // The columns are consecutive pixels of one image: each k's are one run of dy.
+          const float* src = dyf + ((n0 + j0 / P) * g.co + gr * Cog + k0) * P + j0 % P;
+          for (std::size_t k = 0; k < kc; ++k, src += P) {
+            float* o = out + k * NR;
+            std::size_t c = 0;
+            for (; c + vmath::lanes <= cols; c += vmath::lanes)
+              vmath::store(o + c, vmath::load(src + c));
+            if (c < cols)
+              vmath::store_partial(o + c, vmath::load_partial(src + c, cols - c), cols - c);
+            for (c = cols; c < NR; ++c) o[c] = 0.0F;
+          }
+          return;
+        }
         std::size_t base[NR];
         for (std::size_t c = 0; c < cols; ++c) {
           const std::size_t j = j0 + c;
