@@ -474,19 +474,19 @@ void conv_backward_weights_float(const cpu_context& ctx, const conv_geometry& g,
     // A (Cog x N*P): element (i, n*P + q) at dyf[(n*Co + gr*Cog + i) * P + q].
     const auto pa = [&](std::size_t i0, std::size_t rows, std::size_t k0, std::size_t kc,
                         float* out) {
-      for (std::size_t r = 0; r < gemm_mr; ++r) {
-        if (r >= rows) {
-          for (std::size_t k = 0; k < kc; ++k) out[k * gemm_mr + r] = 0.0F;
-          continue;
+      for (std::size_t r = rows; r < gemm_mr; ++r) {
+        for (std::size_t k = 0; k < kc; ++k) out[k * gemm_mr + r] = 0.0F;
+      }
+      // Depth k0 .. k0 + kc as runs of pixels of one image each: row r of a run is a run of
+      // dy's channel i0 + r.
+      for (std::size_t k = 0; k < kc;) {
+        const std::size_t n = (k0 + k) / P, q = (k0 + k) % P, len = std::min(kc - k, P - q);
+        const float* src = dyf + (n * g.co + gr * Cog + i0) * P + q;
+        float* o = out + k * gemm_mr;
+        for (std::size_t r = 0; r < rows; ++r, src += P) {
+          for (std::size_t i = 0; i < len; ++i) o[i * gemm_mr + r] = src[i];
         }
-        std::size_t n = k0 / P, q = k0 % P;
-        for (std::size_t k = 0; k < kc; ++k) {
-          out[k * gemm_mr + r] = dyf[(n * g.co + gr * Cog + i0 + r) * P + q];
-          if (++q == P) {
-            q = 0;
-            ++n;
-          }
-        }
+        k += len;
       }
     };
     // B (N*P x T) packed as its transpose: element (t, n*P + q) = col(x[n, gr])[t, q].
