@@ -231,12 +231,13 @@ class im2col_reader {
     std::size_t lo = count, hi = count;  // the run's elements inside the image: [lo, hi)
     if (std::size_t(iy) < g_->h) {
       const auto s = std::ptrdiff_t(g_->p.stride[1]), w = std::ptrdiff_t(g_->w);
-      // ix + i s >= 0 from i = lo; ix + i s < w below i = hi (no division for stride 1).
-      const auto steps = [s](std::ptrdiff_t d) {
-        return std::size_t(s == 1 ? d : (d + s - 1) / s);
-      };
-      lo = std::min(count, ix >= 0 ? 0 : steps(-ix));
-      hi = ix >= w ? lo : std::clamp(steps(w - ix), lo, count);
+      // ix + i s >= 0 from i = lo; ix + i s < w below i = hi. A run lies on one output row,
+      // so only the padding's columns fall outside: each loop steps a few times at most
+      // (cheaper than the divisions that would give lo and hi directly).
+      lo = 0;
+      while (lo < count && ix + std::ptrdiff_t(lo) * s < 0) ++lo;
+      hi = count;
+      while (hi > lo && ix + std::ptrdiff_t(hi - 1) * s >= w) --hi;
     }
     std::size_t i = 0;
     for (; i < lo; ++i) out[i * step] = 0.0F;
