@@ -262,6 +262,9 @@ class im2col_reader {
     for (; i < count; ++i) out[i * step] = 0.0F;
   }
 
+  /// Output pixels per row.
+  std::size_t row_pixels() const { return g_->wo; }
+
   /// Splits the `count` consecutive pixels from j0 into runs of one output row each (see
   /// run()): calls f(first, length, pixel) for each, first counted from j0.
   template <class F>
@@ -292,6 +295,18 @@ struct im2col_pixel_packer {
   const im2col_reader* col;
   void operator()(std::size_t j0, std::size_t rows, std::size_t t0, std::size_t kc,
                   float* out) const {
+    if (col->row_pixels() < R) {
+      // Rows shorter than a panel (deep layers' 7 x 7 outputs) would give several short
+      // runs per tap: element by element is as fast there.
+      im2col_reader::pixel px[R];
+      for (std::size_t r = 0; r < rows; ++r) px[r] = col->at(j0 + r);
+      for (std::size_t k = 0; k < kc; ++k) {
+        float* o = out + k * R;
+        for (std::size_t r = 0; r < rows; ++r) o[r] = (*col)(t0 + k, px[r]);
+        for (std::size_t r = rows; r < R; ++r) o[r] = 0.0F;
+      }
+      return;
+    }
     // The panel's pixels as runs along output rows (at most R of them).
     struct span {
       std::size_t first, length;
