@@ -247,13 +247,7 @@ class im2col_reader {
       const std::size_t x0 = std::size_t(ix + std::ptrdiff_t(lo * s));  // the column of i = lo
       if (step == 1 && s == 1) {
         // Runs are short (a pixel panel's are at most MR long): vector moves, no memmove call.
-        const float* from = src + x0;
-        float* to = out + lo;
-        const std::size_t n = hi - lo;
-        std::size_t j = 0;
-        for (; j + vmath::lanes <= n; j += vmath::lanes)
-          vmath::store(to + j, vmath::load(from + j));
-        if (j < n) vmath::store_partial(to + j, vmath::load_partial(from + j, n - j), n - j);
+        vmath::map(src + x0, out + lo, hi - lo, [](vmath::vf v) { return v; });
       } else {
         for (std::size_t c = x0; i < hi; ++i, c += s) out[i * step] = src[c];
       }
@@ -295,33 +289,33 @@ struct im2col_pixel_packer {
   const im2col_reader* col;
   void operator()(std::size_t j0, std::size_t rows, std::size_t t0, std::size_t kc,
                   float* out) const {
-    if (col->row_pixels() < R) {
-      // Rows shorter than a panel (deep layers' 7 x 7 outputs) would give several short
-      // runs per tap: element by element is as fast there.
-      im2col_reader::pixel px[R];
-      for (std::size_t r = 0; r < rows; ++r) px[r] = col->at(j0 + r);
-      for (std::size_t k = 0; k < kc; ++k) {
-        float* o = out + k * R;
-        for (std::size_t r = 0; r < rows; ++r) o[r] = (*col)(t0 + k, px[r]);
-        for (std::size_t r = rows; r < R; ++r) o[r] = 0.0F;
-      }
-      return;
-    }
-    // The panel's pixels as runs along output rows (at most R of them).
+    // The panel's pixels as runs along output rows (at most R of them). Rows shorter than a
+    // panel (deep layers' 7 x 7 outputs) would give several short runs per tap: their
+    // panels are read element by element, as fast there.
+    const bool by_element = col->row_pixels() < R;
+    im2col_reader::pixel px[R];
     struct span {
       std::size_t first, length;
       im2col_reader::pixel px;
     };
     span runs[R];
     std::size_t count = 0;
-    col->for_each_run(j0, rows,
-                      [&](std::size_t first, std::size_t length, const im2col_reader::pixel& px) {
-                        runs[count++] = {first, length, px};
-                      });
+    if (by_element) {
+      for (std::size_t r = 0; r < rows; ++r) px[r] = col->at(j0 + r);
+    } else {
+      col->for_each_run(j0, rows, [&](std::size_t first, std::size_t length,
+                                      const im2col_reader::pixel& p) {
+        runs[count++] = {first, length, p};
+      });
+    }
     for (std::size_t k = 0; k < kc; ++k) {
       float* o = out + k * R;
-      for (std::size_t i = 0; i < count; ++i) {
-        col->run(t0 + k, runs[i].px, runs[i].length, o + runs[i].first, 1);
+      if (by_element) {
+        for (std::size_t r = 0; r < rows; ++r) o[r] = (*col)(t0 + k, px[r]);
+      } else {
+        for (std::size_t i = 0; i < count; ++i) {
+          col->run(t0 + k, runs[i].px, runs[i].length, o + runs[i].first, 1);
+        }
       }
       for (std::size_t r = rows; r < R; ++r) o[r] = 0.0F;
     }
@@ -416,12 +410,8 @@ void conv_backward_data_float(const cpu_context& ctx, const conv_geometry& g, co
           const float* src = dyf + ((n0 + j0 / P) * g.co + gr * Cog + k0) * P + j0 % P;
           for (std::size_t k = 0; k < kc; ++k, src += P) {
             float* o = out + k * NR;
-            std::size_t c = 0;
-            for (; c + vmath::lanes <= cols; c += vmath::lanes)
-              vmath::store(o + c, vmath::load(src + c));
-            if (c < cols)
-              vmath::store_partial(o + c, vmath::load_partial(src + c, cols - c), cols - c);
-            for (c = cols; c < NR; ++c) o[c] = 0.0F;
+            vmath::map(src, o, cols, [](vmath::vf v) { return v; });
+            std::fill(o + cols, o + NR, 0.0F);
           }
           return;
         }
