@@ -348,20 +348,27 @@ std::size_t check_im2col_packers() {
             const im2col_reader col(g, x.data(), c * h * w);
             const std::size_t J = n * g.pixels(), T = g.taps();
             std::vector<float> out(std::max(MR, NR) * (J + T));
+            // Whether out holds kc rows of `width` values, value(kk, i) in the first `used`
+            // of each row and zeros after them.
+            const auto panel_is = [&out](std::size_t kc, std::size_t width, std::size_t used,
+                                         const auto& value) {
+              for (std::size_t kk = 0; kk < kc; ++kk) {
+                for (std::size_t i = 0; i < width; ++i) {
+                  if (out[kk * width + i] != (i < used ? value(kk, i) : 0.0F)) return false;
+                }
+              }
+              return true;
+            };
             // Pixel panels: rows j0 .. j0 + rows, taps t0 .. t0 + kc.
             const precis::detail::im2col_pixel_packer<MR> pixels{&col};
             for (std::size_t j0 = 0; j0 < J; ++j0) {
               const std::size_t rows = std::min(MR, J - j0), t0 = j0 % T, kc = T - t0;
               std::fill(out.begin(), out.end(), -1.0F);
               pixels(j0, rows, t0, kc, out.data());
-              bool same = true;
-              for (std::size_t kk = 0; kk < kc; ++kk) {
-                for (std::size_t r = 0; r < MR; ++r) {
-                  const float want = r < rows ? col(t0 + kk, col.at(j0 + r)) : 0.0F;
-                  same = same && out[kk * MR + r] == want;
-                }
-              }
-              CHECK_MESSAGE(same, "pixel panel from j0 = " << j0);
+              const auto value = [&](std::size_t kk, std::size_t r) {
+                return col(t0 + kk, col.at(j0 + r));
+              };
+              CHECK_MESSAGE(panel_is(kc, MR, rows, value), "pixel panel from j0 = " << j0);
               ++panels;
             }
             // Tap panels: columns t0 .. t0 + cols, pixels j0 .. j0 + kc.
@@ -371,14 +378,11 @@ std::size_t check_im2col_packers() {
                 const std::size_t cols = std::min(NR, T - t0), kc = J - j0;
                 std::fill(out.begin(), out.end(), -1.0F);
                 taps(t0, cols, j0, kc, out.data());
-                bool same = true;
-                for (std::size_t kk = 0; kk < kc; ++kk) {
-                  for (std::size_t cc = 0; cc < NR; ++cc) {
-                    const float want = cc < cols ? col(t0 + cc, col.at(j0 + kk)) : 0.0F;
-                    same = same && out[kk * NR + cc] == want;
-                  }
-                }
-                CHECK_MESSAGE(same, "tap panel from t0 = " << t0 << ", j0 = " << j0);
+                const auto value = [&](std::size_t kk, std::size_t cc) {
+                  return col(t0 + cc, col.at(j0 + kk));
+                };
+                CHECK_MESSAGE(panel_is(kc, NR, cols, value),
+                              "tap panel from t0 = " << t0 << ", j0 = " << j0);
                 ++panels;
               }
             }
