@@ -1,4 +1,5 @@
-// precis/config.hpp: version, host/device annotations, feature macros and the error type.
+/// @file
+/// Version, host/device annotations, feature macros and the error type.
 #pragma once
 
 #include <stdexcept>

@@ -1,6 +1,7 @@
-// precis/cuda_error.hpp: every CUDA, cuBLAS(Lt) and cuDNN call is checked; a failure
-// throws precis::cuda_error naming the call, the library's status string and where it was
-// made. Available when CUDA's headers are (PRECIS_CUDA=1 or nvcc).
+/// @file
+/// Every CUDA, cuBLAS(Lt) and cuDNN call is checked; a failure throws precis::cuda_error naming the
+/// call, the library's status string and where it was made. Available when CUDA's headers are
+/// (PRECIS_CUDA=1 or nvcc).
 #pragma once
 
 #include <precis/config.hpp>

@@ -1,6 +1,7 @@
-// precis/precis.hpp: all of precis that runs on the host. The CUDA backend
-// (precis/kernels/cuda/, precis/tensor/device_tensor.hpp) is included separately, from
-// code built with CUDA (PRECIS_CUDA=1 or nvcc).
+/// @file
+/// All of precis that runs on the host. The CUDA backend (precis/kernels/cuda/,
+/// precis/tensor/device_tensor.hpp) is included separately, from code built with CUDA
+/// (PRECIS_CUDA=1 or nvcc).
 #pragma once
 
 #include <precis/config.hpp>

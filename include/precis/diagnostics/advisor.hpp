@@ -1,30 +1,31 @@
-// precis/diagnostics/advisor.hpp: a policy map, as C++ source, from a monitored run.
-//
-//     precis::diagnostics::monitor mon;
-//     ... train in float (or under any map) with trainer.step(ctx, x, y, mon) ...
-//     precis::write_file_atomically("advised_map.hpp", precis::diagnostics::advise(mon));
-//
-// For each layer the advisor picks the narrowest candidate that holds what was measured,
-// in the order float16, bfloat16, float:
-//
-//   float16   the amax of what the layer reads and gives (a layer stores both in its type)
-//             times `headroom` is within 65504, and at the loss scale a
-//             float16 run would train at (the largest power of two up to 2^16 that keeps
-//             every measured gradient within 65504, or options.loss_scale) at most
-//             `max_zero_fraction` of its input and parameter gradients round to zero;
-//   bfloat16  the same against bfloat16's range, gradients unscaled;
-//   float     otherwise (also where non-finite values were measured).
-//
-// Layers that share a tag share its advice (the widest of theirs). Layers with nn::tags'
-// positional tags can only be overridden by operation kind (for_op). The most common
-// advice becomes the map's default; every other choice is an override, with the measured
-// reason as a comment on its line. Every named tag also gets its measured range declared
-// (precis::measured_max_abs: the amax times the headroom), so rule d refuses a later map
-// that stores the layer in a type that cannot hold it.
-//
-// The header names tags by their C++ names: include it after the tags are declared and
-// before anything asks for their policies. Tags in an anonymous namespace or local to a
-// function cannot be named from it; advise() throws precis::error for them.
+/// @file
+/// A policy map, as C++ source, from a monitored run.
+///
+///     precis::diagnostics::monitor mon;
+///     ... train in float (or under any map) with trainer.step(ctx, x, y, mon) ...
+///     precis::write_file_atomically("advised_map.hpp", precis::diagnostics::advise(mon));
+///
+/// For each layer the advisor picks the narrowest candidate that holds what was measured,
+/// in the order float16, bfloat16, float:
+///
+///   float16   the amax of what the layer reads and gives (a layer stores both in its type)
+///             times `headroom` is within 65504, and at the loss scale a
+///             float16 run would train at (the largest power of two up to 2^16 that keeps
+///             every measured gradient within 65504, or options.loss_scale) at most
+///             `max_zero_fraction` of its input and parameter gradients round to zero;
+///   bfloat16  the same against bfloat16's range, gradients unscaled;
+///   float     otherwise (also where non-finite values were measured).
+///
+/// Layers that share a tag share its advice (the widest of theirs). Layers with nn::tags'
+/// positional tags can only be overridden by operation kind (for_op). The most common
+/// advice becomes the map's default; every other choice is an override, with the measured
+/// reason as a comment on its line. Every named tag also gets its measured range declared
+/// (precis::measured_max_abs: the amax times the headroom), so rule d refuses a later map
+/// that stores the layer in a type that cannot hold it.
+///
+/// The header names tags by their C++ names: include it after the tags are declared and
+/// before anything asks for their policies. Tags in an anonymous namespace or local to a
+/// function cannot be named from it; advise() throws precis::error for them.
 #pragma once
 
 #include <precis/config.hpp>

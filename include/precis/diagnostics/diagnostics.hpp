@@ -1,4 +1,5 @@
-// precis/diagnostics/diagnostics.hpp: the numerics monitor and the policy advisor.
+/// @file
+/// The numerics monitor and the policy advisor.
 #pragma once
 
 #include <precis/diagnostics/advisor.hpp>

@@ -1,40 +1,40 @@
-// precis/diagnostics/monitor.hpp: measured ranges per layer, and where the first
-// non-finite value came from.
-//
-//     precis::diagnostics::monitor mon({.every = 100});
-//     for (...) trainer.step(ctx, x, labels, mon);   // the monitored overload of step()
-//     std::puts(mon.table().c_str());
-//     write_file("ranges.csv", mon.csv());
-//
-// The monitor is chosen by type where training runs: nn::trainer::step(ctx, batches,
-// monitor) reads the model's buffers after the step's passes; nn::trainer::step(ctx,
-// batches) is the same code with every monitor call compiled out (no branch, no extra
-// pass). On an observed step (the scaler's step count a multiple of `every`) it reads, for
-// every layer and every product of an attention layer (by path and tag):
-//
-//   - what it read (its first input) and its forward output, as stored; a sum of branches
-//     (nn::residual) counts as an output of the layer whose type stores it;
-//   - the input gradient(s) the layer gave, as computed (scaled by the loss scale) and as
-//     the true gradient (divided by it);
-//   - the gradients of its parameters, likewise (after the step's last micro-batch).
-//
-// For each it keeps the largest finite magnitude, counts of zeros and non-finite values,
-// the share of values that overflow each candidate format (float16, bfloat16,
-// float8_e4m3, float8_e5m2: |v| > the format's max) and a histogram of their binary
-// exponents, from which the shares that would become subnormal or round to zero in each
-// format follow, at the scale they were measured at or at any power-of-two loss scale
-// (what precis::diagnostics::advise uses). Every observed step also adds a row to the
-// amax series (series_csv, gnuplot_script).
-//
-// Non-finite values: the first one met (step, layer, forward or backward) is kept. When a
-// step is skipped because a gradient was not finite, the monitor reads the buffers whether
-// or not the step was due and records which layer produced the first non-finite value:
-// the first layer in forward order whose output is not finite, else the last in forward
-// order (the first the backward pass reached) whose input gradient is not finite, else
-// the first parameter gradient. With several micro-batches, the buffers are those of the
-// last one.
-//
-// Host models only (nn::build for cpu_context).
+/// @file
+/// Measured ranges per layer, and where the first non-finite value came from.
+///
+///     precis::diagnostics::monitor mon({.every = 100});
+///     for (...) trainer.step(ctx, x, labels, mon);   // the monitored overload of step()
+///     std::puts(mon.table().c_str());
+///     write_file("ranges.csv", mon.csv());
+///
+/// The monitor is chosen by type where training runs: nn::trainer::step(ctx, batches,
+/// monitor) reads the model's buffers after the step's passes; nn::trainer::step(ctx,
+/// batches) is the same code with every monitor call compiled out (no branch, no extra
+/// pass). On an observed step (the scaler's step count a multiple of `every`) it reads, for
+/// every layer and every product of an attention layer (by path and tag):
+///
+///   - what it read (its first input) and its forward output, as stored; a sum of branches
+///     (nn::residual) counts as an output of the layer whose type stores it;
+///   - the input gradient(s) the layer gave, as computed (scaled by the loss scale) and as
+///     the true gradient (divided by it);
+///   - the gradients of its parameters, likewise (after the step's last micro-batch).
+///
+/// For each it keeps the largest finite magnitude, counts of zeros and non-finite values,
+/// the share of values that overflow each candidate format (float16, bfloat16,
+/// float8_e4m3, float8_e5m2: |v| > the format's max) and a histogram of their binary
+/// exponents, from which the shares that would become subnormal or round to zero in each
+/// format follow, at the scale they were measured at or at any power-of-two loss scale
+/// (what precis::diagnostics::advise uses). Every observed step also adds a row to the
+/// amax series (series_csv, gnuplot_script).
+///
+/// Non-finite values: the first one met (step, layer, forward or backward) is kept. When a
+/// step is skipped because a gradient was not finite, the monitor reads the buffers whether
+/// or not the step was due and records which layer produced the first non-finite value:
+/// the first layer in forward order whose output is not finite, else the last in forward
+/// order (the first the backward pass reached) whose input gradient is not finite, else
+/// the first parameter gradient. With several micro-batches, the buffers are those of the
+/// last one.
+///
+/// Host models only (nn::build for cpu_context).
 #pragma once
 
 #include <precis/config.hpp>

@@ -1,21 +1,21 @@
-// precis/distributed/mpi.hpp: data-parallel training across processes with MPI.
-// Link precis::mpi (precis + MPI's C bindings).
-//
-//     MPI_Init(&argc, &argv);
-//     precis::mpi_reducer<> reducer;                      // MPI_COMM_WORLD, float on the wire
-//     precis::basic_dynamic_scaler<precis::mpi_reducer<>> scaler({}, reducer);
-//     precis::broadcast_parameters(model, reducer, ctx);  // rank 0's initial weights
-//     model.set_amax_reducer(scaler.reducer_object());   // float8 recipes: the same amaxes
-//     auto [first, last] = precis::shard(batch, reducer.rank(), reducer.size());
-//     nn::trainer tr(model, loss, opt, scaler);            // averages gradients every step
-//
-// The scalers take a reducer (concept precis::reducer): with mpi_reducer every process
-// skips the same steps (one process's infinity means all skip); a model's float8 recipes
-// use the same amaxes once pointed at it (nn::model::set_amax_reducer). nn::trainer finds `average`
-// on its scaler's reducer and averages the gradients over the processes once per optimizer step,
-// after the micro-batches and before unscaling, in buckets, so every process steps with the same
-// gradients and keeps the same weights. Every MPI call is checked: the communicator's error handler
-// is set to return errors, and a failure throws precis::error naming the call and MPI's message.
+/// @file
+/// Data-parallel training across processes with MPI. Link precis::mpi (precis + MPI's C bindings).
+///
+///     MPI_Init(&argc, &argv);
+///     precis::mpi_reducer<> reducer;                      // MPI_COMM_WORLD, float on the wire
+///     precis::basic_dynamic_scaler<precis::mpi_reducer<>> scaler({}, reducer);
+///     precis::broadcast_parameters(model, reducer, ctx);  // rank 0's initial weights
+///     model.set_amax_reducer(scaler.reducer_object());   // float8 recipes: the same amaxes
+///     auto [first, last] = precis::shard(batch, reducer.rank(), reducer.size());
+///     nn::trainer tr(model, loss, opt, scaler);            // averages gradients every step
+///
+/// The scalers take a reducer (concept precis::reducer): with mpi_reducer every process
+/// skips the same steps (one process's infinity means all skip); a model's float8 recipes
+/// use the same amaxes once pointed at it (nn::model::set_amax_reducer). nn::trainer finds `average`
+/// on its scaler's reducer and averages the gradients over the processes once per optimizer step,
+/// after the micro-batches and before unscaling, in buckets, so every process steps with the same
+/// gradients and keeps the same weights. Every MPI call is checked: the communicator's error handler
+/// is set to return errors, and a failure throws precis::error naming the call and MPI's message.
 #pragma once
 
 #include <precis/config.hpp>

@@ -1,19 +1,20 @@
-// precis/distributed/nccl.hpp: the data-parallel reducer for models on the device, over
-// NCCL. Link precis::nccl (precis::cuda + NCCL). The same interface as precis::mpi_reducer
-// (precis/distributed/mpi.hpp): a precis::reducer for the scalers and float8 recipes, plus
-// the gradient average nn::trainer calls, here on device gradients.
-//
-//     ncclComm_t comm;  // made by the caller (ncclCommInitRank with an id from rank 0)
-//     precis::nccl_reducer reducer(comm, ctx);     // ctx: the model's cuda_context
-//     precis::basic_dynamic_scaler<precis::nccl_reducer> scaler({}, reducer);
-//
-// Everything runs on the context's stream; `any` and `max` wait for their results (they
-// decide on the host whether to step and with which scales). The gradients travel as float
-// and are averaged by NCCL (ncclAvg), one ncclAllReduce per tensor inside one NCCL group
-// (NCCL fuses them). Every NCCL and CUDA call is checked: a failure throws
-// precis::cuda_error naming the call and NCCL's or CUDA's message.
-//
-// Compiled and linked in precis's CUDA build; run only where GPUs are present.
+/// @file
+/// The data-parallel reducer for models on the device, over NCCL. Link precis::nccl (precis::cuda +
+/// NCCL). The same interface as precis::mpi_reducer (precis/distributed/mpi.hpp): a precis::reducer
+/// for the scalers and float8 recipes, plus the gradient average nn::trainer calls, here on device
+/// gradients.
+///
+///     ncclComm_t comm;  // made by the caller (ncclCommInitRank with an id from rank 0)
+///     precis::nccl_reducer reducer(comm, ctx);     // ctx: the model's cuda_context
+///     precis::basic_dynamic_scaler<precis::nccl_reducer> scaler({}, reducer);
+///
+/// Everything runs on the context's stream; `any` and `max` wait for their results (they
+/// decide on the host whether to step and with which scales). The gradients travel as float
+/// and are averaged by NCCL (ncclAvg), one ncclAllReduce per tensor inside one NCCL group
+/// (NCCL fuses them). Every NCCL and CUDA call is checked: a failure throws
+/// precis::cuda_error naming the call and NCCL's or CUDA's message.
+///
+/// Compiled and linked in precis's CUDA build; run only where GPUs are present.
 #pragma once
 
 #include <precis/config.hpp>

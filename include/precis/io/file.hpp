@@ -1,7 +1,8 @@
-// precis/io/file.hpp: whole-file reads and writes that never leave half a file behind.
-//
-//     precis::write_file_atomically(path, bytes)   the old file or the complete new one
-//     precis::read_file(path, what)                 the whole file, or precis::error
+/// @file
+/// Whole-file reads and writes that never leave half a file behind.
+///
+///     precis::write_file_atomically(path, bytes)   the old file or the complete new one
+///     precis::read_file(path, what)                 the whole file, or precis::error
 #pragma once
 
 #include <precis/config.hpp>

@@ -1,25 +1,25 @@
-// precis/io/safetensors.hpp: the safetensors format, in which PyTorch and Hugging Face users
-// exchange weights. Needs nlohmann/json (Debian: nlohmann-json3-dev); the CMake target
-// precis::safetensors brings it.
-//
-//     auto f = precis::safetensors::file::read("model.safetensors");
-//     for (const auto& t : f.tensors()) ... t.name, t.type, t.shape ...
-//     std::vector<float> w = f.floats(f.at("head.weight"));
-//     precis::safetensors::write("out.safetensors", {safetensors::tensor("w", {2, 3}, values)});
-//
-// Layout: an unsigned little-endian 64-bit header length N, N bytes of JSON, then the data.
-// The JSON object maps each tensor's name to {"dtype", "shape", "data_offsets": [begin,
-// end]} (offsets into the data, row-major, little-endian values); the optional key
-// "__metadata__" maps strings to strings. A file is accepted only when all of this holds:
-//   - N fits in the file, is at most 100 MB, and the header is one JSON object beginning
-//     with '{' (trailing spaces allowed), with no key given twice;
-//   - every entry has exactly the three fields, a known dtype, a shape of whole numbers and
-//     two offsets with begin <= end, and end - begin = its elements x the dtype's size;
-//   - the tensors cover the data exactly: no two overlap, no byte lies between or after
-//     them, none reaches past the end;
-//   - the metadata, when present, is an object of strings.
-// Anything else throws precis::error naming the source and the problem; nothing is
-// returned half-parsed.
+/// @file
+/// The safetensors format, in which PyTorch and Hugging Face users exchange weights. Needs
+/// nlohmann/json (Debian: nlohmann-json3-dev); the CMake target precis::safetensors brings it.
+///
+///     auto f = precis::safetensors::file::read("model.safetensors");
+///     for (const auto& t : f.tensors()) ... t.name, t.type, t.shape ...
+///     std::vector<float> w = f.floats(f.at("head.weight"));
+///     precis::safetensors::write("out.safetensors", {safetensors::tensor("w", {2, 3}, values)});
+///
+/// Layout: an unsigned little-endian 64-bit header length N, N bytes of JSON, then the data.
+/// The JSON object maps each tensor's name to {"dtype", "shape", "data_offsets": [begin,
+/// end]} (offsets into the data, row-major, little-endian values); the optional key
+/// "__metadata__" maps strings to strings. A file is accepted only when all of this holds:
+///   - N fits in the file, is at most 100 MB, and the header is one JSON object beginning
+///     with '{' (trailing spaces allowed), with no key given twice;
+///   - every entry has exactly the three fields, a known dtype, a shape of whole numbers and
+///     two offsets with begin <= end, and end - begin = its elements x the dtype's size;
+///   - the tensors cover the data exactly: no two overlap, no byte lies between or after
+///     them, none reaches past the end;
+///   - the metadata, when present, is an object of strings.
+/// Anything else throws precis::error naming the source and the problem; nothing is
+/// returned half-parsed.
 #pragma once
 
 #include <precis/config.hpp>

@@ -1,10 +1,11 @@
-// precis/kernels/cast.hpp: casts of whole host tensors between float, double and the four
-// precis formats, with a rounding and an overflow mode.
-//
-// A cast takes no policy: its meaning is fixed by the two element types and the modes.
-// It is precis::convert's array form (vectorised where the formats have a vector route),
-// split over threads in contiguous parts; each element is converted alone, so results do
-// not depend on the thread count.
+/// @file
+/// Casts of whole host tensors between float, double and the four precis formats, with a rounding
+/// and an overflow mode.
+///
+/// A cast takes no policy: its meaning is fixed by the two element types and the modes.
+/// It is precis::convert's array form (vectorised where the formats have a vector route),
+/// split over threads in contiguous parts; each element is converted alone, so results do
+/// not depend on the thread count.
 #pragma once
 
 #include <precis/kernels/common.hpp>

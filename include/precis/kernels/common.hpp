@@ -1,11 +1,12 @@
-// precis/kernels/common.hpp: how kernels read a policy. Shared by every kernel family.
-//
-// A kernel for operation kind Op under policy P runs under apply_rules_t<Op, P> (the
-// default rule set): inputs arrive in their tensors' element types, arithmetic is done in
-// `opmath_t` of the compute type (float for float16, bfloat16, float8 and tfloat32, as
-// GPUs do), sums are kept in the accumulate type (rounded after every addition when that
-// type is narrower than float, so an unsafe float16 accumulator behaves as one), and each
-// output element is rounded once to its tensor's element type.
+/// @file
+/// How kernels read a policy. Shared by every kernel family.
+///
+/// A kernel for operation kind Op under policy P runs under apply_rules_t<Op, P> (the
+/// default rule set): inputs arrive in their tensors' element types, arithmetic is done in
+/// `opmath_t` of the compute type (float for float16, bfloat16, float8 and tfloat32, as
+/// GPUs do), sums are kept in the accumulate type (rounded after every addition when that
+/// type is narrower than float, so an unsafe float16 accumulator behaves as one), and each
+/// output element is rounded once to its tensor's element type.
 #pragma once
 
 #include <precis/numeric/detail/unfused.hpp>

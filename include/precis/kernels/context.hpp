@@ -1,6 +1,7 @@
-// precis/kernels/context.hpp: the execution context a kernel runs in. Its type selects
-// the backend at compile time (cpu_context here; cuda_context in the CUDA backend), and
-// it owns what the backend needs (threads; streams and library handles on the GPU).
+/// @file
+/// The execution context a kernel runs in. Its type selects the backend at compile time
+/// (cpu_context here; cuda_context in the CUDA backend), and it owns what the backend needs
+/// (threads; streams and library handles on the GPU).
 #pragma once
 
 #include <precis/config.hpp>

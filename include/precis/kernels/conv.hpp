@@ -1,33 +1,33 @@
-// precis/kernels/conv.hpp: 2-D convolution (NCHW or channels-last NHWC images; stride,
-// padding, dilation, groups), forward, backward-data and backward-weights, and the
-// transposed convolution, on host tensors.
-//
-// Semantics (op::conv under the policy, as gemm's): inputs in their tensors' element types
-// (the policy's storage or gradient type, or float; float rounded to tfloat32 first under
-// a tfloat32 compute type), exact products summed in float in a fixed order, each output
-// rounded once. A convolution is a product with an implicit im2col matrix: the inputs are
-// converted to float once (float inputs are read in place), the im2col panels are built
-// while packing (never stored whole), and gemm's float engine does the sums. Backward-data
-// sums the per-tap float partial products of the column matrix into a float image
-// (col2im) and rounds once.
-// Double policies (math and sums in double, as float64 gradient checks want) run direct
-// loops, one running sum per output element. A narrower-than-float accumulator is not
-// taken here (static_assert); gemm has the plain-loop path for it.
-//
-// Hardware products (products::hardware, float accumulation) run as oneDNN convolutions
-// where precis::onednn is linked: bfloat16 inputs on the CPU's bfloat16 dot-product
-// instructions where it has them (cpu_products_engine() says; subnormals flushed), float
-// inputs on oneDNN's float kernels (products fused into the sums, subnormals kept); oneDNN's
-// summation order, each output still rounded once; the same bits for a given machine and
-// thread count. oneDNN picks its layouts (channels-last or blocked); NCHW images are
-// transposed to and from them per call, in scratch memory kept by the context, while
-// channels-last images (conv2d_params::layout) are the layout its bfloat16 convolutions
-// read and write, so nothing is moved (its float convolutions prefer blocked layouts, and
-// are reordered from either). The exact kernels take channels-last images through NCHW
-// copies in the context's scratch: the same sums, so the same bits as NCHW.
-//
-// Shapes are checked before anything is written (precis::error names expected and actual
-// shapes); exact products are the same bits for every thread count.
+/// @file
+/// 2-D convolution (NCHW or channels-last NHWC images; stride, padding, dilation, groups), forward,
+/// backward-data and backward-weights, and the transposed convolution, on host tensors.
+///
+/// Semantics (op::conv under the policy, as gemm's): inputs in their tensors' element types
+/// (the policy's storage or gradient type, or float; float rounded to tfloat32 first under
+/// a tfloat32 compute type), exact products summed in float in a fixed order, each output
+/// rounded once. A convolution is a product with an implicit im2col matrix: the inputs are
+/// converted to float once (float inputs are read in place), the im2col panels are built
+/// while packing (never stored whole), and gemm's float engine does the sums. Backward-data
+/// sums the per-tap float partial products of the column matrix into a float image
+/// (col2im) and rounds once.
+/// Double policies (math and sums in double, as float64 gradient checks want) run direct
+/// loops, one running sum per output element. A narrower-than-float accumulator is not
+/// taken here (static_assert); gemm has the plain-loop path for it.
+///
+/// Hardware products (products::hardware, float accumulation) run as oneDNN convolutions
+/// where precis::onednn is linked: bfloat16 inputs on the CPU's bfloat16 dot-product
+/// instructions where it has them (cpu_products_engine() says; subnormals flushed), float
+/// inputs on oneDNN's float kernels (products fused into the sums, subnormals kept); oneDNN's
+/// summation order, each output still rounded once; the same bits for a given machine and
+/// thread count. oneDNN picks its layouts (channels-last or blocked); NCHW images are
+/// transposed to and from them per call, in scratch memory kept by the context, while
+/// channels-last images (conv2d_params::layout) are the layout its bfloat16 convolutions
+/// read and write, so nothing is moved (its float convolutions prefer blocked layouts, and
+/// are reordered from either). The exact kernels take channels-last images through NCHW
+/// copies in the context's scratch: the same sums, so the same bits as NCHW.
+///
+/// Shapes are checked before anything is written (precis::error names expected and actual
+/// shapes); exact products are the same bits for every thread count.
 #pragma once
 
 #include <precis/kernels/common.hpp>

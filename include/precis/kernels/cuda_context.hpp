@@ -1,6 +1,6 @@
-// precis/kernels/cuda_context.hpp: what device kernels run with: a stream, the cuBLASLt and cuDNN
-// handles, a reusable workspace and the plans made for earlier calls, all owned by one
-// object the user holds (no globals).
+/// @file
+/// What device kernels run with: a stream, the cuBLASLt and cuDNN handles, a reusable workspace and
+/// the plans made for earlier calls, all owned by one object the user holds (no globals).
 #pragma once
 
 #include <precis/config.hpp>

@@ -1,20 +1,20 @@
-// precis/kernels/elementwise.hpp: add, mul, relu, gelu, sigmoid, tanh and their gradients
-// on host tensors.
-//
-// Semantics (op::elementwise under the policy): inputs of different element types meet in
-// the widest of them and the policy's compute type (precis::promote_t), arithmetic runs in
-// its opmath type (float for the narrow formats, double for double), and each output
-// element is rounded once to its tensor's element type. In float, GELU (exact, erf form)
-// and sigmoid and their gradients run on SIMD vectors (kernels/cpu/vec_math.hpp: within a
-// few ulps, tails included; under exact-products policies the same bits under every build
-// flag, under hardware-products ones with fused multiply-adds where the build targets
-// them); tanh, the tanh GELU and double math use std::tanh/std::exp/std::erf. Backward
-// kernels take the forward input x, not the forward output: the output was rounded to
-// storage (8 significant bits in bfloat16), and recomputing from x costs one function
-// call per element (gelu_with_derivative keeps f'(x) from the forward pass instead).
-//
-// Shapes are checked before anything is written; a mismatch throws precis::error naming
-// both shapes. Output tensors may be the input tensors (in place) for the same-shape forms.
+/// @file
+/// Add, mul, relu, gelu, sigmoid, tanh and their gradients on host tensors.
+///
+/// Semantics (op::elementwise under the policy): inputs of different element types meet in
+/// the widest of them and the policy's compute type (precis::promote_t), arithmetic runs in
+/// its opmath type (float for the narrow formats, double for double), and each output
+/// element is rounded once to its tensor's element type. In float, GELU (exact, erf form)
+/// and sigmoid and their gradients run on SIMD vectors (kernels/cpu/vec_math.hpp: within a
+/// few ulps, tails included; under exact-products policies the same bits under every build
+/// flag, under hardware-products ones with fused multiply-adds where the build targets
+/// them); tanh, the tanh GELU and double math use `std::tanh`, `std::exp`, `std::erf`. Backward
+/// kernels take the forward input x, not the forward output: the output was rounded to
+/// storage (8 significant bits in bfloat16), and recomputing from x costs one function
+/// call per element (gelu_with_derivative keeps f'(x) from the forward pass instead).
+///
+/// Shapes are checked before anything is written; a mismatch throws precis::error naming
+/// both shapes. Output tensors may be the input tensors (in place) for the same-shape forms.
 #pragma once
 
 #include <precis/kernels/common.hpp>

@@ -1,27 +1,28 @@
-// precis/kernels/gemm.hpp: matrix products C = alpha * op(A) op(B) + beta * C (+ bias,
-// relu/gelu) on host tensors, batched products, and their backward pass.
-//
-// Semantics (op::matmul under the policy, as tensor cores do it): inputs arrive in their
-// tensors' element types (the policy's storage or gradient type, or float); under a
-// tfloat32 compute type float inputs are first rounded to 10 mantissa bits (nearest-even);
-// every product of two such values is exact in float; products are summed in float, in k
-// order; alpha, beta * C, the bias and the activation are applied in float; the result is
-// rounded once to C's element type. A policy whose accumulate type is narrower than float
-// (an `unsafe` float16 accumulator) gets its sum rounded after every addition, and double
-// tensors are computed in double: both on a plain loop, since no model trains that way for
-// speed. With beta == 0, C is not read (it may hold NaN), as in BLAS.
-//
-// Hardware products (a policy with products::hardware, float accumulation) run through
-// oneDNN when precis::onednn is linked: bfloat16 inputs on the CPU's bfloat16 dot-product
-// instructions when it has them (cpu_products_engine() says; subnormal inputs and results
-// flushed), float inputs on oneDNN's float kernels (products fused into the sums,
-// subnormals kept, as in torch's float matmul). Sums are in oneDNN's order, C is still
-// rounded once; those results are the same bits for a given machine and thread count.
-// Everything else runs precis's exact kernel.
-//
-// Shapes are checked before anything is written; a mismatch throws precis::error naming
-// the expected and the actual shape. Exact products are the same bits for every thread
-// count.
+/// @file
+/// Matrix products C = alpha * op(A) op(B) + beta * C (+ bias, relu/gelu) on host tensors, batched
+/// products, and their backward pass.
+///
+/// Semantics (op::matmul under the policy, as tensor cores do it): inputs arrive in their
+/// tensors' element types (the policy's storage or gradient type, or float); under a
+/// tfloat32 compute type float inputs are first rounded to 10 mantissa bits (nearest-even);
+/// every product of two such values is exact in float; products are summed in float, in k
+/// order; alpha, beta * C, the bias and the activation are applied in float; the result is
+/// rounded once to C's element type. A policy whose accumulate type is narrower than float
+/// (an `unsafe` float16 accumulator) gets its sum rounded after every addition, and double
+/// tensors are computed in double: both on a plain loop, since no model trains that way for
+/// speed. With beta == 0, C is not read (it may hold NaN), as in BLAS.
+///
+/// Hardware products (a policy with products::hardware, float accumulation) run through
+/// oneDNN when precis::onednn is linked: bfloat16 inputs on the CPU's bfloat16 dot-product
+/// instructions when it has them (cpu_products_engine() says; subnormal inputs and results
+/// flushed), float inputs on oneDNN's float kernels (products fused into the sums,
+/// subnormals kept, as in torch's float matmul). Sums are in oneDNN's order, C is still
+/// rounded once; those results are the same bits for a given machine and thread count.
+/// Everything else runs precis's exact kernel.
+///
+/// Shapes are checked before anything is written; a mismatch throws precis::error naming
+/// the expected and the actual shape. Exact products are the same bits for every thread
+/// count.
 #pragma once
 
 #include <precis/kernels/common.hpp>

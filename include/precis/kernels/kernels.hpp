@@ -1,4 +1,5 @@
-// precis/kernels/kernels.hpp: the host kernels and their context.
+/// @file
+/// The host kernels and their context.
 #pragma once
 
 #include <precis/kernels/cast.hpp>

@@ -1,17 +1,18 @@
-// precis/kernels/loss.hpp: cross-entropy from logits, binary cross-entropy with logits,
-// dice, L1 and smooth-L1 losses on host tensors, each with its backward.
-//
-// Semantics (op::loss: by default compute and accumulate in at least float): every loss
-// is a mean (over the batch for cross-entropy, over all elements for the others), its
-// terms computed in the math type and summed in the accumulate type (float: blocked sums,
-// as kernels/cpu/vec_math.hpp's row_sum, accurate for long rows and large maps; other
-// types one running sum in element order), then divided once. The loss comes back as float (double where the
-// compute type or an input is double). Terms may be computed on several threads, the sum
-// never is, so results are identical for any thread count.
-//
-// Backward kernels write d(objective)/d(input) for an objective whose derivative with
-// respect to the loss value is `dloss` (1 for the loss itself; the loss scale when the
-// loss was scaled), each element rounded once to the gradient tensor's type.
+/// @file
+/// Cross-entropy from logits, binary cross-entropy with logits, dice, L1 and smooth-L1 losses on
+/// host tensors, each with its backward.
+///
+/// Semantics (op::loss: by default compute and accumulate in at least float): every loss
+/// is a mean (over the batch for cross-entropy, over all elements for the others), its
+/// terms computed in the math type and summed in the accumulate type (float: blocked sums,
+/// as kernels/cpu/vec_math.hpp's row_sum, accurate for long rows and large maps; other
+/// types one running sum in element order), then divided once. The loss comes back as float (double where the
+/// compute type or an input is double). Terms may be computed on several threads, the sum
+/// never is, so results are identical for any thread count.
+///
+/// Backward kernels write d(objective)/d(input) for an objective whose derivative with
+/// respect to the loss value is `dloss` (1 for the loss itself; the loss scale when the
+/// loss was scaled), each element rounded once to the gradient tensor's type.
 #pragma once
 
 #include <precis/kernels/common.hpp>

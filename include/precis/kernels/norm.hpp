@@ -1,16 +1,16 @@
-// precis/kernels/norm.hpp: layer norm and batch norm on host tensors, forward and
-// backward.
-//
-// Semantics (op::layer_norm, op::batch_norm: by default compute and accumulate in at least
-// float): means and variances are two-pass (the mean first, then the sum of squared
-// deviations, which does not cancel catastrophically as E[x^2] - E[x]^2 does); float sums
-// (the default) are vmath's blocked row sums (16 partial sums per 256 elements, blocks
-// added pairwise: accurate for long rows, the same bits under every build flag, no product
-// fused into a sum), other accumulate types one running sum; the saved statistics (mean and 1/sqrt(var + eps),
-// for the backward pass) and the running statistics are float or double tensors, never a
-// narrow format; each output element is rounded once. Work is split over rows (layer norm)
-// or channels (batch norm), never inside one sum, so results are identical for any thread
-// count.
+/// @file
+/// Layer norm and batch norm on host tensors, forward and backward.
+///
+/// Semantics (op::layer_norm, op::batch_norm: by default compute and accumulate in at least
+/// float): means and variances are two-pass (the mean first, then the sum of squared
+/// deviations, which does not cancel catastrophically as E[x^2] - E[x]^2 does); float sums
+/// (the default) are vmath's blocked row sums (16 partial sums per 256 elements, blocks
+/// added pairwise: accurate for long rows, the same bits under every build flag, no product
+/// fused into a sum), other accumulate types one running sum; the saved statistics (mean and 1/sqrt(var + eps),
+/// for the backward pass) and the running statistics are float or double tensors, never a
+/// narrow format; each output element is rounded once. Work is split over rows (layer norm)
+/// or channels (batch norm), never inside one sum, so results are identical for any thread
+/// count.
 #pragma once
 
 #include <precis/kernels/common.hpp>

@@ -1,25 +1,26 @@
-// precis/kernels/pooling.hpp: max and average pooling, nearest and bilinear upsampling
-// (NCHW), forward and backward, on host tensors.
-//
-// Semantics (op::pooling under the policy): inputs converted to the math type (float for
-// the narrow formats, double for double), window sums and gradient sums kept in the
-// accumulate type, each output rounded once. Backward passes add every output gradient
-// into a float (math-type) image of the input plane in a fixed order and round that image
-// once, so a plane's result does not depend on the threads, which take whole planes.
-// Max pooling's gradient goes to each window's first maximum (as in PyTorch; NaN propagates
-// and wins), which the backward pass from x finds again. Both passes find it separably: the first
-// maximum of each input row's part of a window (a vectorised pass along the rows), then the first
-// of those down the window's rows, which is the window's first maximum in row-major order. With
-// float math and rows of at least a vector of outputs, both steps run on vmath's vectors (the row
-// pass for strides 1 and 2): a vector of outputs at a time, held in registers while each lane folds
-// its window's taps, or its rows' maxima, in the scalar loop's order (the same bits). Elsewhere the
-// compiler vectorises the scalar loops, whose remainders and edges run one output at a time.
-// max_pool2d can also write each maximum's index in its plane (4 bytes per output, which nn's
-// max_pool2d keeps in training passes); the backward pass from those indices adds each dy where its
-// index names, in output order: the bits of the pass from x, without x or a second search.
-//
-// Shapes are checked before anything is written; a mismatch throws precis::error naming
-// both shapes.
+/// @file
+/// Max and average pooling, nearest and bilinear upsampling (NCHW), forward and backward, on host
+/// tensors.
+///
+/// Semantics (op::pooling under the policy): inputs converted to the math type (float for
+/// the narrow formats, double for double), window sums and gradient sums kept in the
+/// accumulate type, each output rounded once. Backward passes add every output gradient
+/// into a float (math-type) image of the input plane in a fixed order and round that image
+/// once, so a plane's result does not depend on the threads, which take whole planes.
+/// Max pooling's gradient goes to each window's first maximum (as in PyTorch; NaN propagates
+/// and wins), which the backward pass from x finds again. Both passes find it separably: the first
+/// maximum of each input row's part of a window (a vectorised pass along the rows), then the first
+/// of those down the window's rows, which is the window's first maximum in row-major order. With
+/// float math and rows of at least a vector of outputs, both steps run on vmath's vectors (the row
+/// pass for strides 1 and 2): a vector of outputs at a time, held in registers while each lane folds
+/// its window's taps, or its rows' maxima, in the scalar loop's order (the same bits). Elsewhere the
+/// compiler vectorises the scalar loops, whose remainders and edges run one output at a time.
+/// max_pool2d can also write each maximum's index in its plane (4 bytes per output, which nn's
+/// max_pool2d keeps in training passes); the backward pass from those indices adds each dy where its
+/// index names, in output order: the bits of the pass from x, without x or a second search.
+///
+/// Shapes are checked before anything is written; a mismatch throws precis::error naming
+/// both shapes.
 #pragma once
 
 #include <precis/kernels/common.hpp>

@@ -1,14 +1,15 @@
-// precis/kernels/reduce.hpp: sum, mean, max and L2 norm of host tensors, over all
-// elements (returning a scalar) or along one axis (writing a tensor of one rank less).
-//
-// Semantics (op::reduction under the policy: by default compute and accumulate in at least
-// float): each sum is one running sum in the policy's accumulate type, taken in element
-// order (for an accumulate type narrower than float it is rounded after every addition,
-// so an unsafe float16 accumulator stalls at 2048 when summing ones, as one would). A sum
-// is never split between threads: a whole-tensor reduction runs on the calling thread and
-// an axis reduction shares out its output elements, so results are identical for any
-// thread count. The scalar forms return float, or double where the compute or accumulate
-// type is double.
+/// @file
+/// Sum, mean, max and L2 norm of host tensors, over all elements (returning a scalar) or along one
+/// axis (writing a tensor of one rank less).
+///
+/// Semantics (op::reduction under the policy: by default compute and accumulate in at least
+/// float): each sum is one running sum in the policy's accumulate type, taken in element
+/// order (for an accumulate type narrower than float it is rounded after every addition,
+/// so an unsafe float16 accumulator stalls at 2048 when summing ones, as one would). A sum
+/// is never split between threads: a whole-tensor reduction runs on the calling thread and
+/// an axis reduction shares out its output elements, so results are identical for any
+/// thread count. The scalar forms return float, or double where the compute or accumulate
+/// type is double.
 #pragma once
 
 #include <precis/kernels/common.hpp>

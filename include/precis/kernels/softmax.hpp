@@ -1,21 +1,21 @@
-// precis/kernels/softmax.hpp: softmax, log-softmax and logsumexp along the last axis of a
-// host tensor, forward and backward.
-//
-// Semantics (op::softmax, op::log_softmax, op::logsumexp: by default compute and
-// accumulate in at least float): each row's maximum m is subtracted before exp, so
-// exp never overflows and logits of 1000 or -1000 give finite results; each output element
-// is rounded once. Rows are shared among threads (results identical for any thread count).
-// A row holding NaN gives NaN; an all -inf row gives NaN from softmax (as PyTorch) and
-// -inf from logsumexp.
-//
-// Float math and float sums (the default) run on SIMD vectors (kernels/cpu/vec_math.hpp),
-// float rows read and written where they are (no copies; y may be x), bfloat16 widened
-// and rounded in registers: exp within 1 ulp, softmax's quotient as a product with the
-// sum's reciprocal (within 1.5 ulp of the float quotient, as PyTorch computes it), and row
-// sums in 16 partial sums per block of 256 elements with the blocks added pairwise, so
-// long rows (a 50257-token vocabulary) keep float accuracy; the same bits under every
-// build flag. Other types (double, or an `unsafe` accumulator narrower than float) keep
-// one running sum per row in the accumulate type.
+/// @file
+/// Softmax, log-softmax and logsumexp along the last axis of a host tensor, forward and backward.
+///
+/// Semantics (op::softmax, op::log_softmax, op::logsumexp: by default compute and
+/// accumulate in at least float): each row's maximum m is subtracted before exp, so
+/// exp never overflows and logits of 1000 or -1000 give finite results; each output element
+/// is rounded once. Rows are shared among threads (results identical for any thread count).
+/// A row holding NaN gives NaN; an all -inf row gives NaN from softmax (as PyTorch) and
+/// -inf from logsumexp.
+///
+/// Float math and float sums (the default) run on SIMD vectors (kernels/cpu/vec_math.hpp),
+/// float rows read and written where they are (no copies; y may be x), bfloat16 widened
+/// and rounded in registers: exp within 1 ulp, softmax's quotient as a product with the
+/// sum's reciprocal (within 1.5 ulp of the float quotient, as PyTorch computes it), and row
+/// sums in 16 partial sums per block of 256 elements with the blocks added pairwise, so
+/// long rows (a 50257-token vocabulary) keep float accuracy; the same bits under every
+/// build flag. Other types (double, or an `unsafe` accumulator narrower than float) keep
+/// one running sum per row in the accumulate type.
 #pragma once
 
 #include <precis/kernels/common.hpp>

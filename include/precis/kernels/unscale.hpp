@@ -1,6 +1,7 @@
-// precis/kernels/unscale.hpp: the fused unscale + non-finite check: one pass over many
-// gradient tensors multiplies each element by 1/scale and notes whether any result is
-// infinite or NaN. For float, bfloat16 and float16 gradient storage.
+/// @file
+/// The fused unscale + non-finite check: one pass over many gradient tensors multiplies each
+/// element by 1/scale and notes whether any result is infinite or NaN. For float, bfloat16 and
+/// float16 gradient storage.
 #pragma once
 
 #include <precis/config.hpp>

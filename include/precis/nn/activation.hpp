@@ -1,13 +1,14 @@
-// precis/nn/activation.hpp: elementwise activations on tensors of any rank.
-//
-//     nn::relu()  nn::gelu<mlp_act>()  nn::sigmoid()  nn::tanh()
-//
-// Each runs under its tag's policy resolved for op::elementwise: f(x) in the compute
-// type's opmath (float for 16-bit formats), rounded once to the storage type; backward
-// gives dx = dy f'(x), rounded once to the gradient type, with f'(x) recomputed from the
-// forward input; GELU on the host with float inputs and gradients (the fp32 policies)
-// keeps f'(x) from a training forward pass instead, computed there with f(x) for about
-// 1.4 times f(x)'s cost (the same bits either way).
+/// @file
+/// Elementwise activations on tensors of any rank.
+///
+///     nn::relu()  nn::gelu<mlp_act>()  nn::sigmoid()  nn::tanh()
+///
+/// Each runs under its tag's policy resolved for op::elementwise: f(x) in the compute
+/// type's opmath (float for 16-bit formats), rounded once to the storage type; backward
+/// gives dx = dy f'(x), rounded once to the gradient type, with f'(x) recomputed from the
+/// forward input; GELU on the host with float inputs and gradients (the fp32 policies)
+/// keeps f'(x) from a training forward pass instead, computed there with f(x) for about
+/// 1.4 times f(x)'s cost (the same bits either way).
 #pragma once
 
 #include <precis/kernels/elementwise.hpp>

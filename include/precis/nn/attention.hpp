@@ -1,30 +1,30 @@
-// precis/nn/attention.hpp: softmax over the last axis, and multi-head self-attention as one
-// layer made of tagged pieces.
-//
-//     nn::softmax()                                      any rank, op::softmax
-//     nn::attention(768, 12)                             default tags (nn::tags::attention_*)
-//     nn::attention<qkv, scores, attn_softmax, context, proj>(768, 12)
-//
-// Attention on x [N, T, D] with H heads of dh = D / H values:
-//
-//     qkv     = x Wqkv^T + bqkv          [N, T, 3D]   linear, QkvTag's policy
-//     q, k, v = the three thirds, split into heads   [N*H, T, dh]
-//     scores  = q k^T / sqrt(dh)         [N*H, T, T]  batched product, ScoresTag's policy
-//     probs   = softmax(scores)          [N*H, T, T]  SoftmaxTag's policy (float math by rule)
-//     context = probs v                  [N*H, T, dh] batched product, ContextTag's policy
-//     y       = merge(context) Wout^T + bout [N, T, D] linear, OutTag's policy
-//
-// The layout of qkv's 3D outputs is PyTorch's (nn.MultiheadAttention's in_proj, timm's
-// qkv): q, then k, then v, each head-major (head h holds values h*dh .. h*dh + dh - 1).
-// Each piece stores its output in its own policy's storage type and its input gradient in
-// its gradient type; where two neighbouring pieces store different types, the layer
-// converts between them with precis::cast (each value rounded once, nearest-even), as
-// nn::build does between layers: q and k reach the scores product in its storage type, v
-// and the probabilities reach the context product in its storage type, and so on back.
-// 1/sqrt(dh) is the products' alpha, a float (exact for the usual powers of two; under a
-// double policy, 1/sqrt(dh) rounded to float, in forward and backward alike).
-// Parameters: "qkv.weight" [3D, D], "qkv.bias", "out.weight" [D, D], "out.bias"; linear
-// initialisation (uniform +-1/sqrt(D)).
+/// @file
+/// Softmax over the last axis, and multi-head self-attention as one layer made of tagged pieces.
+///
+///     nn::softmax()                                      any rank, op::softmax
+///     nn::attention(768, 12)                             default tags (nn::tags::attention_*)
+///     nn::attention<qkv, scores, attn_softmax, context, proj>(768, 12)
+///
+/// Attention on x [N, T, D] with H heads of dh = D / H values:
+///
+///     qkv     = x Wqkv^T + bqkv          [N, T, 3D]   linear, QkvTag's policy
+///     q, k, v = the three thirds, split into heads   [N*H, T, dh]
+///     scores  = q k^T / sqrt(dh)         [N*H, T, T]  batched product, ScoresTag's policy
+///     probs   = softmax(scores)          [N*H, T, T]  SoftmaxTag's policy (float math by rule)
+///     context = probs v                  [N*H, T, dh] batched product, ContextTag's policy
+///     y       = merge(context) Wout^T + bout [N, T, D] linear, OutTag's policy
+///
+/// The layout of qkv's 3D outputs is PyTorch's (nn.MultiheadAttention's in_proj, timm's
+/// qkv): q, then k, then v, each head-major (head h holds values h*dh .. h*dh + dh - 1).
+/// Each piece stores its output in its own policy's storage type and its input gradient in
+/// its gradient type; where two neighbouring pieces store different types, the layer
+/// converts between them with precis::cast (each value rounded once, nearest-even), as
+/// nn::build does between layers: q and k reach the scores product in its storage type, v
+/// and the probabilities reach the context product in its storage type, and so on back.
+/// 1/sqrt(dh) is the products' alpha, a float (exact for the usual powers of two; under a
+/// double policy, 1/sqrt(dh) rounded to float, in forward and backward alike).
+/// Parameters: "qkv.weight" [3D, D], "qkv.bias", "out.weight" [D, D], "out.bias"; linear
+/// initialisation (uniform +-1/sqrt(D)).
 #pragma once
 
 #include <precis/kernels/cast.hpp>

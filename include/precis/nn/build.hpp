@@ -1,22 +1,23 @@
-// precis/nn/build.hpp: a blueprint resolved against a policy map gives a model.
-//
-//     struct fc2 : precis::layer<op::matmul, max_abs<200000>> {};
-//     auto mlp(std::size_t d) {
-//       return nn::seq(nn::linear<fc1>(d, 4 * d), nn::gelu(), nn::linear<fc2>(4 * d, d));
-//     }
-//     constexpr auto map = precis::make_policy_map(presets::bf16_mixed{},
-//                                                   precis::for_layer<fc2>(presets::fp32{}));
-//     auto model = nn::build<bfloat16, 3>(map, mlp(256), {.seed = 1});
-//
-// build<Input, Rank>(map, blueprint) resolves every layer's policy from the map (layer
-// override > operation-kind override > default, then the rule set; every rule checked for
-// every layer at compile time), threads the element types and ranks through the blueprint
-// and inserts an nn::cast wherever neighbours differ: the model's type spells, for each
-// layer, its tag and its storage / compute / accumulate types, and every cast. A model
-// built from another map is another type. A policy may stand for a map with no overrides.
-//
-// Parameters are drawn from the build seed and each layer's path, so every layer (and
-// every block of a repeat) gets its own values and a model is the same on every machine.
+/// @file
+/// A blueprint resolved against a policy map gives a model.
+///
+///     struct fc2 : precis::layer<op::matmul, max_abs<200000>> {};
+///     auto mlp(std::size_t d) {
+///       return nn::seq(nn::linear<fc1>(d, 4 * d), nn::gelu(), nn::linear<fc2>(4 * d, d));
+///     }
+///     constexpr auto map = precis::make_policy_map(presets::bf16_mixed{},
+///                                                   precis::for_layer<fc2>(presets::fp32{}));
+///     auto model = nn::build<bfloat16, 3>(map, mlp(256), {.seed = 1});
+///
+/// build<Input, Rank>(map, blueprint) resolves every layer's policy from the map (layer
+/// override > operation-kind override > default, then the rule set; every rule checked for
+/// every layer at compile time), threads the element types and ranks through the blueprint
+/// and inserts an nn::cast wherever neighbours differ: the model's type spells, for each
+/// layer, its tag and its storage / compute / accumulate types, and every cast. A model
+/// built from another map is another type. A policy may stand for a map with no overrides.
+///
+/// Parameters are drawn from the build seed and each layer's path, so every layer (and
+/// every block of a repeat) gets its own values and a model is the same on every machine.
 #pragma once
 
 #include <precis/nn/compose.hpp>

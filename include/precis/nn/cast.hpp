@@ -1,6 +1,6 @@
-// precis/nn/cast.hpp: the layers that change no values' meaning: the cast nn::build inserts
-// where neighbouring layers store different types, and the identity (a residual's plain
-// shortcut).
+/// @file
+/// The layers that change no values' meaning: the cast nn::build inserts where neighbouring layers
+/// store different types, and the identity (a residual's plain shortcut).
 #pragma once
 
 #include <precis/kernels/cast.hpp>

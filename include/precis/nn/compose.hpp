@@ -1,22 +1,23 @@
-// precis/nn/compose.hpp: composition of blueprints, and the modules they build into.
-//
-//     nn::seq(a, b, c)                       a, then b, then c
-//     nn::residual(body)                     body(x) + x
-//     nn::residual(body, shortcut)           body(x) + shortcut(x) (a projection)
-//     nn::add(a, b, ...)                     parallel branches on one input, summed
-//     nn::concat(axis, a, b, ...)            parallel branches, joined along `axis`
-//     nn::repeat<12>(block)                  12 blocks of one type (an array, one instantiation)
-//     nn::named("encoder", node)             names a node in paths ("encoder.3.1.mlp.fc2")
-//
-// Edges: nn::build resolves each node against the policy map with the element types and
-// rank that reach it. Where a layer reads another type than the one before it stores
-// (or gives another gradient type), build wraps it in nn::cast_in, and where a branch ends
-// in another type than the first branch, in nn::cast_out: the casts are in the model's
-// type. A hand-written model whose edges do not fit does not compile (nn::edge_fits).
-//
-// Joins: branch outputs are added in float (double for double tensors) and rounded once
-// to the output type; in the backward pass the input gradient is the sum of the branches'
-// input gradients, likewise added in float and rounded once.
+/// @file
+/// Composition of blueprints, and the modules they build into.
+///
+///     nn::seq(a, b, c)                       a, then b, then c
+///     nn::residual(body)                     body(x) + x
+///     nn::residual(body, shortcut)           body(x) + shortcut(x) (a projection)
+///     nn::add(a, b, ...)                     parallel branches on one input, summed
+///     nn::concat(axis, a, b, ...)            parallel branches, joined along `axis`
+///     nn::repeat<12>(block)                  12 blocks of one type (an array, one instantiation)
+///     nn::named("encoder", node)             names a node in paths ("encoder.3.1.mlp.fc2")
+///
+/// Edges: nn::build resolves each node against the policy map with the element types and
+/// rank that reach it. Where a layer reads another type than the one before it stores
+/// (or gives another gradient type), build wraps it in nn::cast_in, and where a branch ends
+/// in another type than the first branch, in nn::cast_out: the casts are in the model's
+/// type. A hand-written model whose edges do not fit does not compile (nn::edge_fits).
+///
+/// Joins: branch outputs are added in float (double for double tensors) and rounded once
+/// to the output type; in the backward pass the input gradient is the sum of the branches'
+/// input gradients, likewise added in float and rounded once.
 #pragma once
 
 #include <precis/kernels/context.hpp>

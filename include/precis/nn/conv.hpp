@@ -1,25 +1,26 @@
-// precis/nn/conv.hpp: 2-D convolution and transposed convolution layers on [N, C, H, W].
-//
-//     nn::conv2d<stem>(3, 64, 7, {.stride = {2, 2}, .padding = {3, 3}}, nn::no_bias)
-//     nn::conv2d(64, 64, 3, {.padding = {1, 1}, .groups = 64})   // depthwise, tags::conv2d
-//     nn::conv_transpose2d<up>(64, 32, 2, {.stride = {2, 2}})    // doubles H and W
-//
-// Both run under their tags' policies resolved for op::conv, through kernels/conv.hpp:
-// products exact in float, sums in float, each output rounded once; the bias is added to
-// the float sum before that rounding (conv_transpose2d has no fused-bias kernel, so its
-// sums are kept in float and the bias added there). Backward: dx, dW and db each rounded
-// once to the gradient type and added to the float gradients.
-//
-// Under a double policy (float64 gradient checks) the kernels run in double; an unsafe
-// accumulator narrower than float is refused by the kernels, as everywhere. Every output
-// element is one sum in a fixed order, so results do not depend on the thread count. On a
-// device context (precis/nn/cuda.hpp) the layers call the device kernels of the same
-// names; there they take no bias yet.
-//
-// Layouts are PyTorch's: conv2d's weight is [out, in / groups, kh, kw], conv_transpose2d's
-// [in, out / groups, kh, kw]. Parameters start uniform in +-1/sqrt(fan_in), with fan_in =
-// weight.shape[1] * kh * kw as PyTorch computes it (for the transposed layer that is
-// out / groups * kh * kw).
+/// @file
+/// 2-D convolution and transposed convolution layers on [N, C, H, W].
+///
+///     nn::conv2d<stem>(3, 64, 7, {.stride = {2, 2}, .padding = {3, 3}}, nn::no_bias)
+///     nn::conv2d(64, 64, 3, {.padding = {1, 1}, .groups = 64})   // depthwise, tags::conv2d
+///     nn::conv_transpose2d<up>(64, 32, 2, {.stride = {2, 2}})    // doubles H and W
+///
+/// Both run under their tags' policies resolved for op::conv, through kernels/conv.hpp:
+/// products exact in float, sums in float, each output rounded once; the bias is added to
+/// the float sum before that rounding (conv_transpose2d has no fused-bias kernel, so its
+/// sums are kept in float and the bias added there). Backward: dx, dW and db each rounded
+/// once to the gradient type and added to the float gradients.
+///
+/// Under a double policy (float64 gradient checks) the kernels run in double; an unsafe
+/// accumulator narrower than float is refused by the kernels, as everywhere. Every output
+/// element is one sum in a fixed order, so results do not depend on the thread count. On a
+/// device context (precis/nn/cuda.hpp) the layers call the device kernels of the same
+/// names; there they take no bias yet.
+///
+/// Layouts are PyTorch's: conv2d's weight is [out, in / groups, kh, kw], conv_transpose2d's
+/// [in, out / groups, kh, kw]. Parameters start uniform in +-1/sqrt(fan_in), with fan_in =
+/// weight.shape[1] * kh * kw as PyTorch computes it (for the transposed layer that is
+/// out / groups * kh * kw).
 #pragma once
 
 #include <precis/kernels/conv.hpp>

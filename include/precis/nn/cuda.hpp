@@ -1,16 +1,17 @@
-// precis/nn/cuda.hpp: nn modules on device tensors (context cuda_context), from CUDA code.
-//
-//     #include <precis/nn/cuda.hpp>      // first: before any other precis/nn header
-//     auto block = nn::build<bfloat16, 4, precis::cuda_context>(map, basic_block(64));
-//     block.refresh(ctx);                 // round the initial masters to the working copies
-//     const auto& y = block.forward(ctx, x);  // x: a device_tensor<bfloat16, 4>
-//
-// Layers call their kernels by qualified name (precis::conv2d, precis::batch_norm_train):
-// the device overloads must be declared before the layers' templates are, so this header
-// includes the CUDA kernels, then nn. What runs on the device: the layers whose kernels
-// exist there (convolutions without bias, batch norm, layer norm, activations, casts),
-// sequences, residuals and two-branch adds. Training still steps on the host: the
-// optimizers read master weights in host memory.
+/// @file
+/// nn modules on device tensors (context cuda_context), from CUDA code.
+///
+///     #include <precis/nn/cuda.hpp>      // first: before any other precis/nn header
+///     auto block = nn::build<bfloat16, 4, precis::cuda_context>(map, basic_block(64));
+///     block.refresh(ctx);                 // round the initial masters to the working copies
+///     const auto& y = block.forward(ctx, x);  // x: a device_tensor<bfloat16, 4>
+///
+/// Layers call their kernels by qualified name (precis::conv2d, precis::batch_norm_train):
+/// the device overloads must be declared before the layers' templates are, so this header
+/// includes the CUDA kernels, then nn. What runs on the device: the layers whose kernels
+/// exist there (convolutions without bias, batch norm, layer norm, activations, casts),
+/// sequences, residuals and two-branch adds. Training still steps on the host: the
+/// optimizers read master weights in host memory.
 #pragma once
 
 #include <precis/config.hpp>

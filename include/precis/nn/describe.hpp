@@ -1,5 +1,6 @@
-// precis/nn/describe.hpp: a built model as a table, with the same policy columns as
-// precis::describe<Layers...>(map) (policy/describe.hpp): one row function serves both.
+/// @file
+/// A built model as a table, with the same policy columns as precis::describe<Layers...>(map)
+/// (policy/describe.hpp): one row function serves both.
 #pragma once
 
 #include <precis/kernels/gemm.hpp>

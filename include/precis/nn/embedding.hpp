@@ -1,16 +1,16 @@
-// precis/nn/embedding.hpp: the learned vectors a Vision Transformer adds to its patch
-// tokens.
-//
-//     nn::class_token(768)                 [N, T, D] -> [N, T + 1, D], a learned token first
-//     nn::position_embedding(197, 768)     [N, T, D] + a learned [T, D] table
-//
-// Both run under their tag's policy (default nn::tags::embedding, op::elementwise): the
-// values are the parameter's working copy in the storage type; the addition is done in the
-// policy's opmath type and rounded once. Their gradients are sums over the batch, kept in
-// the reduction rule's accumulate type (float at least), rounded once to the gradient type
-// and then added to the master-type gradient, as every parameter's are. They start uniform
-// in +-0.02 (the ViT recipes draw N(0, 0.02^2) or a truncation of it; the scale is what
-// matters) and take no weight decay.
+/// @file
+/// The learned vectors a Vision Transformer adds to its patch tokens.
+///
+///     nn::class_token(768)                 [N, T, D] -> [N, T + 1, D], a learned token first
+///     nn::position_embedding(197, 768)     [N, T, D] + a learned [T, D] table
+///
+/// Both run under their tag's policy (default nn::tags::embedding, op::elementwise): the
+/// values are the parameter's working copy in the storage type; the addition is done in the
+/// policy's opmath type and rounded once. Their gradients are sums over the batch, kept in
+/// the reduction rule's accumulate type (float at least), rounded once to the gradient type
+/// and then added to the master-type gradient, as every parameter's are. They start uniform
+/// in +-0.02 (the ViT recipes draw N(0, 0.02^2) or a truncation of it; the scale is what
+/// matters) and take no weight decay.
 #pragma once
 
 #include <precis/kernels/elementwise.hpp>

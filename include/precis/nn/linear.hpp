@@ -1,29 +1,30 @@
-// precis/nn/linear.hpp: the linear layer over the last axis of a tensor of any rank.
-//
-//     nn::linear<fc2>(1024, 256)            // blueprint: tag fc2, 1024 -> 256 features, bias
-//     nn::linear(64, 10, nn::no_bias)       // default tag nn::tags::linear
-//
-// y = x W^T + b with W [out, in] (PyTorch's layout), for x [..., in]: the leading axes are
-// rows of one product (op::matmul under the layer's policy: products exact in float, sums
-// in float in k order, rounded once). Backward: dx = dy W, dW = dy^T x, db = the column
-// sums of dy, each rounded once to the gradient type and added to the float gradients.
-// Parameters start uniform in +-1/sqrt(in), as PyTorch's.
-//
-// Under a float8 policy (presets::fp8_hybrid: storage float8_e4m3, gradients float8_e5m2,
-// a scaling recipe) the layer passes activations and gradients in the policy's compute
-// type (bfloat16) and float8 lives inside its products, as Transformer Engine's linear
-// layers do it. Each of its three product inputs has its own recipe (precis::
-// delayed_scaling or current_scaling, as the policy's Fp8Recipe says): the input x and
-// the weight W are cast to float8_e4m3 in the forward pass, the output gradient dy to
-// float8_e5m2 in the backward pass, each as q = saturate(v * scale). The products of the
-// float8 values are exact in float and summed in float (on the CPU: the float kernel on
-// the exactly converted values), multiplied by the inverse scales (1 / (s_a s_b), rounded
-// once to float) and rounded once to bfloat16, with the bias added before that rounding:
-//   y = x_q W_q^T / (s_x s_w) + b,  dx = dy_q W_q / (s_dy s_w),  dW = dy_q^T x_q / (s_dy s_x)
-// and db = the column sums of dy in bfloat16 (not quantised). A delayed recipe casts with
-// the scale from past steps and then records this tensor's amax (training passes only; an
-// evaluation pass does not change the recipes); a current recipe measures the amax first.
-// The recipes' state is saved in checkpoints beside the parameters.
+/// @file
+/// The linear layer over the last axis of a tensor of any rank.
+///
+///     nn::linear<fc2>(1024, 256)            // blueprint: tag fc2, 1024 -> 256 features, bias
+///     nn::linear(64, 10, nn::no_bias)       // default tag nn::tags::linear
+///
+/// y = x W^T + b with W [out, in] (PyTorch's layout), for x [..., in]: the leading axes are
+/// rows of one product (op::matmul under the layer's policy: products exact in float, sums
+/// in float in k order, rounded once). Backward: dx = dy W, dW = dy^T x, db = the column
+/// sums of dy, each rounded once to the gradient type and added to the float gradients.
+/// Parameters start uniform in +-1/sqrt(in), as PyTorch's.
+///
+/// Under a float8 policy (presets::fp8_hybrid: storage float8_e4m3, gradients float8_e5m2,
+/// a scaling recipe) the layer passes activations and gradients in the policy's compute
+/// type (bfloat16) and float8 lives inside its products, as Transformer Engine's linear
+/// layers do it. Each of its three product inputs has its own recipe (precis::
+/// delayed_scaling or current_scaling, as the policy's Fp8Recipe says): the input x and
+/// the weight W are cast to float8_e4m3 in the forward pass, the output gradient dy to
+/// float8_e5m2 in the backward pass, each as q = saturate(v * scale). The products of the
+/// float8 values are exact in float and summed in float (on the CPU: the float kernel on
+/// the exactly converted values), multiplied by the inverse scales (1 / (s_a s_b), rounded
+/// once to float) and rounded once to bfloat16, with the bias added before that rounding:
+///   y = x_q W_q^T / (s_x s_w) + b,  dx = dy_q W_q / (s_dy s_w),  dW = dy_q^T x_q / (s_dy s_x)
+/// and db = the column sums of dy in bfloat16 (not quantised). A delayed recipe casts with
+/// the scale from past steps and then records this tensor's amax (training passes only; an
+/// evaluation pass does not change the recipes); a current recipe measures the amax first.
+/// The recipes' state is saved in checkpoints beside the parameters.
 #pragma once
 
 #include <precis/kernels/cast.hpp>

@@ -1,4 +1,5 @@
-// precis/nn/loss.hpp: the softmax cross-entropy loss as a layer, and accuracy counting.
+/// @file
+/// The softmax cross-entropy loss as a layer, and accuracy counting.
 #pragma once
 
 #include <precis/kernels/loss.hpp>

@@ -1,42 +1,42 @@
-// precis/nn/module.hpp: what every built layer and combinator (a *module*) provides, and
-// the pieces they share.
-//
-// A module is the concrete, typed form of one node of a blueprint (see nn/build.hpp). It
-// names its element types and ranks:
-//
-//     input_type, input_grad_type, input_rank      what forward() reads, backward() returns
-//     output_type, output_grad_type, output_rank   what forward() returns, backward() reads
-//     context_type                                 the context its kernels run on
-//
-// and offers (tensor: tensor_t<context_type, ...>; an edge of several tensors, nn::values,
-// passes a tuple of pointers instead, see nn/multi.hpp)
-//
-//     forward(context_ref_t<context_type>, const tensor<input_type, input_rank>&, mode)
-//         -> const tensor<output_type, output_rank>&
-//     backward(context_ref_t<context_type>, const tensor<output_grad_type, output_rank>&)
-//         -> const tensor<input_grad_type, input_rank>&
-//     backward_parameters(ctx, dy) (optional)   backward() without the input gradient
-//     output_shape(const shape_t<input_rank>&, std::string_view path) const -> shape_t<output_rank>
-//     std::string_view name() const          its component of a path ("": its position)
-//     std::size_t own_bytes() const          bytes of the buffers it holds itself
-//
-// Layers (leaves) also name their tag (`tag_type`), the resolved policy (`policy_type`),
-// `kind` and `shape()` for describe, their parameters through the static
-// `for_each_parameter(self, f)`, `decays(name)` for weight decay, `reset(seed)`, and
-// `visit_state` / `validate` for checkpoints. Layers that only move data (reshape, cast)
-// have no tag or policy. Combinators expose their children through
-// `for_each_child(self, f)`; nn::walk visits a whole model with each node's path.
-//
-// For precis::diagnostics a layer also offers the static `for_each_observed(self, f)`,
-// calling f(piece, std::type_identity<Tag>{}, input, output, input_grads...) with the
-// buffers of its last forward and backward passes (empty tensors before them; `input` is a
-// pointer to what the last forward pass read, null before one): piece "" and its own
-// tag for most layers, one call per product for nn::attention ("qkv", "scores", ... with
-// their tags). The monitor reads them after a step; nothing is copied or computed for it.
-//
-// Buffers: a module owns its outputs and its input gradient and keeps the address of its
-// last input for the backward pass, so the input must stay alive and unchanged until
-// backward() (the enclosing model arranges that).
+/// @file
+/// What every built layer and combinator (a *module*) provides, and the pieces they share.
+///
+/// A module is the concrete, typed form of one node of a blueprint (see nn/build.hpp). It
+/// names its element types and ranks:
+///
+///     input_type, input_grad_type, input_rank      what forward() reads, backward() returns
+///     output_type, output_grad_type, output_rank   what forward() returns, backward() reads
+///     context_type                                 the context its kernels run on
+///
+/// and offers (tensor: tensor_t<context_type, ...>; an edge of several tensors, nn::values,
+/// passes a tuple of pointers instead, see nn/multi.hpp)
+///
+///     forward(context_ref_t<context_type>, const tensor<input_type, input_rank>&, mode)
+///         -> const tensor<output_type, output_rank>&
+///     backward(context_ref_t<context_type>, const tensor<output_grad_type, output_rank>&)
+///         -> const tensor<input_grad_type, input_rank>&
+///     backward_parameters(ctx, dy) (optional)   backward() without the input gradient
+///     output_shape(const shape_t<input_rank>&, std::string_view path) const -> shape_t<output_rank>
+///     std::string_view name() const          its component of a path ("": its position)
+///     std::size_t own_bytes() const          bytes of the buffers it holds itself
+///
+/// Layers (leaves) also name their tag (`tag_type`), the resolved policy (`policy_type`),
+/// `kind` and `shape()` for describe, their parameters through the static
+/// `for_each_parameter(self, f)`, `decays(name)` for weight decay, `reset(seed)`, and
+/// `visit_state` / `validate` for checkpoints. Layers that only move data (reshape, cast)
+/// have no tag or policy. Combinators expose their children through
+/// `for_each_child(self, f)`; nn::walk visits a whole model with each node's path.
+///
+/// For precis::diagnostics a layer also offers the static `for_each_observed(self, f)`,
+/// calling f(piece, std::type_identity<Tag>{}, input, output, input_grads...) with the
+/// buffers of its last forward and backward passes (empty tensors before them; `input` is a
+/// pointer to what the last forward pass read, null before one): piece "" and its own
+/// tag for most layers, one call per product for nn::attention ("qkv", "scores", ... with
+/// their tags). The monitor reads them after a step; nothing is copied or computed for it.
+///
+/// Buffers: a module owns its outputs and its input gradient and keeps the address of its
+/// last input for the backward pass, so the input must stay alive and unchanged until
+/// backward() (the enclosing model arranges that).
 #pragma once
 
 // Lets precis/nn/cuda.hpp check that it comes first (see there).

@@ -1,18 +1,19 @@
-// precis/nn/multi.hpp: nodes with several outputs or several inputs.
-//
-//     nn::fork(a, b)              one input, the outputs of both branches (a detector's two heads)
-//     nn::taps(s1, s2, s3, s4)    a sequence that gives every stage's output (a backbone for an FPN)
-//     nn::each(n1, n2, ...)       node i on tensor i of a multi-tensor edge (lateral convolutions)
-//     nn::top_down(node)          p[last] = x[last], p[i] = x[i] + node(p[i + 1]) (an FPN's top-down path)
-//     nn::add_all()               the tensors of an edge summed into one
-//     nn::concat_all(axis)        the tensors of an edge concatenated along `axis`
-//     nn::subtract()              the first tensor of a two-tensor edge minus the second
-//
-// A multi-tensor edge has the type nn::values<nn::sig<T, G, R>...>; forward passes a tuple
-// of pointers to the tensors, backward a tuple of pointers to their gradients. A model may
-// end in one (a loss of several terms over several outputs reads it) or start with one
-// (several inputs). Sums are added in float (double for double tensors) and rounded once;
-// where a tensor reaches several consumers, its gradient is the sum of theirs, likewise.
+/// @file
+/// Nodes with several outputs or several inputs.
+///
+///     nn::fork(a, b)              one input, the outputs of both branches (a detector's two heads)
+///     nn::taps(s1, s2, s3, s4)    a sequence that gives every stage's output (a backbone for an FPN)
+///     nn::each(n1, n2, ...)       node i on tensor i of a multi-tensor edge (lateral convolutions)
+///     nn::top_down(node)          p[last] = x[last], p[i] = x[i] + node(p[i + 1]) (an FPN's top-down path)
+///     nn::add_all()               the tensors of an edge summed into one
+///     nn::concat_all(axis)        the tensors of an edge concatenated along `axis`
+///     nn::subtract()              the first tensor of a two-tensor edge minus the second
+///
+/// A multi-tensor edge has the type nn::values<nn::sig<T, G, R>...>; forward passes a tuple
+/// of pointers to the tensors, backward a tuple of pointers to their gradients. A model may
+/// end in one (a loss of several terms over several outputs reads it) or start with one
+/// (several inputs). Sums are added in float (double for double tensors) and rounded once;
+/// where a tensor reaches several consumers, its gradient is the sum of theirs, likewise.
 #pragma once
 
 #include <precis/nn/compose.hpp>

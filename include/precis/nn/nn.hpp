@@ -1,5 +1,5 @@
-// precis/nn/nn.hpp: layers, blueprints and their composition, nn::build, describe, losses
-// and the training step.
+/// @file
+/// Layers, blueprints and their composition, nn::build, describe, losses and the training step.
 #pragma once
 
 #include <precis/nn/activation.hpp>

@@ -1,13 +1,14 @@
-// precis/nn/norm.hpp: layer normalisation over the last axis and batch normalisation over
-// the channels (axis 1) of tensors of any rank.
-//
-//     nn::layer_norm<norm1>(768)      nn::batch_norm(64)
-//
-// Both run under their tags' policies resolved for op::layer_norm / op::batch_norm: the
-// rule set makes them compute and sum in float (or wider) whatever the storage type.
-// gamma starts at 1, beta at 0. Batch norm keeps float running statistics (PyTorch's
-// momentum rule and unbiased running variance), saved in checkpoints; it uses the batch's
-// statistics in training and the running ones in evaluation.
+/// @file
+/// Layer normalisation over the last axis and batch normalisation over the channels (axis 1) of
+/// tensors of any rank.
+///
+///     nn::layer_norm<norm1>(768)      nn::batch_norm(64)
+///
+/// Both run under their tags' policies resolved for op::layer_norm / op::batch_norm: the
+/// rule set makes them compute and sum in float (or wider) whatever the storage type.
+/// gamma starts at 1, beta at 0. Batch norm keeps float running statistics (PyTorch's
+/// momentum rule and unbiased running variance), saved in checkpoints; it uses the batch's
+/// statistics in training and the running ones in evaluation.
 #pragma once
 
 #include <precis/kernels/norm.hpp>

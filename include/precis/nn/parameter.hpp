@@ -1,15 +1,16 @@
-// precis/nn/parameter.hpp: a trainable tensor, and the small pieces every layer shares.
-//
-// A parameter keeps three tensors: the master weights in the policy's master type (float;
-// what the optimizer updates), a working copy in the storage type that the kernels read
-// (cast once per step by `refresh()`; when the storage type is the master type the master
-// is read directly and no copy is kept), and the gradient in the master type.
-//
-// Gradient semantics: each backward pass rounds a parameter's gradient once to the
-// policy's gradient type (so a float16 gradient overflows or underflows as float16 does)
-// and adds it to the master-type gradient, where micro-batches accumulate and where
-// unscaling, clipping and the optimizer work — as mixed-precision training keeps its
-// fp32 gradients next to fp32 master weights.
+/// @file
+/// A trainable tensor, and the small pieces every layer shares.
+///
+/// A parameter keeps three tensors: the master weights in the policy's master type (float;
+/// what the optimizer updates), a working copy in the storage type that the kernels read
+/// (cast once per step by `refresh()`; when the storage type is the master type the master
+/// is read directly and no copy is kept), and the gradient in the master type.
+///
+/// Gradient semantics: each backward pass rounds a parameter's gradient once to the
+/// policy's gradient type (so a float16 gradient overflows or underflows as float16 does)
+/// and adds it to the master-type gradient, where micro-batches accumulate and where
+/// unscaling, clipping and the optimizer work — as mixed-precision training keeps its
+/// fp32 gradients next to fp32 master weights.
 #pragma once
 
 #include <precis/config.hpp>

@@ -1,21 +1,22 @@
-// precis/nn/pooling.hpp: pooling and upsampling layers on [N, C, H, W].
-//
-//     nn::max_pool2d({.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}})
-//     nn::avg_pool2d<pool>({.kernel = {2, 2}})
-//     nn::global_avg_pool()                 // [N, C, H, W] -> [N, C]
-//     nn::upsample_nearest(2)               // [N, C, H, W] -> [N, C, 2H, 2W]
-//     nn::upsample_bilinear(2, true)        // align_corners
-//
-// Pooling and upsampling run under their tags' policies resolved for op::pooling through
-// kernels/pooling.hpp: window sums and gradient sums in the accumulate type, each output
-// rounded once; max pooling's gradient goes to the window's first maximum, whose index a
-// training forward pass keeps (4 bytes per output) so that the backward pass neither reads x
-// nor searches the windows again (after an evaluation-mode forward it searches them in x).
-// Global average pooling runs under op::reduction (the rule set makes its sums float or
-// wider): each channel's mean is one running sum over H * W in element order, divided once
-// and rounded once; backward gives every input element dy / (H * W), computed in the math
-// type and rounded once to the gradient type (host only so far). None of these layers has
-// parameters.
+/// @file
+/// Pooling and upsampling layers on [N, C, H, W].
+///
+///     nn::max_pool2d({.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}})
+///     nn::avg_pool2d<pool>({.kernel = {2, 2}})
+///     nn::global_avg_pool()                 // [N, C, H, W] -> [N, C]
+///     nn::upsample_nearest(2)               // [N, C, H, W] -> [N, C, 2H, 2W]
+///     nn::upsample_bilinear(2, true)        // align_corners
+///
+/// Pooling and upsampling run under their tags' policies resolved for op::pooling through
+/// kernels/pooling.hpp: window sums and gradient sums in the accumulate type, each output
+/// rounded once; max pooling's gradient goes to the window's first maximum, whose index a
+/// training forward pass keeps (4 bytes per output) so that the backward pass neither reads x
+/// nor searches the windows again (after an evaluation-mode forward it searches them in x).
+/// Global average pooling runs under op::reduction (the rule set makes its sums float or
+/// wider): each channel's mean is one running sum over H * W in element order, divided once
+/// and rounded once; backward gives every input element dy / (H * W), computed in the math
+/// type and rounded once to the gradient type (host only so far). None of these layers has
+/// parameters.
 #pragma once
 
 #include <precis/kernels/pooling.hpp>

@@ -1,14 +1,14 @@
-// precis/nn/safetensors.hpp: a model's weights from and to safetensors files (PyTorch's and
-// Hugging Face's exchange format; see precis/io/safetensors.hpp). Needs nlohmann/json: the
-// CMake target precis::safetensors.
-//
-//     nn::load_safetensors(model, safetensors::file::read("vit.safetensors"), vit::torch_name);
-//     nn::save_safetensors(model, "out.safetensors", vit::torch_name, safetensors::dtype::bf16);
-//
-// The name map turns a parameter's path ("encoder.0.1.mlp.fc1.weight") into the file's
-// name for it ("blocks.0.fc1.weight"); by default the names are the paths. Shapes are
-// compared with their axes of size 1 left out (the data's order is the same), so PyTorch's
-// [1, 1, D] class token loads into a [D] parameter; anything else that differs is an error.
+/// @file
+/// A model's weights from and to safetensors files (PyTorch's and Hugging Face's exchange format;
+/// see precis/io/safetensors.hpp). Needs nlohmann/json: the CMake target precis::safetensors.
+///
+///     nn::load_safetensors(model, safetensors::file::read("vit.safetensors"), vit::torch_name);
+///     nn::save_safetensors(model, "out.safetensors", vit::torch_name, safetensors::dtype::bf16);
+///
+/// The name map turns a parameter's path ("encoder.0.1.mlp.fc1.weight") into the file's
+/// name for it ("blocks.0.fc1.weight"); by default the names are the paths. Shapes are
+/// compared with their axes of size 1 left out (the data's order is the same), so PyTorch's
+/// [1, 1, D] class token loads into a [D] parameter; anything else that differs is an error.
 #pragma once
 
 #include <precis/config.hpp>

@@ -1,18 +1,19 @@
-// precis/nn/shape.hpp: layers that move data between shapes, and the two elementwise
-// layers that only rescale it (dropout, scale).
-//
-//     nn::flatten()                     [N, ...] -> [N, prod(...)]
-//     nn::reshape<2>({4, 8})            [N, ...] -> [N, 4, 8]: the shape of one batch item
-//     nn::permute<3>({0, 2, 1})         [N, T, D] -> [N, D, T]: every axis, the batch's too
-//     nn::patchify(16)                  [N, C, H, W] -> [N, (H/16)(W/16), C*16*16]
-//     nn::select_token(0)               [N, T, D] -> [N, D]: one token (ViT's class token)
-//     nn::dropout(0.1)  nn::scale(0.5)  any rank, same shape
-//
-// The data layers take whatever element type reaches them (no tag decides their
-// precision, so nn::build never puts a cast in front of one) and copy values unchanged,
-// forward and backward; their gradients are the same moves in reverse. Dropout and scale
-// are layers with tags (op::elementwise): their products are computed in the policy's
-// opmath type (float for 16-bit formats) and rounded once.
+/// @file
+/// Layers that move data between shapes, and the two elementwise layers that only rescale it
+/// (dropout, scale).
+///
+///     nn::flatten()                     [N, ...] -> [N, prod(...)]
+///     nn::reshape<2>({4, 8})            [N, ...] -> [N, 4, 8]: the shape of one batch item
+///     nn::permute<3>({0, 2, 1})         [N, T, D] -> [N, D, T]: every axis, the batch's too
+///     nn::patchify(16)                  [N, C, H, W] -> [N, (H/16)(W/16), C*16*16]
+///     nn::select_token(0)               [N, T, D] -> [N, D]: one token (ViT's class token)
+///     nn::dropout(0.1)  nn::scale(0.5)  any rank, same shape
+///
+/// The data layers take whatever element type reaches them (no tag decides their
+/// precision, so nn::build never puts a cast in front of one) and copy values unchanged,
+/// forward and backward; their gradients are the same moves in reverse. Dropout and scale
+/// are layers with tags (op::elementwise): their products are computed in the policy's
+/// opmath type (float for 16-bit formats) and rounded once.
 #pragma once
 
 #include <precis/kernels/elementwise.hpp>

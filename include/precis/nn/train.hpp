@@ -1,10 +1,9 @@
-// precis/nn/train.hpp: one optimizer step of a model under loss scaling, done in the only
-// order that is right: scaled loss -> backward per micro-batch, gradients summed in
-// float -> averaged over processes when the scaler's reducer averages (data-parallel
-// training, precis/distributed/mpi.hpp) -> one unscale -> norm and clipping on the
-// unscaled gradients -> the scaler
-// steps the optimizer or skips the step -> working copies refreshed -> schedule advanced
-// only when the step was applied.
+/// @file
+/// One optimizer step of a model under loss scaling, done in the only order that is right: scaled
+/// loss -> backward per micro-batch, gradients summed in float -> averaged over processes when the
+/// scaler's reducer averages (data-parallel training, precis/distributed/mpi.hpp) -> one unscale ->
+/// norm and clipping on the unscaled gradients -> the scaler steps the optimizer or skips the step
+/// -> working copies refreshed -> schedule advanced only when the step was applied.
 #pragma once
 
 #include <precis/nn/loss.hpp>

@@ -1,4 +1,5 @@
-// precis/numeric/bfloat16.hpp: bfloat16, the upper half of an IEEE float.
+/// @file
+/// bfloat16, the upper half of an IEEE float.
 #pragma once
 
 #include <precis/numeric/detail/float_base.hpp>

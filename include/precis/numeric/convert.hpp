@@ -1,5 +1,5 @@
-// precis/numeric/convert.hpp: conversions with a chosen rounding and overflow mode, for
-// one value and for whole arrays.
+/// @file
+/// Conversions with a chosen rounding and overflow mode, for one value and for whole arrays.
 #pragma once
 
 #include <precis/config.hpp>

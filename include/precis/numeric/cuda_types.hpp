@@ -1,8 +1,9 @@
-// precis/numeric/cuda_types.hpp: bit-exact conversions between precis's formats and CUDA's
-// own types (__half, __nv_bfloat16, __nv_fp8_e4m3, __nv_fp8_e5m2).
-//
-// Available when CUDA's headers are: under nvcc, with PRECIS_CUDA=1 (the precis::cuda
-// CMake target defines it), or when <cuda_fp16.h> etc. were included before this header.
+/// @file
+/// Bit-exact conversions between precis's formats and CUDA's own types (__half, __nv_bfloat16,
+/// __nv_fp8_e4m3, __nv_fp8_e5m2).
+///
+/// Available when CUDA's headers are: under nvcc, with PRECIS_CUDA=1 (the precis::cuda
+/// CMake target defines it), or when <cuda_fp16.h> etc. were included before this header.
 #pragma once
 
 #include <precis/config.hpp>

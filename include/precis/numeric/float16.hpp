@@ -1,4 +1,5 @@
-// precis/numeric/float16.hpp: IEEE 754 binary16.
+/// @file
+/// IEEE 754 binary16.
 #pragma once
 
 #include <precis/numeric/detail/float_base.hpp>

@@ -1,4 +1,5 @@
-// precis/numeric/float8.hpp: the two 8-bit formats of the OCP FP8 specification.
+/// @file
+/// The two 8-bit formats of the OCP FP8 specification.
 #pragma once
 
 #include <precis/numeric/detail/float_base.hpp>

@@ -1,6 +1,6 @@
-// precis/numeric/format_traits.hpp: encoding facts of every floating-point format
-// precis knows (its own four and the two built-in ones), and the rounding and overflow
-// modes of conversions.
+/// @file
+/// Encoding facts of every floating-point format precis knows (its own four and the two built-in
+/// ones), and the rounding and overflow modes of conversions.
 #pragma once
 
 #include <precis/config.hpp>

@@ -1,4 +1,5 @@
-// precis/numeric/numeric.hpp: every number format and conversion.
+/// @file
+/// Every number format and conversion.
 #pragma once
 
 #include <precis/numeric/bfloat16.hpp>

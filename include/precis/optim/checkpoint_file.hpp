@@ -1,9 +1,10 @@
-// precis/optim/checkpoint_file.hpp: a training checkpoint (model, optimizer, scaler, any
-// object with checkpointable state) written atomically and read all-or-nothing.
-//
-// File layout (little-endian): "PRECISCK", u32 version (1), u32 part count, then per part
-// u64 length and the part's save_state() bytes (each with its own kind and checksum), and
-// a CRC-32 of everything before it.
+/// @file
+/// A training checkpoint (model, optimizer, scaler, any object with checkpointable state) written
+/// atomically and read all-or-nothing.
+///
+/// File layout (little-endian): "PRECISCK", u32 version (1), u32 part count, then per part
+/// u64 length and the part's save_state() bytes (each with its own kind and checksum), and
+/// a CRC-32 of everything before it.
 #pragma once
 
 #include <precis/config.hpp>

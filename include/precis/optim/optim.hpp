@@ -1,5 +1,5 @@
-// precis/optim/optim.hpp: optimizers with float master weights and state, learning-rate
-// schedules.
+/// @file
+/// Optimizers with float master weights and state, learning-rate schedules.
 #pragma once
 
 #include <precis/optim/checkpoint_file.hpp>

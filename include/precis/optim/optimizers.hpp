@@ -1,12 +1,13 @@
-// precis/optim/optimizers.hpp: optimizers that update float master weights from gradients
-// of any gradient type, with float state: SGD with momentum and AdamW. They work with the
-// scalers: a scaler calls `step(grads)` only for finite gradients, so a skipped step
-// changes neither the weights nor the optimizer's state or step count.
-//
-// An update is elementwise, so it runs on SIMD vectors (vmath: fma, sqrt and division are
-// correctly rounded instructions, the scalar operations' bits) and on the threads of the
-// context the optimizer was given, each tensor split into contiguous parts: the same bits
-// on every target and thread count.
+/// @file
+/// Optimizers that update float master weights from gradients of any gradient type, with float
+/// state: SGD with momentum and AdamW. They work with the scalers: a scaler calls `step(grads)`
+/// only for finite gradients, so a skipped step changes neither the weights nor the optimizer's
+/// state or step count.
+///
+/// An update is elementwise, so it runs on SIMD vectors (vmath: fma, sqrt and division are
+/// correctly rounded instructions, the scalar operations' bits) and on the threads of the
+/// context the optimizer was given, each tensor split into contiguous parts: the same bits
+/// on every target and thread count.
 #pragma once
 
 #include <precis/config.hpp>

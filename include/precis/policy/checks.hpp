@@ -1,6 +1,7 @@
-// precis/policy/checks.hpp: the admissibility rules as named concepts, and the checks
-// that reject a policy or a layer's resolved policy with a `precis:` message naming the
-// fix. A rule a policy waives (precis::unsafe) is not checked.
+/// @file
+/// The admissibility rules as named concepts, and the checks that reject a policy or a layer's
+/// resolved policy with a `precis:` message naming the fix. A rule a policy waives (precis::unsafe)
+/// is not checked.
 #pragma once
 
 #include <precis/policy/definition.hpp>

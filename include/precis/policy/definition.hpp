@@ -1,4 +1,5 @@
-// precis/policy/definition.hpp: precis::policy, precis::unsafe and the Policy concept.
+/// @file
+/// precis::policy, precis::unsafe and the Policy concept.
 #pragma once
 
 #include <precis/policy/precision.hpp>

@@ -1,4 +1,5 @@
-// precis/policy/describe.hpp: the resolved policies of a model's layers, as a table.
+/// @file
+/// The resolved policies of a model's layers, as a table.
 #pragma once
 
 #include <precis/policy/map.hpp>

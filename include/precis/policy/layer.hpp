@@ -1,5 +1,6 @@
-// precis/policy/layer.hpp: layer tags: the operation kind a layer performs and what it
-// declares about itself (activation range, static GEMM shape), for per-layer policies.
+/// @file
+/// Layer tags: the operation kind a layer performs and what it declares about itself (activation
+/// range, static GEMM shape), for per-layer policies.
 #pragma once
 
 #include <precis/policy/ops.hpp>

@@ -1,14 +1,15 @@
-// precis/policy/map.hpp: per-layer policy maps (Boost.Hana), resolved at compile time.
-//
-//     constexpr auto policies = precis::make_policy_map(
-//         precis::presets::bf16_mixed{},                          // default
-//         precis::for_op<precis::op::loss>(precis::presets::fp32{}),
-//         precis::for_layer<detection_head>(precis::presets::fp32{}));
-//     using head_policy = precis::policy_for_t<detection_head, decltype(policies)>;
-//
-// Precedence: a layer override beats an operation-kind override, which beats the
-// default. The default passes through the rule set (precis::apply_rules); overrides are
-// taken as written, except for float8 storage outside matrix products, and checked.
+/// @file
+/// Per-layer policy maps (Boost.Hana), resolved at compile time.
+///
+///     constexpr auto policies = precis::make_policy_map(
+///         precis::presets::bf16_mixed{},                          // default
+///         precis::for_op<precis::op::loss>(precis::presets::fp32{}),
+///         precis::for_layer<detection_head>(precis::presets::fp32{}));
+///     using head_policy = precis::policy_for_t<detection_head, decltype(policies)>;
+///
+/// Precedence: a layer override beats an operation-kind override, which beats the
+/// default. The default passes through the rule set (precis::apply_rules); overrides are
+/// taken as written, except for float8 storage outside matrix products, and checked.
 #pragma once
 
 #include <precis/policy/checks.hpp>

@@ -1,5 +1,5 @@
-// precis/policy/ops.hpp: operation kinds, as tag types, and which of them the numerical
-// rules require to compute in fp32.
+/// @file
+/// Operation kinds, as tag types, and which of them the numerical rules require to compute in fp32.
 #pragma once
 
 #include <concepts>

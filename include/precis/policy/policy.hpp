@@ -1,4 +1,5 @@
-// precis/policy/policy.hpp: precision policies, presets, per-layer maps and their rules.
+/// @file
+/// Precision policies, presets, per-layer maps and their rules.
 #pragma once
 
 #include <precis/policy/checks.hpp>

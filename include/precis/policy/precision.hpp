@@ -1,5 +1,6 @@
-// precis/policy/precision.hpp: what "wider" means between number types, the tfloat32
-// compute tag, type promotion, and the names policies print.
+/// @file
+/// What "wider" means between number types, the tfloat32 compute tag, type promotion, and the names
+/// policies print.
 #pragma once
 
 #include <precis/numeric/bfloat16.hpp>

@@ -1,4 +1,5 @@
-// precis/policy/presets.hpp: the policies most models start from.
+/// @file
+/// The policies most models start from.
 #pragma once
 
 #include <precis/numeric/bfloat16.hpp>

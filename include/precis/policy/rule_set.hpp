@@ -1,5 +1,5 @@
-// precis/policy/rule_set.hpp: the default rule set: how an operation kind reads the
-// policy it is given.
+/// @file
+/// The default rule set: how an operation kind reads the policy it is given.
 #pragma once
 
 #include <precis/policy/checks.hpp>

@@ -1,4 +1,5 @@
-// precis/policy/rules.hpp: the admissibility rules, as tags that `unsafe` can waive.
+/// @file
+/// The admissibility rules, as tags that `unsafe` can waive.
 #pragma once
 
 #include <string_view>

@@ -1,20 +1,21 @@
-// precis/scaling/checkpoint.hpp: the complete state of a scaler or float8 recipe, saved
-// and loaded in a versioned, self-describing binary format.
-//
-// Layout (little-endian):
-//   "PRECISSC"             8-byte magic
-//   u32 version            format version (2; version 1 had no f64 fields)
-//   u16 n, n bytes         the kind ("dynamic_scaler", "delayed_scaling", ...)
-//   u32 count              number of fields
-//   count x field:         u16 n, n bytes of name; u8 type; payload
-//                          type 1: f32; 2: u32; 3: u64; 4: u64 n, n x f32;
-//                          5: u64 n, n x (u64 step, f32 scale); 6: f64
-//   u32 crc                CRC-32 (IEEE) of every byte before it
-//
-// Loading reads into a copy, checks the magic, version, checksum, kind, every field's name
-// and type, that no field is missing or unexpected, and the loaded state's consistency;
-// only then does it replace the object's state. Any failure throws precis::error saying
-// what is wrong and leaves the object unchanged.
+/// @file
+/// The complete state of a scaler or float8 recipe, saved and loaded in a versioned,
+/// self-describing binary format.
+///
+/// Layout (little-endian):
+///   "PRECISSC"             8-byte magic
+///   u32 version            format version (2; version 1 had no f64 fields)
+///   u16 n, n bytes         the kind ("dynamic_scaler", "delayed_scaling", ...)
+///   u32 count              number of fields
+///   count x field:         u16 n, n bytes of name; u8 type; payload
+///                          type 1: f32; 2: u32; 3: u64; 4: u64 n, n x f32;
+///                          5: u64 n, n x (u64 step, f32 scale); 6: f64
+///   u32 crc                CRC-32 (IEEE) of every byte before it
+///
+/// Loading reads into a copy, checks the magic, version, checksum, kind, every field's name
+/// and type, that no field is missing or unexpected, and the loaded state's consistency;
+/// only then does it replace the object's state. Any failure throws precis::error saying
+/// what is wrong and leaves the object unchanged.
 #pragma once
 
 #include <precis/config.hpp>

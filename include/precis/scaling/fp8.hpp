@@ -1,8 +1,9 @@
-// precis/scaling/fp8.hpp: per-tensor scaling recipes for float8 tensors.
-//
-// A float8 tensor is stored as x * scale, with scale chosen so that the tensor's largest
-// magnitude (amax) lands near the format's max (448 for e4m3, 57344 for e5m2):
-// scale = max / amax / 2^margin.
+/// @file
+/// Per-tensor scaling recipes for float8 tensors.
+///
+/// A float8 tensor is stored as x * scale, with scale chosen so that the tensor's largest
+/// magnitude (amax) lands near the format's max (448 for e4m3, 57344 for e5m2):
+/// scale = max / amax / 2^margin.
 #pragma once
 
 #include <precis/config.hpp>

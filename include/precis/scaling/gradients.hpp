@@ -1,9 +1,10 @@
-// precis/scaling/gradients.hpp: scaled and unscaled gradients as different types.
-//
-// A backward pass on a scaled loss yields `scaled<G>`: the gradients still multiplied by
-// the loss scale. Only `unscale` turns them into `unscaled<G>`, once (it consumes its
-// argument), and only unscaled gradients can be clipped or stepped with. Clipping scaled
-// gradients, unscaling twice and stepping twice do not compile.
+/// @file
+/// Scaled and unscaled gradients as different types.
+///
+/// A backward pass on a scaled loss yields `scaled<G>`: the gradients still multiplied by
+/// the loss scale. Only `unscale` turns them into `unscaled<G>`, once (it consumes its
+/// argument), and only unscaled gradients can be clipped or stepped with. Clipping scaled
+/// gradients, unscaling twice and stepping twice do not compile.
 #pragma once
 
 #include <precis/config.hpp>

@@ -1,4 +1,5 @@
-// precis/scaling/reducer.hpp: how found-inf flags and amax values agree across processes.
+/// @file
+/// How found-inf flags and amax values agree across processes.
 #pragma once
 
 #include <span>

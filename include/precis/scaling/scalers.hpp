@@ -1,5 +1,6 @@
-// precis/scaling/scalers.hpp: loss scalers (no_scaling, static_scaler, dynamic_scaler),
-// the step they guard, and the scaler a policy calls for.
+/// @file
+/// Loss scalers (no_scaling, static_scaler, dynamic_scaler), the step they guard, and the scaler a
+/// policy calls for.
 #pragma once
 
 #include <precis/config.hpp>

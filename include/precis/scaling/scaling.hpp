@@ -1,5 +1,5 @@
-// precis/scaling/scaling.hpp: loss scalers, typed gradients, fused unscale, float8
-// recipes, checkpoints.
+/// @file
+/// Loss scalers, typed gradients, fused unscale, float8 recipes, checkpoints.
 #pragma once
 
 #include <precis/scaling/checkpoint.hpp>

@@ -1,5 +1,6 @@
-// precis/tensor/device_tensor.hpp: tensors in GPU memory, with copies to and from host
-// tensors. Available when CUDA's headers are (PRECIS_CUDA=1 or nvcc).
+/// @file
+/// Tensors in GPU memory, with copies to and from host tensors. Available when CUDA's headers are
+/// (PRECIS_CUDA=1 or nvcc).
 #pragma once
 
 #include <precis/config.hpp>

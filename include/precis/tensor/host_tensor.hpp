@@ -1,5 +1,6 @@
-// precis/tensor/host_tensor.hpp: tensors in host memory, on xtensor, holding any precis
-// number format, and the shape checks every kernel makes.
+/// @file
+/// Tensors in host memory, on xtensor, holding any precis number format, and the shape checks every
+/// kernel makes.
 #pragma once
 
 #include <precis/config.hpp>

@@ -1,20 +1,20 @@
-// precis/kernels/cpu/amx.hpp: precis's bfloat16 matrix product on AMX tiles (private;
-// included by onednn.hpp, whose hardware products use it for matmuls on CPUs with
-// AMX-BF16).
-//
-// The product: C (M x N, float) = A (M x K) B (K x N), bfloat16 inputs. B is packed into
-// panels of 16 columns, pairs of consecutive k as 32-bit words ([kp / 2][16][2], kp = K
-// rounded up to 32: the layout TDPBF16PS reads). A is read where it is, or copied into
-// rows of kp values (row stride kp + 32, so that 16 rows never share one L1 set). Each 32
-// x 32 block of C is four tiles summed over a range of k, stored, and loaded again for the
-// next range (the same floats): every element of C is one chain of TDPBF16PS steps in k
-// order, whatever the blocking and the thread count, so the result is the same bits for
-// any thread count. TDPBF16PS treats subnormal inputs as zero, flushes subnormal results
-// to zero and rounds each step's float sum to nearest even. The driver (amx_product, in
-// onednn.hpp) splits the work and writes the blocks out.
-//
-// The kernel functions carry their own target attributes: a build for any x86-64 CPU
-// contains them, and amx_usable() decides at run time.
+/// @file
+/// precis's bfloat16 matrix product on AMX tiles (private; included by onednn.hpp, whose hardware
+/// products use it for matmuls on CPUs with AMX-BF16).
+///
+/// The product: C (M x N, float) = A (M x K) B (K x N), bfloat16 inputs. B is packed into
+/// panels of 16 columns, pairs of consecutive k as 32-bit words ([kp / 2][16][2], kp = K
+/// rounded up to 32: the layout TDPBF16PS reads). A is read where it is, or copied into
+/// rows of kp values (row stride kp + 32, so that 16 rows never share one L1 set). Each 32
+/// x 32 block of C is four tiles summed over a range of k, stored, and loaded again for the
+/// next range (the same floats): every element of C is one chain of TDPBF16PS steps in k
+/// order, whatever the blocking and the thread count, so the result is the same bits for
+/// any thread count. TDPBF16PS treats subnormal inputs as zero, flushes subnormal results
+/// to zero and rounds each step's float sum to nearest even. The driver (amx_product, in
+/// onednn.hpp) splits the work and writes the blocks out.
+///
+/// The kernel functions carry their own target attributes: a build for any x86-64 CPU
+/// contains them, and amx_usable() decides at run time.
 #pragma once
 
 #include <precis/kernels/cpu/transpose.hpp>

@@ -1,27 +1,28 @@
-// precis/kernels/cpu/gemm_kernel.hpp: the float engine behind gemm, conv and their
-// backward passes on the CPU. Private to precis (namespace precis::detail).
-//
-// Why this design: products of float16, bfloat16, float8 and tfloat32-rounded inputs are
-// exact in float, so converting the inputs to float while packing them (as BLIS and
-// OpenBLAS pack panels anyway) and running a float FMA micro-kernel gives exactly the
-// tensor-core semantics: sum_k (exact a_ik b_kj), added in float in k order, rounded once
-// at the end. An FMA of an exact product equals the product added, so the result does not
-// depend on whether the target has FMA. Written here rather than taken from a BLAS so that
-// precis links nothing, owns its threads (a BLAS's global thread pool would be global
-// state) and gives the same bits for every thread count.
-//
-// Determinism: every output element is the float sum over k = 0, 1, ..., K-1 of its
-// products, accumulated in one register lane in that order (the partial sums between
-// K blocks are stored and reloaded as floats, which changes nothing). Threads split the
-// output into disjoint column (or row) ranges; no element's sequence depends on the split.
-//
-// The micro-kernel is MR x NR floats of registers, NR = two SIMD vectors: AVX-512 or
-// AVX2+FMA when the build targets them. A build for an x86 target without FMA (no -march:
-// a baseline x86-64) carries the AVX2+FMA kernel compiled for that instruction set alone
-// and runs it where the CPU has it, else a loop of std::fma (the C library's exact fma).
-// Other targets use GCC/Clang vectors with std::fma per lane. Every product is fused into
-// its sum on every path, so products of float inputs, which are not exact, give the same
-// bits under any build flags and on any CPU (README, "Same bits under any flags").
+/// @file
+/// The float engine behind gemm, conv and their backward passes on the CPU. Private to precis
+/// (namespace precis::detail).
+///
+/// Why this design: products of float16, bfloat16, float8 and tfloat32-rounded inputs are
+/// exact in float, so converting the inputs to float while packing them (as BLIS and
+/// OpenBLAS pack panels anyway) and running a float FMA micro-kernel gives exactly the
+/// tensor-core semantics: sum_k (exact a_ik b_kj), added in float in k order, rounded once
+/// at the end. An FMA of an exact product equals the product added, so the result does not
+/// depend on whether the target has FMA. Written here rather than taken from a BLAS so that
+/// precis links nothing, owns its threads (a BLAS's global thread pool would be global
+/// state) and gives the same bits for every thread count.
+///
+/// Determinism: every output element is the float sum over k = 0, 1, ..., K-1 of its
+/// products, accumulated in one register lane in that order (the partial sums between
+/// K blocks are stored and reloaded as floats, which changes nothing). Threads split the
+/// output into disjoint column (or row) ranges; no element's sequence depends on the split.
+///
+/// The micro-kernel is MR x NR floats of registers, NR = two SIMD vectors: AVX-512 or
+/// AVX2+FMA when the build targets them. A build for an x86 target without FMA (no -march:
+/// a baseline x86-64) carries the AVX2+FMA kernel compiled for that instruction set alone
+/// and runs it where the CPU has it, else a loop of std::fma (the C library's exact fma).
+/// Other targets use GCC/Clang vectors with std::fma per lane. Every product is fused into
+/// its sum on every path, so products of float inputs, which are not exact, give the same
+/// bits under any build flags and on any CPU (README, "Same bits under any flags").
 #pragma once
 
 #include <precis/config.hpp>

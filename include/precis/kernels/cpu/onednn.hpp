@@ -1,23 +1,23 @@
-// precis/kernels/cpu/onednn.hpp: hardware products on the CPU through oneDNN (private;
-// included by the kernels when PRECIS_HAS_ONEDNN is 1, which the precis::onednn target
-// defines).
-//
-// Products under products::hardware run as oneDNN primitives (matmul, convolution). With
-// bfloat16 inputs they use the CPU's bfloat16 dot-product instructions (AMX TDPBF16PS,
-// AVX512-BF16 VDPBF16PS), accumulating in float; those instructions treat subnormal
-// inputs as zero and flush subnormal results. With float inputs they use oneDNN's float
-// kernels (FMA on AVX2 and AVX-512): products fused into float sums, subnormals kept. Either
-// way oneDNN chooses the summation order per shape and machine; the result is still rounded
-// once to the output type, and is the same bits for a given machine, shape and thread
-// count.
-//
-// Threads: the context's own worker threads run the parts of a product (rows, or columns,
-// or batch items split evenly; a deep layer's weight gradient, chunks of output channels),
-// each part one single-threaded oneDNN call. oneDNN's OpenMP threads are thus not started
-// beside precis's pool (a convolution with fewer images than threads is the exception: it
-// runs as one call on them): on a 2-core machine two pools would take turns on the cores.
-// Primitives are made once per shape and kept in the context with their scratch memory
-// (oneDNN's user scratchpad mode), so a call after the first allocates no scratch.
+/// @file
+/// Hardware products on the CPU through oneDNN (private; included by the kernels when
+/// PRECIS_HAS_ONEDNN is 1, which the precis::onednn target defines).
+///
+/// Products under products::hardware run as oneDNN primitives (matmul, convolution). With
+/// bfloat16 inputs they use the CPU's bfloat16 dot-product instructions (AMX TDPBF16PS,
+/// AVX512-BF16 VDPBF16PS), accumulating in float; those instructions treat subnormal
+/// inputs as zero and flush subnormal results. With float inputs they use oneDNN's float
+/// kernels (FMA on AVX2 and AVX-512): products fused into float sums, subnormals kept. Either
+/// way oneDNN chooses the summation order per shape and machine; the result is still rounded
+/// once to the output type, and is the same bits for a given machine, shape and thread
+/// count.
+///
+/// Threads: the context's own worker threads run the parts of a product (rows, or columns,
+/// or batch items split evenly; a deep layer's weight gradient, chunks of output channels),
+/// each part one single-threaded oneDNN call. oneDNN's OpenMP threads are thus not started
+/// beside precis's pool (a convolution with fewer images than threads is the exception: it
+/// runs as one call on them): on a 2-core machine two pools would take turns on the cores.
+/// Primitives are made once per shape and kept in the context with their scratch memory
+/// (oneDNN's user scratchpad mode), so a call after the first allocates no scratch.
 #pragma once
 
 #if !PRECIS_HAS_ONEDNN

@@ -1,7 +1,7 @@
-// precis/kernels/cpu/support.hpp: what the CPU kernels of elementwise.hpp, reduce.hpp,
-// softmax.hpp, loss.hpp and norm.hpp share: the math type a policy gives, conversion of
-// blocks of elements to and from it, argument checks, and the thread split over rows.
-// Private to precis (namespace precis::detail).
+/// @file
+/// What the CPU kernels of elementwise.hpp, reduce.hpp, softmax.hpp, loss.hpp and norm.hpp share:
+/// the math type a policy gives, conversion of blocks of elements to and from it, argument checks,
+/// and the thread split over rows. Private to precis (namespace precis::detail).
 #pragma once
 
 #include <precis/config.hpp>

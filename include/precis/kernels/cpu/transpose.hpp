@@ -1,6 +1,6 @@
-// precis/kernels/cpu/transpose.hpp: transposes of 16- and 32-bit matrices (private; used
-// by the oneDNN layouts, the AMX product's packing and the exact convolutions' channels-last
-// images).
+/// @file
+/// Transposes of 16- and 32-bit matrices (private; used by the oneDNN layouts, the AMX product's
+/// packing and the exact convolutions' channels-last images).
 #pragma once
 
 #include <algorithm>

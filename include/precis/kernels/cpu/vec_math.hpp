@@ -1,27 +1,27 @@
-// precis/kernels/cpu/vec_math.hpp: float math on SIMD vectors for the host kernels (exp,
-// the normal CDF behind GELU, sigmoid, sums and ranges of long rows, bfloat16 loads and
-// rounding stores, fetching the next row ahead). Private to precis (namespace
-// precis::detail::vmath).
-//
-// Why written here: no scalar libm call per element in a hot loop, and the same bits under
-// every build flag and on every target. The vectors are GCC/Clang vector extensions of the
-// target's width (16 floats with AVX-512, 8 with AVX, 4 otherwise), and every function is
-// lane-wise: a lane's result does not depend on the width. A product that feeds an
-// addition is passed through `product()`, which the compiler cannot fuse into an FMA
-// (-ffp-contract=fast would otherwise fuse some and not others, by target and compiler),
-// so the operations are the same on every target. The functions with a template parameter
-// A (exp, the normal CDF, GELU, sigmoid) take that rule from it: exact_arith keeps it,
-// fused_arith (the policies with hardware products) fuses their polynomials' and argument
-// reductions' multiply-adds where the build targets FMA, for a third fewer operations.
-// Sums over a row use 16 partial sums whatever the width (see row_sum_of), so they too
-// are the same bits everywhere.
-//
-// Accuracy (tests/kernels/test_vec_math.cpp checks every bfloat16 and float16 input and
-// random floats against float64): exp within 1 ulp (1.05 with fused_arith's multiply-adds:
-// measured 1.03); the normal CDF Phi and GELU within a few ulps over the whole range,
-// tails included (computed from a scaled erfc, not from 1 + erf, which cancels), and a
-// few multiples of the smallest subnormal where the result is subnormal (x < -13);
-// sigmoid within 2 ulps, its gradient within 4.
+/// @file
+/// Float math on SIMD vectors for the host kernels (exp, the normal CDF behind GELU, sigmoid, sums
+/// and ranges of long rows, bfloat16 loads and rounding stores, fetching the next row ahead).
+/// Private to precis (namespace precis::detail::vmath).
+///
+/// Why written here: no scalar libm call per element in a hot loop, and the same bits under
+/// every build flag and on every target. The vectors are GCC/Clang vector extensions of the
+/// target's width (16 floats with AVX-512, 8 with AVX, 4 otherwise), and every function is
+/// lane-wise: a lane's result does not depend on the width. A product that feeds an
+/// addition is passed through `product()`, which the compiler cannot fuse into an FMA
+/// (-ffp-contract=fast would otherwise fuse some and not others, by target and compiler),
+/// so the operations are the same on every target. The functions with a template parameter
+/// A (exp, the normal CDF, GELU, sigmoid) take that rule from it: exact_arith keeps it,
+/// fused_arith (the policies with hardware products) fuses their polynomials' and argument
+/// reductions' multiply-adds where the build targets FMA, for a third fewer operations.
+/// Sums over a row use 16 partial sums whatever the width (see row_sum_of), so they too
+/// are the same bits everywhere.
+///
+/// Accuracy (tests/kernels/test_vec_math.cpp checks every bfloat16 and float16 input and
+/// random floats against float64): exp within 1 ulp (1.05 with fused_arith's multiply-adds:
+/// measured 1.03); the normal CDF Phi and GELU within a few ulps over the whole range,
+/// tails included (computed from a scaled erfc, not from 1 + erf, which cancels), and a
+/// few multiples of the smallest subnormal where the result is subnormal (x < -13);
+/// sigmoid within 2 ulps, its gradient within 4.
 #pragma once
 
 #include <precis/numeric/detail/encoding.hpp>

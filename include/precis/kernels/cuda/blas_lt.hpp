@@ -1,12 +1,12 @@
-// precis/kernels/cuda/blas_lt.hpp: matrix products through cuBLASLt with a policy's types:
-// bfloat16/float16 inputs with float compute, float8 inputs with per-tensor scales, TF32
-// or exact float for float inputs, and the bias / ReLU / GELU epilogues. Row-major
-// operands are passed to cuBLASLt (column-major) as their transposes: C = A B becomes
-// C^T = B^T A^T. Batches of products stored one after another run as one strided-batch
-// call. The descriptors and the algorithm cuBLASLt's heuristic picks are made once per
-// product shape, types, epilogue and operand alignment and kept in the context
-// (cuda_context::plan), so a repeated product costs only the cublasLtMatmul call. Host
-// code: usable from .cpp files with PRECIS_CUDA=1 or from .cu files.
+/// @file
+/// Matrix products through cuBLASLt with a policy's types: bfloat16/float16 inputs with float
+/// compute, float8 inputs with per-tensor scales, TF32 or exact float for float inputs, and the
+/// bias / ReLU / GELU epilogues. Row-major operands are passed to cuBLASLt (column-major) as their
+/// transposes: C = A B becomes C^T = B^T A^T. Batches of products stored one after another run as
+/// one strided-batch call. The descriptors and the algorithm cuBLASLt's heuristic picks are made
+/// once per product shape, types, epilogue and operand alignment and kept in the context
+/// (cuda_context::plan), so a repeated product costs only the cublasLtMatmul call. Host code:
+/// usable from .cpp files with PRECIS_CUDA=1 or from .cu files.
 #pragma once
 
 #include <precis/config.hpp>

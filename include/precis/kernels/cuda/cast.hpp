@@ -1,8 +1,9 @@
-// precis/kernels/cuda/cast.hpp: casts of device arrays and device tensors between float,
-// double and the four precis formats, with the rounding and overflow modes of the host
-// cast (kernels/cast.hpp). Each element is converted alone by the same scalar conversion
-// the host uses (precis::convert, compiled for the device), so device and host casts give
-// the same bits. Compiled by nvcc only (include from a .cu file).
+/// @file
+/// Casts of device arrays and device tensors between float, double and the four precis formats,
+/// with the rounding and overflow modes of the host cast (kernels/cast.hpp). Each element is
+/// converted alone by the same scalar conversion the host uses (precis::convert, compiled for the
+/// device), so device and host casts give the same bits. Compiled by nvcc only (include from a .cu
+/// file).
 #pragma once
 
 #include <precis/config.hpp>

@@ -1,6 +1,7 @@
-// precis/kernels/cuda/common.hpp: what the device kernels share: loading an element as
-// the math type, grid sizes, and a block-wide reduction in a fixed order. Private to
-// precis (namespace precis::detail::cuda). Compiled by nvcc only.
+/// @file
+/// What the device kernels share: loading an element as the math type, grid sizes, and a block-wide
+/// reduction in a fixed order. Private to precis (namespace precis::detail::cuda). Compiled by nvcc
+/// only.
 #pragma once
 
 #include <precis/config.hpp>

@@ -1,19 +1,19 @@
-// precis/kernels/cuda/conv.hpp: conv2d forward, backward-data and backward-weights, and
-// the transposed convolution with its two backward passes, on device tensors through
-// cuDNN, with the calls of kernels/conv.hpp (a cuda_context in place of the cpu_context;
-// NCHW; stride, padding, dilation, groups, output_padding). The policy picks cuDNN's math:
-// bfloat16/float16 tensors on tensor cores with float accumulation; float tensors exact
-// (CUDNN_FMA_MATH) under float compute, TF32 allowed under a tfloat32 compute type.
-// x, w and y share one element type (cuDNN's rule; the signatures take one T).
-// Among the algorithms cuDNN's heuristics offer, the first deterministic one is taken, so a
-// step gives the same bits when repeated. The descriptors and that choice are made once per
-// geometry, type and pass and kept in the context (cuda_context::plan). Geometry and shapes
-// are checked on the host, with the host's messages, before anything is launched. Host
-// code: usable from .cpp files with PRECIS_CUDA=1 or from .cu files.
-//
-// Not here: the bias overload. cuDNN's convolutions round their output before a separate
-// bias addition could happen, where the host conv2d rounds once after the bias; a device
-// bias would need a float output and a finishing kernel, as the gelu epilogue of gemm has.
+/// @file
+/// conv2d forward, backward-data and backward-weights, and the transposed convolution with its two
+/// backward passes, on device tensors through cuDNN, with the calls of kernels/conv.hpp (a
+/// cuda_context in place of the cpu_context; NCHW; stride, padding, dilation, groups,
+/// output_padding). The policy picks cuDNN's math: bfloat16/float16 tensors on tensor cores with
+/// float accumulation; float tensors exact (CUDNN_FMA_MATH) under float compute, TF32 allowed under
+/// a tfloat32 compute type. x, w and y share one element type (cuDNN's rule; the signatures take
+/// one T). Among the algorithms cuDNN's heuristics offer, the first deterministic one is taken, so
+/// a step gives the same bits when repeated. The descriptors and that choice are made once per
+/// geometry, type and pass and kept in the context (cuda_context::plan). Geometry and shapes are
+/// checked on the host, with the host's messages, before anything is launched. Host code: usable
+/// from .cpp files with PRECIS_CUDA=1 or from .cu files.
+///
+/// Not here: the bias overload. cuDNN's convolutions round their output before a separate
+/// bias addition could happen, where the host conv2d rounds once after the bias; a device
+/// bias would need a float output and a finishing kernel, as the gelu epilogue of gemm has.
 #pragma once
 
 #include <precis/config.hpp>

@@ -1,10 +1,10 @@
-// precis/kernels/cuda/elementwise.hpp: the elementwise kernels of kernels/elementwise.hpp
-// on device tensors, with the same calls (a cuda_context in place of the cpu_context): add,
-// mul (b broadcast over a's leading axes), relu, gelu, sigmoid, tanh and their backward
-// passes. The same functors compute every element, in the same math type, rounded once;
-// only the device's libm (erf, exp, tanh, within a few ulps of the host's) differs.
-// Shapes are checked on the host before anything is launched. Compiled by nvcc only
-// (include from a .cu file).
+/// @file
+/// The elementwise kernels of kernels/elementwise.hpp on device tensors, with the same calls (a
+/// cuda_context in place of the cpu_context): add, mul (b broadcast over a's leading axes), relu,
+/// gelu, sigmoid, tanh and their backward passes. The same functors compute every element, in the
+/// same math type, rounded once; only the device's libm (erf, exp, tanh, within a few ulps of the
+/// host's) differs. Shapes are checked on the host before anything is launched. Compiled by nvcc
+/// only (include from a .cu file).
 #pragma once
 
 #include <precis/config.hpp>

@@ -1,17 +1,17 @@
-// precis/kernels/cuda/gemm.hpp: precis::gemm on device tensors, with the calls of
-// kernels/gemm.hpp (a cuda_context in place of the cpu_context), through cuBLASLt with the
-// policy's types: bfloat16 or float16 operands with float compute, float operands exact
-// (pedantic) or TF32 under a tfloat32 compute type. Shapes are checked on the host, with the
-// host's messages, before anything is launched.
-//
-// Epilogues: none and relu (with or without bias) run inside cuBLASLt, which rounds once
-// after them. gelu is precis's exact (erf) GELU, as on the host: the product is written in
-// float to a stream-ordered scratch buffer and one kernel adds beta * C and the bias,
-// applies GELU and rounds once; an empty product (K = 0) gives epilogue(beta * C + bias)
-// through the same kernel, as on the host. A batched product is one strided-batch cuBLASLt
-// call.
-// float8 operands need per-tensor scales: use precis::lt_matmul for them. Compiled by nvcc
-// only (include from a .cu file).
+/// @file
+/// precis::gemm on device tensors, with the calls of kernels/gemm.hpp (a cuda_context in place of
+/// the cpu_context), through cuBLASLt with the policy's types: bfloat16 or float16 operands with
+/// float compute, float operands exact (pedantic) or TF32 under a tfloat32 compute type. Shapes are
+/// checked on the host, with the host's messages, before anything is launched.
+///
+/// Epilogues: none and relu (with or without bias) run inside cuBLASLt, which rounds once
+/// after them. gelu is precis's exact (erf) GELU, as on the host: the product is written in
+/// float to a stream-ordered scratch buffer and one kernel adds beta * C and the bias,
+/// applies GELU and rounds once; an empty product (K = 0) gives epilogue(beta * C + bias)
+/// through the same kernel, as on the host. A batched product is one strided-batch cuBLASLt
+/// call.
+/// float8 operands need per-tensor scales: use precis::lt_matmul for them. Compiled by nvcc
+/// only (include from a .cu file).
 #pragma once
 
 #include <precis/config.hpp>

@@ -1,23 +1,24 @@
-// precis/kernels/cuda/loss.hpp: the losses of kernels/loss.hpp on device tensors --
-// cross-entropy from logits, binary cross-entropy with logits, dice, L1, smooth-L1 -- each
-// with its backward, with the host calls (a cuda_context in place of the cpu_context).
-//
-// Each term is computed by the host's formula (shared PRECIS_HOST_DEVICE helpers) in the
-// same math type; the mean is taken as the device reductions take sums (kernels/cuda/
-// reduce.hpp: accumulate type, an order fixed by the element count, so repeated calls give
-// the same bits), then divided once. The loss is written to a one-element device tensor
-// (`loss`, shape {1}, rounded once to its element type) so that nothing waits for the
-// device.
-//
-// `dloss`, the derivative of the objective with respect to the loss, is a host value or a
-// float in device memory (e.g. &state->scale of a device_scaler_state), so a scaled
-// backward pass needs no host synchronisation either.
-//
-// Cross-entropy targets live on the device, where the host cannot check them without
-// waiting: a target outside [0, C) makes that row's loss term and gradient NaN (so the
-// loss is NaN and a loss scaler skips the step) rather than reading out of bounds. Shapes
-// and arguments are checked on the host, with the host's messages, before any launch.
-// Compiled by nvcc only (include from a .cu file).
+/// @file
+/// The losses of kernels/loss.hpp on device tensors -- cross-entropy from logits, binary
+/// cross-entropy with logits, dice, L1, smooth-L1 -- each with its backward, with the host calls (a
+/// cuda_context in place of the cpu_context).
+///
+/// Each term is computed by the host's formula (shared PRECIS_HOST_DEVICE helpers) in the
+/// same math type; the mean is taken as the device reductions take sums (kernels/cuda/
+/// reduce.hpp: accumulate type, an order fixed by the element count, so repeated calls give
+/// the same bits), then divided once. The loss is written to a one-element device tensor
+/// (`loss`, shape {1}, rounded once to its element type) so that nothing waits for the
+/// device.
+///
+/// `dloss`, the derivative of the objective with respect to the loss, is a host value or a
+/// float in device memory (e.g. &state->scale of a device_scaler_state), so a scaled
+/// backward pass needs no host synchronisation either.
+///
+/// Cross-entropy targets live on the device, where the host cannot check them without
+/// waiting: a target outside [0, C) makes that row's loss term and gradient NaN (so the
+/// loss is NaN and a loss scaler skips the step) rather than reading out of bounds. Shapes
+/// and arguments are checked on the host, with the host's messages, before any launch.
+/// Compiled by nvcc only (include from a .cu file).
 #pragma once
 
 #include <precis/config.hpp>

@@ -1,12 +1,12 @@
-// precis/kernels/cuda/norm.hpp: layer norm over the last axis and batch norm over axis 1 of
-// device tensors, forward and backward, with the calls of kernels/norm.hpp (a cuda_context
-// in place of the cpu_context). Statistics in at least float (the policy's accumulate type
-// for the sums, two passes for the variance, as on the host). Layer norm: one block per
-// row; dgamma and dbeta are column sums, one thread per column adding the rows in order
-// (the host's order). Batch norm: one block per channel for the statistics, the running
-// statistics (PyTorch's update, unbiased running variance) and the backward sums; inference
-// is elementwise. Shapes and arguments are checked on the host before anything is
-// launched. Compiled by nvcc only.
+/// @file
+/// Layer norm over the last axis and batch norm over axis 1 of device tensors, forward and
+/// backward, with the calls of kernels/norm.hpp (a cuda_context in place of the cpu_context).
+/// Statistics in at least float (the policy's accumulate type for the sums, two passes for the
+/// variance, as on the host). Layer norm: one block per row; dgamma and dbeta are column sums, one
+/// thread per column adding the rows in order (the host's order). Batch norm: one block per channel
+/// for the statistics, the running statistics (PyTorch's update, unbiased running variance) and the
+/// backward sums; inference is elementwise. Shapes and arguments are checked on the host before
+/// anything is launched. Compiled by nvcc only.
 #pragma once
 
 #include <precis/config.hpp>

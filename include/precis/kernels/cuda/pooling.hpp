@@ -1,14 +1,14 @@
-// precis/kernels/cuda/pooling.hpp: max and average pooling, nearest and bilinear
-// upsampling (NCHW) on device tensors, forward and backward, with the calls of
-// kernels/pooling.hpp (a cuda_context in place of the cpu_context).
-//
-// Forward passes give each output element to one thread, which computes it as the host
-// does (the window read in row order, the first maximum winning, NaN winning; sums in the
-// accumulate type; one rounding). Backward passes gather rather than scatter: each input
-// element's thread visits the outputs that read it, in the host's raster order, and adds
-// their shares in the accumulate type -- no atomics, so the result does not depend on
-// scheduling and the additions come in the host's order. Shapes and windows are checked on
-// the host, with the host's messages, before anything is launched. Compiled by nvcc only.
+/// @file
+/// Max and average pooling, nearest and bilinear upsampling (NCHW) on device tensors, forward and
+/// backward, with the calls of kernels/pooling.hpp (a cuda_context in place of the cpu_context).
+///
+/// Forward passes give each output element to one thread, which computes it as the host
+/// does (the window read in row order, the first maximum winning, NaN winning; sums in the
+/// accumulate type; one rounding). Backward passes gather rather than scatter: each input
+/// element's thread visits the outputs that read it, in the host's raster order, and adds
+/// their shares in the accumulate type -- no atomics, so the result does not depend on
+/// scheduling and the additions come in the host's order. Shapes and windows are checked on
+/// the host, with the host's messages, before anything is launched. Compiled by nvcc only.
 #pragma once
 
 #include <precis/config.hpp>

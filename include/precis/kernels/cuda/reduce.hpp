@@ -1,20 +1,20 @@
-// precis/kernels/cuda/reduce.hpp: sum, mean, max and L2 norm of device tensors, over all
-// elements or along one axis, with the calls of kernels/reduce.hpp (a cuda_context in
-// place of the cpu_context).
-//
-// A whole-tensor reduction cannot return its value without the host waiting for the
-// device, so on the device it writes it to a one-element device tensor (`out`, shape {1},
-// rounded once to its element type) and returns at once; read it when you need it.
-//
-// Order of additions: an axis reduction gives each output element to one thread, which
-// adds its axis in index order in the accumulate type -- the host's order, so the result
-// is the host's. A whole-tensor reduction runs in two passes: a number of blocks that
-// depends only on the element count (never on the device) each reduce a strided share
-// (each thread in element order, then the block's threads in a fixed tree), and one block
-// adds the partial results in block order. Repeated calls give the same bits; the host's
-// single running sum may differ in the last places. Both passes keep sums in the policy's
-// accumulate type (rounded after every addition when narrower than float, as on the host).
-// Compiled by nvcc only (include from a .cu file).
+/// @file
+/// Sum, mean, max and L2 norm of device tensors, over all elements or along one axis, with the
+/// calls of kernels/reduce.hpp (a cuda_context in place of the cpu_context).
+///
+/// A whole-tensor reduction cannot return its value without the host waiting for the
+/// device, so on the device it writes it to a one-element device tensor (`out`, shape {1},
+/// rounded once to its element type) and returns at once; read it when you need it.
+///
+/// Order of additions: an axis reduction gives each output element to one thread, which
+/// adds its axis in index order in the accumulate type -- the host's order, so the result
+/// is the host's. A whole-tensor reduction runs in two passes: a number of blocks that
+/// depends only on the element count (never on the device) each reduce a strided share
+/// (each thread in element order, then the block's threads in a fixed tree), and one block
+/// adds the partial results in block order. Repeated calls give the same bits; the host's
+/// single running sum may differ in the last places. Both passes keep sums in the policy's
+/// accumulate type (rounded after every addition when narrower than float, as on the host).
+/// Compiled by nvcc only (include from a .cu file).
 #pragma once
 
 #include <precis/config.hpp>

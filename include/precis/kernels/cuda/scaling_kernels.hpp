@@ -1,11 +1,11 @@
-// precis/kernels/cuda/scaling_kernels.hpp: the loss-scaling kernels on the device: the
-// fused multi-tensor unscale + non-finite check (float, bfloat16, float16 gradients), the
-// amax reduction and the scaled cast for float8, and the scale updates (dynamic loss
-// scaling, float8 delayed scaling) on state kept in device memory, all stream-ordered with
-// no host synchronisation (except the convenience overload that returns a bool and the
-// copies of a state back to its host object, which wait). A device state is loaded from
-// and stored back to the host scaler or recipe it mirrors, so that it can be checkpointed
-// with save_state like any other. Compiled by nvcc only (include from a .cu file).
+/// @file
+/// The loss-scaling kernels on the device: the fused multi-tensor unscale + non-finite check
+/// (float, bfloat16, float16 gradients), the amax reduction and the scaled cast for float8, and the
+/// scale updates (dynamic loss scaling, float8 delayed scaling) on state kept in device memory, all
+/// stream-ordered with no host synchronisation (except the convenience overload that returns a bool
+/// and the copies of a state back to its host object, which wait). A device state is loaded from
+/// and stored back to the host scaler or recipe it mirrors, so that it can be checkpointed with
+/// save_state like any other. Compiled by nvcc only (include from a .cu file).
 #pragma once
 
 #include <precis/config.hpp>

@@ -1,9 +1,10 @@
-// precis/kernels/cuda/softmax.hpp: softmax and log-softmax along the last axis of device
-// tensors, forward and backward, with the calls of kernels/softmax.hpp (a cuda_context in
-// place of the cpu_context). One block per row: the row's maximum is subtracted before exp
-// (NaN wins, as on the host), the sum of exp(x - max) is kept in the policy's accumulate
-// type (each thread's running sum, then the partial sums added in a fixed tree order), and
-// each output is rounded once. Compiled by nvcc only (include from a .cu file).
+/// @file
+/// Softmax and log-softmax along the last axis of device tensors, forward and backward, with the
+/// calls of kernels/softmax.hpp (a cuda_context in place of the cpu_context). One block per row:
+/// the row's maximum is subtracted before exp (NaN wins, as on the host), the sum of exp(x - max)
+/// is kept in the policy's accumulate type (each thread's running sum, then the partial sums added
+/// in a fixed tree order), and each output is rounded once. Compiled by nvcc only (include from a
+/// .cu file).
 #pragma once
 
 #include <precis/config.hpp>

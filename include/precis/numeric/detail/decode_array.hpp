@@ -1,13 +1,13 @@
-// precis/numeric/detail/decode_array.hpp: decoding whole arrays to float, fast. Private:
-// used by precis::convert.
-//
-// A decoder's subnormal branch needs a normalisation that compilers will not
-// vectorise without giving up on floating-point traps, so arrays take other routes:
-// bfloat16 is a shift; 8-bit formats read a 256-entry table; float16 uses the F16C
-// instructions where the target has them (their NaN results are made canonical, as the
-// scalar decoder's are), and otherwise a branch-free form the compiler vectorises, in
-// which a subnormal is its mantissa converted to float (exact) times 2^-24: a normal
-// float, so flush-to-zero and denormals-are-zero modes cannot change it.
+/// @file
+/// Decoding whole arrays to float, fast. Private: used by precis::convert.
+///
+/// A decoder's subnormal branch needs a normalisation that compilers will not
+/// vectorise without giving up on floating-point traps, so arrays take other routes:
+/// bfloat16 is a shift; 8-bit formats read a 256-entry table; float16 uses the F16C
+/// instructions where the target has them (their NaN results are made canonical, as the
+/// scalar decoder's are), and otherwise a branch-free form the compiler vectorises, in
+/// which a subnormal is its mantissa converted to float (exact) times 2^-24: a normal
+/// float, so flush-to-zero and denormals-are-zero modes cannot change it.
 #pragma once
 
 #include <precis/numeric/detail/encoding.hpp>

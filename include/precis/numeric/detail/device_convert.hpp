@@ -1,5 +1,6 @@
-// precis/numeric/detail/device_convert.hpp: the GPU's own conversion instructions, used in
-// device code where the architecture has them. Private: the format types call these.
+/// @file
+/// The GPU's own conversion instructions, used in device code where the architecture has them.
+/// Private: the format types call these.
 #pragma once
 
 #include <precis/config.hpp>

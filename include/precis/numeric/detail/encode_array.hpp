@@ -1,12 +1,12 @@
-// precis/numeric/detail/encode_array.hpp: rounding whole float arrays to a format, fast.
-// Private: used by precis::convert.
-//
-// Where the target has the F16C instructions, float16 uses the hardware conversion (it
-// rounds to nearest-even, keeps subnormals and overflows to infinity: precis's semantics,
-// once NaN results are made canonical). Otherwise rounding to nearest-even goes through
-// encode_nearest_vector below, and the other modes through the scalar encoder (branch-free
-// integer code, which compilers vectorise where the target has per-lane variable shifts,
-// AVX2 or later, and which stays scalar on baseline x86-64).
+/// @file
+/// Rounding whole float arrays to a format, fast. Private: used by precis::convert.
+///
+/// Where the target has the F16C instructions, float16 uses the hardware conversion (it
+/// rounds to nearest-even, keeps subnormals and overflows to infinity: precis's semantics,
+/// once NaN results are made canonical). Otherwise rounding to nearest-even goes through
+/// encode_nearest_vector below, and the other modes through the scalar encoder (branch-free
+/// integer code, which compilers vectorise where the target has per-lane variable shifts,
+/// AVX2 or later, and which stays scalar on baseline x86-64).
 #pragma once
 
 #include <precis/numeric/detail/encoding.hpp>

@@ -1,9 +1,10 @@
-// precis/numeric/detail/encoding.hpp: the bit-level conversions between float/double and
-// the narrow formats. Private: use the format types and <precis/numeric/convert.hpp>.
-//
-// Everything here is integer arithmetic on bit patterns: it is constexpr, does not depend
-// on the floating-point environment (rounding mode, flush-to-zero), runs unchanged in
-// device code, and is written without branches so that loops over arrays vectorise.
+/// @file
+/// The bit-level conversions between float/double and the narrow formats. Private: use the format
+/// types and <precis/numeric/convert.hpp>.
+///
+/// Everything here is integer arithmetic on bit patterns: it is constexpr, does not depend
+/// on the floating-point environment (rounding mode, flush-to-zero), runs unchanged in
+/// device code, and is written without branches so that loops over arrays vectorise.
 #pragma once
 
 #include <precis/numeric/format_traits.hpp>

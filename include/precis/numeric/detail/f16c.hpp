@@ -1,9 +1,10 @@
-// precis/numeric/detail/f16c.hpp: eight float16 conversions at a time with the x86 F16C
-// instructions, where the target has them (PRECIS_HAVE_F16C). Private.
-//
-// The instructions round to nearest-even, keep subnormals and overflow to infinity, as
-// precis does; their NaN results keep payloads, so NaNs are made canonical here to give
-// the same bits as precis's scalar conversions.
+/// @file
+/// Eight float16 conversions at a time with the x86 F16C instructions, where the target has them
+/// (PRECIS_HAVE_F16C). Private.
+///
+/// The instructions round to nearest-even, keep subnormals and overflow to infinity, as
+/// precis does; their NaN results keep payloads, so NaNs are made canonical here to give
+/// the same bits as precis's scalar conversions.
 #pragma once
 
 #if defined(__F16C__) && defined(__AVX2__)

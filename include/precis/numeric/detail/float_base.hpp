@@ -1,6 +1,6 @@
-// precis/numeric/detail/float_base.hpp: what every precis number format shares: storage,
-// conversions, arithmetic through float, classification, numeric_limits. Private: include
-// the format headers instead.
+/// @file
+/// What every precis number format shares: storage, conversions, arithmetic through float,
+/// classification, numeric_limits. Private: include the format headers instead.
 #pragma once
 
 #include <precis/numeric/detail/device_convert.hpp>

@@ -1,13 +1,14 @@
-// precis/numeric/detail/unfused.hpp: products and sums the compiler may not fuse into a
-// multiply-add. Private (namespace precis::detail).
-//
-// Why: -ffp-contract=fast (g++'s default outside ISO mode) lets the compiler fuse a product
-// into the addition it feeds, some and not others, by target and compiler, which changes
-// results in the last bit. precis's kernels and optimizers pass every product that feeds
-// an addition through mul (or add, or the kernels' accumulator, which takes its terms
-// through opaque), and write the fused operations they mean as std::fma, so their bits do
-// not depend on the flags the headers are compiled with (README, "Same bits under any
-// flags"; tests/flags checks both the results and the machine code).
+/// @file
+/// Products and sums the compiler may not fuse into a multiply-add. Private (namespace
+/// precis::detail).
+///
+/// Why: -ffp-contract=fast (g++'s default outside ISO mode) lets the compiler fuse a product
+/// into the addition it feeds, some and not others, by target and compiler, which changes
+/// results in the last bit. precis's kernels and optimizers pass every product that feeds
+/// an addition through mul (or add, or the kernels' accumulator, which takes its terms
+/// through opaque), and write the fused operations they mean as std::fma, so their bits do
+/// not depend on the flags the headers are compiled with (README, "Same bits under any
+/// flags"; tests/flags checks both the results and the machine code).
 #pragma once
 
 #include <precis/config.hpp>
