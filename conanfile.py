@@ -11,6 +11,7 @@ required_conan_version = ">=2.0"
 
 class PrecisConan(ConanFile):
     name = "precis"
+    license = "MIT"
     description = "Numeric precision as a compile-time, type-checked choice (C++20, header-only)"
     topics = ("mixed-precision", "float16", "bfloat16", "float8", "header-only")
     package_type = "header-library"
