@@ -5,8 +5,11 @@
 #include <stdexcept>
 #include <string>
 
+/// Major version: changes with incompatible API changes.
 #define PRECIS_VERSION_MAJOR 0
+/// Minor version: changes with compatible additions.
 #define PRECIS_VERSION_MINOR 1
+/// Patch version: changes with compatible fixes.
 #define PRECIS_VERSION_PATCH 0
 /// Version as one integer: major * 10000 + minor * 100 + patch.
 #define PRECIS_VERSION \

@@ -20,13 +20,16 @@ namespace precis {
 /// Where a call was made. std::source_location needs a builtin clang 14 lacks;
 /// __builtin_FILE/__builtin_LINE work in g++, clang++ and nvcc.
 struct source_location {
-  const char* file;
-  unsigned line;
+  const char* file;  ///< Source file name, as the compiler spells it.
+  unsigned line;     ///< Line number in that file.
+  /// The location of the caller when used as a default argument (as precis::check does).
   static constexpr source_location current(const char* file = __builtin_FILE(),
                                            unsigned line = __builtin_LINE()) {
     return {file, line};
   }
+  /// The source file name (as `std::source_location::file_name`).
   constexpr const char* file_name() const { return file; }
+  /// The line number (as `std::source_location::line`).
   constexpr unsigned line_number() const { return line; }
 };
 
@@ -34,12 +37,19 @@ struct source_location {
 /// location; status() the numeric status.
 class cuda_error : public error {
  public:
+  /// Builds what() as `CALL failed: STATUS_TEXT (status STATUS) at FILE:LINE`.
+  /// @param call         the call that failed, as written at the call site
+  /// @param status       the library's numeric status code
+  /// @param status_text  the library's string for that status
+  /// @param where        where the call was made
   cuda_error(std::string_view call, int status, std::string_view status_text,
              const source_location& where)
       : error(std::string(call) + " failed: " + std::string(status_text) + " (status " +
               std::to_string(status) + ") at " + where.file_name() + ":" +
               std::to_string(where.line_number())),
         status_(status) {}
+  /// The numeric status the failed call returned (a `cudaError_t`, `cublasStatus_t` or
+  /// `cudnnStatus_t` value).
   int status() const { return status_; }
 
  private:

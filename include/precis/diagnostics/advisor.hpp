@@ -59,16 +59,17 @@ struct advice_options {
 /// The advisor's choice for a layer.
 enum class choice { float16, bfloat16, float32 };
 
+/// The type a choice stands for, as C++ spells it: "float16", "bfloat16" or "float".
 constexpr std::string_view choice_name(choice c) {
   return c == choice::float16 ? "float16" : c == choice::bfloat16 ? "bfloat16" : "float";
 }
 
 /// The advice for one layer (or one product of an attention layer).
 struct layer_advice {
-  std::string path;
-  std::string tag;
-  choice pick = choice::float32;
-  std::string reason;  ///< "forward amax 1.9e+05 x 16 > float16 max 65504 -> bfloat16"
+  std::string path;               ///< the layer's path in the model ("" for a root layer)
+  std::string tag;                ///< its tag as describe prints it
+  choice pick = choice::float32;  ///< the narrowest candidate that holds what was measured
+  std::string reason;             ///< "forward amax 1.9e+05 x 16 > float16 max 65504 -> bfloat16"
 };
 
 namespace detail {

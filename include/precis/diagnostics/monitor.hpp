@@ -66,6 +66,7 @@ namespace precis::diagnostics {
 
 /// The formats the monitor measures values against.
 enum class format { float16, bfloat16, float8_e4m3, float8_e5m2 };
+/// Every format, in the order the per-format counts (value_stats::overflows) use.
 inline constexpr std::array<format, 4> all_formats{format::float16, format::bfloat16,
                                                    format::float8_e4m3, format::float8_e5m2};
 
@@ -73,10 +74,10 @@ inline constexpr std::array<format, 4> all_formats{format::float16, format::bflo
 /// smallest normal and smallest subnormal values (2^min_normal_exponent,
 /// 2^min_subnormal_exponent).
 struct format_range {
-  std::string_view name;
-  double max;
-  int min_normal_exponent;
-  int min_subnormal_exponent;
+  std::string_view name;       ///< the format's name ("float16", "float8_e4m3")
+  double max;                  ///< its largest finite value
+  int min_normal_exponent;     ///< the binary exponent of its smallest normal value
+  int min_subnormal_exponent;  ///< the binary exponent of its smallest subnormal value
 };
 
 namespace detail {
@@ -103,10 +104,12 @@ constexpr format_range range_of(format f) {
 /// for e in [lowest, highest] (values beyond land in the end bins).
 class exponent_histogram {
  public:
-  static constexpr int lowest = -256;
-  static constexpr int highest = 255;
+  static constexpr int lowest = -256;  ///< the exponent of the first bin
+  static constexpr int highest = 255;  ///< the exponent of the last bin
 
+  /// Counts `count` values with exponent e (clamped to [lowest, highest]).
   void add(int e, std::uint64_t count = 1) { bins_[index(e)] += count; }
+  /// Adds the counts of another histogram.
   void merge(const exponent_histogram& o) {
     for (std::size_t i = 0; i < bins_.size(); ++i) bins_[i] += o.bins_[i];
   }
@@ -116,6 +119,7 @@ class exponent_histogram {
     for (int i = lowest; i < std::min(e, highest + 1); ++i) n += bins_[index(i)];
     return n;
   }
+  /// All values counted.
   std::uint64_t total() const {
     std::uint64_t n = 0;
     for (auto b : bins_) n += b;
@@ -154,6 +158,7 @@ struct value_stats {
     for (std::size_t f = 0; f < all_formats.size(); ++f)
       overflows[f] += std::uint64_t(a > maxima[f]);
   }
+  /// Adds the counts of another set (the amax is the larger of the two).
   void merge(const value_stats& o) {
     values += o.values;
     zeros += o.zeros;
@@ -268,6 +273,7 @@ inline void scan_floats(const float* v, std::size_t n, double scale, value_stats
 /// Where a value stopped being finite.
 enum class pass { forward, backward, parameter_gradient };
 
+/// What a pass produced, in words: "forward output", "input gradient" or "parameter gradient".
 constexpr std::string_view pass_name(pass p) {
   return p == pass::forward    ? "forward output"
          : p == pass::backward ? "input gradient"
@@ -276,9 +282,9 @@ constexpr std::string_view pass_name(pass p) {
 
 /// A non-finite value: the step, the layer (path) and the pass it appeared in.
 struct nonfinite_event {
-  std::uint64_t step = 0;
-  std::string layer;
-  diagnostics::pass pass = pass::forward;
+  std::uint64_t step = 0;                  ///< the step (the scaler's step count)
+  std::string layer;                       ///< the layer's path ("" for a root layer)
+  diagnostics::pass pass = pass::forward;  ///< the pass whose buffer held it
   /// "step 12: first non-finite value in encoder.0.mlp.fc2 (forward output)".
   std::string message() const {
     return "step " + std::to_string(step) + ": first non-finite value in " +
@@ -316,14 +322,18 @@ struct monitor_options {
 
 /// One row of the amax series: an observed step's largest magnitudes per layer.
 struct series_row {
-  std::uint64_t step = 0;
-  float scale = 1.0f;
-  std::vector<double> output_amax, input_grad_amax;  ///< in the order of layers()
+  std::uint64_t step = 0;  ///< the observed step (the scaler's step count)
+  float scale = 1.0f;      ///< the loss scale the step's gradients carried
+  /// Per layer, in the order of layers(), the largest finite magnitude of its forward
+  /// outputs (output_amax) and of its true input gradients, divided by the loss scale
+  /// (input_grad_amax; 0 where none was computed).
+  std::vector<double> output_amax, input_grad_amax;  ///< likewise, of the true input gradients
 };
 
 /// The monitor (see the file comment). An object the caller owns, like a scaler.
 class monitor {
  public:
+  /// A monitor that observes the steps `o` names. Throws precis::error when `o.every` is 0.
   explicit monitor(monitor_options o = {}) : options_(o) {
     if (o.every == 0) throw error("precis::diagnostics::monitor: `every` must be at least 1");
   }
@@ -439,6 +449,7 @@ class monitor {
   const std::vector<nonfinite_event>& skipped_steps() const { return skips_; }
   /// The amax series, one row per observed step.
   const std::vector<series_row>& series() const { return rows_; }
+  /// The options it was made with.
   const monitor_options& options() const { return options_; }
 
   /// A table: per layer, the storage and gradient types, the largest forward, input-gradient

@@ -101,9 +101,11 @@ class mpi_reducer {
   /// MPI_COMM_WORLD (implicit, so that a scaler's defaulted reducer argument works).
   mpi_reducer() : mpi_reducer(MPI_COMM_WORLD) {}
 
-  /// This process's rank and the number of processes.
+  /// This process's rank in the communicator.
   int rank() const { return rank_; }
+  /// The number of processes in the communicator.
   int size() const { return size_; }
+  /// The communicator it reduces over (still the caller's).
   MPI_Comm communicator() const { return comm_; }
 
   /// Logical OR of the flag over the processes.

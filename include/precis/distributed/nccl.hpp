@@ -47,6 +47,9 @@ inline void check(ncclResult_t status, std::string_view call,
 /// the caller's, and both must outlive it).
 class nccl_reducer {
  public:
+  /// A reducer over `comm` on `ctx`'s stream; allocates a small device scratch buffer for
+  /// the host values of any() and max(). Throws precis::error when `comm` is null and
+  /// precis::cuda_error when an NCCL or CUDA call fails.
   nccl_reducer(ncclComm_t comm, cuda_context& ctx) : comm_(comm), ctx_(&ctx) {
     if (comm == nullptr) throw error("precis::nccl_reducer: the communicator is null");
     check(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
@@ -56,7 +59,9 @@ class nccl_reducer {
     scratch_ = std::shared_ptr<float>(p, [](float* q) { cudaFree(q); });
   }
 
+  /// This process's rank in the communicator.
   int rank() const { return rank_; }
+  /// The number of processes in the communicator.
   int size() const { return size_; }
 
   /// Logical OR of the flag over the processes (a max over 0/1 on the device).

@@ -131,10 +131,11 @@ constexpr dtype dtype_of() {
 
 /// One tensor of a file: where its bytes lie in the data section.
 struct entry {
-  std::string name;
-  dtype type = dtype::f32;
-  std::vector<std::size_t> shape;
-  std::size_t begin = 0, end = 0;  // byte offsets into the data section
+  std::string name;                ///< the tensor's name, the key of its header entry
+  dtype type = dtype::f32;         ///< its element type
+  std::vector<std::size_t> shape;  ///< its shape, outermost dimension first ([] for a scalar)
+  /// The byte offset of its first byte in the data section.
+  std::size_t begin = 0, end = 0;  ///< the byte offset one past its last byte
   /// Number of elements (1 for a scalar of shape []).
   std::size_t elements() const {
     std::size_t n = 1;
@@ -375,10 +376,10 @@ class file {
 
 /// A tensor to write: its name, type, shape and little-endian bytes.
 struct tensor_data {
-  std::string name;
-  dtype type = dtype::f32;
-  std::vector<std::size_t> shape;
-  std::string bytes;
+  std::string name;                ///< the tensor's name in the file
+  dtype type = dtype::f32;         ///< its element type
+  std::vector<std::size_t> shape;  ///< its shape, outermost dimension first ([] for a scalar)
+  std::string bytes;               ///< its values, row-major, little-endian
 };
 
 /// A tensor of `values` (float, float16, bfloat16, float8_e4m3 or float8_e5m2) to write.
@@ -403,6 +404,7 @@ tensor_data tensor(std::string name, std::vector<std::size_t> shape, std::span<c
   }
   return t;
 }
+/// The same, from a vector of values.
 template <class T>
 tensor_data tensor(std::string name, std::vector<std::size_t> shape, const std::vector<T>& values) {
   return tensor(std::move(name), std::move(shape), std::span<const T>(values));

@@ -32,10 +32,15 @@ using opmath_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 template <class Acc>
 class accumulator {
  public:
+  /// The built-in type the sum is held and returned in (opmath_t of Acc).
   using value_type = opmath_t<Acc>;
   constexpr accumulator() = default;
+  /// A sum starting at `v`, rounded to Acc.
   PRECIS_HOST_DEVICE constexpr explicit accumulator(value_type v) : sum_(round(v)) {}
+  /// Adds `x` (an addition never fused with the product that made `x`), then rounds the sum
+  /// to Acc.
   PRECIS_HOST_DEVICE constexpr void add(value_type x) { sum_ = round(detail::add(sum_, x)); }
+  /// The sum so far (a value of Acc, held in value_type).
   PRECIS_HOST_DEVICE constexpr value_type value() const { return sum_; }
 
  private:

@@ -225,6 +225,7 @@ class scratch_cache {
 /// them). A kernel called from inside another kernel's part runs its own parts one after
 /// another on the calling thread, with the same results.
 struct cpu_context {
+  /// How many threads a kernel may use (0: all the hardware offers).
   unsigned threads = 0;
   /// The worker threads, shared by copies and started on first use (see above).
   std::shared_ptr<detail::pool_slot> workers = std::make_shared<detail::pool_slot>();

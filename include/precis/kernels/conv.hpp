@@ -79,12 +79,12 @@ inline std::array<std::size_t, 4> image_shape(image_layout layout, std::size_t n
 /// convolution would then no longer be the adjoint of a convolution of x's size); the
 /// convolutions reject a nonzero value. `layout` says how the images are laid out.
 struct conv2d_params {
-  std::array<std::size_t, 2> stride{1, 1};
-  std::array<std::size_t, 2> padding{0, 0};
-  std::array<std::size_t, 2> dilation{1, 1};
-  std::size_t groups = 1;
-  std::array<std::size_t, 2> output_padding{0, 0};
-  image_layout layout = image_layout::nchw;
+  std::array<std::size_t, 2> stride{1, 1};          ///< step between outputs {rows, columns}
+  std::array<std::size_t, 2> padding{0, 0};         ///< zeros added per side {rows, columns}
+  std::array<std::size_t, 2> dilation{1, 1};        ///< spacing of kernel taps {rows, columns}
+  std::size_t groups = 1;                           ///< channel groups (divides C and Co)
+  std::array<std::size_t, 2> output_padding{0, 0};  ///< conv_transpose2d only (see above)
+  image_layout layout = image_layout::nchw;         ///< how x, y and their gradients lie
   /// Names the contents of the weights passed with these parameters, for an engine that
   /// moves weights into a layout of its own (oneDNN's hardware products): a forward (or a
   /// transposed convolution's forward) or backward-data call keeps the moved weights in

@@ -36,7 +36,10 @@ class cuda_context {
       throw;
     }
   }
+  /// Takes over `o`'s stream, handles, workspace and plans; `o` is left empty.
   cuda_context(cuda_context&& o) noexcept { swap(o); }
+  /// Releases this context's resources (after draining its stream), then takes over `o`'s;
+  /// `o` is left empty.
   cuda_context& operator=(cuda_context&& o) noexcept {
     if (this != &o) {
       release();
@@ -48,9 +51,13 @@ class cuda_context {
   cuda_context& operator=(const cuda_context&) = delete;
   ~cuda_context() { release(); }
 
+  /// The CUDA device it runs on.
   int device() const { return device_; }
+  /// Its stream, on which every kernel and library call of the context is queued.
   cudaStream_t stream() const { return stream_; }
+  /// Its cuBLASLt handle.
   cublasLtHandle_t blas_lt() const { return blas_; }
+  /// Its cuDNN handle, bound to stream().
   cudnnHandle_t dnn() const { return dnn_; }
 
   /// A device workspace of at least `bytes`, kept and grown across calls (stream-ordered).

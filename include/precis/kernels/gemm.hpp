@@ -55,11 +55,11 @@ enum class gemm_epilogue { none, relu, gelu };
 /// Options of a product: transposes (A is stored K x M when trans_a, B is stored N x K
 /// when trans_b), the scalars and the epilogue.
 struct gemm_options {
-  bool trans_a = false;
-  bool trans_b = false;
-  float alpha = 1.0F;
-  float beta = 0.0F;
-  gemm_epilogue epilogue = gemm_epilogue::none;
+  bool trans_a = false;                          ///< op(A) = A^T: A is stored K x M
+  bool trans_b = false;                          ///< op(B) = B^T: B is stored N x K
+  float alpha = 1.0F;                            ///< scales the product
+  float beta = 0.0F;                             ///< scales C's previous values (0: C is not read)
+  gemm_epilogue epilogue = gemm_epilogue::none;  ///< applied before the result is rounded
 };
 
 namespace detail {

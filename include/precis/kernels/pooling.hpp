@@ -48,10 +48,10 @@ namespace precis {
 /// `count_include_pad` (average pooling only): divide by the full window (PyTorch's
 /// default) rather than by the elements inside the input.
 struct pool2d_params {
-  std::array<std::size_t, 2> kernel{2, 2};
-  std::array<std::size_t, 2> stride{0, 0};
-  std::array<std::size_t, 2> padding{0, 0};
-  bool count_include_pad = true;
+  std::array<std::size_t, 2> kernel{2, 2};   ///< window size {rows, columns}
+  std::array<std::size_t, 2> stride{0, 0};   ///< step between windows (0: the kernel)
+  std::array<std::size_t, 2> padding{0, 0};  ///< per side, at most half the kernel
+  bool count_include_pad = true;             ///< average pooling: divide by the full window
 };
 
 namespace detail {

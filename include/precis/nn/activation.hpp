@@ -52,6 +52,8 @@ class activation_layer;
 /// Blueprint of an activation (see nn::relu and the others).
 template <Layer Tag, class Kernel>
 struct activation_spec {
+  /// The layer it builds into for policy map Map on context Ctx, reading tensors of rank R
+  /// (In and G, the types that reach it, are not used: build casts them to its own).
   template <class Map, class Ctx, class In, class G, std::size_t R>
   using module_type = activation_layer<Tag, policy_for_t<Tag, Map>, Kernel, R, Ctx>;
 };
@@ -88,13 +90,18 @@ class activation_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
   using tensor = tensor_t<Ctx, T, R>;
 
  public:
+  /// Its kind in nn::describe: "relu", "gelu", "sigmoid" or "tanh".
   static constexpr std::string_view kind = Kernel::name;
 
   activation_layer() = default;
+  /// The layer of a blueprint (nn::relu and the others); it has no parameters.
   explicit activation_layer(const activation_spec<Tag, Kernel>&) {}
 
+  /// The shape of the output: the input's.
   shape_t<R> output_shape(const shape_t<R>& in, std::string_view) const { return in; }
 
+  /// y = f(x) elementwise, rounded once to the storage type; keeps the address of x for
+  /// backward() (and, for GELU on float gradients on the host, f'(x) of a training pass).
   const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode m = mode::train) {
     detail::ensure(y_, detail::shape_of<R>(x));
     derivative_of_input_ = false;
@@ -112,6 +119,8 @@ class activation_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
     x_.set(x);
     return y_;
   }
+  /// dx = dy f'(x) for the input of the last forward pass, rounded once to the gradient
+  /// type. Throws precis::error without a forward pass or when dy's shape is not x's.
   const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
     const auto& x = x_.get(kind);
     detail::ensure(dx_, detail::shape_of<R>(x));
@@ -125,7 +134,10 @@ class activation_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
     io::template unary_backward<P, Kernel::template grad>(kernel_name(), ctx, dy, x, dx_);
     return dx_;
   }
+  /// Its shape column in nn::describe: "-" (it has no parameters).
   std::string shape() const { return "-"; }
+  /// Bytes of its output and input-gradient buffers, and of the kept f'(x) where it keeps
+  /// one.
   std::size_t own_bytes() const {
     std::size_t bytes = detail::bytes_of(y_) + detail::bytes_of(dx_);
     if constexpr (keeps_derivative) bytes += detail::bytes_of(d_);

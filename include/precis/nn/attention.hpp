@@ -47,22 +47,27 @@ namespace precis::nn {
 namespace tags {
 /// Default tag of attention's input projection (q, k and v).
 struct attention_qkv : positional_tag<op::matmul> {
+  /// The piece's name in nn::describe's rows.
   static constexpr std::string_view name = "qkv";
 };
 /// Default tag of attention's scores product q k^T.
 struct attention_scores : positional_tag<op::matmul> {
+  /// The piece's name in nn::describe's rows.
   static constexpr std::string_view name = "scores";
 };
 /// Default tag of attention's softmax over the scores.
 struct attention_softmax : positional_tag<op::softmax> {
+  /// The piece's name in nn::describe's rows.
   static constexpr std::string_view name = "softmax";
 };
 /// Default tag of attention's context product probabilities x v.
 struct attention_context : positional_tag<op::matmul> {
+  /// The piece's name in nn::describe's rows.
   static constexpr std::string_view name = "context";
 };
 /// Default tag of attention's output projection.
 struct attention_out : positional_tag<op::matmul> {
+  /// The piece's name in nn::describe's rows.
   static constexpr std::string_view name = "out";
 };
 }  // namespace tags
@@ -76,6 +81,8 @@ class softmax_layer;
 /// Blueprint of nn::softmax.
 template <Layer Tag>
 struct softmax_spec {
+  /// The layer it builds into for policy map Map on context Ctx, reading tensors of rank R
+  /// (In and G, the types that reach it, are not used: build casts them to its own).
   template <class Map, class Ctx, class In, class G, std::size_t R>
   using module_type = softmax_layer<Tag, policy_for_t<Tag, Map>, R, Ctx>;
 };
@@ -99,15 +106,21 @@ class softmax_layer : public layer_base<Tag, P, op::softmax, R, R, Ctx> {
   using G = typename base::input_grad_type;
 
  public:
+  /// Its kind in nn::describe: "softmax".
   static constexpr std::string_view kind = "softmax";
 
   softmax_layer() = default;
+  /// The layer of a blueprint (nn::softmax); it has no parameters.
   explicit softmax_layer(const softmax_spec<Tag>&) {}
 
+  /// The shape of the output: the input's. Throws precis::error (naming the layer's `path`)
+  /// when the last axis is empty.
   shape_t<R> output_shape(const shape_t<R>& in, std::string_view path) const {
     if (in[R - 1] == 0) detail::bad_shape(path, kind, "[..., K] with K > 0", shape_string(in));
     return in;
   }
+  /// The softmax of each row of x's last axis (see the class comment), kept for backward().
+  /// Throws precis::error when the last axis is empty.
   const host_tensor<S, R>& forward(const cpu_context& ctx, const host_tensor<S, R>& x,
                                    mode = mode::train) {
     detail::ensure(y_, output_shape(detail::shape_of<R>(x), path_name<Tag>()));
@@ -115,13 +128,18 @@ class softmax_layer : public layer_base<Tag, P, op::softmax, R, R, Ctx> {
     x_.set(x);
     return y_;
   }
+  /// dx = y (dy - sum(dy y)) over each row, from the output of the last forward pass,
+  /// rounded once to the gradient type. Throws precis::error when dy's shape is not that
+  /// output's.
   const host_tensor<G, R>& backward(const cpu_context& ctx, const host_tensor<G, R>& dy) {
     check_same_shape("precis::nn::softmax: dy and the output", dy, y_);
     detail::ensure(dx_, detail::shape_of<R>(dy));
     precis::softmax_backward<P>(ctx, dy, y_, dx_);
     return dx_;
   }
+  /// Its shape column in nn::describe: "-" (it has no parameters).
   std::string shape() const { return "-"; }
+  /// Bytes of its output and input-gradient buffers.
   std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
   /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
   template <class Self, class F>
@@ -145,7 +163,13 @@ class attention_layer;
 /// Blueprint of nn::attention.
 template <Layer QkvTag, Layer ScoresTag, Layer SoftmaxTag, Layer ContextTag, Layer OutTag>
 struct attention_spec {
+  /// Width D of the tokens, in and out.
   std::size_t dim, heads;
+  /// @var heads
+  /// Number of heads H; it divides dim.
+
+  /// The layer it builds into for policy map Map on context Ctx (In, G and R, what reaches
+  /// it, are not used: it reads rank 3, and build casts the types to its own).
   template <class Map, class Ctx, class In, class G, std::size_t R>
   using module_type = attention_layer<QkvTag, ScoresTag, SoftmaxTag, ContextTag, OutTag, Map, Ctx>;
 };
@@ -277,10 +301,15 @@ class attention_layer
                 "nn::tags::attention_softmax");
 
  public:
+  /// Policy of the input projection, resolved from Map by QkvTag (the layer's `policy_type`).
   using qkv_policy = policy_for_t<QkvTag, Map>;
+  /// Policy of the scores product q k^T, resolved by ScoresTag.
   using scores_policy = policy_for_t<ScoresTag, Map>;
+  /// Policy of the softmax over the scores, resolved by SoftmaxTag.
   using softmax_policy = policy_for_t<SoftmaxTag, Map>;
+  /// Policy of the context product (probabilities times v), resolved by ContextTag.
   using context_policy = policy_for_t<ContextTag, Map>;
+  /// Policy of the output projection, resolved by OutTag.
   using out_policy = policy_for_t<OutTag, Map>;
   /// Every piece's policy: qkv, scores, softmax, context, out.
   using policy_types =
@@ -312,10 +341,15 @@ class attention_layer
   using out_linear = linear_layer<OutTag, out_policy, 3, Ctx>;
 
  public:
+  /// Its kind in nn::describe: "attention".
   static constexpr std::string_view kind = "attention";
+  /// Element type of the output forward() returns: the output projection's activation type.
   using output_type = So;
+  /// Element type of the gradient backward() reads: the output projection's.
   using output_grad_type = Go;
 
+  /// The layer of a blueprint, its projections zero until reset() draws them. Throws
+  /// precis::error unless dim > 0 and heads > 0 divides it.
   explicit attention_layer(
       const attention_spec<QkvTag, ScoresTag, SoftmaxTag, ContextTag, OutTag>& s)
       : dim_(s.dim),
@@ -323,6 +357,7 @@ class attention_layer
         qkv_(check(s)),
         out_(linear_spec<OutTag>{s.dim, s.dim, with_bias}) {}
 
+  /// Its component of a path: "", its position (see the class comment).
   std::string_view name() const { return ""; }
 
   /// Draws both projections from `seed` (each from its own stream).
@@ -331,6 +366,8 @@ class attention_layer
     out_.reset(detail::seed_for(seed, "out"));
   }
 
+  /// The shape of the output: the input's, [N, T, dim]. Throws precis::error (naming the
+  /// layer's `path`) for another last axis or an empty axis.
   shape_t<3> output_shape(const shape_t<3>& in, std::string_view path) const {
     if (in[2] != dim_ || detail::elements(in) == 0) {
       detail::bad_shape(path, kind, "[N, T, " + std::to_string(dim_) + "] with no empty axis",
@@ -339,6 +376,10 @@ class attention_layer
     return in;
   }
 
+  /// y [N, T, dim] from x [N, T, dim] through the five pieces (see the file comment),
+  /// keeping every piece's output for backward(); `m` goes to the projections (an
+  /// evaluation pass leaves their float8 recipes unchanged). Throws precis::error for an
+  /// input of another shape.
   const host_tensor<So, 3>& forward(const cpu_context& ctx, const host_tensor<Sq, 3>& x,
                                     mode m = mode::train) {
     const auto in = output_shape(detail::shape_of<3>(x), kind);
@@ -367,6 +408,10 @@ class attention_layer
     return out_.forward(ctx, detail::as_type(ctx, merged_, merged_o_), m);
   }
 
+  /// Backpropagates dy through the five pieces: adds the projections' weight and bias
+  /// gradients to their parameters and returns dx in the input projection's gradient type.
+  /// Throws precis::error without a forward pass or when dy's shape is not the last
+  /// output's.
   const host_tensor<Gq, 3>& backward(const cpu_context& ctx, const host_tensor<Go, 3>& dy) {
     if (g_.n == 0) {
       throw error(
@@ -412,11 +457,16 @@ class attention_layer
     return qkv_.backward(ctx, dqkv_);
   }
 
+  /// The input projection: a linear layer from dim to 3 dim features (q, k, v).
   qkv_linear& qkv() { return qkv_; }
+  /// The output projection: a linear layer from dim to dim features.
   out_linear& out() { return out_; }
+  /// Its shape column in nn::describe: dim and heads, as "768, 12 heads".
   std::string shape() const {
     return std::to_string(dim_) + ", " + std::to_string(heads_) + " heads";
   }
+  /// Bytes of the buffers it holds: the projections', and every piece's outputs,
+  /// gradients and casts between types.
   std::size_t own_bytes() const {
     std::size_t n = qkv_.own_bytes() + out_.own_bytes();
     const auto add = [&n](const auto&... t) { ((n += detail::bytes_of(t)), ...); };
@@ -445,6 +495,7 @@ class attention_layer
         });
   }
 
+  /// Calls f(name, parameter) for "qkv.weight", "qkv.bias", "out.weight" and "out.bias".
   template <class Self, class F>
   static void for_each_parameter(Self& self, F&& f) {
     qkv_linear::for_each_parameter(self.qkv_, [&](std::string_view n, auto& p) {
@@ -458,10 +509,12 @@ class attention_layer
   static constexpr bool decays(std::string_view parameter) {
     return parameter == "qkv.weight" || parameter == "out.weight";
   }
+  /// Saves or loads its four parameters under `prefix` (see precis::save_checkpoint).
   template <class Archive>
   void visit_state(Archive& a, const std::string& prefix) {
     detail::visit_parameters(a, prefix, *this);
   }
+  /// Empty, or what loading its parameters found wrong.
   std::string validate() const { return detail::parameter_problems(*this); }
 
  private:

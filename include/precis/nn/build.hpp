@@ -71,14 +71,23 @@ concept with_decay_rule = requires(std::string_view s) {
 template <class Root, class Map>
 class model {
  public:
+  /// The root module: the blueprint's top node, resolved.
   using root_type = Root;
+  /// The policy map it was built from (a precis::policy_map).
   using map_type = Map;
+  /// The context its kernels run on.
   using context_type = typename Root::context_type;
+  /// Element type of the input forward() reads (nn::values for several inputs).
   using input_type = typename Root::input_type;
+  /// Element type of the input gradient backward() returns.
   using input_grad_type = typename Root::input_grad_type;
+  /// Element type of the output forward() returns (nn::values for several outputs).
   using output_type = typename Root::output_type;
+  /// Element type of the output gradient backward() reads.
   using output_grad_type = typename Root::output_grad_type;
+  /// Rank of the input (0 for several inputs).
   static constexpr std::size_t input_rank = Root::input_rank;
+  /// Rank of the output (0 for several outputs).
   static constexpr std::size_t output_rank = Root::output_rank;
   /// What forward() reads: a tensor, or for several inputs a tuple of pointers to them.
   using input_tensor = edge_value_t<context_type, input_type, input_rank>;
@@ -86,7 +95,9 @@ class model {
   using output_tensor = edge_value_t<context_type, output_type, output_rank>;
   /// What backward() reads: the gradient of the output(s).
   using output_grad_tensor = edge_grad_t<context_type, output_grad_type, output_rank>;
+  /// The shape of an input: an array, or a tuple of arrays for several inputs.
   using input_shape = edge_shape_t<input_type, input_rank>;
+  /// The shape of an output: an array, or a tuple of arrays for several outputs.
   using output_shape_type = edge_shape_t<output_type, output_rank>;
   /// The master type of its parameters.
   using master_type = float;
@@ -133,7 +144,9 @@ class model {
     nn::backward_parameters(root_, ctx, dy);
   }
 
+  /// The root module.
   Root& root() { return root_; }
+  /// The root module, read-only.
   const Root& root() const { return root_; }
 
   /// Calls f(path, layer) for every layer (leaf module), in order.
@@ -143,6 +156,7 @@ class model {
       if constexpr (leaf<std::remove_cvref_t<decltype(node)>>) f(path, node);
     });
   }
+  /// Calls f(path, layer) for every layer, in order, read-only.
   template <class F>
   void for_each_layer(F&& f) const {
     walk(root_, root_path(), [&](const std::string& path, const auto& node) {
@@ -166,6 +180,7 @@ class model {
       for_each_parameter_of(l, [&](std::string_view name, auto& p) { f(join_path(path, name), p); });
     });
   }
+  /// Calls f(path, parameter) for every parameter, in order, read-only.
   template <class F>
   void for_each_parameter(F&& f) const {
     for_each_layer([&](const std::string& path, const auto& l) {
@@ -181,6 +196,7 @@ class model {
   void set_amax_reducer(R& r) {
     set_amax_reducer(reducer_ref(r));
   }
+  /// The same, through a precis::reducer_ref.
   void set_amax_reducer(reducer_ref r) {
     for_each_layer([&](const std::string&, auto& l) {
       if constexpr (requires { l.set_amax_reducer(r); }) l.set_amax_reducer(r);
@@ -195,6 +211,7 @@ class model {
   void refresh(context_ref_t<context_type> ctx) {
     for_each_parameter([&](const std::string&, auto& p) { p.refresh(ctx); });
   }
+  /// refresh(ctx) on a one-thread cpu_context, for models on the host.
   void refresh()
     requires std::is_same_v<context_type, cpu_context>
   {
@@ -282,6 +299,8 @@ class model {
   void visit_state(Archive& a) {
     for_each_layer([&](const std::string& path, auto& l) { l.visit_state(a, path.empty() ? path : path + "."); });
   }
+  /// What went wrong loading a checkpoint: every layer's problems, joined by "; " ("" when
+  /// nothing; see precis::load_checkpoint).
   std::string validate() const {
     std::string out;
     for_each_layer([&](const std::string&, const auto& l) {

@@ -48,6 +48,7 @@ struct edge_fits {
   static_assert(RankFits,
                 "precis: an edge joins a layer's output to a layer that reads another rank; put "
                 "a reshape (nn::flatten, nn::reshape) between them");
+  /// True: the static_asserts above stop the compilation first where the edge does not fit.
   static constexpr bool value = true;
 };
 
@@ -105,25 +106,39 @@ class cast_in {
   static_assert(detail::fits_v<Cast, M>);
 
  public:
+  /// The context its kernels run on (M's).
   using context_type = typename M::context_type;
+  /// Element type forward() reads: the cast's input type.
   using input_type = typename Cast::input_type;
+  /// Element type of the gradient backward() returns: the cast's.
   using input_grad_type = typename Cast::input_grad_type;
+  /// Element type forward() returns: M's output type.
   using output_type = typename M::output_type;
+  /// Element type of the gradient backward() reads: M's.
   using output_grad_type = typename M::output_grad_type;
+  /// Rank of the input (the cast keeps M's).
   static constexpr std::size_t input_rank = Cast::input_rank;
+  /// Rank of the output: M's.
   static constexpr std::size_t output_rank = M::output_rank;
 
+  /// Builds M from its blueprint `s`; the cast needs none.
   template <class Spec>
   explicit cast_in(const Spec& s) : m_(s) {}
 
+  /// M's name: the cast takes no component of its own in paths.
   std::string_view name() const { return m_.name(); }
+  /// M's output shape for an input of shape `in` (the cast keeps shapes); M throws precis::error
+  /// where it cannot take `in`.
   auto output_shape(const edge_shape_t<input_type, input_rank>& in, std::string_view path) const {
     return m_.output_shape(in, path);
   }
+  /// Converts x to M's input type (each value rounded once), then runs M on it; returns M's output.
   template <class X>
   decltype(auto) forward(context_ref_t<context_type> ctx, const X& x, mode m = mode::train) {
     return m_.forward(ctx, cast_.forward(ctx, x, m), m);
   }
+  /// Runs M's backward pass on dy, then converts its input gradient to `input_grad_type` (each
+  /// value rounded once); returns the cast's buffer.
   template <class D>
   const auto& backward(context_ref_t<context_type> ctx, const D& dy) {
     return cast_.backward(ctx, m_.backward(ctx, dy));
@@ -133,7 +148,9 @@ class cast_in {
   void backward_parameters(context_ref_t<context_type> ctx, const D& dy) {
     nn::backward_parameters(m_, ctx, dy);
   }
+  /// 0: the buffers belong to the cast and to M.
   std::size_t own_bytes() const { return 0; }
+  /// Calls `f("", cast)`, then `f("", M)`: both sit at this module's own path.
   template <class Self, class F>
   static void for_each_child(Self& self, F&& f) {
     f("", self.cast_);
@@ -154,25 +171,40 @@ class cast_out {
   static_assert(detail::fits_v<M, Cast>);
 
  public:
+  /// The context its kernels run on (M's).
   using context_type = typename M::context_type;
+  /// Element type forward() reads: M's input type.
   using input_type = typename M::input_type;
+  /// Element type of the gradient backward() returns: M's.
   using input_grad_type = typename M::input_grad_type;
+  /// Element type forward() returns: the cast's output type.
   using output_type = typename Cast::output_type;
+  /// Element type of the gradient backward() reads: the cast's.
   using output_grad_type = typename Cast::output_grad_type;
+  /// Rank of the input: M's.
   static constexpr std::size_t input_rank = M::input_rank;
+  /// Rank of the output (the cast keeps M's).
   static constexpr std::size_t output_rank = Cast::output_rank;
 
+  /// Builds M from its blueprint `s`; the cast needs none.
   template <class Spec>
   explicit cast_out(const Spec& s) : m_(s) {}
 
+  /// M's name: the cast takes no component of its own in paths.
   std::string_view name() const { return m_.name(); }
+  /// M's output shape for an input of shape `in` (the cast keeps shapes); M throws precis::error
+  /// where it cannot take `in`.
   auto output_shape(const edge_shape_t<input_type, input_rank>& in, std::string_view path) const {
     return m_.output_shape(in, path);
   }
+  /// Runs M on x, then converts its output to `output_type` (each value rounded once); returns the
+  /// cast's buffer.
   template <class X>
   const auto& forward(context_ref_t<context_type> ctx, const X& x, mode m = mode::train) {
     return cast_.forward(ctx, m_.forward(ctx, x, m), m);
   }
+  /// Converts dy to M's output gradient type (each value rounded once), then runs M's backward pass
+  /// on it; returns M's input gradient.
   template <class D>
   decltype(auto) backward(context_ref_t<context_type> ctx, const D& dy) {
     return m_.backward(ctx, cast_.backward(ctx, dy));
@@ -182,7 +214,9 @@ class cast_out {
   void backward_parameters(context_ref_t<context_type> ctx, const D& dy) {
     nn::backward_parameters(m_, ctx, cast_.backward(ctx, dy));
   }
+  /// 0: the buffers belong to M and to the cast.
   std::size_t own_bytes() const { return 0; }
+  /// Calls `f("", M)`, then `f("", cast)`: both sit at this module's own path.
   template <class Self, class F>
   static void for_each_child(Self& self, F&& f) {
     f("", self.m_);
@@ -241,21 +275,32 @@ class sequence;
 /// Blueprint of a sequence (nn::seq).
 template <class... Ss>
 struct seq_spec {
+  /// The nodes' blueprints, in order.
   std::tuple<Ss...> children;
 
+  /// Resolves the nodes `Rest` one by one, each where the output of the one before reaches it,
+  /// adding their modules to the nn::sequence `Done`.
   template <class Map, class Ctx, class In, class G, std::size_t R, class Done, class... Rest>
   struct fold;
+  /// No node left: the sequence of the resolved modules.
   template <class Map, class Ctx, class In, class G, std::size_t R, class... Done>
   struct fold<Map, Ctx, In, G, R, sequence<Done...>> {
+    /// The nn::sequence built.
     using type = sequence<Done...>;
   };
+  /// Resolves node S where (In, G, R) reach it, then the rest where its output reaches them.
   template <class Map, class Ctx, class In, class G, std::size_t R, class... Done, class S, class... Rest>
   struct fold<Map, Ctx, In, G, R, sequence<Done...>, S, Rest...> {
+    /// The module S builds into, with an nn::cast_in in front where it reads another type.
     using M = detail::resolve_spec_t<S, Map, Ctx, In, G, R>;
+    /// The nn::sequence built.
     using type = typename fold<Map, Ctx, typename M::output_type, typename M::output_grad_type, M::output_rank,
                                sequence<Done..., M>, Rest...>::type;
   };
 
+  /// The module this blueprint builds into where element type In, gradient type G and rank R reach
+  /// it, under policy map Map on context Ctx: an nn::sequence of the nodes' modules, with an
+  /// nn::cast_in wherever a node reads another type than the one before gives.
   template <class Map, class Ctx, class In, class G, std::size_t R>
   using module_type = typename fold<Map, Ctx, In, G, R, sequence<>, Ss...>::type;
 };
@@ -279,30 +324,46 @@ class sequence {
   using last = std::tuple_element_t<count - 1, children_type>;
 
  public:
+  /// The context its kernels run on (the first child's).
   using context_type = typename first::context_type;
+  /// Element type forward() reads: the first child's input type.
   using input_type = typename first::input_type;
+  /// Element type of the gradient backward() returns: the first child's.
   using input_grad_type = typename first::input_grad_type;
+  /// Element type forward() returns: the last child's output type.
   using output_type = typename last::output_type;
+  /// Element type of the gradient backward() reads: the last child's.
   using output_grad_type = typename last::output_grad_type;
+  /// Rank of the input: the first child's.
   static constexpr std::size_t input_rank = first::input_rank;
+  /// Rank of the output: the last child's.
   static constexpr std::size_t output_rank = last::output_rank;
 
+  /// Builds each child from its blueprint in `s`.
   template <class... Ss>
   explicit sequence(const seq_spec<Ss...>& s)
       : sequence(s, std::make_index_sequence<sizeof...(Ss)>{}) {}
   /// From modules (a hand-assembled model).
   explicit sequence(Ms... modules) : children_(std::move(modules)...) {}
 
+  /// "": a sequence is named by its position in paths.
   std::string_view name() const { return ""; }
 
+  /// The shape the last child gives for an input of shape `in`, each child reading the shape the
+  /// one before gives; the first child that cannot take what reaches it throws precis::error naming
+  /// its path under `path`.
   edge_shape_t<output_type, output_rank> output_shape(const edge_shape_t<input_type, input_rank>& in,
                                                       std::string_view path) const {
     return shape_from<0>(in, path);
   }
+  /// Runs the children in order on x; returns the last child's output (a reference to its buffer,
+  /// or the tuple of pointers of a multi-tensor edge).
   template <class X>
   decltype(auto) forward(context_ref_t<context_type> ctx, const X& x, mode m = mode::train) {
     return forward_from<0>(ctx, x, m);
   }
+  /// Runs the children's backward passes in reverse order from dy; returns the first child's input
+  /// gradient.
   template <class D>
   decltype(auto) backward(context_ref_t<context_type> ctx, const D& dy) {
     return backward_from<count - 1>(ctx, dy);
@@ -313,8 +374,11 @@ class sequence {
   void backward_parameters(context_ref_t<context_type> ctx, const D& dy) {
     backward_from<count - 1, true>(ctx, dy);
   }
+  /// 0: the buffers belong to the children.
   std::size_t own_bytes() const { return 0; }
 
+  /// Calls `f(component, child)` for each child in order; the component is the child's name, or its
+  /// position where it has none.
   template <class Self, class F>
   static void for_each_child(Self& self, F&& f) {
     for_each_indexed(self, f, std::make_index_sequence<count>{});
@@ -324,6 +388,7 @@ class sequence {
   auto& child() {
     return std::get<I>(children_);
   }
+  /// The number of children.
   static constexpr std::size_t size() { return count; }
 
  private:
@@ -386,16 +451,23 @@ class branches;
 /// Blueprint of parallel branches (nn::add, nn::concat, nn::residual).
 template <join_kind Join, bool Residual, class... Ss>
 struct branches_spec {
+  /// The branches' blueprints (for a residual: the body, then the shortcut).
   std::tuple<Ss...> children;
   std::size_t axis = 0;  ///< the concatenation axis
 
+  /// Resolves every branch where (In, G, R) reach it; a branch that ends in other types than the
+  /// first gets an nn::cast_out to the first branch's types.
   template <class Map, class Ctx, class In, class G, std::size_t R>
   struct resolved {
+    /// The module the first branch builds into; its output types are the join's.
     using first = detail::resolve_spec_t<std::tuple_element_t<0, std::tuple<Ss...>>, Map, Ctx, In, G, R>;
+    /// The nn::branches module built.
     using type = branches<Join, Residual,
                           detail::ending_in_t<detail::resolve_spec_t<Ss, Map, Ctx, In, G, R>,
                                               typename first::output_type, typename first::output_grad_type>...>;
   };
+  /// The module this blueprint builds into where element type In, gradient type G and rank R reach
+  /// it, under policy map Map on context Ctx: an nn::branches (see resolved).
   template <class Map, class Ctx, class In, class G, std::size_t R>
   using module_type = typename resolved<Map, Ctx, In, G, R>::type;
 };
@@ -444,12 +516,19 @@ class branches {
                 "precis: parallel branches must read the same input type, gradient type and rank");
 
  public:
+  /// The context its kernels run on (the first branch's).
   using context_type = typename first::context_type;
+  /// Element type forward() reads: every branch's input type.
   using input_type = typename first::input_type;
+  /// Element type of the gradient backward() returns: every branch's.
   using input_grad_type = typename first::input_grad_type;
+  /// Element type forward() returns: every branch's output type.
   using output_type = typename first::output_type;
+  /// Element type of the gradient backward() reads: every branch's.
   using output_grad_type = typename first::output_grad_type;
+  /// Rank of the input: every branch's.
   static constexpr std::size_t input_rank = first::input_rank;
+  /// Rank of the output: every branch's.
   static constexpr std::size_t output_rank = first::output_rank;
 
  private:
@@ -463,12 +542,19 @@ class branches {
                 "build the model with nn::build, which inserts nn::cast_out, or cast the branch yourself");
 
  public:
+  /// Builds each branch from its blueprint in `s`; throws precis::error where the concatenation
+  /// axis is not below the output rank.
   template <class... Ss>
   explicit branches(const branches_spec<Join, Residual, Ss...>& s)
       : branches(s, std::make_index_sequence<sizeof...(Ss)>{}) {}
 
+  /// "": the join is named by its position in paths.
   std::string_view name() const { return ""; }
 
+  /// The joined shape for an input of shape `in`: the branches' common shape for an add; for a
+  /// concatenation, their shape with the extents along the axis summed. Throws precis::error where
+  /// a branch cannot take `in`, or where the branches' shapes cannot be added (or differ outside
+  /// the concatenation axis).
   shape_t<output_rank> output_shape(const shape_t<input_rank>& in, std::string_view path) const {
     shape_t<output_rank> out{};
     std::size_t i = 0;
@@ -480,6 +566,9 @@ class branches {
     return out;
   }
 
+  /// Runs each branch on x, in order, and joins their outputs into this module's buffer: added in
+  /// float (double for double tensors) and rounded once, or copied side by side along the axis.
+  /// Returns that buffer.
   template <class X>
   const auto& forward(context_ref_t<context_type> ctx, const X& x, mode m = mode::train) {
     const auto outs = std::apply(
@@ -500,6 +589,9 @@ class branches {
     return y_;
   }
 
+  /// Runs each branch's backward pass on dy (an add) or on its part of dy along the axis (a
+  /// concatenation); returns the sum of their input gradients, added in float (double for double
+  /// tensors) and rounded once into this module's buffer.
   template <class D>
   const auto& backward(context_ref_t<context_type> ctx, const D& dy) {
     std::size_t offset = 0;
@@ -531,11 +623,16 @@ class branches {
   /// precis::diagnostics.
   const auto& joined() const requires(Join == join_kind::add) { return y_; }
 
+  /// Bytes of the joined output and the input gradient and, for a concatenation, of each branch's
+  /// part of dy.
   std::size_t own_bytes() const {
     std::size_t n = detail::bytes_of(y_) + detail::bytes_of(dx_);
     for (const auto& s : slices_) n += detail::bytes_of(s);
     return n;
   }
+  /// Calls `f(component, branch)` for each branch in order; the component is the branch's name, or
+  /// its position where it has none. In a residual the body keeps its own name (usually "", so its
+  /// layers sit at the residual's path) and the shortcut is "shortcut".
   template <class Self, class F>
   static void for_each_child(Self& self, F&& f) {
     std::size_t i = 0;
@@ -627,21 +724,31 @@ class repeat_block;
 /// Blueprint of N blocks of one blueprint (nn::repeat).
 template <std::size_t N, class S>
 struct repeat_spec {
+  /// The blueprint every block is built from.
   S block;
+  /// Resolves the blocks: the first where (In, G, R) reach it, the later ones where the first
+  /// block's output reaches them.
   template <class Map, class Ctx, class In, class G, std::size_t R>
   struct resolved {
+    /// The module the first block builds into.
     using first = detail::resolve_spec_t<S, Map, Ctx, In, G, R>;
     // The later blocks read what the first gives (a per-layer map may change the type a
     // block ends in): at most two block types, however many blocks. With one block there
     // is no later one to resolve (a block that changes the rank may be used once).
+    /// The module a later block builds into where the output of F reaches it.
     template <class F>
     struct later {
+      /// The resolved module.
       using type = typename detail::resolve_spec<S, Map, Ctx, typename F::output_type, typename F::output_grad_type,
                                                  F::output_rank>::type;
     };
+    /// The module blocks 1 to N-1 build into (the first block's type where N is 1).
     using rest = typename std::conditional_t<N == 1, std::type_identity<first>, later<first>>::type;
+    /// The nn::repeat_block built.
     using type = repeat_block<N, first, rest>;
   };
+  /// The module this blueprint builds into where element type In, gradient type G and rank R reach
+  /// it, under policy map Map on context Ctx: an nn::repeat_block (see resolved).
   template <class Map, class Ctx, class In, class G, std::size_t R>
   using module_type = typename resolved<Map, Ctx, In, G, R>::type;
 };
@@ -668,18 +775,30 @@ class repeat_block {
   using last = std::conditional_t<N == 1, First, Rest>;
 
  public:
+  /// The context its kernels run on (the first block's).
   using context_type = typename First::context_type;
+  /// Element type forward() reads: the first block's input type.
   using input_type = typename First::input_type;
+  /// Element type of the gradient backward() returns: the first block's.
   using input_grad_type = typename First::input_grad_type;
+  /// Element type forward() returns: the last block's output type.
   using output_type = typename last::output_type;
+  /// Element type of the gradient backward() reads: the last block's.
   using output_grad_type = typename last::output_grad_type;
+  /// Rank of the input: the first block's.
   static constexpr std::size_t input_rank = First::input_rank;
+  /// Rank of the output: the last block's.
   static constexpr std::size_t output_rank = last::output_rank;
 
+  /// Builds the N blocks from `s.block`.
   template <class S>
   explicit repeat_block(const repeat_spec<N, S>& s) : first_(s.block), rest_(make_rest(s.block, std::make_index_sequence<N - 1>{})) {}
 
+  /// "": a repeat is named by its position in paths.
   std::string_view name() const { return ""; }
+  /// The shape the last block gives for an input of shape `in`, each block reading the shape the
+  /// one before gives; the first block that cannot take what reaches it throws precis::error naming
+  /// its path (blocks are 0 to N-1 under `path`).
   shape_t<output_rank> output_shape(const shape_t<input_rank>& in, std::string_view path) const {
     auto s = first_.output_shape(in, join_path(path, "0"));
     if constexpr (N > 1) {
@@ -687,6 +806,7 @@ class repeat_block {
     }
     return s;
   }
+  /// Runs the blocks in order on x; returns the last block's output.
   const tensor_t<context_type, output_type, output_rank>& forward(context_ref_t<context_type> ctx,
                                                                   const tensor_t<context_type, input_type, input_rank>& x,
                                                                   mode m = mode::train) {
@@ -699,6 +819,8 @@ class repeat_block {
       return *y;
     }
   }
+  /// Runs the blocks' backward passes in reverse order from dy; returns the first block's input
+  /// gradient.
   const tensor_t<context_type, input_grad_type, input_rank>& backward(
       context_ref_t<context_type> ctx, const tensor_t<context_type, output_grad_type, output_rank>& dy) {
     if constexpr (N == 1) {
@@ -721,15 +843,19 @@ class repeat_block {
       nn::backward_parameters(first_, ctx, *d);
     }
   }
+  /// 0: the buffers belong to the blocks.
   std::size_t own_bytes() const { return 0; }
+  /// Calls `f("0", first())`, then `f("i", block i)` for i = 1 to N-1.
   template <class Self, class F>
   static void for_each_child(Self& self, F&& f) {
     f(std::string("0"), self.first_);
     for (std::size_t i = 0; i + 1 < N; ++i) f(std::to_string(i + 1), self.rest_[i]);
   }
-  /// The first block, and block i >= 1.
+  /// The first block (block 0).
   First& first() { return first_; }
+  /// Block i, for `1 <= i < N`.
   Rest& operator[](std::size_t i) { return rest_[i - 1]; }
+  /// N, the number of blocks.
   static constexpr std::size_t size() { return N; }
 
  private:
@@ -751,8 +877,12 @@ class named_module;
 /// Blueprint of a named node (nn::named).
 template <class S>
 struct named_spec {
+  /// The node's name in paths; the characters it views must outlive the blueprint.
   std::string_view name;
+  /// The blueprint named.
   S node;
+  /// The module this blueprint builds into where element type In, gradient type G and rank R reach
+  /// it, under policy map Map on context Ctx: an nn::named_module around the node's module.
   template <class Map, class Ctx, class In, class G, std::size_t R>
   using module_type = named_module<detail::resolve_spec_t<S, Map, Ctx, In, G, R>>;
 };
@@ -768,14 +898,23 @@ constexpr named_spec<S> named(std::string_view name, S node) {
 template <class M>
 class named_module {
  public:
+  /// The context its kernels run on (M's).
   using context_type = typename M::context_type;
+  /// Element type forward() reads: M's.
   using input_type = typename M::input_type;
+  /// Element type of the gradient backward() returns: M's.
   using input_grad_type = typename M::input_grad_type;
+  /// Element type forward() returns: M's.
   using output_type = typename M::output_type;
+  /// Element type of the gradient backward() reads: M's.
   using output_grad_type = typename M::output_grad_type;
+  /// Rank of the input: M's.
   static constexpr std::size_t input_rank = M::input_rank;
+  /// Rank of the output: M's.
   static constexpr std::size_t output_rank = M::output_rank;
 
+  /// Builds M from `s.node` and keeps a copy of the name; throws precis::error where the name is
+  /// empty or holds a '.'.
   template <class S>
   explicit named_module(const named_spec<S>& s) : name_(s.name), m_(s.node) {
     if (name_.empty() || name_.find('.') != std::string::npos) {
@@ -783,15 +922,19 @@ class named_module {
     }
   }
 
+  /// The name given to nn::named: this module's component in paths.
   std::string_view name() const { return name_; }
+  /// M's output shape for an input of shape `in`; M throws precis::error where it cannot take `in`.
   edge_shape_t<output_type, output_rank> output_shape(const edge_shape_t<input_type, input_rank>& in,
                                                       std::string_view path) const {
     return m_.output_shape(in, path);
   }
+  /// M's forward pass; returns M's output.
   template <class X>
   decltype(auto) forward(context_ref_t<context_type> ctx, const X& x, mode m = mode::train) {
     return m_.forward(ctx, x, m);
   }
+  /// M's backward pass; returns M's input gradient.
   template <class D>
   decltype(auto) backward(context_ref_t<context_type> ctx, const D& dy) {
     return m_.backward(ctx, dy);
@@ -801,11 +944,14 @@ class named_module {
   void backward_parameters(context_ref_t<context_type> ctx, const D& dy) {
     nn::backward_parameters(m_, ctx, dy);
   }
+  /// 0: the buffers belong to M.
   std::size_t own_bytes() const { return 0; }
+  /// Calls `f("", M)`: M sits at this module's path, its children under the name.
   template <class Self, class F>
   static void for_each_child(Self& self, F&& f) {
     f("", self.m_);
   }
+  /// The module named.
   M& inner() { return m_; }
 
  private:

@@ -57,11 +57,21 @@ struct conv_on_images {
 /// Blueprint of a 2-D convolution (see nn::conv2d).
 template <Layer Tag>
 struct conv2d_spec {
+  /// Number of input channels (axis 1 of x).
   std::size_t in, out;
+  /// @var out
+  /// Number of output channels (axis 1 of y).
+
+  /// Kernel size {kh, kw}.
   std::array<std::size_t, 2> kernel;
+  /// Stride, padding, dilation and groups, as PyTorch's Conv2d (no output_padding).
   conv2d_params params{};
+  /// Whether the layer adds a bias (host only: off the host the layer refuses one).
   bias_mode bias = with_bias;
 
+  /// The layer it builds into for policy map Map on context Ctx (In and G, the types that
+  /// reach it, are not used: build casts them to its own). A rank R other than 4 fails to
+  /// compile, with a message.
   template <class Map, class Ctx, class In, class G, std::size_t R>
   using module_type =
       typename detail::conv_on_images<R, conv2d_layer<Tag, policy_for_t<Tag, Map>, Ctx>>::type;
@@ -70,11 +80,21 @@ struct conv2d_spec {
 /// Blueprint of a 2-D transposed convolution (see nn::conv_transpose2d).
 template <Layer Tag>
 struct conv_transpose2d_spec {
+  /// Number of input channels (axis 1 of x).
   std::size_t in, out;
+  /// @var out
+  /// Number of output channels (axis 1 of y).
+
+  /// Kernel size {kh, kw}.
   std::array<std::size_t, 2> kernel;
+  /// Stride, padding, dilation, groups and output_padding, as PyTorch's ConvTranspose2d.
   conv2d_params params{};
+  /// Whether the layer adds a bias (host only: off the host the layer refuses one).
   bias_mode bias = with_bias;
 
+  /// The layer it builds into for policy map Map on context Ctx (In and G, the types that
+  /// reach it, are not used: build casts them to its own). A rank R other than 4 fails to
+  /// compile, with a message.
   template <class Map, class Ctx, class In, class G, std::size_t R>
   using module_type = typename detail::conv_on_images<
       R, conv_transpose2d_layer<Tag, policy_for_t<Tag, Map>, Ctx>>::type;
@@ -329,12 +349,20 @@ class conv2d_layer : public detail::conv_base<Tag, P, Ctx> {
   using tensor = tensor_t<Ctx, T, N>;
 
  public:
+  /// Its kind in nn::describe: "conv2d".
   static constexpr std::string_view kind = "conv2d";
 
+  /// The layer of a blueprint, its parameters zero until reset() draws them. Throws
+  /// precis::error for empty channels or kernel, a zero stride, dilation or groups, groups
+  /// that do not divide both channel counts, an output_padding, a layout other than NCHW,
+  /// or a bias off the host.
   explicit conv2d_layer(const conv2d_spec<Tag>& s)
       : base(kind, s.in, s.out, s.kernel, s.params, s.bias,
              weight_shape(s.in, s.out, s.kernel, s.params)) {}
 
+  /// The shape of the output, [N, out, Ho, Wo] (see the class comment). Throws
+  /// precis::error (naming the layer's `path`) for an empty batch, other than `in` input
+  /// channels, or an image smaller than the dilated kernel after padding.
   shape_t<4> output_shape(const shape_t<4>& in, std::string_view path) const {
     const std::size_t ho = detail::conv_out(in[2], this->kernel_, this->params_, 0);
     const std::size_t wo = detail::conv_out(in[3], this->kernel_, this->params_, 1);
@@ -349,6 +377,10 @@ class conv2d_layer : public detail::conv_base<Tag, P, Ctx> {
     return {in[0], this->out_, ho, wo};
   }
 
+  /// The convolution of x with the weight, plus the bias (see the file comment); keeps the
+  /// address of x for backward(). In mode::eval an engine that keeps the weight in a layout
+  /// of its own may reuse it until the weight changes. Throws precis::error for an input of
+  /// another shape.
   const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode m = mode::train) {
     detail::ensure(this->y_, output_shape(detail::shape_of<4>(x), path_name<Tag>()));
     const auto& w = this->weight_.value();
@@ -366,6 +398,9 @@ class conv2d_layer : public detail::conv_base<Tag, P, Ctx> {
     return this->y_;
   }
 
+  /// Adds dW (and db) to the parameters' gradients and returns dx, each rounded once to the
+  /// gradient type. Throws precis::error without a forward pass or when dy's shape is not
+  /// the last output's.
   const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
     backward_impl(ctx, dy, true);
     return this->dx_;
@@ -394,7 +429,10 @@ class conv2d_layer : public detail::conv_base<Tag, P, Ctx> {
   }
 
  public:
+  /// Its shape column in nn::describe: channels and geometry, defaults left out, as
+  /// "3->64 7x7 s2 p3 no bias".
   std::string shape() const { return this->describe_shape(); }
+  /// Bytes of its output, input-gradient and parameter-gradient buffers.
   std::size_t own_bytes() const { return this->buffer_bytes(); }
 
  private:
@@ -420,12 +458,20 @@ class conv_transpose2d_layer : public detail::conv_base<Tag, P, Ctx> {
   using tensor = tensor_t<Ctx, T, N>;
 
  public:
+  /// Its kind in nn::describe: "conv_transpose2d".
   static constexpr std::string_view kind = "conv_transpose2d";
 
+  /// The layer of a blueprint, its parameters zero until reset() draws them. Throws
+  /// precis::error for empty channels or kernel, a zero stride, dilation or groups, groups
+  /// that do not divide both channel counts, an output_padding not less than the stride, a
+  /// layout other than NCHW, or a bias off the host.
   explicit conv_transpose2d_layer(const conv_transpose2d_spec<Tag>& s)
       : base(kind, s.in, s.out, s.kernel, s.params, s.bias,
              weight_shape(s.in, s.out, s.kernel, s.params)) {}
 
+  /// The shape of the output, [N, out, Ho, Wo] (see the class comment). Throws
+  /// precis::error (naming the layer's `path`) for an empty batch, other than `in` input
+  /// channels, or an image the padding leaves no output of.
   shape_t<4> output_shape(const shape_t<4>& in, std::string_view path) const {
     const std::size_t ho = detail::transpose_out(in[2], this->kernel_, this->params_, 0);
     const std::size_t wo = detail::transpose_out(in[3], this->kernel_, this->params_, 1);
@@ -440,6 +486,9 @@ class conv_transpose2d_layer : public detail::conv_base<Tag, P, Ctx> {
     return {in[0], this->out_, ho, wo};
   }
 
+  /// The transposed convolution of x with the weight, plus the bias (added to the sums
+  /// before their one rounding); keeps the address of x for backward(). Throws
+  /// precis::error for an input of another shape.
   const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode m = mode::train) {
     const auto out = output_shape(detail::shape_of<4>(x), path_name<Tag>());
     detail::ensure(this->y_, out);
@@ -462,6 +511,9 @@ class conv_transpose2d_layer : public detail::conv_base<Tag, P, Ctx> {
     return this->y_;
   }
 
+  /// Adds dW (and db) to the parameters' gradients and returns dx, each rounded once to the
+  /// gradient type. Throws precis::error without a forward pass or when dy's shape is not
+  /// the last output's.
   const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
     backward_impl(ctx, dy, true);
     return this->dx_;
@@ -490,7 +542,11 @@ class conv_transpose2d_layer : public detail::conv_base<Tag, P, Ctx> {
   }
 
  public:
+  /// Its shape column in nn::describe: channels and geometry, defaults left out, as
+  /// "64->32 2x2 s2".
   std::string shape() const { return this->describe_shape(); }
+  /// Bytes of its output, input-gradient and parameter-gradient buffers, and of the sums
+  /// it keeps in the math type before adding a bias.
   std::size_t own_bytes() const { return this->buffer_bytes() + detail::bytes_of(sums_); }
 
  private:

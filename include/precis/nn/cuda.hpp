@@ -39,46 +39,65 @@
 
 namespace precis::nn {
 
+/// What nn needs of cuda_context: device tensors, passed the context by non-const
+/// reference, and the few operations besides the kernels (see nn::context_traits).
 template <>
 struct context_traits<cuda_context> {
+  /// The tensor a module on the device holds: a device_tensor.
   template <class T, std::size_t N>
   using tensor = device_tensor<T, N>;
+  /// How modules take the context.
   using ref = cuda_context&;
 
   // fill, upload and download are synchronous copies: they serve initialisation and
   // checkpoints, not the training step.
+  /// Sets every element to v (a copy from the host).
   template <class T, std::size_t N>
   static void fill(device_tensor<T, N>& t, T v) {
     upload(t, std::vector<T>(t.size(), v));
   }
+  /// Copies host values in with a synchronous cudaMemcpy; throws precis::error when
+  /// values.size() != t.size(), or when the copy fails.
   template <class T, std::size_t N>
   static void upload(device_tensor<T, N>& t, const std::vector<T>& values) {
     if (values.size() != t.size()) throw error("precis::nn: uploading a tensor of another size");
     if (t.size() != 0) check(cudaMemcpy(t.data(), values.data(), t.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy");
   }
+  /// The values, copied to the host with a synchronous cudaMemcpy on the default stream
+  /// (which does not wait for a context's non-blocking stream); throws precis::error when
+  /// the copy fails.
   template <class T, std::size_t N>
   static std::vector<T> download(const device_tensor<T, N>& t) {
     std::vector<T> out(t.size());
     if (t.size() != 0) check(cudaMemcpy(out.data(), t.data(), t.size() * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy");
     return out;
   }
+  /// sum += part elementwise on the context's stream, added in float and rounded once to
+  /// sum's type (part already rounded to its own type).
   template <class M, class G, std::size_t N>
   static void accumulate(ref ctx, device_tensor<M, N>& sum, const device_tensor<G, N>& part) {
     precis::add<policy<G, float, float, float, G>>(ctx, sum, part, sum);
   }
+  /// out = in converted, each value rounded once (nearest-even), on the context's stream.
   template <class In, class Out, std::size_t N>
   static void cast(ref ctx, const device_tensor<In, N>& in, device_tensor<Out, N>& out) {
     precis::cast(ctx, in, out);
   }
+  /// out = the sum of two inputs, added in float and rounded once; more than two inputs
+  /// do not compile on the device.
   template <class Out, std::size_t N, class... In>
   static void add_rounded(ref ctx, device_tensor<Out, N>& out, const device_tensor<In, N>&... in) {
     static_assert(sizeof...(In) == 2, "precis: on the device, joins by addition take two branches");
     [&](const auto& a, const auto& b) { precis::add<policy<Out, float, float, float, Out>>(ctx, a, b, out); }(in...);
   }
+  /// y = Fn(x) elementwise on the context's stream, computed in P's opmath type and rounded
+  /// once; `name` names the kernel in errors (precis::error for a shape mismatch).
   template <Policy P, template <class> class Fn, class X, class Y, std::size_t N>
   static void unary(std::string_view name, ref ctx, const device_tensor<X, N>& x, device_tensor<Y, N>& y) {
     precis::detail::cuda::unary<P, Fn>(name, ctx, x, y);
   }
+  /// dx = Fn(dy, x) elementwise on the context's stream, Fn an activation's gradient: as
+  /// unary().
   template <Policy P, template <class> class Fn, class DY, class X, class DX, std::size_t N>
   static void unary_backward(std::string_view name, ref ctx, const device_tensor<DY, N>& dy,
                              const device_tensor<X, N>& x, device_tensor<DX, N>& dx) {

@@ -37,14 +37,23 @@ class position_embedding_layer;
 /// Blueprint of nn::class_token.
 template <Layer Tag>
 struct class_token_spec {
+  /// Width D of the tokens, and of the learned token.
   std::size_t dim;
+  /// The layer it builds into for policy map Map on context Ctx, on tensors of rank R, which
+  /// must be 3 (In and G, the types that reach it, are not used: build casts them to its own).
   template <class Map, class Ctx, class In, class G, std::size_t R>
   using module_type = class_token_layer<Tag, policy_for_t<Tag, Map>, R, Ctx>;
 };
 /// Blueprint of nn::position_embedding.
 template <Layer Tag>
 struct position_embedding_spec {
+  /// Number of tokens T of every item: the table's rows.
   std::size_t tokens, dim;
+  /// @var dim
+  /// Width D of the tokens: the table's columns.
+
+  /// The layer it builds into for policy map Map on context Ctx, on tensors of rank R, which
+  /// must be 3 (In and G, the types that reach it, are not used: build casts them to its own).
   template <class Map, class Ctx, class In, class G, std::size_t R>
   using module_type = position_embedding_layer<Tag, policy_for_t<Tag, Map>, R, Ctx>;
 };
@@ -88,22 +97,30 @@ class class_token_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> 
   using M = typename base::master_type;
 
  public:
+  /// Its kind in nn::describe: "class_token".
   static constexpr std::string_view kind = "class_token";
 
+  /// The layer of a blueprint, its token zero until reset() draws it. Throws precis::error
+  /// when dim is 0.
   explicit class_token_layer(const class_token_spec<Tag>& s) : dim_(s.dim), token_({s.dim}) {
     if (s.dim == 0) throw error("precis::nn::class_token: needs dim > 0");
   }
 
+  /// Draws the token uniformly in +-0.02 from `seed`.
   void reset(std::uint64_t seed) {
     detail::fill_uniform(token_, seed, 0, detail::embedding_init_bound);
   }
 
+  /// The shape of the output: [N, T + 1, dim] for an input [N, T, dim]. Throws
+  /// precis::error (naming the layer's `path`) when the last axis is not `dim` long.
   shape_t<3> output_shape(const shape_t<3>& in, std::string_view path) const {
     if (in[2] != dim_)
       detail::bad_shape(path, kind, "[N, T, " + std::to_string(dim_) + "]", shape_string(in));
     return {in[0], in[1] + 1, in[2]};
   }
 
+  /// Each item's tokens with the learned token (its working copy) put first: a copy, no
+  /// arithmetic. Throws precis::error for an input of another shape.
   const host_tensor<S, 3>& forward(const cpu_context&, const host_tensor<S, 3>& x,
                                    mode = mode::train) {
     const auto out = output_shape(detail::shape_of<3>(x), path_name<Tag>());
@@ -117,6 +134,9 @@ class class_token_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> 
     x_.set(x);
     return y_;
   }
+  /// Adds the batch sum of dy's first token to the token's gradient and returns dx, dy
+  /// without its first token. Throws precis::error when dy's shape is not the last
+  /// output's.
   const host_tensor<G, 3>& backward(const cpu_context& ctx, const host_tensor<G, 3>& dy) {
     check_same_shape("precis::nn::class_token: dy and the output", dy, y_);
     const std::size_t items = std::size_t(dy.shape()[0]), t = std::size_t(dy.shape()[1]) - 1,
@@ -133,8 +153,11 @@ class class_token_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> 
     return dx_;
   }
 
+  /// The learned token [dim].
   parameter<S, M, 1>& token() { return token_; }
+  /// Its shape column in nn::describe: dim, as "768".
   std::string shape() const { return std::to_string(dim_); }
+  /// Bytes of its output, input-gradient and token-gradient buffers.
   std::size_t own_bytes() const {
     return detail::bytes_of(y_) + detail::bytes_of(dx_) + detail::bytes_of(dtoken_);
   }
@@ -143,16 +166,19 @@ class class_token_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> 
   static void for_each_observed(Self& self, F&& f) {
     f("", std::type_identity<Tag>{}, self.x_.peek(), self.y_, self.dx_);
   }
+  /// Calls f("token", token()).
   template <class Self, class F>
   static void for_each_parameter(Self& self, F&& f) {
     f("token", self.token_);
   }
   /// Embeddings take no weight decay.
   static constexpr bool decays(std::string_view) { return false; }
+  /// Saves or loads the token under `prefix` (see precis::save_checkpoint).
   template <class Archive>
   void visit_state(Archive& a, const std::string& prefix) {
     detail::visit_parameters(a, prefix, *this);
   }
+  /// Empty, or what loading the token found wrong.
   std::string validate() const { return detail::parameter_problems(*this); }
 
  private:
@@ -178,18 +204,24 @@ class position_embedding_layer : public layer_base<Tag, P, op::elementwise, R, R
   using M = typename base::master_type;
 
  public:
+  /// Its kind in nn::describe: "position_embedding".
   static constexpr std::string_view kind = "position_embedding";
 
+  /// The layer of a blueprint, its table zero until reset() draws it. Throws precis::error
+  /// when tokens or dim is 0.
   explicit position_embedding_layer(const position_embedding_spec<Tag>& s)
       : tokens_(s.tokens), dim_(s.dim), table_({s.tokens, s.dim}) {
     if (s.tokens == 0 || s.dim == 0)
       throw error("precis::nn::position_embedding: needs tokens > 0 and dim > 0");
   }
 
+  /// Draws the table uniformly in +-0.02 from `seed`.
   void reset(std::uint64_t seed) {
     detail::fill_uniform(table_, seed, 0, detail::embedding_init_bound);
   }
 
+  /// The shape of the output: the input's, [N, tokens, dim]. Throws precis::error (naming
+  /// the layer's `path`) for other token or width axes.
   shape_t<3> output_shape(const shape_t<3>& in, std::string_view path) const {
     if (in[1] != tokens_ || in[2] != dim_) {
       detail::bad_shape(path, kind,
@@ -199,6 +231,8 @@ class position_embedding_layer : public layer_base<Tag, P, op::elementwise, R, R
     return in;
   }
 
+  /// y = x + the table (its working copy) for every item, added in the policy's opmath type
+  /// and rounded once. Throws precis::error for an input of another shape.
   const host_tensor<S, 3>& forward(const cpu_context& ctx, const host_tensor<S, 3>& x,
                                    mode = mode::train) {
     detail::ensure(y_, output_shape(detail::shape_of<3>(x), path_name<Tag>()));
@@ -206,6 +240,8 @@ class position_embedding_layer : public layer_base<Tag, P, op::elementwise, R, R
     x_.set(x);
     return y_;
   }
+  /// Adds the batch sum of dy to the table's gradient and returns dy itself as dx (the
+  /// caller's tensor). Throws precis::error when dy's shape is not the last output's.
   const host_tensor<G, 3>& backward(const cpu_context& ctx, const host_tensor<G, 3>& dy) {
     check_same_shape("precis::nn::position_embedding: dy and the output", dy, y_);
     detail::ensure(dtable_, shape_t<2>{tokens_, dim_});
@@ -217,24 +253,30 @@ class position_embedding_layer : public layer_base<Tag, P, op::elementwise, R, R
     return dy;
   }
 
+  /// The learned table [tokens, dim].
   parameter<S, M, 2>& table() { return table_; }
+  /// Its shape column in nn::describe: tokens x dim, as "197x768".
   std::string shape() const { return std::to_string(tokens_) + "x" + std::to_string(dim_); }
+  /// Bytes of its output and table-gradient buffers (it keeps no input gradient).
   std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dtable_); }
   /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
   template <class Self, class F>
   static void for_each_observed(Self& self, F&& f) {
     f("", std::type_identity<Tag>{}, self.x_.peek(), self.y_, self.dtable_);
   }
+  /// Calls f("table", table()).
   template <class Self, class F>
   static void for_each_parameter(Self& self, F&& f) {
     f("table", self.table_);
   }
   /// Embeddings take no weight decay.
   static constexpr bool decays(std::string_view) { return false; }
+  /// Saves or loads the table under `prefix` (see precis::save_checkpoint).
   template <class Archive>
   void visit_state(Archive& a, const std::string& prefix) {
     detail::visit_parameters(a, prefix, *this);
   }
+  /// Empty, or what loading the table found wrong.
   std::string validate() const { return detail::parameter_problems(*this); }
 
  private:

@@ -46,9 +46,16 @@ class linear_layer;
 /// Blueprint of a linear layer (see nn::linear).
 template <Layer Tag>
 struct linear_spec {
+  /// Number of input features (the last axis of x).
   std::size_t in, out;
+  /// @var out
+  /// Number of output features (the last axis of y).
+
+  /// Whether the layer adds a bias.
   bias_mode bias = with_bias;
 
+  /// The layer it builds into for policy map Map on context Ctx, on tensors of rank R (In
+  /// and G, the types that reach it, are not used: build casts them to its own).
   template <class Map, class Ctx, class In, class G, std::size_t R>
   using module_type = linear_layer<Tag, policy_for_t<Tag, Map>, R, Ctx>;
 };
@@ -180,6 +187,7 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
   using M = typename base::master_type;
 
  public:
+  /// Its kind in nn::describe: "linear".
   static constexpr std::string_view kind = "linear";
   /// True when the products take float8 inputs (a float8 policy).
   static constexpr bool float8 = float8_products_v<P>;
@@ -187,17 +195,23 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
   /// when there are none).
   using float8_state = std::conditional_t<float8, detail::float8_linear_state<P, R>, detail::no_float8_state>;
 
+  /// The layer of a blueprint, its parameters zero until reset() draws them. Throws
+  /// precis::error when in or out is 0.
   explicit linear_layer(const linear_spec<Tag>& s)
       : in_(s.in), out_(s.out), bias_on_(s.bias == with_bias), weight_({s.out, s.in}), bias_({bias_on_ ? s.out : 0}) {
     if (s.in == 0 || s.out == 0) throw error("precis::nn::linear: needs in > 0 and out > 0");
   }
 
+  /// Draws the weight and the bias uniformly in +-1/sqrt(in) from `seed` (each from its
+  /// own stream).
   void reset(std::uint64_t seed) {
     const double bound = 1.0 / std::sqrt(double(in_));
     detail::fill_uniform(weight_, seed, 0, bound);
     detail::fill_uniform(bias_, seed, 1, bound);
   }
 
+  /// The shape of the output: the input's with `out` in the last axis. Throws
+  /// precis::error (naming the layer's `path`) for another last axis or an empty axis.
   shape_t<R> output_shape(const shape_t<R>& in, std::string_view path) const {
     if (in[R - 1] != in_ || detail::elements(in) == 0) {
       detail::bad_shape(path, kind, "[..., " + std::to_string(in_) + "] with no empty axis", shape_string(in));
@@ -207,6 +221,10 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
     return out;
   }
 
+  /// y = x W^T + b over the last axis (see the file comment); keeps the address of x for
+  /// backward(). Under a float8 policy, x and W are cast to float8 first, and a training
+  /// pass (`m`) records their amaxes in delayed recipes. Throws precis::error for an input
+  /// of another shape.
   const host_tensor<S, R>& forward(const cpu_context& ctx, const host_tensor<S, R>& x, mode m = mode::train) {
     const auto out = output_shape(detail::shape_of<R>(x), name_for_errors());
     detail::ensure(y_, out);
@@ -231,6 +249,9 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
     return y_;
   }
 
+  /// Adds dW = dy^T x and db (the column sums of dy) to the parameters' gradients and
+  /// returns dx = dy W in the gradient type. Throws precis::error without a forward pass or
+  /// when dy's shape is not the last output's.
   const host_tensor<G, R>& backward(const cpu_context& ctx, const host_tensor<G, R>& dy) {
     backward_impl(ctx, dy, true);
     return dx_;
@@ -260,7 +281,9 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
   }
 
  public:
+  /// The weight W [out, in].
   parameter<S, M, 2>& weight() { return weight_; }
+  /// The bias b [out]; empty (size 0) for a layer built with nn::no_bias.
   parameter<S, M, 1>& bias() { return bias_; }
   /// The float8 recipes and the tensors last cast with them (float8 policies).
   const float8_state& float8_products() const { return fp8_; }
@@ -268,7 +291,10 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
   void set_amax_reducer(reducer_ref r) {
     if constexpr (float8) fp8_.set_reducer(r);
   }
+  /// Its shape column in nn::describe: in and out, as "1024->256", or "64->10 no bias".
   std::string shape() const { return std::to_string(in_) + "->" + std::to_string(out_) + (bias_on_ ? "" : " no bias"); }
+  /// Bytes of its output, input-gradient and parameter-gradient buffers, and of the float8
+  /// tensors it keeps (not the parameters: see nn::parameter::bytes).
   std::size_t own_bytes() const {
     return detail::bytes_of(y_) + detail::bytes_of(dx_) + detail::bytes_of(dw_) + detail::bytes_of(db_) +
            fp8_.own_bytes();
@@ -279,6 +305,7 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
     f("", std::type_identity<Tag>{}, self.x_.peek(), self.y_, self.dx_);
   }
 
+  /// Calls f(name, parameter) for "weight" and, where the layer has one, "bias".
   template <class Self, class F>
   static void for_each_parameter(Self& self, F&& f) {
     f("weight", self.weight_);
@@ -286,11 +313,14 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
   }
   /// Weight decay applies to the weight, not the bias.
   static constexpr bool decays(std::string_view parameter) { return parameter == "weight"; }
+  /// Saves or loads its parameters under `prefix` (see precis::save_checkpoint), and under
+  /// a float8 policy its recipes' state ("fp8.input.", "fp8.weight.", "fp8.grad_output.").
   template <class Archive>
   void visit_state(Archive& a, const std::string& prefix) {
     detail::visit_parameters(a, prefix, *this);
     if constexpr (float8) fp8_.visit_state(a, prefix);
   }
+  /// Empty, or what loading its parameters (and float8 recipes) found wrong.
   std::string validate() const {
     std::string out = detail::parameter_problems(*this);
     if constexpr (float8) {

@@ -23,18 +23,27 @@ class basic_softmax_cross_entropy {
   using G = typename P::gradient_type;
 
  public:
+  /// Its name in error messages: "softmax_cross_entropy".
   static constexpr std::string_view name = "softmax_cross_entropy";
   /// The (resolved) policy it runs under.
   using policy_type = P;
+  /// Element type of the logits forward() reads: P's storage type.
   using input_type = S;
+  /// Element type of the gradient backward() returns: P's gradient type.
   using input_grad_type = G;
   /// It reads logits [batch, classes].
   static constexpr std::size_t input_rank = 2;
+  /// Integer type of the class targets.
   using target_type = Target;
+  /// The targets' tensor: one class index in [0, classes) per row of the logits.
   using target_tensor = host_tensor<Target, 1>;
   /// The type the loss value is computed in (float, or double under a double policy).
   using value_type = precis::detail::math_t<op::loss, P, S>;
 
+  /// The loss of `logits` [batch, classes] against `targets` [batch] (see the class
+  /// comment); keeps the addresses of both for backward(), so they must stay alive and
+  /// unchanged until then. Throws precis::error for targets of another length, an empty
+  /// batch or a target outside [0, classes).
   value_type forward(const cpu_context& ctx, const host_tensor<S, 2>& logits,
                      const host_tensor<Target, 1>& targets) {
     const value_type loss = cross_entropy<P>(ctx, logits, targets);
@@ -42,13 +51,18 @@ class basic_softmax_cross_entropy {
     targets_ = &targets;
     return loss;
   }
+  /// The gradient of `dloss` times the loss of the last forward pass with respect to its
+  /// logits: dloss * (softmax - onehot) / batch, in P's gradient type. Throws precis::error
+  /// without a forward pass.
   const host_tensor<G, 2>& backward(const cpu_context& ctx, double dloss = 1.0) {
     const auto& logits = logits_.get(name);
     detail::ensure(dx_, detail::shape_of<2>(logits));
     cross_entropy_backward<P>(ctx, logits, *targets_, dx_, dloss);
     return dx_;
   }
+  /// "-": the loss has no parameters (what a layer's shape() gives nn::describe).
   std::string shape() const { return "-"; }
+  /// Bytes of its gradient buffer.
   std::size_t own_bytes() const { return detail::bytes_of(dx_); }
 
  private:

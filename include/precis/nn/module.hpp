@@ -39,7 +39,8 @@
 /// backward() (the enclosing model arranges that).
 #pragma once
 
-// Lets precis/nn/cuda.hpp check that it comes first (see there).
+/// Defined by this header, which every nn layer header includes: lets precis/nn/cuda.hpp
+/// check that it comes first (see there).
 #define PRECIS_NN_INCLUDED 1
 
 #include <precis/kernels/context.hpp>
@@ -65,14 +66,19 @@ using shape_t = std::array<std::size_t, N>;
 
 /// Whether a linear or convolution layer adds a bias.
 enum class bias_mode { with_bias, no_bias };
+/// The layer adds a bias (`nn::linear(64, 10, nn::with_bias)`).
 inline constexpr bias_mode with_bias = bias_mode::with_bias;
+/// The layer adds no bias (`nn::linear(64, 10, nn::no_bias)`).
 inline constexpr bias_mode no_bias = bias_mode::no_bias;
 
 /// One tensor of a multi-tensor edge: element type T, gradient type G, rank R.
 template <class T, class G, std::size_t R>
 struct sig {
+  /// Element type of the tensor.
   using type = T;
+  /// Element type of its gradient.
   using grad_type = G;
+  /// Rank of the tensor.
   static constexpr std::size_t rank = R;
 };
 
@@ -86,6 +92,7 @@ struct values {};
 /// True for nn::values<...>.
 template <class T>
 inline constexpr bool is_values_v = false;
+/// nn::values<...> is a multi-tensor edge.
 template <class... S>
 inline constexpr bool is_values_v<values<S...>> = true;
 
@@ -122,60 +129,97 @@ namespace tags {
 /// Base of the default tags.
 template <op_kind Op>
 struct positional_tag : precis::layer<Op> {
+  /// Marks the tag's layers as named by their position in paths (nn::positional_tag_v).
   static constexpr bool positional = true;
 };
+/// Default tag of nn::linear (op::matmul).
 struct linear : positional_tag<op::matmul> {
+  /// The name describe prints for the tag.
   static constexpr std::string_view name = "linear";
 };
+/// Default tag of nn::conv2d (op::conv).
 struct conv2d : positional_tag<op::conv> {
+  /// The name describe prints for the tag.
   static constexpr std::string_view name = "conv2d";
 };
+/// Default tag of nn::conv_transpose2d (op::conv).
 struct conv_transpose2d : positional_tag<op::conv> {
+  /// The name describe prints for the tag.
   static constexpr std::string_view name = "conv_transpose2d";
 };
+/// Default tag of nn::relu (op::elementwise).
 struct relu : positional_tag<op::elementwise> {
+  /// The name describe prints for the tag.
   static constexpr std::string_view name = "relu";
 };
+/// Default tag of nn::gelu (op::elementwise).
 struct gelu : positional_tag<op::elementwise> {
+  /// The name describe prints for the tag.
   static constexpr std::string_view name = "gelu";
 };
+/// Default tag of nn::sigmoid (op::elementwise).
 struct sigmoid : positional_tag<op::elementwise> {
+  /// The name describe prints for the tag.
   static constexpr std::string_view name = "sigmoid";
 };
+/// Default tag of nn::tanh (op::elementwise).
 struct tanh : positional_tag<op::elementwise> {
+  /// The name describe prints for the tag.
   static constexpr std::string_view name = "tanh";
 };
+/// Default tag of nn::dropout (op::elementwise).
 struct dropout : positional_tag<op::elementwise> {
+  /// The name describe prints for the tag.
   static constexpr std::string_view name = "dropout";
 };
+/// Default tag of nn::scale (op::elementwise).
 struct scale : positional_tag<op::elementwise> {
+  /// The name describe prints for the tag.
   static constexpr std::string_view name = "scale";
 };
+/// Default tag of nn::layer_norm (op::layer_norm).
 struct layer_norm : positional_tag<op::layer_norm> {
+  /// The name describe prints for the tag.
   static constexpr std::string_view name = "layer_norm";
 };
+/// Default tag of nn::batch_norm (op::batch_norm).
 struct batch_norm : positional_tag<op::batch_norm> {
+  /// The name describe prints for the tag.
   static constexpr std::string_view name = "batch_norm";
 };
+/// Default tag of nn::max_pool2d (op::pooling).
 struct max_pool2d : positional_tag<op::pooling> {
+  /// The name describe prints for the tag.
   static constexpr std::string_view name = "max_pool2d";
 };
+/// Default tag of nn::avg_pool2d (op::pooling).
 struct avg_pool2d : positional_tag<op::pooling> {
+  /// The name describe prints for the tag.
   static constexpr std::string_view name = "avg_pool2d";
 };
+/// Default tag of nn::global_avg_pool (op::reduction).
 struct global_avg_pool : positional_tag<op::reduction> {
+  /// The name describe prints for the tag.
   static constexpr std::string_view name = "global_avg_pool";
 };
+/// Default tag of nn::upsample_nearest and nn::upsample_bilinear (op::pooling).
 struct upsample : positional_tag<op::pooling> {
+  /// The name describe prints for the tag.
   static constexpr std::string_view name = "upsample";
 };
+/// Default tag of nn::softmax (op::softmax).
 struct softmax : positional_tag<op::softmax> {
+  /// The name describe prints for the tag.
   static constexpr std::string_view name = "softmax";
 };
+/// Default tag of nn::class_token and nn::position_embedding (op::elementwise).
 struct embedding : positional_tag<op::elementwise> {
+  /// The name describe prints for the tag.
   static constexpr std::string_view name = "embedding";
 };
+/// A tag for a loss (op::loss), as nn::softmax_cross_entropy_for takes one.
 struct loss : positional_tag<op::loss> {
+  /// The name describe prints for the tag.
   static constexpr std::string_view name = "loss";
 };
 }  // namespace tags
@@ -416,27 +460,44 @@ struct layer_base {
   static_assert(Float8Products || !float8_products_v<P>,
                 "precis: only nn::linear and the projections of nn::attention take float8 inputs "
                 "in their products; give this layer a bfloat16 or float16 policy in the map");
+  /// The layer tag: the key of its policy in the map, and its name in paths (nn::path_name).
   using tag_type = Tag;
   /// The policy the layer runs under, resolved by the rule set for its operation kind.
   using policy_type = P;
+  /// The operation kind the layer performs (op::matmul, op::conv, ...).
   using operation = Op;
+  /// The context its kernels run on.
   using context_type = Ctx;
+  /// Element type of the input forward() reads (see nn::activation_type_t).
   using input_type = activation_type_t<P>;
+  /// Element type of the output forward() returns.
   using output_type = activation_type_t<P>;
+  /// Element type of the input gradient backward() returns (see nn::activation_grad_type_t).
   using input_grad_type = activation_grad_type_t<P>;
+  /// Element type of the output gradient backward() reads.
   using output_grad_type = activation_grad_type_t<P>;
+  /// Element type of its master weights and parameter gradients (P's master type).
   using master_type = typename P::master_type;
+  /// Element type of its statistics (norm means and variances): double under a double
+  /// master type, float otherwise.
   using statistics_type = std::conditional_t<std::is_same_v<master_type, double>, double, float>;
+  /// Rank of the input.
   static constexpr std::size_t input_rank = InRank;
+  /// Rank of the output.
   static constexpr std::size_t output_rank = OutRank;
+  /// A rank-N tensor of T on its context.
   template <class T, std::size_t N>
   using tensor = tensor_t<Ctx, T, N>;
 
+  /// Its component of a path: the tag's name, "" for nn::tags (see nn::path_name).
   std::string_view name() const { return path_name<Tag>(); }
   /// Draws the parameters (and random state) from `seed`; nothing for most layers.
   void reset(std::uint64_t) {}
+  /// Saves or loads its checkpoint fields under `prefix`; none for layers without
+  /// parameters or state.
   template <class Archive>
   void visit_state(Archive&, const std::string&) {}
+  /// What went wrong loading its checkpoint fields ("" when nothing; always "" here).
   std::string validate() const { return {}; }
 };
 
@@ -444,15 +505,24 @@ struct layer_base {
 /// gives T, with gradients G, whatever the policy; no tag decides its precision.
 template <class T, class G, std::size_t InRank, std::size_t OutRank, class Ctx>
 struct data_layer_base {
+  /// The context its kernels run on.
   using context_type = Ctx;
+  /// Element type of the input forward() reads.
   using input_type = T;
+  /// Element type of the output forward() returns: the input's.
   using output_type = T;
+  /// Element type of the input gradient backward() returns.
   using input_grad_type = G;
+  /// Element type of the output gradient backward() reads: the input gradient's.
   using output_grad_type = G;
+  /// Rank of the input.
   static constexpr std::size_t input_rank = InRank;
+  /// Rank of the output.
   static constexpr std::size_t output_rank = OutRank;
+  /// A rank-N tensor of U on its context.
   template <class U, std::size_t N>
   using tensor = tensor_t<Ctx, U, N>;
+  /// Its component of a path: "" (named by its position).
   std::string_view name() const { return ""; }
 };
 

@@ -65,7 +65,11 @@ class fork_module;
 /// Blueprint of nn::fork.
 template <class... Ss>
 struct fork_spec {
+  /// The branches' blueprints.
   std::tuple<Ss...> children;
+  /// The module this blueprint builds into where element type In, gradient type G and rank R reach
+  /// it, under policy map Map on context Ctx: an nn::fork_module of the branches' modules, each
+  /// resolved where (In, G, R) reach it.
   template <class Map, class Ctx, class In, class G, std::size_t R>
   using module_type = fork_module<detail::resolve_spec_t<Ss, Map, Ctx, In, G, R>...>;
 };
@@ -94,29 +98,45 @@ class fork_module {
                 "precis: nn::fork runs on host tensors so far; build the model for cpu_context");
 
  public:
+  /// The context its kernels run on: the branches' (cpu_context).
   using context_type = typename first::context_type;
+  /// Element type forward() reads: every branch's input type.
   using input_type = typename first::input_type;
+  /// Element type of the gradient backward() returns: every branch's.
   using input_grad_type = typename first::input_grad_type;
+  /// The multi-tensor edge forward() gives: one nn::sig per branch, of its output's types and rank.
   using output_type = values<detail::output_sig_t<Ms>...>;
+  /// The gradient backward() reads: the same edge, one gradient per branch.
   using output_grad_type = output_type;
+  /// Rank of the input: every branch's.
   static constexpr std::size_t input_rank = first::input_rank;
+  /// 0: the output is a multi-tensor edge.
   static constexpr std::size_t output_rank = 0;
 
+  /// Builds each branch from its blueprint in `s`.
   template <class... Ss>
   explicit fork_module(const fork_spec<Ss...>& s) : fork_module(s, std::make_index_sequence<count>{}) {}
 
+  /// "": a fork is named by its position in paths.
   std::string_view name() const { return ""; }
+  /// The tuple of the branches' output shapes for an input of shape `in`; a branch that cannot take
+  /// `in` throws precis::error naming its path.
   edge_shape_t<output_type, 0> output_shape(const shape_t<input_rank>& in, std::string_view path) const {
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
       return edge_shape_t<output_type, 0>{std::get<I>(children_).output_shape(
           in, join_path(path, detail::component_of(I, std::get<I>(children_))))...};
     }(std::make_index_sequence<count>{});
   }
+  /// Runs each branch on x, in order; returns a tuple of pointers to their outputs (the branches'
+  /// buffers).
   template <class X>
   edge_value_t<context_type, output_type, 0> forward(context_ref_t<context_type> ctx, const X& x, mode m = mode::train) {
     return std::apply([&](auto&... c) { return edge_value_t<context_type, output_type, 0>{&c.forward(ctx, x, m)...}; },
                       children_);
   }
+  /// Runs each branch's backward pass on its gradient in dy (one pointer per branch); returns the
+  /// sum of their input gradients, added in float (double for double tensors) and rounded once into
+  /// this module's buffer.
   const tensor_t<context_type, input_grad_type, input_rank>& backward(context_ref_t<context_type> ctx,
                                                                        const edge_grad_t<context_type, output_type, 0>& dy) {
     const auto dxs = [&]<std::size_t... I>(std::index_sequence<I...>) {
@@ -135,12 +155,16 @@ class fork_module {
     }
     (std::make_index_sequence<count>{});
   }
+  /// Bytes of the input-gradient buffer.
   std::size_t own_bytes() const { return detail::bytes_of(dx_); }
+  /// Calls `f(component, branch)` for each branch in order; the component is the branch's name, or
+  /// its position where it has none.
   template <class Self, class F>
   static void for_each_child(Self& self, F&& f) {
     std::size_t i = 0;
     std::apply([&](auto&... c) { ((f(detail::component_of(i, c), c), ++i), ...); }, self.children_);
   }
+  /// Branch I.
   template <std::size_t I>
   auto& child() {
     return std::get<I>(children_);
@@ -163,13 +187,21 @@ class taps_module;
 /// Blueprint of nn::taps.
 template <class... Ss>
 struct taps_spec {
+  /// The stages' blueprints, as a sequence.
   seq_spec<Ss...> chain;
+  /// The taps module of the stages an nn::sequence type holds.
   template <class Seq>
   struct as_taps;
+  /// The nn::taps_module of the modules Ms of an nn::sequence.
   template <class... Ms>
   struct as_taps<sequence<Ms...>> {
+    /// The nn::taps_module built.
     using type = taps_module<Ms...>;
   };
+  /// The module this blueprint builds into where element type In, gradient type G and rank R reach
+  /// it, under policy map Map on context Ctx: the stages resolved as nn::seq resolves them (with an
+  /// nn::cast_in where a stage reads another type than the one before gives), held in an
+  /// nn::taps_module.
   template <class Map, class Ctx, class In, class G, std::size_t R>
   using module_type = typename as_taps<typename seq_spec<Ss...>::template module_type<Map, Ctx, In, G, R>>::type;
 };
@@ -195,29 +227,47 @@ class taps_module {
                 "precis: nn::taps runs on host tensors so far; build the model for cpu_context");
 
  public:
+  /// The context its kernels run on: the stages' (cpu_context).
   using context_type = typename first::context_type;
+  /// Element type forward() reads: the first stage's input type.
   using input_type = typename first::input_type;
+  /// Element type of the gradient backward() returns: the first stage's.
   using input_grad_type = typename first::input_grad_type;
+  /// The multi-tensor edge forward() gives: one nn::sig per stage, of its output's types and rank.
   using output_type = values<detail::output_sig_t<Ms>...>;
+  /// The gradient backward() reads: the same edge, one gradient per stage output.
   using output_grad_type = output_type;
+  /// Rank of the input: the first stage's.
   static constexpr std::size_t input_rank = first::input_rank;
+  /// 0: the output is a multi-tensor edge.
   static constexpr std::size_t output_rank = 0;
 
+  /// Builds each stage from its blueprint in `s`.
   template <class... Ss>
   explicit taps_module(const taps_spec<Ss...>& s) : taps_module(s.chain, std::make_index_sequence<count>{}) {}
 
+  /// "": a taps node is named by its position in paths.
   std::string_view name() const { return ""; }
+  /// The tuple of every stage's output shape for an input of shape `in`, each stage reading the
+  /// shape the one before gives; a stage that cannot take what reaches it throws precis::error
+  /// naming its path.
   edge_shape_t<output_type, 0> output_shape(const shape_t<input_rank>& in, std::string_view path) const {
     edge_shape_t<output_type, 0> out{};
     shapes_from<0>(in, path, out);
     return out;
   }
+  /// Runs the stages in order on x; returns a tuple of pointers to every stage's output (the
+  /// stages' buffers).
   template <class X>
   edge_value_t<context_type, output_type, 0> forward(context_ref_t<context_type> ctx, const X& x, mode m = mode::train) {
     edge_value_t<context_type, output_type, 0> out{};
     forward_from<0>(ctx, x, m, out);
     return out;
   }
+  /// Runs the stages' backward passes in reverse order. The last stage's output gradient is its
+  /// gradient in dy; every other stage's is its gradient in dy plus the input gradient the next
+  /// stage gives back, added in float (double for double tensors) and rounded once into this
+  /// module's buffers. Returns the first stage's input gradient.
   const tensor_t<context_type, input_grad_type, input_rank>& backward(context_ref_t<context_type> ctx,
                                                                        const edge_grad_t<context_type, output_type, 0>& dy) {
     return backward_from<count - 1>(ctx, dy, *std::get<count - 1>(dy));
@@ -228,14 +278,18 @@ class taps_module {
                            const edge_grad_t<context_type, output_type, 0>& dy) {
     backward_from<count - 1, true>(ctx, dy, *std::get<count - 1>(dy));
   }
+  /// Bytes of the summed output gradients (one buffer per stage but the last).
   std::size_t own_bytes() const {
     return std::apply([](const auto&... g) { return (std::size_t(0) + ... + detail::bytes_of(g)); }, sums_);
   }
+  /// Calls `f(component, stage)` for each stage in order; the component is the stage's name, or its
+  /// position where it has none.
   template <class Self, class F>
   static void for_each_child(Self& self, F&& f) {
     std::size_t i = 0;
     std::apply([&](auto&... c) { ((f(detail::component_of(i, c), c), ++i), ...); }, self.children_);
   }
+  /// Stage I.
   template <std::size_t I>
   auto& child() {
     return std::get<I>(children_);
@@ -308,7 +362,11 @@ struct resolve_each<std::tuple<Ss...>, values<Sigs...>, Map, Ctx> {
 /// Blueprint of nn::each.
 template <class... Ss>
 struct each_spec {
+  /// The nodes' blueprints, one per tensor of the edge.
   std::tuple<Ss...> children;
+  /// The module this blueprint builds into where the multi-tensor edge In reaches it, under policy
+  /// map Map on context Ctx: an nn::each_module with node i resolved where tensor i's types and
+  /// rank reach it. In must be an nn::values edge of as many tensors as there are nodes.
   template <class Map, class Ctx, class In, class G, std::size_t R>
   using module_type = typename detail::resolve_each<std::tuple<Ss...>, In, Map, Ctx>::type;
 };
@@ -330,24 +388,37 @@ class each_module {
                 "precis: nn::each runs on host tensors so far; build the model for cpu_context");
 
  public:
+  /// The context its kernels run on: the nodes' (cpu_context).
   using context_type = typename first::context_type;
+  /// The multi-tensor edge forward() reads: one nn::sig per node, of its input's types and rank.
   using input_type = values<sig<typename Ms::input_type, typename Ms::input_grad_type, Ms::input_rank>...>;
+  /// The gradient backward() returns: the same edge, one gradient per node input.
   using input_grad_type = input_type;
+  /// The multi-tensor edge forward() gives: one nn::sig per node, of its output's types and rank.
   using output_type = values<detail::output_sig_t<Ms>...>;
+  /// The gradient backward() reads: the same edge, one gradient per node output.
   using output_grad_type = output_type;
+  /// 0: the input is a multi-tensor edge.
   static constexpr std::size_t input_rank = 0;
+  /// 0: the output is a multi-tensor edge.
   static constexpr std::size_t output_rank = 0;
 
+  /// Builds each node from its blueprint in `s`.
   template <class... Ss>
   explicit each_module(const each_spec<Ss...>& s) : each_module(s, std::make_index_sequence<count>{}) {}
 
+  /// "": an each node is named by its position in paths.
   std::string_view name() const { return ""; }
+  /// The tuple of node i's output shape for shape i of `in`; a node that cannot take its shape
+  /// throws precis::error naming its path.
   edge_shape_t<output_type, 0> output_shape(const edge_shape_t<input_type, 0>& in, std::string_view path) const {
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
       return edge_shape_t<output_type, 0>{std::get<I>(children_).output_shape(
           std::get<I>(in), join_path(path, detail::component_of(I, std::get<I>(children_))))...};
     }(std::make_index_sequence<count>{});
   }
+  /// Runs node i on tensor i of x, in order; returns a tuple of pointers to their outputs (the
+  /// nodes' buffers).
   edge_value_t<context_type, output_type, 0> forward(context_ref_t<context_type> ctx,
                                                      const edge_value_t<context_type, input_type, 0>& x,
                                                      mode m = mode::train) {
@@ -355,18 +426,24 @@ class each_module {
       return edge_value_t<context_type, output_type, 0>{&std::get<I>(children_).forward(ctx, *std::get<I>(x), m)...};
     }(std::make_index_sequence<count>{});
   }
+  /// Runs node i's backward pass on gradient i of dy; returns a tuple of pointers to their input
+  /// gradients.
   edge_grad_t<context_type, input_type, 0> backward(context_ref_t<context_type> ctx,
                                                     const edge_grad_t<context_type, output_type, 0>& dy) {
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
       return edge_grad_t<context_type, input_type, 0>{&std::get<I>(children_).backward(ctx, *std::get<I>(dy))...};
     }(std::make_index_sequence<count>{});
   }
+  /// 0: the buffers belong to the nodes.
   std::size_t own_bytes() const { return 0; }
+  /// Calls `f(component, node)` for each node in order; the component is the node's name, or its
+  /// position where it has none.
   template <class Self, class F>
   static void for_each_child(Self& self, F&& f) {
     std::size_t i = 0;
     std::apply([&](auto&... c) { ((f(detail::component_of(i, c), c), ++i), ...); }, self.children_);
   }
+  /// Node I.
   template <std::size_t I>
   auto& child() {
     return std::get<I>(children_);
@@ -388,17 +465,25 @@ class top_down_module;
 /// Blueprint of nn::top_down.
 template <class S>
 struct top_down_spec {
+  /// The blueprint of the node between two levels (an upsampling); one is built per level but the
+  /// last.
   S node;
+  /// Resolves the node where the edge In reaches it; defined for an nn::values edge only.
   template <class Map, class Ctx, class In, class G, std::size_t R>
   struct resolved;
+  /// The case of an nn::values edge: its tensors must be of one element type, gradient type and
+  /// rank; the node is resolved where one of them reaches it.
   template <class Map, class Ctx, class S0, class... Sigs, class G, std::size_t R>
   struct resolved<Map, Ctx, values<S0, Sigs...>, G, R> {
     static_assert((std::is_same_v<S0, Sigs> && ...),
                   "precis: nn::top_down adds tensors of one element type, gradient type and rank; give "
                   "the nodes before it one storage type in the map, or cast in nn::each");
+    /// The nn::top_down_module built.
     using type = top_down_module<values<S0, Sigs...>,
                                  detail::resolve_spec_t<S, Map, Ctx, typename S0::type, typename S0::grad_type, S0::rank>>;
   };
+  /// The module this blueprint builds into where the multi-tensor edge In reaches it, under policy
+  /// map Map on context Ctx: an nn::top_down_module (see resolved).
   template <class Map, class Ctx, class In, class G, std::size_t R>
   using module_type = typename resolved<Map, Ctx, In, G, R>::type;
 };
@@ -425,20 +510,34 @@ class top_down_module<values<S0, Sigs...>, M> {
                 "precis: nn::top_down runs on host tensors so far; build the model for cpu_context");
 
  public:
+  /// The context its kernels run on: the node's (cpu_context).
   using context_type = typename M::context_type;
+  /// The multi-tensor edge forward() reads: the n levels x, finest first, all of one nn::sig.
   using input_type = values<S0, Sigs...>;
+  /// The gradient backward() returns: the same edge, the gradients of x.
   using input_grad_type = input_type;
+  /// The multi-tensor edge forward() gives: the levels p, of the types and shapes of x.
   using output_type = input_type;
+  /// The gradient backward() reads: the same edge, the gradients of p.
   using output_grad_type = input_type;
+  /// 0: the input is a multi-tensor edge.
   static constexpr std::size_t input_rank = 0;
+  /// 0: the output is a multi-tensor edge.
   static constexpr std::size_t output_rank = 0;
+  /// One level's tensor.
   using tensor = tensor_t<context_type, T, R>;
+  /// One level's gradient.
   using grad_tensor = tensor_t<context_type, G, R>;
 
+  /// Builds the n - 1 nodes (n levels) from `s.node`.
   template <class S>
   explicit top_down_module(const top_down_spec<S>& s) : top_down_module(s.node, std::make_index_sequence<levels - 1>{}) {}
 
+  /// "": a top-down path is named by its position in paths.
   std::string_view name() const { return ""; }
+  /// `in` itself, once checked: node i must turn level i + 1's shape into level i's. Throws
+  /// precis::error naming both levels and their shapes where it does not, or where node i cannot
+  /// take the shape.
   edge_shape_t<input_type, 0> output_shape(const edge_shape_t<input_type, 0>& in, std::string_view path) const {
     const auto shapes = to_array(in);
     for (std::size_t i = 0; i + 1 < levels; ++i) {
@@ -451,6 +550,9 @@ class top_down_module<values<S0, Sigs...>, M> {
     }
     return in;
   }
+  /// `p[n-1] = x[n-1]` and, from the coarsest level down, `p[i] = x[i] + node_i(p[i+1])`, added in
+  /// float (double for double tensors) and rounded once into this module's buffers. Returns a tuple
+  /// of pointers to p (`p[n-1]` points to `x[n-1]` itself).
   edge_value_t<context_type, output_type, 0> forward(context_ref_t<context_type> ctx,
                                                      const edge_value_t<context_type, input_type, 0>& x,
                                                      mode m = mode::train) {
@@ -465,6 +567,10 @@ class top_down_module<values<S0, Sigs...>, M> {
     }
     return from_array<edge_value_t<context_type, output_type, 0>>(p);
   }
+  /// The gradients of x from those of p (dy): that of `x[0]` is `dy[0]` itself; from the finest
+  /// level up, that of `x[i]` is `dy[i]` plus the input gradient node i - 1 gives for the gradient
+  /// of `p[i-1]`, added in float (double for double tensors) and rounded once into this module's
+  /// buffers. Returns a tuple of pointers to them.
   edge_grad_t<context_type, input_type, 0> backward(context_ref_t<context_type> ctx,
                                                     const edge_grad_t<context_type, output_type, 0>& dy) {
     const auto ds = to_array(dy);
@@ -478,12 +584,14 @@ class top_down_module<values<S0, Sigs...>, M> {
     }
     return from_array<edge_grad_t<context_type, input_type, 0>>(g);
   }
+  /// Bytes of the sums `p[i]` for i < n - 1 and of the gradients of `x[i]` for i > 0.
   std::size_t own_bytes() const {
     std::size_t n = 0;
     for (const auto& t : sums_) n += detail::bytes_of(t);
     for (const auto& t : grads_) n += detail::bytes_of(t);
     return n;
   }
+  /// Calls `f("i", node i)` for i = 0 to n-2; node i gives level i's addend.
   template <class Self, class F>
   static void for_each_child(Self& self, F&& f) {
     for (std::size_t i = 0; i + 1 < levels; ++i) f(std::to_string(i), self.nodes_[i]);
@@ -516,7 +624,10 @@ class join_module;
 /// Blueprint of nn::add_all and nn::concat_all.
 template <join_kind Join>
 struct join_spec {
+  /// The concatenation axis (nn::concat_all); 0 for the others.
   std::size_t axis = 0;
+  /// The module this blueprint builds into where the multi-tensor edge In reaches it, on context
+  /// Ctx: an nn::join_module (the map Map is not consulted).
   template <class Map, class Ctx, class In, class G, std::size_t R>
   using module_type = join_module<Join, In, Ctx>;
 };
@@ -548,14 +659,22 @@ class join_module<Join, values<S0, Sigs...>, Ctx> {
   static constexpr std::size_t R = S0::rank;
 
  public:
+  /// The context its kernels run on (cpu_context).
   using context_type = Ctx;
+  /// The multi-tensor edge forward() reads: tensors all of one nn::sig.
   using input_type = values<S0, Sigs...>;
+  /// The gradient backward() returns: the same edge, one gradient per tensor.
   using input_grad_type = input_type;
+  /// Element type forward() returns: the tensors' element type.
   using output_type = T;
+  /// Element type of the gradient backward() reads: the tensors' gradient type.
   using output_grad_type = G;
+  /// 0: the input is a multi-tensor edge.
   static constexpr std::size_t input_rank = 0;
+  /// Rank of the output: the tensors' rank.
   static constexpr std::size_t output_rank = R;
 
+  /// Keeps the axis of `s`; throws precis::error where it is not below the tensors' rank.
   explicit join_module(const join_spec<Join>& s) : axis_(s.axis) {
     if (axis_ >= R) {
       throw error("precis::nn::concat_all: axis " + std::to_string(axis_) + " is out of range for tensors of rank " +
@@ -563,7 +682,11 @@ class join_module<Join, values<S0, Sigs...>, Ctx> {
     }
   }
 
+  /// "": a join is named by its position in paths.
   std::string_view name() const { return ""; }
+  /// The joined shape for the edge's shapes `in`: their common shape for nn::add_all and
+  /// nn::subtract; for nn::concat_all, their shape with the extents along the axis summed. Throws
+  /// precis::error naming `path` and two shapes where they cannot be joined so.
   shape_t<R> output_shape(const edge_shape_t<input_type, 0>& in, std::string_view path) const {
     const auto shapes = std::apply([](const auto&... s) { return std::array{s...}; }, in);
     shape_t<R> out = shapes[0];
@@ -581,6 +704,10 @@ class join_module<Join, values<S0, Sigs...>, Ctx> {
     }
     return out;
   }
+  /// Joins the tensors of x into this module's buffer and returns it: added in float (double for
+  /// double tensors) and rounded once (nn::add_all), a - b likewise (nn::subtract), or copied side
+  /// by side along the axis (nn::concat_all). Checks the shapes first and throws as output_shape()
+  /// does.
   const tensor_t<Ctx, T, R>& forward(context_ref_t<Ctx> ctx, const edge_value_t<Ctx, input_type, 0>& x, mode = mode::train) {
     const auto shape = output_shape(detail::edge_shape_of<0>(x), "");
     detail::ensure(y_, shape);
@@ -601,6 +728,10 @@ class join_module<Join, values<S0, Sigs...>, Ctx> {
     }
     return y_;
   }
+  /// The gradients of the edge's tensors for dy: dy itself for each (nn::add_all); dy and -dy, the
+  /// negation exact (nn::subtract); each tensor's part of dy along the axis (nn::concat_all).
+  /// Returns a tuple of pointers to them; negated and sliced gradients are in this module's
+  /// buffers.
   edge_grad_t<Ctx, input_type, 0> backward(context_ref_t<Ctx>, const tensor_t<Ctx, G, R>& dy) {
     if constexpr (Join == join_kind::add) {
       // Every input's gradient is dy itself.
@@ -631,6 +762,7 @@ class join_module<Join, values<S0, Sigs...>, Ctx> {
       }(std::make_index_sequence<count>{});
     }
   }
+  /// Bytes of the output and of the gradient buffers (nn::subtract and nn::concat_all).
   std::size_t own_bytes() const {
     std::size_t n = detail::bytes_of(y_);
     for (const auto& p : parts_) n += detail::bytes_of(p);

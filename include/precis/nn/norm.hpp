@@ -29,17 +29,27 @@ class batch_norm_layer;
 /// Blueprint of a layer norm over a last axis of `features`.
 template <Layer Tag>
 struct layer_norm_spec {
+  /// Size of the normalised last axis (and of gamma and beta).
   std::size_t features;
+  /// Added to the variance before its square root: y = (x - mean) / sqrt(var + eps).
   double eps = 1e-5;
+  /// The layer it builds into for policy map Map on context Ctx, on tensors of rank R (In
+  /// and G, the types that reach it, are not used: build casts them to its own).
   template <class Map, class Ctx, class In, class G, std::size_t R>
   using module_type = layer_norm_layer<Tag, policy_for_t<Tag, Map>, R, Ctx>;
 };
 /// Blueprint of a batch norm over `channels` on axis 1.
 template <Layer Tag>
 struct batch_norm_spec {
+  /// Number of channels: the size of axis 1 (and of gamma, beta and the running statistics).
   std::size_t channels;
+  /// Weight of the new batch in the running statistics, PyTorch's rule: running =
+  /// (1 - momentum) running + momentum batch statistic. In [0, 1].
   double momentum = 0.1;
+  /// Added to the variance before its square root.
   double eps = 1e-5;
+  /// The layer it builds into for policy map Map on context Ctx, on tensors of rank R (In
+  /// and G, the types that reach it, are not used: build casts them to its own).
   template <class Map, class Ctx, class In, class G, std::size_t R>
   using module_type = batch_norm_layer<Tag, policy_for_t<Tag, Map>, R, Ctx>;
 };
@@ -139,12 +149,17 @@ class layer_norm_layer : public detail::affine_norm<Tag, P, op::layer_norm, R, C
   using tensor = tensor_t<Ctx, T, N>;
 
  public:
+  /// Its kind in nn::describe: "layer_norm".
   static constexpr std::string_view kind = "layer_norm";
 
+  /// The layer of a blueprint, gamma 1 and beta 0. Throws precis::error when features is 0.
   explicit layer_norm_layer(const layer_norm_spec<Tag>& s) : base(kind, s.features), eps_(s.eps) {}
 
+  /// Sets gamma back to 1 and beta to 0 (nothing is drawn: the seed is not used).
   void reset(std::uint64_t) { this->reset_affine(); }
 
+  /// The shape of the output: the input's. Throws precis::error (naming the layer's `path`)
+  /// when the last axis is not `features` long.
   shape_t<R> output_shape(const shape_t<R>& in, std::string_view path) const {
     if (in[R - 1] != this->features_) {
       detail::bad_shape(path, kind, "[..., " + std::to_string(this->features_) + "]", shape_string(in));
@@ -152,6 +167,10 @@ class layer_norm_layer : public detail::affine_norm<Tag, P, op::layer_norm, R, C
     return in;
   }
 
+  /// y = (x - mean) / sqrt(var + eps) * gamma + beta over each row of the last axis (var
+  /// biased), computed in float or wider; keeps the address of x and each row's mean and
+  /// 1 / sqrt(var + eps) for backward(). The mode makes no difference. Throws precis::error
+  /// for an input of another shape or a negative or non-finite eps.
   const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode = mode::train) {
     const auto shape = output_shape(detail::shape_of<R>(x), path_name<Tag>());
     this->size_buffers(shape);
@@ -163,17 +182,23 @@ class layer_norm_layer : public detail::affine_norm<Tag, P, op::layer_norm, R, C
     this->x_.set(x);
     return this->y_;
   }
+  /// Adds dgamma and dbeta to the parameters' gradients and returns dx, from the
+  /// statistics of the last forward pass. Throws precis::error without a forward pass or
+  /// when dy's shape is not x's.
   const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
     const auto& x = this->x_.get(kind);
     layer_norm_backward<P>(ctx, dy, x, this->gamma_.value(), mean_, rstd_, this->dx_, this->dgamma_, this->dbeta_);
     this->accumulate_affine(ctx);
     return this->dx_;
   }
+  /// Bytes of its output, gradient and per-row statistics buffers.
   std::size_t own_bytes() const { return this->buffer_bytes() + detail::bytes_of(mean_) + detail::bytes_of(rstd_); }
+  /// Saves or loads gamma and beta under `prefix` (see precis::save_checkpoint).
   template <class Archive>
   void visit_state(Archive& a, const std::string& prefix) {
     detail::visit_parameters(a, prefix, *this);
   }
+  /// Empty, or what loading its parameters found wrong.
   std::string validate() const { return detail::parameter_problems(*this); }
 
  private:
@@ -193,8 +218,11 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
   using tensor = tensor_t<Ctx, T, N>;
 
  public:
+  /// Its kind in nn::describe: "batch_norm".
   static constexpr std::string_view kind = "batch_norm";
 
+  /// The layer of a blueprint, gamma 1, beta 0, running mean 0 and running variance 1.
+  /// Throws precis::error when channels is 0 or momentum is outside [0, 1].
   explicit batch_norm_layer(const batch_norm_spec<Tag>& s)
       : base(kind, s.channels),
         momentum_(s.momentum),
@@ -205,11 +233,15 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
     reset_statistics();
   }
 
+  /// Sets gamma back to 1, beta to 0 and the running statistics to mean 0 and variance 1
+  /// (nothing is drawn: the seed is not used).
   void reset(std::uint64_t) {
     this->reset_affine();
     reset_statistics();
   }
 
+  /// The shape of the output: the input's. Throws precis::error (naming the layer's `path`)
+  /// when axis 1 is not `channels` long or an axis is empty.
   shape_t<R> output_shape(const shape_t<R>& in, std::string_view path) const {
     if (in[1] != this->features_ || detail::elements(in) == 0) {
       detail::bad_shape(path, kind, "[N, " + std::to_string(this->features_) + ", ...] with no empty axis",
@@ -218,6 +250,12 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
     return in;
   }
 
+  /// y = (x - mean) / sqrt(var + eps) * gamma + beta per channel (axis 1), computed in float
+  /// or wider. In mode::train the mean and biased variance are the batch's, over every axis
+  /// but 1, and the running statistics are updated (see `momentum`); the address of x and
+  /// the batch statistics are kept for backward(). In mode::eval the running statistics
+  /// are used and nothing is updated. Throws precis::error for an input of another shape,
+  /// fewer than two values per channel in training, or a negative or non-finite eps.
   const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode m = mode::train) {
     this->size_buffers(output_shape(detail::shape_of<R>(x), path_name<Tag>()));
     if (m == mode::train) {
@@ -234,7 +272,9 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
     return this->y_;
   }
   /// Backward of the last forward pass, which must have been in training mode (the batch
-  /// statistics' gradient; evaluation mode's running statistics are not differentiated).
+  /// statistics' gradient; evaluation mode's running statistics are not differentiated):
+  /// adds dgamma and dbeta to the parameters' gradients and returns dx. Throws
+  /// precis::error after an evaluation-mode forward pass or without a forward pass.
   const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
     if (!last_train_) {
       throw error("precis::nn::batch_norm: backward() after an evaluation-mode forward(); the backward pass "
@@ -247,17 +287,25 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
     return this->dx_;
   }
 
+  /// The running mean of each channel [channels], in the statistics type (float, or
+  /// double under a double policy).
   const tensor<St, 1>& running_mean() const { return running_mean_; }
+  /// The running (unbiased) variance of each channel [channels].
   const tensor<St, 1>& running_var() const { return running_var_; }
+  /// Bytes of its output, gradient and batch-statistics buffers (not the running
+  /// statistics).
   std::size_t own_bytes() const {
     return this->buffer_bytes() + detail::bytes_of(save_mean_) + detail::bytes_of(save_rstd_);
   }
+  /// Saves or loads gamma, beta and the running statistics ("running_mean",
+  /// "running_var") under `prefix` (see precis::save_checkpoint).
   template <class Archive>
   void visit_state(Archive& a, const std::string& prefix) {
     detail::visit_parameters(a, prefix, *this);
     visit_statistics(a, prefix + "running_mean", running_mean_);
     visit_statistics(a, prefix + "running_var", running_var_);
   }
+  /// Empty, or what loading its parameters and running statistics found wrong.
   std::string validate() const {
     const std::string p = detail::parameter_problems(*this);
     return problem_.empty() ? p : p.empty() ? problem_ : p + "; " + problem_;

@@ -39,8 +39,11 @@ namespace precis::nn {
 template <class Ctx>
 struct context_traits;
 
+/// The context traits of precis::cpu_context: modules on the CPU hold precis::host_tensor
+/// and run the CPU kernels.
 template <>
 struct context_traits<cpu_context> {
+  /// The tensor type modules on the CPU hold: `host_tensor<T, N>`.
   template <class T, std::size_t N>
   using tensor = host_tensor<T, N>;
   /// How modules take the context.
@@ -86,11 +89,14 @@ struct context_traits<cpu_context> {
       });
     }
   }
-  /// y = f(x) and dx = g(dy, x) elementwise under policy P.
+  /// y = f(x) elementwise under policy P, for the function object Fn; `name` prefixes the
+  /// messages of the errors it throws.
   template <Policy P, template <class> class Fn, class X, class Y, std::size_t N>
   static void unary(std::string_view name, ref ctx, const host_tensor<X, N>& x, host_tensor<Y, N>& y) {
     precis::detail::unary<P, Fn>(name, ctx, x, y);
   }
+  /// dx = g(dy, x) elementwise under policy P, for the gradient function object Fn (g is dy
+  /// times f'(x)): the backward pass of unary().
   template <Policy P, template <class> class Fn, class DY, class X, class DX, std::size_t N>
   static void unary_backward(std::string_view name, ref ctx, const host_tensor<DY, N>& dy, const host_tensor<X, N>& x,
                              host_tensor<DX, N>& dx) {
@@ -128,13 +134,20 @@ class parameter {
                 "narrower master weights (presets::bf16_pure) is not supported by precis::nn");
 
  public:
+  /// Element type of the working copy the kernels read.
   using storage_type = S;
+  /// Element type of the master weights and of the gradient.
   using master_type = M;
+  /// The parameter's shape.
   using shape_type = std::array<std::size_t, N>;
+  /// A tensor of T with the parameter's rank on its context.
   template <class T>
   using tensor = tensor_t<Ctx, T, N>;
+  /// The context's tensor operations (nn::context_traits).
   using io = context_traits<Ctx>;
 
+  /// A parameter of `shape` with master weights and gradient zero (layers draw their
+  /// values in reset()).
   explicit parameter(const shape_type& shape) : master_(shape), grad_(shape) {
     io::fill(master_, M(0));
     io::fill(grad_, M(0));
@@ -143,7 +156,9 @@ class parameter {
       version_ = detail::next_parameter_version();
     }
   }
+  /// A parameter with its own buffers holding copies of `other`'s values.
   parameter(const parameter&) = default;
+  /// Takes `other`'s buffers.
   parameter(parameter&&) noexcept = default;
   /// Copies the values of `other` into this parameter's buffers (they keep their
   /// addresses). Throws precis::error when the shapes differ.
@@ -151,6 +166,7 @@ class parameter {
     if (this != &other) assign(other);
     return *this;
   }
+  /// Copies the values of `other`, as the copy assignment does: the buffers are not taken.
   parameter& operator=(parameter&& other) {
     if (this != &other) assign(other);
     return *this;
@@ -159,6 +175,7 @@ class parameter {
 
   /// The master weights (update them, then call refresh()).
   tensor<M>& master() { return master_; }
+  /// The master weights, read-only.
   const tensor<M>& master() const { return master_; }
   /// The working copy the kernels read: the master rounded to S at the last refresh().
   const tensor<S>& value() const {
@@ -170,6 +187,7 @@ class parameter {
   }
   /// The gradient, accumulated over backward passes since zero_grad().
   tensor<M>& grad() { return grad_; }
+  /// The gradient, read-only.
   const tensor<M>& grad() const { return grad_; }
 
   /// Names the contents of the working copy: a value taken afresh (never one this process
@@ -186,18 +204,22 @@ class parameter {
       io::cast(ctx, master_, working_);
     }
   }
+  /// refresh() on one CPU thread.
   void refresh()
     requires std::is_same_v<Ctx, cpu_context>
   {
     refresh(cpu_context{1});
   }
+  /// Sets the gradient to zero, before the backward passes of a step.
   void zero_grad() { io::fill(grad_, M(0)); }
   /// grad += part, elementwise in M (part is a gradient already rounded to its type).
+  /// Throws precis::error when part's shape is not the parameter's.
   template <class G>
   void accumulate(context_ref_t<Ctx> ctx, const tensor<G>& part) {
     check_same_shape("precis::nn::parameter: gradient", part, master_);
     io::accumulate(ctx, grad_, part);
   }
+  /// accumulate() on one CPU thread.
   template <class G>
     requires std::is_same_v<Ctx, cpu_context>
   void accumulate(const tensor<G>& part) {
@@ -213,9 +235,14 @@ class parameter {
     refresh(ctx);
   }
 
+  /// The master weights as one span of size() values, for an optimizer (call refresh()
+  /// after updating them).
   std::span<M> master_span() { return {master_.data(), size()}; }
+  /// The gradient as one span of size() values.
   std::span<M> grad_span() { return {grad_.data(), size()}; }
+  /// The gradient as one span of size() values, read-only.
   std::span<const M> grad_span() const { return {grad_.data(), size()}; }
+  /// Number of elements.
   std::size_t size() const { return master_.size(); }
   /// Bytes held: master weights, gradient and (when S is not M) the working copy.
   std::size_t bytes() const { return size() * (2 * sizeof(M) + (same_storage ? 0 : sizeof(S))); }

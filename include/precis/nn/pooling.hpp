@@ -139,7 +139,11 @@ inline bool no_empty_axis(const shape_t<4>& s) { return elements(s) != 0; }
 /// Blueprint of a max or average pooling (see nn::max_pool2d, nn::avg_pool2d).
 template <Layer Tag, class Kernel>
 struct pool2d_spec {
+  /// The window: kernel, stride, padding and (average pooling) count_include_pad.
   pool2d_params params{};
+  /// The layer it builds into for policy map Map on context Ctx (In and G, the types that
+  /// reach it, are not used: build casts them to its own). A rank R other than 4 fails to
+  /// compile, with a message.
   template <class Map, class Ctx, class In, class G, std::size_t R>
   using module_type =
       typename detail::pool_on_images<R,
@@ -149,8 +153,14 @@ struct pool2d_spec {
 /// nn::upsample_bilinear).
 template <Layer Tag, class Kernel>
 struct upsample_spec {
+  /// The factor by which H and W grow (at least 1).
   std::size_t scale;
+  /// Bilinear only: whether the corner pixels of input and output line up (PyTorch's
+  /// align_corners).
   bool align_corners = false;
+  /// The layer it builds into for policy map Map on context Ctx (In and G, the types that
+  /// reach it, are not used: build casts them to its own). A rank R other than 4 fails to
+  /// compile, with a message.
   template <class Map, class Ctx, class In, class G, std::size_t R>
   using module_type = typename detail::pool_on_images<
       R, upsample_layer<Tag, policy_for_t<Tag, Map>, Kernel, Ctx>>::type;
@@ -158,6 +168,9 @@ struct upsample_spec {
 /// Blueprint of a global average pooling (see nn::global_avg_pool).
 template <Layer Tag>
 struct global_avg_pool_spec {
+  /// The layer it builds into for policy map Map on context Ctx (In and G, the types that
+  /// reach it, are not used: build casts them to its own). A rank R other than 4 fails to
+  /// compile, with a message.
   template <class Map, class Ctx, class In, class G, std::size_t R>
   using module_type = typename detail::pool_on_images<
       R, global_avg_pool_layer<Tag, policy_for_t<Tag, Map>, Ctx>>::type;
@@ -201,8 +214,11 @@ class pool2d_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
   using tensor = tensor_t<Ctx, T, N>;
 
  public:
+  /// Its kind in nn::describe: "max_pool2d" or "avg_pool2d".
   static constexpr std::string_view kind = Kernel::name;
 
+  /// The layer of a blueprint. Throws precis::error for an empty kernel or padding of more
+  /// than half the kernel.
   explicit pool2d_layer(const pool2d_spec<Tag, Kernel>& s) : p_(s.params) {
     const auto& k = p_.kernel;
     if (k[0] == 0 || k[1] == 0 || 2 * p_.padding[0] > k[0] || 2 * p_.padding[1] > k[1]) {
@@ -213,6 +229,9 @@ class pool2d_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
     }
   }
 
+  /// The shape of the output, [N, C, Ho, Wo] (see the class comment). Throws
+  /// precis::error (naming the layer's `path`) for an empty axis or an image smaller than
+  /// one window.
   shape_t<4> output_shape(const shape_t<4>& in, std::string_view path) const {
     const std::size_t ho = out_size(in[2], 0), wo = out_size(in[3], 1);
     if (!detail::no_empty_axis(in) || ho == 0 || wo == 0) {
@@ -222,6 +241,9 @@ class pool2d_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
     return {in[0], in[1], ho, wo};
   }
 
+  /// The maximum or mean over each window of x; keeps the address of x for backward(), and
+  /// in mode::train max pooling keeps each window's maximum's index too. Throws
+  /// precis::error for an input of another shape.
   const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode m = mode::train) {
     detail::ensure(y_, output_shape(detail::shape_of<4>(x), path_name<Tag>()));
     Kernel::template forward<P>(ctx, x, y_, kept_, p_, m);
@@ -232,6 +254,8 @@ class pool2d_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
   /// Backward of the last forward pass. Max pooling's gradient goes where that pass found
   /// the maxima: through the indices a training-mode pass kept, or, after an
   /// evaluation-mode pass, by finding them again in x (the same bits, more slowly).
+  /// Throws precis::error without a forward pass or when dy's shape is not the last
+  /// output's.
   const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
     const auto& x = x_.get(kind);
     check_same_shape("precis::nn::" + std::string(kind) + ": dy and the output", dy, y_);
@@ -240,6 +264,8 @@ class pool2d_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
     return dx_;
   }
 
+  /// Its shape column in nn::describe: kernel, stride and (when not zero) padding, as
+  /// "3x3 s2x2 p1x1"; " no pad count" for average pooling without count_include_pad.
   std::string shape() const {
     std::string s = std::to_string(p_.kernel[0]) + "x" + std::to_string(p_.kernel[1]);
     s += " s" + std::to_string(stride(0)) + "x" + std::to_string(stride(1));
@@ -250,6 +276,7 @@ class pool2d_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
       s += " no pad count";
     return s;
   }
+  /// Bytes of its output and input-gradient buffers, and of max pooling's kept indices.
   std::size_t own_bytes() const {
     return detail::bytes_of(y_) + detail::bytes_of(dx_) + Kernel::kept_bytes(kept_);
   }
@@ -290,13 +317,17 @@ class upsample_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
   using tensor = tensor_t<Ctx, T, N>;
 
  public:
+  /// Its kind in nn::describe: "upsample_nearest" or "upsample_bilinear".
   static constexpr std::string_view kind = Kernel::name;
 
+  /// The layer of a blueprint. Throws precis::error when scale is 0.
   explicit upsample_layer(const upsample_spec<Tag, Kernel>& s)
       : scale_(s.scale), align_corners_(s.align_corners) {
     if (scale_ == 0) throw error("precis::nn::" + std::string(kind) + ": needs scale >= 1");
   }
 
+  /// The shape of the output: [N, C, H scale, W scale]. Throws precis::error (naming the
+  /// layer's `path`) for an empty axis.
   shape_t<4> output_shape(const shape_t<4>& in, std::string_view path) const {
     if (!detail::no_empty_axis(in)) {
       detail::bad_shape(path, kind, detail::any_image_string(1, 1), shape_string(in));
@@ -304,12 +335,19 @@ class upsample_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
     return {in[0], in[1], in[2] * scale_, in[3] * scale_};
   }
 
+  /// x resampled to the output size, nearest-neighbour or bilinear (each output a weighted
+  /// sum of its four neighbours in the math type, rounded once); keeps the address of x for
+  /// backward(). Throws precis::error for an input of another shape.
   const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode = mode::train) {
     detail::ensure(y_, output_shape(detail::shape_of<4>(x), path_name<Tag>()));
     Kernel::template forward<P>(ctx, x, y_, align_corners_);
     x_.set(x);
     return y_;
   }
+  /// dx: for each input element, the sum of dy over the outputs it fed (with the forward
+  /// weights, for bilinear), in the accumulate type, rounded once to the gradient type.
+  /// Throws precis::error without a forward pass or when dy's shape is not the last
+  /// output's.
   const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
     const auto& x = x_.get(kind);
     check_same_shape("precis::nn::" + std::string(kind) + ": dy and the output", dy, y_);
@@ -318,12 +356,14 @@ class upsample_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
     return dx_;
   }
 
+  /// Its shape column in nn::describe: the factor, as "x2", or "x2 align_corners".
   std::string shape() const {
     std::string s = "x";  // appended: `"x" + std::string` trips GCC 12's -Wrestrict false positive
     s += std::to_string(scale_);
     if (align_corners_) s += " align_corners";
     return s;
   }
+  /// Bytes of its output and input-gradient buffers.
   std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
   /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
   template <class Self, class F>
@@ -352,11 +392,15 @@ class global_avg_pool_layer : public layer_base<Tag, P, op::reduction, 4, 2, Ctx
   using G = typename base::input_grad_type;
 
  public:
+  /// Its kind in nn::describe: "global_avg_pool".
   static constexpr std::string_view kind = "global_avg_pool";
 
   global_avg_pool_layer() = default;
+  /// The layer of a blueprint (nn::global_avg_pool); it has no parameters.
   explicit global_avg_pool_layer(const global_avg_pool_spec<Tag>&) {}
 
+  /// The shape of the output: [N, C]. Throws precis::error (naming the layer's `path`) for
+  /// an empty axis.
   shape_t<2> output_shape(const shape_t<4>& in, std::string_view path) const {
     if (!detail::no_empty_axis(in)) {
       detail::bad_shape(path, kind, detail::any_image_string(1, 1), shape_string(in));
@@ -364,6 +408,9 @@ class global_avg_pool_layer : public layer_base<Tag, P, op::reduction, 4, 2, Ctx
     return {in[0], in[1]};
   }
 
+  /// The mean of each channel of each image: one running sum over H * W in element order,
+  /// divided once and rounded once (see the file comment); keeps the address of x for
+  /// backward(). Throws precis::error for an empty axis.
   const host_tensor<S, 2>& forward(const cpu_context& ctx, const host_tensor<S, 4>& x,
                                    mode = mode::train) {
     const auto in = detail::shape_of<4>(x);
@@ -376,6 +423,9 @@ class global_avg_pool_layer : public layer_base<Tag, P, op::reduction, 4, 2, Ctx
     x_.set(x);
     return y_;
   }
+  /// dx [N, C, H, W]: every element of a plane gets that plane's dy / (H * W), computed in
+  /// the math type and rounded once. Throws precis::error without a forward pass or when
+  /// dy's shape is not the last output's.
   const host_tensor<G, 4>& backward(const cpu_context& ctx, const host_tensor<G, 2>& dy) {
     const auto& x = x_.get(kind);
     check_same_shape("precis::nn::global_avg_pool: dy and the output", dy, y_);
@@ -392,7 +442,9 @@ class global_avg_pool_layer : public layer_base<Tag, P, op::reduction, 4, 2, Ctx
     return dx_;
   }
 
+  /// Its shape column in nn::describe: "HxW->1".
   std::string shape() const { return "HxW->1"; }
+  /// Bytes of its output and input-gradient buffers.
   std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
   /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
   template <class Self, class F>

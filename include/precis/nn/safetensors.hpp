@@ -30,6 +30,7 @@ namespace precis::nn {
 
 /// The name map that keeps every parameter's path as its name.
 struct same_names {
+  /// `path`, unchanged.
   std::string operator()(std::string_view path) const { return std::string(path); }
 };
 

@@ -62,6 +62,7 @@ class flatten_layer;
 
 /// Blueprint of nn::flatten.
 struct flatten_spec {
+  /// The layer nn::build makes of it on Ctx, for input element type In, gradient G, rank R.
   template <class Map, class Ctx, class In, class G, std::size_t R>
   using module_type = flatten_layer<In, G, R, Ctx>;
 };
@@ -80,15 +81,19 @@ class flatten_layer : public data_layer_base<T, G, R, 2, Ctx> {
       "to flatten");
 
  public:
+  /// Its kind as describe prints it.
   static constexpr std::string_view kind = "flatten";
   flatten_layer() = default;
+  /// Makes the layer from its blueprint (which has no settings).
   explicit flatten_layer(const flatten_spec&) {}
 
+  /// [N, d1 * d2 * ...] for [N, d1, d2, ...].
   shape_t<2> output_shape(const shape_t<R>& in, std::string_view) const {
     shape_t<2> out{in[0], 1};
     for (std::size_t i = 1; i < R; ++i) out[1] *= in[i];
     return out;
   }
+  /// x with every axis after the first flattened (a copy, in row-major order).
   const host_tensor<T, 2>& forward(const cpu_context&, const host_tensor<T, R>& x,
                                    mode = mode::train) {
     in_shape_ = detail::shape_of<R>(x);
@@ -96,13 +101,17 @@ class flatten_layer : public data_layer_base<T, G, R, 2, Ctx> {
     std::copy(x.data(), x.data() + x.size(), y_.data());
     return y_;
   }
+  /// dy in the last input's shape (a copy); throws precis::error when dy's shape is not
+  /// the last output's.
   const host_tensor<G, R>& backward(const cpu_context&, const host_tensor<G, 2>& dy) {
     check_shape("precis::nn::flatten: dy", dy, detail::shape_of<2>(y_));
     detail::ensure(dx_, in_shape_);
     std::copy(dy.data(), dy.data() + dy.size(), dx_.data());
     return dx_;
   }
+  /// Its shape for describe: "-" (no settings).
   std::string shape() const { return "-"; }
+  /// Bytes of its output and input-gradient buffers.
   std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
 
  private:
@@ -120,7 +129,8 @@ class reshape_layer;
 /// Blueprint of nn::reshape: the shape of one batch item.
 template <std::size_t ItemRank>
 struct reshape_spec {
-  shape_t<ItemRank> item;
+  shape_t<ItemRank> item;  ///< the shape of one batch item (the batch axis left out)
+  /// The layer nn::build makes of it on Ctx, for input element type In, gradient G, rank R.
   template <class Map, class Ctx, class In, class G, std::size_t R>
   using module_type = reshape_layer<In, G, R, ItemRank, Ctx>;
 };
@@ -145,9 +155,13 @@ class reshape_layer : public data_layer_base<T, G, R, ItemRank + 1, Ctx> {
   static constexpr std::size_t out_rank = ItemRank + 1;
 
  public:
+  /// Its kind as describe prints it.
   static constexpr std::string_view kind = "reshape";
+  /// Makes the layer from its blueprint `s`.
   explicit reshape_layer(const reshape_spec<ItemRank>& s) : item_(s.item) {}
 
+  /// [N, item...] for [N, ...]; throws precis::error naming `path` when an input item does
+  /// not hold as many values as `item`.
   shape_t<out_rank> output_shape(const shape_t<R>& in, std::string_view path) const {
     std::size_t per_item = 1;
     for (std::size_t i = 1; i < R; ++i) per_item *= in[i];
@@ -162,6 +176,8 @@ class reshape_layer : public data_layer_base<T, G, R, ItemRank + 1, Ctx> {
     for (std::size_t i = 0; i < ItemRank; ++i) out[i + 1] = item_[i];
     return out;
   }
+  /// x with each item in the shape `item` (a copy; the values keep their order). Throws
+  /// precis::error as output_shape() does.
   const host_tensor<T, out_rank>& forward(const cpu_context&, const host_tensor<T, R>& x,
                                           mode = mode::train) {
     in_shape_ = detail::shape_of<R>(x);
@@ -169,13 +185,17 @@ class reshape_layer : public data_layer_base<T, G, R, ItemRank + 1, Ctx> {
     std::copy(x.data(), x.data() + x.size(), y_.data());
     return y_;
   }
+  /// dy in the last input's shape (a copy); throws precis::error when dy's shape is not
+  /// the last output's.
   const host_tensor<G, R>& backward(const cpu_context&, const host_tensor<G, out_rank>& dy) {
     check_shape("precis::nn::reshape: dy", dy, detail::shape_of<out_rank>(y_));
     detail::ensure(dx_, in_shape_);
     std::copy(dy.data(), dy.data() + dy.size(), dx_.data());
     return dx_;
   }
+  /// Its shape for describe: the item shape, as "N x [4, 8]".
   std::string shape() const { return "N x " + shape_string(item_); }
+  /// Bytes of its output and input-gradient buffers.
   std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
 
  private:
@@ -205,7 +225,9 @@ struct checked_permute {
 /// Blueprint of nn::permute.
 template <std::size_t R>
 struct permute_spec {
-  shape_t<R> order;
+  shape_t<R> order;  ///< output axis i is input axis order[i]
+  /// The layer nn::build makes of it on Ctx, for input element type In, gradient G, rank
+  /// InRank (which must be R).
   template <class Map, class Ctx, class In, class G, std::size_t InRank>
   using module_type = typename detail::checked_permute<In, G, InRank, R, Ctx>::type;
 };
@@ -224,7 +246,10 @@ class permute_layer : public data_layer_base<T, G, R, R, Ctx> {
                 "precis: nn::permute runs on host tensors so far; build the model for cpu_context");
 
  public:
+  /// Its kind as describe prints it.
   static constexpr std::string_view kind = "permute";
+  /// Makes the layer from its blueprint `s`; throws precis::error when `s.order` is not a
+  /// permutation of 0 .. R-1.
   explicit permute_layer(const permute_spec<R>& s) : order_(s.order) {
     std::array<bool, R> seen{};
     for (auto a : order_) {
@@ -236,11 +261,13 @@ class permute_layer : public data_layer_base<T, G, R, R, Ctx> {
     }
   }
 
+  /// The input's axes in the new order.
   shape_t<R> output_shape(const shape_t<R>& in, std::string_view) const {
     shape_t<R> out{};
     for (std::size_t i = 0; i < R; ++i) out[i] = in[order_[i]];
     return out;
   }
+  /// x with its axes reordered (a copy in the new row-major order).
   const host_tensor<T, R>& forward(const cpu_context&, const host_tensor<T, R>& x,
                                    mode = mode::train) {
     in_shape_ = detail::shape_of<R>(x);
@@ -248,13 +275,17 @@ class permute_layer : public data_layer_base<T, G, R, R, Ctx> {
     move(x.data(), y_.data(), false);
     return y_;
   }
+  /// dy moved back to the input's axis order; throws precis::error when dy's shape is not
+  /// the last output's.
   const host_tensor<G, R>& backward(const cpu_context&, const host_tensor<G, R>& dy) {
     check_shape("precis::nn::permute: dy", dy, detail::shape_of<R>(y_));
     detail::ensure(dx_, in_shape_);
     move(dy.data(), dx_.data(), true);
     return dx_;
   }
+  /// Its shape for describe: the order, as "[0, 2, 1]".
   std::string shape() const { return shape_string(order_); }
+  /// Bytes of its output and input-gradient buffers.
   std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
 
  private:
@@ -298,7 +329,8 @@ class patchify_layer;
 
 /// Blueprint of nn::patchify.
 struct patchify_spec {
-  std::size_t patch;
+  std::size_t patch;  ///< the side p of the square patches, in pixels
+  /// The layer nn::build makes of it on Ctx, for input element type In, gradient G, rank R (4).
   template <class Map, class Ctx, class In, class G, std::size_t R>
   using module_type = patchify_layer<In, G, R, Ctx>;
 };
@@ -321,11 +353,15 @@ class patchify_layer : public data_layer_base<T, G, R, 3, Ctx> {
   static_assert(R == 4, "precis: nn::patchify takes [N, C, H, W] images (rank 4)");
 
  public:
+  /// Its kind as describe prints it.
   static constexpr std::string_view kind = "patchify";
+  /// Makes the layer from its blueprint `s`; throws precis::error when the patch size is 0.
   explicit patchify_layer(const patchify_spec& s) : p_(s.patch) {
     if (p_ == 0) throw error("precis::nn::patchify: needs a patch size > 0");
   }
 
+  /// [N, (H/p)(W/p), C*p*p] for [N, C, H, W]; throws precis::error naming `path` when H or
+  /// W is not a multiple of p or an axis is empty.
   shape_t<3> output_shape(const shape_t<4>& in, std::string_view path) const {
     if (in[2] % p_ != 0 || in[3] % p_ != 0 || detail::elements(in) == 0) {
       detail::bad_shape(
@@ -335,6 +371,8 @@ class patchify_layer : public data_layer_base<T, G, R, 3, Ctx> {
     }
     return {in[0], (in[2] / p_) * (in[3] / p_), in[1] * p_ * p_};
   }
+  /// The patches of x, laid out as nn::patchify describes (a copy, split across ctx's
+  /// threads). Throws precis::error as output_shape() does.
   const host_tensor<T, 3>& forward(const cpu_context& ctx, const host_tensor<T, 4>& x,
                                    mode = mode::train) {
     in_shape_ = detail::shape_of<4>(x);
@@ -342,13 +380,17 @@ class patchify_layer : public data_layer_base<T, G, R, 3, Ctx> {
     move(ctx, x.data(), y_.data(), false);
     return y_;
   }
+  /// dy moved back from patches to pixels; throws precis::error when dy's shape is not
+  /// the last output's.
   const host_tensor<G, 4>& backward(const cpu_context& ctx, const host_tensor<G, 3>& dy) {
     check_shape("precis::nn::patchify: dy", dy, detail::shape_of<3>(y_));
     detail::ensure(dx_, in_shape_);
     move(ctx, dy.data(), dx_.data(), true);
     return dx_;
   }
+  /// Its shape for describe: the patch size, as "16x16".
   std::string shape() const { return std::to_string(p_) + "x" + std::to_string(p_); }
+  /// Bytes of its output and input-gradient buffers.
   std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
 
  private:
@@ -398,7 +440,8 @@ class select_token_layer;
 
 /// Blueprint of nn::select_token.
 struct select_token_spec {
-  std::size_t index;
+  std::size_t index;  ///< the token taken from each item
+  /// The layer nn::build makes of it on Ctx, for input element type In, gradient G, rank R (3).
   template <class Map, class Ctx, class In, class G, std::size_t R>
   using module_type = select_token_layer<In, G, R, Ctx>;
 };
@@ -416,9 +459,12 @@ class select_token_layer : public data_layer_base<T, G, R, 2, Ctx> {
   static_assert(R == 3, "precis: nn::select_token takes [N, T, D] token sequences (rank 3)");
 
  public:
+  /// Its kind as describe prints it.
   static constexpr std::string_view kind = "select_token";
+  /// Makes the layer from its blueprint `s`.
   explicit select_token_layer(const select_token_spec& s) : index_(s.index) {}
 
+  /// [N, D] for [N, T, D]; throws precis::error naming `path` when T <= index.
   shape_t<2> output_shape(const shape_t<3>& in, std::string_view path) const {
     if (in[1] <= index_) {
       detail::bad_shape(path, kind, "[N, T, D] with T > " + std::to_string(index_),
@@ -426,6 +472,7 @@ class select_token_layer : public data_layer_base<T, G, R, 2, Ctx> {
     }
     return {in[0], in[2]};
   }
+  /// Token `index` of each item of x (a copy). Throws precis::error as output_shape() does.
   const host_tensor<T, 2>& forward(const cpu_context&, const host_tensor<T, 3>& x,
                                    mode = mode::train) {
     in_shape_ = detail::shape_of<3>(x);
@@ -436,6 +483,8 @@ class select_token_layer : public data_layer_base<T, G, R, 2, Ctx> {
     }
     return y_;
   }
+  /// dy at token `index` of each item, zeros at the others; throws precis::error when dy's
+  /// shape is not the last output's.
   const host_tensor<G, 3>& backward(const cpu_context&, const host_tensor<G, 2>& dy) {
     check_shape("precis::nn::select_token: dy", dy, detail::shape_of<2>(y_));
     detail::ensure(dx_, in_shape_);
@@ -446,7 +495,9 @@ class select_token_layer : public data_layer_base<T, G, R, 2, Ctx> {
     }
     return dx_;
   }
+  /// Its shape for describe: the token, as "token 0".
   std::string shape() const { return "token " + std::to_string(index_); }
+  /// Bytes of its output and input-gradient buffers.
   std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
 
  private:
@@ -465,7 +516,8 @@ class dropout_layer;
 /// Blueprint of nn::dropout.
 template <Layer Tag>
 struct dropout_spec {
-  double p;
+  double p;  ///< the drop probability, in [0, 1)
+  /// The layer nn::build makes of it: a dropout_layer under the policy `Map` gives `Tag`.
   template <class Map, class Ctx, class In, class G, std::size_t R>
   using module_type = dropout_layer<Tag, policy_for_t<Tag, Map>, R, Ctx>;
 };
@@ -492,8 +544,11 @@ class dropout_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
   using G = typename base::input_grad_type;
 
  public:
+  /// Its kind as describe prints it.
   static constexpr std::string_view kind = "dropout";
 
+  /// Makes the layer from its blueprint `s`, with seed 0 until reset(); throws precis::error
+  /// when p is not in [0, 1).
   explicit dropout_layer(const dropout_spec<Tag>& s) : p_(s.p) {
     if (!(s.p >= 0.0 && s.p < 1.0)) {
       throw error("precis::nn::dropout: p must be in [0, 1), got " + detail::number_string(s.p));
@@ -506,8 +561,11 @@ class dropout_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
     calls_ = 0;
   }
 
+  /// The input's shape.
   shape_t<R> output_shape(const shape_t<R>& in, std::string_view) const { return in; }
 
+  /// In training, x with each element kept and scaled by 1 / (1 - p) or zeroed, by the
+  /// next mask of the sequence (advancing calls()); in evaluation, x itself.
   const host_tensor<S, R>& forward(const cpu_context& ctx, const host_tensor<S, R>& x,
                                    mode m = mode::train) {
     train_ = m == mode::train;
@@ -557,7 +615,9 @@ class dropout_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
   std::uint64_t calls() const { return calls_; }
   /// The drop probability.
   double probability() const { return p_; }
+  /// Its shape for describe: the probability, as "p=0.1".
   std::string shape() const { return "p=" + detail::number_string(p_); }
+  /// Bytes of its output, input-gradient and mask buffers.
   std::size_t own_bytes() const {
     return detail::bytes_of(y_) + detail::bytes_of(dx_) + mask_.size();
   }
@@ -566,6 +626,7 @@ class dropout_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
   static void for_each_observed(Self& self, F&& f) {
     f("", std::type_identity<Tag>{}, self.x_.peek(), self.y_, self.dx_);
   }
+  /// Saves or loads the checkpoint fields "seed" and "calls" under `prefix`.
   template <class Archive>
   void visit_state(Archive& a, const std::string& prefix) {
     a.field(prefix + "seed", seed_);
@@ -592,7 +653,8 @@ class scale_layer;
 /// Blueprint of nn::scale.
 template <Layer Tag>
 struct scale_spec {
-  double factor;
+  double factor;  ///< what the values are multiplied by
+  /// The layer nn::build makes of it: a scale_layer under the policy `Map` gives `Tag`.
   template <class Map, class Ctx, class In, class G, std::size_t R>
   using module_type = scale_layer<Tag, policy_for_t<Tag, Map>, R, Ctx>;
 };
@@ -614,12 +676,16 @@ class scale_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
   using G = typename base::input_grad_type;
 
  public:
+  /// Its kind as describe prints it.
   static constexpr std::string_view kind = "scale";
 
+  /// Makes the layer from its blueprint `s`.
   explicit scale_layer(const scale_spec<Tag>& s) : factor_(s.factor) {}
 
+  /// The input's shape.
   shape_t<R> output_shape(const shape_t<R>& in, std::string_view) const { return in; }
 
+  /// x * factor, each product rounded once to the storage type.
   const host_tensor<S, R>& forward(const cpu_context& ctx, const host_tensor<S, R>& x,
                                    mode = mode::train) {
     detail::ensure(y_, detail::shape_of<R>(x));
@@ -627,13 +693,17 @@ class scale_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
     x_.set(x);
     return y_;
   }
+  /// dy * factor, each product rounded once to the gradient type.
   const host_tensor<G, R>& backward(const cpu_context& ctx, const host_tensor<G, R>& dy) {
     detail::ensure(dx_, detail::shape_of<R>(dy));
     multiply(ctx, dy, dx_);
     return dx_;
   }
+  /// The factor, as the blueprint gave it.
   double factor() const { return factor_; }
+  /// Its shape for describe: the factor, as "x0.5".
   std::string shape() const { return "x" + detail::number_string(factor_); }
+  /// Bytes of its output and input-gradient buffers.
   std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
   /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
   template <class Self, class F>

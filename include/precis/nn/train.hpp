@@ -42,8 +42,8 @@ struct step_record {
 /// One micro-batch: the model's inputs and the loss's targets (tensors the caller owns).
 template <class X, class T>
 struct micro_batch {
-  const X& inputs;
-  const T& targets;
+  const X& inputs;   ///< what the model's forward() reads
+  const T& targets;  ///< what the loss's forward() compares the output with
 };
 
 /// The schedule of a trainer without one: the optimizer's learning rate is left alone.
@@ -94,15 +94,22 @@ class trainer {
   static_assert(check_scaler<typename Loss::policy_type, Scaler>());
 
  public:
+  /// What the model's forward() reads.
   using input_tensor = typename Model::input_tensor;
+  /// What the loss reads as targets.
   using target_tensor = typename Loss::target_tensor;
+  /// One micro-batch of step().
   using batch_type = micro_batch<input_tensor, target_tensor>;
 
+  /// A trainer without a schedule (the optimizer's learning rate is left alone); throws
+  /// precis::error when `o.max_grad_norm` is negative or NaN.
   trainer(Model& model, Loss& loss, Optimizer& opt, Scaler& scaler, train_options o = {})
     requires std::is_same_v<Schedule, no_schedule>
       : model_(&model), loss_(&loss), opt_(&opt), scaler_(&scaler), options_(o) {
     check_options();
   }
+  /// A trainer that sets the optimizer's learning rate from `schedule` before each step and
+  /// advances it after each applied one; throws precis::error as the other constructor does.
   trainer(Model& model, Loss& loss, Optimizer& opt, Scaler& scaler, Schedule& schedule, train_options o = {})
       : model_(&model), loss_(&loss), opt_(&opt), scaler_(&scaler), schedule_(&schedule), options_(o) {
     check_options();
@@ -195,10 +202,13 @@ class trainer {
 
 /// Loss and accuracy of a model in evaluation mode on one batch.
 struct evaluation {
-  double loss = 0.0;
-  double accuracy = 0.0;
+  double loss = 0.0;      ///< the loss's value on the batch (nn::softmax_cross_entropy: the mean)
+  double accuracy = 0.0;  ///< fraction of rows whose largest logit (first on ties) is the target
 };
 
+/// Runs `model` on `x` in evaluation mode (mode::eval) and scores its output against
+/// `targets` with `loss` and nn::count_correct; no gradient is computed. The output must be
+/// logits [batch, classes].
 template <class Model, class Loss>
 evaluation evaluate(const cpu_context& ctx, Model& model, Loss& loss, const typename Model::input_tensor& x,
                     const typename Loss::target_tensor& targets) {

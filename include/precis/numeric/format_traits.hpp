@@ -33,14 +33,23 @@ enum class overflow {
 /// Each format adds its limits as bit patterns (`max_bits`, `min_normal_bits`, ...).
 template <class Storage, int ExponentBits, int MantissaBits, bool HasInfinity>
 struct binary_format {
+  /// Unsigned integer type holding one encoded value.
   using storage_type = Storage;
+  /// Number of exponent bits.
   static constexpr int exponent_bits = ExponentBits;
+  /// Number of explicit significand (mantissa) bits; the leading 1 of normals is implicit.
   static constexpr int mantissa_bits = MantissaBits;
+  /// Exponent bias, 2^(exponent_bits-1) - 1: a normal value is 2^(e - bias) * 1.m.
   static constexpr int exponent_bias = (1 << (ExponentBits - 1)) - 1;
+  /// Bits of one encoded value: sign, exponent and mantissa.
   static constexpr int total_bits = 1 + ExponentBits + MantissaBits;
+  /// Whether the format encodes infinities (false for float8_e4m3).
   static constexpr bool has_infinity = HasInfinity;
+  /// The sign bit (the highest bit).
   static constexpr storage_type sign_mask = storage_type(storage_type(1) << (total_bits - 1));
+  /// The mantissa bits (the lowest `mantissa_bits` bits).
   static constexpr storage_type mantissa_mask = storage_type((storage_type(1) << MantissaBits) - 1);
+  /// The exponent bits, between the sign bit and the mantissa.
   static constexpr storage_type exponent_mask =
       storage_type(((storage_type(1) << ExponentBits) - 1) << MantissaBits);
   /// The NaN every conversion produces: positive, all exponent and mantissa bits set

@@ -131,11 +131,11 @@ inline std::size_t buffer_bytes(const std::vector<std::vector<float>>& buffers) 
 
 /// Options of sgd: PyTorch's SGD, whose hyperparameters are doubles (Python floats).
 struct sgd_options {
-  double lr = 0.01;
-  double momentum = 0.0;
+  double lr = 0.01;           ///< the learning rate
+  double momentum = 0.0;      ///< the momentum factor (0: none)
   double dampening = 0.0;     ///< the gradient's weight in the momentum buffer is 1 - dampening
   double weight_decay = 0.0;  ///< L2 penalty added to the gradient
-  bool nesterov = false;
+  bool nesterov = false;      ///< Nesterov momentum (needs momentum and no dampening)
 };
 
 /// Stochastic gradient descent with momentum on float master weights: the same bits as
@@ -151,6 +151,7 @@ struct sgd_options {
 /// on the thread count.
 class sgd {
  public:
+  /// The kind a checkpoint records (precis::save_state).
   static constexpr std::string_view kind = "sgd";
 
   /// `masters`: the float master weights, in the order the gradients come in; `decay`: for
@@ -204,12 +205,19 @@ class sgd {
     ++steps_;
   }
 
+  /// The learning rate of the next step.
   double lr() const { return options_.lr; }
+  /// Sets the learning rate of the following steps (e.g. a schedule's
+  /// precis::warmup_cosine::lr()).
   void set_lr(double lr) { options_.lr = lr; }
+  /// The options in force (those given, the latest set_lr, or those a loaded checkpoint
+  /// holds).
   const sgd_options& options() const { return options_; }
   /// Updates applied so far.
   std::uint64_t steps() const { return steps_; }
 
+  /// Visits the state for precis::save_state and precis::load_state: every option, the
+  /// step count and the momentum buffers.
   template <class Archive>
   void visit_state(Archive& a) {
     a.field("lr", options_.lr);
@@ -222,6 +230,8 @@ class sgd {
     a.field("steps", steps_);
     detail::visit_buffers(a, "velocity", velocity_);
   }
+  /// Empty when the options are valid and the momentum buffers match the master weights;
+  /// otherwise what is wrong.
   std::string validate() const {
     if (auto e = validate_options(options_); !e.empty()) return e;
     return detail::check_buffers(velocity_, masters_, "velocity");
@@ -252,10 +262,10 @@ class sgd {
 
 /// Options of adamw: PyTorch's AdamW defaults, doubles as PyTorch's hyperparameters are.
 struct adamw_options {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
+  double lr = 1e-3;            ///< the learning rate
+  double beta1 = 0.9;          ///< decay rate of the first moment (the gradients' mean)
+  double beta2 = 0.999;        ///< decay rate of the second moment (the squared gradients' mean)
+  double eps = 1e-8;           ///< added to the bias-corrected sqrt(v)
   double weight_decay = 0.01;  ///< decoupled: w *= 1 - lr * weight_decay
 };
 
@@ -274,6 +284,7 @@ struct adamw_options {
 /// the bits depend neither on -march or -ffp-contract nor on the thread count.
 class adamw {
  public:
+  /// The kind a checkpoint records (precis::save_state).
   static constexpr std::string_view kind = "adamw";
 
   /// `decay`: for each master tensor, whether weight decay applies (empty: all of them);
@@ -290,6 +301,9 @@ class adamw {
     if (auto e = validate_options(o); !e.empty()) throw error("precis::adamw: " + e);
   }
 
+  /// One update from the gradients (any gradient element type, read as float). Throws
+  /// precis::error, before anything is updated, when the gradient tensors do not match the
+  /// master weights in number or size.
   template <gradients G>
   void step(G& grads) {
     namespace vmath = detail::vmath;
@@ -337,11 +351,19 @@ class adamw {
     steps_ = t;
   }
 
+  /// The learning rate of the next step.
   double lr() const { return options_.lr; }
+  /// Sets the learning rate of the following steps (e.g. a schedule's
+  /// precis::warmup_cosine::lr()).
   void set_lr(double lr) { options_.lr = lr; }
+  /// The options in force (those given, the latest set_lr, or those a loaded checkpoint
+  /// holds).
   const adamw_options& options() const { return options_; }
+  /// Updates applied so far (the t of the bias correction).
   std::uint64_t steps() const { return steps_; }
 
+  /// Visits the state for precis::save_state and precis::load_state: every option, the
+  /// step count and both moments.
   template <class Archive>
   void visit_state(Archive& a) {
     a.field("lr", options_.lr);
@@ -353,6 +375,8 @@ class adamw {
     detail::visit_buffers(a, "m", m_);
     detail::visit_buffers(a, "v", v_);
   }
+  /// Empty when the options are valid and both moments match the master weights; otherwise
+  /// what is wrong.
   std::string validate() const {
     if (auto e = validate_options(options_); !e.empty()) return e;
     if (auto e = detail::check_buffers(m_, masters_, "m"); !e.empty()) return e;
@@ -384,8 +408,14 @@ class adamw {
 /// optimizer (precis::save_checkpoint), so a resumed run continues the same schedule.
 class warmup_cosine {
  public:
+  /// The kind a checkpoint records (precis::save_state).
   static constexpr std::string_view kind = "warmup_cosine";
 
+  /// A schedule rising linearly from base_lr / warmup_steps to `base_lr` over the first
+  /// `warmup_steps` steps, then following half a cosine down to `final_lr` at step
+  /// `total_steps`, where it stays (at base_lr when warmup_steps == total_steps). Throws
+  /// precis::error unless 0 < total_steps, warmup_steps <= total_steps and both rates are
+  /// finite and non-negative.
   warmup_cosine(double base_lr, std::uint64_t warmup_steps, std::uint64_t total_steps, double final_lr = 0.0)
       : base_(base_lr), final_(final_lr), warmup_(warmup_steps), total_(total_steps) {
     if (auto e = validate(); !e.empty()) throw error("precis::warmup_cosine: " + e);
@@ -399,8 +429,11 @@ class warmup_cosine {
   }
   /// Moves on by one step when the optimizer applied it (a skipped step does not count).
   void advance(bool applied) { step_ += applied ? 1U : 0U; }
+  /// Applied steps counted so far.
   std::uint64_t step() const { return step_; }
 
+  /// Visits the state for precis::save_state and precis::load_state: both rates, the
+  /// warmup and total step counts and the current step.
   template <class Archive>
   void visit_state(Archive& a) {
     a.field("base_lr", base_);
@@ -409,6 +442,7 @@ class warmup_cosine {
     a.field("total_steps", total_);
     a.field("step", step_);
   }
+  /// Empty when the schedule is consistent; otherwise what is wrong.
   std::string validate() const {
     if (total_ == 0 || warmup_ > total_) return "needs 0 < total_steps and warmup_steps <= total_steps";
     if (!(base_ >= 0.0) || !(final_ >= 0.0) || !std::isfinite(base_) || !std::isfinite(final_)) {

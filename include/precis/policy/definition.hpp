@@ -18,7 +18,7 @@ namespace products {
 /// precis's own: every product of two inputs exact in float, subnormal inputs and results
 /// kept, summed in k order; the same bits on every machine and for every thread count.
 struct exact {
-  static constexpr const char* name = "exact";
+  static constexpr const char* name = "exact";  ///< Printed name.
 };
 /// The hardware's products, through oneDNN on the CPU (tensor cores on the GPU). bfloat16
 /// inputs: the dot-product instructions (AMX TDPBF16PS, AVX512-BF16 VDPBF16PS), products
@@ -31,7 +31,7 @@ struct exact {
 /// the same bits for a given machine and thread count; without precis::onednn the exact
 /// kernel runs.
 struct hardware {
-  static constexpr const char* name = "hardware";
+  static constexpr const char* name = "hardware";  ///< Printed name.
 };
 }  // namespace products
 
@@ -57,13 +57,13 @@ template <class Storage, class Compute, class Accumulate, class Master = float,
           class Gradient = Storage, class Fp8Recipe = recipe::none,
           class Products = products::exact>
 struct policy {
-  using storage_type = Storage;
-  using compute_type = Compute;
-  using accumulate_type = Accumulate;
-  using master_type = Master;
-  using gradient_type = Gradient;
-  using fp8_recipe = Fp8Recipe;
-  using products_type = Products;
+  using storage_type = Storage;        ///< Type tensors are kept in.
+  using compute_type = Compute;        ///< Type elementwise math runs in.
+  using accumulate_type = Accumulate;  ///< Type of sums and matrix-product accumulators.
+  using master_type = Master;          ///< Type of master weights and optimizer state.
+  using gradient_type = Gradient;      ///< Type gradients are stored in.
+  using fp8_recipe = Fp8Recipe;        ///< Per-tensor scaling recipe (a precis::recipe tag).
+  using products_type = Products;      ///< Whose products matrix products use (precis::products).
   /// Rules this policy waives (none; see precis::unsafe).
   using waived_rules = rule_list<>;
 };
@@ -99,7 +99,9 @@ struct concat_rules<rule_list<A...>, rule_list<B...>> {
 template <class Policy, class... Waived>
 struct unsafe : Policy {
   static_assert((detail::check_waivable<Waived>() && ...));
+  /// The policy whose rules are waived.
   using base_policy = Policy;
+  /// The rules `Policy` waives followed by `Waived...`, as a precis::rule_list.
   using waived_rules =
       typename detail::concat_rules<typename Policy::waived_rules, rule_list<Waived...>>::type;
 };

@@ -19,26 +19,31 @@ namespace precis {
 template <unsigned long long Bound>
 struct max_abs {
   static_assert(Bound > 0, "precis: max_abs<Bound> needs a positive bound");
-  static constexpr double value = double(Bound);
+  static constexpr double value = double(Bound);  ///< The bound, as a double.
 };
 
 /// Declares a layer's matrix product as M x K times K x N, known at compile time, so that
 /// the alignment tensor cores need can be checked (rule::fp8_alignment) or reported.
 template <std::size_t M, std::size_t N, std::size_t K>
 struct gemm_shape {
+  /// Rows of the left operand and of the result.
   static constexpr std::size_t m = M, n = N, k = K;
-  /// True when every dimension is a multiple of `Multiple`.
+  /** @var n
+      Columns of the right operand and of the result. */
+  /** @var k
+      The summed dimension: columns of the left operand, rows of the right one. */
+  /// True when every dimension is a multiple of `multiple`.
   static constexpr bool aligned_to(std::size_t multiple) {
     return M % multiple == 0 && N % multiple == 0 && K % multiple == 0;
   }
 };
 
 /// Base of layer tags: `struct attention_scores : precis::layer<op::matmul,
-/// precis::max_abs<2e5>> {};`. A tag may also define `static constexpr std::string_view
+/// precis::max_abs<200'000>> {};`. A tag may also define `static constexpr std::string_view
 /// name` for `describe`; otherwise its type name is printed.
 template <op_kind Op, class... Properties>
 struct layer {
-  using op = Op;
+  using op = Op;  ///< The operation kind, a tag from precis::op.
 };
 
 namespace detail {
@@ -82,7 +87,7 @@ concept Layer = requires { typename L::op; } && op_kind<typename L::op> &&
 /// seen before anything asks for the tag's policy (include it right after the tags).
 template <class Tag>
 struct measured_max_abs {
-  using type = void;
+  using type = void;  ///< No measured bound; specialisations name a precis::max_abs.
 };
 
 namespace detail {

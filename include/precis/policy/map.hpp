@@ -35,15 +35,15 @@ namespace precis {
 /// An override of the policy for every operation of kind `Op`.
 template <op_kind Op, Policy P>
 struct op_override {
-  using key = Op;
-  using policy_type = P;
+  using key = Op;         ///< The operation kind it overrides.
+  using policy_type = P;  ///< The policy it gives that kind.
 };
 
 /// An override of the policy for one layer tag `L`.
 template <Layer L, Policy P>
 struct layer_override {
-  using key = L;
-  using policy_type = P;
+  using key = L;          ///< The layer tag it overrides.
+  using policy_type = P;  ///< The policy it gives that layer.
 };
 
 /// `for_op<op::softmax>(presets::fp32{})`: an operation-kind override.
@@ -103,6 +103,7 @@ using lookup_t = typename decltype(lookup<HanaMap, Key, Fallback>())::type;
 /// Built by make_policy_map; holds no data.
 template <Policy Default, class OpMap, class LayerMap>
 struct policy_map {
+  /// The policy of layers no override names, before the rule set.
   using default_policy = Default;
   /// hana::map from operation-kind types to policy types.
   using op_overrides = OpMap;
@@ -137,20 +138,25 @@ enum class policy_source { default_policy, op_override, layer_override };
 /// it checks the rules (a, c, d, e, f, g).
 template <Layer L, class Map>
 struct resolution {
-  using op = typename L::op;
+  using op = typename L::op;  ///< The layer's operation kind.
 
  private:
   using by_layer = detail::lookup_t<typename Map::layer_overrides, L, void>;
   using by_op = detail::lookup_t<typename Map::op_overrides, op, void>;
 
  public:
+  /// Which entry of the map applied: the layer override, else the kind override, else the
+  /// default.
   static constexpr policy_source source =
       !std::is_void_v<by_layer> ? policy_source::layer_override
       : !std::is_void_v<by_op>  ? policy_source::op_override
                                 : policy_source::default_policy;
+  /// The policy the map names for the layer, as written.
   using given = std::conditional_t<
       !std::is_void_v<by_layer>, by_layer,
       std::conditional_t<!std::is_void_v<by_op>, by_op, typename Map::default_policy>>;
+  /// The policy the layer runs under: `given` through precis::apply_rules, promoting the
+  /// fp32-rule kinds only where `given` is the default.
   using type = apply_rules_t<op, given, source == policy_source::default_policy>;
 
  private:

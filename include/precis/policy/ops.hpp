@@ -13,78 +13,78 @@ namespace op {
 // computes and accumulates it in fp32 (or wider) whatever the layer's policy says.
 /// matrix products (linear layers, attention): tensor cores
 struct matmul {
-  static constexpr std::string_view name = "matmul";
-  static constexpr bool fp32_rule = false;
+  static constexpr std::string_view name = "matmul";  ///< Printed name.
+  static constexpr bool fp32_rule = false;  ///< Keeps its policy's compute types.
 };
 /// convolutions, transposed convolutions
 struct conv {
-  static constexpr std::string_view name = "conv";
-  static constexpr bool fp32_rule = false;
+  static constexpr std::string_view name = "conv";  ///< Printed name.
+  static constexpr bool fp32_rule = false;  ///< Keeps its policy's compute types.
 };
 /// add, mul, relu, gelu, sigmoid, tanh, casts
 struct elementwise {
-  static constexpr std::string_view name = "elementwise";
-  static constexpr bool fp32_rule = false;
+  static constexpr std::string_view name = "elementwise";  ///< Printed name.
+  static constexpr bool fp32_rule = false;  ///< Keeps its policy's compute types.
 };
 /// max/avg pooling, upsampling
 struct pooling {
-  static constexpr std::string_view name = "pooling";
-  static constexpr bool fp32_rule = false;
+  static constexpr std::string_view name = "pooling";  ///< Printed name.
+  static constexpr bool fp32_rule = false;  ///< Keeps its policy's compute types.
 };
 /// exp overflows above ~11.1 in float16
 struct exp {
-  static constexpr std::string_view name = "exp";
-  static constexpr bool fp32_rule = true;
+  static constexpr std::string_view name = "exp";  ///< Printed name.
+  static constexpr bool fp32_rule = true;  ///< Computes and accumulates in fp32 or wider.
 };
 /// log of small float16 values underflows first
 struct log {
-  static constexpr std::string_view name = "log";
-  static constexpr bool fp32_rule = true;
+  static constexpr std::string_view name = "log";  ///< Printed name.
+  static constexpr bool fp32_rule = true;  ///< Computes and accumulates in fp32 or wider.
 };
 /// pow overflows and underflows like exp
 struct pow {
-  static constexpr std::string_view name = "pow";
-  static constexpr bool fp32_rule = true;
+  static constexpr std::string_view name = "pow";  ///< Printed name.
+  static constexpr bool fp32_rule = true;  ///< Computes and accumulates in fp32 or wider.
 };
 /// exp plus a sum over a row
 struct softmax {
-  static constexpr std::string_view name = "softmax";
-  static constexpr bool fp32_rule = true;
+  static constexpr std::string_view name = "softmax";  ///< Printed name.
+  static constexpr bool fp32_rule = true;  ///< Computes and accumulates in fp32 or wider.
 };
 /// as softmax, and a log
 struct log_softmax {
-  static constexpr std::string_view name = "log_softmax";
-  static constexpr bool fp32_rule = true;
+  static constexpr std::string_view name = "log_softmax";  ///< Printed name.
+  static constexpr bool fp32_rule = true;  ///< Computes and accumulates in fp32 or wider.
 };
 /// as softmax
 struct logsumexp {
-  static constexpr std::string_view name = "logsumexp";
-  static constexpr bool fp32_rule = true;
+  static constexpr std::string_view name = "logsumexp";  ///< Printed name.
+  static constexpr bool fp32_rule = true;  ///< Computes and accumulates in fp32 or wider.
 };
 /// mean and variance over many elements
 struct layer_norm {
-  static constexpr std::string_view name = "layer_norm";
-  static constexpr bool fp32_rule = true;
+  static constexpr std::string_view name = "layer_norm";  ///< Printed name.
+  static constexpr bool fp32_rule = true;  ///< Computes and accumulates in fp32 or wider.
 };
 /// as layer_norm, plus running statistics
 struct batch_norm {
-  static constexpr std::string_view name = "batch_norm";
-  static constexpr bool fp32_rule = true;
+  static constexpr std::string_view name = "batch_norm";  ///< Printed name.
+  static constexpr bool fp32_rule = true;  ///< Computes and accumulates in fp32 or wider.
 };
 /// as layer_norm
 struct group_norm {
-  static constexpr std::string_view name = "group_norm";
-  static constexpr bool fp32_rule = true;
+  static constexpr std::string_view name = "group_norm";  ///< Printed name.
+  static constexpr bool fp32_rule = true;  ///< Computes and accumulates in fp32 or wider.
 };
 /// every loss: sums and logs of many terms
 struct loss {
-  static constexpr std::string_view name = "loss";
-  static constexpr bool fp32_rule = true;
+  static constexpr std::string_view name = "loss";  ///< Printed name.
+  static constexpr bool fp32_rule = true;  ///< Computes and accumulates in fp32 or wider.
 };
 /// sums, means, norms over many elements
 struct reduction {
-  static constexpr std::string_view name = "reduction";
-  static constexpr bool fp32_rule = true;
+  static constexpr std::string_view name = "reduction";  ///< Printed name.
+  static constexpr bool fp32_rule = true;  ///< Computes and accumulates in fp32 or wider.
 };
 
 }  // namespace op

@@ -25,15 +25,21 @@ struct precision_traits {
   static_assert(std::numeric_limits<T>::is_specialized && !std::numeric_limits<T>::is_integer,
                 "precis: precision_traits<T> needs a floating-point T with numeric_limits; "
                 "specialise precis::precision_traits for other types");
+  /// Significand bits, the implicit leading one included.
   static constexpr int digits = std::numeric_limits<T>::digits;
+  /// One more than the largest binary exponent of a finite value.
   static constexpr int max_exponent = std::numeric_limits<T>::max_exponent;
+  /// One more than the smallest binary exponent of a normal value.
   static constexpr int min_exponent = std::numeric_limits<T>::min_exponent;
 };
 
+/// TF32: 11 significand bits (10 stored) with float's exponent range.
 template <>
 struct precision_traits<tfloat32> {
-  static constexpr int digits = 11;
+  static constexpr int digits = 11;  ///< 10 mantissa bits plus the implicit one.
+  /// float's `max_exponent`.
   static constexpr int max_exponent = std::numeric_limits<float>::max_exponent;
+  /// float's `min_exponent`.
   static constexpr int min_exponent = std::numeric_limits<float>::min_exponent;
 };
 
@@ -77,28 +83,37 @@ struct promote2 {
 /// gives float).
 template <class T, class... Ts>
 struct promote {
-  using type = T;
+  using type = T;  ///< The promoted type.
 };
+/// Promotes the first two types, then the result with the rest.
 template <class A, class B, class... Ts>
 struct promote<A, B, Ts...> : promote<typename detail::promote2<A, B>::type, Ts...> {};
+/// The type an elementwise operation mixing `Ts...` computes in (`promote<Ts...>::type`).
 template <class... Ts>
 using promote_t = typename promote<Ts...>::type;
 
 /// The name a number type prints under (`describe`): "float16", "float", ...
 template <class T>
 inline constexpr std::string_view type_name_v = "?";
+/// `float` prints as "float".
 template <>
 inline constexpr std::string_view type_name_v<float> = "float";
+/// `double` prints as "double".
 template <>
 inline constexpr std::string_view type_name_v<double> = "double";
+/// `tfloat32` prints as "tfloat32".
 template <>
 inline constexpr std::string_view type_name_v<tfloat32> = "tfloat32";
+/// `float16` prints as "float16".
 template <>
 inline constexpr std::string_view type_name_v<float16> = "float16";
+/// `bfloat16` prints as "bfloat16".
 template <>
 inline constexpr std::string_view type_name_v<bfloat16> = "bfloat16";
+/// `float8_e4m3` prints as "float8_e4m3".
 template <>
 inline constexpr std::string_view type_name_v<float8_e4m3> = "float8_e4m3";
+/// `float8_e5m2` prints as "float8_e5m2".
 template <>
 inline constexpr std::string_view type_name_v<float8_e5m2> = "float8_e5m2";
 

@@ -47,18 +47,26 @@ struct apply_rules {
   using G = typename P::gradient_type;
 
  public:
+  /// `P`'s storage type, or its compute type where that is float8 and `Op` is not a
+  /// matrix product or convolution.
   using storage_type = std::conditional_t<leave_fp8 && is_float8_v<S>, C, S>;
+  /// `P`'s gradient type, replaced as storage_type is.
   using gradient_type = std::conditional_t<leave_fp8 && is_float8_v<G>, C, G>;
+  /// `P`'s compute type, widened to at least float for a promoted fp32-rule kind.
   using compute_type = std::conditional_t<fp32, detail::at_least_float<C>, C>;
+  /// `P`'s accumulate type, widened as compute_type is.
   using accumulate_type =
       std::conditional_t<fp32, detail::at_least_float<typename P::accumulate_type>,
                          typename P::accumulate_type>;
+  /// The resulting policy: these four types with `P`'s master type, recipe and products,
+  /// wrapped in precis::unsafe with `P`'s waivers where it has any.
   using type = typename detail::with_waivers<
       policy<storage_type, compute_type, accumulate_type, typename P::master_type, gradient_type,
              typename P::fp8_recipe, typename P::products_type>,
       typename P::waived_rules>::type;
 };
 
+/// The policy operation kind `Op` runs under when given `P` (`apply_rules<...>::type`).
 template <op_kind Op, Policy P, bool Promote = true>
 using apply_rules_t = typename apply_rules<Op, P, Promote>::type;
 

@@ -31,7 +31,7 @@ enum class amax_algorithm {
 /// Options of delayed_scaling.
 struct delayed_scaling_options {
   std::uint32_t history_length = 1024;  ///< amax values kept
-  amax_algorithm algorithm = amax_algorithm::max;
+  amax_algorithm algorithm = amax_algorithm::max;  ///< which amax of the history to use
   std::int32_t margin = 0;  ///< scale = max / amax / 2^margin
 };
 
@@ -65,9 +65,13 @@ PRECIS_HOST_DEVICE float scale_from_amax(float fmax, float amax, std::int32_t ma
 template <class Format, reducer Reducer = single_process>
 class delayed_scaling {
  public:
+  /// The kind a checkpoint records (precis::save_state).
   static constexpr std::string_view kind = "delayed_scaling";
+  /// The float8 format the tensor is cast to: float8_e4m3 or float8_e5m2.
   using format = Format;
 
+  /// A recipe with scale 1 and an empty history; `r` agrees amaxes across processes.
+  /// Throws precis::error when `o.history_length` is 0.
   explicit delayed_scaling(delayed_scaling_options o = {}, Reducer r = {})
       : options_(o), reducer_(std::move(r)), history_(o.history_length, 0.0f) {
     if (o.history_length == 0) throw error("precis::delayed_scaling: history_length must be at least 1");
@@ -86,6 +90,7 @@ class delayed_scaling {
     }
     return h;
   }
+  /// The options in force (those given, or those a loaded checkpoint holds).
   const delayed_scaling_options& options() const { return options_; }
   /// Replaces the reducer the amaxes are agreed through (the recorded state is kept).
   void set_reducer(Reducer r) { reducer_ = std::move(r); }
@@ -111,6 +116,8 @@ class delayed_scaling {
     scale_ = detail::scale_from_amax(detail::fp8_max<Format>(), reference, options_.margin, scale_);
   }
 
+  /// Visits the state for precis::save_state and precis::load_state: the scale, the
+  /// options, the history position and count, and the amax history.
   template <class Archive>
   void visit_state(Archive& a) {
     a.field("scale", scale_);
@@ -126,6 +133,7 @@ class delayed_scaling {
     a.floats("amax_history", history_);
   }
 
+  /// Empty when the state is consistent; otherwise what is wrong.
   std::string validate() const {
     if (options_.history_length == 0) return "history_length must be at least 1";
     if (history_.size() != options_.history_length) return "the amax history does not have history_length entries";
@@ -152,13 +160,19 @@ class delayed_scaling {
 template <class Format, reducer Reducer = single_process>
 class current_scaling {
  public:
+  /// The kind a checkpoint records (precis::save_state).
   static constexpr std::string_view kind = "current_scaling";
+  /// The float8 format the tensor is cast to: float8_e4m3 or float8_e5m2.
   using format = Format;
 
+  /// A recipe with scale 1; the scale is max / amax / 2^`margin`, and `r` agrees amaxes
+  /// across processes.
   explicit current_scaling(std::int32_t margin = 0, Reducer r = {})
       : margin_(margin), reducer_(std::move(r)) {}
 
+  /// Multiply by this before casting to Format.
   float scale() const { return scale_; }
+  /// Multiply by this after reading Format values.
   float inverse_scale() const { return 1.0f / scale_; }
   /// Replaces the reducer the amaxes are agreed through.
   void set_reducer(Reducer r) { reducer_ = std::move(r); }
@@ -170,6 +184,8 @@ class current_scaling {
     scale_ = detail::scale_from_amax(detail::fp8_max<Format>(), amax[0], margin_, scale_);
   }
 
+  /// Visits the state for precis::save_state and precis::load_state: the scale and the
+  /// margin.
   template <class Archive>
   void visit_state(Archive& a) {
     a.field("scale", scale_);
@@ -177,6 +193,7 @@ class current_scaling {
     a.field("margin", margin);
     margin_ = static_cast<std::int32_t>(margin);
   }
+  /// Empty when the scale is finite and positive; otherwise what is wrong.
   std::string validate() const {
     if (!(scale_ > 0.0f) || !std::isfinite(scale_)) return "the scale must be finite and positive";
     return {};

@@ -36,6 +36,7 @@ concept gradient_tensor = std::ranges::contiguous_range<T> && std::ranges::sized
 /// and tuples of those; specialise it for other containers.
 template <class G>
 struct gradient_access {
+  /// Calls `f(std::span<T>)` for every tensor of `g`, in order (`T`: its element type).
   template <class F>
   static void for_each(G& g, F&& f) {
     if constexpr (gradient_tensor<G>) {
@@ -52,6 +53,8 @@ struct gradient_access {
     }
   }
 
+  /// Calls `f(span_a, span_b)` for corresponding tensors of `a` and `b`, in order. Throws
+  /// precis::error when they differ in the number of tensors or of elements.
   template <class F>
   static void for_each_pair(G& a, G& b, F&& f) {
     if constexpr (gradient_tensor<G>) {
@@ -92,8 +95,8 @@ template <gradients G>
 class unscaled;
 
 /// Gradients of a loss multiplied by `scale()`. Obtained from a scaler
-/// (`scaler.scaled(std::move(grads))`) or from a backward pass of a scaled loss.
-/// Micro-batches accumulate with `+=` before the single unscale at the boundary.
+/// (`scaler.scaled_gradients(std::move(grads))`) or from a backward pass of a scaled loss.
+/// Micro-batches accumulate with accumulate() before the single unscale at the boundary.
 template <gradients G>
 class scaled {
  public:
@@ -104,10 +107,12 @@ class scaled {
                   std::to_string(scale));
     }
   }
+  /// Takes over `other`'s gradients; `other` is left consumed (using it throws).
   scaled(scaled&& other) noexcept
       : grads_(std::move(other.grads_)), scale_(other.scale_), consumed_(other.consumed_) {
     other.consumed_ = true;
   }
+  /// Takes over `other`'s gradients; `other` is left consumed (using it throws).
   scaled& operator=(scaled&& other) noexcept {
     grads_ = std::move(other.grads_);
     scale_ = other.scale_;
@@ -161,10 +166,12 @@ class scaled {
 template <gradients G>
 class unscaled {
  public:
+  /// Takes over `other`'s gradients; `other` is left consumed (stepping with it throws).
   unscaled(unscaled&& other) noexcept
       : grads_(std::move(other.grads_)), found_inf_(other.found_inf_), consumed_(other.consumed_) {
     other.consumed_ = true;
   }
+  /// Takes over `other`'s gradients; `other` is left consumed (stepping with it throws).
   unscaled& operator=(unscaled&& other) noexcept {
     grads_ = std::move(other.grads_);
     found_inf_ = other.found_inf_;
@@ -179,6 +186,7 @@ class unscaled {
   bool found_inf() const { return found_inf_; }
   /// The gradients.
   G& values() { return grads_; }
+  /// The gradients, read-only.
   const G& values() const { return grads_; }
   /// True once the gradients were stepped with or moved from.
   bool consumed() const { return consumed_; }
@@ -216,6 +224,7 @@ unscaled<G> unscale(scaled<G>&& g) {
   return unscaled<G>(std::move(g.grads_), found);
 }
 
+/// Does not compile: unscale() consumes its argument; pass `std::move(grads)`.
 template <gradients G>
 void unscale(scaled<G>&) {
   static_assert(detail::dependent_false_v<G>,
@@ -223,12 +232,14 @@ void unscale(scaled<G>&) {
                 "them would let them be unscaled twice, dividing by the scale twice");
 }
 
+/// Does not compile: the gradients are already unscaled.
 template <gradients G>
 void unscale(unscaled<G>&&) {
   static_assert(detail::dependent_false_v<G>,
                 "precis: these gradients are already unscaled; unscale() once per optimizer "
                 "step, at the end of gradient accumulation");
 }
+/// Does not compile: the gradients are already unscaled.
 template <gradients G>
 void unscale(unscaled<G>&) {
   static_assert(detail::dependent_false_v<G>,
@@ -275,9 +286,7 @@ void add_squares(std::span<T> span, std::array<double, 8>& sums) {
 
 /// The L2 norm of all gradients together, accumulated in double: eight running sums (element
 /// i of each tensor goes to sum i mod 8), added pairwise at the end. A fixed order, so the
-/// same value on every machine; as SIMD vectors the sums keep up with memory, where one
-/// chain of additions ran at a quarter of that (a step of a model with 11M parameters
-/// spent 3-4% of its time here).
+/// same value on every machine; the sums run as SIMD vectors.
 template <gradients G>
 double grad_norm(const unscaled<G>& g) {
   std::array<double, 8> sum{};
@@ -313,12 +322,14 @@ void clip_grad_value(unscaled<G>& g, float clip_value) {
   });
 }
 
+/// Does not compile: clip after unscale(), not the gradients still multiplied by the scale.
 template <gradients G>
 void clip_grad_norm(scaled<G>&, double) {
   static_assert(detail::dependent_false_v<G>,
                 "precis: clip the gradients after unscale(); these are still multiplied by the "
                 "loss scale, so max_norm would be compared with a norm scale times too large");
 }
+/// Does not compile: clip after unscale(), not the gradients still multiplied by the scale.
 template <gradients G>
 void clip_grad_value(scaled<G>&, float) {
   static_assert(detail::dependent_false_v<G>,

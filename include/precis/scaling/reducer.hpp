@@ -23,7 +23,9 @@ concept reducer = requires(R& r, bool flag, std::span<float> values) {
 
 /// One process: the values are already global.
 struct single_process {
+  /// Returns `local_found_inf`: this process is the whole run.
   constexpr bool any(bool local_found_inf) const { return local_found_inf; }
+  /// Leaves the values as they are: they are already the maxima.
   constexpr void max(std::span<float>) const {}
 };
 
@@ -36,15 +38,20 @@ static_assert(reducer<single_process>);
 class reducer_ref {
  public:
   reducer_ref() = default;
+  /// Refers to `r`, which must outlive every use of this reference.
   template <reducer R>
   requires(!std::is_same_v<std::remove_cv_t<R>, reducer_ref>) explicit reducer_ref(R& r)
       : self_(&r),
         any_([](void* s, bool f) { return bool(static_cast<R*>(s)->any(f)); }),
         max_([](void* s, std::span<float> v) { static_cast<R*>(s)->max(v); }) {}
 
+  /// The logical OR of `local_found_inf` over processes, through the referenced reducer
+  /// (`local_found_inf` itself when none is referenced).
   bool any(bool local_found_inf) const {
     return self_ != nullptr ? any_(self_, local_found_inf) : local_found_inf;
   }
+  /// Replaces `values` by their elementwise maxima over processes, through the referenced
+  /// reducer (unchanged when none is referenced).
   void max(std::span<float> values) const {
     if (self_ != nullptr) max_(self_, values);
   }

@@ -40,8 +40,8 @@ concept scaler_sink = requires(S& s, const step_result& r) { s.on_step(r); };
 
 /// A change of the loss scale: at which step (counting from 0) and to what.
 struct scale_change {
-  std::uint64_t step;
-  float scale;
+  std::uint64_t step;  ///< The step whose scale update made the change.
+  float scale;         ///< The scale from the next step on.
 };
 
 namespace detail {
@@ -160,33 +160,48 @@ class scaler_base {
 template <reducer Reducer = single_process>
 class basic_no_scaling : public detail::scaler_base<basic_no_scaling<Reducer>, Reducer> {
  public:
+  /// False: the loss is not multiplied, so precis::check_scaler rejects it for gradients
+  /// that need loss scaling.
   static constexpr bool scales = false;
+  /// The kind a checkpoint records (precis::save_state).
   static constexpr std::string_view kind = "no_scaling";
   using detail::scaler_base<basic_no_scaling, Reducer>::scaler_base;
+  /// Always 1.
   float scale() const { return 1.0f; }
+  /// Visits the state for precis::save_state and precis::load_state: the step counters
+  /// and the scale history.
   template <class Archive>
   void visit_state(Archive& a) {
     detail::visit_common_state(a, *this);
   }
 };
+/// precis::basic_no_scaling for one process.
 using no_scaling = basic_no_scaling<>;
 
 /// A fixed loss scale. Skips steps whose gradients are not finite, never changes.
 template <reducer Reducer = single_process>
 class basic_static_scaler : public detail::scaler_base<basic_static_scaler<Reducer>, Reducer> {
  public:
+  /// True: the loss is multiplied by scale().
   static constexpr bool scales = true;
+  /// The kind a checkpoint records (precis::save_state).
   static constexpr std::string_view kind = "static_scaler";
+  /// A scaler with the fixed loss scale `scale`; `r` agrees found-inf flags across
+  /// processes. Throws precis::error unless `scale` is finite and positive.
   explicit basic_static_scaler(float scale = 65536.0f, Reducer r = {})
       : detail::scaler_base<basic_static_scaler, Reducer>(std::move(r)), scale_(scale) {
     if (auto e = validate(); !e.empty()) throw error("precis::static_scaler: " + e);
   }
+  /// The fixed loss scale.
   float scale() const { return scale_; }
+  /// Visits the state for precis::save_state and precis::load_state: the step counters,
+  /// the scale history and the scale.
   template <class Archive>
   void visit_state(Archive& a) {
     detail::visit_common_state(a, *this);
     a.field("scale", scale_);
   }
+  /// Empty when the scale is finite and positive; otherwise what is wrong.
   std::string validate() const {
     if (!(scale_ > 0.0f) || !std::isfinite(scale_)) {
       return "the scale must be finite and positive, got " + std::to_string(scale_);
@@ -197,6 +212,7 @@ class basic_static_scaler : public detail::scaler_base<basic_static_scaler<Reduc
  private:
   float scale_;
 };
+/// precis::basic_static_scaler for one process.
 using static_scaler = basic_static_scaler<>;
 
 /// What a dynamic scaler does when it backs off to its minimum scale and keeps finding
@@ -220,6 +236,7 @@ struct dynamic_scaler_options {
   std::uint32_t hysteresis = 1;
   float min_scale = 1.0f;  ///< the scale never backs off below this
   float max_scale = std::numeric_limits<float>::infinity();  ///< nor grows above this
+  /// What to do while steps keep being skipped at min_scale.
   at_minimum_scale at_minimum = at_minimum_scale::skip_and_report;
   std::uint64_t max_skips_at_minimum = 1000;  ///< for at_minimum_scale::throw_error
 };
@@ -231,9 +248,13 @@ struct dynamic_scaler_options {
 template <reducer Reducer = single_process>
 class basic_dynamic_scaler : public detail::scaler_base<basic_dynamic_scaler<Reducer>, Reducer> {
  public:
+  /// True: the loss is multiplied by scale().
   static constexpr bool scales = true;
+  /// The kind a checkpoint records (precis::save_state).
   static constexpr std::string_view kind = "dynamic_scaler";
 
+  /// A scaler starting at `o.init_scale`; `r` agrees found-inf flags across processes.
+  /// Throws precis::error when the options are inconsistent (see validate()).
   explicit basic_dynamic_scaler(dynamic_scaler_options o = {}, Reducer r = {})
       : detail::scaler_base<basic_dynamic_scaler, Reducer>(std::move(r)),
         options_(o),
@@ -242,12 +263,15 @@ class basic_dynamic_scaler : public detail::scaler_base<basic_dynamic_scaler<Red
     if (auto e = validate(); !e.empty()) throw error("precis::dynamic_scaler: " + e);
   }
 
+  /// The current loss scale.
   float scale() const { return scale_; }
+  /// The options in force (those given, or those a loaded checkpoint holds).
   const dynamic_scaler_options& options() const { return options_; }
   /// Consecutive finite steps since the last growth or backoff.
   std::uint32_t growth_tracker() const { return growth_tracker_; }
   /// Non-finite steps still tolerated before the next backoff.
   std::uint32_t hysteresis_left() const { return hysteresis_left_; }
+  /// True when the scale is at min_scale and cannot back off further.
   bool at_minimum() const { return scale_ <= options_.min_scale; }
 
   /// The scale update after a step: PyTorch's rule (float scale times double factor,
@@ -270,6 +294,9 @@ class basic_dynamic_scaler : public detail::scaler_base<basic_dynamic_scaler<Red
     }
   }
 
+  /// Called by step() after each step: counts consecutive skipped steps at the minimum
+  /// scale and, under at_minimum_scale::throw_error, throws precis::error when they reach
+  /// max_skips_at_minimum.
   void after_step(const step_result& r) {
     consecutive_at_minimum_ = r.at_minimum_scale ? consecutive_at_minimum_ + 1 : 0;
     if (options_.at_minimum == at_minimum_scale::throw_error &&
@@ -281,6 +308,9 @@ class basic_dynamic_scaler : public detail::scaler_base<basic_dynamic_scaler<Red
     }
   }
 
+  /// Visits the state for precis::save_state and precis::load_state: the step counters,
+  /// the scale history, the scale, the growth and hysteresis trackers, the count of
+  /// consecutive skips at the minimum and every option.
   template <class Archive>
   void visit_state(Archive& a) {
     detail::visit_common_state(a, *this);
@@ -326,6 +356,7 @@ class basic_dynamic_scaler : public detail::scaler_base<basic_dynamic_scaler<Red
   std::uint32_t hysteresis_left_;
   std::uint64_t consecutive_at_minimum_ = 0;
 };
+/// precis::basic_dynamic_scaler for one process.
 using dynamic_scaler = basic_dynamic_scaler<>;
 
 namespace detail {

@@ -23,7 +23,9 @@ namespace precis {
 template <class T, std::size_t N>
 class device_tensor {
  public:
+  /// The element type.
   using value_type = T;
+  /// The extent of each dimension, outermost first.
   using shape_type = std::array<std::size_t, N>;
 
   device_tensor() = default;
@@ -38,7 +40,11 @@ class device_tensor {
       check(cudaMalloc(reinterpret_cast<void**>(&data_), n * sizeof(T)), "cudaMalloc");
     }
   }
+  /// Takes over `o`'s allocation, shape and stream; `o` is left without memory, of shape
+  /// all zeros.
   device_tensor(device_tensor&& o) noexcept { swap(o); }
+  /// Frees this tensor's memory (in its stream's order), then takes over `o`'s allocation,
+  /// shape and stream; `o` is left without memory.
   device_tensor& operator=(device_tensor&& o) noexcept {
     if (this != &o) {
       reset();
@@ -50,15 +56,21 @@ class device_tensor {
   device_tensor& operator=(const device_tensor&) = delete;
   ~device_tensor() { reset(); }
 
+  /// The extent of each dimension.
   const shape_type& shape() const { return shape_; }
+  /// The rank N.
   std::size_t dimension() const { return N; }
+  /// The number of elements (the product of the extents).
   std::size_t size() const {
     return std::accumulate(shape_.begin(), shape_.end(), std::size_t(1), std::multiplies<>());
   }
+  /// Device pointer to the first element (null when empty).
   T* data() { return data_; }
+  /// Device pointer to the first element, read-only.
   const T* data() const { return data_; }
   /// The elements as a span of device memory (not dereferenceable on the host).
   std::span<T> span() { return {data_, size()}; }
+  /// The elements as a read-only span of device memory.
   std::span<const T> span() const { return {data_, size()}; }
 
  private:

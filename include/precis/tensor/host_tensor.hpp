@@ -29,23 +29,29 @@ inline constexpr std::size_t host_tensor_alignment = 64;
 /// bfloat16 product written to such a tensor through AMX took twice as long.
 template <class T>
 struct aligned_allocator {
+  /// The element type it allocates.
   using value_type = T;
 
   aligned_allocator() noexcept = default;
+  /// A copy from the allocator of another element type (the allocator has no state).
   template <class U>
   constexpr aligned_allocator(const aligned_allocator<U>& /*other*/) noexcept {}
 
+  /// Uninitialised, aligned storage for `n` elements. Throws std::bad_array_new_length when
+  /// n * sizeof(T) overflows, std::bad_alloc when there is no memory.
   T* allocate(std::size_t n) {
     if (n > std::numeric_limits<std::size_t>::max() / sizeof(T)) throw std::bad_array_new_length();
     return static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{host_tensor_alignment}));
   }
+  /// Frees storage that allocate() returned.
   void deallocate(T* p, std::size_t /*n*/) noexcept {
     ::operator delete (p, std::align_val_t{host_tensor_alignment});
   }
 
+  /// The same allocator for elements of type U.
   template <class U>
   struct rebind {
-    using other = aligned_allocator<U>;
+    using other = aligned_allocator<U>;  ///< aligned_allocator of U
   };
 
   friend constexpr bool operator==(const aligned_allocator&, const aligned_allocator&) noexcept {
@@ -63,6 +69,7 @@ using host_tensor = xt::xtensor<T, N, xt::layout_type::row_major, aligned_alloca
 /// True for host_tensor<T, N> of any T and N.
 template <class X>
 inline constexpr bool is_host_tensor_v = false;
+/// The specialisation for host tensors (true).
 template <class T, std::size_t N>
 inline constexpr bool is_host_tensor_v<host_tensor<T, N>> = true;
 

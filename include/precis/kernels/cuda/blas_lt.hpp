@@ -113,16 +113,24 @@ void set(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const V& v, c
 /// accepted (cuBLASLt's TN layout for float8).
 template <class TA, class TB, class TC>
 struct lt_product {
+  /// @var m
+  /// Rows of op(A) and of C.
+  /// @var n
+  /// Columns of op(B) and of C.
+  /// @var k
+  /// Columns of op(A) and rows of op(B): the length of each sum.
   std::int64_t m = 0, n = 0, k = 0;
-  const TA* a = nullptr;
-  const TB* b = nullptr;
-  TC* c = nullptr;
-  bool trans_a = false, trans_b = false;
-  float alpha = 1.0f, beta = 0.0f;
-  lt_epilogue epilogue = lt_epilogue::none;
-  const void* bias = nullptr;  ///< N values, of TC's type (float for float8 outputs)
-  const float* a_scale = nullptr;
-  const float* b_scale = nullptr;
+  const TA* a = nullptr;  ///< A, row-major: M x K, or K x M when trans_a
+  const TB* b = nullptr;  ///< B, row-major: K x N, or N x K when trans_b
+  TC* c = nullptr;        ///< C, row-major M x N: read when beta != 0, then written
+  /// Whether A is stored transposed (K x M).
+  bool trans_a = false, trans_b = false;  ///< whether B is stored transposed (N x K)
+  /// Scales the product.
+  float alpha = 1.0f, beta = 0.0f;           ///< scales C's previous values
+  lt_epilogue epilogue = lt_epilogue::none;  ///< what is applied after the sum, before rounding
+  const void* bias = nullptr;                ///< N values, of TC's type (float for float8 outputs)
+  const float* a_scale = nullptr;            ///< float8 A: 1 / its scale, on the device
+  const float* b_scale = nullptr;            ///< float8 B: 1 / its scale, on the device
   /// Products stored one after another (A, B, C items m*k, k*n, m*n elements apart), run
   /// as one strided-batch call; the bias, when given, is shared by all.
   std::int64_t batch = 1;

@@ -41,7 +41,9 @@ namespace precis {
 struct device_dloss {
   double value = 1.0;                          ///< used when `device` is null
   const float* device = nullptr;               ///< a device pointer, read when the kernel runs
+  /// A value known on the host (implicit, so a number can be passed as `dloss`).
   device_dloss(double v = 1.0) : value(v) {}   // NOLINT(google-explicit-constructor)
+  /// A float in device memory, read when the kernel runs (implicit, as above).
   device_dloss(const float* d) : device(d) {}  // NOLINT(google-explicit-constructor)
 };
 

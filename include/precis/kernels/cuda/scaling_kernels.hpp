@@ -31,9 +31,9 @@ namespace precis {
 /// The state of a dynamic loss scaler kept in device memory, so that the scale can be
 /// updated after each step without the host reading found-inf.
 struct device_scaler_state {
-  float scale;
-  std::uint32_t growth_tracker;
-  std::uint32_t hysteresis_left;
+  float scale;                    ///< the loss scale
+  std::uint32_t growth_tracker;   ///< consecutive finite steps since the last growth or backoff
+  std::uint32_t hysteresis_left;  ///< non-finite steps still tolerated before the next backoff
 };
 
 namespace detail::cuda {
@@ -291,6 +291,7 @@ inline void store_device_state(cuda_context& ctx, const device_scaler_state* sta
 template <class Format>
 class device_delayed_scaling {
  public:
+  /// The float8 format it scales for (float8_e4m3 or float8_e5m2).
   using format = Format;
 
   /// The state of `host` (options, scale, history) copied to the device on ctx's stream.
@@ -355,6 +356,7 @@ class device_delayed_scaling {
     return reinterpret_cast<const float*>(reinterpret_cast<const char*>(header_.data()) +
                                           offsetof(detail::cuda::delayed_header, scale));
   }
+  /// Device pointer to 1 / scale, the factor that undoes the scaling (see scale()).
   const float* inverse_scale() const {
     return reinterpret_cast<const float*>(reinterpret_cast<const char*>(header_.data()) +
                                           offsetof(detail::cuda::delayed_header, inverse_scale));
