@@ -18,7 +18,13 @@
 #                       targets are left to `test`
 #   ./run.sh package    install to build/install-prefix, build tests/consumer against it,
 #                       conan create with boost and xtensor taken from the system
-#   ./run.sh ci         test, clang, cuda, package
+#   ./run.sh docs       the documentation's checks (docs/tools/check_docs.py): README.md within
+#                       12 KiB, every relative link and anchor of README.md, docs/ and the
+#                       examples' READMEs, every C++ block taken from a compiled file or
+#                       marked a fragment, the compiler output and the performance tables as
+#                       their sources give them, and the API reference (Doxygen, into
+#                       build/docs/html) without a warning beyond docs/reference/known-warnings.txt
+#   ./run.sh ci         docs, test, clang, cuda, package
 #
 # CTest labels: `gpu` needs a GPU (exits 77 without one, reported as skipped); `slow`
 # (the examples' training runs, the numerical comparisons) is left out of the clang stage.
@@ -36,7 +42,7 @@ export DEBIAN_FRONTEND=noninteractive
 PACKAGES=(cmake g++ clang libboost-dev xtensor-dev doctest-dev libopenblas-dev libdnnl-dev
           ocl-icd-opencl-dev gnuplot-nox python3-pip zlib1g-dev dataset-fashion-mnist
           nlohmann-json3-dev libclang-rt-14-dev libopencv-imgproc-dev libopencv-imgcodecs-dev
-          libpolyclipping-dev libopenmpi-dev openmpi-bin)
+          libpolyclipping-dev libopenmpi-dev openmpi-bin doxygen)
 
 log() { printf '\n\033[1m-- %s\033[0m\n' "$*"; }
 die() { printf 'run.sh: %s\n' "$*" >&2; exit 1; }
@@ -185,6 +191,10 @@ cmd_cuda() {
   run_ctest build/cuda -R '^(test_cuda_|test_numeric_device$|compile_fail_cuda_)'
 }
 
+cmd_docs() {
+  python3 docs/tools/check_docs.py
+}
+
 cmd_package() {
   local prefix="$ROOT/build/install-prefix"
   log "install to $prefix"
@@ -212,7 +222,7 @@ cmd_package() {
 }
 
 cmd_ci() {
-  local stages=(test clang cuda package) i=0 t
+  local stages=(docs test clang cuda package) i=0 t
   ci_start=$SECONDS ci_stage=""
   trap '[[ $? -eq 0 ]] || printf "\n\033[1m==== %s FAILED (%ds into ci) ====\033[0m\n" \
     "$ci_stage" $((SECONDS - ci_start)) >&2' EXIT
@@ -233,7 +243,7 @@ usage() {
 
 command="${1:-}"
 case "$command" in
-  test | demo | clang | cuda | package | ci)
+  test | demo | clang | cuda | package | docs | ci)
     shift
     install_packages
     "cmd_$command" "$@"
