@@ -1,4 +1,4 @@
-// Stochastic rounding of a double.
+// Stochastic rounding of a double: refused, not rounded to float first (which would round
+// twice).
 #include <precis/numeric/numeric.hpp>
-auto x = precis::detail::encode<precis::detail::float16_format, precis::rounding::stochastic,
-                                precis::overflow::infinity>(1.0, 7U);
+auto x = precis::stochastic_round<precis::float16>(1.0, 7U);

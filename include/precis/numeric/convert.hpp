@@ -63,6 +63,17 @@ template <class To, overflow O = overflow::infinity>
 PRECIS_HOST_DEVICE constexpr To stochastic_round(float x, std::uint32_t random_bits) {
   return To::from_bits(detail::encode<typename To::format, rounding::stochastic, O>(x, random_bits));
 }
+/// Any other input type (double, an integer, a precis format) is refused at compile time
+/// rather than converted to float first: rounding a double to float and then stochastically
+/// would round twice.
+template <class To, overflow O = overflow::infinity, class From>
+  requires detail::precis_format<To> && (!std::is_same_v<From, float>)
+PRECIS_HOST_DEVICE constexpr To stochastic_round(From, std::uint32_t) {
+  static_assert(std::is_same_v<From, float>,  // false here: the message for the overload set
+                "precis: stochastic rounding is defined for float inputs; convert the value to "
+                "float first (a double is then rounded twice) or round to nearest");
+  return To{};
+}
 
 namespace detail {
 
