@@ -58,10 +58,24 @@ class table {
     for (const auto& r : rows_) line(r);
   }
 
+  /// Writes the table as CSV (RFC 4180: a field holding a comma, a quote or a line break is
+  /// quoted, its quotes doubled), which docs/tools/perf_tables.py reads.
   void write_csv(const std::string& path) const {
     std::ofstream out(path);
+    auto field = [&](const std::string& f) {
+      if (f.find_first_of(",\"\n") == std::string::npos) {
+        out << f;
+        return;
+      }
+      out << '"';
+      for (char ch : f) out << (ch == '"' ? "\"\"" : std::string(1, ch));
+      out << '"';
+    };
     auto line = [&](const std::vector<std::string>& r) {
-      for (std::size_t c = 0; c < r.size(); ++c) out << (c ? "," : "") << r[c];
+      for (std::size_t c = 0; c < r.size(); ++c) {
+        if (c) out << ',';
+        field(r[c]);
+      }
       out << "\n";
     };
     line(columns_);
