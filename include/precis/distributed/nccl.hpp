@@ -1,8 +1,8 @@
 /// @file
 /// The data-parallel reducer for models on the device, over NCCL. Link precis::nccl (precis::cuda +
 /// NCCL). The same interface as precis::mpi_reducer (precis/distributed/mpi.hpp): a precis::reducer
-/// for the scalers and float8 recipes, plus the gradient average nn::trainer calls, here on device
-/// gradients.
+/// for the scalers and float8 recipes, plus the gradient average (`average`), here on device
+/// gradients; nn::trainer steps host models only, so a device training loop calls it itself.
 ///
 ///     ncclComm_t comm;  // made by the caller (ncclCommInitRank with an id from rank 0)
 ///     precis::nccl_reducer reducer(comm, ctx);     // ctx: the model's cuda_context

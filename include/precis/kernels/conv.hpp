@@ -1073,9 +1073,9 @@ void conv2d_backward_weights(const cpu_context& ctx, const host_tensor<TX, 4>& x
 }
 
 /// dx and dw of y = conv2d(x, w) from dy in one call: conv2d_backward_data's dx and
-/// conv2d_backward_weights's dw, the same bits. Where the hardware's products run on NCHW
-/// images, dy and x go to oneDNN's channels-last layout once for both passes (separately,
-/// dy is moved twice). Every shape is checked before anything is written.
+/// conv2d_backward_weights's dw, the same bits. Where bfloat16 hardware products run on AMX
+/// with NCHW images, dy and x go to oneDNN's channels-last layout once for both passes
+/// (separately, dy is moved twice). Every shape is checked before anything is written.
 template <Policy P, class TX, class TG, class TW, class TDX, class TDW>
 void conv2d_backward(const cpu_context& ctx, const host_tensor<TX, 4>& x,
                      const host_tensor<TG, 4>& dy, const host_tensor<TW, 4>& w,
@@ -1239,8 +1239,7 @@ void conv_transpose2d_backward_data(const cpu_context& ctx, const host_tensor<TG
 
 /// dx and dw of y = conv_transpose2d(x, w) (same `p`) in one call:
 /// conv_transpose2d_backward_data's dx and conv_transpose2d_backward_weights's dw, the same
-/// bits, with dy and x moved to oneDNN's channels-last layout once for both (see
-/// conv2d_backward). Every shape is checked before anything is written.
+/// bits (moving dy and x to oneDNN's layout once for both where conv2d_backward does). Every shape is checked before anything is written.
 template <Policy P, class TX, class TG, class TW, class TDX, class TDW>
 void conv_transpose2d_backward(const cpu_context& ctx, const host_tensor<TX, 4>& x,
                                const host_tensor<TG, 4>& dy, const host_tensor<TW, 4>& w,

@@ -488,9 +488,9 @@ void gelu(const cpu_context& ctx, const host_tensor<X, N>& x, host_tensor<Y, N>&
 
 /// y = gelu(x) (the exact, erf form) and d = gelu'(x) in one pass, for a training step
 /// that keeps d for its backward pass: there dx = dy * d (precis::mul under P, dy float or
-/// 16-bit) is gelu_backward's result, bit for bit. The pass costs about 1.4 times gelu's
-/// (the derivative shares |x|, -x^2 / 2 and the erfc, and adds one exp), where
-/// gelu_backward's recomputation costs about 1.8 times gelu's. Meant for float x: with
+/// 16-bit) is gelu_backward's result, bit for bit. The derivative shares |x|, -x^2 / 2 and
+/// the erfc with the forward value and adds one exp, so the pass costs less than gelu
+/// followed by gelu_backward's recomputation. Meant for float x: with
 /// 16-bit inputs gelu and gelu_backward read tables and are cheaper. Needs float math under
 /// P (a compile error otherwise); d must not be y; shapes are checked before anything is
 /// written.

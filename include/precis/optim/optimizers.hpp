@@ -147,7 +147,7 @@ struct sgd_options {
 ///   d = nesterov ? fma(b, momentum, d) : b                      (with momentum)
 ///   w = fma(d, -lr, w)
 /// Every fused operation is an explicit std::fma and no product feeds an addition, so the
-/// bits do not depend on -march or -ffp-contract (README, "Same bits under any flags"), nor
+/// bits do not depend on -march or -ffp-contract (docs/reproducibility.md), nor
 /// on the thread count.
 class sgd {
  public:

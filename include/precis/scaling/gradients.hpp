@@ -212,8 +212,10 @@ template <class T>
 inline constexpr bool dependent_false_v = false;
 }  // namespace detail
 
-/// Divides the gradients by their scale in one fused pass per tensor and records whether
-/// any is infinite or NaN. Consumes the scaled gradients: they cannot be unscaled twice.
+/// Multiplies the gradients by 1 / scale (rounded to float once; exact when the scale is a
+/// power of two, as the dynamic scaler's are) in one fused pass per tensor and records
+/// whether any result is infinite or NaN. Consumes the scaled gradients: they cannot be
+/// unscaled twice.
 template <gradients G>
 unscaled<G> unscale(scaled<G>&& g) {
   g.require_live("unscale");

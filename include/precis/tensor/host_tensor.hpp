@@ -25,8 +25,7 @@ inline constexpr std::size_t host_tensor_alignment = 64;
 
 /// The allocator of host tensors: storage aligned to host_tensor_alignment bytes. malloc
 /// aligns to 16 bytes only (large blocks sit 16 bytes past a page boundary), which splits
-/// every 64-byte load and store of the vector and matrix units over two cache lines: a
-/// bfloat16 product written to such a tensor through AMX took twice as long.
+/// every 64-byte load and store of the vector and matrix units over two cache lines.
 template <class T>
 struct aligned_allocator {
   /// The element type it allocates.

@@ -22,7 +22,7 @@
 /// and runs it where the CPU has it, else a loop of std::fma (the C library's exact fma).
 /// Other targets use GCC/Clang vectors with std::fma per lane. Every product is fused into
 /// its sum on every path, so products of float inputs, which are not exact, give the same
-/// bits under any build flags and on any CPU (README, "Same bits under any flags").
+/// bits under any build flags and on any CPU (docs/reproducibility.md).
 #pragma once
 
 #include <precis/config.hpp>

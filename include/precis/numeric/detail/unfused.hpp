@@ -7,8 +7,8 @@
 /// results in the last bit. precis's kernels and optimizers pass every product that feeds
 /// an addition through mul (or add, or the kernels' accumulator, which takes its terms
 /// through opaque), and write the fused operations they mean as std::fma, so their bits do
-/// not depend on the flags the headers are compiled with (README, "Same bits under any
-/// flags"; tests/flags checks both the results and the machine code).
+/// not depend on the flags the headers are compiled with (docs/reproducibility.md;
+/// tests/flags checks both the results and the machine code).
 #pragma once
 
 #include <precis/config.hpp>
