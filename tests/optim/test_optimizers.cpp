@@ -167,6 +167,66 @@ TEST_CASE("the vectorised, threaded updates give the element-by-element rule's b
   }
 }
 
+TEST_CASE("the shared updates on single floats, a device optimizer's path, give the optimizers' bits") {
+  // precis::sgd_update / adamw_update with scalar_update_math, one element at a time as a
+  // device thread runs them, against the host optimizers (SIMD vectors, two threads), over
+  // both forms of AdamW's lerp, SGD with and without momentum and Nesterov, and tensors
+  // with and without weight decay.
+  const precis::cpu_context ctx{2};
+  const precis::sgd_options sgd_configs[] = {
+      {.lr = 0.1},
+      {.lr = 0.05, .momentum = 0.9, .dampening = 0.1, .weight_decay = 0.01},
+      {.lr = 0.02, .momentum = 0.8, .weight_decay = 0.02, .nesterov = true}};
+  const precis::adamw_options adamw_configs[] = {
+      {},
+      {.lr = 3e-3, .beta1 = 0.3, .beta2 = 0.99, .eps = 1e-6, .weight_decay = 0.1},
+      {.lr = 1e-2, .beta1 = 0.95, .beta2 = 0.9, .weight_decay = 0.0}};
+  const std::size_t sizes[] = {1, 17, 2049, 70001};
+  const std::vector<bool> decay = {true, false, true, false};
+  for (int config = 0; config < 3; ++config) {
+    CAPTURE(config);
+    std::vector<std::vector<float>> sw, aw, b, m, v;
+    for (std::size_t n : sizes) {
+      sw.push_back(random_floats(n, 1.0f));
+      aw.push_back(random_floats(n, 1.0f));
+      b.emplace_back(n, 0.0f);
+      m.emplace_back(n, 0.0f);
+      v.emplace_back(n, 0.0f);
+    }
+    auto ref_sw = sw, ref_aw = aw;
+    std::vector<std::span<float>> sspans(sw.begin(), sw.end()), aspans(aw.begin(), aw.end());
+    precis::sgd sgd(sspans, sgd_configs[config], decay, ctx);
+    precis::adamw adamw(aspans, adamw_configs[config], decay, ctx);
+    for (std::uint64_t t = 1; t <= 4; ++t) {
+      std::vector<std::vector<bfloat16>> g;
+      for (std::size_t n : sizes) {
+        const auto f = random_floats(n, 0.3f);
+        g.emplace_back(f.begin(), f.end());
+      }
+      const auto sc = precis::make_sgd_constants(sgd_configs[config], t == 1);
+      const auto ac = precis::make_adamw_constants(adamw_configs[config], t);
+      for (std::size_t i = 0; i < g.size(); ++i) {
+        const bool sgd_decays = decay[i] && sgd_configs[config].weight_decay != 0.0;
+        const bool adamw_decays = decay[i] && adamw_configs[config].weight_decay != 0.0;
+        for (std::size_t k = 0; k < g[i].size(); ++k) {
+          precis::sgd_update<precis::scalar_update_math>(ref_sw[i][k], b[i][k], float(g[i][k]), sc,
+                                                         sgd_decays);
+          precis::adamw_update<precis::scalar_update_math>(ref_aw[i][k], m[i][k], v[i][k],
+                                                           float(g[i][k]), ac, adamw_decays);
+        }
+      }
+      sgd.step(g);
+      adamw.step(g);
+      for (std::size_t i = 0; i < sw.size(); ++i) {
+        CAPTURE(t);
+        CAPTURE(sizes[i]);
+        REQUIRE(std::memcmp(sw[i].data(), ref_sw[i].data(), sw[i].size() * sizeof(float)) == 0);
+        REQUIRE(std::memcmp(aw[i].data(), ref_aw[i].data(), aw[i].size() * sizeof(float)) == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("weight decay applies only to the tensors the decay flags name") {
   // Zero gradients: a step only decays. AdamW's decoupled decay multiplies by 1 - lr * wd;
   // SGD's L2 term adds wd * w to the gradient, then w = fma(d, -lr, w). The undecayed tensor must not move.

@@ -4,3 +4,4 @@
 
 #include <precis/optim/checkpoint_file.hpp>
 #include <precis/optim/optimizers.hpp>
+#include <precis/optim/update.hpp>

@@ -15,6 +15,7 @@
 #include <precis/kernels/cpu/support.hpp>
 #include <precis/kernels/cpu/vec_math.hpp>
 #include <precis/numeric/detail/unfused.hpp>
+#include <precis/optim/update.hpp>
 #include <precis/scaling/gradients.hpp>
 
 #include <algorithm>
@@ -88,6 +89,14 @@ inline void store_lanes(float* p, vmath::vf v, std::size_t c) {
   }
 }
 
+/// The operations of the shared updates (optim/update.hpp) on the host's SIMD vectors: the
+/// same IEEE operations as precis::scalar_update_math, lane by lane.
+struct vector_update_math {
+  static vmath::vf fma(vmath::vf a, vmath::vf b, vmath::vf c) { return vmath::fma(a, b, c); }
+  static vmath::vf mul(vmath::vf a, vmath::vf b) { return vmath::product(a, b); }
+  static vmath::vf sqrt(vmath::vf a) { return vmath::sqrt(a); }
+};
+
 inline std::vector<std::vector<float>> zeros_like(std::span<const std::span<float>> masters) {
   std::vector<std::vector<float>> s;
   for (auto m : masters) s.emplace_back(m.size(), 0.0f);
@@ -129,26 +138,13 @@ inline std::size_t buffer_bytes(const std::vector<std::vector<float>>& buffers) 
 
 }  // namespace detail
 
-/// Options of sgd: PyTorch's SGD, whose hyperparameters are doubles (Python floats).
-struct sgd_options {
-  double lr = 0.01;           ///< the learning rate
-  double momentum = 0.0;      ///< the momentum factor (0: none)
-  double dampening = 0.0;     ///< the gradient's weight in the momentum buffer is 1 - dampening
-  double weight_decay = 0.0;  ///< L2 penalty added to the gradient
-  bool nesterov = false;      ///< Nesterov momentum (needs momentum and no dampening)
-};
-
 /// Stochastic gradient descent with momentum on float master weights: the same bits as
 /// torch.optim.SGD (foreach or for-loop) for float32 weights and gradients, every step.
-/// Per element, as PyTorch's CPU kernels compute it (each multiplier rounded to float from
-/// the double hyperparameter; fma is one rounding):
-///   d = fma(w, weight_decay, g)                                 (weight decay)
-///   b = d on the first step, else fma(d, 1 - dampening, b * momentum)
-///   d = nesterov ? fma(b, momentum, d) : b                      (with momentum)
-///   w = fma(d, -lr, w)
-/// Every fused operation is an explicit std::fma and no product feeds an addition, so the
-/// bits do not depend on -march or -ffp-contract (docs/reproducibility.md), nor
-/// on the thread count.
+/// Each element is updated by precis::sgd_update (optim/update.hpp: PyTorch's order, each
+/// multiplier rounded to float from the double hyperparameter, every fused operation an
+/// explicit fma and no product fused into an addition), so the bits do not depend on -march
+/// or -ffp-contract (docs/reproducibility.md), nor on the thread count, and a device
+/// optimizer calling the same function gives them too.
 class sgd {
  public:
   /// The kind a checkpoint records (precis::save_state).
@@ -171,34 +167,27 @@ class sgd {
   /// One update from the gradients (any gradient element type, read as float).
   template <gradients G>
   void step(G& grads) {
-    namespace vmath = detail::vmath;
-    using vmath::splat;
+    using detail::vmath::splat;
     const auto& o = options_;
-    const auto momentum = splat(static_cast<float>(o.momentum));
-    const auto kept = splat(static_cast<float>(1.0 - o.dampening));
-    const auto minus_lr = splat(static_cast<float>(-o.lr));
-    const auto wd = splat(static_cast<float>(o.weight_decay));
-    const bool first = steps_ == 0, with_momentum = o.momentum != 0.0;
+    const sgd_constants<float> f = make_sgd_constants(o, steps_ == 0);
+    const sgd_constants<detail::vmath::vf> c{splat(f.momentum), splat(f.kept), splat(f.minus_lr),
+                                            splat(f.weight_decay), f.first, f.with_momentum,
+                                            f.nesterov};
     detail::for_each_master(
         masters_, grads, "precis::sgd", [&](std::size_t i, std::span<float> w, auto g) {
           float* const buf = velocity_[i].data();
           const bool decays = decay_[i] && o.weight_decay != 0.0;
           detail::for_gradient_blocks(ctx_, g, [&](std::size_t k, std::size_t n, const float* gf) {
-            detail::for_vectors(n, [&](std::size_t j, std::size_t c) {
+            detail::for_vectors(n, [&](std::size_t j, std::size_t lanes) {
               float* const wp = w.data() + k + j;
               float* const bp = buf + k + j;
-              const auto wv = detail::load_lanes(wp, c);
-              auto d = detail::load_lanes(gf + j, c);
-              if (decays) d = vmath::fma(wv, wd, d);
-              if (with_momentum) {
-                const auto b =
-                    first
-                        ? d
-                        : vmath::fma(d, kept, vmath::product(detail::load_lanes(bp, c), momentum));
-                detail::store_lanes(bp, b, c);
-                d = o.nesterov ? vmath::fma(b, momentum, d) : b;
-              }
-              detail::store_lanes(wp, vmath::fma(d, minus_lr, wv), c);
+              auto wv = detail::load_lanes(wp, lanes);
+              auto bv = c.with_momentum && !c.first ? detail::load_lanes(bp, lanes)
+                                                    : detail::vmath::vf{};
+              sgd_update<detail::vector_update_math>(wv, bv, detail::load_lanes(gf + j, lanes), c,
+                                                     decays);
+              if (c.with_momentum) detail::store_lanes(bp, bv, lanes);
+              detail::store_lanes(wp, wv, lanes);
             });
           });
         });
@@ -260,28 +249,14 @@ class sgd {
   std::uint64_t steps_ = 0;
 };
 
-/// Options of adamw: PyTorch's AdamW defaults, doubles as PyTorch's hyperparameters are.
-struct adamw_options {
-  double lr = 1e-3;            ///< the learning rate
-  double beta1 = 0.9;          ///< decay rate of the first moment (the gradients' mean)
-  double beta2 = 0.999;        ///< decay rate of the second moment (the squared gradients' mean)
-  double eps = 1e-8;           ///< added to the bias-corrected sqrt(v)
-  double weight_decay = 0.01;  ///< decoupled: w *= 1 - lr * weight_decay
-};
-
 /// Adam with decoupled weight decay, on float master weights with float moments: the same
 /// bits as torch.optim.AdamW (foreach or for-loop; not fused=True, whose kernel orders
 /// the operations differently) for float32 weights and gradients, every step. Bias
-/// correction counts applied steps only. PyTorch's order, per element (constants formed
-/// in double from the hyperparameters, then rounded to float; fma is one rounding):
-///   w *= 1 - lr * weight_decay                     (its own pass, as in PyTorch)
-///   m = lerp(m, g, 1 - beta1)                      fma(1 - b1, g - m, m) for 1 - b1 < 0.5,
-///                                                  else fma((1 - b1) - 1, g - m, g)
-///   v = fma((1 - beta2) * g, g, v * beta2)
-///   w = w + (-lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
-/// Every fused operation is an explicit fma and no product feeds an addition (the decayed
-/// weight is rounded before the update is added, as PyTorch's separate pass rounds it), so
-/// the bits depend neither on -march or -ffp-contract nor on the thread count.
+/// correction counts applied steps only. Each element is updated by precis::adamw_update
+/// (optim/update.hpp: PyTorch's order, the constants formed in double and rounded to float,
+/// the decayed weight rounded before the update is added as PyTorch's separate pass rounds
+/// it), so the bits depend neither on -march or -ffp-contract nor on the thread count, and a
+/// device optimizer calling the same function gives them too.
 class adamw {
  public:
   /// The kind a checkpoint records (precis::save_state).
@@ -306,45 +281,31 @@ class adamw {
   /// master weights in number or size.
   template <gradients G>
   void step(G& grads) {
-    namespace vmath = detail::vmath;
-    using vmath::splat;
+    using detail::vmath::splat;
     const auto& o = options_;
     const std::uint64_t t = steps_ + 1;
-    // PyTorch forms these in double (Python floats) and its kernels round them to float.
-    const float lerp_weight = static_cast<float>(1.0 - o.beta1);
-    const bool small_weight = std::fabs(lerp_weight) < 0.5f;  // PyTorch's lerp switches form here
-    const auto keep = splat(static_cast<float>(1.0 - detail::mul(o.lr, o.weight_decay)));
-    const auto lerp = splat(small_weight ? lerp_weight : lerp_weight - 1.0f);
-    const auto beta2 = splat(static_cast<float>(o.beta2));
-    const auto one_minus_beta2 = splat(static_cast<float>(1.0 - o.beta2));
-    const auto step_size =
-        splat(static_cast<float>(-(o.lr / (1.0 - std::pow(o.beta1, double(t))))));
-    const auto bias2_sqrt =
-        splat(static_cast<float>(std::pow(1.0 - std::pow(o.beta2, double(t)), 0.5)));
-    const auto eps = splat(static_cast<float>(o.eps));
+    const adamw_constants<float> f = make_adamw_constants(o, t);
+    const adamw_constants<detail::vmath::vf> c{
+        splat(f.keep),      splat(f.lerp),       splat(f.beta2), splat(f.one_minus_beta2),
+        splat(f.step_size), splat(f.bias2_sqrt), splat(f.eps),   f.small_weight};
     detail::for_each_master(
         masters_, grads, "precis::adamw", [&](std::size_t i, std::span<float> w, auto g) {
           float* const m = m_[i].data();
           float* const v = v_[i].data();
           const bool decays = decay_[i] && o.weight_decay != 0.0;
           detail::for_gradient_blocks(ctx_, g, [&](std::size_t k, std::size_t n, const float* gf) {
-            detail::for_vectors(n, [&](std::size_t j, std::size_t c) {
+            detail::for_vectors(n, [&](std::size_t j, std::size_t lanes) {
               float* const wp = w.data() + k + j;
               float* const mp = m + k + j;
               float* const vp = v + k + j;
-              auto wv = detail::load_lanes(wp, c);
-              auto mv = detail::load_lanes(mp, c);
-              const auto gv = detail::load_lanes(gf + j, c);
-              if (decays) wv = vmath::product(wv, keep);
-              const auto diff = gv - mv;
-              // lerp(m, g, 1 - beta1) in PyTorch's two forms.
-              mv = vmath::fma(lerp, diff, small_weight ? mv : gv);
-              const auto vv = vmath::fma(vmath::product(one_minus_beta2, gv), gv,
-                                         vmath::product(detail::load_lanes(vp, c), beta2));
-              const auto denom = vmath::sqrt(vv) / bias2_sqrt + eps;
-              detail::store_lanes(wp, wv + vmath::product(step_size, mv) / denom, c);
-              detail::store_lanes(mp, mv, c);
-              detail::store_lanes(vp, vv, c);
+              auto wv = detail::load_lanes(wp, lanes);
+              auto mv = detail::load_lanes(mp, lanes);
+              auto vv = detail::load_lanes(vp, lanes);
+              adamw_update<detail::vector_update_math>(wv, mv, vv, detail::load_lanes(gf + j, lanes),
+                                                       c, decays);
+              detail::store_lanes(wp, wv, lanes);
+              detail::store_lanes(mp, mv, lanes);
+              detail::store_lanes(vp, vv, lanes);
             });
           });
         });
