@@ -3,7 +3,9 @@
 
     python3 docs/tools/check_docs.py          every check; exit status 1 on any failure
     python3 docs/tools/check_docs.py --fix    rewrite what is derived (snippets, compiler
-                                              output, generated tables), then check
+                                              output, generated tables), then check; a
+                                              snippet whose lines moved in their file gets
+                                              its range updated rather than other lines
 
 Checks, in order:
   size       README.md is at most 12 KiB.
@@ -191,6 +193,26 @@ def snippet_text(spec: str) -> tuple[str | None, str]:
     return "\n".join(l[indent:] for l in part), ""
 
 
+def relocate(spec: str, have: str) -> str | None:
+    """Where the lines of a block now are in its snippet's file, as PATH#Lm-Ln, when its
+    stated range has moved (lines added or removed above it); None when they are not there
+    once, exactly."""
+    m = re.fullmatch(r"([^#\s]+)#L\d+-L\d+", spec)
+    if not m or not (ROOT / m.group(1)).is_file():
+        return None
+    lines = (ROOT / m.group(1)).read_text(encoding="utf-8").split("\n")
+    want = have.split("\n")
+    found = []
+    for first in range(len(lines) - len(want) + 1):
+        part = lines[first:first + len(want)]
+        indent = min((len(l) - len(l.lstrip(" ")) for l in part if l.strip()), default=0)
+        if [l[indent:] for l in part] == want:
+            found.append(first)
+    if len(found) != 1:
+        return None
+    return f"{m.group(1)}#L{found[0] + 1}-L{found[0] + len(want)}"
+
+
 def compiler_output(path: str) -> tuple[str | None, str]:
     if not (ROOT / path).is_file():
         return None, f"compiler-output source {path} does not exist"
@@ -226,7 +248,11 @@ def check_code(errors: list[str], fix: bool) -> None:
                 continue
             have = "\n".join(lines[start + 1:end])
             if have != want:
-                if fix:
+                moved = relocate(arg, have) if fix and kind == "snippet" else None
+                if moved:
+                    lines[start - 1] = f"<!-- snippet: {moved} -->"
+                    changed = True
+                elif fix:
                     lines[start + 1:end] = want.split("\n")
                     changed = True
                 else:

@@ -37,7 +37,7 @@ int main() {
                     "cudaMalloc");
       precis::check(cudaMemcpy(d, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice),
                     "cudaMemcpy");
-      std::vector<std::span<float>> grads{std::span<float>(d, host.size())};
+      std::vector<precis::device_span<float>> grads{precis::device_span<float>(d, host.size())};
       r.average(grads);
       std::vector<float> back(host.size());
       precis::check(cudaStreamSynchronize(ctx.stream()), "cudaStreamSynchronize");

@@ -21,6 +21,7 @@
 #include <precis/cuda_error.hpp>
 #include <precis/kernels/cuda_context.hpp>
 #include <precis/scaling/reducer.hpp>
+#include <precis/tensor/device_span.hpp>
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -75,9 +76,9 @@ class nccl_reducer {
   /// amaxes), through the device in chunks of the reducer's scratch buffer.
   void max(std::span<float> values) const { reduce_host(values, ncclMax); }
 
-  /// Replaces every device gradient (float spans of device memory, as a device model's
-  /// gradients() gives) by its mean over the processes.
-  void average(std::vector<std::span<float>>& device_grads) {
+  /// Replaces every device gradient (as a device model's gradients() gives them) by its mean
+  /// over the processes.
+  void average(std::vector<device_span<float>>& device_grads) {
     check(ncclGroupStart(), "ncclGroupStart");
     for (auto span : device_grads) {
       if (span.empty()) continue;

@@ -217,15 +217,17 @@ class model {
   {
     refresh(cpu_context{1});
   }
-  /// The master weights, in a fixed order (the optimizer's view of the model).
-  std::vector<std::span<float>> masters() {
-    std::vector<std::span<float>> out;
+  /// The master weights, in a fixed order (the optimizer's view of the model): host spans,
+  /// or precis::device_span for a model on the device, which the host optimizers refuse.
+  std::vector<typename context_traits<context_type>::template span<float>> masters() {
+    std::vector<typename context_traits<context_type>::template span<float>> out;
     for_each_parameter([&](const std::string&, auto& p) { out.push_back(p.master_span()); });
     return out;
   }
-  /// The gradients, in the order of masters(): a precis::gradients container.
-  std::vector<std::span<float>> gradients() {
-    std::vector<std::span<float>> out;
+  /// The gradients, in the order of masters(): a precis::gradients container on the host,
+  /// device spans on the device.
+  std::vector<typename context_traits<context_type>::template span<float>> gradients() {
+    std::vector<typename context_traits<context_type>::template span<float>> out;
     for_each_parameter([&](const std::string&, auto& p) { out.push_back(p.grad_span()); });
     return out;
   }

@@ -29,6 +29,7 @@
 #include <precis/kernels/cuda/norm.hpp>
 #include <precis/kernels/cuda/pooling.hpp>
 #include <precis/kernels/cuda_context.hpp>
+#include <precis/tensor/device_span.hpp>
 #include <precis/tensor/device_tensor.hpp>
 
 #include <precis/nn/parameter.hpp>
@@ -48,6 +49,10 @@ struct context_traits<cuda_context> {
   using tensor = device_tensor<T, N>;
   /// How modules take the context.
   using ref = cuda_context&;
+  /// How a model hands out its master weights and gradients: device spans, which host
+  /// algorithms refuse at compile time.
+  template <class T>
+  using span = device_span<T>;
 
   // fill, upload and download are synchronous copies: they serve initialisation and
   // checkpoints, not the training step.

@@ -48,6 +48,9 @@ struct context_traits<cpu_context> {
   using tensor = host_tensor<T, N>;
   /// How modules take the context.
   using ref = const cpu_context&;
+  /// How a model hands out its master weights and gradients: host spans.
+  template <class T>
+  using span = std::span<T>;
 
   /// Sets every element to v.
   template <class T, std::size_t N>
@@ -236,12 +239,12 @@ class parameter {
   }
 
   /// The master weights as one span of size() values, for an optimizer (call refresh()
-  /// after updating them).
-  std::span<M> master_span() { return {master_.data(), size()}; }
-  /// The gradient as one span of size() values.
-  std::span<M> grad_span() { return {grad_.data(), size()}; }
+  /// after updating them): a std::span on the host, a precis::device_span on the device.
+  typename io::template span<M> master_span() { return {master_.data(), size()}; }
+  /// The gradient as one span of size() values (std::span or precis::device_span).
+  typename io::template span<M> grad_span() { return {grad_.data(), size()}; }
   /// The gradient as one span of size() values, read-only.
-  std::span<const M> grad_span() const { return {grad_.data(), size()}; }
+  typename io::template span<const M> grad_span() const { return {grad_.data(), size()}; }
   /// Number of elements.
   std::size_t size() const { return master_.size(); }
   /// Bytes held: master weights, gradient and (when S is not M) the working copy.

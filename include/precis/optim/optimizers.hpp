@@ -17,6 +17,7 @@
 #include <precis/numeric/detail/unfused.hpp>
 #include <precis/optim/update.hpp>
 #include <precis/scaling/gradients.hpp>
+#include <precis/tensor/device_span.hpp>
 
 #include <algorithm>
 #include <array>
@@ -163,6 +164,16 @@ class sgd {
         ctx_(std::move(ctx)) {
     if (auto e = validate_options(o); !e.empty()) throw error("precis::sgd: " + e);
   }
+  /// Refused at compile time: master weights in device memory (a cuda_context model's
+  /// masters()), which this optimizer would read and write on the host.
+  template <class T>
+  sgd(std::vector<device_span<T>> masters, sgd_options o = {}, std::vector<bool> decay = {},
+     cpu_context ctx = cpu_context{1}) {
+    static_assert(!is_device_span_v<device_span<T>>,
+                  "precis: these master weights are in device memory (precis::device_span: a "
+                  "cuda_context model's masters()); precis::sgd updates host memory");
+    (void)masters, (void)o, (void)decay, (void)ctx;
+  }
 
   /// One update from the gradients (any gradient element type, read as float).
   template <gradients G>
@@ -274,6 +285,16 @@ class adamw {
         v_(detail::zeros_like(masters_)),
         ctx_(std::move(ctx)) {
     if (auto e = validate_options(o); !e.empty()) throw error("precis::adamw: " + e);
+  }
+  /// Refused at compile time: master weights in device memory (a cuda_context model's
+  /// masters()), which this optimizer would read and write on the host.
+  template <class T>
+  adamw(std::vector<device_span<T>> masters, adamw_options o = {}, std::vector<bool> decay = {},
+       cpu_context ctx = cpu_context{1}) {
+    static_assert(!is_device_span_v<device_span<T>>,
+                  "precis: these master weights are in device memory (precis::device_span: a "
+                  "cuda_context model's masters()); precis::adamw updates host memory");
+    (void)masters, (void)o, (void)decay, (void)ctx;
   }
 
   /// One update from the gradients (any gradient element type, read as float). Throws

@@ -11,6 +11,7 @@
 #include <precis/kernels/cpu/vec_math.hpp>
 #include <precis/kernels/unscale.hpp>
 #include <precis/numeric/detail/unfused.hpp>
+#include <precis/tensor/device_span.hpp>
 
 #include <array>
 #include <cmath>
@@ -39,7 +40,11 @@ struct gradient_access {
   /// Calls `f(std::span<T>)` for every tensor of `g`, in order (`T`: its element type).
   template <class F>
   static void for_each(G& g, F&& f) {
-    if constexpr (gradient_tensor<G>) {
+    if constexpr (is_device_span_v<G>) {
+      static_assert(!is_device_span_v<G>,
+                    "precis: these gradients are in device memory (precis::device_span: a cuda_context "
+                    "model's gradients()); the host's unscale, clipping and optimizers cannot read them");
+    } else if constexpr (gradient_tensor<G>) {
       using T = std::ranges::range_value_t<G>;
       f(std::span<T>(std::ranges::data(g), std::ranges::size(g)));
     } else if constexpr (std::ranges::range<G>) {
@@ -57,7 +62,11 @@ struct gradient_access {
   /// precis::error when they differ in the number of tensors or of elements.
   template <class F>
   static void for_each_pair(G& a, G& b, F&& f) {
-    if constexpr (gradient_tensor<G>) {
+    if constexpr (is_device_span_v<G>) {
+      static_assert(!is_device_span_v<G>,
+                    "precis: these gradients are in device memory (precis::device_span: a cuda_context "
+                    "model's gradients()); the host's unscale, clipping and optimizers cannot read them");
+    } else if constexpr (gradient_tensor<G>) {
       using T = std::ranges::range_value_t<G>;
       if (std::ranges::size(a) != std::ranges::size(b)) {
         throw error("precis: gradient tensors of " + std::to_string(std::ranges::size(a)) +
