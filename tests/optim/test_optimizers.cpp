@@ -286,6 +286,31 @@ TEST_CASE("warmup_cosine") {
   CHECK_THROWS_AS(precis::warmup_cosine(1.0f, 5, 4), precis::error);
 }
 
+TEST_CASE("warmup_cosine's table holds the rates of the next applied steps") {
+  // From step 2 of a 4-step warmup to 1.0 and a cosine to 0.1 at step 12: 0.75 and 1.0
+  // (steps 2, 3), 0.1 + 0.45 (1 + cos(pi k / 8)) at step 4 + k for k = 0..8, then 0.1.
+  precis::warmup_cosine s(1.0, 4, 12, 0.1);
+  s.advance(true);
+  s.advance(true);
+  const auto table = s.lr_table(14);
+  REQUIRE(table.size() == 14);
+  CHECK(table[0] == doctest::Approx(0.75));
+  CHECK(table[1] == doctest::Approx(1.0));
+  for (int k = 0; k <= 8; ++k) {
+    CAPTURE(k);
+    CHECK(table[std::size_t(k + 2)] ==
+          doctest::Approx(0.1 + 0.45 * (1.0 + std::cos(3.14159265358979323846 * k / 8.0))));
+  }
+  for (std::size_t k = 11; k < 14; ++k) CHECK(table[k] == doctest::Approx(0.1));
+  // The schedule itself did not move, and stepping it gives the table's values exactly.
+  CHECK(s.step() == 2);
+  for (double lr : table) {
+    CHECK(s.lr() == lr);
+    s.advance(true);
+  }
+  CHECK(s.lr_table(0).empty());
+}
+
 TEST_CASE("optimizer state survives a checkpoint and continues identically") {
   std::vector<float> w1 = random_floats(20, 1.0f), w2 = w1;
   precis::sgd a({std::span<float>(w1)}, {.lr = 0.1, .momentum = 0.9});

@@ -178,17 +178,30 @@ class sgd {
   /// One update from the gradients (any gradient element type, read as float).
   template <gradients G>
   void step(G& grads) {
+#if !defined(__CUDACC__)
     using detail::vmath::splat;
+#endif
     const auto& o = options_;
     const sgd_constants<float> f = make_sgd_constants(o, steps_ == 0);
+#if !defined(__CUDACC__)
     const sgd_constants<detail::vmath::vf> c{splat(f.momentum), splat(f.kept), splat(f.minus_lr),
                                             splat(f.weight_decay), f.first, f.with_momentum,
                                             f.nesterov};
+#endif
     detail::for_each_master(
         masters_, grads, "precis::sgd", [&](std::size_t i, std::span<float> w, auto g) {
           float* const buf = velocity_[i].data();
           const bool decays = decay_[i] && o.weight_decay != 0.0;
           detail::for_gradient_blocks(ctx_, g, [&](std::size_t k, std::size_t n, const float* gf) {
+#if defined(__CUDACC__)
+            // nvcc also compiles sgd_update (host-device) for the device, where the host's
+            // vectors do not exist: from CUDA code, one float at a time, the same bits.
+            for (std::size_t e = 0; e < n; ++e) {
+              float b = f.with_momentum && !f.first ? buf[k + e] : 0.0f;
+              sgd_update<scalar_update_math>(w[k + e], b, gf[e], f, decays);
+              if (f.with_momentum) buf[k + e] = b;
+            }
+#else
             detail::for_vectors(n, [&](std::size_t j, std::size_t lanes) {
               float* const wp = w.data() + k + j;
               float* const bp = buf + k + j;
@@ -200,6 +213,7 @@ class sgd {
               if (c.with_momentum) detail::store_lanes(bp, bv, lanes);
               detail::store_lanes(wp, wv, lanes);
             });
+#endif
           });
         });
     ++steps_;
@@ -239,7 +253,8 @@ class sgd {
   /// Bytes of optimizer state (the momentum buffers).
   std::size_t state_bytes() const { return detail::buffer_bytes(velocity_); }
 
- private:
+  /// Empty when `o` is a valid set of options; otherwise what is wrong (the constructor
+  /// throws it as precis::error).
   static std::string validate_options(const sgd_options& o) {
     if (!(o.lr >= 0.0) || !(o.momentum >= 0.0) || !(o.weight_decay >= 0.0) || !std::isfinite(o.lr) ||
         !std::isfinite(o.momentum) || !std::isfinite(o.weight_decay)) {
@@ -251,6 +266,8 @@ class sgd {
     }
     return {};
   }
+
+ private:
 
   std::vector<std::span<float>> masters_;
   sgd_options options_;
@@ -302,19 +319,29 @@ class adamw {
   /// master weights in number or size.
   template <gradients G>
   void step(G& grads) {
+#if !defined(__CUDACC__)
     using detail::vmath::splat;
+#endif
     const auto& o = options_;
     const std::uint64_t t = steps_ + 1;
     const adamw_constants<float> f = make_adamw_constants(o, t);
+#if !defined(__CUDACC__)
     const adamw_constants<detail::vmath::vf> c{
         splat(f.keep),      splat(f.lerp),       splat(f.beta2), splat(f.one_minus_beta2),
         splat(f.step_size), splat(f.bias2_sqrt), splat(f.eps),   f.small_weight};
+#endif
     detail::for_each_master(
         masters_, grads, "precis::adamw", [&](std::size_t i, std::span<float> w, auto g) {
           float* const m = m_[i].data();
           float* const v = v_[i].data();
           const bool decays = decay_[i] && o.weight_decay != 0.0;
           detail::for_gradient_blocks(ctx_, g, [&](std::size_t k, std::size_t n, const float* gf) {
+#if defined(__CUDACC__)
+            // From CUDA code one float at a time (see sgd::step), the same bits.
+            for (std::size_t e = 0; e < n; ++e) {
+              adamw_update<scalar_update_math>(w[k + e], m[k + e], v[k + e], gf[e], f, decays);
+            }
+#else
             detail::for_vectors(n, [&](std::size_t j, std::size_t lanes) {
               float* const wp = w.data() + k + j;
               float* const mp = m + k + j;
@@ -328,6 +355,7 @@ class adamw {
               detail::store_lanes(mp, mv, lanes);
               detail::store_lanes(vp, vv, lanes);
             });
+#endif
           });
         });
     steps_ = t;
@@ -367,7 +395,8 @@ class adamw {
   /// Bytes of optimizer state (both moments).
   std::size_t state_bytes() const { return detail::buffer_bytes(m_) + detail::buffer_bytes(v_); }
 
- private:
+  /// Empty when `o` is a valid set of options; otherwise what is wrong (the constructor
+  /// throws it as precis::error).
   static std::string validate_options(const adamw_options& o) {
     if (!(o.lr >= 0.0) || !std::isfinite(o.lr) || !(o.beta1 >= 0.0 && o.beta1 < 1.0) ||
         !(o.beta2 >= 0.0 && o.beta2 < 1.0) || !(o.eps > 0.0) || !std::isfinite(o.eps) ||
@@ -376,6 +405,8 @@ class adamw {
     }
     return {};
   }
+
+ private:
 
   std::vector<std::span<float>> masters_;
   adamw_options options_;
@@ -411,6 +442,20 @@ class warmup_cosine {
   }
   /// Moves on by one step when the optimizer applied it (a skipped step does not count).
   void advance(bool applied) { step_ += applied ? 1U : 0U; }
+  /// The learning rates of the next `steps` applied steps, from the current one: entry k is
+  /// lr() after k more applied steps. A table a device optimizer indexes by its
+  /// applied-step count (precis::device_adamw), so that skipped steps on the device do not
+  /// advance the schedule either.
+  std::vector<double> lr_table(std::uint64_t steps) const {
+    warmup_cosine s = *this;
+    std::vector<double> out;
+    out.reserve(static_cast<std::size_t>(steps));
+    for (std::uint64_t k = 0; k < steps; ++k) {
+      out.push_back(s.lr());
+      s.advance(true);
+    }
+    return out;
+  }
   /// Applied steps counted so far.
   std::uint64_t step() const { return step_; }
 

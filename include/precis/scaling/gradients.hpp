@@ -94,11 +94,18 @@ struct gradient_access {
   }
 };
 
+namespace detail {
+/// A visitor that does nothing: what the gradients concept walks a container with. A named
+/// type rather than a lambda, which nvcc's device pass judges a requires-expression false by.
+struct ignore_tensor {
+  template <class T>
+  void operator()(T) const {}
+};
+}  // namespace detail
+
 /// A gradient container precis can walk (see gradient_access).
 template <class G>
-concept gradients = requires(G& g) {
-  gradient_access<G>::for_each(g, [](auto) {});
-};
+concept gradients = requires(G& g, detail::ignore_tensor f) { gradient_access<G>::for_each(g, f); };
 
 template <gradients G>
 class unscaled;

@@ -1,0 +1,404 @@
+/// @file
+/// SGD and AdamW on the device: precis::device_sgd and precis::device_adamw update a device
+/// model's float master weights (its masters(), precis::device_span) from its float gradients
+/// with float state in device memory, one launch per step for every tensor (a chunk table made
+/// once), queued on the context's stream with no host synchronisation:
+///
+///     precis::device_adamw opt(ctx, model.masters(), model.gradients(), {.lr = 1e-3},
+///                              model.decay_mask(), schedule.lr_table(total_steps));
+///     ... backward, unscale_and_check_async(..., found_inf) ...
+///     opt.step_async(ctx, found_inf);   // skips on the device when *found_inf is set
+///
+/// Each element is updated by the host optimizers' own functions (optim/update.hpp:
+/// precis::adamw_update, precis::sgd_update with precis::scalar_update_math), so the device
+/// gives the host optimizers' bits for the same gradients. A step whose found-inf flag is
+/// set changes no weight, no moment and no step count, and the step count lives on the
+/// device: the constants of every step (the learning rate of applied step t, AdamW's bias
+/// corrections) are formed on the host when the optimizer is made, as a table indexed by
+/// that count, so nothing is read back. Since the host does not know which steps were
+/// skipped, the table's length is the number of steps that can be queued, applied or not. load() and store() move the state from and to a host
+/// optimizer, for checkpoints. Compiled by nvcc only (include from a .cu file).
+#pragma once
+
+#include <precis/config.hpp>
+#include <precis/kernels/cuda_context.hpp>
+#include <precis/optim/optimizers.hpp>
+#include <precis/optim/update.hpp>
+#include <precis/scaling/checkpoint.hpp>
+#include <precis/tensor/device_span.hpp>
+#include <precis/tensor/device_tensor.hpp>
+
+#if defined(__CUDACC__)
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace precis {
+
+namespace detail::cuda {
+
+/// Elements of one tensor a block updates: many small tensors cost one launch, a large one
+/// is split over many blocks.
+inline constexpr std::size_t optimizer_chunk_elements = std::size_t(1) << 16;
+
+/// One block's share of a step: `size` elements of one parameter's master weights `w`, its
+/// two state buffers (`s0`, `s1`: AdamW's moments, SGD's momentum in s0) and its gradient.
+struct optimizer_chunk {
+  float* w;
+  float* s0;
+  float* s1;
+  const float* g;
+  std::uint32_t size;
+  std::uint32_t decays;
+};
+
+// Templates, so that every translation unit may define them (see scaling_kernels.hpp).
+template <class Constants = adamw_constants<float>>
+__global__ void adamw_chunks(const optimizer_chunk* chunks, const Constants* table,
+                             const std::uint64_t* applied, const int* found_inf) {
+  if (found_inf != nullptr && *found_inf != 0) return;
+  const Constants c = table[*applied];  // the constants of step t = applied + 1
+  const optimizer_chunk k = chunks[blockIdx.x];
+  for (std::uint32_t i = threadIdx.x; i < k.size; i += blockDim.x) {
+    float w = k.w[i], m = k.s0[i], v = k.s1[i];
+    adamw_update<scalar_update_math>(w, m, v, k.g[i], c, k.decays != 0);
+    k.w[i] = w;
+    k.s0[i] = m;
+    k.s1[i] = v;
+  }
+}
+
+template <class Constants = sgd_constants<float>>
+__global__ void sgd_chunks(const optimizer_chunk* chunks, const Constants* table,
+                           const std::uint64_t* applied, const int* found_inf) {
+  if (found_inf != nullptr && *found_inf != 0) return;
+  const Constants c = table[*applied];
+  const optimizer_chunk k = chunks[blockIdx.x];
+  for (std::uint32_t i = threadIdx.x; i < k.size; i += blockDim.x) {
+    float w = k.w[i], b = c.with_momentum && !c.first ? k.s0[i] : 0.0F;
+    sgd_update<scalar_update_math>(w, b, k.g[i], c, k.decays != 0);
+    k.w[i] = w;
+    if (c.with_momentum) k.s0[i] = b;
+  }
+}
+
+/// Counts an applied step: after the update kernel, in stream order.
+template <class Count = std::uint64_t>
+__global__ void count_applied(Count* applied, const int* found_inf) {
+  if (found_inf == nullptr || *found_inf == 0) ++*applied;
+}
+
+/// What device_sgd and device_adamw share: the tensors' chunk table (made once), the state
+/// buffers (zero at first), the applied-step count and the table of per-step constants, all
+/// in device memory; the host keeps only how many steps it has queued.
+template <class Constants>
+class device_optimizer_state {
+ public:
+  device_optimizer_state(cuda_context& ctx, std::string_view who,
+                         const std::vector<device_span<float>>& masters,
+                         const std::vector<device_span<float>>& grads, std::vector<bool> decay,
+                         int states, const std::vector<Constants>& table)
+      : who_(who),
+        decay_(decay_flags(std::move(decay), masters.size(), who)),
+        applied_({1}, ctx.stream()),
+        table_({table.size()}, ctx.stream()),
+        capacity_(table.size()) {
+    if (grads.size() != masters.size()) {
+      throw error(std::string(who) + ": " + std::to_string(grads.size()) +
+                  " gradient tensors for " + std::to_string(masters.size()) + " parameters");
+    }
+    std::size_t total = 0;
+    for (std::size_t i = 0; i < masters.size(); ++i) {
+      if (grads[i].size() != masters[i].size()) {
+        throw error(std::string(who) + ": gradient tensor " + std::to_string(i) + " has " +
+                    std::to_string(grads[i].size()) + " elements, the parameter has " +
+                    std::to_string(masters[i].size()));
+      }
+      sizes_.push_back(masters[i].size());
+      offsets_.push_back(total);
+      total += masters[i].size();
+    }
+    for (int s = 0; s < states; ++s) {
+      state_.emplace_back(std::array<std::size_t, 1>{total}, ctx.stream());
+      if (total != 0) {
+        check(cudaMemsetAsync(state_.back().data(), 0, total * sizeof(float), ctx.stream()),
+              "cudaMemsetAsync");
+      }
+    }
+    std::vector<optimizer_chunk> chunks;
+    for (std::size_t i = 0; i < masters.size(); ++i) {
+      for (std::size_t b = 0; b < masters[i].size(); b += optimizer_chunk_elements) {
+        const std::size_t n = std::min(optimizer_chunk_elements, masters[i].size() - b);
+        chunks.push_back({masters[i].data() + b,
+                          states > 0 ? state_[0].data() + offsets_[i] + b : nullptr,
+                          states > 1 ? state_[1].data() + offsets_[i] + b : nullptr,
+                          grads[i].data() + b, static_cast<std::uint32_t>(n),
+                          decay_[i] ? 1U : 0U});
+      }
+    }
+    chunks_ = device_tensor<optimizer_chunk, 1>({chunks.size()}, ctx.stream());
+    // Pageable sources are staged before cudaMemcpyAsync returns: the vectors may go.
+    if (!chunks.empty()) {
+      check(cudaMemcpyAsync(chunks_.data(), chunks.data(), chunks.size() * sizeof(chunks[0]),
+                            cudaMemcpyHostToDevice, ctx.stream()),
+            "cudaMemcpyAsync");
+    }
+    if (!table.empty()) {
+      check(cudaMemcpyAsync(table_.data(), table.data(), table.size() * sizeof(table[0]),
+                            cudaMemcpyHostToDevice, ctx.stream()),
+            "cudaMemcpyAsync");
+    }
+    set_applied(ctx, 0);
+  }
+
+  /// Throws precis::error, before anything is queued, when the steps queued so far could
+  /// have used up the constants table.
+  void reserve_step() {
+    if (queued_ >= capacity_) {
+      throw error(who_ + ": its table of per-step constants holds " + std::to_string(capacity_) +
+                  " steps, and as many have been queued; make the optimizer with a longer "
+                  "learning-rate table (or max_steps)");
+    }
+    ++queued_;
+  }
+  /// Counts the step just queued as applied on the device unless *found_inf is set.
+  void count(cuda_context& ctx, const int* found_inf) {
+    count_applied<<<1, 1, 0, ctx.stream()>>>(applied_.data(), found_inf);
+    check(cudaGetLastError(), who_ + "::step_async");
+  }
+  /// Sets the applied-step count (queued on ctx's stream).
+  void set_applied(cuda_context& ctx, std::uint64_t steps) {
+    if (steps > capacity_) {
+      throw error(who_ + ": " + std::to_string(steps) + " steps applied, but its table of "
+                  "per-step constants holds " + std::to_string(capacity_));
+    }
+    const std::uint64_t h = steps;
+    check(cudaMemcpyAsync(applied_.data(), &h, sizeof h, cudaMemcpyHostToDevice, ctx.stream()),
+          "cudaMemcpyAsync");
+    ctx.synchronize();  // `h` lives on this stack frame
+    queued_ = steps;
+  }
+  /// The applied-step count, read back (waits for the device).
+  std::uint64_t applied(cuda_context& ctx) const {
+    std::uint64_t h = 0;
+    check(cudaMemcpyAsync(&h, applied_.data(), sizeof h, cudaMemcpyDeviceToHost, ctx.stream()),
+          "cudaMemcpyAsync");
+    ctx.synchronize();
+    return h;
+  }
+  /// State buffer `s` of tensor `i`, read back (waits for the device).
+  std::vector<float> download(cuda_context& ctx, int s, std::size_t i) const {
+    std::vector<float> out(sizes_[i]);
+    if (!out.empty()) {
+      check(cudaMemcpyAsync(out.data(), state_[std::size_t(s)].data() + offsets_[i],
+                            out.size() * sizeof(float), cudaMemcpyDeviceToHost, ctx.stream()),
+            "cudaMemcpyAsync");
+    }
+    ctx.synchronize();
+    return out;
+  }
+  /// Writes `values` into state buffer `s` of tensor `i` (waits: the host vector may go).
+  void upload(cuda_context& ctx, int s, std::size_t i, const std::vector<float>& values) {
+    if (values.size() != sizes_[i]) {
+      throw error(who_ + ": state tensor " + std::to_string(i) + " has " +
+                  std::to_string(sizes_[i]) + " elements, the host optimizer's " +
+                  std::to_string(values.size()));
+    }
+    if (!values.empty()) {
+      check(cudaMemcpyAsync(state_[std::size_t(s)].data() + offsets_[i], values.data(),
+                            values.size() * sizeof(float), cudaMemcpyHostToDevice, ctx.stream()),
+            "cudaMemcpyAsync");
+    }
+    ctx.synchronize();
+  }
+
+  std::size_t tensors() const { return sizes_.size(); }
+  unsigned blocks() const { return static_cast<unsigned>(chunks_.size()); }
+  const optimizer_chunk* chunks() const { return chunks_.data(); }
+  const Constants* table() const { return table_.data(); }
+  const std::uint64_t* applied_pointer() const { return applied_.data(); }
+  const std::string& who() const { return who_; }
+
+ private:
+  std::string who_;
+  std::vector<bool> decay_;
+  std::vector<std::size_t> sizes_, offsets_;
+  std::vector<device_tensor<float, 1>> state_;
+  device_tensor<optimizer_chunk, 1> chunks_;
+  device_tensor<std::uint64_t, 1> applied_;
+  device_tensor<Constants, 1> table_;
+  std::uint64_t capacity_ = 0;
+  std::uint64_t queued_ = 0;
+};
+
+/// `lr` for each of `steps` steps.
+inline std::vector<double> constant_lr(double lr, std::uint64_t steps) {
+  return std::vector<double>(static_cast<std::size_t>(steps), lr);
+}
+
+}  // namespace detail::cuda
+
+/// AdamW on the device with precis::adamw's bits (see the file comment). The masters and
+/// gradients are a device model's masters() and gradients() (the same order, fixed
+/// addresses); `lr_by_step[t - 1]` is the learning rate of applied step t (a schedule's
+/// lr_table()), and its length the number of steps that can be queued (applied or skipped).
+class device_adamw {
+ public:
+  /// Throws precis::error for invalid options, or gradients that do not match the masters
+  /// in number or size; allocates and zeroes the moments on ctx's stream.
+  device_adamw(cuda_context& ctx, const std::vector<device_span<float>>& masters,
+               const std::vector<device_span<float>>& gradients, adamw_options o,
+               std::vector<bool> decay, const std::vector<double>& lr_by_step)
+      : options_(o), state_(ctx, "precis::device_adamw", masters, gradients, std::move(decay), 2,
+                            table(o, lr_by_step)) {}
+  /// The same with the options' learning rate, for `max_steps` queued steps.
+  device_adamw(cuda_context& ctx, const std::vector<device_span<float>>& masters,
+               const std::vector<device_span<float>>& gradients, adamw_options o,
+               std::vector<bool> decay, std::uint64_t max_steps)
+      : device_adamw(ctx, masters, gradients, o, std::move(decay),
+                     detail::cuda::constant_lr(o.lr, max_steps)) {}
+
+  /// One step on ctx's stream, skipped on the device when `found_inf` (a device flag, or
+  /// null for none) is set. Throws precis::error, queuing nothing, when as many steps have
+  /// been queued as the learning-rate table holds.
+  void step_async(cuda_context& ctx, const int* found_inf = nullptr) {
+    state_.reserve_step();
+    if (state_.blocks() != 0) {
+      detail::cuda::adamw_chunks<><<<state_.blocks(), 256, 0, ctx.stream()>>>(
+          state_.chunks(), state_.table(), state_.applied_pointer(), found_inf);
+      check(cudaGetLastError(), "precis::device_adamw::step_async");
+    }
+    state_.count(ctx, found_inf);
+  }
+
+  /// Applied steps (the t of the bias correction), read back: waits for the device.
+  std::uint64_t steps(cuda_context& ctx) const { return state_.applied(ctx); }
+  /// Device pointer to the applied-step count, for kernels that follow the optimizer.
+  const std::uint64_t* applied_steps() const { return state_.applied_pointer(); }
+
+  /// Takes the moments and the step count of `host` (an adamw over masters of the same
+  /// sizes); waits for the copies. Throws precis::error when the sizes differ.
+  void load(cuda_context& ctx, const adamw& host) {
+    for (std::size_t i = 0; i < state_.tensors(); ++i) {
+      state_.upload(ctx, 0, i, state_field<std::vector<float>>(host, "m." + std::to_string(i)));
+      state_.upload(ctx, 1, i, state_field<std::vector<float>>(host, "v." + std::to_string(i)));
+    }
+    state_.set_applied(ctx, host.steps());
+  }
+  /// Writes the moments and the step count into `host` (for precis::save_checkpoint); waits
+  /// for the device. Throws precis::error, changing nothing, when `host` does not fit.
+  void store(cuda_context& ctx, adamw& host) const {
+    const std::uint64_t steps = state_.applied(ctx);
+    std::vector<std::vector<float>> m, v;
+    for (std::size_t i = 0; i < state_.tensors(); ++i) {
+      m.push_back(state_.download(ctx, 0, i));
+      v.push_back(state_.download(ctx, 1, i));
+    }
+    assign_state_fields(host, [&](auto set) {
+      set("steps", steps);
+      for (std::size_t i = 0; i < m.size(); ++i) {
+        set("m." + std::to_string(i), m[i]);
+        set("v." + std::to_string(i), v[i]);
+      }
+    });
+  }
+  /// The options it was made with (their lr is the first step's when a table was given).
+  const adamw_options& options() const { return options_; }
+
+ private:
+  static std::vector<adamw_constants<float>> table(adamw_options o, const std::vector<double>& lrs) {
+    if (auto e = adamw::validate_options(o); !e.empty()) throw error("precis::device_adamw: " + e);
+    std::vector<adamw_constants<float>> out;
+    for (std::size_t t = 1; t <= lrs.size(); ++t) {
+      o.lr = lrs[t - 1];
+      if (auto e = adamw::validate_options(o); !e.empty()) {
+        throw error("precis::device_adamw: step " + std::to_string(t) + ": " + e);
+      }
+      out.push_back(make_adamw_constants(o, t));
+    }
+    return out;
+  }
+
+  adamw_options options_;
+  detail::cuda::device_optimizer_state<adamw_constants<float>> state_;
+};
+
+/// SGD on the device with precis::sgd's bits (see the file comment and device_adamw).
+class device_sgd {
+ public:
+  /// Throws precis::error for invalid options, or gradients that do not match the masters;
+  /// allocates and zeroes the momentum buffers on ctx's stream.
+  device_sgd(cuda_context& ctx, const std::vector<device_span<float>>& masters,
+             const std::vector<device_span<float>>& gradients, sgd_options o,
+             std::vector<bool> decay, const std::vector<double>& lr_by_step)
+      : options_(o), state_(ctx, "precis::device_sgd", masters, gradients, std::move(decay), 1,
+                            table(o, lr_by_step)) {}
+  /// The same with the options' learning rate, for `max_steps` queued steps.
+  device_sgd(cuda_context& ctx, const std::vector<device_span<float>>& masters,
+             const std::vector<device_span<float>>& gradients, sgd_options o,
+             std::vector<bool> decay, std::uint64_t max_steps)
+      : device_sgd(ctx, masters, gradients, o, std::move(decay),
+                   detail::cuda::constant_lr(o.lr, max_steps)) {}
+
+  /// One step on ctx's stream, skipped on the device when `*found_inf` is set (as
+  /// device_adamw::step_async).
+  void step_async(cuda_context& ctx, const int* found_inf = nullptr) {
+    state_.reserve_step();
+    if (state_.blocks() != 0) {
+      detail::cuda::sgd_chunks<><<<state_.blocks(), 256, 0, ctx.stream()>>>(
+          state_.chunks(), state_.table(), state_.applied_pointer(), found_inf);
+      check(cudaGetLastError(), "precis::device_sgd::step_async");
+    }
+    state_.count(ctx, found_inf);
+  }
+
+  /// Applied steps, read back: waits for the device.
+  std::uint64_t steps(cuda_context& ctx) const { return state_.applied(ctx); }
+  /// Device pointer to the applied-step count.
+  const std::uint64_t* applied_steps() const { return state_.applied_pointer(); }
+
+  /// Takes the momentum buffers and the step count of `host`; waits for the copies.
+  void load(cuda_context& ctx, const sgd& host) {
+    for (std::size_t i = 0; i < state_.tensors(); ++i) {
+      state_.upload(ctx, 0, i,
+                    state_field<std::vector<float>>(host, "velocity." + std::to_string(i)));
+    }
+    state_.set_applied(ctx, host.steps());
+  }
+  /// Writes the momentum buffers and the step count into `host`; waits for the device.
+  void store(cuda_context& ctx, sgd& host) const {
+    const std::uint64_t steps = state_.applied(ctx);
+    std::vector<std::vector<float>> b;
+    for (std::size_t i = 0; i < state_.tensors(); ++i) b.push_back(state_.download(ctx, 0, i));
+    assign_state_fields(host, [&](auto set) {
+      set("steps", steps);
+      for (std::size_t i = 0; i < b.size(); ++i) set("velocity." + std::to_string(i), b[i]);
+    });
+  }
+  /// The options it was made with.
+  const sgd_options& options() const { return options_; }
+
+ private:
+  static std::vector<sgd_constants<float>> table(sgd_options o, const std::vector<double>& lrs) {
+    if (auto e = sgd::validate_options(o); !e.empty()) throw error("precis::device_sgd: " + e);
+    std::vector<sgd_constants<float>> out;
+    for (std::size_t t = 1; t <= lrs.size(); ++t) {
+      o.lr = lrs[t - 1];
+      if (auto e = sgd::validate_options(o); !e.empty()) {
+        throw error("precis::device_sgd: step " + std::to_string(t) + ": " + e);
+      }
+      out.push_back(make_sgd_constants(o, t == 1));
+    }
+    return out;
+  }
+
+  sgd_options options_;
+  detail::cuda::device_optimizer_state<sgd_constants<float>> state_;
+};
+
+}  // namespace precis
+
+#endif  // __CUDACC__
