@@ -2,6 +2,7 @@
 #include <precis/precis.hpp>
 #include <xtensor/xrandom.hpp>
 
+#include <cstdint>
 #include <cstdio>
 
 using namespace precis;

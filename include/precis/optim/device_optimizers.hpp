@@ -30,6 +30,7 @@
 
 #if defined(__CUDACC__)
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -239,165 +240,143 @@ inline std::vector<double> constant_lr(double lr, std::uint64_t steps) {
   return std::vector<double>(static_cast<std::size_t>(steps), lr);
 }
 
+/// What distinguishes AdamW on the device: its host optimizer, options, constants, state
+/// buffers (named as the host optimizer's checkpoint names them) and kernel.
+struct adamw_kind {
+  using host = adamw;
+  using options = adamw_options;
+  using constants = adamw_constants<float>;
+  static constexpr std::string_view name = "precis::device_adamw";
+  static constexpr std::array<std::string_view, 2> states = {"m", "v"};
+  static constants make(const options& o, std::uint64_t t) { return make_adamw_constants(o, t); }
+  static void launch(cuda_context& ctx, unsigned blocks, const optimizer_chunk* chunks,
+                     const constants* table, const std::uint64_t* applied, const int* found_inf) {
+    adamw_chunks<><<<blocks, 256, 0, ctx.stream()>>>(chunks, table, applied, found_inf);
+  }
+};
+
+/// What distinguishes SGD on the device (see adamw_kind).
+struct sgd_kind {
+  using host = sgd;
+  using options = sgd_options;
+  using constants = sgd_constants<float>;
+  static constexpr std::string_view name = "precis::device_sgd";
+  static constexpr std::array<std::string_view, 1> states = {"velocity"};
+  static constants make(const options& o, std::uint64_t t) { return make_sgd_constants(o, t == 1); }
+  static void launch(cuda_context& ctx, unsigned blocks, const optimizer_chunk* chunks,
+                     const constants* table, const std::uint64_t* applied, const int* found_inf) {
+    sgd_chunks<><<<blocks, 256, 0, ctx.stream()>>>(chunks, table, applied, found_inf);
+  }
+};
+
 }  // namespace detail::cuda
 
-/// AdamW on the device with precis::adamw's bits (see the file comment). The masters and
-/// gradients are a device model's masters() and gradients() (the same order, fixed
-/// addresses); `lr_by_step[t - 1]` is the learning rate of applied step t (a schedule's
-/// lr_table()), and its length the number of steps that can be queued (applied or skipped).
-class device_adamw {
+/// An optimizer on the device with its host optimizer's bits (see the file comment):
+/// precis::device_adamw (precis::adamw's update) or precis::device_sgd (precis::sgd's). The
+/// masters and gradients are a device model's masters() and gradients() (the same order,
+/// fixed addresses); `lr_by_step[t - 1]` is the learning rate of applied step t (a
+/// schedule's lr_table()), and its length the number of steps that can be queued (applied
+/// or skipped).
+template <class Kind>
+class basic_device_optimizer {
  public:
-  /// Throws precis::error for invalid options, or gradients that do not match the masters
-  /// in number or size; allocates and zeroes the moments on ctx's stream.
-  device_adamw(cuda_context& ctx, const std::vector<device_span<float>>& masters,
-               const std::vector<device_span<float>>& gradients, adamw_options o,
-               std::vector<bool> decay, const std::vector<double>& lr_by_step)
-      : options_(o), state_(ctx, "precis::device_adamw", masters, gradients, std::move(decay), 2,
-                            table(o, lr_by_step)) {}
-  /// The same with the options' learning rate, for `max_steps` queued steps.
-  device_adamw(cuda_context& ctx, const std::vector<device_span<float>>& masters,
-               const std::vector<device_span<float>>& gradients, adamw_options o,
-               std::vector<bool> decay, std::uint64_t max_steps)
-      : device_adamw(ctx, masters, gradients, o, std::move(decay),
-                     detail::cuda::constant_lr(o.lr, max_steps)) {}
+  /// The options type: adamw_options or sgd_options.
+  using options_type = typename Kind::options;
+  /// The host optimizer whose bits it gives and whose state it loads and stores.
+  using host_type = typename Kind::host;
 
-  /// One step on ctx's stream, skipped on the device when `found_inf` (a device flag, or
-  /// null for none) is set. Throws precis::error, queuing nothing, when as many steps have
-  /// been queued as the learning-rate table holds.
+  /// Throws precis::error for invalid options (at any step's learning rate), or gradients
+  /// that do not match the masters in number or size; allocates and zeroes the state on
+  /// ctx's stream.
+  basic_device_optimizer(cuda_context& ctx, const std::vector<device_span<float>>& masters,
+                         const std::vector<device_span<float>>& gradients, options_type o,
+                         std::vector<bool> decay, const std::vector<double>& lr_by_step)
+      : options_(o),
+        state_(ctx, Kind::name, masters, gradients, std::move(decay),
+               static_cast<int>(Kind::states.size()), table(o, lr_by_step)) {}
+  /// The same with the options' learning rate, for `max_steps` queued steps.
+  basic_device_optimizer(cuda_context& ctx, const std::vector<device_span<float>>& masters,
+                         const std::vector<device_span<float>>& gradients, options_type o,
+                         std::vector<bool> decay, std::uint64_t max_steps)
+      : basic_device_optimizer(ctx, masters, gradients, o, std::move(decay),
+                               detail::cuda::constant_lr(o.lr, max_steps)) {}
+
+  /// One step on ctx's stream, skipped on the device when `*found_inf` (a device flag; null
+  /// for none) is set. Throws precis::error, queuing nothing, when as many steps have been
+  /// queued as the learning-rate table holds.
   void step_async(cuda_context& ctx, const int* found_inf = nullptr) {
     state_.reserve_step();
     if (state_.blocks() != 0) {
-      detail::cuda::adamw_chunks<><<<state_.blocks(), 256, 0, ctx.stream()>>>(
-          state_.chunks(), state_.table(), state_.applied_pointer(), found_inf);
-      check(cudaGetLastError(), "precis::device_adamw::step_async");
+      Kind::launch(ctx, state_.blocks(), state_.chunks(), state_.table(),
+                   state_.applied_pointer(), found_inf);
+      check(cudaGetLastError(), std::string(Kind::name) + "::step_async");
     }
     state_.count(ctx, found_inf);
   }
 
-  /// Applied steps (the t of the bias correction), read back: waits for the device.
+  /// Applied steps (AdamW's t), read back: waits for the device.
   std::uint64_t steps(cuda_context& ctx) const { return state_.applied(ctx); }
   /// Device pointer to the applied-step count, for kernels that follow the optimizer.
   const std::uint64_t* applied_steps() const { return state_.applied_pointer(); }
 
-  /// Takes the moments and the step count of `host` (an adamw over masters of the same
-  /// sizes); waits for the copies. Throws precis::error when the sizes differ.
-  void load(cuda_context& ctx, const adamw& host) {
-    for (std::size_t i = 0; i < state_.tensors(); ++i) {
-      state_.upload(ctx, 0, i, state_field<std::vector<float>>(host, "m." + std::to_string(i)));
-      state_.upload(ctx, 1, i, state_field<std::vector<float>>(host, "v." + std::to_string(i)));
+  /// Takes the state and the step count of `host` (over masters of the same sizes); waits
+  /// for the copies. Throws precis::error when the sizes differ or the count exceeds the
+  /// table.
+  void load(cuda_context& ctx, const host_type& host) {
+    for (std::size_t s = 0; s < Kind::states.size(); ++s) {
+      for (std::size_t i = 0; i < state_.tensors(); ++i) {
+        state_.upload(ctx, static_cast<int>(s), i,
+                      state_field<std::vector<float>>(host, field(s, i)));
+      }
     }
     state_.set_applied(ctx, host.steps());
   }
-  /// Writes the moments and the step count into `host` (for precis::save_checkpoint); waits
-  /// for the device. Throws precis::error, changing nothing, when `host` does not fit.
-  void store(cuda_context& ctx, adamw& host) const {
+  /// Writes the state and the step count into `host` (for precis::save_checkpoint); waits for
+  /// the device. Throws precis::error, changing nothing, when `host` does not fit.
+  void store(cuda_context& ctx, host_type& host) const {
     const std::uint64_t steps = state_.applied(ctx);
-    std::vector<std::vector<float>> m, v;
-    for (std::size_t i = 0; i < state_.tensors(); ++i) {
-      m.push_back(state_.download(ctx, 0, i));
-      v.push_back(state_.download(ctx, 1, i));
+    std::vector<std::vector<std::vector<float>>> values(Kind::states.size());
+    for (std::size_t s = 0; s < Kind::states.size(); ++s) {
+      for (std::size_t i = 0; i < state_.tensors(); ++i) {
+        values[s].push_back(state_.download(ctx, static_cast<int>(s), i));
+      }
     }
     assign_state_fields(host, [&](auto set) {
       set("steps", steps);
-      for (std::size_t i = 0; i < m.size(); ++i) {
-        set("m." + std::to_string(i), m[i]);
-        set("v." + std::to_string(i), v[i]);
+      for (std::size_t s = 0; s < values.size(); ++s) {
+        for (std::size_t i = 0; i < values[s].size(); ++i) set(field(s, i), values[s][i]);
       }
     });
   }
-  /// The options it was made with (their lr is the first step's when a table was given).
-  const adamw_options& options() const { return options_; }
+  /// The options it was made with (their lr is unused when a table was given).
+  const options_type& options() const { return options_; }
 
  private:
-  static std::vector<adamw_constants<float>> table(adamw_options o, const std::vector<double>& lrs) {
-    if (auto e = adamw::validate_options(o); !e.empty()) throw error("precis::device_adamw: " + e);
-    std::vector<adamw_constants<float>> out;
+  static std::string field(std::size_t state, std::size_t tensor) {
+    return std::string(Kind::states[state]) + "." + std::to_string(tensor);
+  }
+  static std::vector<typename Kind::constants> table(options_type o, const std::vector<double>& lrs) {
+    const std::string who(Kind::name);
+    if (auto e = host_type::validate_options(o); !e.empty()) throw error(who + ": " + e);
+    std::vector<typename Kind::constants> out;
     for (std::size_t t = 1; t <= lrs.size(); ++t) {
       o.lr = lrs[t - 1];
-      if (auto e = adamw::validate_options(o); !e.empty()) {
-        throw error("precis::device_adamw: step " + std::to_string(t) + ": " + e);
+      if (auto e = host_type::validate_options(o); !e.empty()) {
+        throw error(who + ": step " + std::to_string(t) + ": " + e);
       }
-      out.push_back(make_adamw_constants(o, t));
+      out.push_back(Kind::make(o, t));
     }
     return out;
   }
 
-  adamw_options options_;
-  detail::cuda::device_optimizer_state<adamw_constants<float>> state_;
+  options_type options_;
+  detail::cuda::device_optimizer_state<typename Kind::constants> state_;
 };
 
-/// SGD on the device with precis::sgd's bits (see the file comment and device_adamw).
-class device_sgd {
- public:
-  /// Throws precis::error for invalid options, or gradients that do not match the masters;
-  /// allocates and zeroes the momentum buffers on ctx's stream.
-  device_sgd(cuda_context& ctx, const std::vector<device_span<float>>& masters,
-             const std::vector<device_span<float>>& gradients, sgd_options o,
-             std::vector<bool> decay, const std::vector<double>& lr_by_step)
-      : options_(o), state_(ctx, "precis::device_sgd", masters, gradients, std::move(decay), 1,
-                            table(o, lr_by_step)) {}
-  /// The same with the options' learning rate, for `max_steps` queued steps.
-  device_sgd(cuda_context& ctx, const std::vector<device_span<float>>& masters,
-             const std::vector<device_span<float>>& gradients, sgd_options o,
-             std::vector<bool> decay, std::uint64_t max_steps)
-      : device_sgd(ctx, masters, gradients, o, std::move(decay),
-                   detail::cuda::constant_lr(o.lr, max_steps)) {}
-
-  /// One step on ctx's stream, skipped on the device when `*found_inf` is set (as
-  /// device_adamw::step_async).
-  void step_async(cuda_context& ctx, const int* found_inf = nullptr) {
-    state_.reserve_step();
-    if (state_.blocks() != 0) {
-      detail::cuda::sgd_chunks<><<<state_.blocks(), 256, 0, ctx.stream()>>>(
-          state_.chunks(), state_.table(), state_.applied_pointer(), found_inf);
-      check(cudaGetLastError(), "precis::device_sgd::step_async");
-    }
-    state_.count(ctx, found_inf);
-  }
-
-  /// Applied steps, read back: waits for the device.
-  std::uint64_t steps(cuda_context& ctx) const { return state_.applied(ctx); }
-  /// Device pointer to the applied-step count.
-  const std::uint64_t* applied_steps() const { return state_.applied_pointer(); }
-
-  /// Takes the momentum buffers and the step count of `host`; waits for the copies.
-  void load(cuda_context& ctx, const sgd& host) {
-    for (std::size_t i = 0; i < state_.tensors(); ++i) {
-      state_.upload(ctx, 0, i,
-                    state_field<std::vector<float>>(host, "velocity." + std::to_string(i)));
-    }
-    state_.set_applied(ctx, host.steps());
-  }
-  /// Writes the momentum buffers and the step count into `host`; waits for the device.
-  void store(cuda_context& ctx, sgd& host) const {
-    const std::uint64_t steps = state_.applied(ctx);
-    std::vector<std::vector<float>> b;
-    for (std::size_t i = 0; i < state_.tensors(); ++i) b.push_back(state_.download(ctx, 0, i));
-    assign_state_fields(host, [&](auto set) {
-      set("steps", steps);
-      for (std::size_t i = 0; i < b.size(); ++i) set("velocity." + std::to_string(i), b[i]);
-    });
-  }
-  /// The options it was made with.
-  const sgd_options& options() const { return options_; }
-
- private:
-  static std::vector<sgd_constants<float>> table(sgd_options o, const std::vector<double>& lrs) {
-    if (auto e = sgd::validate_options(o); !e.empty()) throw error("precis::device_sgd: " + e);
-    std::vector<sgd_constants<float>> out;
-    for (std::size_t t = 1; t <= lrs.size(); ++t) {
-      o.lr = lrs[t - 1];
-      if (auto e = sgd::validate_options(o); !e.empty()) {
-        throw error("precis::device_sgd: step " + std::to_string(t) + ": " + e);
-      }
-      out.push_back(make_sgd_constants(o, t == 1));
-    }
-    return out;
-  }
-
-  sgd_options options_;
-  detail::cuda::device_optimizer_state<sgd_constants<float>> state_;
-};
+/// AdamW on the device, with precis::adamw's bits (see basic_device_optimizer).
+using device_adamw = basic_device_optimizer<detail::cuda::adamw_kind>;
+/// SGD with momentum on the device, with precis::sgd's bits (see basic_device_optimizer).
+using device_sgd = basic_device_optimizer<detail::cuda::sgd_kind>;
 
 }  // namespace precis
 
