@@ -54,27 +54,35 @@ struct context_traits<cuda_context> {
   template <class T>
   using span = device_span<T>;
 
-  // fill, upload and download are synchronous copies: they serve initialisation and
-  // checkpoints, not the training step.
-  /// Sets every element to v (a copy from the host).
+  // fill, upload and download serve initialisation and checkpoints, not the training step:
+  // they take no context, so they first wait for the whole device (cudaDeviceSynchronize),
+  // which orders them after the kernels queued on any context's non-blocking stream (a plain
+  // cudaMemcpy on the legacy stream is not ordered with those).
+  /// Sets every element to v (a copy from the host, after the device's queued work).
   template <class T, std::size_t N>
   static void fill(device_tensor<T, N>& t, T v) {
     upload(t, std::vector<T>(t.size(), v));
   }
-  /// Copies host values in with a synchronous cudaMemcpy; throws precis::error when
-  /// values.size() != t.size(), or when the copy fails.
+  /// Copies host values in, after the device's queued work has finished; throws
+  /// precis::error when values.size() != t.size(), or when the copy fails.
   template <class T, std::size_t N>
   static void upload(device_tensor<T, N>& t, const std::vector<T>& values) {
     if (values.size() != t.size()) throw error("precis::nn: uploading a tensor of another size");
-    if (t.size() != 0) check(cudaMemcpy(t.data(), values.data(), t.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy");
+    if (t.size() == 0) return;
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    check(cudaMemcpy(t.data(), values.data(), t.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy");
+    // From pageable memory cudaMemcpy may return before the DMA lands: wait for it too, so
+    // that kernels queued next on a non-blocking stream read the new values.
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
-  /// The values, copied to the host with a synchronous cudaMemcpy on the default stream
-  /// (which does not wait for a context's non-blocking stream); throws precis::error when
-  /// the copy fails.
+  /// The values, copied to the host after the device's queued work has finished (so a
+  /// checkpoint reads what the last step wrote); throws precis::error when the copy fails.
   template <class T, std::size_t N>
   static std::vector<T> download(const device_tensor<T, N>& t) {
     std::vector<T> out(t.size());
-    if (t.size() != 0) check(cudaMemcpy(out.data(), t.data(), t.size() * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy");
+    if (t.size() == 0) return out;
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    check(cudaMemcpy(out.data(), t.data(), t.size() * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy");
     return out;
   }
   /// sum += part elementwise on the context's stream, added in float and rounded once to
