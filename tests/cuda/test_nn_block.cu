@@ -65,7 +65,7 @@ void check_block(cuda_context& ctx, const std::string& tag) {
     masters[path] = std::vector<float>(p.master().begin(), p.master().end());
   });
   device.for_each_parameter([&](const std::string& path, auto& p) { p.set(ctx, masters.at(path)); });
-  device.zero_grad();
+  device.zero_grad(ctx);
   host.zero_grad();
 
   const auto x = random_tensor<S, 4>({2, 8, 12, 10});

@@ -432,6 +432,11 @@ TEST_CASE("mixed precision: parameter gradients are rounded to the gradient type
     }
     CHECK(l.bias().grad()(o) == 2.0f * float(float16(float(dy(0, o)) + float(dy(1, o)))));
   }
+  // zero_grad(ctx), a device step's form, zeroes every gradient as zero_grad() does.
+  m.zero_grad(ctx);
+  for (const auto g : m.gradients()) {
+    for (float v : g) CHECK(v == 0.0f);
+  }
   // The working copy is the master rounded to float16, refreshed on demand.
   l.weight().master()(0, 0) = 0.1f;
   CHECK(float(l.weight().value()(0, 0)) != float(float16(0.1f)));

@@ -207,6 +207,11 @@ class model {
   void zero_grad() {
     for_each_parameter([](const std::string&, auto& p) { p.zero_grad(); });
   }
+  /// The same in ctx's order: on the device memsets queued on the context's stream, with
+  /// nothing copied from the host and no wait (what a device training step calls).
+  void zero_grad(context_ref_t<context_type> ctx) {
+    for_each_parameter([&](const std::string&, auto& p) { p.zero_grad(ctx); });
+  }
   /// Rounds every master weight to its working copy (after each applied optimizer step).
   void refresh(context_ref_t<context_type> ctx) {
     for_each_parameter([&](const std::string&, auto& p) { p.refresh(ctx); });

@@ -85,6 +85,14 @@ struct context_traits<cuda_context> {
     check(cudaMemcpy(out.data(), t.data(), t.size() * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy");
     return out;
   }
+  /// Sets every element to zero: a memset queued on the context's stream (all-zero bits are
+  /// zero in every element type precis stores).
+  template <class T, std::size_t N>
+  static void zero(ref ctx, device_tensor<T, N>& t) {
+    if (t.size() != 0) {
+      check(cudaMemsetAsync(t.data(), 0, t.size() * sizeof(T), ctx.stream()), "cudaMemsetAsync");
+    }
+  }
   /// sum += part elementwise on the context's stream, added in float and rounded once to
   /// sum's type (part already rounded to its own type).
   template <class M, class G, std::size_t N>

@@ -57,6 +57,11 @@ struct context_traits<cpu_context> {
   static void fill(host_tensor<T, N>& t, T v) {
     t.fill(v);
   }
+  /// Sets every element to zero, in the context's order (on the CPU: now).
+  template <class T, std::size_t N>
+  static void zero(ref, host_tensor<T, N>& t) {
+    t.fill(T(0));
+  }
   /// Copies host values in (values.size() == t.size()).
   template <class T, std::size_t N>
   static void upload(host_tensor<T, N>& t, const std::vector<T>& values) {
@@ -215,6 +220,10 @@ class parameter {
   }
   /// Sets the gradient to zero, before the backward passes of a step.
   void zero_grad() { io::fill(grad_, M(0)); }
+  /// Sets the gradient to zero in ctx's order: on the device a memset queued on the
+  /// context's stream, with nothing copied from the host and no wait (the training step's
+  /// form).
+  void zero_grad(context_ref_t<Ctx> ctx) { io::zero(ctx, grad_); }
   /// grad += part, elementwise in M (part is a gradient already rounded to its type).
   /// Throws precis::error when part's shape is not the parameter's.
   template <class G>
