@@ -21,6 +21,7 @@
 #pragma once
 
 #include <precis/config.hpp>
+#include <precis/kernels/cuda/common.hpp>
 #include <precis/kernels/cuda_context.hpp>
 #include <precis/optim/optimizers.hpp>
 #include <precis/optim/update.hpp>
@@ -40,10 +41,6 @@
 namespace precis {
 
 namespace detail::cuda {
-
-/// Elements of one tensor a block updates: many small tensors cost one launch, a large one
-/// is split over many blocks.
-inline constexpr std::size_t optimizer_chunk_elements = std::size_t(1) << 16;
 
 /// One block's share of a step: `size` elements of one parameter's master weights `w`, its
 /// two state buffers (`s0`, `s1`: AdamW's moments, SGD's momentum in s0) and its gradient.
@@ -103,7 +100,6 @@ class device_optimizer_state {
                          const std::vector<device_span<float>>& grads, std::vector<bool> decay,
                          int states, const std::vector<Constants>& table)
       : who_(who),
-        decay_(decay_flags(std::move(decay), masters.size(), who)),
         applied_({1}, ctx.stream()),
         table_({table.size()}, ctx.stream()),
         capacity_(table.size()) {
@@ -111,6 +107,7 @@ class device_optimizer_state {
       throw error(std::string(who) + ": " + std::to_string(grads.size()) +
                   " gradient tensors for " + std::to_string(masters.size()) + " parameters");
     }
+    const std::vector<bool> decays = decay_flags(std::move(decay), masters.size(), who);
     std::size_t total = 0;
     for (std::size_t i = 0; i < masters.size(); ++i) {
       if (grads[i].size() != masters[i].size()) {
@@ -131,14 +128,13 @@ class device_optimizer_state {
     }
     std::vector<optimizer_chunk> chunks;
     for (std::size_t i = 0; i < masters.size(); ++i) {
-      for (std::size_t b = 0; b < masters[i].size(); b += optimizer_chunk_elements) {
-        const std::size_t n = std::min(optimizer_chunk_elements, masters[i].size() - b);
+      for_each_chunk(masters[i].size(), [&](std::size_t b, std::size_t n) {
         chunks.push_back({masters[i].data() + b,
                           states > 0 ? state_[0].data() + offsets_[i] + b : nullptr,
                           states > 1 ? state_[1].data() + offsets_[i] + b : nullptr,
                           grads[i].data() + b, static_cast<std::uint32_t>(n),
-                          decay_[i] ? 1U : 0U});
-      }
+                          decays[i] ? 1U : 0U});
+      });
     }
     chunks_ = device_tensor<optimizer_chunk, 1>({chunks.size()}, ctx.stream());
     // Pageable sources are staged before cudaMemcpyAsync returns: the vectors may go.
@@ -225,7 +221,6 @@ class device_optimizer_state {
 
  private:
   std::string who_;
-  std::vector<bool> decay_;
   std::vector<std::size_t> sizes_, offsets_;
   std::vector<device_tensor<float, 1>> state_;
   device_tensor<optimizer_chunk, 1> chunks_;

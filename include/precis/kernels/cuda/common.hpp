@@ -27,6 +27,17 @@ __device__ inline M device_load(T x) {
   }
 }
 
+/// Elements of one tensor a block of a multi-tensor kernel takes (the "multi-tensor apply"
+/// layout: many small tensors cost one launch, a large one is split over many blocks).
+inline constexpr std::size_t chunk_elements = std::size_t(1) << 16;
+
+/// Calls f(begin, length) for each chunk of at most chunk_elements of a tensor of n
+/// elements, in order.
+template <class F>
+void for_each_chunk(std::size_t n, F&& f) {
+  for (std::size_t b = 0; b < n; b += chunk_elements) f(b, std::min(chunk_elements, n - b));
+}
+
 /// Blocks for a grid-stride loop over n elements.
 inline unsigned grid_for(std::size_t n, unsigned threads = 256) {
   const std::size_t blocks = (n + threads - 1) / threads;

@@ -38,10 +38,7 @@ struct device_scaler_state {
 
 namespace detail::cuda {
 
-// One block per chunk of up to `chunk_elements` elements of one tensor: the "multi-tensor
-// apply" layout, so that many small gradient tensors cost one launch.
-inline constexpr std::size_t chunk_elements = 1 << 16;
-
+// One block per chunk of one tensor (common.hpp's chunk_elements).
 template <class T>
 struct chunk {
   T* data;
@@ -205,10 +202,9 @@ void unscale_and_check_async(cuda_context& ctx, std::span<const std::span<T>> te
                              const float* scale, int* found_inf) {
   std::vector<detail::cuda::chunk<T>> chunks;
   for (auto t : tensors) {
-    for (std::size_t b = 0; b < t.size(); b += detail::cuda::chunk_elements) {
-      const std::size_t len = std::min(detail::cuda::chunk_elements, t.size() - b);
+    detail::cuda::for_each_chunk(t.size(), [&](std::size_t b, std::size_t len) {
       chunks.push_back({t.data() + b, static_cast<std::uint32_t>(len)});
-    }
+    });
   }
   if (chunks.empty()) return;
   const std::size_t bytes = chunks.size() * sizeof(chunks[0]);
