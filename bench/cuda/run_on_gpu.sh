@@ -10,13 +10,16 @@
 # sanitizer's reports. Each run has a time limit (TEST_TIMEOUT, MEMCHECK_TIMEOUT seconds),
 # so that a hung kernel costs one entry, not the lease; a run stopped by it is reported as
 # "timed out", never as passed. The exit status is 0 only when every test and the
-# benchmark passed.
+# benchmark passed. BENCH=0 skips the benchmark; TESTS (a shell pattern, default *) picks
+# the tests by name.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 BUILD="${BUILD:-build/cuda}"
 RESULTS="${RESULTS:-bench/results/cuda}"
 TEST_TIMEOUT="${TEST_TIMEOUT:-120}"
 MEMCHECK_TIMEOUT="${MEMCHECK_TIMEOUT:-60}"
+BENCH="${BENCH:-1}"
+TESTS="${TESTS:-*}"
 mkdir -p "$RESULTS"
 
 # cuBLAS(Lt), cuDNN, NCCL and the runtime may come from Python wheels (nvidia-*) rather
@@ -46,7 +49,11 @@ export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 } 2>&1 | tee "$RESULTS/device.txt"
 
-tests=("$BUILD"/tests/cuda/test_cuda_* "$BUILD"/tests/numeric/test_numeric_device)
+tests=()
+for t in "$BUILD"/tests/cuda/test_cuda_* "$BUILD"/tests/numeric/test_numeric_device; do
+  # shellcheck disable=SC2053
+  [[ "$(basename "$t")" == $TESTS ]] && tests+=("$t")
+done
 {
   for t in "${tests[@]}" "$BUILD/bench/bench_cuda"; do
     echo "== $(basename "$t")"
@@ -82,7 +89,9 @@ for t in "${tests[@]}"; do
   [[ $rc -eq 0 ]] || failed=1
 done
 
-if [[ -x "$BUILD/bench/bench_cuda" ]]; then
+if [[ "$BENCH" == 0 ]]; then
+  echo "bench_cuda: not run (BENCH=0)" | tee -a "$RESULTS/tests.txt"
+elif [[ -x "$BUILD/bench/bench_cuda" ]]; then
   timeout "${BENCH_TIMEOUT:-240}" "$BUILD/bench/bench_cuda" --csv "$RESULTS/bench_cuda.csv" \
     > "$RESULTS/bench_cuda.txt" 2>&1
   rc=$?

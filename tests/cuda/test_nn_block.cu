@@ -6,7 +6,7 @@
 // present.
 #include <precis/nn/cuda.hpp>  // first: the device kernels, then nn
 
-#include "device_test.hpp"
+#include "nn_compare.hpp"
 
 #include <algorithm>
 #include <array>
@@ -54,43 +54,7 @@ static_assert(!nn::composite<nn::parameter<bfloat16, float, 4, cuda_context>>);
 
 template <class P>
 void check_block(cuda_context& ctx, const std::string& tag) {
-  using S = typename P::storage_type;
-  using G = typename P::gradient_type;
-  const cpu_context cpu{2};
-  auto host = nn::build<S, 4>(P{}, basic_block(8, 16), {.seed = 7});
-  auto device = nn::build<S, 4, cuda_context>(P{}, basic_block(8, 16), {.seed = 7});
-  // The same masters on both (drawn from the same seed and paths; copied to be sure).
-  std::map<std::string, std::vector<float>> masters;
-  host.for_each_parameter([&](const std::string& path, auto& p) {
-    masters[path] = std::vector<float>(p.master().begin(), p.master().end());
-  });
-  device.for_each_parameter([&](const std::string& path, auto& p) { p.set(ctx, masters.at(path)); });
-  device.zero_grad(ctx);
-  host.zero_grad();
-
-  const auto x = random_tensor<S, 4>({2, 8, 12, 10});
-  const auto dy = random_tensor<G, 4>({2, 16, 6, 5}, 0.1F);
-  const auto xd = to_device(x);
-  const auto dyd = to_device(dy);
-  const auto& y = host.forward(cpu, x);
-  compare(tag + " forward", ctx, device.forward(ctx, xd), y, 4 * bound<S>());
-  const auto& dx = host.backward(cpu, dy);
-  compare(tag + " input gradient", ctx, device.backward(ctx, dyd), dx, 4 * bound<G>());
-  std::map<std::string, std::vector<float>> host_grads;
-  host.for_each_parameter([&](const std::string& path, const auto& p) {
-    host_grads[path] = std::vector<float>(p.grad().begin(), p.grad().end());
-  });
-  device.for_each_parameter([&](const std::string& path, const auto& p) {
-    const auto got = to_host(p.grad(), ctx.stream());
-    const auto& want = host_grads.at(path);
-    double err = 0, norm = 0;
-    for (std::size_t i = 0; i < want.size(); ++i) {
-      if (!std::isfinite(double(got.data()[i]))) err = HUGE_VAL;  // NaN must not pass
-      err = std::max(err, std::abs(double(got.data()[i]) - double(want[i])));
-      norm = std::max(norm, std::abs(double(want[i])));
-    }
-    expect(err <= 4 * bound<G>() * norm, tag + " gradient of " + path);
-  });
+  compare_models<P, 4>(ctx, tag, basic_block(8, 16), {2, 8, 12, 10}, {2, 16, 6, 5});
 }
 
 // nn::max_pool2d alone on the host and the device: the device layer keeps its indices in a

@@ -167,6 +167,16 @@ void reduce_axis_of(std::string_view name, const cpu_context& ctx, const host_te
                                                             out.data());
 }
 
+/// out[j] = the sum over the rows of x[r * cols + j] (x: rows x cols, packed), under P's
+/// reduction rules, each column's additions in row order: a layer's bias gradient. The
+/// device overload (kernels/cuda/reduce.hpp) sums in another fixed order.
+template <Policy P, class T, class U>
+void column_sums(const cpu_context& ctx, const T* x, std::size_t rows, std::size_t cols, U* out) {
+  using M = math_t<op::reduction, P, T>;
+  reduce_axis<sum_reducer<M, accumulate_t<op::reduction, P>, reduce_result_t<P, T>>, M>(ctx, x, 1, rows,
+                                                                                        cols, out);
+}
+
 }  // namespace detail
 
 /// The sum of all elements, one running sum in the accumulate type, in element order

@@ -9,9 +9,9 @@
 /// Layers call their kernels by qualified name (precis::conv2d, precis::batch_norm_train):
 /// the device overloads must be declared before the layers' templates are, so this header
 /// includes the CUDA kernels, then nn. What runs on the device: the layers whose kernels
-/// exist there (convolutions without bias, batch norm, layer norm, activations, casts),
-/// sequences, residuals and two-branch adds. Training still steps on the host: the
-/// optimizers read master weights in host memory.
+/// exist there (linear layers of any rank, convolutions without bias, batch norm, layer
+/// norm, activations, casts), sequences, residuals and two-branch adds. A device model's
+/// masters and gradients are device spans: precis::device_adamw / device_sgd step them.
 #pragma once
 
 #include <precis/config.hpp>
@@ -26,8 +26,10 @@
 #include <precis/kernels/cuda/cast.hpp>
 #include <precis/kernels/cuda/conv.hpp>
 #include <precis/kernels/cuda/elementwise.hpp>
+#include <precis/kernels/cuda/gemm.hpp>
 #include <precis/kernels/cuda/norm.hpp>
 #include <precis/kernels/cuda/pooling.hpp>
+#include <precis/kernels/cuda/reduce.hpp>
 #include <precis/kernels/cuda_context.hpp>
 #include <precis/tensor/device_span.hpp>
 #include <precis/tensor/device_tensor.hpp>

@@ -179,12 +179,15 @@ struct no_float8_state {
 template <Layer Tag, Policy P, std::size_t R, class Ctx>
 class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
   static_assert(R >= 1, "precis: nn::linear works on the last axis of a tensor of rank >= 1");
-  static_assert(std::is_same_v<Ctx, cpu_context>,
-                "precis: nn::linear runs on host tensors so far; build the model for cpu_context");
+  static_assert(std::is_same_v<Ctx, cpu_context> || !float8_products_v<P>,
+                "precis: nn::linear's float8 products run on the host so far; on cuda_context "
+                "map the layer to a bfloat16 or float16 policy");
   using base = layer_base<Tag, P, op::matmul, R, R, Ctx, true>;
   using S = typename base::input_type;
   using G = typename base::input_grad_type;
   using M = typename base::master_type;
+  template <class T, std::size_t N = R>
+  using tensor = tensor_t<Ctx, T, N>;
 
  public:
   /// Its kind in nn::describe: "linear".
@@ -225,11 +228,11 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
   /// backward(). Under a float8 policy, x and W are cast to float8 first, and a training
   /// pass (`m`) records their amaxes in delayed recipes. Throws precis::error for an input
   /// of another shape.
-  const host_tensor<S, R>& forward(const cpu_context& ctx, const host_tensor<S, R>& x, mode m = mode::train) {
+  const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode m = mode::train) {
     const auto out = output_shape(detail::shape_of<R>(x), name_for_errors());
     detail::ensure(y_, out);
     const std::size_t rows = x.size() / in_;
-    const S* bias = bias_on_ ? bias_.value().data() : nullptr;
+    const S* bias = bias_on_ ? bias_.value().data() : nullptr;  // cuBLASLt's epilogue on the device
     if constexpr (float8) {
       auto& f = fp8_;
       const bool record = m == mode::train;
@@ -252,18 +255,18 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
   /// Adds dW = dy^T x and db (the column sums of dy) to the parameters' gradients and
   /// returns dx = dy W in the gradient type. Throws precis::error without a forward pass or
   /// when dy's shape is not the last output's.
-  const host_tensor<G, R>& backward(const cpu_context& ctx, const host_tensor<G, R>& dy) {
+  const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
     backward_impl(ctx, dy, true);
     return dx_;
   }
   /// backward() without the input gradient (see nn::backward_parameters): no dx product;
   /// the input-gradient buffer is emptied.
-  void backward_parameters(const cpu_context& ctx, const host_tensor<G, R>& dy) {
+  void backward_parameters(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
     backward_impl(ctx, dy, false);
   }
 
  private:
-  void backward_impl(const cpu_context& ctx, const host_tensor<G, R>& dy, bool input_gradient) {
+  void backward_impl(context_ref_t<Ctx> ctx, const tensor<G>& dy, bool input_gradient) {
     if constexpr (float8) {
       backward_float8(ctx, dy, input_gradient);
     } else {
@@ -271,20 +274,18 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
     }
     if (bias_on_) {
       detail::ensure(db_, shape_t<1>{out_});
-      const std::size_t rows = dy.size() / out_;
-      using Mt = precis::detail::math_t<op::reduction, P, G>;
-      using Red = precis::detail::sum_reducer<Mt, precis::detail::accumulate_t<op::reduction, P>,
-                                              precis::detail::reduce_result_t<P, G>>;
-      precis::detail::reduce_axis<Red, Mt>(ctx, dy.data(), 1, rows, out_, db_.data());
-      bias_.accumulate(db_);
+      // The column sums of dy: in row order on the host, in a fixed two-pass order on the
+      // device (kernels/cuda/reduce.hpp), never one thread per column over every row.
+      precis::detail::column_sums<P>(ctx, dy.data(), dy.size() / out_, out_, db_.data());
+      bias_.accumulate(ctx, db_);
     }
   }
 
  public:
   /// The weight W [out, in].
-  parameter<S, M, 2>& weight() { return weight_; }
+  parameter<S, M, 2, Ctx>& weight() { return weight_; }
   /// The bias b [out]; empty (size 0) for a layer built with nn::no_bias.
-  parameter<S, M, 1>& bias() { return bias_; }
+  parameter<S, M, 1, Ctx>& bias() { return bias_; }
   /// The float8 recipes and the tensors last cast with them (float8 policies).
   const float8_state& float8_products() const { return fp8_; }
   /// Points the float8 recipes at `r` for their amaxes (nothing without float8).
@@ -333,7 +334,7 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
  private:
   static std::string_view name_for_errors() { return path_name<Tag>(); }
 
-  void backward_exact(const cpu_context& ctx, const host_tensor<G, R>& dy, bool input_gradient) {
+  void backward_exact(context_ref_t<Ctx> ctx, const tensor<G>& dy, bool input_gradient) {
     const auto& x = x_.get(kind);
     check_same_shape("precis::nn::linear: dy and the output", dy, y_);
     const std::size_t rows = x.size() / in_;
@@ -350,7 +351,7 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
     detail::ensure(dw_, shape_t<2>{out_, in_});
     precis::detail::gemm_raw<op::matmul, P>(ctx, out_, in_, rows, dy.data(), 1, out_, x.data(), in_, 1, dw_.data(), in_,
                                             static_cast<const G*>(nullptr), gemm_options{});
-    weight_.accumulate(dw_);
+    weight_.accumulate(ctx, dw_);
   }
 
   void backward_float8(const cpu_context& ctx, const host_tensor<G, R>& dy, bool input_gradient) {
@@ -377,18 +378,18 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
     o.alpha = detail::inverse_scales(sg, f.input_scale);
     precis::detail::gemm_raw<op::matmul, P>(ctx, out_, in_, rows, f.dyq.data(), 1, out_, f.xq.data(), in_, 1,
                                             dw_.data(), in_, static_cast<const G*>(nullptr), o);
-    weight_.accumulate(dw_);
+    weight_.accumulate(ctx, dw_);
   }
 
   std::size_t in_, out_;
   bool bias_on_;
-  parameter<S, M, 2> weight_;
-  parameter<S, M, 1> bias_;
-  host_tensor<S, R> y_;
-  host_tensor<G, R> dx_;
-  host_tensor<G, 2> dw_;
-  host_tensor<G, 1> db_;
-  detail::saved<host_tensor<S, R>> x_;
+  parameter<S, M, 2, Ctx> weight_;
+  parameter<S, M, 1, Ctx> bias_;
+  tensor<S> y_;
+  tensor<G> dx_;
+  tensor<G, 2> dw_;
+  tensor<G, 1> db_;
+  detail::saved<tensor<S>> x_;
   float8_state fp8_;
 };
 

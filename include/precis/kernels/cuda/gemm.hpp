@@ -24,6 +24,8 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <string_view>
 #include <type_traits>
 
 namespace precis {
@@ -110,7 +112,41 @@ void device_product(cuda_context& ctx, std::size_t batch, std::size_t M, std::si
 template <Policy P>
 using device_compute_t = typename kernel_policy_t<op::matmul, P>::compute_type;
 
+/// Whether an operand whose element (i, k) of an R x C view is at p[i * rs + k * cs] is
+/// stored transposed (C x R, packed) rather than row-major (R x C, packed); throws
+/// precis::error for any other layout, which cuBLASLt's packed operands cannot express.
+inline bool stored_transposed(std::string_view who, std::size_t rows, std::size_t cols,
+                              std::size_t rs, std::size_t cs) {
+  if (cs == 1 && (rs == cols || rows == 1)) return false;
+  if (rs == 1 && (cs == rows || cols == 1)) return true;
+  throw error(std::string(who) + ": a device product takes packed operands (row-major or " +
+              "stored transposed); strides " + std::to_string(rs) + ", " + std::to_string(cs) +
+              " of a " + std::to_string(rows) + " x " + std::to_string(cols) + " operand are neither");
+}
+
 }  // namespace detail::cuda
+
+namespace detail {
+
+/// gemm_raw on the device (the host's raw call, for layers that run on either context):
+/// C (M x N) = alpha op(A) op(B) + beta C + bias through cuBLASLt, queued on ctx's stream.
+/// The strides must describe packed operands, each row-major or stored transposed, and C
+/// must be packed (ldc = N); anything else throws precis::error before a launch.
+template <op_kind Op, Policy P, class TA, class TB, class TC, class TBias>
+void gemm_raw(cuda_context& ctx, std::size_t M, std::size_t N, std::size_t K, const TA* a,
+              std::size_t ars, std::size_t acs, const TB* b, std::size_t brs, std::size_t bcs,
+              TC* c, std::size_t ldc, const TBias* bias, const gemm_options& o) {
+  static_assert(std::is_same_v<Op, op::matmul>, "precis: device products take op::matmul policies");
+  cuda::check_device_gemm_types<P, TA, TB, TC, TBias>();
+  if (M == 0 || N == 0) return;
+  if (ldc != N) throw error("precis::gemm (device): the output must be packed (ldc = N)");
+  gemm_options d = o;
+  d.trans_a = cuda::stored_transposed("precis::gemm (device): A", M, K, ars, acs);
+  d.trans_b = cuda::stored_transposed("precis::gemm (device): B", K, N, brs, bcs);
+  cuda::device_product<cuda::device_compute_t<P>>(ctx, 1, M, N, K, a, b, bias, c, d);
+}
+
+}  // namespace detail
 
 /// C = epilogue(alpha op(A) op(B) + beta C) on the device (see the host gemm).
 template <Policy P, class TA, class TB, class TC>

@@ -189,6 +189,50 @@ __global__ void reduce_axis_kernel(const T* x, std::size_t outer, std::size_t co
   }
 }
 
+/// Rows summed per partial sum of column_sums: a constant, so that the order of additions,
+/// and so the result, is the same on every device and for every launch.
+inline constexpr std::size_t column_slab_rows = 64;
+
+/// First pass of column_sums: block (32, 8) sums the slab's rows of 32 columns, each thread
+/// the rows ty, ty + 8, ... of the slab in order, then the 8 partial sums in ty order.
+template <class M, class Acc, class T>
+__global__ void column_partials(const T* x, std::size_t rows, std::size_t cols, std::size_t slabs,
+                                typename accumulator<Acc>::value_type* partial) {
+  using S = typename accumulator<Acc>::value_type;
+  __shared__ S shared[8][33];
+  const std::size_t col = blockIdx.x * std::size_t(32) + threadIdx.x;
+  for (std::size_t slab = blockIdx.y; slab < slabs; slab += gridDim.y) {
+    const std::size_t stop = (slab + 1) * column_slab_rows, end = stop < rows ? stop : rows;
+    S s = S(0);
+    if (col < cols) {
+      for (std::size_t r = slab * column_slab_rows + threadIdx.y; r < end; r += 8) {
+        s = device_sum<Acc>::add(s, device_load<M>(x[r * cols + col]));
+      }
+    }
+    shared[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < cols) {
+      S t = shared[0][threadIdx.x];
+      for (int k = 1; k < 8; ++k) t = device_sum<Acc>::combine(t, shared[k][threadIdx.x]);
+      partial[slab * cols + col] = t;
+    }
+    __syncthreads();
+  }
+}
+
+/// Second pass: each column's slab sums in slab order, rounded once to U.
+template <class R, class Acc, class U>
+__global__ void column_totals(const typename accumulator<Acc>::value_type* partial, std::size_t slabs,
+                              std::size_t cols, U* out) {
+  using S = typename accumulator<Acc>::value_type;
+  for (std::size_t col = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; col < cols;
+       col += std::size_t(gridDim.x) * blockDim.x) {
+    S t = partial[col];
+    for (std::size_t k = 1; k < slabs; ++k) t = device_sum<Acc>::combine(t, partial[k * cols + col]);
+    out[col] = round_to<U>(R(t));
+  }
+}
+
 template <reduce_kind Kind, Policy P, class T, std::size_t N, class U>
 void reduce_all_to(std::string_view name, cuda_context& ctx, const device_tensor<T, N>& x,
                    device_tensor<U, 1>& out) {
@@ -228,6 +272,36 @@ void reduce_axis_to(std::string_view name, cuda_context& ctx, const device_tenso
 }
 
 }  // namespace detail::cuda
+
+namespace detail {
+
+/// column_sums on the device: out[j] = the sum over the rows of x[r * cols + j], two
+/// passes in a fixed order (slabs of 64 rows, each summed by 8 strided threads and then
+/// across them; then the slabs in order), so repeated calls give the same bits on any
+/// device. Each column's sum differs from the host's row-order sum by at most the float
+/// bound of a sum of `rows` terms. Queued on ctx's stream; its scratch is stream-ordered.
+template <Policy P, class T, class U>
+void column_sums(cuda_context& ctx, const T* x, std::size_t rows, std::size_t cols, U* out) {
+  using M = math_t<op::reduction, P, T>;
+  using Acc = accumulate_t<op::reduction, P>;
+  using S = typename accumulator<Acc>::value_type;
+  if (cols == 0) return;
+  if (rows == 0) {
+    check(cudaMemsetAsync(out, 0, cols * sizeof(U), ctx.stream()), "cudaMemsetAsync");
+    return;
+  }
+  const std::size_t slabs = (rows + cuda::column_slab_rows - 1) / cuda::column_slab_rows;
+  device_tensor<S, 1> partial({slabs * cols}, ctx.stream());
+  const dim3 grid(unsigned((cols + 31) / 32), unsigned(std::min<std::size_t>(slabs, 65535)));
+  cuda::column_partials<M, Acc><<<grid, dim3(32, 8), 0, ctx.stream()>>>(x, rows, cols, slabs,
+                                                                         partial.data());
+  check(cudaGetLastError(), "precis: column sums");
+  cuda::column_totals<reduce_result_t<P, T>, Acc><<<cuda::grid_for(cols), 256, 0, ctx.stream()>>>(
+      partial.data(), slabs, cols, out);
+  check(cudaGetLastError(), "precis: column sums");
+}
+
+}  // namespace detail
 
 /// out[0] = the sum of all elements of x, on the device (out: shape {1}). 0 for an empty
 /// tensor. Queued on ctx's stream; nothing waits for it.

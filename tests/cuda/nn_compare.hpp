@@ -1,0 +1,76 @@
+// What the device nn tests share: a model built from one blueprint on the host and on the
+// device (cuda_context) with the same masters, run forward and backward on the same input,
+// and the device's output, input gradient and parameter gradients compared with the host's.
+// Include after <precis/nn/cuda.hpp>.
+#pragma once
+
+#include "device_test.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace precis_test {
+
+/// Copies the host model's masters into the device model (same paths) and refreshes its
+/// working copies there.
+template <class Host, class Device>
+void copy_masters(precis::cuda_context& ctx, Host& host, Device& device) {
+  std::map<std::string, std::vector<float>> masters;
+  host.for_each_parameter([&](const std::string& path, auto& p) {
+    masters[path] = std::vector<float>(p.master().begin(), p.master().end());
+  });
+  device.for_each_parameter([&](const std::string& path, auto& p) { p.set(ctx, masters.at(path)); });
+}
+
+/// Each device parameter gradient against the host's: max |device - host| <= limit * max
+/// |host| (a NaN fails).
+template <class Host, class Device>
+void compare_gradients(const std::string& tag, precis::cuda_context& ctx, Host& host, Device& device,
+                       double limit) {
+  std::map<std::string, std::vector<float>> host_grads;
+  host.for_each_parameter([&](const std::string& path, const auto& p) {
+    host_grads[path] = std::vector<float>(p.grad().begin(), p.grad().end());
+  });
+  device.for_each_parameter([&](const std::string& path, const auto& p) {
+    const auto got = precis::to_host(p.grad(), ctx.stream());
+    const auto& want = host_grads.at(path);
+    double err = 0, norm = 0;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      if (!std::isfinite(double(got.data()[i]))) err = HUGE_VAL;  // NaN must not pass
+      err = std::max(err, std::abs(double(got.data()[i]) - double(want[i])));
+      norm = std::max(norm, std::abs(double(want[i])));
+    }
+    expect(err <= limit * norm, tag + " gradient of " + path);
+  });
+}
+
+/// Builds `blueprint` under P on both sides (rank R in and out), copies the masters, and
+/// compares one forward and backward pass on random data of the given shapes, within
+/// `factor` times the storage (output) and gradient types' bounds.
+template <class P, std::size_t R, class Blueprint>
+void compare_models(precis::cuda_context& ctx, const std::string& tag, const Blueprint& blueprint,
+                    const std::array<std::size_t, R>& x_shape, const std::array<std::size_t, R>& dy_shape,
+                    double factor = 4) {
+  using S = typename P::storage_type;
+  using G = typename P::gradient_type;
+  const precis::cpu_context cpu{2};
+  auto host = precis::nn::build<S, R>(P{}, blueprint, {.seed = 7});
+  auto device = precis::nn::build<S, R, precis::cuda_context>(P{}, blueprint, {.seed = 7});
+  copy_masters(ctx, host, device);
+  device.zero_grad(ctx);
+  host.zero_grad();
+  const auto x = random_tensor<S, R>(x_shape);
+  const auto dy = random_tensor<G, R>(dy_shape, 0.1F);
+  const auto xd = to_device(x);
+  const auto dyd = to_device(dy);
+  compare(tag + " forward", ctx, device.forward(ctx, xd), host.forward(cpu, x), factor * bound<S>());
+  compare(tag + " input gradient", ctx, device.backward(ctx, dyd), host.backward(cpu, dy), factor * bound<G>());
+  compare_gradients(tag, ctx, host, device, factor * bound<G>());
+}
+
+}  // namespace precis_test
