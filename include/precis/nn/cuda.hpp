@@ -27,6 +27,7 @@
 #include <precis/kernels/cuda/conv.hpp>
 #include <precis/kernels/cuda/elementwise.hpp>
 #include <precis/kernels/cuda/gemm.hpp>
+#include <precis/kernels/cuda/loss.hpp>
 #include <precis/kernels/cuda/norm.hpp>
 #include <precis/kernels/cuda/pooling.hpp>
 #include <precis/kernels/cuda/reduce.hpp>
@@ -131,5 +132,6 @@ struct context_traits<cuda_context> {
 }  // namespace precis::nn
 
 #include <precis/nn/nn.hpp>
+#include <precis/nn/cuda_train.hpp>
 
 #endif  // __CUDACC__

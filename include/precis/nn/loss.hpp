@@ -9,6 +9,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 namespace precis::nn {
 
@@ -17,8 +18,14 @@ namespace precis::nn {
 /// sum over the batch) unless P waives it: an `unsafe` float16 policy then sums the loss in
 /// float16, the failure the rule exists for. backward(dloss) gives dloss * (softmax -
 /// onehot) / batch in P's gradient type; pass the loss scale as dloss when scaling.
-template <Policy P, std::integral Target = std::int32_t>
+///
+/// On cuda_context (a partial specialisation in <precis/nn/cuda.hpp>) the targets are a
+/// device tensor and the loss value is written to device memory.
+template <Policy P, std::integral Target = std::int32_t, class Ctx = cpu_context>
 class basic_softmax_cross_entropy {
+  static_assert(std::is_same_v<Ctx, cpu_context>,
+                "precis: the device softmax_cross_entropy is declared in <precis/nn/cuda.hpp>; "
+                "include it first, from CUDA code");
   using S = typename P::storage_type;
   using G = typename P::gradient_type;
 
@@ -73,14 +80,14 @@ class basic_softmax_cross_entropy {
 
 /// The softmax cross-entropy loss under P resolved for losses (float math and sums by
 /// rule::fp32_operation unless P waives it).
-template <Policy P, std::integral Target = std::int32_t>
-using softmax_cross_entropy = basic_softmax_cross_entropy<kernel_policy_t<op::loss, P>, Target>;
+template <Policy P, std::integral Target = std::int32_t, class Ctx = cpu_context>
+using softmax_cross_entropy = basic_softmax_cross_entropy<kernel_policy_t<op::loss, P>, Target, Ctx>;
 
 /// The softmax cross-entropy loss under the policy `Map` gives `Tag` (op::loss): the loss
 /// of a model built from that map reads the model's output type when the map gives the
 /// loss the storage type of the model's last layer.
-template <Layer Tag, class Map, std::integral Target = std::int32_t>
-using softmax_cross_entropy_for = basic_softmax_cross_entropy<policy_for_t<Tag, Map>, Target>;
+template <Layer Tag, class Map, std::integral Target = std::int32_t, class Ctx = cpu_context>
+using softmax_cross_entropy_for = basic_softmax_cross_entropy<policy_for_t<Tag, Map>, Target, Ctx>;
 
 /// How many rows of `logits` have their largest value (the first, on ties) at the target.
 template <class T, std::integral I>

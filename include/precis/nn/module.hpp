@@ -301,7 +301,7 @@ concept has_policy = leaf<M> && requires { typename M::policy_type; };
 /// compute no input gradient. Their input-gradient buffer is left empty, so precis::diagnostics
 /// sees no values there rather than stale ones.
 template <class M, class Ctx, class D>
-void backward_parameters(M& m, Ctx ctx, const D& dy) {
+void backward_parameters(M& m, Ctx&& ctx, const D& dy) {
   if constexpr (requires { m.backward_parameters(ctx, dy); }) {
     m.backward_parameters(ctx, dy);
   } else {

@@ -83,8 +83,16 @@ concept averaging_scaler = requires(Scaler& s, std::vector<std::span<float>>& g)
 /// Compile-time checks: the loss reads the model's output type and gives its gradient
 /// type, and every layer's gradients fit the scaler (rule b: float16 gradients need a
 /// scaler that scales, unless the layer's policy waives rule::unscaled_gradients).
-template <class Model, class Loss, class Optimizer, class Scaler, class Schedule = no_schedule>
+///
+/// `Ctx`, the model's context, picks the implementation: this one for cpu_context; the
+/// device trainer for cuda_context is a partial specialisation in <precis/nn/cuda.hpp>
+/// (the whole step queued on the context's stream, records read back when asked).
+template <class Model, class Loss, class Optimizer, class Scaler, class Schedule = no_schedule,
+          class Ctx = typename Model::context_type>
 class trainer {
+  static_assert(std::is_same_v<Ctx, cpu_context>,
+                "precis: the device nn::trainer is declared in <precis/nn/cuda.hpp>; include it "
+                "first, from CUDA code");
   static_assert(std::is_same_v<typename Model::output_type, typename Loss::input_type> &&
                     std::is_same_v<typename Model::output_grad_type, typename Loss::input_grad_type>,
                 "precis: the loss must read the model's output type and give its gradient type; "

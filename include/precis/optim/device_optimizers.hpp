@@ -288,7 +288,15 @@ class basic_device_optimizer {
                          std::vector<bool> decay, const std::vector<double>& lr_by_step)
       : options_(o),
         state_(ctx, Kind::name, masters, gradients, std::move(decay),
-               static_cast<int>(Kind::states.size()), table(o, lr_by_step)) {}
+               static_cast<int>(Kind::states.size()), table(o, lr_by_step)),
+        lrs_({lr_by_step.size()}) {
+    if (!lr_by_step.empty()) {
+      check(cudaMemcpyAsync(lrs_.data(), lr_by_step.data(), lr_by_step.size() * sizeof(double),
+                            cudaMemcpyHostToDevice, ctx.stream()),
+            "cudaMemcpyAsync");
+      ctx.synchronize();  // `lr_by_step` is the caller's
+    }
+  }
   /// The same with the options' learning rate, for `max_steps` queued steps.
   basic_device_optimizer(cuda_context& ctx, const std::vector<device_span<float>>& masters,
                          const std::vector<device_span<float>>& gradients, options_type o,
@@ -313,6 +321,11 @@ class basic_device_optimizer {
   std::uint64_t steps(cuda_context& ctx) const { return state_.applied(ctx); }
   /// Device pointer to the applied-step count, for kernels that follow the optimizer.
   const std::uint64_t* applied_steps() const { return state_.applied_pointer(); }
+  /// Device pointer to the learning rates by applied step (lr_by_step; element t - 1 is
+  /// applied step t's), for step records.
+  const double* learning_rates() const { return lrs_.data(); }
+  /// How many learning rates learning_rates() holds.
+  std::size_t learning_rate_count() const { return lrs_.size(); }
 
   /// Takes the state and the step count of `host` (over masters of the same sizes); waits
   /// for the copies. Throws precis::error when the sizes differ or the count exceeds the
@@ -366,6 +379,7 @@ class basic_device_optimizer {
 
   options_type options_;
   detail::cuda::device_optimizer_state<typename Kind::constants> state_;
+  device_tensor<double, 1> lrs_;
 };
 
 /// AdamW on the device, with precis::adamw's bits (see basic_device_optimizer).

@@ -273,6 +273,13 @@ namespace detail {
 /// target adds the same terms in the same order: the same bits everywhere.
 template <class T>
 void add_squares(std::span<T> span, std::array<double, 8>& sums) {
+#if defined(__CUDACC__)
+  // nvcc cannot instantiate host-device templates (mul) with GCC vector types: one element
+  // at a time, each into the same sum in the same order as the vectors below.
+  for (std::size_t i = 0; i < span.size(); ++i) {
+    sums[i % 8] += mul(double(float(span[i])), double(float(span[i])));
+  }
+#else
   constexpr std::size_t bytes = vmath::lanes * sizeof(float);
   using vd = double __attribute__((vector_size(bytes)));
   constexpr std::size_t width = bytes / sizeof(double);
@@ -298,6 +305,7 @@ void add_squares(std::span<T> span, std::array<double, 8>& sums) {
   for (std::size_t i = whole; i < n; ++i) {
     sums[i % 8] += mul(double(float(span[i])), double(float(span[i])));
   }
+#endif
 }
 
 }  // namespace detail

@@ -16,6 +16,7 @@
 #include <precis/scaling/checkpoint.hpp>
 #include <precis/scaling/fp8.hpp>
 #include <precis/scaling/scalers.hpp>
+#include <precis/tensor/device_span.hpp>
 #include <precis/tensor/device_tensor.hpp>
 
 #if defined(__CUDACC__)
@@ -391,6 +392,116 @@ void scaled_cast_async(cuda_context& ctx, const device_tensor<T, N>& x, device_t
       x.data(), out.data(), x.size(), scale, amax);
   check(cudaGetLastError(), "precis::scaled_cast_async");
 }
+
+namespace detail::cuda {
+
+// Templates, so that every translation unit may define them (see update_scale_kernel).
+
+/// partial[b] = the sum of squares of chunk b's elements, in double (each square exact),
+/// each thread's strided share in order, then the block's tree: a fixed order.
+template <class T = float>
+__global__ void square_sums(const chunk<T>* chunks, double* partial) {
+  __shared__ double shared[32];
+  const chunk<T> c = chunks[blockIdx.x];
+  double s = 0.0;
+  for (std::uint32_t i = threadIdx.x; i < c.size; i += blockDim.x) {
+    const double v = double(c.data[i]);
+    s = __dadd_rn(s, __dmul_rn(v, v));
+  }
+  s = block_reduce(s, [](double a, double b) { return __dadd_rn(a, b); }, shared);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+/// *norm = sqrt(the partial sums added in a fixed order); *factor = the clipping factor
+/// max_norm / (norm + 1e-6) rounded to float when the norm is finite and above max_norm
+/// (max_norm > 0), else 1 (clip_grad_norm's rule).
+template <class T = float>
+__global__ void finish_norm(const double* partial, unsigned count, double max_norm, double* norm,
+                            float* factor) {
+  __shared__ double shared[32];
+  double s = 0.0;
+  for (unsigned i = threadIdx.x; i < count; i += blockDim.x) s = __dadd_rn(s, partial[i]);
+  s = block_reduce(s, [](double a, double b) { return __dadd_rn(a, b); }, shared);
+  if (threadIdx.x == 0) {
+    const double n = ::sqrt(s);
+    *norm = n;
+    *factor = max_norm > 0.0 && ::isfinite(n) && n > max_norm ? static_cast<float>(max_norm / (n + 1e-6)) : 1.0f;
+  }
+}
+
+/// Every element times *factor, rounded once (clip_grad_norm's update); nothing when the
+/// factor is 1.
+template <class T = float>
+__global__ void scale_chunks(const chunk<T>* chunks, const float* factor) {
+  const float f = *factor;
+  if (f == 1.0f) return;
+  const chunk<T> c = chunks[blockIdx.x];
+  for (std::uint32_t i = threadIdx.x; i < c.size; i += blockDim.x) c.data[i] = T(__fmul_rn(float(c.data[i]), f));
+}
+
+}  // namespace detail::cuda
+
+/// The float gradients of a device model (its gradients(), at fixed addresses) as one chunk
+/// table made once, for the multi-tensor passes of a training step: unscale with found-inf,
+/// the joint L2 norm and clipping. Each pass is one or two launches on ctx's stream, with
+/// no host synchronisation and no allocation, so a step built from them can be captured
+/// into a CUDA graph.
+///
+/// The norm is accumulated in double, as the host's grad_norm, in another fixed order
+/// (each chunk's threads, then the chunks): the same value on every device and run, within
+/// a few double roundings of the host's.
+class device_gradient_set {
+ public:
+  /// The chunk table of `gradients` (device spans of float), uploaded on ctx's stream.
+  device_gradient_set(cuda_context& ctx, const std::vector<device_span<float>>& gradients) {
+    std::vector<detail::cuda::chunk<float>> chunks;
+    for (const auto& g : gradients) {
+      detail::cuda::for_each_chunk(g.size(), [&](std::size_t b, std::size_t n) {
+        chunks.push_back({g.data() + b, static_cast<std::uint32_t>(n)});
+      });
+    }
+    count_ = static_cast<unsigned>(chunks.size());
+    if (count_ == 0) return;
+    chunks_ = device_tensor<detail::cuda::chunk<float>, 1>({chunks.size()});
+    partial_ = device_tensor<double, 1>({chunks.size()});
+    check(cudaMemcpyAsync(chunks_.data(), chunks.data(), chunks.size() * sizeof(chunks[0]),
+                          cudaMemcpyHostToDevice, ctx.stream()),
+          "cudaMemcpyAsync");
+    ctx.synchronize();  // `chunks` is this frame's
+  }
+
+  /// Divides every gradient by `*scale` (device) and sets `*found_inf` (device; zeroed by
+  /// the caller) when a result is infinite or NaN, as unscale_and_check_async.
+  void unscale_async(cuda_context& ctx, const float* scale, int* found_inf) const {
+    if (count_ == 0) return;
+    detail::cuda::unscale_chunks<float><<<count_, 256, 0, ctx.stream()>>>(chunks_.data(), scale, found_inf);
+    check(cudaGetLastError(), "precis::device_gradient_set::unscale_async");
+  }
+  /// Writes the joint L2 norm to `*norm` and the clipping factor for `max_norm` to
+  /// `*factor` (both device; 1 when max_norm is 0, the norm is within it, or it is not
+  /// finite).
+  void norm_async(cuda_context& ctx, double max_norm, double* norm, float* factor) {
+    if (count_ != 0) {
+      detail::cuda::square_sums<<<count_, 256, 0, ctx.stream()>>>(chunks_.data(), partial_.data());
+      check(cudaGetLastError(), "precis::device_gradient_set::norm_async");
+    }
+    detail::cuda::finish_norm<<<1, 256, 0, ctx.stream()>>>(partial_.data(), count_, max_norm, norm, factor);
+    check(cudaGetLastError(), "precis::device_gradient_set::norm_async");
+  }
+  /// Multiplies every gradient by `*factor` (device) unless it is 1.
+  void clip_async(cuda_context& ctx, const float* factor) const {
+    if (count_ == 0) return;
+    detail::cuda::scale_chunks<<<count_, 256, 0, ctx.stream()>>>(chunks_.data(), factor);
+    check(cudaGetLastError(), "precis::device_gradient_set::clip_async");
+  }
+  /// Chunks in the table (blocks per pass).
+  unsigned chunks() const { return count_; }
+
+ private:
+  device_tensor<detail::cuda::chunk<float>, 1> chunks_;
+  device_tensor<double, 1> partial_;
+  unsigned count_ = 0;
+};
 
 }  // namespace precis
 

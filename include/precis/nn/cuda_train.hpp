@@ -1,0 +1,370 @@
+/// @file
+/// Training on the device: the softmax cross-entropy loss and nn::trainer on cuda_context.
+/// Included by <precis/nn/cuda.hpp>; CUDA code only.
+///
+///     nn::softmax_cross_entropy<presets::bf16_mixed, std::int32_t, cuda_context> loss;
+///     precis::device_adamw opt(ctx, model.masters(), model.gradients(), {.lr = 1e-3},
+///                              model.decay_mask(), schedule.lr_table(total_steps));
+///     precis::dynamic_scaler scaler;
+///     nn::trainer train(ctx, model, loss, opt, scaler, {.max_grad_norm = 1.0});
+///     train.step(ctx, x, targets);              // queued; nothing waits
+///     for (const auto& r : train.records(ctx))  // waits, reads the steps since the last call
+///       std::printf("%g %g\n", r.loss, r.scale);
+///
+/// A step is queued on the context's stream in the host trainer's order: gradients zeroed,
+/// forward, loss, scaled backward (dloss read from the device scale), one multi-tensor
+/// unscale with found-inf, the joint norm and clipping, a step record, the optimizer (which
+/// skips on the device when found-inf is set, and takes its learning rate from a table
+/// indexed by its applied-step count), the scale update, the working copies refreshed. The
+/// host reads nothing: what a step did goes to a ring of records in device memory, read
+/// back by records() (and, when the ring is full, by the next step, which then waits).
+/// After the first step a step allocates nothing, so it can be captured as a CUDA graph
+/// (capture()) and replayed (replay()).
+#pragma once
+
+#include <precis/config.hpp>
+
+#if defined(__CUDACC__)
+
+#include <precis/kernels/cuda/loss.hpp>
+#include <precis/kernels/cuda/scaling_kernels.hpp>
+#include <precis/kernels/cuda_context.hpp>
+#include <precis/nn/loss.hpp>
+#include <precis/nn/train.hpp>
+#include <precis/optim/device_optimizers.hpp>
+#include <precis/scaling/scalers.hpp>
+#include <precis/tensor/device_tensor.hpp>
+
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace precis::nn {
+
+/// The softmax cross-entropy loss on the device (see the host basic_softmax_cross_entropy):
+/// the same rules and formulas, the targets a device tensor, the loss value written to a
+/// one-element device tensor so that nothing waits for it. A target outside [0, classes)
+/// makes the loss NaN (the device cannot refuse it without waiting), so a scaler skips the
+/// step.
+template <Policy P, std::integral Target>
+class basic_softmax_cross_entropy<P, Target, cuda_context> {
+  using S = typename P::storage_type;
+  using G = typename P::gradient_type;
+
+ public:
+  /// Its name in error messages: "softmax_cross_entropy".
+  static constexpr std::string_view name = "softmax_cross_entropy";
+  /// The (resolved) policy it runs under.
+  using policy_type = P;
+  /// Element type of the logits forward() reads: P's storage type.
+  using input_type = S;
+  /// Element type of the gradient backward() returns: P's gradient type.
+  using input_grad_type = G;
+  /// It reads logits [batch, classes].
+  static constexpr std::size_t input_rank = 2;
+  /// Integer type of the class targets.
+  using target_type = Target;
+  /// The targets' tensor, in device memory.
+  using target_tensor = device_tensor<Target, 1>;
+  /// The type the loss value is computed and kept in.
+  using value_type = precis::detail::math_t<op::loss, P, S>;
+
+  /// Writes the loss of `logits` against `targets` to value() and returns it; keeps both
+  /// addresses for backward(). Throws precis::error for targets of another length or an
+  /// empty batch, before any launch.
+  const device_tensor<value_type, 1>& forward(cuda_context& ctx, const device_tensor<S, 2>& logits,
+                                              const target_tensor& targets) {
+    precis::cross_entropy<P>(ctx, logits, targets, loss_);
+    logits_.set(logits);
+    targets_ = &targets;
+    return loss_;
+  }
+  /// dloss * (softmax - onehot) / batch for the last forward pass, in P's gradient type;
+  /// `dloss` a host value or a device float (a loss scale kept on the device). Throws
+  /// precis::error without a forward pass.
+  const device_tensor<G, 2>& backward(cuda_context& ctx, device_dloss dloss = 1.0) {
+    const auto& logits = logits_.get(name);
+    detail::ensure(dx_, detail::shape_of<2>(logits));
+    precis::cross_entropy_backward<P>(ctx, logits, *targets_, dx_, dloss);
+    return dx_;
+  }
+  /// The loss of the last forward pass (device memory).
+  const device_tensor<value_type, 1>& value() const { return loss_; }
+  /// "-": the loss has no parameters.
+  std::string shape() const { return "-"; }
+  /// Bytes of its gradient buffer and value.
+  std::size_t own_bytes() const { return detail::bytes_of(dx_) + detail::bytes_of(loss_); }
+
+ private:
+  detail::saved<device_tensor<S, 2>> logits_;
+  const target_tensor* targets_ = nullptr;
+  device_tensor<G, 2> dx_;
+  device_tensor<value_type, 1> loss_{{1}};
+};
+
+/// One step as the device writes it into a trainer's ring (step_record without the host's
+/// step index).
+struct device_step_record {
+  double loss;       ///< the loss (not scaled)
+  double grad_norm;  ///< joint L2 norm of the unscaled gradients, before clipping
+  double lr;         ///< the learning rate of the step (the optimizer's table)
+  float scale;       ///< the loss scale the gradients were computed with
+  float next_scale;  ///< the loss scale for the next step
+  int skipped;       ///< 1 when a gradient was infinite or NaN and the optimizer did not step
+  int pad;           ///< unused
+};
+
+namespace detail::cuda {
+
+/// What a trainer's step keeps in device memory besides the scaler's state.
+struct step_scratch {
+  double norm;              ///< the gradients' joint norm
+  float factor;             ///< the clipping factor (1: none)
+  int found_inf;            ///< set by the unscale
+  std::uint64_t position;   ///< steps written into the ring so far
+};
+
+// Templates, so that every translation unit may define them.
+template <class L = float>
+__global__ void write_record(device_step_record* ring, std::uint64_t capacity, const step_scratch* s,
+                             const L* loss, const device_scaler_state* scaler, const double* lrs,
+                             std::uint64_t lr_count, const std::uint64_t* applied) {
+  device_step_record& r = ring[s->position % capacity];
+  r.loss = double(*loss);
+  r.grad_norm = s->norm;
+  const std::uint64_t t = *applied;
+  r.lr = t < lr_count ? lrs[t] : ::nan("");
+  r.scale = scaler->scale;
+  r.skipped = s->found_inf != 0 ? 1 : 0;
+  r.pad = 0;
+}
+template <class T = float>
+__global__ void finish_record(device_step_record* ring, std::uint64_t capacity, step_scratch* s,
+                              const device_scaler_state* scaler) {
+  ring[s->position % capacity].next_scale = scaler->scale;
+  ++s->position;
+}
+
+}  // namespace detail::cuda
+
+/// What a device trainer needs of its optimizer (precis::device_adamw, device_sgd).
+template <class O>
+concept device_optimizer = requires(O& o, cuda_context& ctx, const int* found_inf) {
+  o.step_async(ctx, found_inf);
+  { o.learning_rates() } -> std::convertible_to<const double*>;
+  { o.learning_rate_count() } -> std::convertible_to<std::size_t>;
+  { o.applied_steps() } -> std::convertible_to<const std::uint64_t*>;
+};
+
+/// The trainer on cuda_context (see the file comment): one batch per step, the whole step
+/// queued on the context's stream with no host synchronisation (except when the ring of
+/// records is full), step records read back by records(). The scaler is the host object
+/// whose state the device mirrors: a dynamic_scaler's scale and counters are loaded when
+/// the trainer is made and written back by store_scaler(); static_scaler and no_scaling
+/// keep their fixed scale. The learning-rate schedule is the optimizer's table.
+template <class Model, class Loss, class Optimizer, class Scaler, class Schedule>
+class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
+  static_assert(std::is_same_v<typename Model::output_type, typename Loss::input_type> &&
+                    std::is_same_v<typename Model::output_grad_type, typename Loss::input_grad_type>,
+                "precis: the loss must read the model's output type and give its gradient type; "
+                "give the loss's tag the policy of the model's last layer in the map");
+  static_assert(Model::output_rank == Loss::input_rank,
+                "precis: the loss reads tensors of another rank than the model gives");
+  static_assert(check_scaler<typename Loss::policy_type, Scaler>());
+  static_assert(std::is_same_v<Schedule, no_schedule>,
+                "precis: on the device the learning-rate schedule is the optimizer's table "
+                "(device_adamw(..., schedule.lr_table(steps))); make the trainer without one");
+  static_assert(device_optimizer<Optimizer>,
+                "precis: a device model steps with precis::device_adamw or precis::device_sgd");
+  static_assert(std::is_same_v<Scaler, dynamic_scaler> || std::is_same_v<Scaler, static_scaler> ||
+                    std::is_same_v<Scaler, no_scaling>,
+                "precis: the device trainer takes dynamic_scaler, static_scaler or no_scaling "
+                "(one process)");
+  static constexpr bool dynamic = std::is_same_v<Scaler, dynamic_scaler>;
+
+ public:
+  /// What the model's forward() reads.
+  using input_tensor = typename Model::input_tensor;
+  /// What the loss reads as targets.
+  using target_tensor = typename Loss::target_tensor;
+
+  /// A trainer whose ring holds `ring` records between two reads. Loads the scaler's state
+  /// into device memory (waits for that copy). Throws precis::error when `o.max_grad_norm`
+  /// is negative or NaN, or `ring` is 0.
+  trainer(cuda_context& ctx, Model& model, Loss& loss, Optimizer& opt, Scaler& scaler,
+          train_options o = {}, std::size_t ring = 1024)
+      : model_(&model),
+        loss_(&loss),
+        opt_(&opt),
+        scaler_(&scaler),
+        options_(o),
+        grads_(ctx, model.gradients()),
+        state_({1}),
+        scratch_({1}),
+        ring_({ring}),
+        first_step_(scaler.steps()) {
+    (void)model_->template check_scaler<Scaler>();
+    if (!(options_.max_grad_norm >= 0.0)) throw error("precis::nn::trainer: max_grad_norm must be >= 0");
+    if (ring == 0) throw error("precis::nn::trainer: the ring of step records needs at least one slot");
+    if constexpr (dynamic) {
+      load_device_state(ctx, scaler, state_.data());
+    } else {
+      const device_scaler_state fixed{scaler.scale(), 0, 0};
+      check(cudaMemcpyAsync(state_.data(), &fixed, sizeof fixed, cudaMemcpyHostToDevice, ctx.stream()),
+            "cudaMemcpyAsync");
+    }
+    check(cudaMemsetAsync(scratch_.data(), 0, sizeof(detail::cuda::step_scratch), ctx.stream()),
+          "cudaMemsetAsync");
+    ctx.synchronize();
+  }
+  trainer(const trainer&) = delete;
+  trainer& operator=(const trainer&) = delete;
+  ~trainer() {
+    if (graph_ != nullptr) (void)cudaGraphExecDestroy(graph_);
+  }
+
+  /// Queues one optimizer step on `inputs` and `targets` (device tensors that must stay
+  /// unchanged until the step has run). Throws precis::error for inputs or targets of a
+  /// shape the model or the loss refuses, before any launch.
+  void step(cuda_context& ctx, const input_tensor& inputs, const target_tensor& targets) {
+    make_room(ctx);
+    queue(ctx, inputs, targets);
+    ++queued_;
+  }
+
+  /// Records the step on `inputs` and `targets` as a CUDA graph instead of running it
+  /// (replacing one captured before); replay() runs it on whatever those tensors hold then.
+  /// Needs an eager step() on tensors of the same shapes first (the buffers and cuBLASLt's
+  /// plans are made there); throws precis::error otherwise, or when capture fails.
+  void capture(cuda_context& ctx, const input_tensor& inputs, const target_tensor& targets) {
+    if (queued_ == 0) {
+      throw error("precis::nn::trainer::capture: run one step() on tensors of these shapes first");
+    }
+    make_room(ctx);
+    cudaGraph_t g = nullptr;
+    check(cudaStreamBeginCapture(ctx.stream(), cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    try {
+      queue(ctx, inputs, targets);
+    } catch (...) {
+      (void)cudaStreamEndCapture(ctx.stream(), &g);
+      if (g != nullptr) (void)cudaGraphDestroy(g);
+      throw;
+    }
+    check(cudaStreamEndCapture(ctx.stream(), &g), "cudaStreamEndCapture (a step queued something "
+          "that cannot be captured)");
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
+    (void)cudaGraphDestroy(g);
+    check(e, "cudaGraphInstantiate");
+    if (graph_ != nullptr) (void)cudaGraphExecDestroy(graph_);
+    graph_ = exec;
+  }
+  /// Runs the captured step once more, on ctx's stream. Throws precis::error without a
+  /// capture.
+  void replay(cuda_context& ctx) {
+    if (graph_ == nullptr) throw error("precis::nn::trainer::replay: no step was captured");
+    make_room(ctx);
+    check(cudaGraphLaunch(graph_, ctx.stream()), "cudaGraphLaunch");
+    ++queued_;
+  }
+
+  /// The records of the steps queued since the last call, in order (waits for them).
+  std::vector<step_record> records(cuda_context& ctx) {
+    drain(ctx);
+    std::vector<step_record> out;
+    out.swap(pending_);
+    return out;
+  }
+  /// Steps queued (eager and replayed) since the trainer was made.
+  std::uint64_t queued() const { return queued_; }
+  /// Writes the device scaler state back into the host scaler (a dynamic_scaler's scale
+  /// and counters; nothing for the fixed scalers), e.g. before save_checkpoint; waits.
+  void store_scaler(cuda_context& ctx) {
+    if constexpr (dynamic) store_device_state(ctx, state_.data(), *scaler_);
+  }
+
+ private:
+  // The step's launches, in the host trainer's order (nn/train.hpp).
+  void queue(cuda_context& ctx, const input_tensor& inputs, const target_tensor& targets) {
+    // Shapes first, so that a bad batch queues nothing.
+    const auto out = model_->output_shape(detail::edge_shape_of<Model::input_rank>(inputs));
+    if (targets.shape()[0] != out[0]) {
+      throw error("precis::nn::trainer::step: " + std::to_string(targets.shape()[0]) + " targets for a batch of " +
+                  std::to_string(out[0]));
+    }
+    auto* s = scratch_.data();
+    const float* scale = &state_.data()->scale;
+    check(cudaMemsetAsync(&s->found_inf, 0, sizeof(int), ctx.stream()), "cudaMemsetAsync");
+    model_->zero_grad(ctx);
+    const auto& y = model_->forward(ctx, inputs, mode::train);
+    const auto& loss = loss_->forward(ctx, y, targets);
+    model_->backward_parameters(ctx, loss_->backward(ctx, device_dloss(scale)));
+    grads_.unscale_async(ctx, scale, &s->found_inf);
+    grads_.norm_async(ctx, options_.max_grad_norm, &s->norm, &s->factor);
+    if (options_.max_grad_norm > 0.0) grads_.clip_async(ctx, &s->factor);
+    detail::cuda::write_record<<<1, 1, 0, ctx.stream()>>>(ring_.data(), ring_.size(), s, loss.data(),
+                                                          state_.data(), opt_->learning_rates(),
+                                                          opt_->learning_rate_count(), opt_->applied_steps());
+    check(cudaGetLastError(), "precis::nn::trainer::step (record)");
+    opt_->step_async(ctx, &s->found_inf);
+    if constexpr (dynamic) update_scale_async(ctx, state_.data(), &s->found_inf, scaler_->options());
+    detail::cuda::finish_record<<<1, 1, 0, ctx.stream()>>>(ring_.data(), ring_.size(), s, state_.data());
+    check(cudaGetLastError(), "precis::nn::trainer::step (record)");
+    // Masters a skipped step left alone give the working copies they already have.
+    model_->refresh(ctx);
+  }
+  // Reads the ring when the next step would overwrite a record not yet read.
+  void make_room(cuda_context& ctx) {
+    if (queued_ - drained_ >= ring_.size()) drain(ctx);
+  }
+  void drain(cuda_context& ctx) {
+    const std::uint64_t n = queued_ - drained_;
+    if (n == 0) return;
+    std::vector<device_step_record> all(ring_.size());
+    check(cudaMemcpyAsync(all.data(), ring_.data(), all.size() * sizeof(all[0]), cudaMemcpyDeviceToHost,
+                          ctx.stream()),
+          "cudaMemcpyAsync");
+    ctx.synchronize();
+    for (std::uint64_t i = drained_; i < queued_; ++i) {
+      const device_step_record& d = all[i % ring_.size()];
+      step_record r;
+      r.step = first_step_ + i;
+      r.loss = d.loss;
+      r.scale = d.scale;
+      r.next_scale = d.next_scale;
+      r.skipped = d.skipped != 0;
+      r.grad_norm = d.grad_norm;
+      r.lr = d.lr;
+      pending_.push_back(r);
+    }
+    drained_ = queued_;
+  }
+
+  Model* model_;
+  Loss* loss_;
+  Optimizer* opt_;
+  Scaler* scaler_;
+  train_options options_;
+  device_gradient_set grads_;
+  device_tensor<device_scaler_state, 1> state_;
+  device_tensor<detail::cuda::step_scratch, 1> scratch_;
+  device_tensor<device_step_record, 1> ring_;
+  std::uint64_t first_step_;
+  std::uint64_t queued_ = 0, drained_ = 0;
+  std::vector<step_record> pending_;
+  cudaGraphExec_t graph_ = nullptr;
+};
+
+/// nn::trainer train(ctx, model, loss, optimizer, scaler[, options]): the device trainer.
+template <class Model, class Loss, class Optimizer, class Scaler>
+trainer(cuda_context&, Model&, Loss&, Optimizer&, Scaler&, train_options = {}, std::size_t = 1024)
+    -> trainer<Model, Loss, Optimizer, Scaler, no_schedule, cuda_context>;
+
+}  // namespace precis::nn
+
+#endif  // __CUDACC__

@@ -1,0 +1,196 @@
+// nn::trainer on the device against nn::trainer on the host: a small classifier built from
+// one blueprint with the same masters, trained for five steps on the same batches (the
+// third holding an infinite input, so that both skip it), under bf16_mixed without a scaler
+// and fp16_mixed with a dynamic scaler, with clipping. The records agree: the same skipped
+// steps, scales and learning rates, losses and norms within bounds; the optimizer's step
+// count is the host's. Then a step captured as a CUDA graph and replayed gives the bits of
+// the same steps run eagerly. Exits 77 (skipped) where no GPU is present.
+#include <precis/nn/cuda.hpp>  // first: the device kernels, then nn
+
+#include "nn_compare.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+using namespace precis_test;
+using namespace precis;
+
+struct fc1 : layer<op::matmul> {
+  static constexpr std::string_view name = "fc1";
+};
+struct fc2 : layer<op::matmul> {
+  static constexpr std::string_view name = "fc2";
+};
+
+constexpr std::size_t batch = 96, features = 24, classes = 10, steps = 5;
+
+auto classifier() { return nn::seq(nn::linear<fc1>(features, 48), nn::gelu(), nn::linear<fc2>(48, classes)); }
+
+template <class S>
+struct batch_data {
+  host_tensor<S, 2> x;
+  host_tensor<std::int32_t, 1> t;
+};
+
+template <class S>
+std::vector<batch_data<S>> batches() {
+  std::vector<batch_data<S>> out;
+  std::uniform_int_distribution<int> cls(0, int(classes) - 1);
+  for (std::size_t i = 0; i < steps; ++i) {
+    batch_data<S> b{random_tensor<S, 2>({batch, features}), host_tensor<std::int32_t, 1>::from_shape({batch})};
+    for (auto& v : b.t) v = cls(rng);
+    if (i == 2) b.x.data()[5] = S(std::numeric_limits<float>::infinity());
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+// Every master of a model, host or device, in its parameters' order.
+template <class Model>
+std::vector<float> masters_of(Model& m) {
+  std::vector<float> out;
+  m.for_each_parameter([&](const std::string&, auto& p) {
+    if constexpr (std::is_same_v<typename Model::context_type, cpu_context>) {
+      out.insert(out.end(), p.master().begin(), p.master().end());
+    } else {
+      const auto h = to_host(p.master());
+      out.insert(out.end(), h.begin(), h.end());
+    }
+  });
+  return out;
+}
+
+template <class P, class Scaler>
+void check_training(cuda_context& ctx, const std::string& tag) {
+  using S = typename P::storage_type;
+  const cpu_context cpu{2};
+  const auto data = batches<S>();
+  const adamw_options o{.lr = 3e-3, .weight_decay = 0.01};
+  const nn::train_options to{.max_grad_norm = 0.5};
+
+  auto host = nn::build<S, 2>(P{}, classifier(), {.seed = 11});
+  nn::softmax_cross_entropy<P> host_loss;
+  adamw host_opt(host.masters(), o, host.decay_mask());
+  Scaler host_scaler;
+  nn::trainer host_train(host, host_loss, host_opt, host_scaler, to);
+
+  auto dev = nn::build<S, 2, cuda_context>(P{}, classifier(), {.seed = 11});
+  copy_masters(ctx, host, dev);
+  nn::softmax_cross_entropy<P, std::int32_t, cuda_context> dev_loss;
+  device_adamw dev_opt(ctx, dev.masters(), dev.gradients(), o, dev.decay_mask(), 16);
+  Scaler dev_scaler;
+  nn::trainer dev_train(ctx, dev, dev_loss, dev_opt, dev_scaler, to, 3);  // a ring of 3: one wait
+
+  std::vector<nn::step_record> want;
+  std::vector<device_tensor<S, 2>> xs;
+  std::vector<device_tensor<std::int32_t, 1>> ts;
+  for (const auto& b : data) {
+    want.push_back(host_train.step(cpu, b.x, b.t));
+    xs.push_back(to_device(b.x));
+    ts.push_back(to_device(b.t));
+    dev_train.step(ctx, xs.back(), ts.back());
+  }
+  const auto got = dev_train.records(ctx);
+  expect(got.size() == want.size(), tag + ": one record per step");
+  for (std::size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    const std::string at = tag + " step " + std::to_string(i + 1);
+    expect(got[i].step == want[i].step, at + ": index");
+    expect(got[i].skipped == want[i].skipped, at + ": skipped as on the host");
+    expect(got[i].skipped == (i == 2), at + ": only the step with an infinite input is skipped");
+    expect(got[i].scale == want[i].scale && got[i].next_scale == want[i].next_scale, at + ": scales");
+    expect(got[i].lr == want[i].lr, at + ": learning rate");
+    if (!want[i].skipped) {
+      expect(std::abs(got[i].loss - want[i].loss) <= 2 * bound<S>() * std::abs(want[i].loss), at + ": loss");
+      expect(std::abs(got[i].grad_norm - want[i].grad_norm) <= 0.05 * want[i].grad_norm, at + ": gradient norm");
+    }
+  }
+  expect(dev_opt.steps(ctx) == host_opt.steps(), tag + ": applied steps");
+  // AdamW moves each weight by about lr per applied step whatever the gradient: the
+  // masters stay within a few steps' worth of the host's.
+  const auto a = masters_of(host), b = masters_of(dev);
+  double err = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) err = std::max(err, std::abs(double(a[i]) - double(b[i])));
+  expect(std::isfinite(err) && err <= 2 * o.lr * double(steps), tag + ": masters near the host's");
+  dev_train.store_scaler(ctx);
+  expect(dev_scaler.scale() == host_scaler.scale(), tag + ": the stored scale is the host's");
+}
+
+// The same steps eagerly and through a captured graph: the same bits.
+template <class P, class Scaler>
+void check_graph(cuda_context& ctx, const std::string& tag) {
+  using S = typename P::storage_type;
+  const auto data = batches<S>();
+  const adamw_options o{.lr = 3e-3};
+  auto host = nn::build<S, 2>(P{}, classifier(), {.seed = 5});
+  auto eager = nn::build<S, 2, cuda_context>(P{}, classifier(), {.seed = 5});
+  auto graph = nn::build<S, 2, cuda_context>(P{}, classifier(), {.seed = 5});
+  copy_masters(ctx, host, eager);
+  copy_masters(ctx, host, graph);
+  nn::softmax_cross_entropy<P, std::int32_t, cuda_context> l1, l2;
+  device_adamw o1(ctx, eager.masters(), eager.gradients(), o, eager.decay_mask(), 16);
+  device_adamw o2(ctx, graph.masters(), graph.gradients(), o, graph.decay_mask(), 16);
+  Scaler s1, s2;
+  nn::trainer t1(ctx, eager, l1, o1, s1, {.max_grad_norm = 0.5});
+  nn::trainer t2(ctx, graph, l2, o2, s2, {.max_grad_norm = 0.5});
+  std::vector<device_tensor<S, 2>> xs;
+  std::vector<device_tensor<std::int32_t, 1>> ts;
+  for (const auto& b : data) {
+    xs.push_back(to_device(b.x));
+    ts.push_back(to_device(b.t));
+  }
+  auto xb = to_device(data[0].x);
+  auto tb = to_device(data[0].t);
+  for (std::size_t i = 0; i < steps; ++i) t1.step(ctx, xs[i], ts[i]);
+  t2.step(ctx, xs[0], ts[0]);
+  t2.capture(ctx, xb, tb);
+  for (std::size_t i = 1; i < steps; ++i) {
+    check(cudaMemcpyAsync(xb.data(), xs[i].data(), xb.size() * sizeof(S), cudaMemcpyDeviceToDevice, ctx.stream()),
+          "cudaMemcpyAsync");
+    check(cudaMemcpyAsync(tb.data(), ts[i].data(), tb.size() * sizeof(std::int32_t), cudaMemcpyDeviceToDevice,
+                          ctx.stream()),
+          "cudaMemcpyAsync");
+    t2.replay(ctx);
+  }
+  const auto r1 = t1.records(ctx), r2 = t2.records(ctx);
+  expect(r1.size() == steps && r2.size() == steps, tag + " graph: a record per step, replays included");
+  bool same = r1.size() == r2.size();
+  for (std::size_t i = 0; same && i < r1.size(); ++i) {
+    same = std::memcmp(&r1[i].loss, &r2[i].loss, sizeof(double)) == 0 && r1[i].skipped == r2[i].skipped &&
+           r1[i].scale == r2[i].scale && r1[i].grad_norm == r2[i].grad_norm;
+  }
+  expect(same, tag + " graph: the replayed steps' records have the eager steps' bits");
+  const auto a = masters_of(eager), b = masters_of(graph);
+  expect(a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0,
+         tag + " graph: the masters have the eager steps' bits");
+  expect(r2.size() == steps && r2[2].skipped, tag + " graph: the replayed infinite batch is skipped");
+}
+
+}  // namespace
+
+int main() {
+  if (!have_gpu()) return skipped;
+  cuda_context ctx;
+  check_training<presets::bf16_mixed, no_scaling>(ctx, "bf16_mixed");
+  check_training<presets::fp16_mixed, dynamic_scaler>(ctx, "fp16_mixed");
+  check_graph<presets::fp16_mixed, dynamic_scaler>(ctx, "fp16_mixed");
+  // A batch of another width is refused before any launch, naming the layer.
+  {
+    using P = presets::bf16_mixed;
+    auto dev = nn::build<bfloat16, 2, cuda_context>(P{}, classifier());
+    nn::softmax_cross_entropy<P, std::int32_t, cuda_context> loss;
+    device_adamw opt(ctx, dev.masters(), dev.gradients(), {}, dev.decay_mask(), 4);
+    no_scaling scaler;
+    nn::trainer train(ctx, dev, loss, opt, scaler);
+    const auto x = to_device(random_tensor<bfloat16, 2>({4, features + 1}));
+    const auto t = to_device(host_tensor<std::int32_t, 1>::from_shape({4}));
+    expect_error("trainer: wrong width", [&] { train.step(ctx, x, t); }, "fc1");
+  }
+  return finish();
+}
