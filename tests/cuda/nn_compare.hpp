@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace precis_test {
@@ -49,13 +50,13 @@ void compare_gradients(const std::string& tag, precis::cuda_context& ctx, Host& 
   });
 }
 
-/// Builds `blueprint` under P on both sides (rank R in and out), copies the masters, and
-/// compares one forward and backward pass on random data of the given shapes, within
-/// `factor` times the storage (output) and gradient types' bounds.
+/// Builds `blueprint` under P on both sides (input rank R), copies the masters, and
+/// compares one forward and backward pass on random data (the input of shape x_shape, the
+/// output gradient of the model's output shape), within `factor` times the storage
+/// (output) and gradient types' bounds.
 template <class P, std::size_t R, class Blueprint>
 void compare_models(precis::cuda_context& ctx, const std::string& tag, const Blueprint& blueprint,
-                    const std::array<std::size_t, R>& x_shape, const std::array<std::size_t, R>& dy_shape,
-                    double factor = 4) {
+                    const std::array<std::size_t, R>& x_shape, double factor = 4) {
   using S = typename P::storage_type;
   using G = typename P::gradient_type;
   const precis::cpu_context cpu{2};
@@ -65,7 +66,8 @@ void compare_models(precis::cuda_context& ctx, const std::string& tag, const Blu
   device.zero_grad(ctx);
   host.zero_grad();
   const auto x = random_tensor<S, R>(x_shape);
-  const auto dy = random_tensor<G, R>(dy_shape, 0.1F);
+  const auto y_shape = host.output_shape(x_shape);
+  const auto dy = random_tensor<G, std::tuple_size_v<decltype(y_shape)>>(y_shape, 0.1F);
   const auto xd = to_device(x);
   const auto dyd = to_device(dy);
   compare(tag + " forward", ctx, device.forward(ctx, xd), host.forward(cpu, x), factor * bound<S>());

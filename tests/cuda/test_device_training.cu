@@ -3,10 +3,11 @@
 // third holding an infinite input, so that both skip it), under bf16_mixed without a scaler
 // and fp16_mixed with a dynamic scaler, with clipping. The records agree: the same skipped
 // steps, scales and learning rates, losses and norms within bounds; the optimizer's step
-// count is the host's. Then a step captured as a CUDA graph and replayed gives the bits of
+// count is the host's. The same for a small ViT (the example's blueprint). Then a step captured as a CUDA graph and replayed gives the bits of
 // the same steps run eagerly. Exits 77 (skipped) where no GPU is present.
 #include <precis/nn/cuda.hpp>  // first: the device kernels, then nn
 
+#include "../../examples/vit/model.hpp"
 #include "nn_compare.hpp"
 
 #include <cmath>
@@ -33,18 +34,20 @@ constexpr std::size_t batch = 96, features = 24, classes = 10, steps = 5;
 
 auto classifier() { return nn::seq(nn::linear<fc1>(features, 48), nn::gelu(), nn::linear<fc2>(48, classes)); }
 
-template <class S>
-struct batch_data {
-  host_tensor<S, 2> x;
+template <class S, std::size_t R>
+struct batch_data_r {
+  host_tensor<S, R> x;
   host_tensor<std::int32_t, 1> t;
 };
 
-template <class S>
-std::vector<batch_data<S>> batches() {
-  std::vector<batch_data<S>> out;
+// `steps` batches of inputs of shape x_shape and class targets; the third holds an
+// infinite input.
+template <class S, std::size_t R = 2>
+std::vector<batch_data_r<S, R>> batches(const std::array<std::size_t, R>& x_shape = {batch, features}) {
+  std::vector<batch_data_r<S, R>> out;
   std::uniform_int_distribution<int> cls(0, int(classes) - 1);
   for (std::size_t i = 0; i < steps; ++i) {
-    batch_data<S> b{random_tensor<S, 2>({batch, features}), host_tensor<std::int32_t, 1>::from_shape({batch})};
+    batch_data_r<S, R> b{random_tensor<S, R>(x_shape), host_tensor<std::int32_t, 1>::from_shape({x_shape[0]})};
     for (auto& v : b.t) v = cls(rng);
     if (i == 2) b.x.data()[5] = S(std::numeric_limits<float>::infinity());
     out.push_back(std::move(b));
@@ -67,21 +70,22 @@ std::vector<float> masters_of(Model& m) {
   return out;
 }
 
-template <class P, class Scaler>
-void check_training(cuda_context& ctx, const std::string& tag) {
+template <class P, class Scaler, std::size_t R = 2, class Blueprint = decltype(classifier())>
+void check_training(cuda_context& ctx, const std::string& tag, const Blueprint& blueprint = classifier(),
+                    const std::array<std::size_t, R>& x_shape = {batch, features}) {
   using S = typename P::storage_type;
   const cpu_context cpu{2};
-  const auto data = batches<S>();
+  const auto data = batches<S, R>(x_shape);
   const adamw_options o{.lr = 3e-3, .weight_decay = 0.01};
   const nn::train_options to{.max_grad_norm = 0.5};
 
-  auto host = nn::build<S, 2>(P{}, classifier(), {.seed = 11});
+  auto host = nn::build<S, R>(P{}, blueprint, {.seed = 11});
   nn::softmax_cross_entropy<P> host_loss;
   adamw host_opt(host.masters(), o, host.decay_mask());
   Scaler host_scaler;
   nn::trainer host_train(host, host_loss, host_opt, host_scaler, to);
 
-  auto dev = nn::build<S, 2, cuda_context>(P{}, classifier(), {.seed = 11});
+  auto dev = nn::build<S, R, cuda_context>(P{}, blueprint, {.seed = 11});
   copy_masters(ctx, host, dev);
   nn::softmax_cross_entropy<P, std::int32_t, cuda_context> dev_loss;
   device_adamw dev_opt(ctx, dev.masters(), dev.gradients(), o, dev.decay_mask(), 16);
@@ -89,7 +93,7 @@ void check_training(cuda_context& ctx, const std::string& tag) {
   nn::trainer dev_train(ctx, dev, dev_loss, dev_opt, dev_scaler, to, 3);  // a ring of 3: one wait
 
   std::vector<nn::step_record> want;
-  std::vector<device_tensor<S, 2>> xs;
+  std::vector<device_tensor<S, R>> xs;
   std::vector<device_tensor<std::int32_t, 1>> ts;
   for (const auto& b : data) {
     want.push_back(host_train.step(cpu, b.x, b.t));
@@ -180,6 +184,11 @@ int main() {
   check_training<presets::bf16_mixed, no_scaling>(ctx, "bf16_mixed");
   check_training<presets::fp16_mixed, dynamic_scaler>(ctx, "fp16_mixed");
   check_graph<presets::fp16_mixed, dynamic_scaler>(ctx, "fp16_mixed");
+  // A small ViT (the example's blueprint), three layers of every kind it has.
+  const vit::config c{.image = 16, .patch = 4, .channels = 1, .width = 32, .heads = 2, .classes = classes};
+  check_training<presets::bf16_mixed, no_scaling, 4>(ctx, "vit bf16_mixed", vit::blueprint<2>(c), {32, 1, 16, 16});
+  check_training<presets::fp16_mixed, dynamic_scaler, 4>(ctx, "vit fp16_mixed", vit::blueprint<2>(c),
+                                                         {32, 1, 16, 16});
   // A batch of another width is refused before any launch, naming the layer.
   {
     using P = presets::bf16_mixed;

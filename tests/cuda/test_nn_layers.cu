@@ -4,6 +4,7 @@
 // (skipped) where no GPU is present.
 #include <precis/nn/cuda.hpp>  // first: the device kernels, then nn
 
+#include "../../examples/vit/model.hpp"
 #include "nn_compare.hpp"
 
 #include <string>
@@ -25,9 +26,22 @@ auto mlp() { return nn::seq(nn::linear<fc1>(24, 40), nn::relu(), nn::linear<fc2>
 
 template <class P>
 void check_linear(cuda_context& ctx, const std::string& tag) {
-  compare_models<P, 2>(ctx, tag + " mlp", mlp(), {150, 24}, {150, 10});
+  compare_models<P, 2>(ctx, tag + " mlp", mlp(), {150, 24});
   // Rank 3: the leading axes are rows of one product.
-  compare_models<P, 3>(ctx, tag + " linear rank 3", nn::linear<fc1>(24, 40), {3, 70, 24}, {3, 70, 40});
+  compare_models<P, 3>(ctx, tag + " linear rank 3", nn::linear<fc1>(24, 40), {3, 70, 24});
+}
+
+// The layers of a Vision Transformer, alone and together.
+template <class P>
+void check_vit_layers(cuda_context& ctx, const std::string& tag) {
+  compare_models<P, 3>(ctx, tag + " softmax", nn::softmax(), {2, 5, 37});
+  compare_models<P, 3>(ctx, tag + " attention", nn::attention(32, 4), {3, 17, 32});
+  compare_models<P, 3>(ctx, tag + " class token and position embedding",
+                       nn::seq(nn::class_token(16), nn::position_embedding(10, 16)), {70, 9, 16});
+  compare_models<P, 4>(ctx, tag + " patchify", nn::patchify(4), {2, 3, 8, 12}, 1);
+  compare_models<P, 3>(ctx, tag + " select_token", nn::seq(nn::select_token(2), nn::linear<fc1>(16, 8)), {5, 4, 16});
+  const vit::config c{.image = 16, .patch = 4, .channels = 1, .width = 32, .heads = 2, .classes = 10};
+  compare_models<P, 4>(ctx, tag + " vit", vit::blueprint<2>(c), {6, 1, 16, 16}, 8);
 }
 
 }  // namespace
@@ -38,6 +52,9 @@ int main() {
   check_linear<presets::fp32>(ctx, "fp32");
   check_linear<presets::bf16_mixed>(ctx, "bf16_mixed");
   check_linear<presets::fp16_mixed>(ctx, "fp16_mixed");
+  check_vit_layers<presets::fp32>(ctx, "fp32");
+  check_vit_layers<presets::bf16_mixed>(ctx, "bf16_mixed");
+  check_vit_layers<presets::fp16_mixed>(ctx, "fp16_mixed");
   // A batch of the wrong width is refused, naming the layer, before any launch.
   {
     auto model = nn::build<bfloat16, 2, cuda_context>(presets::bf16_mixed{}, mlp());

@@ -34,6 +34,7 @@
 #include <precis/nn/module.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -98,12 +99,12 @@ constexpr softmax_spec<Tag> softmax() {
 /// rounded once to the storage type. Backward reads its own output: dx = y (dy - sum(dy y)).
 template <Layer Tag, Policy P, std::size_t R, class Ctx>
 class softmax_layer : public layer_base<Tag, P, op::softmax, R, R, Ctx> {
-  static_assert(std::is_same_v<Ctx, cpu_context>,
-                "precis: nn::softmax runs on host tensors so far; build the model for cpu_context");
   static_assert(R >= 1, "precis: nn::softmax works on the last axis of a tensor of rank >= 1");
   using base = layer_base<Tag, P, op::softmax, R, R, Ctx>;
   using S = typename base::input_type;
   using G = typename base::input_grad_type;
+  template <class T>
+  using tensor = tensor_t<Ctx, T, R>;
 
  public:
   /// Its kind in nn::describe: "softmax".
@@ -121,8 +122,7 @@ class softmax_layer : public layer_base<Tag, P, op::softmax, R, R, Ctx> {
   }
   /// The softmax of each row of x's last axis (see the class comment), kept for backward().
   /// Throws precis::error when the last axis is empty.
-  const host_tensor<S, R>& forward(const cpu_context& ctx, const host_tensor<S, R>& x,
-                                   mode = mode::train) {
+  const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode = mode::train) {
     detail::ensure(y_, output_shape(detail::shape_of<R>(x), path_name<Tag>()));
     precis::softmax<P>(ctx, x, y_);
     x_.set(x);
@@ -131,7 +131,7 @@ class softmax_layer : public layer_base<Tag, P, op::softmax, R, R, Ctx> {
   /// dx = y (dy - sum(dy y)) over each row, from the output of the last forward pass,
   /// rounded once to the gradient type. Throws precis::error when dy's shape is not that
   /// output's.
-  const host_tensor<G, R>& backward(const cpu_context& ctx, const host_tensor<G, R>& dy) {
+  const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
     check_same_shape("precis::nn::softmax: dy and the output", dy, y_);
     detail::ensure(dx_, detail::shape_of<R>(dy));
     precis::softmax_backward<P>(ctx, dy, y_, dx_);
@@ -148,9 +148,9 @@ class softmax_layer : public layer_base<Tag, P, op::softmax, R, R, Ctx> {
   }
 
  private:
-  host_tensor<S, R> y_;
-  host_tensor<G, R> dx_;
-  detail::saved<host_tensor<S, R>> x_;
+  tensor<S> y_;
+  tensor<G> dx_;
+  detail::saved<tensor<S>> x_;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -186,15 +186,14 @@ constexpr attention_spec<QkvTag, ScoresTag, SoftmaxTag, ContextTag, OutTag> atte
 
 namespace detail {
 
-/// `x` as a tensor of To: x itself when it already is one, else `buffer` holding x cast
-/// to To (each value rounded once).
-template <class To, class From, std::size_t N>
-const host_tensor<To, N>& as_type(const cpu_context& ctx, const host_tensor<From, N>& x,
-                                  host_tensor<To, N>& buffer) {
-  if constexpr (std::is_same_v<To, From>) {
+/// `x` as a tensor of the buffer's element type: x itself when it already is one, else
+/// `buffer` holding x cast to that type (each value rounded once).
+template <class Ctx, class X, class Buffer>
+const Buffer& as_type(Ctx&& ctx, const X& x, Buffer& buffer) {
+  if constexpr (std::is_same_v<X, Buffer>) {
     return x;
   } else {
-    ensure(buffer, shape_of<N>(x));
+    ensure(buffer, shape_of<std::tuple_size_v<std::remove_cvref_t<decltype(x.shape())>>>(x));
     precis::cast(ctx, x, buffer);
     return buffer;
   }
@@ -208,11 +207,12 @@ struct heads_geometry {
   shape_t<3> square() const { return {n * h, t, t}; }
 };
 
-/// `x` as a tensor of To after as_type(ctx, x, buffer) has run: x itself, or the buffer
-/// that holds its cast (the backward pass reads what the forward pass converted).
-template <class To, class From, std::size_t N>
-const host_tensor<To, N>& as_cast(const host_tensor<From, N>& x, const host_tensor<To, N>& buffer) {
-  if constexpr (std::is_same_v<To, From>) {
+/// `x` as a tensor of the buffer's element type after as_type(ctx, x, buffer) has run: x
+/// itself, or the buffer that holds its cast (the backward pass reads what the forward pass
+/// converted).
+template <class X, class Buffer>
+const Buffer& as_cast(const X& x, const Buffer& buffer) {
+  if constexpr (std::is_same_v<X, Buffer>) {
     return x;
   } else {
     return buffer;
@@ -288,9 +288,6 @@ template <Layer QkvTag, Layer ScoresTag, Layer SoftmaxTag, Layer ContextTag, Lay
 class attention_layer
     : public layer_base<QkvTag, policy_for_t<QkvTag, Map>, op::matmul, 3, 3, Ctx, true> {
   static_assert(
-      std::is_same_v<Ctx, cpu_context>,
-      "precis: nn::attention runs on host tensors so far; build the model for cpu_context");
-  static_assert(
       std::is_same_v<typename ScoresTag::op, op::matmul> &&
           std::is_same_v<typename ContextTag::op, op::matmul> &&
           std::is_same_v<typename OutTag::op, op::matmul>,
@@ -339,6 +336,8 @@ class attention_layer
   using Go = activation_grad_type_t<out_policy>;
   using qkv_linear = linear_layer<QkvTag, qkv_policy, 3, Ctx>;
   using out_linear = linear_layer<OutTag, out_policy, 3, Ctx>;
+  template <class T>
+  using tensor = tensor_t<Ctx, T, 3>;
 
  public:
   /// Its kind in nn::describe: "attention".
@@ -380,15 +379,14 @@ class attention_layer
   /// keeping every piece's output for backward(); `m` goes to the projections (an
   /// evaluation pass leaves their float8 recipes unchanged). Throws precis::error for an
   /// input of another shape.
-  const host_tensor<So, 3>& forward(const cpu_context& ctx, const host_tensor<Sq, 3>& x,
-                                    mode m = mode::train) {
+  const tensor<So>& forward(context_ref_t<Ctx> ctx, const tensor<Sq>& x, mode m = mode::train) {
     const auto in = output_shape(detail::shape_of<3>(x), kind);
     g_ = {in[0], in[1], dim_, heads_};
     const auto& qkv = qkv_.forward(ctx, x, m);
     detail::ensure(q_, g_.per_head());
     detail::ensure(k_, g_.per_head());
     detail::ensure(v_, g_.per_head());
-    detail::split_heads(ctx, g_, qkv.data(), q_.data(), k_.data(), v_.data());
+    split(ctx, qkv.data(), q_.data(), k_.data(), v_.data());
     const auto& q = detail::as_type(ctx, q_, q_s_);
     const auto& k = detail::as_type(ctx, k_, k_s_);
     detail::ensure(scores_, g_.square());
@@ -404,7 +402,7 @@ class attention_layer
     detail::ensure(context_, g_.per_head());
     gemm<context_policy>(ctx, p, v, context_);
     detail::ensure(merged_, in);
-    detail::merge_heads(ctx, g_, merged_.data(), context_.data());
+    merge(ctx, merged_.data(), context_.data());
     return out_.forward(ctx, detail::as_type(ctx, merged_, merged_o_), m);
   }
 
@@ -412,7 +410,7 @@ class attention_layer
   /// gradients to their parameters and returns dx in the input projection's gradient type.
   /// Throws precis::error without a forward pass or when dy's shape is not the last
   /// output's.
-  const host_tensor<Gq, 3>& backward(const cpu_context& ctx, const host_tensor<Go, 3>& dy) {
+  const tensor<Gq>& backward(context_ref_t<Ctx> ctx, const tensor<Go>& dy) {
     if (g_.n == 0) {
       throw error(
           "precis::nn::attention: backward() called without a forward() since the layer was made");
@@ -421,7 +419,7 @@ class attention_layer
     const auto& dmerged = out_.backward(ctx, dy);
     // Context: dp = dc v^T, dv = p^T dc.
     detail::ensure(dcontext_, g_.per_head());
-    detail::split_heads(ctx, g_, dmerged.data(), dcontext_.data());
+    split(ctx, dmerged.data(), dcontext_.data());
     const auto& dc = detail::as_type(ctx, dcontext_, dcontext_c_);
     const auto& p = detail::as_cast(probs_, probs_c_);
     const auto& v = detail::as_cast(v_, v_c_);
@@ -453,7 +451,7 @@ class attention_layer
     const auto& dq = detail::as_type(ctx, dq_, dq_q_);
     const auto& dk = detail::as_type(ctx, dk_, dk_q_);
     const auto& dv = detail::as_type(ctx, dv_, dv_q_);
-    detail::merge_heads(ctx, g_, dqkv_.data(), dq.data(), dk.data(), dv.data());
+    merge(ctx, dqkv_.data(), dq.data(), dk.data(), dv.data());
     return qkv_.backward(ctx, dqkv_);
   }
 
@@ -529,23 +527,55 @@ class attention_layer
   }
   float alpha() const { return static_cast<float>(1.0 / std::sqrt(double(g_.dh()))); }
 
+  // Rows [N, T, count d] <-> count heads tensors [N*H, T, dh] (q, k, v: count 3): on the
+  // host detail::split_heads / merge_heads, on the device one strided copy per heads
+  // tensor.
+  template <class U, class... Heads>
+  void split(context_ref_t<Ctx> ctx, const U* rows, Heads*... heads) const {
+    if constexpr (std::is_same_v<Ctx, cpu_context>) {
+      detail::split_heads(ctx, g_, rows, heads...);
+    } else {
+      std::size_t column = 0;
+      ((copy_heads(ctx, rows + column, heads, sizeof...(Heads), false), column += g_.d), ...);
+    }
+  }
+  template <class U, class... Heads>
+  void merge(context_ref_t<Ctx> ctx, U* rows, const Heads*... heads) const {
+    if constexpr (std::is_same_v<Ctx, cpu_context>) {
+      detail::merge_heads(ctx, g_, rows, heads...);
+    } else {
+      std::size_t column = 0;
+      ((copy_heads(ctx, heads, rows + column, sizeof...(Heads), true), column += g_.d), ...);
+    }
+  }
+  // One heads tensor out of (or, `to_rows`, into) rows `count` d wide, over [N, H, T, dh].
+  template <class From, class To>
+  void copy_heads(context_ref_t<Ctx> ctx, From* from, To* to, std::size_t count, bool to_rows) const {
+    const std::size_t dh = g_.dh(), width = count * g_.d;
+    const std::array<std::size_t, 4> shape{g_.n, g_.h, g_.t, dh};
+    const std::array<std::size_t, 4> rows{g_.t * width, dh, width, 1};
+    const std::array<std::size_t, 4> heads{g_.h * g_.t * dh, g_.t * dh, dh, 1};
+    context_traits<Ctx>::template strided_copy<std::remove_const_t<From>, 4>(
+        "precis::nn::attention (heads)", ctx, from, to_rows ? heads : rows, to, to_rows ? rows : heads, shape);
+  }
+
   std::size_t dim_, heads_;
   detail::heads_geometry g_{};
   qkv_linear qkv_;
   out_linear out_;
   // Forward: each piece's output, and (suffix) its cast to the next piece's storage type,
   // empty when the two types are the same.
-  host_tensor<Sq, 3> q_, k_, v_;
-  host_tensor<Ss, 3> q_s_, k_s_, scores_;
-  host_tensor<Sm, 3> scores_m_, probs_;
-  host_tensor<Sc, 3> v_c_, probs_c_, context_, merged_;
-  host_tensor<So, 3> merged_o_;
+  tensor<Sq> q_, k_, v_;
+  tensor<Ss> q_s_, k_s_, scores_;
+  tensor<Sm> scores_m_, probs_;
+  tensor<Sc> v_c_, probs_c_, context_, merged_;
+  tensor<So> merged_o_;
   // Backward, likewise in gradient types.
-  host_tensor<Go, 3> dcontext_;
-  host_tensor<Gc, 3> dcontext_c_, dprobs_, dv_;
-  host_tensor<Gm, 3> dprobs_m_, dscores_;
-  host_tensor<Gs, 3> dscores_s_, dq_, dk_;
-  host_tensor<Gq, 3> dq_q_, dk_q_, dv_q_, dqkv_;
+  tensor<Go> dcontext_;
+  tensor<Gc> dcontext_c_, dprobs_, dv_;
+  tensor<Gm> dprobs_m_, dscores_;
+  tensor<Gs> dscores_s_, dq_, dk_;
+  tensor<Gq> dq_q_, dk_q_, dv_q_, dqkv_;
 };
 
 }  // namespace precis::nn

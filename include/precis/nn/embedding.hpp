@@ -14,6 +14,7 @@
 #pragma once
 
 #include <precis/kernels/elementwise.hpp>
+#include <precis/kernels/reduce.hpp>
 #include <precis/nn/module.hpp>
 
 #include <algorithm>
@@ -87,14 +88,15 @@ void batch_sum(const cpu_context& ctx, std::size_t items, std::size_t width, G* 
 /// The learned class token, built for Tag under the resolved policy P (see nn::class_token).
 template <Layer Tag, Policy P, std::size_t R, class Ctx>
 class class_token_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
-  static_assert(
-      std::is_same_v<Ctx, cpu_context>,
-      "precis: nn::class_token runs on host tensors so far; build the model for cpu_context");
   static_assert(R == 3, "precis: nn::class_token takes [N, T, D] token sequences (rank 3)");
   using base = layer_base<Tag, P, op::elementwise, R, R, Ctx>;
   using S = typename base::input_type;
   using G = typename base::input_grad_type;
   using M = typename base::master_type;
+  template <class T, std::size_t N = 3>
+  using tensor = tensor_t<Ctx, T, N>;
+  using io = context_traits<Ctx>;
+  static constexpr bool on_host = std::is_same_v<Ctx, cpu_context>;
 
  public:
   /// Its kind in nn::describe: "class_token".
@@ -121,15 +123,22 @@ class class_token_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> 
 
   /// Each item's tokens with the learned token (its working copy) put first: a copy, no
   /// arithmetic. Throws precis::error for an input of another shape.
-  const host_tensor<S, 3>& forward(const cpu_context&, const host_tensor<S, 3>& x,
-                                   mode = mode::train) {
+  const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode = mode::train) {
     const auto out = output_shape(detail::shape_of<3>(x), path_name<Tag>());
     detail::ensure(y_, out);
     const std::size_t t = out[1] - 1, d = dim_;
     const S* tok = token_.value().data();
-    for (std::size_t n = 0; n < out[0]; ++n) {
-      std::copy_n(tok, d, y_.data() + n * (t + 1) * d);
-      std::copy_n(x.data() + n * t * d, t * d, y_.data() + (n * (t + 1) + 1) * d);
+    if constexpr (on_host) {
+      for (std::size_t n = 0; n < out[0]; ++n) {
+        std::copy_n(tok, d, y_.data() + n * (t + 1) * d);
+        std::copy_n(x.data() + n * t * d, t * d, y_.data() + (n * (t + 1) + 1) * d);
+      }
+    } else {
+      const std::size_t row = (t + 1) * d;
+      io::template strided_copy<S, 2>("precis::nn::class_token", ctx, tok, {0, 1}, y_.data(), {row, 1},
+                                      {out[0], d});
+      io::template strided_copy<S, 2>("precis::nn::class_token", ctx, x.data(), {t * d, 1}, y_.data() + d,
+                                      {row, 1}, {out[0], t * d});
     }
     x_.set(x);
     return y_;
@@ -137,24 +146,31 @@ class class_token_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> 
   /// Adds the batch sum of dy's first token to the token's gradient and returns dx, dy
   /// without its first token. Throws precis::error when dy's shape is not the last
   /// output's.
-  const host_tensor<G, 3>& backward(const cpu_context& ctx, const host_tensor<G, 3>& dy) {
+  const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
     check_same_shape("precis::nn::class_token: dy and the output", dy, y_);
     const std::size_t items = std::size_t(dy.shape()[0]), t = std::size_t(dy.shape()[1]) - 1,
                       d = dim_;
     detail::ensure(dx_, shape_t<3>{items, t, d});
-    for (std::size_t n = 0; n < items; ++n) {
-      std::copy_n(dy.data() + (n * (t + 1) + 1) * d, t * d, dx_.data() + n * t * d);
-    }
     detail::ensure(dtoken_, shape_t<1>{d});
     const G* g = dy.data();
-    detail::batch_sum<P>(ctx, items, d, dtoken_.data(),
-                         [&](std::size_t n, std::size_t j) { return g[n * (t + 1) * d + j]; });
-    token_.accumulate(dtoken_);
+    if constexpr (on_host) {
+      for (std::size_t n = 0; n < items; ++n) {
+        std::copy_n(dy.data() + (n * (t + 1) + 1) * d, t * d, dx_.data() + n * t * d);
+      }
+      detail::batch_sum<P>(ctx, items, d, dtoken_.data(),
+                           [&](std::size_t n, std::size_t j) { return g[n * (t + 1) * d + j]; });
+    } else {
+      io::template strided_copy<G, 2>("precis::nn::class_token", ctx, g + d, {(t + 1) * d, 1}, dx_.data(),
+                                      {t * d, 1}, {items, t * d});
+      // The batch sum in the device's fixed order (kernels/cuda/reduce.hpp).
+      precis::detail::column_sums<P>(ctx, g, items, d, dtoken_.data(), (t + 1) * d);
+    }
+    token_.accumulate(ctx, dtoken_);
     return dx_;
   }
 
   /// The learned token [dim].
-  parameter<S, M, 1>& token() { return token_; }
+  parameter<S, M, 1, Ctx>& token() { return token_; }
   /// Its shape column in nn::describe: dim, as "768".
   std::string shape() const { return std::to_string(dim_); }
   /// Bytes of its output, input-gradient and token-gradient buffers.
@@ -183,25 +199,24 @@ class class_token_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> 
 
  private:
   std::size_t dim_;
-  parameter<S, M, 1> token_;
-  host_tensor<S, 3> y_;
-  host_tensor<G, 3> dx_;
-  detail::saved<host_tensor<S, 3>> x_;
-  host_tensor<G, 1> dtoken_;
+  parameter<S, M, 1, Ctx> token_;
+  tensor<S> y_;
+  tensor<G> dx_;
+  detail::saved<tensor<S>> x_;
+  tensor<G, 1> dtoken_;
 };
 
 /// The learned position embedding, built for Tag under the resolved policy P (see
 /// nn::position_embedding). Its input gradient is dy itself (no copy).
 template <Layer Tag, Policy P, std::size_t R, class Ctx>
 class position_embedding_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
-  static_assert(std::is_same_v<Ctx, cpu_context>,
-                "precis: nn::position_embedding runs on host tensors so far; build the model for "
-                "cpu_context");
   static_assert(R == 3, "precis: nn::position_embedding takes [N, T, D] token sequences (rank 3)");
   using base = layer_base<Tag, P, op::elementwise, R, R, Ctx>;
   using S = typename base::input_type;
   using G = typename base::input_grad_type;
   using M = typename base::master_type;
+  template <class T, std::size_t N = 3>
+  using tensor = tensor_t<Ctx, T, N>;
 
  public:
   /// Its kind in nn::describe: "position_embedding".
@@ -233,8 +248,7 @@ class position_embedding_layer : public layer_base<Tag, P, op::elementwise, R, R
 
   /// y = x + the table (its working copy) for every item, added in the policy's opmath type
   /// and rounded once. Throws precis::error for an input of another shape.
-  const host_tensor<S, 3>& forward(const cpu_context& ctx, const host_tensor<S, 3>& x,
-                                   mode = mode::train) {
+  const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode = mode::train) {
     detail::ensure(y_, output_shape(detail::shape_of<3>(x), path_name<Tag>()));
     precis::add<P>(ctx, x, table_.value(), y_);
     x_.set(x);
@@ -242,19 +256,24 @@ class position_embedding_layer : public layer_base<Tag, P, op::elementwise, R, R
   }
   /// Adds the batch sum of dy to the table's gradient and returns dy itself as dx (the
   /// caller's tensor). Throws precis::error when dy's shape is not the last output's.
-  const host_tensor<G, 3>& backward(const cpu_context& ctx, const host_tensor<G, 3>& dy) {
+  const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
     check_same_shape("precis::nn::position_embedding: dy and the output", dy, y_);
     detail::ensure(dtable_, shape_t<2>{tokens_, dim_});
     const std::size_t width = tokens_ * dim_;
     const G* g = dy.data();
-    detail::batch_sum<P>(ctx, std::size_t(dy.shape()[0]), width, dtable_.data(),
-                         [&](std::size_t n, std::size_t j) { return g[n * width + j]; });
-    table_.accumulate(dtable_);
+    if constexpr (std::is_same_v<Ctx, cpu_context>) {
+      detail::batch_sum<P>(ctx, std::size_t(dy.shape()[0]), width, dtable_.data(),
+                           [&](std::size_t n, std::size_t j) { return g[n * width + j]; });
+    } else {
+      // The batch sum in the device's fixed order (kernels/cuda/reduce.hpp).
+      precis::detail::column_sums<P>(ctx, g, std::size_t(dy.shape()[0]), width, dtable_.data());
+    }
+    table_.accumulate(ctx, dtable_);
     return dy;
   }
 
   /// The learned table [tokens, dim].
-  parameter<S, M, 2>& table() { return table_; }
+  parameter<S, M, 2, Ctx>& table() { return table_; }
   /// Its shape column in nn::describe: tokens x dim, as "197x768".
   std::string shape() const { return std::to_string(tokens_) + "x" + std::to_string(dim_); }
   /// Bytes of its output and table-gradient buffers (it keeps no input gradient).
@@ -281,10 +300,10 @@ class position_embedding_layer : public layer_base<Tag, P, op::elementwise, R, R
 
  private:
   std::size_t tokens_, dim_;
-  parameter<S, M, 2> table_;
-  host_tensor<S, 3> y_;
-  host_tensor<G, 2> dtable_;
-  detail::saved<host_tensor<S, 3>> x_;
+  parameter<S, M, 2, Ctx> table_;
+  tensor<S> y_;
+  tensor<G, 2> dtable_;
+  detail::saved<tensor<S>> x_;
 };
 
 }  // namespace precis::nn

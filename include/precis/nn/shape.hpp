@@ -347,10 +347,9 @@ constexpr patchify_spec patchify(std::size_t patch) { return {patch}; }
 /// Cuts images into patches (see nn::patchify).
 template <class T, class G, std::size_t R, class Ctx = cpu_context>
 class patchify_layer : public data_layer_base<T, G, R, 3, Ctx> {
-  static_assert(
-      std::is_same_v<Ctx, cpu_context>,
-      "precis: nn::patchify runs on host tensors so far; build the model for cpu_context");
   static_assert(R == 4, "precis: nn::patchify takes [N, C, H, W] images (rank 4)");
+  template <class U, std::size_t N>
+  using tensor = tensor_t<Ctx, U, N>;
 
  public:
   /// Its kind as describe prints it.
@@ -373,8 +372,7 @@ class patchify_layer : public data_layer_base<T, G, R, 3, Ctx> {
   }
   /// The patches of x, laid out as nn::patchify describes (a copy, split across ctx's
   /// threads). Throws precis::error as output_shape() does.
-  const host_tensor<T, 3>& forward(const cpu_context& ctx, const host_tensor<T, 4>& x,
-                                   mode = mode::train) {
+  const tensor<T, 3>& forward(context_ref_t<Ctx> ctx, const tensor<T, 4>& x, mode = mode::train) {
     in_shape_ = detail::shape_of<4>(x);
     detail::ensure(y_, output_shape(in_shape_, kind));
     move(ctx, x.data(), y_.data(), false);
@@ -382,7 +380,7 @@ class patchify_layer : public data_layer_base<T, G, R, 3, Ctx> {
   }
   /// dy moved back from patches to pixels; throws precis::error when dy's shape is not
   /// the last output's.
-  const host_tensor<G, 4>& backward(const cpu_context& ctx, const host_tensor<G, 3>& dy) {
+  const tensor<G, 4>& backward(context_ref_t<Ctx> ctx, const tensor<G, 3>& dy) {
     check_shape("precis::nn::patchify: dy", dy, detail::shape_of<3>(y_));
     detail::ensure(dx_, in_shape_);
     move(ctx, dy.data(), dx_.data(), true);
@@ -397,39 +395,54 @@ class patchify_layer : public data_layer_base<T, G, R, 3, Ctx> {
   // One (image, patch row) at a time; `back` moves from patches to pixels. A bijection:
   // every element is written once.
   template <class U>
-  void move(const cpu_context& ctx, const U* from, U* to, bool back) const {
+  void move(context_ref_t<Ctx> ctx, const U* from, U* to, bool back) const {
     const std::size_t n = in_shape_[0], c = in_shape_[1], h = in_shape_[2], w = in_shape_[3];
-    const std::size_t rows = h / p_, cols = w / p_, features = c * p_ * p_;
-    const std::size_t per_row = cols * features;
-    precis::detail::parallel_for(
-        ctx, n * rows, std::max<std::size_t>(1, precis::detail::elements_per_thread / per_row),
-        [&](std::size_t b, std::size_t e) {
-          for (std::size_t r = b; r < e; ++r) {
-            const std::size_t img = r / rows, pr = r % rows;
-            for (std::size_t pc = 0; pc < cols; ++pc) {
-              const std::size_t token = pr * cols + pc;
-              std::size_t f = (img * rows * cols + token) * features;
-              for (std::size_t ch = 0; ch < c; ++ch) {
-                for (std::size_t i = 0; i < p_; ++i) {
-                  const std::size_t pixel = ((img * c + ch) * h + pr * p_ + i) * w + pc * p_;
-                  for (std::size_t j = 0; j < p_; ++j, ++f) {
-                    if (back) {
-                      to[pixel + j] = from[f];
-                    } else {
-                      to[f] = from[pixel + j];
+    const std::size_t rows = h / p_, cols = w / p_;
+    if constexpr (!std::is_same_v<Ctx, cpu_context>) {
+      // One strided copy over [N, rows, cols, C, p, p]: patches side packed, pixels side
+      // at the image's strides.
+      const std::array<std::size_t, 6> shape{n, rows, cols, c, p_, p_};
+      const std::array<std::size_t, 6> pixels{c * h * w, p_ * w, p_, h * w, w, 1};
+      const auto patches = detail::strides_of<6>(shape);
+      if (back) {
+        context_traits<Ctx>::template strided_copy<U, 6>("precis::nn::patchify", ctx, from, patches, to, pixels,
+                                                         shape);
+      } else {
+        context_traits<Ctx>::template strided_copy<U, 6>("precis::nn::patchify", ctx, from, pixels, to, patches,
+                                                         shape);
+      }
+    } else {
+      const std::size_t features = c * p_ * p_, per_row = cols * features;
+      precis::detail::parallel_for(
+          ctx, n * rows, std::max<std::size_t>(1, precis::detail::elements_per_thread / per_row),
+          [&](std::size_t b, std::size_t e) {
+            for (std::size_t r = b; r < e; ++r) {
+              const std::size_t img = r / rows, pr = r % rows;
+              for (std::size_t pc = 0; pc < cols; ++pc) {
+                const std::size_t token = pr * cols + pc;
+                std::size_t f = (img * rows * cols + token) * features;
+                for (std::size_t ch = 0; ch < c; ++ch) {
+                  for (std::size_t i = 0; i < p_; ++i) {
+                    const std::size_t pixel = ((img * c + ch) * h + pr * p_ + i) * w + pc * p_;
+                    for (std::size_t j = 0; j < p_; ++j, ++f) {
+                      if (back) {
+                        to[pixel + j] = from[f];
+                      } else {
+                        to[f] = from[pixel + j];
+                      }
                     }
                   }
                 }
               }
             }
-          }
-        });
+          });
+    }
   }
 
   std::size_t p_;
   shape_t<4> in_shape_{};
-  host_tensor<T, 3> y_;
-  host_tensor<G, 4> dx_;
+  tensor<T, 3> y_;
+  tensor<G, 4> dx_;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -453,10 +466,11 @@ constexpr select_token_spec select_token(std::size_t index) { return {index}; }
 /// Takes one token of each item (see nn::select_token).
 template <class T, class G, std::size_t R, class Ctx = cpu_context>
 class select_token_layer : public data_layer_base<T, G, R, 2, Ctx> {
-  static_assert(
-      std::is_same_v<Ctx, cpu_context>,
-      "precis: nn::select_token runs on host tensors so far; build the model for cpu_context");
   static_assert(R == 3, "precis: nn::select_token takes [N, T, D] token sequences (rank 3)");
+  template <class U, std::size_t N>
+  using tensor = tensor_t<Ctx, U, N>;
+  using io = context_traits<Ctx>;
+  static constexpr bool on_host = std::is_same_v<Ctx, cpu_context>;
 
  public:
   /// Its kind as describe prints it.
@@ -473,25 +487,35 @@ class select_token_layer : public data_layer_base<T, G, R, 2, Ctx> {
     return {in[0], in[2]};
   }
   /// Token `index` of each item of x (a copy). Throws precis::error as output_shape() does.
-  const host_tensor<T, 2>& forward(const cpu_context&, const host_tensor<T, 3>& x,
-                                   mode = mode::train) {
+  const tensor<T, 2>& forward(context_ref_t<Ctx> ctx, const tensor<T, 3>& x, mode = mode::train) {
     in_shape_ = detail::shape_of<3>(x);
     detail::ensure(y_, output_shape(in_shape_, kind));
     const std::size_t t = in_shape_[1], d = in_shape_[2];
-    for (std::size_t n = 0; n < in_shape_[0]; ++n) {
-      std::copy_n(x.data() + (n * t + index_) * d, d, y_.data() + n * d);
+    if constexpr (on_host) {
+      for (std::size_t n = 0; n < in_shape_[0]; ++n) {
+        std::copy_n(x.data() + (n * t + index_) * d, d, y_.data() + n * d);
+      }
+    } else {
+      io::template strided_copy<T, 2>("precis::nn::select_token", ctx, x.data() + index_ * d, {t * d, 1},
+                                      y_.data(), {d, 1}, {in_shape_[0], d});
     }
     return y_;
   }
   /// dy at token `index` of each item, zeros at the others; throws precis::error when dy's
   /// shape is not the last output's.
-  const host_tensor<G, 3>& backward(const cpu_context&, const host_tensor<G, 2>& dy) {
+  const tensor<G, 3>& backward(context_ref_t<Ctx> ctx, const tensor<G, 2>& dy) {
     check_shape("precis::nn::select_token: dy", dy, detail::shape_of<2>(y_));
     detail::ensure(dx_, in_shape_);
-    std::fill(dx_.begin(), dx_.end(), G{});
     const std::size_t t = in_shape_[1], d = in_shape_[2];
-    for (std::size_t n = 0; n < in_shape_[0]; ++n) {
-      std::copy_n(dy.data() + n * d, d, dx_.data() + (n * t + index_) * d);
+    if constexpr (on_host) {
+      std::fill(dx_.begin(), dx_.end(), G{});
+      for (std::size_t n = 0; n < in_shape_[0]; ++n) {
+        std::copy_n(dy.data() + n * d, d, dx_.data() + (n * t + index_) * d);
+      }
+    } else {
+      io::zero(ctx, dx_);
+      io::template strided_copy<G, 2>("precis::nn::select_token", ctx, dy.data(), {d, 1},
+                                      dx_.data() + index_ * d, {t * d, 1}, {in_shape_[0], d});
     }
     return dx_;
   }
@@ -503,8 +527,8 @@ class select_token_layer : public data_layer_base<T, G, R, 2, Ctx> {
  private:
   std::size_t index_;
   shape_t<3> in_shape_{};
-  host_tensor<T, 2> y_;
-  host_tensor<G, 3> dx_;
+  tensor<T, 2> y_;
+  tensor<G, 3> dx_;
 };
 
 // ---------------------------------------------------------------------------------------

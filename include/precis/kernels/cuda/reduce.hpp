@@ -196,8 +196,8 @@ inline constexpr std::size_t column_slab_rows = 64;
 /// First pass of column_sums: block (32, 8) sums the slab's rows of 32 columns, each thread
 /// the rows ty, ty + 8, ... of the slab in order, then the 8 partial sums in ty order.
 template <class M, class Acc, class T>
-__global__ void column_partials(const T* x, std::size_t rows, std::size_t cols, std::size_t slabs,
-                                typename accumulator<Acc>::value_type* partial) {
+__global__ void column_partials(const T* x, std::size_t rows, std::size_t cols, std::size_t ld,
+                                std::size_t slabs, typename accumulator<Acc>::value_type* partial) {
   using S = typename accumulator<Acc>::value_type;
   __shared__ S shared[8][33];
   const std::size_t col = blockIdx.x * std::size_t(32) + threadIdx.x;
@@ -206,7 +206,7 @@ __global__ void column_partials(const T* x, std::size_t rows, std::size_t cols, 
     S s = S(0);
     if (col < cols) {
       for (std::size_t r = slab * column_slab_rows + threadIdx.y; r < end; r += 8) {
-        s = device_sum<Acc>::add(s, device_load<M>(x[r * cols + col]));
+        s = device_sum<Acc>::add(s, device_load<M>(x[r * ld + col]));
       }
     }
     shared[threadIdx.y][threadIdx.x] = s;
@@ -275,13 +275,15 @@ void reduce_axis_to(std::string_view name, cuda_context& ctx, const device_tenso
 
 namespace detail {
 
-/// column_sums on the device: out[j] = the sum over the rows of x[r * cols + j], two
+/// column_sums on the device: out[j] = the sum over the rows of x[r * ld + j] (ld: the row
+/// stride, `cols` when 0), two
 /// passes in a fixed order (slabs of 64 rows, each summed by 8 strided threads and then
 /// across them; then the slabs in order), so repeated calls give the same bits on any
 /// device. Each column's sum differs from the host's row-order sum by at most the float
 /// bound of a sum of `rows` terms. Queued on ctx's stream; its scratch is stream-ordered.
 template <Policy P, class T, class U>
-void column_sums(cuda_context& ctx, const T* x, std::size_t rows, std::size_t cols, U* out) {
+void column_sums(cuda_context& ctx, const T* x, std::size_t rows, std::size_t cols, U* out,
+                 std::size_t ld = 0) {
   using M = math_t<op::reduction, P, T>;
   using Acc = accumulate_t<op::reduction, P>;
   using S = typename accumulator<Acc>::value_type;
@@ -293,8 +295,8 @@ void column_sums(cuda_context& ctx, const T* x, std::size_t rows, std::size_t co
   const std::size_t slabs = (rows + cuda::column_slab_rows - 1) / cuda::column_slab_rows;
   device_tensor<S, 1> partial({slabs * cols}, ctx.stream());
   const dim3 grid(unsigned((cols + 31) / 32), unsigned(std::min<std::size_t>(slabs, 65535)));
-  cuda::column_partials<M, Acc><<<grid, dim3(32, 8), 0, ctx.stream()>>>(x, rows, cols, slabs,
-                                                                         partial.data());
+  cuda::column_partials<M, Acc><<<grid, dim3(32, 8), 0, ctx.stream()>>>(x, rows, cols, ld == 0 ? cols : ld,
+                                                                         slabs, partial.data());
   check(cudaGetLastError(), "precis: column sums");
   cuda::column_totals<reduce_result_t<P, T>, Acc><<<cuda::grid_for(cols), 256, 0, ctx.stream()>>>(
       partial.data(), slabs, cols, out);
