@@ -10,8 +10,8 @@
 # sanitizer's reports. Each run has a time limit (TEST_TIMEOUT, MEMCHECK_TIMEOUT seconds),
 # so that a hung kernel costs one entry, not the lease; a run stopped by it is reported as
 # "timed out", never as passed. The exit status is 0 only when every test and the
-# benchmark passed. BENCH=0 skips the benchmark; TESTS (a shell pattern, default *) picks
-# the tests by name.
+# benchmark passed. BENCH=0 skips the benchmark, MEMCHECK=0 the sanitizer; TESTS (a shell
+# pattern, default *) picks the tests by name.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 BUILD="${BUILD:-build/cuda}"
@@ -19,6 +19,7 @@ RESULTS="${RESULTS:-bench/results/cuda}"
 TEST_TIMEOUT="${TEST_TIMEOUT:-120}"
 MEMCHECK_TIMEOUT="${MEMCHECK_TIMEOUT:-60}"
 BENCH="${BENCH:-1}"
+MEMCHECK="${MEMCHECK:-1}"
 TESTS="${TESTS:-*}"
 mkdir -p "$RESULTS"
 
@@ -102,7 +103,9 @@ else
   failed=1
 fi
 
-if command -v compute-sanitizer > /dev/null; then
+if [[ "$MEMCHECK" == 0 ]]; then
+  echo "memcheck: not run (MEMCHECK=0)" | tee -a "$RESULTS/tests.txt"
+elif command -v compute-sanitizer > /dev/null; then
   for t in "${tests[@]}"; do
     [[ -x "$t" ]] || continue
     name="$(basename "$t")"

@@ -2,7 +2,9 @@
 weights and logits that tests/examples/test_vit_torch.cpp checks precis against.
 
     torch_reference.py time [--width 64 --heads 4 --depth 4 --patch 4 --batch 128]
-                            [--threads 2] [--steps 20] [--precision fp32|bf16|both]
+                            [--threads 2] [--steps 20] [--precision fp32|bf16|both|LIST]
+                            [--device cpu|cuda] [--compile] [--image 28 --channels 1 --classes 10]
+                            [--clip X] [--warmup 5]
     torch_reference.py export [--out tests/data/vit_torch] [--width 32 --heads 2 --depth 2]
                               [--steps 300] [--images 32] [--seed 1]
     torch_reference.py evaluate --weights vit_output/weights_fp32.safetensors [--threads 2]
@@ -14,7 +16,11 @@ on the class token, on 28 x 28 one-channel images and 10 classes. A training ste
 forward, cross-entropy, backward and AdamW, as the example's; bf16 runs under
 torch.autocast('cpu', dtype=torch.bfloat16), as PyTorch users train in mixed precision on
 the CPU. Prints one line per precision: the best and the median ms per step of `steps`
-timed steps after 5 warm-up steps, with the torch version and the ISA oneDNN reports.
+timed steps after 5 warm-up steps, with the torch version and the ISA oneDNN reports, and a
+`RESULT,precision,compiled,median_ms,peak_mib` line for scripts. On `--device cuda`: autocast
+on the GPU (bf16; fp16 with a GradScaler), tf32 as TF32 matmuls, the device synchronised
+around each timed step, the peak of torch.cuda.max_memory_reserved(); `--compile` times the
+model under torch.compile.
 
 `export` trains a small ViT for `steps` AdamW steps on Fashion-MNIST (Debian's
 dataset-fashion-mnist, normalised with the training set's mean and standard deviation, as the
@@ -87,30 +93,58 @@ class ViT(nn.Module):
 
 
 def time_steps(args, precision):
+    """Best and median ms per step of `args.steps` timed steps after warm-up, and the peak
+    device memory in MiB (None on the CPU). On cuda: autocast on the device for bf16 and
+    fp16 (fp16 with a GradScaler, unscaled before clipping), TF32 matmuls for tf32, exact
+    float for fp32; torch.cuda.synchronize() around each timed step. --compile wraps the
+    model in torch.compile (its compilation in the warm-up steps)."""
     torch.manual_seed(0)
-    model = ViT(patch=args.patch, width=args.width, heads=args.heads, depth=args.depth)
+    dev = torch.device(args.device)
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+        torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    model = ViT(image=args.image, patch=args.patch, channels=args.channels, width=args.width, heads=args.heads,
+                depth=args.depth, classes=args.classes).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
-    x = torch.randn(args.batch, 1, 28, 28)
-    y = torch.randint(0, 10, (args.batch,))
+    run = torch.compile(model) if args.compile else model
+    x = torch.randn(args.batch, args.channels, args.image, args.image, device=dev)
+    y = torch.randint(0, args.classes, (args.batch,), device=dev)
+    autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
 
     def step():
         opt.zero_grad(set_to_none=True)
-        if precision == "bf16":
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss = F.cross_entropy(model(x), y)
+        if autocast is not None:
+            with torch.autocast(dev.type, dtype=autocast):
+                loss = F.cross_entropy(run(x), y)
         else:
-            loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
+            loss = F.cross_entropy(run(x), y)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            if args.clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+            opt.step()
 
-    for _ in range(5):
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    for _ in range(args.warmup):
         step()
+    sync()
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     times = []
     for _ in range(args.steps):
         t0 = time.perf_counter()
         step()
+        sync()
         times.append(1000 * (time.perf_counter() - t0))
-    return min(times), statistics.median(times)
+    peak = torch.cuda.max_memory_reserved() / 2**20 if dev.type == "cuda" else None
+    return min(times), statistics.median(times), peak
 
 
 FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
@@ -219,7 +253,17 @@ def main():
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=None)
-    ap.add_argument("--precision", choices=["fp32", "bf16", "both"], default="both")
+    ap.add_argument("--precision", default="both",
+                    help="fp32, tf32, bf16, fp16, a comma-separated list of them, or both (fp32,bf16)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--compile", action="store_true", help="time: torch.compile the model")
+    ap.add_argument("--image", type=int, default=28)
+    ap.add_argument("--channels", type=int, default=1)
+    ap.add_argument("--classes", type=int, default=10)
+    ap.add_argument("--clip", type=float, default=None,
+                    help="time: clip the gradient norm to this, as the example (default 1 on cuda; 0, no "
+                         "clipping, on the cpu, as the recorded CPU comparisons ran)")
+    ap.add_argument("--warmup", type=int, default=5, help="time: untimed steps first")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     small = args.command == "export"
@@ -234,12 +278,23 @@ def main():
             raise SystemExit("evaluate needs --weights FILE")
         evaluate(args)
         return
-    isa = torch.backends.cpu.get_cpu_capability()
-    for precision in (["fp32", "bf16"] if args.precision == "both" else [args.precision]):
-        best, median = time_steps(args, precision)
-        print(f"torch {torch.__version__} ({isa}) {precision}: width {args.width} heads {args.heads} depth "
-              f"{args.depth} patch {args.patch} batch {args.batch} threads {args.threads}: "
-              f"best {best:.1f} ms/step, median {median:.1f} ms/step", flush=True)
+    if args.clip is None:
+        args.clip = 1.0 if args.device == "cuda" else 0.0
+    precisions = ["fp32", "bf16"] if args.precision == "both" else args.precision.split(",")
+    for p in precisions:
+        if p not in ("fp32", "tf32", "bf16", "fp16"):
+            raise SystemExit(f"--precision: unknown precision {p}")
+        if p in ("tf32", "fp16") and args.device != "cuda":
+            raise SystemExit(f"--precision {p} is timed on --device cuda")
+    where = (torch.cuda.get_device_name() if args.device == "cuda" else torch.backends.cpu.get_cpu_capability())
+    for precision in precisions:
+        best, median, peak = time_steps(args, precision)
+        memory = f", peak {peak:.0f} MiB" if peak is not None else ""
+        print(f"torch {torch.__version__} ({where}) {precision}{' compiled' if args.compile else ''}: image "
+              f"{args.image} width {args.width} heads {args.heads} depth {args.depth} patch {args.patch} batch "
+              f"{args.batch} threads {args.threads}: best {best:.2f} ms/step, median {median:.2f} ms/step{memory}",
+              flush=True)
+        print(f"RESULT,{precision},{int(args.compile)},{median:.4f},{'' if peak is None else f'{peak:.1f}'}", flush=True)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 //   example_vit [--epochs N] [--policy NAME[,NAME...]] [--threads N] [--batch N]
 //               [--train N] [--seed S] [--lr X] [--augment] [--data DIR] [--out DIR]
 //               [--init FILE] [--check] [--distributed] [--monitor N] [--advise FILE]
+//               [--device cpu|cuda]
 //
 // The model: patch 4 (7 x 7 = 49 patch tokens and a class token), width 64, 4 heads, 4
 // pre-norm blocks, 10 classes. AdamW (weight decay 0.05 on the linear weights only, not on
@@ -33,6 +34,9 @@
 // training against each format's limits). --advise FILE (with one --policy; implies
 // --monitor 10 unless given) writes the policy map precis::diagnostics::advise draws from
 // those measurements, as a C++ header.
+//
+// --device cuda runs example_vit_cuda (train_vit_cuda.cu; built with the CUDA backend) with
+// the other arguments: the same model and recipe, the whole step on a GPU.
 //
 // Training is deterministic: the same bits for a given seed, thread count, process count
 // and build.
@@ -451,7 +455,7 @@ int usage(const char* self) {
                "[--train N] [--test N]\n"
                "          [--seed S] [--lr X] [--augment] [--data DIR] [--out DIR] [--init FILE] "
                "[--check] [--distributed]\n"
-               "          [--monitor N] [--advise FILE]\n"
+               "          [--monitor N] [--advise FILE] [--device cpu|cuda]\n"
                "policies: fp32 bf16_mixed fp16_mixed fp8_hybrid bf16_attn_fp16 advised\n",
                self);
   return 2;
@@ -465,7 +469,43 @@ std::set<std::string> policy_names() {
 
 }  // namespace
 
+// `--device cuda` anywhere on the command line: the run is example_vit_cuda's (the same
+// model and recipe trained on a GPU), given the other arguments. Returns only when it cannot
+// be started.
+static int run_on_device(int argc, char** argv) {
+#ifdef PRECIS_EXAMPLE_VIT_CUDA
+  std::vector<char*> args{const_cast<char*>(PRECIS_EXAMPLE_VIT_CUDA)};
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]) == "--device") {
+      ++i;
+      continue;
+    }
+    args.push_back(argv[i]);
+  }
+  args.push_back(nullptr);
+  execv(args[0], args.data());
+  std::fprintf(stderr, "example_vit: cannot run %s for --device cuda\n", args[0]);
+  return 2;
+#else
+  (void)argc;
+  (void)argv;
+  std::fprintf(stderr, "example_vit: --device cuda needs a build with the CUDA backend (-DPRECIS_CUDA=ON), "
+                       "which builds example_vit_cuda\n");
+  return 2;
+#endif
+}
+
 int main(int argc, char** argv) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::string_view(argv[i]) == "--device") {
+      const std::string_view d = argv[i + 1];
+      if (d == "cuda") return run_on_device(argc, argv);
+      if (d != "cpu") {
+        std::fprintf(stderr, "example_vit: --device takes cpu or cuda, not '%s'\n", argv[i + 1]);
+        return 2;
+      }
+    }
+  }
   options o;
   o.command = examples::command_line(argc, argv);
   std::filesystem::path init_path;
@@ -507,6 +547,8 @@ int main(int argc, char** argv) {
       o.out = argv[++i];
     } else if (a == "--init" && i + 1 < argc) {
       init_path = argv[++i];
+    } else if (a == "--device" && i + 1 < argc) {
+      ++i;  // cpu (cuda went to run_on_device)
     } else if (a == "--check") {
       o.check = true;
     } else if (a == "--distributed") {

@@ -156,6 +156,7 @@ __global__ void finish_record(device_step_record* ring, std::uint64_t capacity, 
 template <class O>
 concept device_optimizer = requires(O& o, cuda_context& ctx, const int* found_inf) {
   o.step_async(ctx, found_inf);
+  o.reserve_replay();
   { o.learning_rates() } -> std::convertible_to<const double*>;
   { o.learning_rate_count() } -> std::convertible_to<std::size_t>;
   { o.applied_steps() } -> std::convertible_to<const std::uint64_t*>;
@@ -240,7 +241,8 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
   /// Records the step on `inputs` and `targets` as a CUDA graph instead of running it
   /// (replacing one captured before); replay() runs it on whatever those tensors hold then.
   /// Needs an eager step() on tensors of the same shapes first (the buffers and cuBLASLt's
-  /// plans are made there); throws precis::error otherwise, or when capture fails.
+  /// plans are made there); throws precis::error otherwise, or when capture fails. The
+  /// capture, like each replay, takes one step of the optimizer's learning-rate table.
   void capture(cuda_context& ctx, const input_tensor& inputs, const target_tensor& targets) {
     if (queued_ == 0) {
       throw error("precis::nn::trainer::capture: run one step() on tensors of these shapes first");
@@ -268,6 +270,7 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
   /// capture.
   void replay(cuda_context& ctx) {
     if (graph_ == nullptr) throw error("precis::nn::trainer::replay: no step was captured");
+    opt_->reserve_replay();  // the captured step's place in the optimizer's table
     make_room(ctx);
     check(cudaGraphLaunch(graph_, ctx.stream()), "cudaGraphLaunch");
     ++queued_;

@@ -317,6 +317,10 @@ class basic_device_optimizer {
     state_.count(ctx, found_inf);
   }
 
+  /// Counts a step queued other than by step_async (a replayed CUDA graph that holds one)
+  /// against the learning-rate table: throws precis::error when the table is full, so that
+  /// no step runs past it.
+  void reserve_replay() { state_.reserve_step(); }
   /// Applied steps (AdamW's t), read back: waits for the device.
   std::uint64_t steps(cuda_context& ctx) const { return state_.applied(ctx); }
   /// Device pointer to the applied-step count, for kernels that follow the optimizer.

@@ -1,0 +1,170 @@
+// The ViT training step on a GPU under each map: the median time of a whole device step
+// (nn::trainer on cuda_context: forward, loss, backward, unscale, clipping, AdamW, scale
+// update) and the device memory it holds, for the two configurations of vit_gpu.csv:
+//
+//   vit-w192-d6-p4-b128   28 x 28 x 1 images, patch 4, width 192, 3 heads, depth 6, 10 classes,
+//                         batch 128
+//   vit-b16-224-b64       ViT-B/16: 224 x 224 x 3 images, patch 16, width 768, 12 heads,
+//                         depth 12, 1000 classes, batch 64
+//
+//   bench_vit_gpu [--steps N] [--warmup N] [--config NAME] [--csv FILE]
+//
+// Each step is timed on the host around a synchronised step (as torch_reference.py times
+// PyTorch's), after `warmup` untimed steps; random inputs and targets, gradients clipped to
+// norm 1, AdamW. Memory: the device memory in use (cudaMemGetInfo) after the timed steps
+// less what was in use before the model was built, with the stream-ordered pool told to
+// keep what it reserved (so its high-water mark stays counted): comparable to PyTorch's
+// torch.cuda.max_memory_reserved(). Prints a table and, with --csv, writes
+// config,policy,precis_ms,precis_peak_mib,gpu. Exits 77 without a GPU.
+#include <precis/nn/cuda.hpp>  // first: the device kernels, then nn
+
+#include "../../examples/vit/model.hpp"
+
+#include <boost/hana.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace hana = boost::hana;
+using namespace precis;
+
+namespace {
+
+template <class Map, class Scaler>
+struct entry {
+  using map = Map;
+  using scaler = Scaler;
+  std::string_view name;
+};
+
+const auto maps = hana::make_tuple(entry<decltype(make_policy_map(presets::fp32{})), no_scaling>{"fp32"},
+                                   entry<decltype(make_policy_map(presets::tf32{})), no_scaling>{"tf32"},
+                                   entry<decltype(make_policy_map(presets::bf16_mixed{})), no_scaling>{"bf16_mixed"},
+                                   entry<decltype(make_policy_map(presets::fp16_mixed{})), dynamic_scaler>{"fp16_mixed"});
+
+struct row {
+  std::string config, policy;
+  double ms = 0, mib = 0;
+};
+
+double used_mib() {
+  std::size_t free = 0, total = 0;
+  check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+  return double(total - free) / double(1 << 20);
+}
+
+template <std::size_t Depth, class Entry>
+row time_map(cuda_context& ctx, const std::string& config, const vit::config& c, std::size_t batch, const Entry& e,
+             std::size_t warmup, std::size_t steps) {
+  using Map = typename Entry::map;
+  using S = nn::activation_type_t<typename Map::default_policy>;
+  using LossPolicy = policy_for_t<vit::head, Map>;
+  ctx.synchronize();
+  const double before = used_mib();
+  double ms = 0, mib = 0;
+  {
+    auto model = nn::build<S, 4, cuda_context>(Map{}, vit::blueprint<Depth>(c), {.seed = 1});
+    model.refresh(ctx);
+    nn::softmax_cross_entropy<LossPolicy, std::int32_t, cuda_context> loss;
+    device_adamw opt(ctx, model.masters(), model.gradients(), {.lr = 1e-3, .weight_decay = 0.05},
+                     model.decay_mask(), warmup + steps);
+    typename Entry::scaler scaler;
+    nn::trainer tr(ctx, model, loss, opt, scaler, {.max_grad_norm = 1.0});
+    std::mt19937 rng(1);
+    std::normal_distribution<float> nd;
+    auto xh = host_tensor<S, 4>::from_shape({batch, c.channels, c.image, c.image});
+    for (auto& v : xh) v = S(nd(rng));
+    auto th = host_tensor<std::int32_t, 1>::from_shape({batch});
+    for (auto& v : th) v = std::int32_t(rng() % c.classes);
+    const auto x = to_device(xh);
+    const auto t = to_device(th);
+    for (std::size_t i = 0; i < warmup; ++i) tr.step(ctx, x, t);
+    ctx.synchronize();
+    std::vector<double> times;
+    for (std::size_t i = 0; i < steps; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      tr.step(ctx, x, t);
+      ctx.synchronize();
+      times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(times.begin(), times.end());
+    ms = times[times.size() / 2];
+    mib = used_mib() - before;
+    (void)tr.records(ctx);
+  }
+  ctx.synchronize();
+  return {config, std::string(e.name), ms, mib};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::size_t steps = 20, warmup = 5;
+  std::string only, csv;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string_view a = argv[i];
+    if (a == "--steps") {
+      steps = std::stoul(argv[i + 1]);
+    } else if (a == "--warmup") {
+      warmup = std::stoul(argv[i + 1]);
+    } else if (a == "--config") {
+      only = argv[i + 1];
+    } else if (a == "--csv") {
+      csv = argv[i + 1];
+    } else {
+      std::fprintf(stderr, "usage: %s [--steps N] [--warmup N] [--config NAME] [--csv FILE]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (argc % 2 == 0 || steps == 0) {
+    std::fprintf(stderr, "usage: %s [--steps N] [--warmup N] [--config NAME] [--csv FILE]\n", argv[0]);
+    return 2;
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("skipped: no CUDA device\n");
+    return 77;
+  }
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  // The stream-ordered pool keeps what it reserved, so that the memory figure counts its peak.
+  cudaMemPool_t pool = nullptr;
+  check(cudaDeviceGetDefaultMemPool(&pool, 0), "cudaDeviceGetDefaultMemPool");
+  std::uint64_t keep = UINT64_MAX;
+  check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute");
+  cuda_context ctx;
+  std::printf("GPU: %s; %zu warm-up and %zu timed steps per map\n", prop.name, warmup, steps);
+  std::vector<row> rows;
+  try {
+    if (only.empty() || only == "vit-w192-d6-p4-b128") {
+      const vit::config c{.image = 28, .patch = 4, .channels = 1, .width = 192, .heads = 3, .classes = 10};
+      hana::for_each(maps, [&](const auto& e) { rows.push_back(time_map<6>(ctx, "vit-w192-d6-p4-b128", c, 128, e, warmup, steps)); });
+    }
+    if (only.empty() || only == "vit-b16-224-b64") {
+      const vit::config c{.image = 224, .patch = 16, .channels = 3, .width = 768, .heads = 12, .classes = 1000};
+      hana::for_each(maps, [&](const auto& e) { rows.push_back(time_map<12>(ctx, "vit-b16-224-b64", c, 64, e, warmup, steps)); });
+    }
+  } catch (const std::exception& ex) {
+    std::fprintf(stderr, "bench_vit_gpu: %s\n", ex.what());
+    return 1;
+  }
+  std::printf("%-22s %-11s %12s %12s\n", "config", "policy", "ms/step", "memory MiB");
+  for (const auto& r : rows) std::printf("%-22s %-11s %12.3f %12.0f\n", r.config.c_str(), r.policy.c_str(), r.ms, r.mib);
+  if (!csv.empty()) {
+    std::ofstream f(csv);
+    f << "config,policy,precis_ms,precis_peak_mib,gpu\n";
+    for (const auto& r : rows) f << r.config << "," << r.policy << "," << r.ms << "," << r.mib << "," << prop.name << "\n";
+    if (!f) {
+      std::fprintf(stderr, "bench_vit_gpu: cannot write %s\n", csv.c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
