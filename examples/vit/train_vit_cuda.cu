@@ -12,9 +12,9 @@
 // dynamic loss scaler). AdamW with the CPU run's options and schedule (a learning-rate table on
 // the device), gradients clipped to norm 1. The host reads the step records at each epoch's
 // end (and prints progress every 100 steps); evaluation runs on the device in batches of the
-// training size (the last one padded, its extra rows not counted), the logits downloaded to
-// count the correct ones. Timing is synchronised: the device is waited for before and after
-// each epoch's steps.
+// training size (the last one padded, its extra rows not counted), the correct predictions
+// counted there (nn::count_correct on device tensors). Timing is synchronised: the device
+// is waited for before and after each epoch's steps.
 //
 // Writes under --out summary.csv (the CPU run's columns, the last naming the GPU) and
 // curves.csv (per epoch). --check trains each map for one short epoch (32 steps on 4,096
@@ -154,34 +154,29 @@ std::pair<double, double> evaluate_all(cuda_context& ctx, Model& model, Loss& lo
                                        const device_tensor<std::int32_t, 1>& identity, device_tensor<S, 4>& x,
                                        device_tensor<std::int32_t, 1>& y) {
   const std::size_t chunk = x.shape()[0];
-  double loss_sum = 0, correct = 0;
+  device_tensor<unsigned long long, 1> correct({1});
+  check(cudaMemsetAsync(correct.data(), 0, sizeof(unsigned long long), ctx.stream()), "cudaMemsetAsync");
+  double loss_sum = 0;
   for (std::size_t first = 0; first < test.count; first += chunk) {
     const std::size_t n = std::min(chunk, test.count - first);
     gather(ctx, test, identity, first, x, y);
     const auto& logits = model.forward(ctx, x, nn::mode::eval);
-    const auto l = to_host(loss.forward(ctx, logits, y), ctx.stream());  // waits
-    const auto h = to_host(logits, ctx.stream());
-    const auto t = to_host(y, ctx.stream());
+    nn::count_correct(ctx, logits, y, n, correct);  // on the device, the first n rows
     if (n == chunk) {
-      loss_sum += double(l(0)) * double(n);
-      correct += double(nn::count_correct(h, t));
-    } else {  // the padded batch: its first n rows, the loss recomputed from them on the host
-      const std::size_t classes = h.shape()[1];
+      loss_sum += double(to_host(loss.forward(ctx, logits, y), ctx.stream())(0)) * double(n);  // waits
+    } else {  // the padded batch: the loss of its first n rows, from the logits on the host
+      const auto h = to_host(logits, ctx.stream());
+      const auto t = to_host(y, ctx.stream());
       for (std::size_t r = 0; r < n; ++r) {
         double m = -INFINITY, s = 0;
-        std::size_t best = 0;
-        for (std::size_t c = 0; c < classes; ++c) {
-          const double v = double(h(r, c));
-          if (v > double(h(r, best))) best = c;
-          m = std::max(m, v);
-        }
-        for (std::size_t c = 0; c < classes; ++c) s += std::exp(double(h(r, c)) - m);
+        for (std::size_t c = 0; c < h.shape()[1]; ++c) m = std::max(m, double(h(r, c)));
+        for (std::size_t c = 0; c < h.shape()[1]; ++c) s += std::exp(double(h(r, c)) - m);
         loss_sum += m + std::log(s) - double(h(r, std::size_t(t(r))));
-        correct += best == std::size_t(t(r)) ? 1 : 0;
       }
     }
   }
-  return {loss_sum / double(test.count), correct / double(test.count)};
+  const double right = double(to_host(correct, ctx.stream())(0));
+  return {loss_sum / double(test.count), right / double(test.count)};
 }
 
 template <class Entry>

@@ -12,21 +12,20 @@
 #include <cstddef>
 #include <map>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
 namespace precis_test {
 
-/// Copies the host model's masters into the device model (same paths) and refreshes its
-/// working copies there.
-template <class Host, class Device>
-void copy_masters(precis::cuda_context& ctx, Host& host, Device& device) {
-  std::map<std::string, std::vector<float>> masters;
-  host.for_each_parameter([&](const std::string& path, auto& p) {
-    masters[path] = std::vector<float>(p.master().begin(), p.master().end());
-  });
-  device.for_each_parameter([&](const std::string& path, auto& p) { p.set(ctx, masters.at(path)); });
-}
+/// Layer tags of the device nn tests' small models.
+struct fc1 : precis::layer<precis::op::matmul> {
+  static constexpr std::string_view name = "fc1";
+};
+/// @copydoc fc1
+struct fc2 : precis::layer<precis::op::matmul> {
+  static constexpr std::string_view name = "fc2";
+};
 
 /// Each device parameter gradient against the host's: max |device - host| <= limit * max
 /// |host| (a NaN fails).
@@ -62,7 +61,7 @@ void compare_models(precis::cuda_context& ctx, const std::string& tag, const Blu
   const precis::cpu_context cpu{2};
   auto host = precis::nn::build<S, R>(P{}, blueprint, {.seed = 7});
   auto device = precis::nn::build<S, R, precis::cuda_context>(P{}, blueprint, {.seed = 7});
-  copy_masters(ctx, host, device);
+  precis::nn::copy_masters(ctx, host, device);
   device.zero_grad(ctx);
   host.zero_grad();
   const auto x = random_tensor<S, R>(x_shape);

@@ -3,16 +3,21 @@
 // third holding an infinite input, so that both skip it), under bf16_mixed without a scaler
 // and fp16_mixed with a dynamic scaler, with clipping. The records agree: the same skipped
 // steps, scales and learning rates, losses and norms within bounds; the optimizer's step
-// count is the host's. The same for a small ViT (the example's blueprint). Then a step captured as a CUDA graph and replayed gives the bits of
-// the same steps run eagerly. Exits 77 (skipped) where no GPU is present.
+// count is the host's. The same for a small ViT (the example's blueprint). Then a step
+// captured as a CUDA graph and replayed gives the bits of the same steps run eagerly, and a
+// device model's checkpoint goes through the host's file format and back with the same
+// bits. Exits 77 (skipped) where no GPU is present.
 #include <precis/nn/cuda.hpp>  // first: the device kernels, then nn
 
 #include "../../examples/vit/model.hpp"
 #include "nn_compare.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -22,13 +27,6 @@ namespace {
 
 using namespace precis_test;
 using namespace precis;
-
-struct fc1 : layer<op::matmul> {
-  static constexpr std::string_view name = "fc1";
-};
-struct fc2 : layer<op::matmul> {
-  static constexpr std::string_view name = "fc2";
-};
 
 constexpr std::size_t batch = 96, features = 24, classes = 10, steps = 5;
 
@@ -86,7 +84,7 @@ void check_training(cuda_context& ctx, const std::string& tag, const Blueprint& 
   nn::trainer host_train(host, host_loss, host_opt, host_scaler, to);
 
   auto dev = nn::build<S, R, cuda_context>(P{}, blueprint, {.seed = 11});
-  copy_masters(ctx, host, dev);
+  nn::copy_masters(ctx, host, dev);
   nn::softmax_cross_entropy<P, std::int32_t, cuda_context> dev_loss;
   device_adamw dev_opt(ctx, dev.masters(), dev.gradients(), o, dev.decay_mask(), 16);
   Scaler dev_scaler;
@@ -135,8 +133,8 @@ void check_graph(cuda_context& ctx, const std::string& tag) {
   auto host = nn::build<S, 2>(P{}, classifier(), {.seed = 5});
   auto eager = nn::build<S, 2, cuda_context>(P{}, classifier(), {.seed = 5});
   auto graph = nn::build<S, 2, cuda_context>(P{}, classifier(), {.seed = 5});
-  copy_masters(ctx, host, eager);
-  copy_masters(ctx, host, graph);
+  nn::copy_masters(ctx, host, eager);
+  nn::copy_masters(ctx, host, graph);
   nn::softmax_cross_entropy<P, std::int32_t, cuda_context> l1, l2;
   device_adamw o1(ctx, eager.masters(), eager.gradients(), o, eager.decay_mask(), 16);
   device_adamw o2(ctx, graph.masters(), graph.gradients(), o, graph.decay_mask(), 16);
@@ -176,6 +174,65 @@ void check_graph(cuda_context& ctx, const std::string& tag) {
   expect(r2.size() == steps && r2[2].skipped, tag + " graph: the replayed infinite batch is skipped");
 }
 
+// A device model's checkpoint in the host's format: trained two steps on the device, its
+// masters copied into a host model, its optimizer stored into a host AdamW and its scaler
+// written back, then save_checkpoint; loaded into fresh host objects, the same bits; and
+// back onto a fresh device model and optimizer, which continue with the first one's bits.
+template <class P>
+void check_checkpoint(cuda_context& ctx) {
+  using S = typename P::storage_type;
+  const auto data = batches<S>();
+  const adamw_options o{.lr = 3e-3, .weight_decay = 0.01};
+  std::vector<device_tensor<S, 2>> xs;
+  std::vector<device_tensor<std::int32_t, 1>> ts;
+  for (const auto& b : data) {
+    xs.push_back(to_device(b.x));
+    ts.push_back(to_device(b.t));
+  }
+  auto dev = nn::build<S, 2, cuda_context>(P{}, classifier(), {.seed = 3});
+  dev.refresh(ctx);
+  nn::softmax_cross_entropy<P, std::int32_t, cuda_context> loss;
+  device_adamw opt(ctx, dev.masters(), dev.gradients(), o, dev.decay_mask(), 16);
+  dynamic_scaler scaler;
+  nn::trainer train(ctx, dev, loss, opt, scaler, {.max_grad_norm = 0.5});
+  train.step(ctx, xs[0], ts[0]);
+  train.step(ctx, xs[1], ts[1]);
+
+  auto host = nn::build<S, 2>(P{}, classifier(), {.seed = 99});  // other weights, overwritten
+  adamw host_opt(host.masters(), o, host.decay_mask());
+  nn::copy_masters(ctx, dev, host);
+  opt.store(ctx, host_opt);
+  train.store_scaler(ctx);
+  const auto file = std::filesystem::temp_directory_path() / "precis_test_device_checkpoint.bin";
+  save_checkpoint(file, host, host_opt, scaler);
+  auto host2 = nn::build<S, 2>(P{}, classifier(), {.seed = 123});
+  adamw host_opt2(host2.masters(), o, host2.decay_mask());
+  dynamic_scaler scaler2;
+  load_checkpoint(file, host2, host_opt2, scaler2);
+  std::filesystem::remove(file);
+  const auto on_device = masters_of(dev), loaded = masters_of(host2);
+  expect(on_device.size() == loaded.size() &&
+             std::memcmp(on_device.data(), loaded.data(), loaded.size() * sizeof(float)) == 0,
+         "checkpoint: the host model loads the device model's bits");
+  expect(save_state(host_opt2) == save_state(host_opt), "checkpoint: the optimizer's state round-trips");
+  expect(scaler2.scale() == scaler.scale(), "checkpoint: the scale round-trips");
+
+  auto dev2 = nn::build<S, 2, cuda_context>(P{}, classifier(), {.seed = 7});
+  nn::copy_masters(ctx, host2, dev2);
+  nn::softmax_cross_entropy<P, std::int32_t, cuda_context> loss2;
+  device_adamw opt2(ctx, dev2.masters(), dev2.gradients(), o, dev2.decay_mask(), 16);
+  opt2.load(ctx, host_opt2);
+  nn::trainer train2(ctx, dev2, loss2, opt2, scaler2, {.max_grad_norm = 0.5});
+  train.step(ctx, xs[3], ts[3]);
+  train2.step(ctx, xs[3], ts[3]);
+  const auto a = masters_of(dev), b = masters_of(dev2);
+  expect(a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0,
+         "checkpoint: the restored device model steps with the original's bits");
+  const auto r1 = train.records(ctx), r2 = train2.records(ctx);
+  expect(!r1.empty() && !r2.empty() && r1.back().loss == r2.back().loss && r1.back().scale == r2.back().scale,
+         "checkpoint: the restored step's record is the original's");
+}
+
 }  // namespace
 
 int main() {
@@ -184,6 +241,29 @@ int main() {
   check_training<presets::bf16_mixed, no_scaling>(ctx, "bf16_mixed");
   check_training<presets::fp16_mixed, dynamic_scaler>(ctx, "fp16_mixed");
   check_graph<presets::fp16_mixed, dynamic_scaler>(ctx, "fp16_mixed");
+  check_checkpoint<presets::fp16_mixed>(ctx);
+  // Accuracy counted on the device as nn::count_correct counts on the host: ties to the
+  // first largest value, only the first `rows` rows.
+  {
+    const std::size_t rows = 40;
+    auto logits = random_tensor<bfloat16, 2>({50, 7});
+    for (std::size_t c = 0; c < 7; ++c) logits(3, c) = bfloat16(0.5F);  // a tie: class 0
+    auto targets = host_tensor<std::int32_t, 1>::from_shape({50});
+    std::uniform_int_distribution<int> cls(0, 6);
+    for (auto& v : targets) v = cls(rng);
+    targets(3) = 0;
+    auto first = host_tensor<bfloat16, 2>::from_shape({rows, 7});
+    auto first_targets = host_tensor<std::int32_t, 1>::from_shape({rows});
+    std::copy(logits.begin(), logits.begin() + std::ptrdiff_t(rows * 7), first.begin());
+    std::copy(targets.begin(), targets.begin() + std::ptrdiff_t(rows), first_targets.begin());
+    const std::size_t want = nn::count_correct(first, first_targets);
+    device_tensor<unsigned long long, 1> count({1});
+    check(cudaMemsetAsync(count.data(), 0, sizeof(unsigned long long), ctx.stream()), "cudaMemsetAsync");
+    const auto dl = to_device(logits);
+    const auto dt = to_device(targets);
+    nn::count_correct(ctx, dl, dt, rows, count);
+    expect(std::size_t(to_host(count, ctx.stream())(0)) == want, "count_correct on the device counts as the host");
+  }
   // A small ViT (the example's blueprint), three layers of every kind it has.
   const vit::config c{.image = 16, .patch = 4, .channels = 1, .width = 32, .heads = 2, .classes = classes};
   check_training<presets::bf16_mixed, no_scaling, 4>(ctx, "vit bf16_mixed", vit::blueprint<2>(c), {32, 1, 16, 16});

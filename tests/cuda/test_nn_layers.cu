@@ -14,13 +14,6 @@ namespace {
 using namespace precis_test;
 using namespace precis;
 
-struct fc1 : layer<op::matmul> {
-  static constexpr std::string_view name = "fc1";
-};
-struct fc2 : layer<op::matmul> {
-  static constexpr std::string_view name = "fc2";
-};
-
 // Rows of several slabs of the column sum (64 rows each), and a last slab cut short.
 auto mlp() { return nn::seq(nn::linear<fc1>(24, 40), nn::relu(), nn::linear<fc2>(40, 10, nn::no_bias)); }
 

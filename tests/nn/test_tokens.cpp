@@ -2,7 +2,8 @@
 // against central differences in float64; patchify against a hand-written loop; dropout's
 // mask, scaling, seed and checkpointed call count; a ViT encoder block gradient-checked in
 // float64 and, under bf16_mixed and fp16_mixed, compared against it; the same bits on 1 and
-// 2 threads; wrong shapes refused with the layer's path.
+// 2 threads; wrong shapes refused with the layer's path; the copy plans the device runs for
+// patchify, select_token, class_token and attention's heads against the host layers.
 #include <precis/precis.hpp>
 
 #include <precis/nn/attention.hpp>
@@ -164,6 +165,82 @@ TEST_CASE("select_token takes one token; its gradient goes there and zeros elsew
     for (std::size_t t = 0; t < 4; ++t)
       for (std::size_t d = 0; d < 3; ++d) CHECK(dx(b, t, d) == (t == 2 ? 1.5 : 0.0));
   check_gradients(m, x);
+}
+
+// The device runs these layers' copies as copy plans (one strided-copy launch each); the
+// same plans run here through detail::run_copy_plan, which uses the device kernel's offset
+// function, and must give the host layers' bits.
+TEST_CASE("the device layers' copy plans move what the host layers move") {
+  SUBCASE("patchify, forward and backward") {
+    const std::array<std::size_t, 4> in{2, 3, 8, 12};
+    const std::size_t p = 4;
+    const auto x = random_tensor<4>(in);
+    auto m = nn::build<double, 4>(f64{}, nn::patchify(p));
+    const auto& y = m.forward(ctx, x);
+    host_tensor<double, 3> y2(y.shape());
+    detail::run_copy_plan(nn::detail::patchify_plan(in, p, false), x.data(), y2.data());
+    CHECK(y2 == y);
+    const auto dy = random_tensor<3>({2, 6, 48});
+    const auto& dx = m.backward(ctx, dy);
+    host_tensor<double, 4> dx2(dx.shape());
+    detail::run_copy_plan(nn::detail::patchify_plan(in, p, true), dy.data(), dx2.data());
+    CHECK(dx2 == dx);
+  }
+  SUBCASE("select_token, forward and backward") {
+    const std::size_t n = 3, t = 5, d = 4, index = 2;
+    auto m = nn::build<double, 3>(f64{}, nn::select_token(index));
+    const auto x = random_tensor<3>({n, t, d});
+    const auto& y = m.forward(ctx, x);
+    host_tensor<double, 2> y2(y.shape());
+    detail::run_copy_plan(nn::detail::select_token_plan(n, t, d, false), x.data() + index * d, y2.data());
+    CHECK(y2 == y);
+    const auto dy = random_tensor<2>({n, d});
+    const auto& dx = m.backward(ctx, dy);
+    host_tensor<double, 3> dx2(dx.shape());
+    dx2.fill(0.0);
+    detail::run_copy_plan(nn::detail::select_token_plan(n, t, d, true), dy.data(), dx2.data() + index * d);
+    CHECK(dx2 == dx);
+  }
+  SUBCASE("class_token, forward and backward") {
+    const std::size_t n = 3, t = 4, d = 5;
+    auto m = nn::build<double, 3>(f64{}, nn::class_token(d));
+    const auto x = random_tensor<3>({n, t, d});
+    const auto& y = m.forward(ctx, x);
+    host_tensor<double, 3> y2(y.shape());
+    y2.fill(std::nan(""));
+    m.for_each_parameter([&](const std::string&, auto& token) {
+      detail::run_copy_plan(nn::detail::class_token_first(n, t, d), token.value().data(), y2.data());
+    });
+    detail::run_copy_plan(nn::detail::class_token_rest(n, t, d), x.data(), y2.data() + d);
+    CHECK(y2 == y);
+    const auto dy = random_tensor<3>({n, t + 1, d});
+    const auto& dx = m.backward(ctx, dy);
+    host_tensor<double, 3> dx2(dx.shape());
+    detail::run_copy_plan(nn::detail::class_token_backward(n, t, d), dy.data() + d, dx2.data());
+    CHECK(dx2 == dx);
+  }
+  SUBCASE("attention's heads, split and merged") {
+    const nn::detail::heads_geometry g{2, 5, 12, 3};
+    const auto rows = random_tensor<3>({g.n, g.t, 3 * g.d});
+    host_tensor<double, 3> q(g.per_head()), k(g.per_head()), v(g.per_head());
+    nn::detail::split_heads(ctx, g, rows.data(), q.data(), k.data(), v.data());
+    std::size_t column = 0;
+    for (const auto* heads : {&q, &k, &v}) {
+      host_tensor<double, 3> h2(g.per_head());
+      detail::run_copy_plan(nn::detail::heads_plan(g, 3, false), rows.data() + column, h2.data());
+      CHECK(h2 == *heads);
+      column += g.d;
+    }
+    host_tensor<double, 3> merged(rows.shape()), merged2(rows.shape());
+    nn::detail::merge_heads(ctx, g, merged.data(), q.data(), k.data(), v.data());
+    column = 0;
+    for (const auto* heads : {&q, &k, &v}) {
+      detail::run_copy_plan(nn::detail::heads_plan(g, 3, true), heads->data(), merged2.data() + column);
+      column += g.d;
+    }
+    CHECK(merged2 == merged);
+    CHECK(merged == rows);
+  }
 }
 
 TEST_CASE("scale multiplies values and gradients by its factor") {

@@ -64,6 +64,54 @@ PRECIS_HOST_DEVICE constexpr T round_to(V v) {
   }
 }
 
+namespace detail {
+
+/// A strided copy of rank R: to[sum i_k to_k] = from[sum i_k from_k] for every index
+/// (i_0, ..., i_{R-1}) of `shape` (strides in elements; a source stride 0 repeats). The
+/// data layers' permutations, gathers and broadcasts on the device are one launch of it
+/// each (context_traits<cuda_context>::strided_copy), and the host tests run the same plans
+/// through copy_offsets to check them against the host layers.
+template <std::size_t R>
+struct copy_plan {
+  std::size_t shape[R];  ///< the extent of each axis
+  std::size_t from[R];   ///< the source's stride of each axis
+  std::size_t to[R];     ///< the destination's stride of each axis
+  /// Elements copied: the product of the extents.
+  PRECIS_HOST_DEVICE constexpr std::size_t elements() const {
+    std::size_t n = 1;
+    for (std::size_t k = 0; k < R; ++k) n *= shape[k];
+    return n;
+  }
+};
+
+/// The source and destination offsets of element e (row-major over the plan's shape).
+template <std::size_t R>
+PRECIS_HOST_DEVICE constexpr void copy_offsets(const copy_plan<R>& p, std::size_t e, std::size_t& from,
+                                               std::size_t& to) {
+  from = 0;
+  to = 0;
+  for (std::size_t k = R; k-- > 0;) {
+    const std::size_t i = e % p.shape[k];
+    e /= p.shape[k];
+    from += i * p.from[k];
+    to += i * p.to[k];
+  }
+}
+
+/// Runs a copy plan on the host, one element at a time (the reference the device's launch
+/// is tested against).
+template <std::size_t R, class T>
+void run_copy_plan(const copy_plan<R>& p, const T* from, T* to) {
+  const std::size_t n = p.elements();
+  for (std::size_t e = 0; e < n; ++e) {
+    std::size_t a = 0, b = 0;
+    copy_offsets(p, e, a, b);
+    to[b] = from[a];
+  }
+}
+
+}  // namespace detail
+
 /// An element type a kernel accepts: float, double or a precis format.
 template <class T>
 concept kernel_element = std::is_same_v<T, float> || std::is_same_v<T, double> ||

@@ -207,6 +207,21 @@ struct heads_geometry {
   shape_t<3> square() const { return {n * h, t, t}; }
 };
 
+/// The copy plan that takes one of `count` heads tensors [N*H, T, dh] out of rows [N, T,
+/// count d] (its columns from the rows' first: the caller offsets the rows pointer), or,
+/// `to_rows`, puts it back: over [N, H, T, dh].
+inline precis::detail::copy_plan<4> heads_plan(const heads_geometry& g, std::size_t count, bool to_rows) {
+  const std::size_t dh = g.dh(), width = count * g.d;
+  const std::size_t rows[4] = {g.t * width, dh, width, 1};
+  const std::size_t heads[4] = {g.h * g.t * dh, g.t * dh, dh, 1};
+  precis::detail::copy_plan<4> plan{{g.n, g.h, g.t, dh}, {}, {}};
+  for (std::size_t k = 0; k < 4; ++k) {
+    plan.from[k] = to_rows ? heads[k] : rows[k];
+    plan.to[k] = to_rows ? rows[k] : heads[k];
+  }
+  return plan;
+}
+
 /// `x` as a tensor of the buffer's element type after as_type(ctx, x, buffer) has run: x
 /// itself, or the buffer that holds its cast (the backward pass reads what the forward pass
 /// converted).
@@ -548,15 +563,11 @@ class attention_layer
       ((copy_heads(ctx, heads, rows + column, sizeof...(Heads), true), column += g_.d), ...);
     }
   }
-  // One heads tensor out of (or, `to_rows`, into) rows `count` d wide, over [N, H, T, dh].
+  // One heads tensor out of (or, `to_rows`, into) rows `count` d wide.
   template <class From, class To>
-  void copy_heads(context_ref_t<Ctx> ctx, From* from, To* to, std::size_t count, bool to_rows) const {
-    const std::size_t dh = g_.dh(), width = count * g_.d;
-    const std::array<std::size_t, 4> shape{g_.n, g_.h, g_.t, dh};
-    const std::array<std::size_t, 4> rows{g_.t * width, dh, width, 1};
-    const std::array<std::size_t, 4> heads{g_.h * g_.t * dh, g_.t * dh, dh, 1};
-    context_traits<Ctx>::template strided_copy<std::remove_const_t<From>, 4>(
-        "precis::nn::attention (heads)", ctx, from, to_rows ? heads : rows, to, to_rows ? rows : heads, shape);
+  void copy_heads(context_ref_t<Ctx> ctx, const From* from, To* to, std::size_t count, bool to_rows) const {
+    context_traits<Ctx>::strided_copy("precis::nn::attention (heads)", ctx, from, to,
+                                      detail::heads_plan(g_, count, to_rows));
   }
 
   std::size_t dim_, heads_;

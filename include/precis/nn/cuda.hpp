@@ -116,26 +116,16 @@ struct context_traits<cuda_context> {
     static_assert(sizeof...(In) == 2, "precis: on the device, joins by addition take two branches");
     [&](const auto& a, const auto& b) { precis::add<policy<Out, float, float, float, Out>>(ctx, a, b, out); }(in...);
   }
-  /// to[index . to_strides] = from[index . from_strides] for every index of `shape` (strides
-  /// in elements; a source stride 0 repeats), one launch on the context's stream: the
-  /// permutations, gathers and broadcasts of the data layers (patchify, select_token,
-  /// class_token, attention's heads). Throws precis::error when the launch fails.
+  /// Runs copy plan `p` (precis::detail::copy_plan: a permutation, gather or broadcast of
+  /// the data layers: patchify, select_token, class_token, attention's heads) as one launch
+  /// on the context's stream. Throws precis::error, naming `name`, when the launch fails.
   template <class T, std::size_t R>
-  static void strided_copy(std::string_view name, ref ctx, const T* from,
-                           const std::array<std::size_t, R>& from_strides, T* to,
-                           const std::array<std::size_t, R>& to_strides,
-                           const std::array<std::size_t, R>& shape) {
-    precis::detail::cuda::copy_geometry<R> g{};
-    std::size_t total = 1;
-    for (std::size_t k = 0; k < R; ++k) {
-      g.shape[k] = shape[k];
-      g.from[k] = from_strides[k];
-      g.to[k] = to_strides[k];
-      total *= shape[k];
-    }
+  static void strided_copy(std::string_view name, ref ctx, const T* from, T* to,
+                           const precis::detail::copy_plan<R>& p) {
+    const std::size_t total = p.elements();
     if (total == 0) return;
     precis::detail::cuda::strided_copy_kernel<T, R>
-        <<<precis::detail::cuda::grid_for(total), 256, 0, ctx.stream()>>>(from, to, g, total);
+        <<<precis::detail::cuda::grid_for(total), 256, 0, ctx.stream()>>>(from, to, p, total);
     check(cudaGetLastError(), name);
   }
   /// y = Fn(x) elementwise on the context's stream, computed in P's opmath type and rounded

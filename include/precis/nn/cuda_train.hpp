@@ -40,6 +40,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -52,27 +53,17 @@ namespace precis::nn {
 /// makes the loss NaN (the device cannot refuse it without waiting), so a scaler skips the
 /// step.
 template <Policy P, std::integral Target>
-class basic_softmax_cross_entropy<P, Target, cuda_context> {
+class basic_softmax_cross_entropy<P, Target, cuda_context>
+    : public softmax_cross_entropy_types<P, Target, cuda_context> {
   using S = typename P::storage_type;
   using G = typename P::gradient_type;
+  using types = softmax_cross_entropy_types<P, Target, cuda_context>;
 
  public:
-  /// Its name in error messages: "softmax_cross_entropy".
-  static constexpr std::string_view name = "softmax_cross_entropy";
-  /// The (resolved) policy it runs under.
-  using policy_type = P;
-  /// Element type of the logits forward() reads: P's storage type.
-  using input_type = S;
-  /// Element type of the gradient backward() returns: P's gradient type.
-  using input_grad_type = G;
-  /// It reads logits [batch, classes].
-  static constexpr std::size_t input_rank = 2;
-  /// Integer type of the class targets.
-  using target_type = Target;
   /// The targets' tensor, in device memory.
-  using target_tensor = device_tensor<Target, 1>;
+  using target_tensor = typename types::target_tensor;
   /// The type the loss value is computed and kept in.
-  using value_type = precis::detail::math_t<op::loss, P, S>;
+  using value_type = typename types::value_type;
 
   /// Writes the loss of `logits` against `targets` to value() and returns it; keeps both
   /// addresses for backward(). Throws precis::error for targets of another length or an
@@ -88,7 +79,7 @@ class basic_softmax_cross_entropy<P, Target, cuda_context> {
   /// `dloss` a host value or a device float (a loss scale kept on the device). Throws
   /// precis::error without a forward pass.
   const device_tensor<G, 2>& backward(cuda_context& ctx, device_dloss dloss = 1.0) {
-    const auto& logits = logits_.get(name);
+    const auto& logits = logits_.get(types::name);
     detail::ensure(dx_, detail::shape_of<2>(logits));
     precis::cross_entropy_backward<P>(ctx, logits, *targets_, dx_, dloss);
     return dx_;
@@ -106,6 +97,74 @@ class basic_softmax_cross_entropy<P, Target, cuda_context> {
   device_tensor<G, 2> dx_;
   device_tensor<value_type, 1> loss_{{1}};
 };
+
+/// Copies the master weights of model `from` into model `to` (models of one blueprint, on
+/// the host or the device, either way) and refreshes `to`'s working copies. A device
+/// model's checkpoint goes through a host model, since save_checkpoint writes host models:
+/// copy_masters into a host model, the device optimizer's store() into a host optimizer,
+/// the trainer's store_scaler(); and back with copy_masters and load(). Waits for the
+/// device. Throws precis::error, before changing anything, when a parameter of `to` has no
+/// counterpart of its size in `from`.
+template <class From, class To>
+void copy_masters(cuda_context& ctx, From& from, To& to) {
+  std::map<std::string, std::vector<float>, std::less<>> values;
+  from.for_each_parameter([&](const std::string& path, const auto& p) {
+    values[path] = context_traits<typename From::context_type>::download(p.master());
+  });
+  to.for_each_parameter([&](const std::string& path, const auto& p) {
+    const auto it = values.find(path);
+    if (it == values.end() || it->second.size() != p.size()) {
+      throw error("precis::nn::copy_masters: " + path + " has no counterpart of " + std::to_string(p.size()) +
+                  " values in the model copied from");
+    }
+  });
+  to.for_each_parameter([&](const std::string& path, auto& p) {
+    if constexpr (std::is_same_v<typename To::context_type, cpu_context>) {
+      p.set(cpu_context{1}, values.find(path)->second);
+    } else {
+      p.set(ctx, values.find(path)->second);
+    }
+  });
+}
+
+namespace detail::cuda {
+
+/// count[0] += the rows r < rows of logits [.., cols] whose largest value (the first on
+/// ties; NaN never larger) is at targets[r]: nn::count_correct's rule, one thread per row.
+template <class T, class I>
+__global__ void count_correct_rows(const T* logits, const I* targets, std::size_t rows, std::size_t cols,
+                                   unsigned long long* count) {
+  for (std::size_t r = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; r < rows;
+       r += std::size_t(gridDim.x) * blockDim.x) {
+    const T* row = logits + r * cols;
+    std::size_t best = 0;
+    for (std::size_t c = 1; c < cols; ++c) {
+      using precis::detail::cuda::device_load;
+      if (device_load<float>(row[c]) > device_load<float>(row[best])) best = c;
+    }
+    if (static_cast<I>(best) == targets[r]) atomicAdd(count, 1ULL);
+  }
+}
+
+}  // namespace detail::cuda
+
+/// Adds to `count` (a device counter, {1}) how many of the first `rows` rows of `logits`
+/// have their largest value (the first on ties) at the target, as nn::count_correct does
+/// on the host; queued on ctx's stream. Throws precis::error when rows exceeds the logits'
+/// rows or the targets' length.
+template <class T, std::integral I>
+void count_correct(cuda_context& ctx, const device_tensor<T, 2>& logits, const device_tensor<I, 1>& targets,
+                   std::size_t rows, device_tensor<unsigned long long, 1>& count) {
+  if (rows > logits.shape()[0] || rows > targets.shape()[0]) {
+    throw error("precis::nn::count_correct: " + std::to_string(rows) + " rows of logits " +
+                shape_string(logits.shape()) + " and " + std::to_string(targets.shape()[0]) + " targets");
+  }
+  check_shape("precis::nn::count_correct: count", count, std::array<std::size_t, 1>{1});
+  if (rows == 0) return;
+  detail::cuda::count_correct_rows<<<precis::detail::cuda::grid_for(rows), 256, 0, ctx.stream()>>>(
+      logits.data(), targets.data(), rows, logits.shape()[1], count.data());
+  check(cudaGetLastError(), "precis::nn::count_correct");
+}
 
 /// One step as the device writes it into a trainer's ring (step_record without the host's
 /// step index).
@@ -170,13 +229,7 @@ concept device_optimizer = requires(O& o, cuda_context& ctx, const int* found_in
 /// keep their fixed scale. The learning-rate schedule is the optimizer's table.
 template <class Model, class Loss, class Optimizer, class Scaler, class Schedule>
 class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
-  static_assert(std::is_same_v<typename Model::output_type, typename Loss::input_type> &&
-                    std::is_same_v<typename Model::output_grad_type, typename Loss::input_grad_type>,
-                "precis: the loss must read the model's output type and give its gradient type; "
-                "give the loss's tag the policy of the model's last layer in the map");
-  static_assert(Model::output_rank == Loss::input_rank,
-                "precis: the loss reads tensors of another rank than the model gives");
-  static_assert(check_scaler<typename Loss::policy_type, Scaler>());
+  static_assert(detail::trainer_parts_fit<Model, Loss, Scaler>());
   static_assert(std::is_same_v<Schedule, no_schedule>,
                 "precis: on the device the learning-rate schedule is the optimizer's table "
                 "(device_adamw(..., schedule.lr_table(steps))); make the trainer without one");

@@ -72,6 +72,22 @@ constexpr position_embedding_spec<Tag> position_embedding(std::size_t tokens, st
 
 namespace detail {
 
+/// The copy plans of nn::class_token for n items of t tokens of width d (device launches,
+/// checked on the host against the layer): the learned token put first in every item (from
+/// the token), the items' tokens after it (from x, to the output past its first token), and
+/// backward the output gradient without its first token (from dy past its first token).
+inline precis::detail::copy_plan<2> class_token_first(std::size_t n, std::size_t t, std::size_t d) {
+  return {{n, d}, {0, 1}, {(t + 1) * d, 1}};
+}
+/// @copydoc class_token_first
+inline precis::detail::copy_plan<2> class_token_rest(std::size_t n, std::size_t t, std::size_t d) {
+  return {{n, t * d}, {t * d, 1}, {(t + 1) * d, 1}};
+}
+/// @copydoc class_token_first
+inline precis::detail::copy_plan<2> class_token_backward(std::size_t n, std::size_t t, std::size_t d) {
+  return {{n, t * d}, {(t + 1) * d, 1}, {t * d, 1}};
+}
+
 /// out[j] = sum over the N items of f(n, j), in the reduction rule's types, rounded once
 /// to the gradient type G: the batch sum every embedding's gradient is.
 template <Policy P, class G, class F>
@@ -134,11 +150,8 @@ class class_token_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> 
         std::copy_n(x.data() + n * t * d, t * d, y_.data() + (n * (t + 1) + 1) * d);
       }
     } else {
-      const std::size_t row = (t + 1) * d;
-      io::template strided_copy<S, 2>("precis::nn::class_token", ctx, tok, {0, 1}, y_.data(), {row, 1},
-                                      {out[0], d});
-      io::template strided_copy<S, 2>("precis::nn::class_token", ctx, x.data(), {t * d, 1}, y_.data() + d,
-                                      {row, 1}, {out[0], t * d});
+      io::strided_copy("precis::nn::class_token", ctx, tok, y_.data(), detail::class_token_first(out[0], t, d));
+      io::strided_copy("precis::nn::class_token", ctx, x.data(), y_.data() + d, detail::class_token_rest(out[0], t, d));
     }
     x_.set(x);
     return y_;
@@ -160,8 +173,7 @@ class class_token_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> 
       detail::batch_sum<P>(ctx, items, d, dtoken_.data(),
                            [&](std::size_t n, std::size_t j) { return g[n * (t + 1) * d + j]; });
     } else {
-      io::template strided_copy<G, 2>("precis::nn::class_token", ctx, g + d, {(t + 1) * d, 1}, dx_.data(),
-                                      {t * d, 1}, {items, t * d});
+      io::strided_copy("precis::nn::class_token", ctx, g + d, dx_.data(), detail::class_token_backward(items, t, d));
       // The batch sum in the device's fixed order (kernels/cuda/reduce.hpp).
       precis::detail::column_sums<P>(ctx, g, items, d, dtoken_.data(), (t + 1) * d);
     }

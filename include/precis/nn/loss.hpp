@@ -13,6 +13,29 @@
 
 namespace precis::nn {
 
+/// What the softmax cross-entropy loss is, on either context: its name, policy, the types
+/// and rank it reads and gives, its targets' tensor (on context Ctx) and the type of its
+/// value. The trainer reads these.
+template <Policy P, std::integral Target, class Ctx>
+struct softmax_cross_entropy_types {
+  /// Its name in error messages: "softmax_cross_entropy".
+  static constexpr std::string_view name = "softmax_cross_entropy";
+  /// The (resolved) policy it runs under.
+  using policy_type = P;
+  /// Element type of the logits forward() reads: P's storage type.
+  using input_type = typename P::storage_type;
+  /// Element type of the gradient backward() returns: P's gradient type.
+  using input_grad_type = typename P::gradient_type;
+  /// It reads logits [batch, classes].
+  static constexpr std::size_t input_rank = 2;
+  /// Integer type of the class targets.
+  using target_type = Target;
+  /// The targets' tensor on Ctx: one class index in [0, classes) per row of the logits.
+  using target_tensor = tensor_t<Ctx, Target, 1>;
+  /// The type the loss value is computed in (float, or double under a double policy).
+  using value_type = precis::detail::math_t<op::loss, P, typename P::storage_type>;
+};
+
 /// The mean over the batch of -log softmax(logits)[target], from logits in P's storage
 /// type and integer class targets. Computed under rule::fp32_operation (float math, float
 /// sum over the batch) unless P waives it: an `unsafe` float16 policy then sums the loss in
@@ -22,7 +45,7 @@ namespace precis::nn {
 /// On cuda_context (a partial specialisation in <precis/nn/cuda.hpp>) the targets are a
 /// device tensor and the loss value is written to device memory.
 template <Policy P, std::integral Target = std::int32_t, class Ctx = cpu_context>
-class basic_softmax_cross_entropy {
+class basic_softmax_cross_entropy : public softmax_cross_entropy_types<P, Target, Ctx> {
   static_assert(std::is_same_v<Ctx, cpu_context>,
                 "precis: the device softmax_cross_entropy is declared in <precis/nn/cuda.hpp>; "
                 "include it first, from CUDA code");
@@ -30,22 +53,8 @@ class basic_softmax_cross_entropy {
   using G = typename P::gradient_type;
 
  public:
-  /// Its name in error messages: "softmax_cross_entropy".
-  static constexpr std::string_view name = "softmax_cross_entropy";
-  /// The (resolved) policy it runs under.
-  using policy_type = P;
-  /// Element type of the logits forward() reads: P's storage type.
-  using input_type = S;
-  /// Element type of the gradient backward() returns: P's gradient type.
-  using input_grad_type = G;
-  /// It reads logits [batch, classes].
-  static constexpr std::size_t input_rank = 2;
-  /// Integer type of the class targets.
-  using target_type = Target;
-  /// The targets' tensor: one class index in [0, classes) per row of the logits.
-  using target_tensor = host_tensor<Target, 1>;
   /// The type the loss value is computed in (float, or double under a double policy).
-  using value_type = precis::detail::math_t<op::loss, P, S>;
+  using value_type = typename softmax_cross_entropy_types<P, Target, Ctx>::value_type;
 
   /// The loss of `logits` [batch, classes] against `targets` [batch] (see the class
   /// comment); keeps the addresses of both for backward(), so they must stay alive and
@@ -62,7 +71,7 @@ class basic_softmax_cross_entropy {
   /// logits: dloss * (softmax - onehot) / batch, in P's gradient type. Throws precis::error
   /// without a forward pass.
   const host_tensor<G, 2>& backward(const cpu_context& ctx, double dloss = 1.0) {
-    const auto& logits = logits_.get(name);
+    const auto& logits = logits_.get(this->name);
     detail::ensure(dx_, detail::shape_of<2>(logits));
     cross_entropy_backward<P>(ctx, logits, *targets_, dx_, dloss);
     return dx_;

@@ -40,6 +40,29 @@ inline std::string number_string(double v) {
   return buf;
 }
 
+/// The copy plan of nn::patchify for images of shape `in` and patches of p x p: over [N,
+/// rows, cols, C, p, p], the patches side packed and the pixels side at the image's
+/// strides; from pixels to patches, or back (`back`).
+inline precis::detail::copy_plan<6> patchify_plan(const std::array<std::size_t, 4>& in, std::size_t p, bool back) {
+  const std::size_t n = in[0], c = in[1], h = in[2], w = in[3], rows = h / p, cols = w / p;
+  const std::size_t pixels[6] = {c * h * w, p * w, p, h * w, w, 1};
+  const std::size_t patches[6] = {rows * cols * c * p * p, cols * c * p * p, c * p * p, p * p, p, 1};
+  precis::detail::copy_plan<6> plan{{n, rows, cols, c, p, p}, {}, {}};
+  for (std::size_t k = 0; k < 6; ++k) {
+    plan.from[k] = back ? patches[k] : pixels[k];
+    plan.to[k] = back ? pixels[k] : patches[k];
+  }
+  return plan;
+}
+
+/// The copy plan of nn::select_token for n items of t tokens of width d: from the source
+/// at the token (forward: x + index d) to the packed rows, or back (the input gradient +
+/// index d, from dy).
+inline precis::detail::copy_plan<2> select_token_plan(std::size_t n, std::size_t t, std::size_t d, bool back) {
+  return back ? precis::detail::copy_plan<2>{{n, d}, {d, 1}, {t * d, 1}}
+              : precis::detail::copy_plan<2>{{n, d}, {t * d, 1}, {d, 1}};
+}
+
 /// Row-major strides of a shape.
 template <std::size_t N>
 shape_t<N> strides_of(const shape_t<N>& s) {
@@ -399,18 +422,8 @@ class patchify_layer : public data_layer_base<T, G, R, 3, Ctx> {
     const std::size_t n = in_shape_[0], c = in_shape_[1], h = in_shape_[2], w = in_shape_[3];
     const std::size_t rows = h / p_, cols = w / p_;
     if constexpr (!std::is_same_v<Ctx, cpu_context>) {
-      // One strided copy over [N, rows, cols, C, p, p]: patches side packed, pixels side
-      // at the image's strides.
-      const std::array<std::size_t, 6> shape{n, rows, cols, c, p_, p_};
-      const std::array<std::size_t, 6> pixels{c * h * w, p_ * w, p_, h * w, w, 1};
-      const auto patches = detail::strides_of<6>(shape);
-      if (back) {
-        context_traits<Ctx>::template strided_copy<U, 6>("precis::nn::patchify", ctx, from, patches, to, pixels,
-                                                         shape);
-      } else {
-        context_traits<Ctx>::template strided_copy<U, 6>("precis::nn::patchify", ctx, from, pixels, to, patches,
-                                                         shape);
-      }
+      context_traits<Ctx>::strided_copy("precis::nn::patchify", ctx, from, to,
+                                        detail::patchify_plan(in_shape_, p_, back));
     } else {
       const std::size_t features = c * p_ * p_, per_row = cols * features;
       precis::detail::parallel_for(
@@ -496,8 +509,8 @@ class select_token_layer : public data_layer_base<T, G, R, 2, Ctx> {
         std::copy_n(x.data() + (n * t + index_) * d, d, y_.data() + n * d);
       }
     } else {
-      io::template strided_copy<T, 2>("precis::nn::select_token", ctx, x.data() + index_ * d, {t * d, 1},
-                                      y_.data(), {d, 1}, {in_shape_[0], d});
+      io::strided_copy("precis::nn::select_token", ctx, x.data() + index_ * d, y_.data(),
+                       detail::select_token_plan(in_shape_[0], t, d, false));
     }
     return y_;
   }
@@ -514,8 +527,8 @@ class select_token_layer : public data_layer_base<T, G, R, 2, Ctx> {
       }
     } else {
       io::zero(ctx, dx_);
-      io::template strided_copy<G, 2>("precis::nn::select_token", ctx, dy.data(), {d, 1},
-                                      dx_.data() + index_ * d, {t * d, 1}, {in_shape_[0], d});
+      io::strided_copy("precis::nn::select_token", ctx, dy.data(), dx_.data() + index_ * d,
+                       detail::select_token_plan(in_shape_[0], t, d, true));
     }
     return dx_;
   }

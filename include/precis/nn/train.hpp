@@ -69,6 +69,24 @@ concept averaging_scaler = requires(Scaler& s, std::vector<std::span<float>>& g)
   s.reducer_object().average(g);
 };
 
+namespace detail {
+
+/// The compile-time checks every trainer (host or device) makes of its parts: the loss
+/// reads the model's output type and rank and gives its gradient type, and the scaler fits
+/// the loss's policy (rule b). True when they pass; a static_assert's message otherwise.
+template <class Model, class Loss, class Scaler>
+constexpr bool trainer_parts_fit() {
+  static_assert(std::is_same_v<typename Model::output_type, typename Loss::input_type> &&
+                    std::is_same_v<typename Model::output_grad_type, typename Loss::input_grad_type>,
+                "precis: the loss must read the model's output type and give its gradient type; "
+                "give the loss's tag the policy of the model's last layer in the map");
+  static_assert(Model::output_rank == Loss::input_rank,
+                "precis: the loss reads tensors of another rank than the model gives");
+  return check_scaler<typename Loss::policy_type, Scaler>();
+}
+
+}  // namespace detail
+
 /// Trains `Model` (an nn::model from nn::build) on `Loss` (nn::softmax_cross_entropy, or any
 /// loss with input_type / input_grad_type / input_rank / target_tensor, forward(ctx, y,
 /// targets) returning the loss and backward(ctx, dloss) the gradient of y) with `Optimizer`
@@ -93,13 +111,7 @@ class trainer {
   static_assert(std::is_same_v<Ctx, cpu_context>,
                 "precis: the device nn::trainer is declared in <precis/nn/cuda.hpp>; include it "
                 "first, from CUDA code");
-  static_assert(std::is_same_v<typename Model::output_type, typename Loss::input_type> &&
-                    std::is_same_v<typename Model::output_grad_type, typename Loss::input_grad_type>,
-                "precis: the loss must read the model's output type and give its gradient type; "
-                "give the loss's tag the policy of the model's last layer in the map");
-  static_assert(Model::output_rank == Loss::input_rank,
-                "precis: the loss reads tensors of another rank than the model gives");
-  static_assert(check_scaler<typename Loss::policy_type, Scaler>());
+  static_assert(detail::trainer_parts_fit<Model, Loss, Scaler>());
 
  public:
   /// What the model's forward() reads.

@@ -44,28 +44,14 @@ inline unsigned grid_for(std::size_t n, unsigned threads = 256) {
   return unsigned(std::clamp<std::size_t>(blocks, 1, 4096));
 }
 
-/// The shape and both sides' strides (in elements) of a strided copy of rank R.
-template <std::size_t R>
-struct copy_geometry {
-  std::size_t shape[R];  ///< the extent of each axis
-  std::size_t from[R];   ///< the source's stride of each axis (0: repeated)
-  std::size_t to[R];     ///< the destination's stride of each axis
-};
-
-/// to[sum i_k to_k] = from[sum i_k from_k] for every index (i_0, ..., i_{R-1}) of the
-/// shape, one thread per element: a permutation, a gather or a broadcast as one launch.
-/// A template so that every translation unit may define it.
+/// Runs copy plan `p` (kernels/common.hpp), one thread per element. A template so that
+/// every translation unit may define it.
 template <class T, std::size_t R>
-__global__ void strided_copy_kernel(const T* from, T* to, copy_geometry<R> g, std::size_t total) {
+__global__ void strided_copy_kernel(const T* from, T* to, copy_plan<R> p, std::size_t total) {
   for (std::size_t e = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; e < total;
        e += std::size_t(gridDim.x) * blockDim.x) {
-    std::size_t rest = e, a = 0, b = 0;
-    for (std::size_t k = R; k-- > 0;) {
-      const std::size_t i = rest % g.shape[k];
-      rest /= g.shape[k];
-      a += i * g.from[k];
-      b += i * g.to[k];
-    }
+    std::size_t a = 0, b = 0;
+    copy_offsets(p, e, a, b);
     to[b] = from[a];
   }
 }
