@@ -33,6 +33,13 @@ void check_vit_layers(cuda_context& ctx, const std::string& tag) {
                        nn::seq(nn::class_token(16), nn::position_embedding(10, 16)), {70, 9, 16});
   compare_models<P, 4>(ctx, tag + " patchify", nn::patchify(4), {2, 3, 8, 12}, 1);
   compare_models<P, 3>(ctx, tag + " select_token", nn::seq(nn::select_token(2), nn::linear<fc1>(16, 8)), {5, 4, 16});
+  compare_models<P, 4>(ctx, tag + " flatten", nn::seq(nn::flatten(), nn::linear<fc1>(60, 8)), {3, 3, 4, 5});
+  compare_models<P, 3>(ctx, tag + " reshape and permute",
+                       nn::seq(nn::reshape<3>({4, 3, 5}), nn::permute<4>({0, 2, 3, 1}),
+                               nn::scale(0.5), nn::linear<fc1>(4, 6)),
+                       {2, 6, 10});
+  // The mask is drawn from (seed, call, index) on both sides: the host's bits.
+  compare_models<P, 2>(ctx, tag + " dropout", nn::seq(nn::linear<fc1>(16, 64), nn::dropout(0.25)), {9, 16});
   const vit::config c{.image = 16, .patch = 4, .channels = 1, .width = 32, .heads = 2, .classes = 10};
   compare_models<P, 4>(ctx, tag + " vit", vit::blueprint<2>(c), {6, 1, 16, 16}, 8);
 }

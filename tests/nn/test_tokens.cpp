@@ -219,6 +219,20 @@ TEST_CASE("the device layers' copy plans move what the host layers move") {
     detail::run_copy_plan(nn::detail::class_token_backward(n, t, d), dy.data() + d, dx2.data());
     CHECK(dx2 == dx);
   }
+  SUBCASE("permute, forward and backward") {
+    const std::array<std::size_t, 4> in{2, 3, 4, 5}, order{0, 2, 3, 1};
+    auto m = nn::build<double, 4>(f64{}, nn::permute<4>(order));
+    const auto x = random_tensor<4>(in);
+    const auto& y = m.forward(ctx, x);
+    host_tensor<double, 4> y2(y.shape());
+    detail::run_copy_plan(nn::detail::permute_plan(in, order, false), x.data(), y2.data());
+    CHECK(y2 == y);
+    const auto dy = random_tensor<4>({2, 4, 5, 3});
+    const auto& dx = m.backward(ctx, dy);
+    host_tensor<double, 4> dx2(dx.shape());
+    detail::run_copy_plan(nn::detail::permute_plan(in, order, true), dy.data(), dx2.data());
+    CHECK(dx2 == dx);
+  }
   SUBCASE("attention's heads, split and merged") {
     const nn::detail::heads_geometry g{2, 5, 12, 3};
     const auto rows = random_tensor<3>({g.n, g.t, 3 * g.d});

@@ -40,10 +40,49 @@
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <string_view>
 #include <vector>
 
 namespace precis::nn {
+
+namespace detail::cuda {
+
+// Templates, so that every translation unit may define them.
+
+/// out[i] = round(M(in[i]) * f): nn::scale's multiplication, as the host's.
+template <class M, class T>
+__global__ void scale_kernel(const T* in, T* out, std::size_t n, M f) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    out[i] = round_to<T>(precis::detail::cuda::device_load<M>(in[i]) * f);
+  }
+}
+
+/// nn::dropout's forward pass, element for element the host's: element i is kept when
+/// unit_random(seed, call, i) >= p, and then y = round(M(x) * keep), else 0; mask[i] says
+/// which.
+template <class M, class T>
+__global__ void dropout_kernel(const T* x, T* y, std::uint8_t* mask, std::size_t n, std::uint64_t seed,
+                               std::uint64_t call, double p, M keep) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    const bool kept = unit_random(seed, call, i) >= p;
+    mask[i] = kept ? 1 : 0;
+    y[i] = kept ? round_to<T>(precis::detail::cuda::device_load<M>(x[i]) * keep) : T(0.0F);
+  }
+}
+
+/// dx = round(M(dy) * keep) where the mask kept the element, else 0.
+template <class M, class T>
+__global__ void dropout_backward_kernel(const T* dy, const std::uint8_t* mask, T* dx, std::size_t n, M keep) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    dx[i] = mask[i] != 0 ? round_to<T>(precis::detail::cuda::device_load<M>(dy[i]) * keep) : T(0.0F);
+  }
+}
+
+}  // namespace detail::cuda
 
 /// What nn needs of cuda_context: device tensors, passed the context by non-const
 /// reference, and the few operations besides the kernels (see nn::context_traits).
@@ -115,6 +154,37 @@ struct context_traits<cuda_context> {
   static void add_rounded(ref ctx, device_tensor<Out, N>& out, const device_tensor<In, N>&... in) {
     static_assert(sizeof...(In) == 2, "precis: on the device, joins by addition take two branches");
     [&](const auto& a, const auto& b) { precis::add<policy<Out, float, float, float, Out>>(ctx, a, b, out); }(in...);
+  }
+  /// to[0, n) = from[0, n), a device-to-device copy on the context's stream (the reshaping
+  /// layers' copies).
+  template <class T>
+  static void copy(ref ctx, const T* from, T* to, std::size_t n) {
+    if (n != 0) check(cudaMemcpyAsync(to, from, n * sizeof(T), cudaMemcpyDeviceToDevice, ctx.stream()), "cudaMemcpyAsync");
+  }
+  /// out = in * f elementwise in math type M, each value rounded once (nn::scale).
+  template <class M, class T>
+  static void scale(ref ctx, const T* in, T* out, std::size_t n, M f) {
+    if (n == 0) return;
+    detail::cuda::scale_kernel<M><<<precis::detail::cuda::grid_for(n), 256, 0, ctx.stream()>>>(in, out, n, f);
+    check(cudaGetLastError(), "precis::nn::scale");
+  }
+  /// nn::dropout's forward pass (mask from (seed, call, index), as on the host), writing
+  /// the mask to `mask` (device bytes).
+  template <class M, class T>
+  static void dropout(ref ctx, const T* x, T* y, std::uint8_t* mask, std::size_t n, std::uint64_t seed,
+                      std::uint64_t call, double p, M keep) {
+    if (n == 0) return;
+    detail::cuda::dropout_kernel<M><<<precis::detail::cuda::grid_for(n), 256, 0, ctx.stream()>>>(x, y, mask, n, seed,
+                                                                                                  call, p, keep);
+    check(cudaGetLastError(), "precis::nn::dropout");
+  }
+  /// nn::dropout's backward pass from its mask.
+  template <class M, class T>
+  static void dropout_backward(ref ctx, const T* dy, const std::uint8_t* mask, T* dx, std::size_t n, M keep) {
+    if (n == 0) return;
+    detail::cuda::dropout_backward_kernel<M>
+        <<<precis::detail::cuda::grid_for(n), 256, 0, ctx.stream()>>>(dy, mask, dx, n, keep);
+    check(cudaGetLastError(), "precis::nn::dropout");
   }
   /// Runs copy plan `p` (precis::detail::copy_plan: a permutation, gather or broadcast of
   /// the data layers: patchify, select_token, class_token, attention's heads) as one launch

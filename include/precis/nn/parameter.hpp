@@ -20,6 +20,7 @@
 #include <precis/kernels/elementwise.hpp>
 #include <precis/tensor/host_tensor.hpp>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cmath>
@@ -71,6 +72,11 @@ struct context_traits<cpu_context> {
   template <class T, std::size_t N>
   static std::vector<T> download(const host_tensor<T, N>& t) {
     return std::vector<T>(t.begin(), t.end());
+  }
+  /// to[0, n) = from[0, n) (the reshaping layers' copies).
+  template <class T>
+  static void copy(ref, const T* from, T* to, std::size_t n) {
+    std::copy(from, from + n, to);
   }
   /// sum += part elementwise, in sum's type (part already rounded to its own type).
   template <class M, class G, std::size_t N>
@@ -306,16 +312,17 @@ enum class mode { train, eval };
 
 namespace detail {
 
-/// SplitMix64's finaliser: a well-mixed 64-bit value from a counter.
-constexpr std::uint64_t mix64(std::uint64_t z) {
+/// SplitMix64's finaliser: a well-mixed 64-bit value from a counter (host and device
+/// code: dropout draws its masks with it on both).
+PRECIS_HOST_DEVICE constexpr std::uint64_t mix64(std::uint64_t z) {
   z += 0x9E3779B97F4A7C15ULL;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
   return z ^ (z >> 31);
 }
 
-/// A double in [0, 1) from (seed, stream, index).
-constexpr double unit_random(std::uint64_t seed, std::uint64_t stream, std::uint64_t index) {
+/// A double in [0, 1) from (seed, stream, index) (host and device code).
+PRECIS_HOST_DEVICE constexpr double unit_random(std::uint64_t seed, std::uint64_t stream, std::uint64_t index) {
   const std::uint64_t h = mix64(mix64(seed ^ mix64(stream)) + index);
   return double(h >> 11) * 0x1.0p-53;
 }

@@ -14,6 +14,12 @@
 /// forward and backward; their gradients are the same moves in reverse. Dropout and scale
 /// are layers with tags (op::elementwise): their products are computed in the policy's
 /// opmath type (float for 16-bit formats) and rounded once.
+///
+/// Every one runs on cuda_context too: flatten and reshape as one device-to-device copy,
+/// permute, patchify and select_token as one strided-copy launch each (their copy plans,
+/// which the host tests run against these layers), scale and dropout as one elementwise
+/// launch, dropout drawing its mask from (seed, call, index) as the host does, so both give
+/// the same bits.
 #pragma once
 
 #include <precis/kernels/elementwise.hpp>
@@ -63,6 +69,30 @@ inline precis::detail::copy_plan<2> select_token_plan(std::size_t n, std::size_t
               : precis::detail::copy_plan<2>{{n, d}, {t * d, 1}, {d, 1}};
 }
 
+/// The copy plan of nn::permute with `order` on tensors of shape `in`: over the output's
+/// shape, the output packed and the input at its strides in the output's axis order; from
+/// the input to the output, or back (`back`).
+template <std::size_t R>
+precis::detail::copy_plan<R> permute_plan(const std::array<std::size_t, R>& in, const std::array<std::size_t, R>& order,
+                                          bool back) {
+  std::size_t in_strides[R], out_strides[R];
+  precis::detail::copy_plan<R> plan{};
+  for (std::size_t k = R, step = 1; k-- > 0;) {
+    in_strides[k] = step;
+    step *= in[k];
+  }
+  for (std::size_t k = 0; k < R; ++k) plan.shape[k] = in[order[k]];
+  for (std::size_t k = R, step = 1; k-- > 0;) {
+    out_strides[k] = step;
+    step *= plan.shape[k];
+  }
+  for (std::size_t k = 0; k < R; ++k) {
+    plan.from[k] = back ? out_strides[k] : in_strides[order[k]];
+    plan.to[k] = back ? in_strides[order[k]] : out_strides[k];
+  }
+  return plan;
+}
+
 /// Row-major strides of a shape.
 template <std::size_t N>
 shape_t<N> strides_of(const shape_t<N>& s) {
@@ -96,8 +126,8 @@ constexpr flatten_spec flatten() { return {}; }
 /// Flattens every axis after the first of a rank-R tensor.
 template <class T, class G, std::size_t R, class Ctx = cpu_context>
 class flatten_layer : public data_layer_base<T, G, R, 2, Ctx> {
-  static_assert(std::is_same_v<Ctx, cpu_context>,
-                "precis: nn::flatten runs on host tensors so far; build the model for cpu_context");
+  template <class U, std::size_t N>
+  using tensor = tensor_t<Ctx, U, N>;
   static_assert(
       R >= 2,
       "precis: nn::flatten takes [N, ...] tensors of rank >= 2; a rank-1 input has nothing "
@@ -117,19 +147,18 @@ class flatten_layer : public data_layer_base<T, G, R, 2, Ctx> {
     return out;
   }
   /// x with every axis after the first flattened (a copy, in row-major order).
-  const host_tensor<T, 2>& forward(const cpu_context&, const host_tensor<T, R>& x,
-                                   mode = mode::train) {
+  const tensor<T, 2>& forward(context_ref_t<Ctx> ctx, const tensor<T, R>& x, mode = mode::train) {
     in_shape_ = detail::shape_of<R>(x);
     detail::ensure(y_, output_shape(in_shape_, kind));
-    std::copy(x.data(), x.data() + x.size(), y_.data());
+    context_traits<Ctx>::copy(ctx, x.data(), y_.data(), x.size());
     return y_;
   }
   /// dy in the last input's shape (a copy); throws precis::error when dy's shape is not
   /// the last output's.
-  const host_tensor<G, R>& backward(const cpu_context&, const host_tensor<G, 2>& dy) {
+  const tensor<G, R>& backward(context_ref_t<Ctx> ctx, const tensor<G, 2>& dy) {
     check_shape("precis::nn::flatten: dy", dy, detail::shape_of<2>(y_));
     detail::ensure(dx_, in_shape_);
-    std::copy(dy.data(), dy.data() + dy.size(), dx_.data());
+    context_traits<Ctx>::copy(ctx, dy.data(), dx_.data(), dy.size());
     return dx_;
   }
   /// Its shape for describe: "-" (no settings).
@@ -139,8 +168,8 @@ class flatten_layer : public data_layer_base<T, G, R, 2, Ctx> {
 
  private:
   shape_t<R> in_shape_{};
-  host_tensor<T, 2> y_;
-  host_tensor<G, R> dx_;
+  tensor<T, 2> y_;
+  tensor<G, R> dx_;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -172,8 +201,8 @@ constexpr reshape_spec<ItemRank> reshape(const shape_t<ItemRank>& item) {
 /// Gives each batch item of a rank-R tensor the shape `item` (rank ItemRank + 1 out).
 template <class T, class G, std::size_t R, std::size_t ItemRank, class Ctx = cpu_context>
 class reshape_layer : public data_layer_base<T, G, R, ItemRank + 1, Ctx> {
-  static_assert(std::is_same_v<Ctx, cpu_context>,
-                "precis: nn::reshape runs on host tensors so far; build the model for cpu_context");
+  template <class U, std::size_t N>
+  using tensor = tensor_t<Ctx, U, N>;
   static_assert(R >= 1, "precis: nn::reshape keeps the batch axis: its input needs rank >= 1");
   static constexpr std::size_t out_rank = ItemRank + 1;
 
@@ -201,19 +230,18 @@ class reshape_layer : public data_layer_base<T, G, R, ItemRank + 1, Ctx> {
   }
   /// x with each item in the shape `item` (a copy; the values keep their order). Throws
   /// precis::error as output_shape() does.
-  const host_tensor<T, out_rank>& forward(const cpu_context&, const host_tensor<T, R>& x,
-                                          mode = mode::train) {
+  const tensor<T, out_rank>& forward(context_ref_t<Ctx> ctx, const tensor<T, R>& x, mode = mode::train) {
     in_shape_ = detail::shape_of<R>(x);
     detail::ensure(y_, output_shape(in_shape_, kind));
-    std::copy(x.data(), x.data() + x.size(), y_.data());
+    context_traits<Ctx>::copy(ctx, x.data(), y_.data(), x.size());
     return y_;
   }
   /// dy in the last input's shape (a copy); throws precis::error when dy's shape is not
   /// the last output's.
-  const host_tensor<G, R>& backward(const cpu_context&, const host_tensor<G, out_rank>& dy) {
+  const tensor<G, R>& backward(context_ref_t<Ctx> ctx, const tensor<G, out_rank>& dy) {
     check_shape("precis::nn::reshape: dy", dy, detail::shape_of<out_rank>(y_));
     detail::ensure(dx_, in_shape_);
-    std::copy(dy.data(), dy.data() + dy.size(), dx_.data());
+    context_traits<Ctx>::copy(ctx, dy.data(), dx_.data(), dy.size());
     return dx_;
   }
   /// Its shape for describe: the item shape, as "N x [4, 8]".
@@ -224,8 +252,8 @@ class reshape_layer : public data_layer_base<T, G, R, ItemRank + 1, Ctx> {
  private:
   shape_t<ItemRank> item_;
   shape_t<R> in_shape_{};
-  host_tensor<T, out_rank> y_;
-  host_tensor<G, R> dx_;
+  tensor<T, out_rank> y_;
+  tensor<G, R> dx_;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -265,8 +293,8 @@ constexpr permute_spec<R> permute(const shape_t<R>& order) {
 /// Reorders the axes of a rank-R tensor (a copy in the new row-major order).
 template <class T, class G, std::size_t R, class Ctx = cpu_context>
 class permute_layer : public data_layer_base<T, G, R, R, Ctx> {
-  static_assert(std::is_same_v<Ctx, cpu_context>,
-                "precis: nn::permute runs on host tensors so far; build the model for cpu_context");
+  template <class U>
+  using tensor = tensor_t<Ctx, U, R>;
 
  public:
   /// Its kind as describe prints it.
@@ -291,19 +319,18 @@ class permute_layer : public data_layer_base<T, G, R, R, Ctx> {
     return out;
   }
   /// x with its axes reordered (a copy in the new row-major order).
-  const host_tensor<T, R>& forward(const cpu_context&, const host_tensor<T, R>& x,
-                                   mode = mode::train) {
+  const tensor<T>& forward(context_ref_t<Ctx> ctx, const tensor<T>& x, mode = mode::train) {
     in_shape_ = detail::shape_of<R>(x);
     detail::ensure(y_, output_shape(in_shape_, kind));
-    move(x.data(), y_.data(), false);
+    move(ctx, x.data(), y_.data(), false);
     return y_;
   }
   /// dy moved back to the input's axis order; throws precis::error when dy's shape is not
   /// the last output's.
-  const host_tensor<G, R>& backward(const cpu_context&, const host_tensor<G, R>& dy) {
+  const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
     check_shape("precis::nn::permute: dy", dy, detail::shape_of<R>(y_));
     detail::ensure(dx_, in_shape_);
-    move(dy.data(), dx_.data(), true);
+    move(ctx, dy.data(), dx_.data(), true);
     return dx_;
   }
   /// Its shape for describe: the order, as "[0, 2, 1]".
@@ -315,7 +342,14 @@ class permute_layer : public data_layer_base<T, G, R, R, Ctx> {
   // Walks the output in row-major order with the input offset alongside; `back` writes to
   // the input's place instead of reading from it (the gradient's move).
   template <class U>
-  void move(const U* from, U* to, bool back) const {
+  void move(context_ref_t<Ctx> ctx, const U* from, U* to, bool back) const {
+    if constexpr (!std::is_same_v<Ctx, cpu_context>) {
+      context_traits<Ctx>::strided_copy("precis::nn::permute", ctx, from, to,
+                                        detail::permute_plan(in_shape_, order_, back));
+      return;
+    } else {
+      (void)ctx;
+    }
     const auto out = output_shape(in_shape_, kind);
     const auto in_strides = detail::strides_of<R>(in_shape_);
     shape_t<R> step{};  // input stride of each output axis
@@ -340,8 +374,8 @@ class permute_layer : public data_layer_base<T, G, R, R, Ctx> {
 
   shape_t<R> order_;
   shape_t<R> in_shape_{};
-  host_tensor<T, R> y_;
-  host_tensor<G, R> dx_;
+  tensor<T> y_;
+  tensor<G> dx_;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -574,11 +608,12 @@ constexpr dropout_spec<Tag> dropout(double p) {
 /// (fields "seed" and "calls"). The seed comes from the build seed and the layer's path.
 template <Layer Tag, Policy P, std::size_t R, class Ctx>
 class dropout_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
-  static_assert(std::is_same_v<Ctx, cpu_context>,
-                "precis: nn::dropout runs on host tensors so far; build the model for cpu_context");
   using base = layer_base<Tag, P, op::elementwise, R, R, Ctx>;
   using S = typename base::input_type;
   using G = typename base::input_grad_type;
+  template <class U, std::size_t N = R>
+  using tensor = tensor_t<Ctx, U, N>;
+  static constexpr bool on_host = std::is_same_v<Ctx, cpu_context>;
 
  public:
   /// Its kind as describe prints it.
@@ -603,46 +638,53 @@ class dropout_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
 
   /// In training, x with each element kept and scaled by 1 / (1 - p) or zeroed, by the
   /// next mask of the sequence (advancing calls()); in evaluation, x itself.
-  const host_tensor<S, R>& forward(const cpu_context& ctx, const host_tensor<S, R>& x,
-                                   mode m = mode::train) {
+  const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode m = mode::train) {
     train_ = m == mode::train;
     if (!train_) return x;
     using M = precis::detail::math_t<op::elementwise, P, S>;
     const std::size_t n = x.size();
     detail::ensure(y_, detail::shape_of<R>(x));
-    mask_.resize(n);
+    detail::ensure(mask_, shape_t<1>{n});
     const M keep = M(1) / (M(1) - M(p_));
     const std::uint64_t seed = seed_, call = calls_;
     const double p = p_;
     std::uint8_t* mask = mask_.data();
-    precis::detail::map_blocks<M>(
-        ctx, n, y_.data(),
-        [=](std::size_t start, std::size_t len, M* r, const M* v) {
-          for (std::size_t i = 0; i < len; ++i) {
-            const bool kept = detail::unit_random(seed, call, start + i) >= p;
-            mask[start + i] = kept ? 1 : 0;
-            r[i] = kept ? v[i] * keep : M(0);
-          }
-        },
-        x.data());
+    if constexpr (!on_host) {
+      context_traits<Ctx>::dropout(ctx, x.data(), y_.data(), mask, n, seed, call, p, keep);
+    } else {
+      precis::detail::map_blocks<M>(
+          ctx, n, y_.data(),
+          [=](std::size_t start, std::size_t len, M* r, const M* v) {
+            for (std::size_t i = 0; i < len; ++i) {
+              const bool kept = detail::unit_random(seed, call, start + i) >= p;
+              mask[start + i] = kept ? 1 : 0;
+              r[i] = kept ? v[i] * keep : M(0);
+            }
+          },
+          x.data());
+    }
     ++calls_;
     x_.set(x);
     return y_;
   }
   /// Backward of the last forward pass (the identity after an evaluation pass).
-  const host_tensor<G, R>& backward(const cpu_context& ctx, const host_tensor<G, R>& dy) {
+  const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
     if (!train_) return dy;
     check_same_shape("precis::nn::dropout: dy and the output", dy, y_);
     using M = precis::detail::math_t<op::elementwise, P, G>;
     detail::ensure(dx_, detail::shape_of<R>(dy));
     const M keep = M(1) / (M(1) - M(p_));
     const std::uint8_t* mask = mask_.data();
-    precis::detail::map_blocks<M>(
-        ctx, dy.size(), dx_.data(),
-        [=](std::size_t start, std::size_t len, M* r, const M* g) {
-          for (std::size_t i = 0; i < len; ++i) r[i] = mask[start + i] != 0 ? g[i] * keep : M(0);
-        },
-        dy.data());
+    if constexpr (!on_host) {
+      context_traits<Ctx>::dropout_backward(ctx, dy.data(), mask, dx_.data(), dy.size(), keep);
+    } else {
+      precis::detail::map_blocks<M>(
+          ctx, dy.size(), dx_.data(),
+          [=](std::size_t start, std::size_t len, M* r, const M* g) {
+            for (std::size_t i = 0; i < len; ++i) r[i] = mask[start + i] != 0 ? g[i] * keep : M(0);
+          },
+          dy.data());
+    }
     return dx_;
   }
 
@@ -656,7 +698,7 @@ class dropout_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
   std::string shape() const { return "p=" + detail::number_string(p_); }
   /// Bytes of its output, input-gradient and mask buffers.
   std::size_t own_bytes() const {
-    return detail::bytes_of(y_) + detail::bytes_of(dx_) + mask_.size();
+    return detail::bytes_of(y_) + detail::bytes_of(dx_) + detail::bytes_of(mask_);
   }
   /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
   template <class Self, class F>
@@ -675,10 +717,10 @@ class dropout_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
   std::uint64_t seed_ = 0;
   std::uint64_t calls_ = 0;
   bool train_ = true;
-  std::vector<std::uint8_t> mask_;
-  host_tensor<S, R> y_;
-  host_tensor<G, R> dx_;
-  detail::saved<host_tensor<S, R>> x_;
+  tensor<std::uint8_t, 1> mask_;  // 1 where the element was kept
+  tensor<S> y_;
+  tensor<G> dx_;
+  detail::saved<tensor<S>> x_;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -706,11 +748,11 @@ constexpr scale_spec<Tag> scale(double factor) {
 /// (float for 16-bit formats, so it is rounded to float once), each product rounded once.
 template <Layer Tag, Policy P, std::size_t R, class Ctx>
 class scale_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
-  static_assert(std::is_same_v<Ctx, cpu_context>,
-                "precis: nn::scale runs on host tensors so far; build the model for cpu_context");
   using base = layer_base<Tag, P, op::elementwise, R, R, Ctx>;
   using S = typename base::input_type;
   using G = typename base::input_grad_type;
+  template <class U>
+  using tensor = tensor_t<Ctx, U, R>;
 
  public:
   /// Its kind as describe prints it.
@@ -723,15 +765,14 @@ class scale_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
   shape_t<R> output_shape(const shape_t<R>& in, std::string_view) const { return in; }
 
   /// x * factor, each product rounded once to the storage type.
-  const host_tensor<S, R>& forward(const cpu_context& ctx, const host_tensor<S, R>& x,
-                                   mode = mode::train) {
+  const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode = mode::train) {
     detail::ensure(y_, detail::shape_of<R>(x));
     multiply(ctx, x, y_);
     x_.set(x);
     return y_;
   }
   /// dy * factor, each product rounded once to the gradient type.
-  const host_tensor<G, R>& backward(const cpu_context& ctx, const host_tensor<G, R>& dy) {
+  const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
     detail::ensure(dx_, detail::shape_of<R>(dy));
     multiply(ctx, dy, dx_);
     return dx_;
@@ -750,21 +791,25 @@ class scale_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
 
  private:
   template <class U>
-  void multiply(const cpu_context& ctx, const host_tensor<U, R>& in, host_tensor<U, R>& out) const {
+  void multiply(context_ref_t<Ctx> ctx, const tensor<U>& in, tensor<U>& out) const {
     using M = precis::detail::math_t<op::elementwise, P, U>;
     const M f = static_cast<M>(factor_);
-    precis::detail::map_blocks<M>(
-        ctx, in.size(), out.data(),
-        [f](std::size_t, std::size_t len, M* r, const M* v) {
-          for (std::size_t i = 0; i < len; ++i) r[i] = v[i] * f;
-        },
-        in.data());
+    if constexpr (!std::is_same_v<Ctx, cpu_context>) {
+      context_traits<Ctx>::scale(ctx, in.data(), out.data(), in.size(), f);
+    } else {
+      precis::detail::map_blocks<M>(
+          ctx, in.size(), out.data(),
+          [f](std::size_t, std::size_t len, M* r, const M* v) {
+            for (std::size_t i = 0; i < len; ++i) r[i] = v[i] * f;
+          },
+          in.data());
+    }
   }
 
   double factor_;
-  host_tensor<S, R> y_;
-  host_tensor<G, R> dx_;
-  detail::saved<host_tensor<S, R>> x_;
+  tensor<S> y_;
+  tensor<G> dx_;
+  detail::saved<tensor<S>> x_;
 };
 
 }  // namespace precis::nn
