@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -164,6 +165,22 @@ inline image_set load_fashion_mnist(const std::filesystem::path& dir, split whic
   }
   const std::string stem = which == split::train ? "train" : "t10k";
   return load_idx_pair(dir / (stem + "-images-idx3-ubyte.gz"), dir / (stem + "-labels-idx1-ubyte.gz"));
+}
+
+/// The mean and standard deviation of a set's pixels scaled to [0, 1], in double: the
+/// examples normalise both splits with the training set's.
+struct pixel_statistics {
+  double mean = 0, sd = 1;
+};
+inline pixel_statistics statistics_of(const image_set& s) {
+  double sum = 0, sum2 = 0;
+  for (const auto p : s.pixels) {
+    const double v = double(p) / 255.0;
+    sum += v;
+    sum2 += v * v;
+  }
+  const double n = double(s.pixels.size()), mean = sum / n;
+  return {mean, std::sqrt(sum2 / n - mean * mean)};
 }
 
 }  // namespace vit

@@ -608,13 +608,7 @@ int main(int argc, char** argv) {
     const auto train_set = vit::load_fashion_mnist(o.data, vit::split::train);
     const auto test_set = vit::load_fashion_mnist(o.data, vit::split::test);
     // The training images' mean and standard deviation normalise both splits.
-    double sum = 0, sum2 = 0;
-    for (const auto p : train_set.pixels) {
-      const double v = double(p) / 255.0;
-      sum += v;
-      sum2 += v * v;
-    }
-    const double n = double(train_set.pixels.size()), mean = sum / n, sd = std::sqrt(sum2 / n - mean * mean);
+    const auto [mean, sd] = vit::statistics_of(train_set);
     o.mean = mean;
     o.sd = sd;
     const auto train = normalise(train_set, o.train_size, mean, sd);

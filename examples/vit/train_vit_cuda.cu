@@ -323,13 +323,7 @@ int main(int argc, char** argv) {
   try {
     const auto train_set = vit::load_fashion_mnist(o.data, vit::split::train);
     const auto test_set = vit::load_fashion_mnist(o.data, vit::split::test);
-    double sum = 0, sum2 = 0;
-    for (const auto p : train_set.pixels) {
-      const double v = double(p) / 255.0;
-      sum += v;
-      sum2 += v * v;
-    }
-    const double n = double(train_set.pixels.size()), mean = sum / n, sd = std::sqrt(sum2 / n - mean * mean);
+    const auto [mean, sd] = vit::statistics_of(train_set);  // the training set's, for both splits
     const auto train_h = normalise(train_set, o.train_size, mean, sd);
     const auto test_h = normalise(test_set, o.test_size, mean, sd);
     const vit::config vc;
