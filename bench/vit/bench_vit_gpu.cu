@@ -12,9 +12,9 @@
 // Each step is timed on the host around a synchronised step (as torch_reference.py times
 // PyTorch's), after `warmup` untimed steps; random inputs and targets, gradients clipped to
 // norm 1, AdamW. Memory: the device memory in use (cudaMemGetInfo) after the timed steps
-// less what was in use before the model was built, with the stream-ordered pool told to
-// keep what it reserved (so its high-water mark stays counted): comparable to PyTorch's
-// torch.cuda.max_memory_reserved(). Prints a table and, with --csv, writes
+// less what was in use before the map's context and model were made, with the stream-ordered
+// pool told to keep what it reserves (so its high-water mark stays counted) and trimmed
+// before each map: comparable to PyTorch's torch.cuda.max_memory_reserved(). Prints a table and, with --csv, writes
 // config,policy,precis_ms,precis_peak_mib,gpu. Exits 77 without a GPU.
 #include <precis/nn/cuda.hpp>  // first: the device kernels, then nn
 
@@ -61,12 +61,18 @@ double used_mib() {
 }
 
 template <std::size_t Depth, class Entry>
-row time_map(cuda_context& ctx, const std::string& config, const vit::config& c, std::size_t batch, const Entry& e,
-             std::size_t warmup, std::size_t steps) {
+row time_map(const std::string& config, const vit::config& c, std::size_t batch, const Entry& e, std::size_t warmup,
+             std::size_t steps) {
+  cuda_context ctx;  // its own, so that its workspace is counted in its figure
   using Map = typename Entry::map;
   using S = nn::activation_type_t<typename Map::default_policy>;
   using LossPolicy = policy_for_t<vit::head, Map>;
   ctx.synchronize();
+  // The pool keeps what it reserved (see main): give back what earlier maps left, so that
+  // this map's figure counts its own high-water mark.
+  cudaMemPool_t pool = nullptr;
+  check(cudaDeviceGetDefaultMemPool(&pool, 0), "cudaDeviceGetDefaultMemPool");
+  check(cudaMemPoolTrimTo(pool, 0), "cudaMemPoolTrimTo");
   const double before = used_mib();
   double ms = 0, mib = 0;
   {
@@ -139,17 +145,16 @@ int main(int argc, char** argv) {
   check(cudaDeviceGetDefaultMemPool(&pool, 0), "cudaDeviceGetDefaultMemPool");
   std::uint64_t keep = UINT64_MAX;
   check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute");
-  cuda_context ctx;
   std::printf("GPU: %s; %zu warm-up and %zu timed steps per map\n", prop.name, warmup, steps);
   std::vector<row> rows;
   try {
     if (only.empty() || only == "vit-w192-d6-p4-b128") {
       const vit::config c{.image = 28, .patch = 4, .channels = 1, .width = 192, .heads = 3, .classes = 10};
-      hana::for_each(maps, [&](const auto& e) { rows.push_back(time_map<6>(ctx, "vit-w192-d6-p4-b128", c, 128, e, warmup, steps)); });
+      hana::for_each(maps, [&](const auto& e) { rows.push_back(time_map<6>("vit-w192-d6-p4-b128", c, 128, e, warmup, steps)); });
     }
     if (only.empty() || only == "vit-b16-224-b64") {
       const vit::config c{.image = 224, .patch = 16, .channels = 3, .width = 768, .heads = 12, .classes = 1000};
-      hana::for_each(maps, [&](const auto& e) { rows.push_back(time_map<12>(ctx, "vit-b16-224-b64", c, 64, e, warmup, steps)); });
+      hana::for_each(maps, [&](const auto& e) { rows.push_back(time_map<12>("vit-b16-224-b64", c, 64, e, warmup, steps)); });
     }
   } catch (const std::exception& ex) {
     std::fprintf(stderr, "bench_vit_gpu: %s\n", ex.what());

@@ -1,5 +1,6 @@
-// Layers without device kernels say so at compile time: a linear layer built for
-// cuda_context is refused with a precis: message (not an overload error later).
+// Layers without device kernels say so at compile time: a global average pooling built for
+// another context than the CPU's is refused with a precis: message (not an overload error
+// later).
 #include <precis/precis.hpp>
 
 namespace fake {
@@ -15,6 +16,6 @@ struct precis::nn::context_traits<fake::device_context> {
 
 int main() {
   using namespace precis;
-  using model = nn::model_t<float, 2, presets::fp32, decltype(nn::linear(4, 4)), fake::device_context>;
+  using model = nn::model_t<float, 4, presets::fp32, decltype(nn::global_avg_pool()), fake::device_context>;
   static_assert(sizeof(model) > 0);
 }

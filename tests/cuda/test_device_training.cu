@@ -172,6 +172,9 @@ void check_graph(cuda_context& ctx, const std::string& tag) {
   expect(a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0,
          tag + " graph: the masters have the eager steps' bits");
   expect(r2.size() == steps && r2[2].skipped, tag + " graph: the replayed infinite batch is skipped");
+  // A pass on a batch of another size reallocates the model's buffers: the graph is stale.
+  (void)graph.forward(ctx, to_device(random_tensor<S, 2>({batch / 2, features})), nn::mode::eval);
+  expect_error(tag + " graph: replay after a reallocation", [&] { t2.replay(ctx); }, "capture the step again");
 }
 
 // A device model's checkpoint in the host's format: trained two steps on the device, its
@@ -269,6 +272,20 @@ int main() {
   check_training<presets::bf16_mixed, no_scaling, 4>(ctx, "vit bf16_mixed", vit::blueprint<2>(c), {32, 1, 16, 16});
   check_training<presets::fp16_mixed, dynamic_scaler, 4>(ctx, "vit fp16_mixed", vit::blueprint<2>(c),
                                                          {32, 1, 16, 16});
+  // A model with a dropout cannot be captured: a replay would repeat its mask.
+  {
+    using P = presets::bf16_mixed;
+    auto dev = nn::build<bfloat16, 2, cuda_context>(P{}, nn::seq(classifier(), nn::dropout(0.1)));
+    dev.refresh(ctx);
+    nn::softmax_cross_entropy<P, std::int32_t, cuda_context> loss;
+    device_adamw opt(ctx, dev.masters(), dev.gradients(), {}, dev.decay_mask(), 4);
+    no_scaling scaler;
+    nn::trainer train(ctx, dev, loss, opt, scaler);
+    const auto x = to_device(random_tensor<bfloat16, 2>({8, features}));
+    const auto t = to_device(host_tensor<std::int32_t, 1>::from_shape({8}));
+    train.step(ctx, x, t);
+    expect_error("trainer: capture with a dropout", [&] { train.capture(ctx, x, t); }, "dropout");
+  }
   // A batch of another width is refused before any launch, naming the layer.
   {
     using P = presets::bf16_mixed;

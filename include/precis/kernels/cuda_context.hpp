@@ -60,6 +60,9 @@ class cuda_context {
   /// Its cuDNN handle, bound to stream().
   cudnnHandle_t dnn() const { return dnn_; }
 
+  /// The workspace's current address (null before the first request): a CUDA graph that
+  /// captured work using it is stale once this changes (the old one was freed).
+  const void* workspace_address() const { return workspace_; }
   /// A device workspace of at least `bytes`, kept and grown across calls (stream-ordered).
   void* workspace(std::size_t bytes) {
     if (bytes > workspace_bytes_) {

@@ -18,8 +18,11 @@
 /// indexed by its applied-step count), the scale update, the working copies refreshed. The
 /// host reads nothing: what a step did goes to a ring of records in device memory, read
 /// back by records() (and, when the ring is full, by the next step, which then waits).
-/// After the first step a step allocates nothing, so it can be captured as a CUDA graph
-/// (capture()) and replayed (replay()).
+/// After the first step a step allocates no buffer, only stream-ordered scratch (the
+/// reductions' and the loss's), which a CUDA graph records as memory nodes: a step can be
+/// captured (capture()) and replayed (replay()), unless the model holds a dropout (its
+/// mask would repeat). A replay refuses to run once a device buffer or the context's
+/// workspace was reallocated after the capture.
 #pragma once
 
 #include <precis/config.hpp>
@@ -42,6 +45,7 @@
 #include <limits>
 #include <map>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -216,6 +220,7 @@ template <class O>
 concept device_optimizer = requires(O& o, cuda_context& ctx, const int* found_inf) {
   o.step_async(ctx, found_inf);
   o.reserve_replay();
+  { o.steps_left() } -> std::convertible_to<std::uint64_t>;
   { o.learning_rates() } -> std::convertible_to<const double*>;
   { o.learning_rate_count() } -> std::convertible_to<std::size_t>;
   { o.applied_steps() } -> std::convertible_to<const std::uint64_t*>;
@@ -283,8 +288,9 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
   }
 
   /// Queues one optimizer step on `inputs` and `targets` (device tensors that must stay
-  /// unchanged until the step has run). Throws precis::error for inputs or targets of a
-  /// shape the model or the loss refuses, before any launch.
+  /// unchanged until the step has run). Throws precis::error, before any launch, for inputs
+  /// or targets of a shape the model or the loss refuses, or when the optimizer's
+  /// learning-rate table is used up.
   void step(cuda_context& ctx, const input_tensor& inputs, const target_tensor& targets) {
     make_room(ctx);
     queue(ctx, inputs, targets);
@@ -294,12 +300,23 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
   /// Records the step on `inputs` and `targets` as a CUDA graph instead of running it
   /// (replacing one captured before); replay() runs it on whatever those tensors hold then.
   /// Needs an eager step() on tensors of the same shapes first (the buffers and cuBLASLt's
-  /// plans are made there); throws precis::error otherwise, or when capture fails. The
-  /// capture, like each replay, takes one step of the optimizer's learning-rate table.
+  /// plans are made there); throws precis::error otherwise, for a model with a dropout
+  /// layer, or when capture fails. The capture, like each replay, takes one step of the
+  /// optimizer's learning-rate table.
   void capture(cuda_context& ctx, const input_tensor& inputs, const target_tensor& targets) {
     if (queued_ == 0) {
       throw error("precis::nn::trainer::capture: run one step() on tensors of these shapes first");
     }
+    // A replay runs the captured launches with the arguments they had: dropout's (seed,
+    // call) would repeat one mask.
+    model_->for_each_layer([](const std::string& path, const auto& layer) {
+      if constexpr (requires { std::remove_cvref_t<decltype(layer)>::kind; }) {
+        if (std::remove_cvref_t<decltype(layer)>::kind == std::string_view("dropout")) {
+          throw error("precis::nn::trainer::capture: layer " + path_or_root(path) +
+                      " is a dropout, whose mask a replayed graph would repeat; train it with step()");
+        }
+      }
+    });
     make_room(ctx);
     cudaGraph_t g = nullptr;
     check(cudaStreamBeginCapture(ctx.stream(), cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
@@ -318,11 +335,20 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
     check(e, "cudaGraphInstantiate");
     if (graph_ != nullptr) (void)cudaGraphExecDestroy(graph_);
     graph_ = exec;
+    graph_reallocations_ = detail::device_reallocations.load(std::memory_order_relaxed);
+    graph_workspace_ = ctx.workspace_address();
   }
   /// Runs the captured step once more, on ctx's stream. Throws precis::error without a
-  /// capture.
+  /// capture, or when a device buffer of any model or ctx's workspace was reallocated since
+  /// (capture again then).
   void replay(cuda_context& ctx) {
     if (graph_ == nullptr) throw error("precis::nn::trainer::replay: no step was captured");
+    // The graph holds the addresses of the layers' buffers and of the context's workspace.
+    if (detail::device_reallocations.load(std::memory_order_relaxed) != graph_reallocations_ ||
+        ctx.workspace_address() != graph_workspace_) {
+      throw error("precis::nn::trainer::replay: device buffers were reallocated since the capture (a pass on "
+                  "a batch of another shape, or a larger workspace); capture the step again");
+    }
     opt_->reserve_replay();  // the captured step's place in the optimizer's table
     make_room(ctx);
     check(cudaGraphLaunch(graph_, ctx.stream()), "cudaGraphLaunch");
@@ -352,6 +378,10 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
     if (targets.shape()[0] != out[0]) {
       throw error("precis::nn::trainer::step: " + std::to_string(targets.shape()[0]) + " targets for a batch of " +
                   std::to_string(out[0]));
+    }
+    if (opt_->steps_left() == 0) {
+      throw error("precis::nn::trainer::step: the optimizer's learning-rate table is used up; make it with a "
+                  "longer table (lr_table(steps) or max_steps)");
     }
     auto* s = scratch_.data();
     const float* scale = &state_.data()->scale;
@@ -414,6 +444,8 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
   std::uint64_t queued_ = 0, drained_ = 0;
   std::vector<step_record> pending_;
   cudaGraphExec_t graph_ = nullptr;
+  std::uint64_t graph_reallocations_ = 0;
+  const void* graph_workspace_ = nullptr;
 };
 
 /// nn::trainer train(ctx, model, loss, optimizer, scaler[, options]): the device trainer.

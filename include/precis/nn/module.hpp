@@ -50,6 +50,7 @@
 #include <precis/tensor/host_tensor.hpp>
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -380,6 +381,12 @@ std::string edge_shape_string(const S& s) {
   }
 }
 
+
+/// How many times a layer's device buffer was reallocated (a batch of another shape): a
+/// captured CUDA graph holds the old addresses, so nn::trainer::replay() refuses to run one
+/// captured before the count last changed.
+inline std::atomic<std::uint64_t> device_reallocations{0};
+
 /// Resizes `t` to `shape` unless it already has it (buffers are reused across steps).
 template <class Tensor, std::size_t N>
 void ensure(Tensor& t, const shape_t<N>& shape) {
@@ -390,6 +397,7 @@ void ensure(Tensor& t, const shape_t<N>& shape) {
     t.resize(shape);
   } else {
     t = Tensor(shape);  // device tensors are reallocated
+    device_reallocations.fetch_add(1, std::memory_order_relaxed);
   }
 }
 

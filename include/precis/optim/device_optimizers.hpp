@@ -153,6 +153,8 @@ class device_optimizer_state {
 
   /// Throws precis::error, before anything is queued, when the steps queued so far could
   /// have used up the constants table.
+  /// Steps that can still be queued before the table is full.
+  std::uint64_t remaining() const { return capacity_ - queued_; }
   void reserve_step() {
     if (queued_ >= capacity_) {
       throw error(who_ + ": its table of per-step constants holds " + std::to_string(capacity_) +
@@ -321,6 +323,8 @@ class basic_device_optimizer {
   /// against the learning-rate table: throws precis::error when the table is full, so that
   /// no step runs past it.
   void reserve_replay() { state_.reserve_step(); }
+  /// Steps that can still be queued (step_async or reserve_replay) before the table is full.
+  std::uint64_t steps_left() const { return state_.remaining(); }
   /// Applied steps (AdamW's t), read back: waits for the device.
   std::uint64_t steps(cuda_context& ctx) const { return state_.applied(ctx); }
   /// Device pointer to the applied-step count, for kernels that follow the optimizer.
