@@ -206,3 +206,29 @@ TEST_CASE("subtract: a - b of a two-tensor edge, as DBNet's binarization sigmoid
   host_tensor<float, 2> xf(std::array<std::size_t, 2>{2, 3});
   CHECK_THROWS_WITH_AS(bad.forward(ctx, xf), doctest::Contains("which cannot be subtracted"), error);
 }
+
+TEST_CASE("the concatenations' copy plans, run element by element, give the host's joined tensor and slices") {
+  // The device runs nn::concat and nn::concat_all as one strided copy per part from these
+  // plans; here the plans run through the reference loop against the host layers' results.
+  auto m = nn::build<float, 3>(presets::fp32{}, nn::seq(nn::fork(nn::identity(), nn::scale(2.0), nn::scale(-1.0)),
+                                                       nn::concat_all(1)));
+  host_tensor<float, 3> x(std::array<std::size_t, 3>{2, 3, 4});
+  for (std::size_t i = 0; i < x.size(); ++i) x.data()[i] = float(i) + 0.5F;
+  const auto& y = m.forward(ctx, x);
+  REQUIRE(y.shape() == std::array<std::size_t, 3>{2, 9, 4});
+  std::vector<float> joined(y.size(), -7.0F);
+  const std::array<float, 3> factor{1.0F, 2.0F, -1.0F};
+  std::size_t offset = 0;
+  for (std::size_t part = 0; part < 3; ++part) {
+    std::vector<float> values(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) values[i] = x.data()[i] * factor[part];
+    const auto d = nn::detail::split_at<3>({2, 3, 4}, 1);
+    precis::detail::run_copy_plan(nn::detail::concat_part_plan(d, 9, false), values.data(), joined.data() + offset * d[2]);
+    // The part's slice of the joined tensor, copied back, is the part.
+    std::vector<float> back(x.size(), -7.0F);
+    precis::detail::run_copy_plan(nn::detail::concat_part_plan(d, 9, true), y.data() + offset * d[2], back.data());
+    CHECK(back == values);
+    offset += d[1];
+  }
+  CHECK(joined == std::vector<float>(y.begin(), y.end()));
+}

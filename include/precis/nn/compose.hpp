@@ -94,6 +94,18 @@ std::array<std::size_t, 3> split_at(const shape_t<R>& s, std::size_t axis) {
   return {outer, s[axis], inner};
 }
 
+/// The copy between one part of a concatenation and the joined tensor: `d` the part's
+/// (outer, width, inner) extents about the axis (split_at), `total` the joined extent along
+/// it. Forward it copies the part's rows of width * inner elements into the joined rows of
+/// total * inner (the destination pointer at the part's offset times inner); `back` copies
+/// the other way, the part's slice of a gradient.
+inline precis::detail::copy_plan<2> concat_part_plan(const std::array<std::size_t, 3>& d, std::size_t total,
+                                                     bool back) {
+  const std::size_t part = d[1] * d[2], joined = total * d[2];
+  return back ? precis::detail::copy_plan<2>{{d[0], part}, {joined, 1}, {part, 1}}
+              : precis::detail::copy_plan<2>{{d[0], part}, {part, 1}, {joined, 1}};
+}
+
 }  // namespace detail
 
 // ---------------------------------------------------------------------------------------
@@ -502,9 +514,6 @@ template <join_kind Join, bool Residual, class... Ms>
 class branches {
   static_assert(Join != join_kind::subtract, "precis: parallel branches join by add or concat; for a - b use "
                                              "nn::fork(a, b) then nn::subtract()");
-  static_assert(Join != join_kind::concat || std::is_same_v<typename std::tuple_element_t<0, std::tuple<Ms...>>::context_type,
-                                                            cpu_context>,
-                "precis: nn::concat runs on host tensors so far; build the model for cpu_context");
   using children_type = std::tuple<Ms...>;
   static constexpr std::size_t count = sizeof...(Ms);
   using first = std::tuple_element_t<0, children_type>;
@@ -584,7 +593,7 @@ class branches {
       detail::ensure(y_, shape);
       std::size_t offset = 0, i = 0;
       std::apply([&](auto... o) { ((widths_[i++] = std::size_t(o->shape()[axis_])), ...); }, outs);
-      std::apply([&](auto... o) { (copy_into(*o, offset), ...); }, outs);
+      std::apply([&](auto... o) { (copy_into(ctx, *o, offset), ...); }, outs);
     }
     return y_;
   }
@@ -597,7 +606,7 @@ class branches {
     std::size_t offset = 0;
     const auto dxs = [&]<std::size_t... I>(std::index_sequence<I...>) {
       return std::tuple<decltype(&std::get<I>(children_).backward(ctx, dy))...>{
-          &std::get<I>(children_).backward(ctx, slice_for(dy, I, offset))...};
+          &std::get<I>(children_).backward(ctx, slice_for(ctx, dy, I, offset))...};
     }(std::make_index_sequence<count>{});
     detail::ensure(dx_, detail::shape_of<input_rank>(*std::get<0>(dxs)));
     std::apply([&](auto... d) { io::add_rounded(ctx, dx_, *d...); }, dxs);
@@ -609,7 +618,7 @@ class branches {
   void backward_parameters(context_ref_t<context_type> ctx, const D& dy) {
     std::size_t offset = 0;
     [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (nn::backward_parameters(std::get<I>(children_), ctx, slice_for(dy, I, offset)), ...);
+      (nn::backward_parameters(std::get<I>(children_), ctx, slice_for(ctx, dy, I, offset)), ...);
     }
     (std::make_index_sequence<count>{});
   }
@@ -677,19 +686,17 @@ class branches {
     if constexpr (Join == join_kind::concat) out[axis_] += s[axis_];
   }
 
-  template <class T>
-  void copy_into(const host_tensor<T, output_rank>& part, std::size_t& offset) {
+  template <class Part>
+  void copy_into(context_ref_t<context_type> ctx, const Part& part, std::size_t& offset) {
     const auto d = detail::split_at<output_rank>(detail::shape_of<output_rank>(part), axis_);
-    const std::size_t total = std::size_t(y_.shape()[axis_]);
-    for (std::size_t o = 0; o < d[0]; ++o) {
-      std::copy_n(part.data() + o * d[1] * d[2], d[1] * d[2], y_.data() + (o * total + offset) * d[2]);
-    }
+    io::copy_rows("precis::nn::concat", ctx, part.data(), y_.data() + offset * d[2],
+                  detail::concat_part_plan(d, std::size_t(y_.shape()[axis_]), false));
     offset += d[1];
   }
 
   // The gradient of branch i: dy itself for an add; its part of dy for a concatenation.
   template <class D>
-  const D& slice_for(const D& dy, std::size_t i, std::size_t& offset) {
+  const D& slice_for(context_ref_t<context_type> ctx, const D& dy, std::size_t i, std::size_t& offset) {
     if constexpr (Join == join_kind::add) {
       return dy;
     } else {
@@ -699,10 +706,8 @@ class branches {
       shape[axis_] = width;
       detail::ensure(s, shape);
       const auto d = detail::split_at<output_rank>(shape, axis_);
-      const std::size_t total = std::size_t(dy.shape()[axis_]);
-      for (std::size_t o = 0; o < d[0]; ++o) {
-        std::copy_n(dy.data() + (o * total + offset) * d[2], d[1] * d[2], s.data() + o * d[1] * d[2]);
-      }
+      io::copy_rows("precis::nn::concat", ctx, dy.data() + offset * d[2], s.data(),
+                    detail::concat_part_plan(d, std::size_t(dy.shape()[axis_]), true));
       offset += width;
       return s;
     }

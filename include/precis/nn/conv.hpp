@@ -15,7 +15,10 @@
 /// accumulator narrower than float is refused by the kernels, as everywhere. Every output
 /// element is one sum in a fixed order, so results do not depend on the thread count. On a
 /// device context (precis/nn/cuda.hpp) the layers call the device kernels of the same
-/// names; there they take no bias yet.
+/// names. cuDNN rounds a convolution's output to its type, so on the device a layer with a
+/// bias runs its product on float copies of x and the weight (the products of the 8- and
+/// 16-bit formats are exact in float), adds the bias to the float sums and rounds once, as
+/// the host does; its bias gradient is the device's deterministic per-channel sum.
 ///
 /// Layouts are PyTorch's: conv2d's weight is [out, in / groups, kh, kw], conv_transpose2d's
 /// [in, out / groups, kh, kw]. Parameters start uniform in +-1/sqrt(fan_in), with fan_in =
@@ -66,7 +69,7 @@ struct conv2d_spec {
   std::array<std::size_t, 2> kernel;
   /// Stride, padding, dilation and groups, as PyTorch's Conv2d (no output_padding).
   conv2d_params params{};
-  /// Whether the layer adds a bias (host only: off the host the layer refuses one).
+  /// Whether the layer adds a bias.
   bias_mode bias = with_bias;
 
   /// The layer it builds into for policy map Map on context Ctx (In and G, the types that
@@ -89,7 +92,7 @@ struct conv_transpose2d_spec {
   std::array<std::size_t, 2> kernel;
   /// Stride, padding, dilation, groups and output_padding, as PyTorch's ConvTranspose2d.
   conv2d_params params{};
-  /// Whether the layer adds a bias (host only: off the host the layer refuses one).
+  /// Whether the layer adds a bias.
   bias_mode bias = with_bias;
 
   /// The layer it builds into for policy map Map on context Ctx (In and G, the types that
@@ -232,11 +235,6 @@ class conv_base : public layer_base<Tag, P, op::conv, 4, 4, Ctx> {
         fan_in_(weight_shape[1] * kernel[0] * kernel[1]),
         weight_(weight_shape),
         bias_({bias_on_ ? out : 0}) {
-    // The device kernels have neither a fused bias nor its gradient.
-    if (!on_host && bias_on_) {
-      throw error("precis::nn::" + std::string(layer) + ": off the host a convolution takes no " +
-                  "bias yet; build it with nn::no_bias (a batch norm after it gives the shift)");
-    }
     // The modules around a convolution (norms, pooling, upsampling, concatenation) and the
     // shape checks between layers read images as NCHW.
     if (p.layout != image_layout::nchw) {
@@ -248,13 +246,30 @@ class conv_base : public layer_base<Tag, P, op::conv, 4, 4, Ctx> {
   /// Adds dw (the caller's) and, with a bias, db from dy to the parameters' gradients.
   void accumulate_parameters(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
     weight_.accumulate(ctx, dw_);
-    if constexpr (on_host) {
-      if (bias_on_) {
-        ensure(db_, shape_t<1>{out_});
-        precis::conv2d_backward_bias<P>(ctx, dy, db_);
-        bias_.accumulate(ctx, db_);
-      }
+    if (bias_on_) {
+      ensure(db_, shape_t<1>{out_});
+      precis::conv2d_backward_bias<P>(ctx, dy, db_);
+      bias_.accumulate(ctx, db_);
     }
+  }
+  /// y = round(sums + bias) with sums = run(x, w, sums) in the math type: the product
+  /// without rounding, then the bias and one rounding. Off the host x and the weight are
+  /// first converted to float copies (cuDNN's output has the inputs' type).
+  template <class Run>
+  void forward_biased(context_ref_t<Ctx> ctx, const tensor<S>& x, const shape_t<4>& out, Run&& run) {
+    using io = context_traits<Ctx>;
+    const auto& w = weight_.value();
+    ensure(sums_, out);
+    if constexpr (on_host || std::is_same_v<S, math_type>) {
+      run(x, w, sums_);
+    } else {
+      ensure(xf_, shape_of<4>(x));
+      ensure(wf_, shape_of<4>(w));
+      io::cast(ctx, x, xf_);
+      io::cast(ctx, w, wf_);
+      run(xf_, wf_, sums_);
+    }
+    io::add_channel_bias(ctx, sums_, bias_.value(), y_);
   }
   /// backward() of the layer named `kind`: dx and dw = both(x, dy, w, dx, dw), or, where
   /// !input_gradient, dw = weights(x, dy, dw) alone (the input-gradient buffer is then
@@ -290,8 +305,11 @@ class conv_base : public layer_base<Tag, P, op::conv, 4, 4, Ctx> {
            conv_geometry_string(kernel_, params_) + (bias_on_ ? "" : " no bias");
   }
   std::size_t buffer_bytes() const {
-    return bytes_of(y_) + bytes_of(dx_) + bytes_of(dw_) + bytes_of(db_);
+    return bytes_of(y_) + bytes_of(dx_) + bytes_of(dw_) + bytes_of(db_) + bytes_of(sums_) + bytes_of(xf_) +
+           bytes_of(wf_);
   }
+  // The kernels' math type: float, or double under a double policy.
+  using math_type = precis::detail::math_t<op::conv, P, S, S>;
 
  public:
   /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
@@ -334,6 +352,8 @@ class conv_base : public layer_base<Tag, P, op::conv, 4, 4, Ctx> {
   tensor<G> dw_;
   tensor<G, 1> db_;
   saved<tensor<S>> x_;
+  tensor<math_type> sums_;  // with a bias where no kernel fuses it: the sums before the bias
+  tensor<float> xf_, wf_;   // with a bias on the device: float copies of x and the weight
 };
 
 }  // namespace detail
@@ -354,8 +374,8 @@ class conv2d_layer : public detail::conv_base<Tag, P, Ctx> {
 
   /// The layer of a blueprint, its parameters zero until reset() draws them. Throws
   /// precis::error for empty channels or kernel, a zero stride, dilation or groups, groups
-  /// that do not divide both channel counts, an output_padding, a layout other than NCHW,
-  /// or a bias off the host.
+  /// that do not divide both channel counts, an output_padding, or a layout other than
+  /// NCHW.
   explicit conv2d_layer(const conv2d_spec<Tag>& s)
       : base(kind, s.in, s.out, s.kernel, s.params, s.bias,
              weight_shape(s.in, s.out, s.kernel, s.params)) {}
@@ -385,14 +405,13 @@ class conv2d_layer : public detail::conv_base<Tag, P, Ctx> {
     detail::ensure(this->y_, output_shape(detail::shape_of<4>(x), path_name<Tag>()));
     const auto& w = this->weight_.value();
     const conv2d_params p = this->forward_params(m);
-    if constexpr (!base::on_host) {
+    if (!this->bias_on_) {
       precis::conv2d<P>(ctx, x, w, this->y_, p);
+    } else if constexpr (base::on_host) {
+      precis::conv2d<P>(ctx, x, w, this->bias_.value(), this->y_, p);  // the bias fused
     } else {
-      if (this->bias_on_) {
-        precis::conv2d<P>(ctx, x, w, this->bias_.value(), this->y_, p);
-      } else {
-        precis::conv2d<P>(ctx, x, w, this->y_, p);
-      }
+      this->forward_biased(ctx, x, detail::shape_of<4>(this->y_),
+                           [&](const auto& xs, const auto& ws, auto& sums) { precis::conv2d<P>(ctx, xs, ws, sums, p); });
     }
     this->x_.set(x);
     return this->y_;
@@ -463,8 +482,8 @@ class conv_transpose2d_layer : public detail::conv_base<Tag, P, Ctx> {
 
   /// The layer of a blueprint, its parameters zero until reset() draws them. Throws
   /// precis::error for empty channels or kernel, a zero stride, dilation or groups, groups
-  /// that do not divide both channel counts, an output_padding not less than the stride, a
-  /// layout other than NCHW, or a bias off the host.
+  /// that do not divide both channel counts, an output_padding not less than the stride, or
+  /// a layout other than NCHW.
   explicit conv_transpose2d_layer(const conv_transpose2d_spec<Tag>& s)
       : base(kind, s.in, s.out, s.kernel, s.params, s.bias,
              weight_shape(s.in, s.out, s.kernel, s.params)) {}
@@ -494,18 +513,14 @@ class conv_transpose2d_layer : public detail::conv_base<Tag, P, Ctx> {
     detail::ensure(this->y_, out);
     const auto& w = this->weight_.value();
     const conv2d_params p = this->forward_params(m);
-    if constexpr (!base::on_host) {
-      precis::conv_transpose2d<P>(ctx, x, w, this->y_, p);
+    if (this->bias_on_) {
+      // The kernel has no bias: its sums are kept in its math type (float, or double under
+      // a double policy), the bias added, then one rounding.
+      this->forward_biased(ctx, x, out, [&](const auto& xs, const auto& ws, auto& sums) {
+        precis::conv_transpose2d<P>(ctx, xs, ws, sums, p);
+      });
     } else {
-      if (this->bias_on_) {
-        // The kernel has no bias: its sums are kept in its math type (float, or double under
-        // a double policy), the bias added, then one rounding.
-        detail::ensure(sums_, out);
-        precis::conv_transpose2d<P>(ctx, x, w, sums_, p);
-        add_bias(ctx);
-      } else {
-        precis::conv_transpose2d<P>(ctx, x, w, this->y_, p);
-      }
+      precis::conv_transpose2d<P>(ctx, x, w, this->y_, p);
     }
     this->x_.set(x);
     return this->y_;
@@ -547,7 +562,7 @@ class conv_transpose2d_layer : public detail::conv_base<Tag, P, Ctx> {
   std::string shape() const { return this->describe_shape(); }
   /// Bytes of its output, input-gradient and parameter-gradient buffers, and of the sums
   /// it keeps in the math type before adding a bias.
-  std::size_t own_bytes() const { return this->buffer_bytes() + detail::bytes_of(sums_); }
+  std::size_t own_bytes() const { return this->buffer_bytes(); }
 
  private:
   static shape_t<4> weight_shape(std::size_t in, std::size_t out,
@@ -563,26 +578,6 @@ class conv_transpose2d_layer : public detail::conv_base<Tag, P, Ctx> {
     return {in, out / p.groups, k[0], k[1]};
   }
 
-  // The kernel's math type: float, or double under a double policy.
-  using math_type = precis::detail::math_t<op::conv, P, S, S>;
-
-  // y = sums + bias per channel, in the math type, rounded once to S.
-  void add_bias(const cpu_context& ctx) {
-    const std::size_t channels = this->out_;
-    const std::size_t pixels = std::size_t(sums_.shape()[2]) * std::size_t(sums_.shape()[3]);
-    const S* b = this->bias_.value().data();
-    precis::detail::for_rows(
-        ctx, std::size_t(sums_.shape()[0]) * channels, pixels, [&](std::size_t lo, std::size_t hi) {
-          for (std::size_t plane = lo; plane < hi; ++plane) {
-            const math_type shift = precis::detail::load<math_type>(b[plane % channels]);
-            const math_type* sums = sums_.data() + plane * pixels;
-            S* y = this->y_.data() + plane * pixels;
-            for (std::size_t q = 0; q < pixels; ++q) y[q] = round_to<S>(sums[q] + shift);
-          }
-        });
-  }
-
-  tensor<math_type> sums_;  // the sums before the bias (host, with a bias)
 };
 
 }  // namespace precis::nn

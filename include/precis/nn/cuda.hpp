@@ -9,8 +9,9 @@
 /// Layers call their kernels by qualified name (precis::conv2d, precis::batch_norm_train):
 /// the device overloads must be declared before the layers' templates are, so this header
 /// includes the CUDA kernels, then nn. What runs on the device: the layers whose kernels
-/// exist there (linear layers of any rank, convolutions without bias, batch norm, layer
-/// norm, activations, casts), sequences, residuals and two-branch adds. A device model's
+/// exist there (linear layers of any rank, convolutions, batch norm, layer norm,
+/// activations, casts, the ViT's data layers), sequences, residuals, adds and
+/// concatenations, and the multi-tensor nodes of nn/multi.hpp. A device model's
 /// masters and gradients are device spans: precis::device_adamw / device_sgd step them.
 #pragma once
 
@@ -42,6 +43,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace precis::nn {
@@ -79,6 +81,47 @@ __global__ void dropout_backward_kernel(const T* dy, const std::uint8_t* mask, T
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
        i += std::size_t(gridDim.x) * blockDim.x) {
     dx[i] = mask[i] != 0 ? round_to<T>(precis::detail::cuda::device_load<M>(dy[i]) * keep) : T(0.0F);
+  }
+}
+
+/// out[i] = round((0 + in_0[i]) + in_1[i] + ...), the sum in A: the host's n-ary
+/// add_rounded, term for term in its order.
+template <class A, class Out, class... In>
+__global__ void add_all_kernel(Out* out, std::size_t n, const In*... in) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    out[i] = round_to<Out>((A(0) + ... + precis::detail::cuda::device_load<A>(in[i])));
+  }
+}
+
+/// out[i] = round(A(a[i]) - A(b[i])): nn::subtract's difference, as the host's.
+template <class A, class T>
+__global__ void subtract_kernel(const T* a, const T* b, T* out, std::size_t n) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    out[i] = round_to<T>(precis::detail::cuda::device_load<A>(a[i]) - precis::detail::cuda::device_load<A>(b[i]));
+  }
+}
+
+/// out[i] = -in[i], exact (through float, which holds every value of the 8- and 16-bit
+/// formats; double stays double).
+template <class T>
+__global__ void negate_kernel(const T* in, T* out, std::size_t n) {
+  using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    out[i] = round_to<T>(-precis::detail::cuda::device_load<A>(in[i]));
+  }
+}
+
+/// y[i] = round(sums[i] + bias[(i / pixels) % channels]): a convolution's bias added to its
+/// float sums, one rounding (the host's add_channel_bias).
+template <class M, class S>
+__global__ void channel_bias_kernel(const M* sums, const S* bias, S* y, std::size_t n, std::size_t channels,
+                                    std::size_t pixels) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    y[i] = round_to<S>(sums[i] + precis::detail::cuda::device_load<M>(bias[(i / pixels) % channels]));
   }
 }
 
@@ -148,12 +191,62 @@ struct context_traits<cuda_context> {
   static void cast(ref ctx, const device_tensor<In, N>& in, device_tensor<Out, N>& out) {
     precis::cast(ctx, in, out);
   }
-  /// out = the sum of two inputs, added in float and rounded once; more than two inputs
-  /// do not compile on the device.
+  /// out = the sum of the inputs, added in float (double for double tensors) in the host's
+  /// order and rounded once, on the context's stream.
   template <class Out, std::size_t N, class... In>
   static void add_rounded(ref ctx, device_tensor<Out, N>& out, const device_tensor<In, N>&... in) {
-    static_assert(sizeof...(In) == 2, "precis: on the device, joins by addition take two branches");
-    [&](const auto& a, const auto& b) { precis::add<policy<Out, float, float, float, Out>>(ctx, a, b, out); }(in...);
+    if constexpr (sizeof...(In) == 2) {
+      [&](const auto& a, const auto& b) { precis::add<policy<Out, float, float, float, Out>>(ctx, a, b, out); }(in...);
+    } else {
+      using A = std::conditional_t<(std::is_same_v<Out, double> || ... || std::is_same_v<In, double>), double, float>;
+      const std::size_t n = out.size();
+      if (((in.size() != n) || ...)) throw error("precis::nn: adding tensors of another size");
+      if (n == 0) return;
+      detail::cuda::add_all_kernel<A><<<precis::detail::cuda::grid_for(n), 256, 0, ctx.stream()>>>(out.data(), n,
+                                                                                                  in.data()...);
+      check(cudaGetLastError(), "precis::nn::add_all");
+    }
+  }
+  /// out = a - b elementwise, in float (double for double tensors) and rounded once, on the
+  /// context's stream (nn::subtract).
+  template <class T, std::size_t N>
+  static void subtract_rounded(ref ctx, device_tensor<T, N>& out, const device_tensor<T, N>& a,
+                               const device_tensor<T, N>& b) {
+    using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    const std::size_t n = out.size();
+    if (a.size() != n || b.size() != n) throw error("precis::nn::subtract: tensors of another size");
+    if (n == 0) return;
+    detail::cuda::subtract_kernel<A>
+        <<<precis::detail::cuda::grid_for(n), 256, 0, ctx.stream()>>>(a.data(), b.data(), out.data(), n);
+    check(cudaGetLastError(), "precis::nn::subtract");
+  }
+  /// y[n, c, ...] = round(sums[n, c, ...] + bias[c]) on the context's stream: a
+  /// convolution's bias added to its sums and rounded once, as on the host.
+  template <class M, class S, std::size_t N>
+  static void add_channel_bias(ref ctx, const device_tensor<M, N>& sums, const device_tensor<S, 1>& bias,
+                               device_tensor<S, N>& y) {
+    const std::size_t channels = bias.size(), n = sums.size();
+    const std::size_t planes = std::size_t(sums.shape()[0]) * channels;
+    if (y.size() != n) throw error("precis::nn: a convolution's sums and output differ in size");
+    if (n == 0 || planes == 0) return;
+    detail::cuda::channel_bias_kernel<<<precis::detail::cuda::grid_for(n), 256, 0, ctx.stream()>>>(
+        sums.data(), bias.data(), y.data(), n, channels, n / planes);
+    check(cudaGetLastError(), "precis::nn: convolution bias");
+  }
+  /// out = -in elementwise (exact), on the context's stream.
+  template <class T, std::size_t N>
+  static void negate(ref ctx, const device_tensor<T, N>& in, device_tensor<T, N>& out) {
+    const std::size_t n = in.size();
+    if (out.size() != n) throw error("precis::nn::subtract: tensors of another size");
+    if (n == 0) return;
+    detail::cuda::negate_kernel<<<precis::detail::cuda::grid_for(n), 256, 0, ctx.stream()>>>(in.data(), out.data(), n);
+    check(cudaGetLastError(), "precis::nn::subtract");
+  }
+  /// Copies the rows plan `p` names (rank 2, unit inner strides: the concatenations' parts)
+  /// as one strided-copy launch on the context's stream.
+  template <class T>
+  static void copy_rows(std::string_view name, ref ctx, const T* from, T* to, const precis::detail::copy_plan<2>& p) {
+    strided_copy(name, ctx, from, to, p);
   }
   /// to[0, n) = from[0, n), a device-to-device copy on the context's stream (the reshaping
   /// layers' copies).

@@ -14,6 +14,9 @@
 /// end in one (a loss of several terms over several outputs reads it) or start with one
 /// (several inputs). Sums are added in float (double for double tensors) and rounded once;
 /// where a tensor reaches several consumers, its gradient is the sum of theirs, likewise.
+/// They run on either context: on the device the sums, differences and concatenations are
+/// one launch each on the context's stream, with the host's bits (each element's terms are
+/// added in the host's order, and copies are exact).
 #pragma once
 
 #include <precis/nn/compose.hpp>
@@ -29,10 +32,6 @@
 namespace precis::nn {
 
 namespace detail {
-
-/// The multi-tensor nodes run on host tensors so far.
-template <class Ctx>
-inline constexpr bool host_only_v = std::is_same_v<Ctx, cpu_context>;
 
 template <class M>
 using output_sig_t = sig<typename M::output_type, typename M::output_grad_type, M::output_rank>;
@@ -94,11 +93,9 @@ class fork_module {
                  ...),
                 "precis: the branches of nn::fork must read the same input type, gradient type and rank");
   static_assert((detail::single_output_v<Ms> && ...), "precis: each branch of nn::fork gives one tensor");
-  static_assert(detail::host_only_v<typename first::context_type>,
-                "precis: nn::fork runs on host tensors so far; build the model for cpu_context");
 
  public:
-  /// The context its kernels run on: the branches' (cpu_context).
+  /// The context its kernels run on: the branches'.
   using context_type = typename first::context_type;
   /// Element type forward() reads: every branch's input type.
   using input_type = typename first::input_type;
@@ -223,11 +220,9 @@ class taps_module {
   using first = std::tuple_element_t<0, children_type>;
   static_assert(detail::neighbours_fit<Ms...>());
   static_assert((detail::single_output_v<Ms> && ...), "precis: each stage of nn::taps gives one tensor");
-  static_assert(detail::host_only_v<typename first::context_type>,
-                "precis: nn::taps runs on host tensors so far; build the model for cpu_context");
 
  public:
-  /// The context its kernels run on: the stages' (cpu_context).
+  /// The context its kernels run on: the stages'.
   using context_type = typename first::context_type;
   /// Element type forward() reads: the first stage's input type.
   using input_type = typename first::input_type;
@@ -384,11 +379,9 @@ class each_module {
   static constexpr std::size_t count = sizeof...(Ms);
   using first = std::tuple_element_t<0, children_type>;
   static_assert((detail::single_output_v<Ms> && ...), "precis: each node of nn::each gives one tensor");
-  static_assert(detail::host_only_v<typename first::context_type>,
-                "precis: nn::each runs on host tensors so far; build the model for cpu_context");
 
  public:
-  /// The context its kernels run on: the nodes' (cpu_context).
+  /// The context its kernels run on: the nodes'.
   using context_type = typename first::context_type;
   /// The multi-tensor edge forward() reads: one nn::sig per node, of its input's types and rank.
   using input_type = values<sig<typename Ms::input_type, typename Ms::input_grad_type, Ms::input_rank>...>;
@@ -506,11 +499,9 @@ class top_down_module<values<S0, Sigs...>, M> {
   static_assert(std::is_same_v<typename M::output_type, T> && std::is_same_v<typename M::output_grad_type, G> &&
                     M::output_rank == R,
                 "precis: the node of nn::top_down must give the type and rank it reads (an upsampling)");
-  static_assert(detail::host_only_v<typename M::context_type>,
-                "precis: nn::top_down runs on host tensors so far; build the model for cpu_context");
 
  public:
-  /// The context its kernels run on: the node's (cpu_context).
+  /// The context its kernels run on: the node's.
   using context_type = typename M::context_type;
   /// The multi-tensor edge forward() reads: the n levels x, finest first, all of one nn::sig.
   using input_type = values<S0, Sigs...>;
@@ -650,16 +641,13 @@ class join_module<Join, values<S0, Sigs...>, Ctx> {
                 "nn::each");
   static_assert(Join != join_kind::subtract || sizeof...(Sigs) == 1,
                 "precis: nn::subtract reads an edge of two tensors (a, b) and gives a - b");
-  static_assert(detail::host_only_v<Ctx>,
-                "precis: nn::add_all, nn::concat_all and nn::subtract run on host tensors so far; build the "
-                "model for cpu_context");
   static constexpr std::size_t count = 1 + sizeof...(Sigs);
   using T = typename S0::type;
   using G = typename S0::grad_type;
   static constexpr std::size_t R = S0::rank;
 
  public:
-  /// The context its kernels run on (cpu_context).
+  /// The context its kernels run on.
   using context_type = Ctx;
   /// The multi-tensor edge forward() reads: tensors all of one nn::sig.
   using input_type = values<S0, Sigs...>;
@@ -714,17 +702,11 @@ class join_module<Join, values<S0, Sigs...>, Ctx> {
     if constexpr (Join == join_kind::add) {
       std::apply([&](auto... t) { context_traits<Ctx>::add_rounded(ctx, y_, *t...); }, x);
     } else if constexpr (Join == join_kind::subtract) {
-      using A = detail::sum_type_t<T>;
-      const T* a = std::get<0>(x)->data();
-      const T* b = std::get<1>(x)->data();
-      T* y = y_.data();
-      precis::detail::parallel_for(ctx, y_.size(), std::size_t(1) << 15, [&](std::size_t lo, std::size_t hi) {
-        for (std::size_t i = lo; i < hi; ++i) y[i] = round_to<T>(static_cast<A>(a[i]) - static_cast<A>(b[i]));
-      });
+      context_traits<Ctx>::subtract_rounded(ctx, y_, *std::get<0>(x), *std::get<1>(x));
     } else {
       std::size_t offset = 0, i = 0;
       std::apply([&](auto... t) { ((widths_[i++] = std::size_t(t->shape()[axis_])), ...); }, x);
-      std::apply([&](auto... t) { (copy_part(*t, offset), ...); }, x);
+      std::apply([&](auto... t) { (copy_part(ctx, *t, offset), ...); }, x);
     }
     return y_;
   }
@@ -732,7 +714,7 @@ class join_module<Join, values<S0, Sigs...>, Ctx> {
   /// negation exact (nn::subtract); each tensor's part of dy along the axis (nn::concat_all).
   /// Returns a tuple of pointers to them; negated and sliced gradients are in this module's
   /// buffers.
-  edge_grad_t<Ctx, input_type, 0> backward(context_ref_t<Ctx>, const tensor_t<Ctx, G, R>& dy) {
+  edge_grad_t<Ctx, input_type, 0> backward(context_ref_t<Ctx> ctx, const tensor_t<Ctx, G, R>& dy) {
     if constexpr (Join == join_kind::add) {
       // Every input's gradient is dy itself.
       return [&]<std::size_t... I>(std::index_sequence<I...>) {
@@ -741,8 +723,7 @@ class join_module<Join, values<S0, Sigs...>, Ctx> {
     } else if constexpr (Join == join_kind::subtract) {
       // da = dy, db = -dy (negation is exact in every format).
       detail::ensure(parts_[1], detail::shape_of<R>(dy));
-      G* d = parts_[1].data();
-      for (std::size_t i = 0; i < dy.size(); ++i) d[i] = G(-dy.data()[i]);
+      context_traits<Ctx>::negate(ctx, dy, parts_[1]);
       return edge_grad_t<Ctx, input_type, 0>{&dy, &parts_[1]};
     } else {
       std::size_t offset = 0;
@@ -751,10 +732,8 @@ class join_module<Join, values<S0, Sigs...>, Ctx> {
         s[axis_] = widths_[i];
         detail::ensure(parts_[i], s);
         const auto d = detail::split_at<R>(s, axis_);
-        const std::size_t total = std::size_t(dy.shape()[axis_]);
-        for (std::size_t o = 0; o < d[0]; ++o) {
-          std::copy_n(dy.data() + (o * total + offset) * d[2], d[1] * d[2], parts_[i].data() + o * d[1] * d[2]);
-        }
+        context_traits<Ctx>::copy_rows("precis::nn::concat_all", ctx, dy.data() + offset * d[2], parts_[i].data(),
+                                       detail::concat_part_plan(d, std::size_t(dy.shape()[axis_]), true));
         offset += widths_[i];
       }
       return [&]<std::size_t... I>(std::index_sequence<I...>) {
@@ -770,12 +749,10 @@ class join_module<Join, values<S0, Sigs...>, Ctx> {
   }
 
  private:
-  void copy_part(const tensor_t<Ctx, T, R>& part, std::size_t& offset) {
+  void copy_part(context_ref_t<Ctx> ctx, const tensor_t<Ctx, T, R>& part, std::size_t& offset) {
     const auto d = detail::split_at<R>(detail::shape_of<R>(part), axis_);
-    const std::size_t total = std::size_t(y_.shape()[axis_]);
-    for (std::size_t o = 0; o < d[0]; ++o) {
-      std::copy_n(part.data() + o * d[1] * d[2], d[1] * d[2], y_.data() + (o * total + offset) * d[2]);
-    }
+    context_traits<Ctx>::copy_rows("precis::nn::concat_all", ctx, part.data(), y_.data() + offset * d[2],
+                                   detail::concat_part_plan(d, std::size_t(y_.shape()[axis_]), false));
     offset += d[1];
   }
 

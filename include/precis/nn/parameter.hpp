@@ -103,6 +103,51 @@ struct context_traits<cpu_context> {
       });
     }
   }
+  /// out = a - b elementwise, in float (double for double tensors) and rounded once
+  /// (nn::subtract).
+  template <class T, std::size_t N>
+  static void subtract_rounded(ref ctx, host_tensor<T, N>& out, const host_tensor<T, N>& a,
+                               const host_tensor<T, N>& b) {
+    using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    const T* pa = a.data();
+    const T* pb = b.data();
+    T* o = out.data();
+    precis::detail::parallel_for(ctx, out.size(), std::size_t(1) << 15, [&](std::size_t lo, std::size_t hi) {
+      for (std::size_t i = lo; i < hi; ++i) o[i] = round_to<T>(static_cast<A>(pa[i]) - static_cast<A>(pb[i]));
+    });
+  }
+  /// y[n, c, ...] = round(sums[n, c, ...] + bias[c]): a convolution's bias added to its sums
+  /// (kept in the math type M) and rounded once to y's type.
+  template <class M, class S, std::size_t N>
+  static void add_channel_bias(ref ctx, const host_tensor<M, N>& sums, const host_tensor<S, 1>& bias,
+                               host_tensor<S, N>& y) {
+    const std::size_t channels = bias.size();
+    const std::size_t planes = std::size_t(sums.shape()[0]) * channels;
+    const std::size_t pixels = planes == 0 ? 0 : sums.size() / planes;
+    const S* b = bias.data();
+    precis::detail::for_rows(ctx, planes, pixels, [&](std::size_t lo, std::size_t hi) {
+      for (std::size_t plane = lo; plane < hi; ++plane) {
+        const M shift = precis::detail::load<M>(b[plane % channels]);
+        const M* from = sums.data() + plane * pixels;
+        S* to = y.data() + plane * pixels;
+        for (std::size_t q = 0; q < pixels; ++q) to[q] = round_to<S>(from[q] + shift);
+      }
+    });
+  }
+  /// out = -in elementwise (exact in every format).
+  template <class T, std::size_t N>
+  static void negate(ref, const host_tensor<T, N>& in, host_tensor<T, N>& out) {
+    const T* from = in.data();
+    T* to = out.data();
+    for (std::size_t i = 0; i < in.size(); ++i) to[i] = T(-from[i]);
+  }
+  /// Copies the elements plan `p` names (precis::detail::copy_plan of rank 2 with unit inner
+  /// strides: `p.shape[0]` rows of `p.shape[1]` contiguous elements), row by row: the
+  /// concatenations' parts.
+  template <class T>
+  static void copy_rows(std::string_view, ref, const T* from, T* to, const precis::detail::copy_plan<2>& p) {
+    for (std::size_t r = 0; r < p.shape[0]; ++r) std::copy_n(from + r * p.from[0], p.shape[1], to + r * p.to[0]);
+  }
   /// y = f(x) elementwise under policy P, for the function object Fn; `name` prefixes the
   /// messages of the errors it throws.
   template <Policy P, template <class> class Fn, class X, class Y, std::size_t N>

@@ -1,6 +1,7 @@
 /// @file
 /// Sum, mean, max and L2 norm of device tensors, over all elements or along one axis, with the
-/// calls of kernels/reduce.hpp (a cuda_context in place of the cpu_context).
+/// calls of kernels/reduce.hpp (a cuda_context in place of the cpu_context), and the
+/// per-channel sums of a convolution's bias gradient (conv2d_backward_bias).
 ///
 /// A whole-tensor reduction cannot return its value without the host waiting for the
 /// device, so on the device it writes it to a one-element device tensor (`out`, shape {1},
@@ -19,6 +20,7 @@
 
 #include <precis/config.hpp>
 #include <precis/kernels/cuda/common.hpp>
+#include <precis/kernels/conv.hpp>
 #include <precis/kernels/cuda/elementwise.hpp>
 #include <precis/kernels/reduce.hpp>
 
@@ -271,6 +273,39 @@ void reduce_axis_to(std::string_view name, cuda_context& ctx, const device_tenso
   check(cudaGetLastError(), name);
 }
 
+/// Pixels summed per partial sum of conv2d_backward_bias: a constant, so that the order of
+/// additions is the same on every device.
+inline constexpr std::size_t channel_segment = 4096;
+
+/// First pass of conv2d_backward_bias: block (image i, segment s) of grid row c sums the
+/// pixels [s * channel_segment, ...) of plane (i, c), each thread its strided share in
+/// order, then the block's tree.
+template <class M, class Acc, class T>
+__global__ void channel_partials(const T* dy, std::size_t images, std::size_t channels, std::size_t pixels,
+                                 std::size_t segments, typename accumulator<Acc>::value_type* partial) {
+  using S = typename accumulator<Acc>::value_type;
+  __shared__ S shared[32];
+  const std::size_t c = blockIdx.y, i = blockIdx.x / segments, seg = blockIdx.x % segments;
+  const T* plane = dy + (i * channels + c) * pixels;
+  const std::size_t lo = seg * channel_segment, hi = pixels < lo + channel_segment ? pixels : lo + channel_segment;
+  S acc = device_sum<Acc>::init();
+  for (std::size_t q = lo + threadIdx.x; q < hi; q += blockDim.x) acc = device_sum<Acc>::add(acc, device_load<M>(plane[q]));
+  const S r = block_reduce(acc, combine_op<device_sum<Acc>>{}, shared);
+  if (threadIdx.x == 0) partial[(c * images + i) * segments + seg] = r;
+}
+
+/// Second pass: channel c's partial sums added in (image, segment) order, rounded once.
+template <class Acc, class U>
+__global__ void channel_totals(const typename accumulator<Acc>::value_type* partial, std::size_t per_channel,
+                               std::size_t channels, U* out) {
+  for (std::size_t c = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; c < channels;
+       c += std::size_t(gridDim.x) * blockDim.x) {
+    auto s = device_sum<Acc>::init();
+    for (std::size_t k = 0; k < per_channel; ++k) s = device_sum<Acc>::combine(s, partial[c * per_channel + k]);
+    out[c] = round_to<U>(s);
+  }
+}
+
 }  // namespace detail::cuda
 
 namespace detail {
@@ -304,6 +339,42 @@ void column_sums(cuda_context& ctx, const T* x, std::size_t rows, std::size_t co
 }
 
 }  // namespace detail
+
+/// db[c] = the sum of dy [N, C, H, W] over images and pixels, on the device: the bias
+/// gradient of a convolution (see the host conv2d_backward_bias), in the policy's math and
+/// accumulate types, rounded once to db's type. Two passes in a fixed order (segments of
+/// 4096 pixels of each plane, each summed by a block's strided threads and then its tree;
+/// then each channel's segments in image and segment order), so repeated calls give the
+/// same bits on any device; a channel's sum differs from the host's index-order sum by at
+/// most the bound of a float sum of N * H * W terms. NCHW only (throws precis::error for
+/// another layout). Queued on ctx's stream; its scratch is stream-ordered.
+template <Policy P, kernel_element TG, kernel_element TB>
+void conv2d_backward_bias(cuda_context& ctx, const device_tensor<TG, 4>& dy, device_tensor<TB, 1>& db,
+                          image_layout layout = image_layout::nchw) {
+  using M = detail::math_t<op::reduction, P, TG>;
+  using Acc = detail::accumulate_t<op::reduction, P>;
+  using S = typename accumulator<Acc>::value_type;
+  if (layout != image_layout::nchw) {
+    throw error("precis::conv2d_backward_bias: the device takes NCHW gradients only");
+  }
+  const std::size_t n = dy.shape()[0], co = dy.shape()[1], pixels = dy.shape()[2] * dy.shape()[3];
+  check_shape("precis::conv2d_backward_bias: db", db, std::array<std::size_t, 1>{co});
+  if (co == 0) return;
+  if (n == 0 || pixels == 0) {
+    check(cudaMemsetAsync(db.data(), 0, co * sizeof(TB), ctx.stream()), "cudaMemsetAsync");
+    return;
+  }
+  if (co > 65535) throw error("precis::conv2d_backward_bias: more than 65535 channels on the device");
+  const std::size_t segments = (pixels + detail::cuda::channel_segment - 1) / detail::cuda::channel_segment;
+  device_tensor<S, 1> partial({co * n * segments}, ctx.stream());
+  const dim3 grid(unsigned(n * segments), unsigned(co));
+  detail::cuda::channel_partials<M, Acc><<<grid, 256, 0, ctx.stream()>>>(dy.data(), n, co, pixels, segments,
+                                                                         partial.data());
+  check(cudaGetLastError(), "precis::conv2d_backward_bias");
+  detail::cuda::channel_totals<Acc><<<detail::cuda::grid_for(co), 256, 0, ctx.stream()>>>(partial.data(),
+                                                                                         n * segments, co, db.data());
+  check(cudaGetLastError(), "precis::conv2d_backward_bias");
+}
 
 /// out[0] = the sum of all elements of x, on the device (out: shape {1}). 0 for an empty
 /// tensor. Queued on ctx's stream; nothing waits for it.

@@ -1,0 +1,77 @@
+// The multi-tensor nodes (nn::fork, taps, each, top_down, add_all, concat_all, subtract),
+// nn::concat, convolutions with a bias and a DBNet on the device against the same models
+// on the host, built from one blueprint with the same masters: one forward and backward
+// pass on the same data, the outputs, input gradients and parameter gradients (the biases'
+// among them) within the types' bounds. Exits 77 (skipped) where no GPU is present.
+#include <precis/nn/cuda.hpp>  // first: the device kernels, then nn
+
+#include "../../examples/dbnet/model.hpp"
+#include "nn_compare.hpp"
+
+#include <string>
+
+namespace {
+
+using namespace precis_test;
+using namespace precis;
+
+const conv2d_params same{.padding = {1, 1}};
+
+// A feature pyramid on images, wired as DBNet's neck: every stage's output (taps), a
+// lateral per level (each), the top-down sums, then the levels brought to one size and
+// concatenated along the channels.
+auto pyramid() {
+  return nn::seq(nn::taps(nn::conv2d(3, 4, 3, same, nn::no_bias),
+                          nn::seq(nn::relu(), nn::conv2d(4, 6, 3, {.stride = {2, 2}, .padding = {1, 1}}, nn::no_bias)),
+                          nn::seq(nn::relu(), nn::conv2d(6, 8, 3, {.stride = {2, 2}, .padding = {1, 1}}, nn::no_bias))),
+                 nn::each(nn::conv2d(4, 5, 1, {}, nn::no_bias), nn::conv2d(6, 5, 1, {}, nn::no_bias),
+                          nn::conv2d(8, 5, 1, {}, nn::no_bias)),
+                 nn::top_down(nn::upsample_nearest(2)),
+                 nn::each(nn::conv2d(5, 3, 3, same, nn::no_bias), nn::seq(nn::conv2d(5, 3, 3, same), nn::upsample_nearest(2)),
+                          nn::seq(nn::conv2d(5, 3, 3, same), nn::upsample_nearest(4))),
+                 nn::concat_all(1));
+}
+
+template <class P>
+void check_nodes(cuda_context& ctx, const std::string& tag) {
+  // Convolutions with a bias: float sums, the bias, one rounding; the per-channel bias
+  // gradient over images and pixels (several 4096-pixel segments in the second).
+  compare_models<P, 4>(ctx, tag + " conv2d with bias", nn::conv2d(3, 5, 3, same), {2, 3, 9, 11});
+  compare_models<P, 4>(ctx, tag + " conv2d with bias, long planes", nn::conv2d(2, 3, 1, {}), {2, 2, 80, 70});
+  compare_models<P, 4>(ctx, tag + " conv_transpose2d with bias",
+                       nn::conv_transpose2d(4, 1, 2, {.stride = {2, 2}}), {3, 4, 7, 5});
+  compare_models<P, 4>(ctx, tag + " pyramid", pyramid(), {2, 3, 16, 12});
+  compare_models<P, 4>(ctx, tag + " fork and subtract",
+                       nn::seq(nn::fork(nn::conv2d(3, 2, 3, same), nn::seq(nn::conv2d(3, 2, 1, {}), nn::sigmoid())),
+                               nn::subtract()),
+                       {2, 3, 8, 8});
+  compare_models<P, 4>(ctx, tag + " fork of three and add_all",
+                       nn::seq(nn::fork(nn::conv2d(3, 4, 3, same), nn::conv2d(3, 4, 1, {}),
+                                        nn::seq(nn::conv2d(3, 4, 1, {}), nn::relu())),
+                               nn::add_all()),
+                       {2, 3, 8, 8});
+  compare_models<P, 4>(ctx, tag + " concat",
+                       nn::concat(1, nn::conv2d(3, 2, 3, same), nn::identity(), nn::conv2d(3, 5, 1, {})),
+                       {2, 3, 6, 7});
+  // Every DBNet layer at width 8 (P - T, so that one tensor leaves the model).
+  const dbnet::config c{.width = 8, .inner = 16};
+  compare_models<P, 4>(ctx, tag + " dbnet", nn::seq(dbnet::blueprint(c), nn::subtract()), {2, 3, 64, 64}, 16);
+}
+
+}  // namespace
+
+int main() {
+  if (!have_gpu()) return skipped;
+  cuda_context ctx;
+  check_nodes<presets::fp32>(ctx, "fp32");
+  check_nodes<presets::bf16_mixed>(ctx, "bf16_mixed");
+  check_nodes<presets::fp16_mixed>(ctx, "fp16_mixed");
+  // Shapes that cannot be joined are refused, naming the join, before any launch.
+  {
+    auto model = nn::build<float, 4, cuda_context>(
+        presets::fp32{}, nn::seq(nn::fork(nn::conv2d(3, 2, 1, {}), nn::conv2d(3, 3, 1, {})), nn::subtract()));
+    const auto x = to_device(random_tensor<float, 4>({1, 3, 4, 4}));
+    expect_error("subtract: other shapes", [&] { (void)model.forward(ctx, x); }, "cannot be subtracted");
+  }
+  return finish();
+}
