@@ -84,7 +84,7 @@ namespace detail {
 /// `v` rounded to type C and read back in the arithmetic type M (identity for double C, and
 /// for float C when M is float).
 template <class C, class M>
-M round_as(M v) {
+PRECIS_HOST_DEVICE M round_as(M v) {
   if constexpr (std::is_same_v<C, double> || (std::is_same_v<C, float> && std::is_same_v<M, float>)) {
     return v;
   } else {
@@ -94,7 +94,7 @@ M round_as(M v) {
 
 /// An element read in the arithmetic type M.
 template <class M, class T>
-M load(T v) {
+PRECIS_HOST_DEVICE M load(T v) {
   if constexpr (std::is_arithmetic_v<T>) {
     return M(v);
   } else {
@@ -102,15 +102,107 @@ M load(T v) {
   }
 }
 
+/// One pixel's forward values: P = sigmoid(x), e = exp(-k (P - T)), B = 1 / (1 + e) and the
+/// BCE-with-logits term, each step rounded to its compute type (CB for the binarization, CL
+/// for the loss). The host and the device both compute a pixel with this function.
+template <class M>
+struct pixel_values {
+  M p, e, b, term;
+};
+
+/// See pixel_values: x the logit, t the threshold head's T, gt the shrink map's value.
+template <class CB, class CL, class M>
+PRECIS_HOST_DEVICE pixel_values<M> pixel_forward(M x, M t, M gt, M k) {
+  namespace math = precis::detail::math;
+  const M p = round_as<CB>(M(1) / (M(1) + math::exp(-x)));
+  const M d = round_as<CB>(p - t);
+  const M z = round_as<CB>(-k * d);
+  const M e = round_as<CB>(math::exp(z));
+  const M u = round_as<CB>(M(1) + e);
+  return {p, e, round_as<CB>(M(1) / u), round_as<CL>(precis::detail::bce_logits_term(x, gt))};
+}
+
+/// One pixel's terms of the dice and L1 sums, each rounded to CL: B y m, B m, y m and
+/// |T - t| tm (y the shrink map, m its mask, t the threshold map, tm its mask).
+template <class CL, class M>
+PRECIS_HOST_DEVICE void pixel_terms(M b, M y, M m, M th, M t, M tm, M out[4]) {
+  using precis::detail::mul;
+  out[0] = round_as<CL>(mul(mul(b, y), m));
+  out[1] = round_as<CL>(mul(b, m));
+  out[2] = round_as<CL>(mul(y, m));
+  out[3] = round_as<CL>(mul(precis::detail::math::abs(th - t), tm));
+}
+
+/// What backward() reads of the forward pass: the BCE's denominator (positives + kept
+/// negatives + eps), the dice's intersection and union, the L1's pixel count.
+template <class M>
+struct loss_scalars {
+  M bce_den, inter, union_, l1_count;
+};
+
+/// The loss and its three terms from the sums (BCE over the kept pixels, B y m, B m, y m,
+/// the L1 terms) and the counts: the reference's formulas, each quotient rounded to CL.
+/// Fills `s` for backward(); host and device.
+template <class CL, class M>
+PRECIS_HOST_DEVICE M finish_loss(const M sums[5], double positives, double kept, double l1_count,
+                                 const loss_options& o, loss_scalars<M>& s, M terms[3]) {
+  using precis::detail::mul;
+  s.bce_den = M(positives + kept + o.eps);
+  const M bce = round_as<CL>(sums[0] / s.bce_den);
+  s.inter = sums[1];
+  s.union_ = round_as<CL>(round_as<CL>(sums[2] + sums[3]) + M(o.eps));
+  const M dice = round_as<CL>(M(1) - round_as<CL>(M(2) * s.inter / s.union_));
+  s.l1_count = M(l1_count);
+  const M l1 = s.l1_count == M(0) ? M(0) : round_as<CL>(sums[4] / s.l1_count);
+  terms[0] = bce;
+  terms[1] = dice;
+  terms[2] = l1;
+  return round_as<CL>(mul(M(o.bce_weight), bce) + mul(M(o.dice_weight), dice) + mul(M(o.l1_weight), l1));
+}
+
+/// The three gradient scales for loss scale (or dloss) `dloss`.
+template <class CL, class M>
+struct gradient_scales {
+  M bce, dice, l1;
+  PRECIS_HOST_DEVICE gradient_scales(M dloss, const loss_scalars<M>& s, const loss_options& o)
+      : bce(round_as<CL>(dloss * M(o.bce_weight) / s.bce_den)),
+        dice(round_as<CL>(-M(2) * dloss * M(o.dice_weight) / (s.union_ * s.union_))),
+        l1(s.l1_count == M(0) ? M(0) : round_as<CL>(dloss * M(o.l1_weight) / s.l1_count)) {}
+};
+
+/// One pixel's gradients (before their rounding to the model's types): dx of the logit
+/// (the BCE's, where the pixel is kept, plus the binarization's) and dt of T (the L1's
+/// minus the binarization's). Each factor is rounded as the forward pass rounded its value;
+/// host and device.
+template <class CB, class CL, class M>
+PRECIS_HOST_DEVICE void pixel_backward(M x, M th, M gt, M m, M t, M tm, bool kept, const pixel_values<M>& v,
+                                       const gradient_scales<CL, M>& g, const loss_scalars<M>& s, M k, M& dx,
+                                       M& dt) {
+  using precis::detail::mul;
+  namespace math = precis::detail::math;
+  const M sig = M(1) / (M(1) + math::exp(-x));
+  const M g_bce = kept ? round_as<CL>(mul(g.bce, sig - gt)) : M(0);
+  // dice: d/dB of 1 - 2 I / U is -2 m (y U - I) / U^2.
+  const M gb = round_as<CL>(mul(mul(g.dice, m), mul(gt, s.union_) - s.inter));
+  // B = 1 / u, u = 1 + e, e = exp(z), z = -k (p - t), p = sigmoid(x).
+  const M gu = round_as<CB>(-gb * v.b * v.b);
+  const M gz = round_as<CB>(gu * v.e);
+  const M gd = round_as<CB>(mul(-k, gz));
+  const M gx_bin = round_as<CB>(mul(gd * v.p, M(1) - v.p));
+  const M g_l1 = round_as<CL>(mul(mul(g.l1, tm), precis::detail::sign(th - t)));
+  dx = g_bce + gx_bin;
+  dt = g_l1 - gd;
+}
+
 }  // namespace detail
 
-template <Policy LossPolicy, Policy BinPolicy, class Out>
+template <Policy LossPolicy, Policy BinPolicy, class Out, class Ctx = cpu_context>
 class basic_loss;
 
 /// DB's loss under `LossPolicy` (the terms) and `BinPolicy` (the binarization), reading a
 /// model's (P logits, T) edge. Use loss_t<Map, Model>.
 template <Policy LossPolicy, Policy BinPolicy, class SP, class GP, class ST, class GT>
-class basic_loss<LossPolicy, BinPolicy, nn::values<nn::sig<SP, GP, 4>, nn::sig<ST, GT, 4>>> {
+class basic_loss<LossPolicy, BinPolicy, nn::values<nn::sig<SP, GP, 4>, nn::sig<ST, GT, 4>>, cpu_context> {
   using CL = typename LossPolicy::compute_type;
   using AL = typename LossPolicy::accumulate_type;
   using CB = typename BinPolicy::compute_type;
@@ -156,17 +248,11 @@ class basic_loss<LossPolicy, BinPolicy, nn::values<nn::sig<SP, GP, 4>, nn::sig<S
     const M k = M(o_.k);
     precis::detail::parallel_for(ctx, n, std::size_t(1) << 14, [&](std::size_t lo, std::size_t hi) {
       for (std::size_t i = lo; i < hi; ++i) {
-        const M xi = detail::load<M>(x[i]);
-        // The binarization, each step rounded to its compute type.
-        const M p = detail::round_as<CB>(M(1) / (M(1) + std::exp(-xi)));
-        const M d = detail::round_as<CB>(p - detail::load<M>(th[i]));
-        const M z = detail::round_as<CB>(-k * d);
-        const M e = detail::round_as<CB>(std::exp(z));
-        const M u = detail::round_as<CB>(M(1) + e);
-        p_[i] = p;
-        e_[i] = e;
-        b_[i] = detail::round_as<CB>(M(1) / u);
-        term_[i] = detail::round_as<CL>(precis::detail::bce_logits_term(xi, M(gt[i])));
+        const auto v = detail::pixel_forward<CB, CL>(detail::load<M>(x[i]), detail::load<M>(th[i]), M(gt[i]), k);
+        p_[i] = v.p;
+        e_[i] = v.e;
+        b_[i] = v.b;
+        term_[i] = v.term;
       }
     });
     // Balanced BCE: positives and the hardest negatives.
@@ -179,30 +265,25 @@ class basic_loss<LossPolicy, BinPolicy, nn::values<nn::sig<SP, GP, 4>, nn::sig<S
     const auto limit = static_cast<std::size_t>(double(positives) * o_.negative_ratio);
     kept_ = std::min(negatives, limit);
     select_negatives(gt, gm);
-    accumulator<AL> bce_sum, inter, bm, ym, l1_sum;
+    accumulator<AL> sums[5];  // the kept BCE terms, B y m, B m, y m, the L1 terms
     std::size_t l1_count = 0;
     for (std::size_t i = 0; i < n; ++i) {
       const bool in = gm[i] != 0.0F;
       if (in && (gt[i] != 0.0F || keep_[i] != 0)) {
         keep_[i] = 1;
-        bce_sum.add(term_[i]);
+        sums[0].add(term_[i]);
       }
-      const M m = M(gm[i]), y1 = M(gt[i]);
-      inter.add(detail::round_as<CL>(b_[i] * y1 * m));
-      bm.add(detail::round_as<CL>(b_[i] * m));
-      ym.add(detail::round_as<CL>(y1 * m));
-      l1_sum.add(detail::round_as<CL>(std::abs(detail::load<M>(th[i]) - M(tm[i])) * M(tmask[i])));
+      M parts[4];
+      detail::pixel_terms<CL>(b_[i], M(gt[i]), M(gm[i]), detail::load<M>(th[i]), M(tm[i]), M(tmask[i]), parts);
+      for (int j = 0; j < 4; ++j) sums[j + 1].add(parts[j]);
       l1_count += tmask[i] != 0.0F ? 1U : 0U;
     }
-    bce_den_ = M(double(positives + kept_) + o_.eps);
-    const M bce = detail::round_as<CL>(M(bce_sum.value()) / bce_den_);
-    inter_ = M(inter.value());
-    union_ = detail::round_as<CL>(detail::round_as<CL>(M(bm.value()) + M(ym.value())) + M(o_.eps));
-    const M dice = detail::round_as<CL>(M(1) - detail::round_as<CL>(M(2) * inter_ / union_));
-    l1_count_ = M(double(l1_count));
-    const M l1 = l1_count_ == M(0) ? M(0) : detail::round_as<CL>(M(l1_sum.value()) / l1_count_);
-    terms_ = {double(bce), double(dice), double(l1), positives, kept_};
-    return detail::round_as<CL>(M(o_.bce_weight) * bce + M(o_.dice_weight) * dice + M(o_.l1_weight) * l1);
+    const M totals[5] = {M(sums[0].value()), M(sums[1].value()), M(sums[2].value()), M(sums[3].value()),
+                         M(sums[4].value())};
+    M terms[3];
+    const M loss = detail::finish_loss<CL>(totals, double(positives), double(kept_), double(l1_count), o_, scalars_, terms);
+    terms_ = {double(terms[0]), double(terms[1]), double(terms[2]), positives, kept_};
+    return loss;
   }
 
   /// The gradients of dloss * loss with respect to P logits and T (pass the loss scale as
@@ -218,31 +299,18 @@ class basic_loss<LossPolicy, BinPolicy, nn::values<nn::sig<SP, GP, 4>, nn::sig<S
     const float* gm = t_->shrink_mask.data();
     const float* tm = t_->thresh.data();
     const float* tmask = t_->thresh_mask.data();
-    const M s = M(dloss), k = M(o_.k);
-    const M bce_scale = detail::round_as<CL>(s * M(o_.bce_weight) / bce_den_);
-    const M dice_scale = detail::round_as<CL>(-M(2) * s * M(o_.dice_weight) / (union_ * union_));
-    const M l1_scale = l1_count_ == M(0) ? M(0) : detail::round_as<CL>(s * M(o_.l1_weight) / l1_count_);
+    const M k = M(o_.k);
+    const detail::gradient_scales<CL, M> g(M(dloss), scalars_, o_);
     GP* dx = dx_.data();
     GT* dt = dt_.data();
     precis::detail::parallel_for(ctx, n, std::size_t(1) << 14, [&](std::size_t lo, std::size_t hi) {
       for (std::size_t i = lo; i < hi; ++i) {
-        const M xi = detail::load<M>(x[i]);
-        const M sig = M(1) / (M(1) + std::exp(-xi));
-        const M g_bce = keep_[i] != 0 ? detail::round_as<CL>(bce_scale * (sig - M(gt[i]))) : M(0);
-        // dice: d/dB of 1 - 2 I / U is -2 m (y U - I) / U^2.
-        const M m = M(gm[i]);
-        const M gb = detail::round_as<CL>(dice_scale * m * (M(gt[i]) * union_ - inter_));
-        // B = 1 / u, u = 1 + e, e = exp(z), z = -k (p - t), p = sigmoid(x): each factor
-        // rounded as the forward pass rounded its value.
-        const M b = b_[i], p = p_[i];
-        const M gu = detail::round_as<CB>(-gb * b * b);
-        const M gz = detail::round_as<CB>(gu * e_[i]);
-        const M gd = detail::round_as<CB>(-k * gz);
-        const M gx_bin = detail::round_as<CB>(gd * p * (M(1) - p));
-        const M th_i = detail::load<M>(th[i]);
-        const M g_l1 = detail::round_as<CL>(l1_scale * M(tmask[i]) * precis::detail::sign(th_i - M(tm[i])));
-        dx[i] = round_to<GP>(g_bce + gx_bin);
-        dt[i] = round_to<GT>(g_l1 - gd);
+        M gx, gt_;
+        detail::pixel_backward<CB, CL>(detail::load<M>(x[i]), detail::load<M>(th[i]), M(gt[i]), M(gm[i]), M(tm[i]),
+                                       M(tmask[i]), keep_[i] != 0, {p_[i], e_[i], b_[i], term_[i]}, g, scalars_, k,
+                                       gx, gt_);
+        dx[i] = round_to<GP>(gx);
+        dt[i] = round_to<GT>(gt_);
       }
     });
     return {&dx_, &dt_};
@@ -252,6 +320,8 @@ class basic_loss<LossPolicy, BinPolicy, nn::values<nn::sig<SP, GP, 4>, nn::sig<S
   const loss_terms& terms() const { return terms_; }
   /// B of the last forward pass (float), for pictures and tests.
   const std::vector<M>& binary_map() const { return b_; }
+  /// Which pixels the last forward pass's BCE took (1: a positive or a kept negative).
+  const std::vector<std::uint8_t>& kept() const { return keep_; }
   std::string shape() const { return "-"; }
   /// Bytes of the buffers it keeps between forward and backward.
   std::size_t own_bytes() const {
@@ -311,7 +381,7 @@ class basic_loss<LossPolicy, BinPolicy, nn::values<nn::sig<SP, GP, 4>, nn::sig<S
   std::vector<M> p_, e_, b_, term_;
   std::vector<std::uint8_t> keep_;
   std::size_t kept_ = 0;
-  M bce_den_ = 1, inter_ = 0, union_ = 1, l1_count_ = 0;
+  detail::loss_scalars<M> scalars_{1, 0, 1, 0};
   loss_terms terms_;
   host_tensor<GP, 4> dx_;
   host_tensor<GT, 4> dt_;
@@ -321,6 +391,7 @@ class basic_loss<LossPolicy, BinPolicy, nn::values<nn::sig<SP, GP, 4>, nn::sig<S
 /// db_loss, the binarization under the one it gives binarize (both op kinds of the fp32
 /// rule), reading `Model`'s output edge.
 template <class Map, class Model>
-using loss_t = basic_loss<policy_for_t<db_loss, Map>, policy_for_t<binarize, Map>, typename Model::output_type>;
+using loss_t = basic_loss<policy_for_t<db_loss, Map>, policy_for_t<binarize, Map>, typename Model::output_type,
+                          typename Model::context_type>;
 
 }  // namespace dbnet

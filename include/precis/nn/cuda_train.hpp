@@ -375,9 +375,13 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
   void queue(cuda_context& ctx, const input_tensor& inputs, const target_tensor& targets) {
     // Shapes first, so that a bad batch queues nothing.
     const auto out = model_->output_shape(detail::edge_shape_of<Model::input_rank>(inputs));
-    if (targets.shape()[0] != out[0]) {
-      throw error("precis::nn::trainer::step: " + std::to_string(targets.shape()[0]) + " targets for a batch of " +
-                  std::to_string(out[0]));
+    if constexpr (requires { loss_->check_targets(out, targets); }) {
+      loss_->check_targets(out, targets);  // a loss of several outputs checks its own targets
+    } else {
+      if (targets.shape()[0] != out[0]) {
+        throw error("precis::nn::trainer::step: " + std::to_string(targets.shape()[0]) + " targets for a batch of " +
+                    std::to_string(out[0]));
+      }
     }
     if (opt_->steps_left() == 0) {
       throw error("precis::nn::trainer::step: the optimizer's learning-rate table is used up; make it with a "
