@@ -1,5 +1,5 @@
-// Helpers the example programs share: command-line numbers, seeded shuffles, whole-file
-// writes, gnuplot.
+// Helpers the example programs share: command-line numbers, `--device cuda`, seeded
+// shuffles, whole-file writes, gnuplot.
 #pragma once
 
 #include <precis/config.hpp>
@@ -11,9 +11,12 @@
 #include <filesystem>
 #include <numeric>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include <unistd.h>
 
 namespace examples {
 
@@ -27,6 +30,40 @@ bool next_count(int argc, char** argv, int& i, long long min, T& out) {
   if (*end != '\0' || v < min) return false;
   out = static_cast<T>(v);
   return true;
+}
+
+/// `--device cuda` anywhere on the command line: runs `program` (the example's CUDA build;
+/// null where the build has no CUDA backend) in this process's place with the other
+/// arguments. Returns -1 when the run stays on the CPU (no --device, or --device cpu), and 2
+/// after a message when --device names something else or the program cannot be started.
+inline int run_on_device(const char* example, const char* program, int argc, char** argv) {
+  bool cuda = false;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::string_view(argv[i]) != "--device") continue;
+    const std::string_view d = argv[i + 1];
+    if (d != "cpu" && d != "cuda") {
+      std::fprintf(stderr, "%s: --device takes cpu or cuda, not '%s'\n", example, argv[i + 1]);
+      return 2;
+    }
+    cuda = d == "cuda";
+  }
+  if (!cuda) return -1;
+  if (program == nullptr) {
+    std::fprintf(stderr, "%s: --device cuda needs a build with the CUDA backend (-DPRECIS_CUDA=ON)\n", example);
+    return 2;
+  }
+  std::vector<char*> args{const_cast<char*>(program)};
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]) == "--device") {
+      ++i;
+      continue;
+    }
+    args.push_back(argv[i]);
+  }
+  args.push_back(nullptr);
+  execv(args[0], args.data());
+  std::fprintf(stderr, "%s: cannot run %s for --device cuda\n", example, program);
+  return 2;
 }
 
 /// SplitMix64's mixing function: the examples' random draws, the same on every platform

@@ -469,43 +469,15 @@ std::set<std::string> policy_names() {
 
 }  // namespace
 
-// `--device cuda` anywhere on the command line: the run is example_vit_cuda's (the same
-// model and recipe trained on a GPU), given the other arguments. Returns only when it cannot
-// be started.
-static int run_on_device(int argc, char** argv) {
 #ifdef PRECIS_EXAMPLE_VIT_CUDA
-  std::vector<char*> args{const_cast<char*>(PRECIS_EXAMPLE_VIT_CUDA)};
-  for (int i = 1; i < argc; ++i) {
-    if (std::string_view(argv[i]) == "--device") {
-      ++i;
-      continue;
-    }
-    args.push_back(argv[i]);
-  }
-  args.push_back(nullptr);
-  execv(args[0], args.data());
-  std::fprintf(stderr, "example_vit: cannot run %s for --device cuda\n", args[0]);
-  return 2;
+constexpr const char* device_program = PRECIS_EXAMPLE_VIT_CUDA;  // example_vit_cuda (train_vit_cuda.cu)
 #else
-  (void)argc;
-  (void)argv;
-  std::fprintf(stderr, "example_vit: --device cuda needs a build with the CUDA backend (-DPRECIS_CUDA=ON), "
-                       "which builds example_vit_cuda\n");
-  return 2;
+constexpr const char* device_program = nullptr;
 #endif
-}
 
 int main(int argc, char** argv) {
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::string_view(argv[i]) == "--device") {
-      const std::string_view d = argv[i + 1];
-      if (d == "cuda") return run_on_device(argc, argv);
-      if (d != "cpu") {
-        std::fprintf(stderr, "example_vit: --device takes cpu or cuda, not '%s'\n", argv[i + 1]);
-        return 2;
-      }
-    }
-  }
+  // --device cuda: the same model and recipe trained on a GPU, by example_vit_cuda.
+  if (const int rc = examples::run_on_device("example_vit", device_program, argc, argv); rc >= 0) return rc;
   options o;
   o.command = examples::command_line(argc, argv);
   std::filesystem::path init_path;

@@ -215,6 +215,12 @@ class device_optimizer_state {
   }
 
   std::size_t tensors() const { return sizes_.size(); }
+  /// Bytes of the per-element state (moments, momentum buffers).
+  std::size_t state_bytes() const {
+    std::size_t n = 0;
+    for (const auto& t : state_) n += t.size() * sizeof(float);
+    return n;
+  }
   unsigned blocks() const { return static_cast<unsigned>(chunks_.size()); }
   const optimizer_chunk* chunks() const { return chunks_.data(); }
   const Constants* table() const { return table_.data(); }
@@ -325,6 +331,8 @@ class basic_device_optimizer {
   void reserve_replay() { state_.reserve_step(); }
   /// Steps that can still be queued (step_async or reserve_replay) before the table is full.
   std::uint64_t steps_left() const { return state_.remaining(); }
+  /// Bytes of its per-element state in device memory (the host optimizers' state_bytes()).
+  std::size_t state_bytes() const { return state_.state_bytes(); }
   /// Applied steps (AdamW's t), read back: waits for the device.
   std::uint64_t steps(cuda_context& ctx) const { return state_.applied(ctx); }
   /// Device pointer to the applied-step count, for kernels that follow the optimizer.
