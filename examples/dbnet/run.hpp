@@ -2,7 +2,9 @@
 // their parsing, the synthetic data read back through the ICDAR loader and its targets, the
 // policy maps beyond the presets, the per-run records, scoring a batch of probability maps
 // against the ground truth, and the outputs (summary.csv, curves.csv, steps.csv, the
-// pictures) and the --check verdict. The training loops are each program's own.
+// pictures) and the --check verdict. The training loops are each program's own. Nothing
+// here reads or writes image files (OpenCV's imgcodecs, which example_dbnet_cuda does not
+// link: a GPU machine has no use for its many libraries).
 #pragma once
 
 #include "../common.hpp"
@@ -15,7 +17,6 @@
 #include "postprocess.hpp"
 #include "synth.hpp"
 
-#include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 
 #include <algorithm>
@@ -61,42 +62,57 @@ struct dataset {
   std::vector<cv::Mat> images;           // as read (for pictures)
 };
 
-inline dataset load_set(const std::filesystem::path& dir, std::size_t side) {
-  dataset d;
-  d.samples = dbnet::load_icdar_dir(dir);
-  d.count = d.samples.size();
-  d.side = side;
-  const std::size_t px = side * side;
-  d.x.resize(d.count * 3 * px);
-  for (auto* v : {&d.shrink, &d.shrink_mask, &d.thresh, &d.thresh_mask}) v->resize(d.count * px);
-  for (std::size_t i = 0; i < d.count; ++i) {
-    auto& s = d.samples[i];
-    const cv::Mat img = cv::imread(s.image.string(), cv::IMREAD_COLOR);
-    if (img.empty()) throw error("example_dbnet: cannot read " + s.image.string());
-    if (std::size_t(img.rows) != side || std::size_t(img.cols) != side) {
-      throw error("example_dbnet: " + s.image.string() + " is " + std::to_string(img.cols) + " x " +
-                  std::to_string(img.rows) + ", expected " + std::to_string(side) + " x " + std::to_string(side));
-    }
-    d.images.push_back(img);
-    for (std::size_t c = 0; c < 3; ++c) {
-      for (std::size_t y = 0; y < side; ++y) {
-        const auto* row = img.ptr<cv::Vec3b>(int(y));
-        for (std::size_t xx = 0; xx < side; ++xx) {
-          d.x[(i * 3 + c) * px + y * side + xx] = (float(row[xx][int(c)]) - channel_mean[c]) / 255.0F;
-        }
+/// Appends one image (CV_8UC3, side x side) with its ground truth to d: the image
+/// normalised, its targets made (labels.hpp). `what` names it in errors.
+inline void add_sample(dataset& d, const cv::Mat& img, sample s, const std::string& what) {
+  const std::size_t side = d.side, px = side * side, i = d.count;
+  if (img.empty()) throw error("example_dbnet: cannot read " + what);
+  if (std::size_t(img.rows) != side || std::size_t(img.cols) != side) {
+    throw error("example_dbnet: " + what + " is " + std::to_string(img.cols) + " x " + std::to_string(img.rows) +
+                ", expected " + std::to_string(side) + " x " + std::to_string(side));
+  }
+  d.x.resize((i + 1) * 3 * px);
+  for (auto* v : {&d.shrink, &d.shrink_mask, &d.thresh, &d.thresh_mask}) v->resize((i + 1) * px);
+  for (std::size_t c = 0; c < 3; ++c) {
+    for (std::size_t y = 0; y < side; ++y) {
+      const auto* row = img.ptr<cv::Vec3b>(int(y));
+      for (std::size_t xx = 0; xx < side; ++xx) {
+        d.x[(i * 3 + c) * px + y * side + xx] = (float(row[xx][int(c)]) - channel_mean[c]) / 255.0F;
       }
     }
-    auto regions = s.regions;
-    const auto maps = dbnet::make_labels(regions, int(side), int(side));
-    std::copy(maps.shrink.begin(), maps.shrink.end(), d.shrink.begin() + std::ptrdiff_t(i * px));
-    std::copy(maps.shrink_mask.begin(), maps.shrink_mask.end(), d.shrink_mask.begin() + std::ptrdiff_t(i * px));
-    std::copy(maps.thresh.begin(), maps.thresh.end(), d.thresh.begin() + std::ptrdiff_t(i * px));
-    std::copy(maps.thresh_mask.begin(), maps.thresh_mask.end(), d.thresh_mask.begin() + std::ptrdiff_t(i * px));
+  }
+  auto regions = s.regions;
+  const auto maps = make_labels(regions, int(side), int(side));
+  std::copy(maps.shrink.begin(), maps.shrink.end(), d.shrink.begin() + std::ptrdiff_t(i * px));
+  std::copy(maps.shrink_mask.begin(), maps.shrink_mask.end(), d.shrink_mask.begin() + std::ptrdiff_t(i * px));
+  std::copy(maps.thresh.begin(), maps.thresh.end(), d.thresh.begin() + std::ptrdiff_t(i * px));
+  std::copy(maps.thresh_mask.begin(), maps.thresh_mask.end(), d.thresh_mask.begin() + std::ptrdiff_t(i * px));
+  d.images.push_back(img);
+  d.samples.push_back(std::move(s));
+  d.count = i + 1;
+}
+
+/// Images first .. first + count - 1 of the synthetic set made from `seed`, made in memory:
+/// the pixels write_synth_set writes (PNG is lossless) and the ground truth it writes, its
+/// corners rounded and read back through the ICDAR parser, so the same set as the one read
+/// from its files (ids from 1).
+inline dataset synthesize_set(std::uint64_t seed, std::size_t first, std::size_t count, std::size_t side) {
+  dataset d;
+  d.side = side;
+  const synth_options so{.width = int(side), .height = int(side)};
+  for (std::size_t i = first; i < first + count; ++i) {
+    auto made = synth_image(seed, i, so);
+    for (auto& r : made.regions) {
+      for (auto& c : r.corners) c = point{std::round(c.x), std::round(c.y)};
+    }
+    sample s;
+    s.id = i - first + 1;
+    const std::string n = std::to_string(s.id);
+    s.regions = parse_gt(format_gt(made.regions), "gt_img_" + n + ".txt");
+    add_sample(d, made.image, std::move(s), "synthetic image " + n);
   }
   return d;
 }
-
-
 
 /// Images order[first, first + n) and their targets as a batch.
 inline void gather(const dataset& d, const std::vector<std::size_t>& order, std::size_t first, std::size_t n,
@@ -163,29 +179,6 @@ struct result {
   std::vector<dbnet::loss_terms> terms;  // per step: the loss's terms (before their weights)
 };
 
-/// The first validation images with their ground truth (green, ### grey) and detections (red).
-inline void draw_detections(const std::filesystem::path& png, const dataset& val,
-                     const std::vector<std::vector<std::array<dbnet::point, 4>>>& found) {
-  const std::size_t shown = std::min<std::size_t>(4, val.count);
-  const int s = int(val.side);
-  cv::Mat sheet(s, s * int(shown), CV_8UC3, cv::Scalar(0, 0, 0));
-  auto poly = [](const std::array<dbnet::point, 4>& q) {
-    std::vector<cv::Point> p;
-    for (const auto& c : q) p.emplace_back(int(std::lround(c.x)), int(std::lround(c.y)));
-    return std::vector<std::vector<cv::Point>>{p};
-  };
-  for (std::size_t i = 0; i < shown; ++i) {
-    cv::Mat img = val.images[i].clone();
-    for (const auto& r : val.samples[i].regions) {
-      cv::polylines(img, poly(r.corners), true, dbnet::dont_care(r) ? cv::Scalar(150, 150, 150) : cv::Scalar(0, 200, 0), 1,
-                    cv::LINE_AA);
-    }
-    for (const auto& q : found[i]) cv::polylines(img, poly(q), true, cv::Scalar(0, 0, 255), 1, cv::LINE_AA);
-    img.copyTo(sheet(cv::Rect(int(i) * s, 0, s, s)));
-  }
-  if (!cv::imwrite(png.string(), sheet)) throw error("example_dbnet: cannot write " + png.string());
-}
-
 /// Scores images [first, first + n) of `val` from their probability heads' logits (n maps
 /// of side x side, in the model's storage type T): sigmoid in float, the boxes, matched
 /// with the ground truth into `total`; the detections go to found[first + b].
@@ -234,7 +227,7 @@ inline void note_step(result& r, const nn::step_record& rec, std::size_t& applie
 }
 
 /// The last epoch's scores and the run's totals into r; each validation image's detections
-/// (res_img_N.txt) and the first images' picture under o.out / r.name.
+/// (res_img_N.txt) under o.out / r.name.
 inline void finish_run(result& r, const options& o, const dataset& val,
                        const std::vector<std::vector<std::array<point, 4>>>& found, double train_seconds) {
   r.epochs_run = r.epochs.size();
@@ -248,8 +241,7 @@ inline void finish_run(result& r, const options& o, const dataset& val,
   for (std::size_t i = 0; i < val.count; ++i) {
     examples::write_file(dir / ("res_img_" + std::to_string(val.samples[i].id) + ".txt"), format_result(found[i]));
   }
-  draw_detections(dir / "detections.png", val, found);
-  std::printf("  wrote %s/res_img_N.txt and detections.png\n", dir.string().c_str());
+  std::printf("  wrote %s/res_img_N.txt\n", dir.string().c_str());
 }
 
 /// Reads the command line into o (policy names checked against `known`). Returns false on
@@ -315,18 +307,6 @@ inline bool parse(int argc, char** argv, options& o, const std::set<std::string>
     o.batch = 8;
   }
   return true;
-}
-
-/// The synthetic set written afresh under o.out / "data" and read back: (train, val).
-inline std::pair<dataset, dataset> make_sets(const options& o) {
-  if (o.train < o.batch) throw error("example_dbnet: fewer training images than one batch");
-  const auto train_dir = o.out / "data" / "train", val_dir = o.out / "data" / "val";
-  std::filesystem::remove_all(train_dir);
-  std::filesystem::remove_all(val_dir);
-  const synth_options so{.width = int(o.size), .height = int(o.size)};
-  write_synth_set(train_dir, o.seed, 0, o.train, so);
-  write_synth_set(val_dir, o.seed, 1'000'000, o.val, so);
-  return {load_set(train_dir, o.size), load_set(val_dir, o.size)};
 }
 
 /// The results table after a run, and the first non-finite steps.

@@ -54,6 +54,7 @@
 #include "advised_map.hpp"
 
 #include <boost/hana.hpp>
+#include <opencv2/imgcodecs.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -96,6 +97,54 @@ const auto sweep = hana::make_tuple(
                                        "float16 loss and exp, no scaler: rules WAIVED"},
     entry<std::remove_cvref_t<decltype(advised_map)>, dynamic_scaler>{
         "advised", "advise()'s map from a float run"});
+
+// ---- the data: written as ICDAR 2015 files, read back through the loader ----
+
+/// The images and ground truth of an ICDAR 2015 folder (img_N.png, gt_img_N.txt).
+dataset load_set(const std::filesystem::path& dir, std::size_t side) {
+  dataset d;
+  d.side = side;
+  for (auto& s : dbnet::load_icdar_dir(dir)) {
+    const std::string path = s.image.string();
+    add_sample(d, cv::imread(path, cv::IMREAD_COLOR), std::move(s), path);
+  }
+  return d;
+}
+
+/// The synthetic set written afresh under o.out / "data" and read back: (train, val).
+std::pair<dataset, dataset> make_sets(const options& o) {
+  if (o.train < o.batch) throw error("example_dbnet: fewer training images than one batch");
+  const auto train_dir = o.out / "data" / "train", val_dir = o.out / "data" / "val";
+  std::filesystem::remove_all(train_dir);
+  std::filesystem::remove_all(val_dir);
+  const dbnet::synth_options so{.width = int(o.size), .height = int(o.size)};
+  dbnet::write_synth_set(train_dir, o.seed, 0, o.train, so);
+  dbnet::write_synth_set(val_dir, o.seed, 1'000'000, o.val, so);
+  return {load_set(train_dir, o.size), load_set(val_dir, o.size)};
+}
+
+/// The first validation images with their ground truth (green, ### grey) and detections (red).
+void draw_detections(const std::filesystem::path& png, const dataset& val,
+                     const std::vector<std::vector<std::array<dbnet::point, 4>>>& found) {
+  const std::size_t shown = std::min<std::size_t>(4, val.count);
+  const int s = int(val.side);
+  cv::Mat sheet(s, s * int(shown), CV_8UC3, cv::Scalar(0, 0, 0));
+  auto poly = [](const std::array<dbnet::point, 4>& q) {
+    std::vector<cv::Point> p;
+    for (const auto& c : q) p.emplace_back(int(std::lround(c.x)), int(std::lround(c.y)));
+    return std::vector<std::vector<cv::Point>>{p};
+  };
+  for (std::size_t i = 0; i < shown; ++i) {
+    cv::Mat img = val.images[i].clone();
+    for (const auto& r : val.samples[i].regions) {
+      cv::polylines(img, poly(r.corners), true, dbnet::dont_care(r) ? cv::Scalar(150, 150, 150) : cv::Scalar(0, 200, 0), 1,
+                    cv::LINE_AA);
+    }
+    for (const auto& q : found[i]) cv::polylines(img, poly(q), true, cv::Scalar(0, 0, 255), 1, cv::LINE_AA);
+    img.copyTo(sheet(cv::Rect(int(i) * s, 0, s, s)));
+  }
+  if (!cv::imwrite(png.string(), sheet)) throw error("example_dbnet: cannot write " + png.string());
+}
 
 /// Probability maps for the whole validation set, scored; the detections kept per image.
 template <class Model, class S>
@@ -215,6 +264,7 @@ result train_one(const Entry& e, const options& o, const dbnet::config& dc, cons
   r.activation_bytes = model.activation_bytes() + loss.own_bytes();
   r.peak_rss_mib = examples::peak_rss_mib();
   finish_run(r, o, val, found, train_seconds);
+  draw_detections(o.out / r.name / "detections.png", val, found);
   if (monitor) examples::write_monitor(*monitor, o.out, r.name, o.advise, o.command);
   if (r.name == "fp16_seed_waived") std::printf("%s", nn::describe(model).c_str());
   return r;

@@ -22,7 +22,10 @@
 // (OpenCV, on the host). Timing is synchronised: the device is waited for before and after
 // each epoch's steps. --time N times N synchronised steps per map after 3 warm-up steps.
 //
-// Writes under --out what example_dbnet writes, summary.csv's last column naming the GPU.
+// The synthetic set is made in memory (synthesize_set: the images and ground truth that
+// example_dbnet writes as ICDAR files and reads back), so that the program links no image
+// codec. Writes under --out what example_dbnet writes but the pictures, summary.csv's last
+// column naming the GPU.
 // --check: as example_dbnet's (every map but the waived one lowers its loss and skips at
 // most a tenth of its steps; the waived one meets NaN gradients). Exits 77 without a GPU.
 #include <precis/nn/cuda.hpp>  // first: the device kernels, then nn
@@ -295,7 +298,11 @@ int main(int argc, char** argv) {
   try {
     const dbnet::config dc{.width = o.width, .inner = o.inner};
     dc.validate();
-    const auto [train, val] = make_sets(o);
+    if (o.train < o.batch) throw error("example_dbnet_cuda: fewer training images than one batch");
+    // The synthetic set made in memory: the images and ground truth example_dbnet writes and
+    // reads back (this program reads and writes no image file).
+    const dataset train = synthesize_set(o.seed, 0, o.train, o.size);
+    const dataset val = synthesize_set(o.seed, 1'000'000, o.val, o.size);
     const std::string gpu = gpu_name();
     std::printf("GPU: %s; CPU: %s\n", gpu.c_str(), examples::cpu_line().c_str());
     std::printf("precis %d.%d DBNet on the synthetic set (seed %zu) on the GPU: %zu training and %zu validation images "

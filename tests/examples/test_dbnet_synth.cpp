@@ -1,6 +1,8 @@
 // The DBNet example's synthetic set: the same seed gives the same images and regions, each
 // word's ink lies inside its region and every readable region holds ink, unreadable words
-// are marked ###, and a set written in the ICDAR layout reads back (pixels and corners).
+// are marked ###, a set written in the ICDAR layout reads back (pixels and corners), and the
+// set example_dbnet_cuda makes in memory is the one example_dbnet writes and reads back.
+#include "../../examples/dbnet/run.hpp"
 #include "../../examples/dbnet/synth.hpp"
 
 #include <doctest/doctest.h>
@@ -93,6 +95,39 @@ TEST_CASE("a set written in the ICDAR layout reads back") {
         CHECK(set[k].regions[j].corners[c].x == std::round(s.regions[j].corners[c].x));
         CHECK(set[k].regions[j].corners[c].y == std::round(s.regions[j].corners[c].y));
       }
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("the set made in memory (example_dbnet_cuda's) is the set written and read back (example_dbnet's)") {
+  const auto dir = std::filesystem::temp_directory_path() / ("precis_synth_set_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const std::size_t side = 64;
+  dbnet::write_synth_set(dir, 7, 20, 4, {.width = int(side), .height = int(side)});
+  dbnet::run::dataset files;
+  files.side = side;
+  for (auto& s : dbnet::load_icdar_dir(dir)) {
+    const std::string path = s.image.string();
+    dbnet::run::add_sample(files, cv::imread(path, cv::IMREAD_COLOR), std::move(s), path);
+  }
+  const auto memory = dbnet::run::synthesize_set(7, 20, 4, side);
+  REQUIRE(memory.count == 4);
+  REQUIRE(files.count == 4);
+  CHECK(memory.x == files.x);
+  CHECK(memory.shrink == files.shrink);
+  CHECK(memory.shrink_mask == files.shrink_mask);
+  CHECK(memory.thresh == files.thresh);
+  CHECK(memory.thresh_mask == files.thresh_mask);
+  for (std::size_t k = 0; k < 4; ++k) {
+    CHECK(memory.samples[k].id == files.samples[k].id);
+    REQUIRE(memory.samples[k].regions.size() == files.samples[k].regions.size());
+    for (std::size_t j = 0; j < files.samples[k].regions.size(); ++j) {
+      const auto& a = memory.samples[k].regions[j];
+      const auto& b = files.samples[k].regions[j];
+      CHECK(a.transcription == b.transcription);
+      CHECK(a.ignored == b.ignored);
+      for (std::size_t c = 0; c < 4; ++c) CHECK((a.corners[c].x == b.corners[c].x && a.corners[c].y == b.corners[c].y));
     }
   }
   std::filesystem::remove_all(dir);
