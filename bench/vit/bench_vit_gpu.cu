@@ -19,14 +19,12 @@
 #include <precis/nn/cuda.hpp>  // first: the device kernels, then nn
 
 #include "../../examples/vit/model.hpp"
+#include "../cuda/step_bench.hpp"
 
 #include <boost/hana.hpp>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <random>
 #include <string>
 #include <string_view>
@@ -49,31 +47,16 @@ const auto maps = hana::make_tuple(entry<decltype(make_policy_map(presets::fp32{
                                    entry<decltype(make_policy_map(presets::bf16_mixed{})), no_scaling>{"bf16_mixed"},
                                    entry<decltype(make_policy_map(presets::fp16_mixed{})), dynamic_scaler>{"fp16_mixed"});
 
-struct row {
-  std::string config, policy;
-  double ms = 0, mib = 0;
-};
-
-double used_mib() {
-  std::size_t free = 0, total = 0;
-  check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
-  return double(total - free) / double(1 << 20);
-}
-
 template <std::size_t Depth, class Entry>
-row time_map(const std::string& config, const vit::config& c, std::size_t batch, const Entry& e, std::size_t warmup,
-             std::size_t steps) {
+bench::row time_map(const std::string& config, const vit::config& c, std::size_t batch, const Entry& e,
+                    std::size_t warmup, std::size_t steps) {
   cuda_context ctx;  // its own, so that its workspace is counted in its figure
   using Map = typename Entry::map;
   using S = nn::activation_type_t<typename Map::default_policy>;
   using LossPolicy = policy_for_t<vit::head, Map>;
   ctx.synchronize();
-  // The pool keeps what it reserved (see main): give back what earlier maps left, so that
-  // this map's figure counts its own high-water mark.
-  cudaMemPool_t pool = nullptr;
-  check(cudaDeviceGetDefaultMemPool(&pool, 0), "cudaDeviceGetDefaultMemPool");
-  check(cudaMemPoolTrimTo(pool, 0), "cudaMemPoolTrimTo");
-  const double before = used_mib();
+  bench::trim_pool();  // what earlier maps left: this map's figure counts its own high-water mark
+  const double before = bench::used_mib();
   double ms = 0, mib = 0;
   {
     auto model = nn::build<S, 4, cuda_context>(Map{}, vit::blueprint<Depth>(c), {.seed = 1});
@@ -91,18 +74,8 @@ row time_map(const std::string& config, const vit::config& c, std::size_t batch,
     for (auto& v : th) v = std::int32_t(rng() % c.classes);
     const auto x = to_device(xh);
     const auto t = to_device(th);
-    for (std::size_t i = 0; i < warmup; ++i) tr.step(ctx, x, t);
-    ctx.synchronize();
-    std::vector<double> times;
-    for (std::size_t i = 0; i < steps; ++i) {
-      const auto t0 = std::chrono::steady_clock::now();
-      tr.step(ctx, x, t);
-      ctx.synchronize();
-      times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    }
-    std::sort(times.begin(), times.end());
-    ms = times[times.size() / 2];
-    mib = used_mib() - before;
+    ms = bench::median_step_ms(ctx, [&] { tr.step(ctx, x, t); }, warmup, steps);
+    mib = bench::used_mib() - before;
     (void)tr.records(ctx);
   }
   ctx.synchronize();
@@ -114,39 +87,14 @@ row time_map(const std::string& config, const vit::config& c, std::size_t batch,
 int main(int argc, char** argv) {
   std::size_t steps = 20, warmup = 5;
   std::string only, csv;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string_view a = argv[i];
-    if (a == "--steps") {
-      steps = std::stoul(argv[i + 1]);
-    } else if (a == "--warmup") {
-      warmup = std::stoul(argv[i + 1]);
-    } else if (a == "--config") {
-      only = argv[i + 1];
-    } else if (a == "--csv") {
-      csv = argv[i + 1];
-    } else {
-      std::fprintf(stderr, "usage: %s [--steps N] [--warmup N] [--config NAME] [--csv FILE]\n", argv[0]);
-      return 2;
-    }
-  }
-  if (argc % 2 == 0 || steps == 0) {
+  if (!bench::parse(argc, argv, steps, warmup, only, csv)) {
     std::fprintf(stderr, "usage: %s [--steps N] [--warmup N] [--config NAME] [--csv FILE]\n", argv[0]);
     return 2;
   }
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("skipped: no CUDA device\n");
-    return 77;
-  }
-  cudaDeviceProp prop{};
-  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-  // The stream-ordered pool keeps what it reserved, so that the memory figure counts its peak.
-  cudaMemPool_t pool = nullptr;
-  check(cudaDeviceGetDefaultMemPool(&pool, 0), "cudaDeviceGetDefaultMemPool");
-  std::uint64_t keep = UINT64_MAX;
-  check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute");
-  std::printf("GPU: %s; %zu warm-up and %zu timed steps per map\n", prop.name, warmup, steps);
-  std::vector<row> rows;
+  if (!bench::have_device()) return 77;
+  bench::keep_pool();  // so that the memory figure counts the pool's peak
+  std::printf("GPU: %s; %zu warm-up and %zu timed steps per map\n", bench::gpu_name().c_str(), warmup, steps);
+  std::vector<bench::row> rows;
   try {
     if (only.empty() || only == "vit-w192-d6-p4-b128") {
       const vit::config c{.image = 28, .patch = 4, .channels = 1, .width = 192, .heads = 3, .classes = 10};
@@ -160,16 +108,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_vit_gpu: %s\n", ex.what());
     return 1;
   }
-  std::printf("%-22s %-11s %12s %12s\n", "config", "policy", "ms/step", "memory MiB");
-  for (const auto& r : rows) std::printf("%-22s %-11s %12.3f %12.0f\n", r.config.c_str(), r.policy.c_str(), r.ms, r.mib);
-  if (!csv.empty()) {
-    std::ofstream f(csv);
-    f << "config,policy,precis_ms,precis_peak_mib,gpu\n";
-    for (const auto& r : rows) f << r.config << "," << r.policy << "," << r.ms << "," << r.mib << "," << prop.name << "\n";
-    if (!f) {
-      std::fprintf(stderr, "bench_vit_gpu: cannot write %s\n", csv.c_str());
-      return 1;
-    }
+  if (!bench::report(rows, csv)) {
+    std::fprintf(stderr, "bench_vit_gpu: cannot write %s\n", csv.c_str());
+    return 1;
   }
   return 0;
 }

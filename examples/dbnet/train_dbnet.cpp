@@ -91,9 +91,9 @@ const auto sweep = hana::make_tuple(
                                                                         "bfloat16, no scaler"},
     entry<decltype(make_policy_map(presets::fp16_mixed{})), dynamic_scaler>{
         "fp16_mixed", "float16 + dynamic scaler"},
-    entry<fp16_fp32_head_map, dynamic_scaler>{"fp16_fp32_head",
+    entry<dbnet::fp16_fp32_head_map, dynamic_scaler>{"fp16_fp32_head",
                                               "float16 body, float heads, dynamic scaler"},
-    entry<seed_waived_map, no_scaling>{"fp16_seed_waived",
+    entry<dbnet::seed_waived_map, no_scaling>{"fp16_seed_waived",
                                        "float16 loss and exp, no scaler: rules WAIVED"},
     entry<std::remove_cvref_t<decltype(advised_map)>, dynamic_scaler>{
         "advised", "advise()'s map from a float run"});

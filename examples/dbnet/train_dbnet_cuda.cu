@@ -58,8 +58,8 @@ const auto sweep = hana::make_tuple(
     entry<decltype(make_policy_map(presets::tf32{})), no_scaling>{"tf32", "float, TF32 tensor-core products"},
     entry<decltype(make_policy_map(presets::bf16_mixed{})), no_scaling>{"bf16_mixed", "bfloat16, no scaler"},
     entry<decltype(make_policy_map(presets::fp16_mixed{})), dynamic_scaler>{"fp16_mixed", "float16 + dynamic scaler"},
-    entry<fp16_fp32_head_map, dynamic_scaler>{"fp16_fp32_head", "float16 body, float heads, dynamic scaler"},
-    entry<seed_waived_map, no_scaling>{"fp16_seed_waived", "float16 loss and exp, no scaler: rules WAIVED"});
+    entry<dbnet::fp16_fp32_head_map, dynamic_scaler>{"fp16_fp32_head", "float16 body, float heads, dynamic scaler"},
+    entry<dbnet::seed_waived_map, no_scaling>{"fp16_seed_waived", "float16 loss and exp, no scaler: rules WAIVED"});
 
 // A dataset in device memory, uploaded once.
 struct device_set {

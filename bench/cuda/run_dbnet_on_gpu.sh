@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# DBNet on a GPU, from binaries built by `./run.sh cuda` (carry build/cuda/examples/
+# example_dbnet_cuda and build/cuda/bench/bench_dbnet_gpu, or copies in that layout under BUILD,
+# with OpenCV's core and imgproc libraries packed in $BUILD/lib.tar.xz: bench/cuda/stage_for_gpu.sh
+# DBNET=1):
+#
+# 1. the example trained on the device under each map (example_dbnet_cuda, EPOCHS epochs,
+#    default 20: the CPU run's recipe), its summary.csv, curves.csv, steps.csv, each map's
+#    res_img_N.txt and the log in $RESULTS (default bench/results/dbnet/gpu);
+# 2. the training step under each map, precis (bench_dbnet_gpu) against PyTorch eager and
+#    torch.compile and Lightning (bench/dbnet/torch_reference.py time --device cuda, and
+#    lightning) on the same GPU, merged into $RESULTS_CUDA/dbnet_gpu.csv (default
+#    bench/results/cuda):
+#    config,policy,precis_ms,torch_ms,torch_compile_ms,lightning_ms,precis_peak_mib,torch_peak_mib,gpu
+#    (torch's figures under the map's counterpart: fp32 and tf32 as such, bf16_mixed as AMP bf16,
+#    fp16_mixed and fp16_fp32_head as AMP fp16 with a GradScaler; Lightning's 32-true,
+#    bf16-mixed and 16-mixed; torch_peak_mib the eager step's torch.cuda.max_memory_reserved(),
+#    one process per precision).
+#
+# STAGES picks them (default "train step"); POLICIES the example's maps (default all);
+# COMPILE=0 leaves torch.compile out, LIGHTNING=0 Lightning; CONFIGS the step's configurations
+# (default "dbnet-r18-640-b16 dbnet-w16-256-b8"); STEPS and WARMUP set the timed and untimed
+# steps of every side. PYTHON names an interpreter with torch (default: python3, else
+# /opt/torch/.venv/bin/python). Each program has a time limit (TRAIN_TIMEOUT, STEP_TIMEOUT
+# seconds); the exit status is 0 only when every stage passed.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+BUILD="${BUILD:-build/cuda}"
+RESULTS="${RESULTS:-bench/results/dbnet/gpu}"
+RESULTS_CUDA="${RESULTS_CUDA:-bench/results/cuda}"
+EPOCHS="${EPOCHS:-20}"
+STAGES="${STAGES:-train step}"
+STEPS="${STEPS:-20}"
+WARMUP="${WARMUP:-5}"
+COMPILE="${COMPILE:-1}"
+LIGHTNING="${LIGHTNING:-1}"
+CONFIGS="${CONFIGS:-dbnet-r18-640-b16 dbnet-w16-256-b8}"
+mkdir -p "$RESULTS" "$RESULTS_CUDA"
+if [[ -z "${PYTHON:-}" ]]; then
+  PYTHON=python3
+  "$PYTHON" -c 'import torch' 2>/dev/null || PYTHON=/opt/torch/.venv/bin/python
+fi
+if [[ -f "$BUILD/lib.tar.xz" ]]; then  # OpenCV's core and imgproc, and what they need
+  lib="$(mktemp -d)"
+  tar xJf "$BUILD/lib.tar.xz" -C "$lib"
+  export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+failed=0
+
+if [[ " $STAGES " == *" train "* ]]; then
+  policy=()
+  [[ -n "${POLICIES:-}" ]] && policy=(--policy "$POLICIES")
+  timeout "${TRAIN_TIMEOUT:-480}" "$BUILD/examples/example_dbnet_cuda" --epochs "$EPOCHS" "${policy[@]}" \
+    --out "$RESULTS" 2>&1 | tr '\r' '\n' | grep -v ' step [0-9]*/' | tee "$RESULTS/run_log.txt"
+  rc=${PIPESTATUS[0]}
+  echo "example_dbnet_cuda: exit $rc" | tee -a "$RESULTS/run_log.txt"
+  rm -rf "$RESULTS/data"
+  [[ $rc -eq 0 ]] || failed=1
+fi
+
+if [[ " $STAGES " == *" step "* ]]; then
+  precis_csv="$RESULTS_CUDA/dbnet_gpu_precis.csv"
+  : > "$precis_csv.part"
+  for config in $CONFIGS; do
+    timeout "${STEP_TIMEOUT:-300}" "$BUILD/bench/bench_dbnet_gpu" --steps "$STEPS" --warmup "$WARMUP" \
+      --config "$config" --csv "$precis_csv.one" 2>&1 | tee -a "$RESULTS_CUDA/bench_dbnet_gpu.txt"
+    rc=${PIPESTATUS[0]}
+    echo "bench_dbnet_gpu ($config): exit $rc" | tee -a "$RESULTS_CUDA/bench_dbnet_gpu.txt"
+    [[ $rc -eq 0 ]] || failed=1
+    [[ -s "$precis_csv.part" ]] && tail -n +2 "$precis_csv.one" >> "$precis_csv.part" || cat "$precis_csv.one" >> "$precis_csv.part"
+  done
+  mv "$precis_csv.part" "$precis_csv"
+  rm -f "$precis_csv.one"
+  torch_log="$RESULTS_CUDA/dbnet_gpu_torch.txt"
+  : > "$torch_log"
+  sizes_of() {
+    case "$1" in
+      dbnet-r18-640-b16) echo "--width 64 --inner 256 --size 640 --batch 16" ;;
+      dbnet-w16-256-b8) echo "--width 16 --inner 64 --size 256 --batch 8" ;;
+    esac
+  }
+  run_python() {  # config, then torch_reference.py's arguments; one process per precision
+    local config="$1"
+    shift
+    echo "== $config $*" >> "$torch_log"
+    timeout "${STEP_TIMEOUT:-300}" "$PYTHON" bench/dbnet/torch_reference.py "$@" --steps "$STEPS" \
+      --warmup "$WARMUP" $(sizes_of "$config") 2>&1 | sed "s/^RESULT,/RESULT,$config,/" >> "$torch_log"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || { echo "torch_reference.py ($config $*) failed" >> "$torch_log"; failed=1; }
+  }
+  for config in $CONFIGS; do
+    for p in fp32 tf32 bf16 fp16; do
+      run_python "$config" time --device cuda --precision "$p"
+      [[ "$COMPILE" != 0 ]] && run_python "$config" time --device cuda --precision "$p" --compile
+    done
+    if [[ "$LIGHTNING" != 0 ]]; then
+      for p in 32-true bf16-mixed 16-mixed; do run_python "$config" lightning --precision "$p"; done
+    fi
+  done
+  cat "$torch_log"
+  "$PYTHON" - "$precis_csv" "$torch_log" "$RESULTS_CUDA/dbnet_gpu.csv" <<'PY' || failed=1
+import csv, sys
+precis_csv, torch_log, out = sys.argv[1:]
+torch_name = {"fp32": "fp32", "tf32": "tf32", "bf16_mixed": "bf16", "fp16_mixed": "fp16", "fp16_fp32_head": "fp16"}
+lightning_name = {"fp32": "lightning-32-true", "bf16_mixed": "lightning-bf16-mixed", "fp16_mixed": "lightning-16-mixed",
+                  "fp16_fp32_head": "lightning-16-mixed"}
+torch = {}
+for line in open(torch_log):
+    if line.startswith("RESULT,"):
+        _, config, precision, compiled, ms, peak = line.strip().split(",")
+        torch[(config, precision, compiled)] = (ms, peak)
+with open(precis_csv) as f, open(out, "w", newline="") as g:
+    w = csv.writer(g)
+    w.writerow(["config", "policy", "precis_ms", "torch_ms", "torch_compile_ms", "lightning_ms", "precis_peak_mib",
+                "torch_peak_mib", "gpu"])
+    for r in csv.DictReader(f):
+        p = torch_name[r["policy"]]
+        eager = torch.get((r["config"], p, "0"), ("", ""))
+        compiled = torch.get((r["config"], p, "1"), ("", ""))
+        lightning = torch.get((r["config"], lightning_name.get(r["policy"], ""), "0"), ("", ""))
+        w.writerow([r["config"], r["policy"], r["precis_ms"], eager[0], compiled[0], lightning[0],
+                    r["precis_peak_mib"], eager[1], r["gpu"]])
+print(open(out).read())
+PY
+fi
+exit "$failed"

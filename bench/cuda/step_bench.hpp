@@ -1,0 +1,116 @@
+// What the GPU step benchmarks (bench_vit_gpu, bench_dbnet_gpu) share: the device memory in
+// use, the stream-ordered pool kept and trimmed so that a map's figure counts its own
+// high-water mark, the median of synchronised steps, and the rows they print and write.
+// CUDA code only.
+#pragma once
+
+#include <precis/kernels/cuda_context.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace bench {
+
+/// Device memory in use, MiB (cudaMemGetInfo: everything this process and others hold).
+inline double used_mib() {
+  std::size_t free = 0, total = 0;
+  precis::check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+  return double(total - free) / double(1 << 20);
+}
+
+/// The default stream-ordered pool keeps what it reserves (its peak stays counted in
+/// used_mib()) after this call.
+inline void keep_pool() {
+  cudaMemPool_t pool = nullptr;
+  precis::check(cudaDeviceGetDefaultMemPool(&pool, 0), "cudaDeviceGetDefaultMemPool");
+  std::uint64_t keep = UINT64_MAX;
+  precis::check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute");
+}
+
+/// Gives back what the pool keeps (call before a map, so that its figure is its own).
+inline void trim_pool() {
+  cudaMemPool_t pool = nullptr;
+  precis::check(cudaDeviceGetDefaultMemPool(&pool, 0), "cudaDeviceGetDefaultMemPool");
+  precis::check(cudaMemPoolTrimTo(pool, 0), "cudaMemPoolTrimTo");
+}
+
+/// The median ms of `steps` calls of step(), each waited for (ctx synchronised), after
+/// `warmup` untimed ones.
+template <class Step>
+double median_step_ms(precis::cuda_context& ctx, Step&& step, std::size_t warmup, std::size_t steps) {
+  for (std::size_t i = 0; i < warmup; ++i) step();
+  ctx.synchronize();
+  std::vector<double> times;
+  for (std::size_t i = 0; i < steps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    step();
+    ctx.synchronize();
+    times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+/// The GPU's name (device 0).
+inline std::string gpu_name() {
+  cudaDeviceProp prop{};
+  precis::check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  return prop.name;
+}
+
+/// One configuration under one map: the median step and the memory it held.
+struct row {
+  std::string config, policy;
+  double ms = 0, mib = 0;
+};
+
+/// Prints the rows and, with a file name, writes config,policy,precis_ms,precis_peak_mib,gpu;
+/// false when the file cannot be written.
+inline bool report(const std::vector<row>& rows, const std::string& csv) {
+  std::printf("%-22s %-17s %12s %12s\n", "config", "policy", "ms/step", "memory MiB");
+  for (const auto& r : rows) std::printf("%-22s %-17s %12.3f %12.0f\n", r.config.c_str(), r.policy.c_str(), r.ms, r.mib);
+  if (csv.empty()) return true;
+  std::ofstream f(csv);
+  f << "config,policy,precis_ms,precis_peak_mib,gpu\n";
+  const std::string gpu = gpu_name();
+  for (const auto& r : rows) f << r.config << "," << r.policy << "," << r.ms << "," << r.mib << "," << gpu << "\n";
+  return bool(f);
+}
+
+/// Reads --steps, --warmup, --config and --csv; false on anything else (print the usage).
+inline bool parse(int argc, char** argv, std::size_t& steps, std::size_t& warmup, std::string& only, std::string& csv) {
+  if (argc % 2 == 0) return false;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    char* end = nullptr;
+    if (a == "--steps" || a == "--warmup") {
+      const unsigned long v = std::strtoul(argv[i + 1], &end, 10);
+      if (*end != '\0') return false;
+      (a == "--steps" ? steps : warmup) = v;
+    } else if (a == "--config") {
+      only = argv[i + 1];
+    } else if (a == "--csv") {
+      csv = argv[i + 1];
+    } else {
+      return false;
+    }
+  }
+  return steps > 0;
+}
+
+/// Whether a device is present (prints "skipped" when not).
+inline bool have_device() {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("skipped: no CUDA device\n");
+    return false;
+  }
+  return true;
+}
+
+}  // namespace bench

@@ -1,0 +1,127 @@
+// The DBNet training step on a GPU under each map: the median time of a whole device step
+// (nn::trainer on cuda_context: forward, the DB loss, backward, unscale, AdamW, scale
+// update) and the device memory it holds, for the two configurations of dbnet_gpu.csv:
+//
+//   dbnet-r18-640-b16   ResNet-18's widths (64), inner 256, 640 x 640 images, batch 16 (the
+//                       DB reference's training crop and batch)
+//   dbnet-w16-256-b8    the example's: width 16, inner 64, 256 x 256 images, batch 8
+//
+//   bench_dbnet_gpu [--steps N] [--warmup N] [--config NAME] [--csv FILE]
+//
+// The maps: fp32, tf32, bf16_mixed, fp16_mixed and fp16_fp32_head (the example's, less the
+// waived one). Inputs: random images and targets, a tenth of the pixels text (the step's time
+// does not depend on the values). Each step is timed on the host around a synchronised step,
+// after `warmup` untimed steps. Memory: as bench_vit_gpu (bench/cuda/step_bench.hpp). Prints
+// a table and, with --csv, writes config,policy,precis_ms,precis_peak_mib,gpu. Exits 77
+// without a GPU.
+#include <precis/nn/cuda.hpp>  // first: the device kernels, then nn
+
+#include "../../examples/dbnet/loss_cuda.hpp"
+#include "../../examples/dbnet/maps.hpp"
+#include "../../examples/dbnet/model.hpp"
+#include "../cuda/step_bench.hpp"
+
+#include <boost/hana.hpp>
+
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace hana = boost::hana;
+using namespace precis;
+
+namespace {
+
+template <class Map, class Scaler>
+struct entry {
+  using map = Map;
+  using scaler = Scaler;
+  std::string_view name;
+};
+
+const auto maps = hana::make_tuple(entry<decltype(make_policy_map(presets::fp32{})), no_scaling>{"fp32"},
+                                   entry<decltype(make_policy_map(presets::tf32{})), no_scaling>{"tf32"},
+                                   entry<decltype(make_policy_map(presets::bf16_mixed{})), no_scaling>{"bf16_mixed"},
+                                   entry<decltype(make_policy_map(presets::fp16_mixed{})), dynamic_scaler>{"fp16_mixed"},
+                                   entry<dbnet::fp16_fp32_head_map, dynamic_scaler>{"fp16_fp32_head"});
+
+/// Random values in [lo, hi), or 0 / 1 with probability `p` of 1 when p >= 0.
+device_tensor<float, 4> random_map(std::mt19937& rng, const std::array<std::size_t, 4>& shape, double p,
+                                   float lo = 0, float hi = 1) {
+  auto h = host_tensor<float, 4>::from_shape(shape);
+  std::uniform_real_distribution<float> u(0.0F, 1.0F);
+  for (auto& v : h) v = p >= 0 ? (u(rng) < p ? 1.0F : 0.0F) : lo + (hi - lo) * u(rng);
+  return to_device(h);
+}
+
+template <class Entry>
+bench::row time_map(const std::string& config, const dbnet::config& c, std::size_t size, std::size_t batch,
+                    const Entry& e, std::size_t warmup, std::size_t steps) {
+  cuda_context ctx;  // its own, so that its workspace is counted in its figure
+  using Map = typename Entry::map;
+  using S = nn::activation_type_t<typename Map::default_policy>;
+  ctx.synchronize();
+  bench::trim_pool();
+  const double before = bench::used_mib();
+  double ms = 0, mib = 0;
+  {
+    auto model = nn::build<S, 4, cuda_context>(Map{}, dbnet::blueprint(c), {.seed = 1});
+    model.refresh(ctx);
+    dbnet::loss_t<Map, decltype(model)> loss;
+    device_adamw opt(ctx, model.masters(), model.gradients(), {.lr = 1e-3, .weight_decay = 1e-4},
+                     model.decay_mask(), warmup + steps);
+    typename Entry::scaler scaler;
+    nn::trainer tr(ctx, model, loss, opt, scaler);
+    std::mt19937 rng(1);
+    std::normal_distribution<float> nd;
+    auto xh = host_tensor<S, 4>::from_shape({batch, 3, size, size});
+    for (auto& v : xh) v = S(nd(rng));
+    const auto x = to_device(xh);
+    const std::array<std::size_t, 4> m{batch, 1, size, size};
+    const dbnet::device_targets t{random_map(rng, m, 0.1), random_map(rng, m, 0.95), random_map(rng, m, -1, 0.3F, 0.7F),
+                                  random_map(rng, m, 0.3)};
+    ms = bench::median_step_ms(ctx, [&] { tr.step(ctx, x, t); }, warmup, steps);
+    mib = bench::used_mib() - before;
+    (void)tr.records(ctx);
+  }
+  ctx.synchronize();
+  return {config, std::string(e.name), ms, mib};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::size_t steps = 20, warmup = 5;
+  std::string only, csv;
+  if (!bench::parse(argc, argv, steps, warmup, only, csv)) {
+    std::fprintf(stderr, "usage: %s [--steps N] [--warmup N] [--config NAME] [--csv FILE]\n", argv[0]);
+    return 2;
+  }
+  if (!bench::have_device()) return 77;
+  bench::keep_pool();  // so that the memory figure counts the pool's peak
+  std::printf("GPU: %s; %zu warm-up and %zu timed steps per map\n", bench::gpu_name().c_str(), warmup, steps);
+  std::vector<bench::row> rows;
+  try {
+    if (only.empty() || only == "dbnet-r18-640-b16") {
+      hana::for_each(maps, [&](const auto& e) {
+        rows.push_back(time_map("dbnet-r18-640-b16", {.width = 64, .inner = 256}, 640, 16, e, warmup, steps));
+      });
+    }
+    if (only.empty() || only == "dbnet-w16-256-b8") {
+      hana::for_each(maps, [&](const auto& e) {
+        rows.push_back(time_map("dbnet-w16-256-b8", {.width = 16, .inner = 64}, 256, 8, e, warmup, steps));
+      });
+    }
+  } catch (const std::exception& ex) {
+    std::fprintf(stderr, "bench_dbnet_gpu: %s\n", ex.what());
+    return 1;
+  }
+  if (!bench::report(rows, csv)) {
+    std::fprintf(stderr, "bench_dbnet_gpu: cannot write %s\n", csv.c_str());
+    return 1;
+  }
+  return 0;
+}
