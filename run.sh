@@ -185,10 +185,10 @@ cmd_cuda() {
   # compile-fail tests.
   local targets
   mapfile -t targets < <(cmake --build build/cuda --target help |
-    sed -n 's/^\.\.\. \(test_cuda_[a-z0-9_]*\|test_numeric_device\|bench_cuda\|bench_vit_gpu\|example_vit_cuda\)$/\1/p')
+    sed -n 's/^\.\.\. \(test_cuda_[a-z0-9_]*\|test_numeric_device\|bench_cuda\|bench_[a-z]*_gpu\|example_[a-z]*_cuda\)$/\1/p')
   ((${#targets[@]})) || die "the CUDA build defines none of its CUDA targets"
   build build/cuda --target "${targets[@]}"
-  run_ctest build/cuda -R '^(test_cuda_|test_numeric_device$|compile_fail_cuda_|example_vit_cuda$)'
+  run_ctest build/cuda -R '^(test_cuda_|test_numeric_device$|compile_fail_cuda_|example_[a-z]*_cuda$)'
 }
 
 cmd_docs() {
