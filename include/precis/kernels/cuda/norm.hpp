@@ -2,8 +2,10 @@
 /// Layer norm over the last axis and batch norm over axis 1 of device tensors, forward and
 /// backward, with the calls of kernels/norm.hpp (a cuda_context in place of the cpu_context).
 /// Statistics in at least float (the policy's accumulate type for the sums, two passes for the
-/// variance, as on the host). Layer norm: one block per row; dgamma and dbeta are column sums, one
-/// thread per column adding the rows in order (the host's order). Batch norm: one block per channel
+/// variance, as on the host). Layer norm: one block per row; dgamma and dbeta are column sums in
+/// two passes of a fixed order (slabs of 64 rows, each summed by 8 strided threads and then across
+/// them; then the slabs in order: reduce.hpp's column_reduce), the same bits on every run and
+/// device, within a float sum's bound of the host's row-order sums. Batch norm: one block per channel
 /// for the statistics, the running statistics (PyTorch's update, unbiased running variance) and the
 /// backward sums; inference is elementwise. Shapes and arguments are checked on the host before
 /// anything is launched. Compiled by nvcc only.
@@ -12,6 +14,7 @@
 #include <precis/config.hpp>
 #include <precis/kernels/cuda/common.hpp>
 #include <precis/kernels/cuda/elementwise.hpp>
+#include <precis/kernels/cuda/reduce.hpp>
 #include <precis/kernels/norm.hpp>
 
 #if defined(__CUDACC__)
@@ -72,24 +75,32 @@ __global__ void layer_norm_backward_rows(const DY* dy, const X* x, const G* gamm
   }
 }
 
-template <class M, class Acc, class DY, class X, class S, class DG, class DB>
-__global__ void layer_norm_param_grads(const DY* dy, const X* x, const S* mean, const S* rstd,
-                                       DG* dgamma, DB* dbeta, std::size_t rows, std::size_t cols) {
-  using V = typename accumulator<Acc>::value_type;
-  for (std::size_t j = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; j < cols;
-       j += std::size_t(gridDim.x) * blockDim.x) {
-    accumulator<Acc> ag, ab;
-    for (std::size_t r = 0; r < rows; ++r) {
-      const M gy = device_load<M>(dy[r * cols + j]);
-      const M xh = (device_load<M>(x[r * cols + j]) - static_cast<M>(mean[r])) *
-                   static_cast<M>(rstd[r]);
-      ag.add(V(gy * xh));
-      ab.add(V(gy));
-    }
-    dgamma[j] = round_to<DG>(ag.value());
-    dbeta[j] = round_to<DB>(ab.value());
+/// Layer norm's dgamma and dbeta terms of element (r, col): dy * xhat and dy.
+template <class M, class DY, class X, class S>
+struct layer_norm_param_terms {
+  const DY* dy;
+  const X* x;
+  const S* mean;
+  const S* rstd;
+  std::size_t cols;
+  __device__ term_values<M, 2> operator()(std::size_t r, std::size_t col) const {
+    const M gy = device_load<M>(dy[r * cols + col]);
+    const M xh = (device_load<M>(x[r * cols + col]) - static_cast<M>(mean[r])) * static_cast<M>(rstd[r]);
+    return {{gy * xh, gy}};
   }
-}
+};
+
+/// dgamma[col] and dbeta[col] from their column sums, each rounded once.
+template <class DG, class DB>
+struct store_layer_norm_params {
+  DG* dgamma;
+  DB* dbeta;
+  template <class V>
+  __device__ void operator()(std::size_t col, const V* t) const {
+    dgamma[col] = round_to<DG>(t[0]);
+    dbeta[col] = round_to<DB>(t[1]);
+  }
+};
 
 /// Element j of channel c of x viewed as [batch, channels, inner].
 template <class T>
@@ -231,10 +242,16 @@ void layer_norm_backward(cuda_context& ctx, const device_tensor<DY, N>& dy,
         dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(), dx.data(), cols);
     check(cudaGetLastError(), "precis::layer_norm_backward");
   }
-  detail::cuda::layer_norm_param_grads<M, Acc><<<detail::cuda::grid_for(cols), 256, 0,
-                                                 ctx.stream()>>>(
-      dy.data(), x.data(), mean.data(), rstd.data(), dgamma.data(), dbeta.data(), rows, cols);
-  check(cudaGetLastError(), "precis::layer_norm_backward (dgamma, dbeta)");
+  if (rows == 0) {
+    check(cudaMemsetAsync(dgamma.data(), 0, cols * sizeof(DG), ctx.stream()), "cudaMemsetAsync");
+    check(cudaMemsetAsync(dbeta.data(), 0, cols * sizeof(DB), ctx.stream()), "cudaMemsetAsync");
+    return;
+  }
+  detail::cuda::column_reduce<Acc, 2>(
+      ctx, rows, cols,
+      detail::cuda::layer_norm_param_terms<M, DY, X, S>{dy.data(), x.data(), mean.data(), rstd.data(), cols},
+      detail::cuda::store_layer_norm_params<DG, DB>{dgamma.data(), dbeta.data()},
+      "precis::layer_norm_backward (dgamma, dbeta)");
 }
 
 /// Batch norm in training mode on the device (see the host batch_norm_train: channels on

@@ -195,45 +195,90 @@ __global__ void reduce_axis_kernel(const T* x, std::size_t outer, std::size_t co
 /// and so the result, is the same on every device and for every launch.
 inline constexpr std::size_t column_slab_rows = 64;
 
-/// First pass of column_sums: block (32, 8) sums the slab's rows of 32 columns, each thread
-/// the rows ty, ty + 8, ... of the slab in order, then the 8 partial sums in ty order.
-template <class M, class Acc, class T>
-__global__ void column_partials(const T* x, std::size_t rows, std::size_t cols, std::size_t ld,
-                                std::size_t slabs, typename accumulator<Acc>::value_type* partial) {
+/// First pass of a column reduction (column_sums, layer norm's dgamma and dbeta): block
+/// (32, 8) reduces the slab's rows of 32 columns, K sums of terms(r, col) (a
+/// term_values<M, K>), each thread the rows ty, ty + 8, ... of the slab in order, then the 8
+/// partial sums in ty order; partial[(slab * cols + col) * K + k].
+template <class Acc, int K, class Terms>
+__global__ void column_partials(Terms terms, std::size_t rows, std::size_t cols, std::size_t slabs,
+                                typename accumulator<Acc>::value_type* partial) {
   using S = typename accumulator<Acc>::value_type;
-  __shared__ S shared[8][33];
+  __shared__ S shared[K][8][33];
   const std::size_t col = blockIdx.x * std::size_t(32) + threadIdx.x;
   for (std::size_t slab = blockIdx.y; slab < slabs; slab += gridDim.y) {
     const std::size_t stop = (slab + 1) * column_slab_rows, end = stop < rows ? stop : rows;
-    S s = S(0);
+    S s[K];
+    for (int k = 0; k < K; ++k) s[k] = S(0);
     if (col < cols) {
       for (std::size_t r = slab * column_slab_rows + threadIdx.y; r < end; r += 8) {
-        s = device_sum<Acc>::add(s, device_load<M>(x[r * ld + col]));
+        const auto t = terms(r, col);
+        for (int k = 0; k < K; ++k) s[k] = device_sum<Acc>::add(s[k], t.v[k]);
       }
     }
-    shared[threadIdx.y][threadIdx.x] = s;
+    for (int k = 0; k < K; ++k) shared[k][threadIdx.y][threadIdx.x] = s[k];
     __syncthreads();
     if (threadIdx.y == 0 && col < cols) {
-      S t = shared[0][threadIdx.x];
-      for (int k = 1; k < 8; ++k) t = device_sum<Acc>::combine(t, shared[k][threadIdx.x]);
-      partial[slab * cols + col] = t;
+      for (int k = 0; k < K; ++k) {
+        S t = shared[k][0][threadIdx.x];
+        for (int y = 1; y < 8; ++y) t = device_sum<Acc>::combine(t, shared[k][y][threadIdx.x]);
+        partial[(slab * cols + col) * K + k] = t;
+      }
     }
     __syncthreads();
   }
 }
 
-/// Second pass: each column's slab sums in slab order, rounded once to U.
-template <class R, class Acc, class U>
+/// Second pass: each column's K sums over the slabs in slab order, handed to
+/// finish(col, sums).
+template <class Acc, int K, class Finish>
 __global__ void column_totals(const typename accumulator<Acc>::value_type* partial, std::size_t slabs,
-                              std::size_t cols, U* out) {
+                              std::size_t cols, Finish finish) {
   using S = typename accumulator<Acc>::value_type;
   for (std::size_t col = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; col < cols;
        col += std::size_t(gridDim.x) * blockDim.x) {
-    S t = partial[col];
-    for (std::size_t k = 1; k < slabs; ++k) t = device_sum<Acc>::combine(t, partial[k * cols + col]);
-    out[col] = round_to<U>(R(t));
+    S t[K];
+    for (int k = 0; k < K; ++k) t[k] = partial[col * K + k];
+    for (std::size_t slab = 1; slab < slabs; ++slab) {
+      for (int k = 0; k < K; ++k) t[k] = device_sum<Acc>::combine(t[k], partial[(slab * cols + col) * K + k]);
+    }
+    finish(col, t);
   }
 }
+
+/// Runs both passes of a column reduction of terms(r, col) over `rows` rows of `cols`
+/// columns on ctx's stream, its partial sums in stream-ordered scratch.
+template <class Acc, int K, class Terms, class Finish>
+void column_reduce(cuda_context& ctx, std::size_t rows, std::size_t cols, const Terms& terms, const Finish& finish,
+                   std::string_view name) {
+  using S = typename accumulator<Acc>::value_type;
+  const std::size_t slabs = (rows + column_slab_rows - 1) / column_slab_rows;
+  device_tensor<S, 1> partial({slabs * cols * K}, ctx.stream());
+  const dim3 grid(unsigned((cols + 31) / 32), unsigned(std::min<std::size_t>(slabs, 65535)));
+  column_partials<Acc, K><<<grid, dim3(32, 8), 0, ctx.stream()>>>(terms, rows, cols, slabs, partial.data());
+  check(cudaGetLastError(), name);
+  column_totals<Acc, K><<<grid_for(cols), 256, 0, ctx.stream()>>>(partial.data(), slabs, cols, finish);
+  check(cudaGetLastError(), name);
+}
+
+/// column_sums' term: element (r, col) of a matrix with row stride ld.
+template <class M, class T>
+struct matrix_terms {
+  const T* x;
+  std::size_t ld;
+  __device__ term_values<M, 1> operator()(std::size_t r, std::size_t col) const {
+    return {{device_load<M>(x[r * ld + col])}};
+  }
+};
+
+/// column_sums' finish: out[col] = the sum, rounded once to U.
+template <class R, class U>
+struct store_sums {
+  U* out;
+  template <class S>
+  __device__ void operator()(std::size_t col, const S* t) const {
+    out[col] = round_to<U>(R(t[0]));
+  }
+};
 
 template <reduce_kind Kind, Policy P, class T, std::size_t N, class U>
 void reduce_all_to(std::string_view name, cuda_context& ctx, const device_tensor<T, N>& x,
@@ -321,21 +366,13 @@ void column_sums(cuda_context& ctx, const T* x, std::size_t rows, std::size_t co
                  std::size_t ld = 0) {
   using M = math_t<op::reduction, P, T>;
   using Acc = accumulate_t<op::reduction, P>;
-  using S = typename accumulator<Acc>::value_type;
   if (cols == 0) return;
   if (rows == 0) {
     check(cudaMemsetAsync(out, 0, cols * sizeof(U), ctx.stream()), "cudaMemsetAsync");
     return;
   }
-  const std::size_t slabs = (rows + cuda::column_slab_rows - 1) / cuda::column_slab_rows;
-  device_tensor<S, 1> partial({slabs * cols}, ctx.stream());
-  const dim3 grid(unsigned((cols + 31) / 32), unsigned(std::min<std::size_t>(slabs, 65535)));
-  cuda::column_partials<M, Acc><<<grid, dim3(32, 8), 0, ctx.stream()>>>(x, rows, cols, ld == 0 ? cols : ld,
-                                                                         slabs, partial.data());
-  check(cudaGetLastError(), "precis: column sums");
-  cuda::column_totals<reduce_result_t<P, T>, Acc><<<cuda::grid_for(cols), 256, 0, ctx.stream()>>>(
-      partial.data(), slabs, cols, out);
-  check(cudaGetLastError(), "precis: column sums");
+  cuda::column_reduce<Acc, 1>(ctx, rows, cols, cuda::matrix_terms<M, T>{x, ld == 0 ? cols : ld},
+                              cuda::store_sums<reduce_result_t<P, T>, U>{out}, "precis: column sums");
 }
 
 }  // namespace detail
