@@ -5,9 +5,12 @@
 /// variance, as on the host). Layer norm: one block per row; dgamma and dbeta are column sums in
 /// two passes of a fixed order (slabs of 64 rows, each summed by 8 strided threads and then across
 /// them; then the slabs in order: reduce.hpp's column_reduce), the same bits on every run and
-/// device, within a float sum's bound of the host's row-order sums. Batch norm: one block per channel
-/// for the statistics, the running statistics (PyTorch's update, unbiased running variance) and the
-/// backward sums; inference is elementwise. Shapes and arguments are checked on the host before
+/// device, within a float sum's bound of the host's row-order sums. Batch norm: the statistics
+/// and the backward sums are channel reductions in two passes of a fixed order (segments of 4096
+/// elements of each image's plane, then each channel's segments in order: reduce.hpp's
+/// channel_reduce), the same bits on every run and device, within a float sum's bound of the
+/// host's; the running statistics take PyTorch's update (unbiased running variance); y and dx
+/// are elementwise over planes, with no division per element. Shapes and arguments are checked on the host before
 /// anything is launched. Compiled by nvcc only.
 #pragma once
 
@@ -102,88 +105,130 @@ struct store_layer_norm_params {
   }
 };
 
-/// Element j of channel c of x viewed as [batch, channels, inner].
-template <class T>
-__device__ inline const T& channel_at(const T* x, std::size_t channels, std::size_t inner, std::size_t c,
-                                      std::size_t j) {
-  return x[((j / inner) * channels + c) * inner + j % inner];
-}
+/// Batch norm's statistics terms of element (i, c, q) of x [N, C, inner]: x itself (first
+/// pass), or its squared distance to the channel's mean `mean[c]` (second pass).
+template <class M, class X, bool Centred>
+struct batch_norm_stat_terms {
+  const X* x;
+  const M* mean;
+  std::size_t channels, inner;
+  __device__ term_values<M, 1> operator()(std::size_t i, std::size_t c, std::size_t q) const {
+    const M v = device_load<M>(x[(i * channels + c) * inner + q]);
+    if constexpr (Centred) {
+      const M d = v - mean[c];
+      return {{d * d}};
+    } else {
+      return {{v}};
+    }
+  }
+};
 
-template <class M, class Acc, class X, class G, class B, class R, class Y, class S>
-__global__ void batch_norm_train_channels(const X* x, const G* gamma, const B* beta, R* running_mean,
-                                          R* running_var, Y* y, S* save_mean, S* save_rstd,
-                                          std::size_t channels, std::size_t inner, std::size_t count,
-                                          M eps, M momentum) {
-  using V = typename accumulator<Acc>::value_type;
-  const std::size_t c = blockIdx.x;
-  accumulator<Acc> s;
-  for (std::size_t j = threadIdx.x; j < count; j += blockDim.x) {
-    s.add(V(device_load<M>(channel_at(x, channels, inner, c, j))));
+/// First pass's finish: mean[c] = sum / count.
+template <class M>
+struct batch_norm_mean {
+  M* mean;
+  M count;
+  template <class V>
+  __device__ void operator()(std::size_t c, const V* t) const {
+    mean[c] = M(t[0]) / count;
   }
-  const M mu = block_sum<M>(s) / M(count);
-  accumulator<Acc> q;
-  for (std::size_t j = threadIdx.x; j < count; j += blockDim.x) {
-    const M d = device_load<M>(channel_at(x, channels, inner, c, j)) - mu;
-    q.add(V(d * d));
-  }
-  const M var = block_sum<M>(q) / M(count);
-  const M rs = M(1) / ::sqrt(var + eps);
-  const M g = device_load<M>(gamma[c]), bt = device_load<M>(beta[c]);
-  for (std::size_t j = threadIdx.x; j < count; j += blockDim.x) {
-    const std::size_t at = ((j / inner) * channels + c) * inner + j % inner;
-    y[at] = round_to<Y>((device_load<M>(x[at]) - mu) * rs * g + bt);
-  }
-  if (threadIdx.x == 0) {
+};
+
+/// Second pass's finish: rstd[c], the saved statistics and PyTorch's running update (the
+/// unbiased variance), as the host's batch_norm_train.
+template <class M, class R, class S>
+struct batch_norm_variance {
+  const M* mean;
+  M* rstd;
+  S* save_mean;
+  S* save_rstd;
+  R* running_mean;
+  R* running_var;
+  M count, eps, momentum;
+  template <class V>
+  __device__ void operator()(std::size_t c, const V* t) const {
+    const M mu = mean[c];
+    const M var = M(t[0]) / count;
+    const M rs = M(1) / ::sqrt(var + eps);
+    rstd[c] = rs;
     save_mean[c] = static_cast<S>(mu);
     save_rstd[c] = static_cast<S>(rs);
-    const M unbiased = var * static_cast<M>(count) / static_cast<M>(count - 1);
+    const M unbiased = var * count / (count - M(1));
     running_mean[c] = static_cast<R>((M(1) - momentum) * static_cast<M>(running_mean[c]) + momentum * mu);
     running_var[c] = static_cast<R>((M(1) - momentum) * static_cast<M>(running_var[c]) + momentum * unbiased);
   }
-}
+};
 
-template <class M, class X, class G, class B, class R, class Y>
-__global__ void batch_norm_infer_kernel(const X* x, const G* gamma, const B* beta, const R* running_mean,
-                                        const R* running_var, Y* y, std::size_t channels,
-                                        std::size_t inner, std::size_t n, M eps) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
-    const std::size_t c = (i / inner) % channels;
-    const M mu = static_cast<M>(running_mean[c]);
-    const M rs = M(1) / ::sqrt(static_cast<M>(running_var[c]) + eps);
-    y[i] = round_to<Y>((device_load<M>(x[i]) - mu) * rs * device_load<M>(gamma[c]) + device_load<M>(beta[c]));
+/// y = (x - mean[c]) rstd[c] gamma[c] + beta[c], per element, rounded once (mean and rstd
+/// in M, or the running statistics in R for inference).
+template <class M, class X, class G, class B, class T, class Y>
+struct batch_norm_normalise {
+  const X* x;
+  const G* gamma;
+  const B* beta;
+  const T* mean;
+  const T* scale;  // rstd, or the running variance when `running`
+  Y* y;
+  M eps;
+  bool running;
+  __device__ void operator()(std::size_t, std::size_t c, std::size_t, std::size_t at) const {
+    const M mu = static_cast<M>(mean[c]);
+    const M rs = running ? M(1) / ::sqrt(static_cast<M>(scale[c]) + eps) : static_cast<M>(scale[c]);
+    y[at] = round_to<Y>((device_load<M>(x[at]) - mu) * rs * device_load<M>(gamma[c]) + device_load<M>(beta[c]));
   }
-}
+};
 
-// dbeta = sum(dy), dgamma = sum(dy xhat), dx = gamma rstd (dy - dbeta / count - xhat dgamma / count).
-template <class M, class Acc, class DY, class X, class G, class S, class DX, class DG, class DB>
-__global__ void batch_norm_backward_channels(const DY* dy, const X* x, const G* gamma, const S* save_mean,
-                                             const S* save_rstd, DX* dx, DG* dgamma, DB* dbeta,
-                                             std::size_t channels, std::size_t inner, std::size_t count) {
-  using V = typename accumulator<Acc>::value_type;
-  const std::size_t c = blockIdx.x;
-  const M mu = static_cast<M>(save_mean[c]), rs = static_cast<M>(save_rstd[c]);
-  accumulator<Acc> sdy, sdyx;
-  for (std::size_t j = threadIdx.x; j < count; j += blockDim.x) {
-    const M g = device_load<M>(channel_at(dy, channels, inner, c, j));
-    const M xh = (device_load<M>(channel_at(x, channels, inner, c, j)) - mu) * rs;
-    sdy.add(V(g));
-    sdyx.add(V(g * xh));
+/// Batch norm's backward terms of element (i, c, q): dy and dy xhat.
+template <class M, class DY, class X, class S>
+struct batch_norm_grad_terms {
+  const DY* dy;
+  const X* x;
+  const S* save_mean;
+  const S* save_rstd;
+  std::size_t channels, inner;
+  __device__ term_values<M, 2> operator()(std::size_t i, std::size_t c, std::size_t q) const {
+    const std::size_t at = (i * channels + c) * inner + q;
+    const M g = device_load<M>(dy[at]);
+    const M xh = (device_load<M>(x[at]) - static_cast<M>(save_mean[c])) * static_cast<M>(save_rstd[c]);
+    return {{g, g * xh}};
   }
-  const M sum_dy = block_sum<M>(sdy);
-  const M sum_dyx = block_sum<M>(sdyx);
-  const M k = device_load<M>(gamma[c]) * rs;
-  const M a = sum_dy / static_cast<M>(count), b = sum_dyx / static_cast<M>(count);
-  for (std::size_t j = threadIdx.x; j < count; j += blockDim.x) {
-    const std::size_t at = ((j / inner) * channels + c) * inner + j % inner;
-    const M xh = (device_load<M>(x[at]) - mu) * rs;
-    dx[at] = round_to<DX>(k * (device_load<M>(dy[at]) - a - xh * b));
-  }
-  if (threadIdx.x == 0) {
-    dgamma[c] = round_to<DG>(sum_dyx);
+};
+
+/// The backward sums' finish: dbeta = sum(dy), dgamma = sum(dy xhat), and the channel's
+/// mean of each (a, b) for dx.
+template <class M, class DG, class DB>
+struct batch_norm_grad_sums {
+  DG* dgamma;
+  DB* dbeta;
+  M* ab;
+  M count;
+  template <class V>
+  __device__ void operator()(std::size_t c, const V* t) const {
+    const M sum_dy = M(t[0]), sum_dyx = M(t[1]);
     dbeta[c] = round_to<DB>(sum_dy);
+    dgamma[c] = round_to<DG>(sum_dyx);
+    ab[2 * c] = sum_dy / count;
+    ab[2 * c + 1] = sum_dyx / count;
   }
-}
+};
+
+/// dx = gamma rstd (dy - a - xhat b) per element, rounded once.
+template <class M, class DY, class X, class G, class S, class DX>
+struct batch_norm_input_grad {
+  const DY* dy;
+  const X* x;
+  const G* gamma;
+  const S* save_mean;
+  const S* save_rstd;
+  const M* ab;
+  DX* dx;
+  __device__ void operator()(std::size_t, std::size_t c, std::size_t, std::size_t at) const {
+    const M rs = static_cast<M>(save_rstd[c]);
+    const M xh = (device_load<M>(x[at]) - static_cast<M>(save_mean[c])) * rs;
+    const M k = device_load<M>(gamma[c]) * rs;
+    dx[at] = round_to<DX>(k * (device_load<M>(dy[at]) - ab[2 * c] - xh * ab[2 * c + 1]));
+  }
+};
 
 }  // namespace detail::cuda
 
@@ -272,10 +317,25 @@ void batch_norm_train(cuda_context& ctx, const device_tensor<X, N>& x, const dev
                                     momentum, eps);
   const auto d = detail::batch_norm_dims(x);
   if (d[1] == 0) return;
-  detail::cuda::batch_norm_train_channels<M, Acc><<<detail::cuda::row_blocks(d[1], name), detail::cuda::row_threads, 0, ctx.stream()>>>(
-      x.data(), gamma.data(), beta.data(), running_mean.data(), running_var.data(), y.data(), save_mean.data(),
-      save_rstd.data(), d[1], d[2], d[0] * d[2], static_cast<M>(eps), static_cast<M>(momentum));
-  check(cudaGetLastError(), name);
+  // The mean, then the squared distances to it (two passes, as the host), each a channel
+  // reduction; then y elementwise.
+  const M count = static_cast<M>(d[0] * d[2]);
+  device_tensor<M, 1> stats({2 * d[1]}, ctx.stream());  // mean, then rstd
+  M* mean = stats.data();
+  M* rstd = stats.data() + d[1];
+  detail::cuda::channel_reduce<Acc, 1>(ctx, d[0], d[1], d[2],
+                                       detail::cuda::batch_norm_stat_terms<M, X, false>{x.data(), mean, d[1], d[2]},
+                                       detail::cuda::batch_norm_mean<M>{mean, count}, name);
+  detail::cuda::channel_reduce<Acc, 1>(
+      ctx, d[0], d[1], d[2], detail::cuda::batch_norm_stat_terms<M, X, true>{x.data(), mean, d[1], d[2]},
+      detail::cuda::batch_norm_variance<M, R, S>{mean, rstd, save_mean.data(), save_rstd.data(), running_mean.data(),
+                                                 running_var.data(), count, static_cast<M>(eps),
+                                                 static_cast<M>(momentum)},
+      name);
+  detail::cuda::plane_elements(ctx, d[0], d[1], d[2],
+                               detail::cuda::batch_norm_normalise<M, X, G, B, M, Y>{
+                                   x.data(), gamma.data(), beta.data(), mean, rstd, y.data(), M(0), false},
+                               name);
 }
 
 /// Batch norm in inference mode on the device, from the running statistics (see the host
@@ -290,12 +350,11 @@ void batch_norm_infer(cuda_context& ctx, const device_tensor<X, N>& x, const dev
   constexpr std::string_view name = "precis::batch_norm_infer";
   detail::check_batch_norm_infer<N>(name, x, gamma, beta, running_mean, running_var, y, eps);
   const auto d = detail::batch_norm_dims(x);
-  const std::size_t n = x.size();
-  if (n == 0) return;
-  detail::cuda::batch_norm_infer_kernel<M><<<detail::cuda::grid_for(n), 256, 0, ctx.stream()>>>(
-      x.data(), gamma.data(), beta.data(), running_mean.data(), running_var.data(), y.data(), d[1], d[2], n,
-      static_cast<M>(eps));
-  check(cudaGetLastError(), name);
+  detail::cuda::plane_elements(ctx, d[0], d[1], d[2],
+                               detail::cuda::batch_norm_normalise<M, X, G, B, R, Y>{
+                                   x.data(), gamma.data(), beta.data(), running_mean.data(), running_var.data(),
+                                   y.data(), static_cast<M>(eps), true},
+                               name);
 }
 
 /// Gradients of batch_norm_train on the device from its saved statistics (see the host
@@ -314,11 +373,20 @@ void batch_norm_backward(cuda_context& ctx, const device_tensor<DY, N>& dy, cons
   const auto d = detail::batch_norm_dims(x);
   const std::size_t count = d[0] * d[2];
   if (count == 0 || d[1] == 0) return;
-  detail::cuda::batch_norm_backward_channels<M, Acc>
-      <<<detail::cuda::row_blocks(d[1], name), detail::cuda::row_threads, 0, ctx.stream()>>>(
-          dy.data(), x.data(), gamma.data(), save_mean.data(), save_rstd.data(), dx.data(), dgamma.data(),
-          dbeta.data(), d[1], d[2], count);
-  check(cudaGetLastError(), name);
+  // dbeta = sum(dy) and dgamma = sum(dy xhat) per channel (a channel reduction), then
+  // dx = gamma rstd (dy - dbeta / count - xhat dgamma / count) elementwise.
+  device_tensor<M, 1> ab({2 * d[1]}, ctx.stream());
+  detail::cuda::channel_reduce<Acc, 2>(
+      ctx, d[0], d[1], d[2],
+      detail::cuda::batch_norm_grad_terms<M, DY, X, S>{dy.data(), x.data(), save_mean.data(), save_rstd.data(), d[1],
+                                                       d[2]},
+      detail::cuda::batch_norm_grad_sums<M, DG, DB>{dgamma.data(), dbeta.data(), ab.data(), static_cast<M>(count)},
+      name);
+  detail::cuda::plane_elements(ctx, d[0], d[1], d[2],
+                               detail::cuda::batch_norm_input_grad<M, DY, X, G, S, DX>{
+                                   dy.data(), x.data(), gamma.data(), save_mean.data(), save_rstd.data(), ab.data(),
+                                   dx.data()},
+                               name);
 }
 
 }  // namespace precis

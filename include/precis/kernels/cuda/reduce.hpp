@@ -322,33 +322,102 @@ void reduce_axis_to(std::string_view name, cuda_context& ctx, const device_tenso
 /// additions is the same on every device.
 inline constexpr std::size_t channel_segment = 4096;
 
-/// First pass of conv2d_backward_bias: block (image i, segment s) of grid row c sums the
-/// pixels [s * channel_segment, ...) of plane (i, c), each thread its strided share in
-/// order, then the block's tree.
-template <class M, class Acc, class T>
-__global__ void channel_partials(const T* dy, std::size_t images, std::size_t channels, std::size_t pixels,
+/// First pass of a channel reduction over [N, C, inner] (conv2d_backward_bias, batch norm's
+/// statistics and sums): block (image i, segment s) of grid row c reduces the elements
+/// [s * channel_segment, ...) of plane (i, c), K sums of terms(i, c, q) (a term_values<M, K>),
+/// each thread its strided share in order, then the block's tree;
+/// partial[((c * images + i) * segments + s) * K + k].
+template <class Acc, int K, class Terms>
+__global__ void channel_partials(Terms terms, std::size_t images, std::size_t channels, std::size_t inner,
                                  std::size_t segments, typename accumulator<Acc>::value_type* partial) {
   using S = typename accumulator<Acc>::value_type;
   __shared__ S shared[32];
-  const std::size_t c = blockIdx.y, i = blockIdx.x / segments, seg = blockIdx.x % segments;
-  const T* plane = dy + (i * channels + c) * pixels;
-  const std::size_t lo = seg * channel_segment, hi = pixels < lo + channel_segment ? pixels : lo + channel_segment;
-  S acc = device_sum<Acc>::init();
-  for (std::size_t q = lo + threadIdx.x; q < hi; q += blockDim.x) acc = device_sum<Acc>::add(acc, device_load<M>(plane[q]));
-  const S r = block_reduce(acc, combine_op<device_sum<Acc>>{}, shared);
-  if (threadIdx.x == 0) partial[(c * images + i) * segments + seg] = r;
+  const std::size_t i = blockIdx.x / segments, seg = blockIdx.x % segments;
+  const std::size_t lo = seg * channel_segment, hi = inner < lo + channel_segment ? inner : lo + channel_segment;
+  for (std::size_t c = blockIdx.y; c < channels; c += gridDim.y) {
+    S acc[K];
+    for (int k = 0; k < K; ++k) acc[k] = device_sum<Acc>::init();
+    for (std::size_t q = lo + threadIdx.x; q < hi; q += blockDim.x) {
+      const auto t = terms(i, c, q);
+      for (int k = 0; k < K; ++k) acc[k] = device_sum<Acc>::add(acc[k], t.v[k]);
+    }
+    for (int k = 0; k < K; ++k) {
+      const S r = block_reduce(acc[k], combine_op<device_sum<Acc>>{}, shared);
+      if (threadIdx.x == 0) partial[((c * images + i) * segments + seg) * K + k] = r;
+    }
+  }
 }
 
-/// Second pass: channel c's partial sums added in (image, segment) order, rounded once.
-template <class Acc, class U>
+/// Second pass: channel c's K sums over its partial sums in (image, segment) order, handed
+/// to finish(c, sums).
+template <class Acc, int K, class Finish>
 __global__ void channel_totals(const typename accumulator<Acc>::value_type* partial, std::size_t per_channel,
-                               std::size_t channels, U* out) {
+                               std::size_t channels, Finish finish) {
+  using S = typename accumulator<Acc>::value_type;
   for (std::size_t c = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; c < channels;
        c += std::size_t(gridDim.x) * blockDim.x) {
-    auto s = device_sum<Acc>::init();
-    for (std::size_t k = 0; k < per_channel; ++k) s = device_sum<Acc>::combine(s, partial[c * per_channel + k]);
-    out[c] = round_to<U>(s);
+    S t[K];
+    for (int k = 0; k < K; ++k) t[k] = device_sum<Acc>::init();
+    for (std::size_t p = 0; p < per_channel; ++p) {
+      for (int k = 0; k < K; ++k) t[k] = device_sum<Acc>::combine(t[k], partial[(c * per_channel + p) * K + k]);
+    }
+    finish(c, t);
   }
+}
+
+/// Runs both passes of a channel reduction of terms(i, c, q) over `images` planes of `inner`
+/// elements per channel on ctx's stream (images and inner not 0), its partial sums in
+/// stream-ordered scratch. The order depends on the shape alone: the same bits on every
+/// run and device.
+template <class Acc, int K, class Terms, class Finish>
+void channel_reduce(cuda_context& ctx, std::size_t images, std::size_t channels, std::size_t inner,
+                    const Terms& terms, const Finish& finish, std::string_view name) {
+  using S = typename accumulator<Acc>::value_type;
+  const std::size_t segments = (inner + channel_segment - 1) / channel_segment;
+  if (images * segments > 0x7fffffffU) throw error(std::string(name) + ": too many images on the device");
+  device_tensor<S, 1> partial({channels * images * segments * K}, ctx.stream());
+  const dim3 grid(unsigned(images * segments), unsigned(std::min<std::size_t>(channels, 65535)));
+  channel_partials<Acc, K><<<grid, 256, 0, ctx.stream()>>>(terms, images, channels, inner, segments, partial.data());
+  check(cudaGetLastError(), name);
+  channel_totals<Acc, K><<<grid_for(channels), 256, 0, ctx.stream()>>>(partial.data(), images * segments, channels,
+                                                                        finish);
+  check(cudaGetLastError(), name);
+}
+
+/// A channel reduction's term: element (i, c, q) of x [N, C, inner] in M.
+template <class M, class T>
+struct plane_terms {
+  const T* x;
+  std::size_t channels, inner;
+  __device__ term_values<M, 1> operator()(std::size_t i, std::size_t c, std::size_t q) const {
+    return {{device_load<M>(x[(i * channels + c) * inner + q])}};
+  }
+};
+
+/// Runs f(i, c, q, at) for every element at = (i * channels + c) * inner + q of a tensor
+/// [images, channels, inner]: the planes on the grid's y axis, their elements on x, with no
+/// division per element.
+template <class F>
+__global__ void for_each_plane_element(F f, std::size_t planes, std::size_t channels, std::size_t inner) {
+  for (std::size_t plane = blockIdx.y; plane < planes; plane += gridDim.y) {
+    const std::size_t i = plane / channels, c = plane % channels;
+    for (std::size_t q = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; q < inner;
+         q += std::size_t(gridDim.x) * blockDim.x) {
+      f(i, c, q, plane * inner + q);
+    }
+  }
+}
+
+/// Launches for_each_plane_element on ctx's stream.
+template <class F>
+void plane_elements(cuda_context& ctx, std::size_t images, std::size_t channels, std::size_t inner, const F& f,
+                    std::string_view name) {
+  const std::size_t planes = images * channels;
+  if (planes == 0 || inner == 0) return;
+  const std::size_t x_blocks = std::min<std::size_t>((inner + 255) / 256, std::max<std::size_t>(1, 8192 / planes + 1));
+  const dim3 grid(unsigned(std::min<std::size_t>(x_blocks, 1024)), unsigned(std::min<std::size_t>(planes, 65535)));
+  for_each_plane_element<<<grid, 256, 0, ctx.stream()>>>(f, planes, channels, inner);
+  check(cudaGetLastError(), name);
 }
 
 }  // namespace detail::cuda
@@ -401,16 +470,8 @@ void conv2d_backward_bias(cuda_context& ctx, const device_tensor<TG, 4>& dy, dev
     check(cudaMemsetAsync(db.data(), 0, co * sizeof(TB), ctx.stream()), "cudaMemsetAsync");
     return;
   }
-  if (co > 65535) throw error("precis::conv2d_backward_bias: more than 65535 channels on the device");
-  const std::size_t segments = (pixels + detail::cuda::channel_segment - 1) / detail::cuda::channel_segment;
-  device_tensor<S, 1> partial({co * n * segments}, ctx.stream());
-  const dim3 grid(unsigned(n * segments), unsigned(co));
-  detail::cuda::channel_partials<M, Acc><<<grid, 256, 0, ctx.stream()>>>(dy.data(), n, co, pixels, segments,
-                                                                         partial.data());
-  check(cudaGetLastError(), "precis::conv2d_backward_bias");
-  detail::cuda::channel_totals<Acc><<<detail::cuda::grid_for(co), 256, 0, ctx.stream()>>>(partial.data(),
-                                                                                         n * segments, co, db.data());
-  check(cudaGetLastError(), "precis::conv2d_backward_bias");
+  detail::cuda::channel_reduce<Acc, 1>(ctx, n, co, pixels, detail::cuda::plane_terms<M, TG>{dy.data(), co, pixels},
+                                       detail::cuda::store_sums<S, TB>{db.data()}, "precis::conv2d_backward_bias");
 }
 
 /// out[0] = the sum of all elements of x, on the device (out: shape {1}). 0 for an empty
