@@ -13,6 +13,8 @@
 #include <precis/numeric/numeric.hpp>
 #include <precis/policy/policy.hpp>
 
+#include <cstddef>
+#include <cstdint>
 #include <type_traits>
 
 namespace precis {
@@ -95,6 +97,81 @@ PRECIS_HOST_DEVICE constexpr void copy_offsets(const copy_plan<R>& p, std::size_
     e /= p.shape[k];
     from += i * p.from[k];
     to += i * p.to[k];
+  }
+}
+
+/// n / d and n % d for 32-bit n and a fixed divisor 1 <= d <= 2^31, by a multiply-high, an
+/// addition and a shift (Granlund and Montgomery's round-up method: q = (hi(n m) + n) >> s
+/// with s = ceil(log2 d) and m = floor(2^32 (2^s - d) / d) + 1, the sum taken in 64 bits so
+/// that it holds for every 32-bit n). The magic number is made once, on the host; the
+/// device's index arithmetic then divides without a division instruction (a 64-bit
+/// division is a long emulated sequence on a GPU). The host tests check it against `/` and
+/// `%`.
+struct fast_divmod {
+  std::uint32_t divisor = 1;  ///< d
+  std::uint32_t magic = 1;    ///< m
+  std::uint32_t shift = 0;    ///< s
+  /// Division by 1.
+  constexpr fast_divmod() = default;
+  /// Division by d (1 <= d <= 2^31: is_fast() says so).
+  PRECIS_HOST_DEVICE constexpr explicit fast_divmod(std::uint32_t d) : divisor(d) {
+    while (shift < 32 && (std::uint64_t(1) << shift) < d) ++shift;
+    magic = std::uint32_t(((std::uint64_t(1) << 32) * ((std::uint64_t(1) << shift) - d)) / d + 1);
+  }
+  /// Whether d can be divided by so.
+  static constexpr bool fits(std::uint64_t d) { return d >= 1 && d <= (std::uint64_t(1) << 31); }
+  /// n / d.
+  PRECIS_HOST_DEVICE constexpr std::uint32_t div(std::uint32_t n) const {
+    const std::uint64_t hi = (std::uint64_t(n) * magic) >> 32;
+    return std::uint32_t((hi + n) >> shift);
+  }
+  /// n % d.
+  PRECIS_HOST_DEVICE constexpr std::uint32_t mod(std::uint32_t n) const { return n - div(n) * divisor; }
+};
+
+/// A copy plan whose element count fits 32 bits and whose extents fit fast_divmod: its
+/// index decomposes by multiplications (the device's strided copies use it where it fits).
+template <std::size_t R>
+struct fast_copy_plan {
+  fast_divmod shape[R];  ///< the extent of each axis, as divisors
+  std::size_t from[R];   ///< the source's stride of each axis
+  std::size_t to[R];     ///< the destination's stride of each axis
+};
+
+/// Whether plan p fits fast_copy_plan (fewer than 2^32 elements, each extent at most 2^31).
+template <std::size_t R>
+constexpr bool fits_fast(const copy_plan<R>& p) {
+  if (p.elements() > 0xffffffffULL) return false;
+  for (std::size_t k = 0; k < R; ++k) {
+    if (!fast_divmod::fits(p.shape[k])) return false;
+  }
+  return true;
+}
+
+/// p as a fast_copy_plan (fits_fast(p) must hold).
+template <std::size_t R>
+constexpr fast_copy_plan<R> make_fast(const copy_plan<R>& p) {
+  fast_copy_plan<R> f{};
+  for (std::size_t k = 0; k < R; ++k) {
+    f.shape[k] = fast_divmod(std::uint32_t(p.shape[k]));
+    f.from[k] = p.from[k];
+    f.to[k] = p.to[k];
+  }
+  return f;
+}
+
+/// copy_offsets for a fast_copy_plan: the same offsets for element e < 2^32.
+template <std::size_t R>
+PRECIS_HOST_DEVICE constexpr void copy_offsets(const fast_copy_plan<R>& p, std::uint32_t e, std::size_t& from,
+                                               std::size_t& to) {
+  from = 0;
+  to = 0;
+  for (std::size_t k = R; k-- > 0;) {
+    const std::uint32_t q = p.shape[k].div(e);
+    const std::uint32_t i = e - q * p.shape[k].divisor;
+    e = q;
+    from += std::size_t(i) * p.from[k];
+    to += std::size_t(i) * p.to[k];
   }
 }
 

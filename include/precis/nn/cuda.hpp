@@ -287,8 +287,14 @@ struct context_traits<cuda_context> {
                            const precis::detail::copy_plan<R>& p) {
     const std::size_t total = p.elements();
     if (total == 0) return;
-    precis::detail::cuda::strided_copy_kernel<T, R>
-        <<<precis::detail::cuda::grid_for(total), 256, 0, ctx.stream()>>>(from, to, p, total);
+    // The index decomposes by multiplications where the plan fits 32 bits (fast_divmod).
+    if (precis::detail::fits_fast(p)) {
+      precis::detail::cuda::strided_copy_kernel<<<precis::detail::cuda::grid_for(total), 256, 0, ctx.stream()>>>(
+          from, to, precis::detail::make_fast(p), total);
+    } else {
+      precis::detail::cuda::strided_copy_kernel<<<precis::detail::cuda::grid_for(total), 256, 0, ctx.stream()>>>(
+          from, to, p, total);
+    }
     check(cudaGetLastError(), name);
   }
   /// y = Fn(x) elementwise on the context's stream, computed in P's opmath type and rounded

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -44,14 +45,19 @@ inline unsigned grid_for(std::size_t n, unsigned threads = 256) {
   return unsigned(std::clamp<std::size_t>(blocks, 1, 4096));
 }
 
-/// Runs copy plan `p` (kernels/common.hpp), one thread per element. A template so that
-/// every translation unit may define it.
-template <class T, std::size_t R>
-__global__ void strided_copy_kernel(const T* from, T* to, copy_plan<R> p, std::size_t total) {
+/// Runs copy plan `p` (kernels/common.hpp: a copy_plan, or a fast_copy_plan of fewer than
+/// 2^32 elements, whose index decomposes without division), one thread per element. A
+/// template so that every translation unit may define it.
+template <class T, class Plan>
+__global__ void strided_copy_kernel(const T* from, T* to, Plan p, std::size_t total) {
   for (std::size_t e = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; e < total;
        e += std::size_t(gridDim.x) * blockDim.x) {
     std::size_t a = 0, b = 0;
-    copy_offsets(p, e, a, b);
+    if constexpr (requires { p.shape[0].divisor; }) {
+      copy_offsets(p, static_cast<std::uint32_t>(e), a, b);  // a fast_copy_plan: e < total < 2^32
+    } else {
+      copy_offsets(p, e, a, b);
+    }
     to[b] = from[a];
   }
 }

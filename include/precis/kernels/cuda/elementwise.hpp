@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -42,13 +43,17 @@ __global__ void unary_backward_kernel(const DY* dy, const X* x, DX* dx, std::siz
   }
 }
 
-/// out[i] = f(a[i], b[i % nb]): b repeated over a's leading axes.
+/// out[i] = f(a[i], b[i % nb]): b repeated over a's leading axes. The remainder is i itself
+/// where nb == n, and taken by `fb` (fast_divmod by nb) where n fits 32 bits: no 64-bit
+/// division per element.
 template <class M, class Fn, class A, class B, class Out>
-__global__ void binary_kernel(const A* a, const B* b, Out* out, std::size_t n, std::size_t nb) {
+__global__ void binary_kernel(const A* a, const B* b, Out* out, std::size_t n, std::size_t nb, fast_divmod fb) {
   const Fn f{};
+  const bool same = nb == n, fast = n <= 0xffffffffULL;
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
        i += std::size_t(gridDim.x) * blockDim.x) {
-    out[i] = round_to<Out>(f(device_load<M>(a[i]), device_load<M>(b[i % nb])));
+    const std::size_t j = same ? i : fast ? std::size_t(fb.mod(std::uint32_t(i))) : i % nb;
+    out[i] = round_to<Out>(f(device_load<M>(a[i]), device_load<M>(b[j])));
   }
 }
 
@@ -101,8 +106,10 @@ void binary(std::string_view name, cuda_context& ctx, const device_tensor<A, N>&
   check_shape(std::string(name) + ": out", out, a.shape());
   const std::size_t n = a.size(), nb = b.size();
   if (n == 0) return;
+  // fast_divmod takes divisors up to 2^31; a b that large is a's own shape (nb == n).
+  const fast_divmod fb(fast_divmod::fits(nb) ? std::uint32_t(nb) : 1U);
   binary_kernel<M, Op<M>><<<grid_for(n), 256, 0, ctx.stream()>>>(a.data(), b.data(), out.data(),
-                                                                 n, nb);
+                                                                 n, nb, fb);
   check(cudaGetLastError(), std::string(name).c_str());
 }
 

@@ -1,0 +1,87 @@
+// The device's index arithmetic, checked on the host: fast_divmod (division by a fixed
+// divisor with a multiply-high, an addition and a shift) against `/` and `%` for divisors
+// and numerators at the edges and at random, and the strided copies' fast plans against
+// the plain plans' offsets, element for element.
+#include <precis/kernels/common.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+using precis::detail::copy_plan;
+using precis::detail::fast_divmod;
+
+namespace {
+
+// Every numerator worth trying for divisor d: the edges of the 32-bit range, around each
+// multiple of d near them and near small multiples, and random ones.
+std::vector<std::uint32_t> numerators(std::uint32_t d, std::mt19937_64& rng) {
+  std::vector<std::uint32_t> n{0, 1, 2, 0x7fffffffU, 0x80000000U, 0x80000001U, 0xfffffffeU, 0xffffffffU};
+  for (std::uint64_t k : {1ULL, 2ULL, 3ULL, 1000ULL, 0xffffffffULL / d, 0xffffffffULL / d - 1, 0x7fffffffULL / d}) {
+    const std::uint64_t m = k * d;
+    for (std::int64_t delta = -2; delta <= 2; ++delta) {
+      const std::int64_t v = std::int64_t(m) + delta;
+      if (v >= 0 && v <= 0xffffffffLL) n.push_back(std::uint32_t(v));
+    }
+  }
+  for (int i = 0; i < 200; ++i) n.push_back(std::uint32_t(rng()));
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("fast_divmod divides every 32-bit numerator as / and % do") {
+  std::mt19937_64 rng(42);
+  std::vector<std::uint32_t> divisors;
+  for (std::uint32_t d = 1; d <= 1100; ++d) divisors.push_back(d);
+  for (int s = 1; s <= 31; ++s) {
+    const std::uint32_t p = std::uint32_t(1) << s;
+    divisors.insert(divisors.end(), {p - 1, p, p + 1});
+  }
+  for (int i = 0; i < 300; ++i) divisors.push_back(std::uint32_t(rng() % 0x80000000ULL) + 1);
+  std::size_t wrong = 0, checked = 0;
+  for (const std::uint32_t d : divisors) {
+    if (!fast_divmod::fits(d)) continue;
+    const fast_divmod f(d);
+    for (const std::uint32_t n : numerators(d, rng)) {
+      ++checked;
+      if (f.div(n) != n / d || f.mod(n) != n % d) {
+        if (wrong++ < 5) FAIL_CHECK("n = " << n << ", d = " << d << ": " << f.div(n) << " r " << f.mod(n));
+      }
+    }
+  }
+  CHECK(wrong == 0);
+  CHECK(checked > 100000);
+  CHECK_FALSE(fast_divmod::fits(0));
+  CHECK(fast_divmod::fits(std::uint64_t(1) << 31));
+  CHECK_FALSE(fast_divmod::fits((std::uint64_t(1) << 31) + 1));
+}
+
+TEST_CASE("a fast copy plan gives the plain plan's offsets for every element") {
+  // Attention's head split ([N, T, 3, H, Dh] rows to [3][N, H, T, Dh]), a permutation with
+  // a broadcast (a source stride 0), and extents that are not powers of two.
+  const copy_plan<4> heads{{5, 4, 17, 24}, {17 * 3 * 96, 24, 3 * 96, 1}, {4 * 17 * 24, 17 * 24, 24, 1}};
+  const copy_plan<3> broadcast{{7, 1, 13}, {0, 13, 1}, {13, 91, 1}};
+  const copy_plan<2> rows{{197, 768}, {768, 1}, {2304, 1}};
+  auto same = [](const auto& p) {
+    REQUIRE(precis::detail::fits_fast(p));
+    const auto f = precis::detail::make_fast(p);
+    std::size_t differ = 0;
+    for (std::size_t e = 0; e < p.elements(); ++e) {
+      std::size_t a = 0, b = 0, fa = 0, fb = 0;
+      precis::detail::copy_offsets(p, e, a, b);
+      precis::detail::copy_offsets(f, std::uint32_t(e), fa, fb);
+      differ += (a != fa || b != fb) ? 1U : 0U;
+    }
+    return differ;
+  };
+  CHECK(same(heads) == 0);
+  CHECK(same(broadcast) == 0);
+  CHECK(same(rows) == 0);
+  // Too many elements for 32 bits: the plain plan.
+  const copy_plan<2> big{{std::size_t(1) << 20, std::size_t(1) << 13}, {1, 1}, {1, 1}};
+  CHECK_FALSE(precis::detail::fits_fast(big));
+}
