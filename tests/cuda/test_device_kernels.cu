@@ -147,8 +147,11 @@ void check_elementwise(precis::cuda_context& ctx, const precis::cpu_context& cpu
 
 template <class P, class T>
 void check_softmax(precis::cuda_context& ctx, const precis::cpu_context& cpu) {
-  for (std::size_t cols : {1U, 10U, 1000U, 4099U}) {
-    const std::array<std::size_t, 2> shape{7, cols};
+  // A warp per row up to 1024 columns (300 rows of 197: attention's, over 38 blocks), a
+  // block per row beyond.
+  for (const auto& [rows, cols] : std::initializer_list<std::pair<std::size_t, std::size_t>>{
+           {7, 1}, {7, 10}, {7, 1000}, {300, 197}, {7, 4099}}) {
+    const std::array<std::size_t, 2> shape{rows, cols};
     const auto x = random_tensor<T, 2>(shape, 4.0F);
     const auto dy = random_tensor<T, 2>(shape);
     const auto dx_ = precis::to_device(x), ddy = precis::to_device(dy);

@@ -98,6 +98,26 @@ __device__ M block_reduce(M v, Op op, M* shared) {
   return shared[0];
 }
 
+/// Combines the 32 lanes' `v` with `op` by a butterfly of shuffles (lane i with lane i ^ o,
+/// o = 16, 8, .., 1): every lane gets the result, the same in each (op commutative, as
+/// IEEE addition and max are), in an order that depends on nothing but the lanes.
+template <class M, class Op>
+__device__ M warp_reduce(M v, Op op) {
+  for (int o = 16; o > 0; o /= 2) v = op(v, __shfl_xor_sync(0xFFFFFFFFU, v, o));
+  return v;
+}
+
+/// Rows of at most this many columns get a warp each (several rows per block); longer rows
+/// a block each.
+inline constexpr std::size_t warp_row_limit = 1024;
+
+/// Blocks of `row_threads` threads for one warp per row over `rows` rows (a grid-stride
+/// loop covers the rest).
+inline unsigned warp_row_blocks(std::size_t rows) {
+  const std::size_t per_block = row_threads / 32;
+  return unsigned(std::clamp<std::size_t>((rows + per_block - 1) / per_block, 1, 65535));
+}
+
 /// Adds two partial sums as the accumulate type Acc does.
 template <class Acc, class M>
 struct acc_add {

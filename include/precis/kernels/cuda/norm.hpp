@@ -2,7 +2,8 @@
 /// Layer norm over the last axis and batch norm over axis 1 of device tensors, forward and
 /// backward, with the calls of kernels/norm.hpp (a cuda_context in place of the cpu_context).
 /// Statistics in at least float (the policy's accumulate type for the sums, two passes for the
-/// variance, as on the host). Layer norm: one block per row; dgamma and dbeta are column sums in
+/// variance, as on the host). Layer norm: one warp per row for rows of up to 1024 columns (several
+/// rows per block), one block per row beyond; dgamma and dbeta are column sums in
 /// two passes of a fixed order (slabs of 64 rows, each summed by 8 strided threads and then across
 /// them; then the slabs in order: reduce.hpp's column_reduce), the same bits on every run and
 /// device, within a float sum's bound of the host's row-order sums. Batch norm: the statistics
@@ -52,6 +53,62 @@ __global__ void layer_norm_rows(const X* x, const G* gamma, const B* beta, Y* y,
   if (threadIdx.x == 0) {
     mean[blockIdx.x] = static_cast<S>(mu);
     rstd[blockIdx.x] = static_cast<S>(rs);
+  }
+}
+
+/// layer_norm_rows for rows of at most warp_row_limit columns: a warp per row (each lane its
+/// strided share, then the warp's butterfly), several rows per block.
+template <class M, class Acc, class X, class G, class B, class Y, class S>
+__global__ void layer_norm_warp_rows(const X* x, const G* gamma, const B* beta, Y* y, S* mean, S* rstd,
+                                     std::size_t rows, std::size_t cols, M eps) {
+  using V = typename accumulator<Acc>::value_type;
+  const std::size_t warps = blockDim.x / 32, lane = threadIdx.x % 32;
+  for (std::size_t r = blockIdx.x * warps + threadIdx.x / 32; r < rows; r += std::size_t(gridDim.x) * warps) {
+    const std::size_t base = r * cols;
+    accumulator<Acc> s;
+    for (std::size_t j = lane; j < cols; j += 32) s.add(V(device_load<M>(x[base + j])));
+    const M mu = static_cast<M>(warp_reduce(s.value(), acc_add<Acc, V>{})) / M(cols);
+    accumulator<Acc> q;
+    for (std::size_t j = lane; j < cols; j += 32) {
+      const M d = device_load<M>(x[base + j]) - mu;
+      q.add(V(d * d));
+    }
+    const M var = static_cast<M>(warp_reduce(q.value(), acc_add<Acc, V>{})) / M(cols);
+    const M rs = M(1) / ::sqrt(var + eps);
+    for (std::size_t j = lane; j < cols; j += 32) {
+      const M v = (device_load<M>(x[base + j]) - mu) * rs * device_load<M>(gamma[j]) + device_load<M>(beta[j]);
+      y[base + j] = round_to<Y>(v);
+    }
+    if (lane == 0) {
+      mean[r] = static_cast<S>(mu);
+      rstd[r] = static_cast<S>(rs);
+    }
+  }
+}
+
+/// layer_norm_backward_rows for rows of at most warp_row_limit columns (a warp per row).
+template <class M, class Acc, class DY, class X, class G, class S, class DX>
+__global__ void layer_norm_backward_warp_rows(const DY* dy, const X* x, const G* gamma, const S* mean,
+                                              const S* rstd, DX* dx, std::size_t rows, std::size_t cols) {
+  using V = typename accumulator<Acc>::value_type;
+  const std::size_t warps = blockDim.x / 32, lane = threadIdx.x % 32;
+  for (std::size_t r = blockIdx.x * warps + threadIdx.x / 32; r < rows; r += std::size_t(gridDim.x) * warps) {
+    const std::size_t base = r * cols;
+    const M mu = static_cast<M>(mean[r]), rs = static_cast<M>(rstd[r]);
+    accumulator<Acc> sg, sgx;
+    for (std::size_t j = lane; j < cols; j += 32) {
+      const M g = device_load<M>(dy[base + j]) * device_load<M>(gamma[j]);
+      const M xh = (device_load<M>(x[base + j]) - mu) * rs;
+      sg.add(V(g));
+      sgx.add(V(g * xh));
+    }
+    const M a = static_cast<M>(warp_reduce(sg.value(), acc_add<Acc, V>{})) / M(cols);
+    const M b = static_cast<M>(warp_reduce(sgx.value(), acc_add<Acc, V>{})) / M(cols);
+    for (std::size_t j = lane; j < cols; j += 32) {
+      const M g = device_load<M>(dy[base + j]) * device_load<M>(gamma[j]);
+      const M xh = (device_load<M>(x[base + j]) - mu) * rs;
+      dx[base + j] = round_to<DX>(rs * (g - a - xh * b));
+    }
   }
 }
 
@@ -252,10 +309,16 @@ void layer_norm(cuda_context& ctx, const device_tensor<X, N>& x, const device_te
   detail::check_eps("precis::layer_norm", eps);
   const std::size_t rows = mean.size();
   if (rows == 0) return;
-  detail::cuda::layer_norm_rows<M, Acc><<<detail::cuda::row_blocks(rows, "precis::layer_norm"), detail::cuda::row_threads, 0,
-                                          ctx.stream()>>>(x.data(), gamma.data(), beta.data(),
-                                                          y.data(), mean.data(), rstd.data(),
-                                                          d[0], static_cast<M>(eps));
+  if (d[0] <= detail::cuda::warp_row_limit) {
+    detail::cuda::layer_norm_warp_rows<M, Acc><<<detail::cuda::warp_row_blocks(rows), detail::cuda::row_threads, 0,
+                                                 ctx.stream()>>>(x.data(), gamma.data(), beta.data(), y.data(),
+                                                                 mean.data(), rstd.data(), rows, d[0],
+                                                                 static_cast<M>(eps));
+  } else {
+    detail::cuda::layer_norm_rows<M, Acc><<<detail::cuda::row_blocks(rows, "precis::layer_norm"),
+                                            detail::cuda::row_threads, 0, ctx.stream()>>>(
+        x.data(), gamma.data(), beta.data(), y.data(), mean.data(), rstd.data(), d[0], static_cast<M>(eps));
+  }
   check(cudaGetLastError(), "precis::layer_norm");
 }
 
@@ -282,9 +345,15 @@ void layer_norm_backward(cuda_context& ctx, const device_tensor<DY, N>& dy,
   const std::size_t rows = mean.size(), cols = d[0];
   if (cols == 0) return;
   if (rows != 0) {
-    detail::cuda::layer_norm_backward_rows<M, Acc><<<detail::cuda::row_blocks(rows, "precis::layer_norm_backward"), detail::cuda::row_threads, 0,
-                                                     ctx.stream()>>>(
-        dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(), dx.data(), cols);
+    if (cols <= detail::cuda::warp_row_limit) {
+      detail::cuda::layer_norm_backward_warp_rows<M, Acc>
+          <<<detail::cuda::warp_row_blocks(rows), detail::cuda::row_threads, 0, ctx.stream()>>>(
+              dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(), dx.data(), rows, cols);
+    } else {
+      detail::cuda::layer_norm_backward_rows<M, Acc>
+          <<<detail::cuda::row_blocks(rows, "precis::layer_norm_backward"), detail::cuda::row_threads, 0,
+             ctx.stream()>>>(dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(), dx.data(), cols);
+    }
     check(cudaGetLastError(), "precis::layer_norm_backward");
   }
   if (rows == 0) {

@@ -1,9 +1,10 @@
 /// @file
 /// Softmax and log-softmax along the last axis of device tensors, forward and backward, with the
-/// calls of kernels/softmax.hpp (a cuda_context in place of the cpu_context). One block per row:
-/// the row's maximum is subtracted before exp (NaN wins, as on the host), the sum of exp(x - max)
-/// is kept in the policy's accumulate type (each thread's running sum, then the partial sums added
-/// in a fixed tree order), and each output is rounded once. Compiled by nvcc only (include from a
+/// calls of kernels/softmax.hpp (a cuda_context in place of the cpu_context). One warp per row
+/// for rows of up to 1024 columns (several rows per block), one block per row beyond: the
+/// row's maximum is subtracted before exp (NaN wins, as on the host), the sum of exp(x - max)
+/// is kept in the policy's accumulate type (each thread's running sum, then the partial sums
+/// added in a fixed tree order), and each output is rounded once. Compiled by nvcc only (include from a
 /// .cu file).
 #pragma once
 
@@ -46,6 +47,49 @@ __global__ void softmax_rows(const X* x, Y* y, std::size_t cols) {
   }
 }
 
+/// softmax_rows for rows of at most warp_row_limit columns: a warp per row (each lane its
+/// strided share, then the warp's butterfly), several rows per block.
+template <class M, class Acc, bool Log, class X, class Y>
+__global__ void softmax_warp_rows(const X* x, Y* y, std::size_t rows, std::size_t cols) {
+  using V = typename accumulator<Acc>::value_type;
+  const std::size_t warps = blockDim.x / 32, lane = threadIdx.x % 32;
+  for (std::size_t r = blockIdx.x * warps + threadIdx.x / 32; r < rows; r += std::size_t(gridDim.x) * warps) {
+    const X* row = x + r * cols;
+    Y* out = y + r * cols;
+    M m = -static_cast<M>(INFINITY);
+    for (std::size_t j = lane; j < cols; j += 32) m = max_nan(m, device_load<M>(row[j]));
+    m = warp_reduce(m, max_op<M>{});
+    accumulator<Acc> s;
+    for (std::size_t j = lane; j < cols; j += 32) s.add(static_cast<V>(math::exp(device_load<M>(row[j]) - m)));
+    const M total = static_cast<M>(warp_reduce(s.value(), acc_add<Acc, V>{}));
+    const M lse = math::log(total);
+    for (std::size_t j = lane; j < cols; j += 32) {
+      const M v = device_load<M>(row[j]) - m;
+      out[j] = round_to<Y>(Log ? v - lse : math::exp(v) / total);
+    }
+  }
+}
+
+// softmax: dx = y (dy - sum(dy y)); log_softmax: dx = dy - exp(y) sum(dy).
+template <class M, class Acc, bool Log, class DY, class Y, class DX>
+__global__ void softmax_backward_warp_rows(const DY* dy, const Y* y, DX* dx, std::size_t rows, std::size_t cols) {
+  using V = typename accumulator<Acc>::value_type;
+  const std::size_t warps = blockDim.x / 32, lane = threadIdx.x % 32;
+  for (std::size_t r = blockIdx.x * warps + threadIdx.x / 32; r < rows; r += std::size_t(gridDim.x) * warps) {
+    const std::size_t base = r * cols;
+    accumulator<Acc> s;
+    for (std::size_t j = lane; j < cols; j += 32) {
+      const M g = device_load<M>(dy[base + j]);
+      s.add(static_cast<V>(Log ? g : g * device_load<M>(y[base + j])));
+    }
+    const M total = static_cast<M>(warp_reduce(s.value(), acc_add<Acc, V>{}));
+    for (std::size_t j = lane; j < cols; j += 32) {
+      const M g = device_load<M>(dy[base + j]), p = device_load<M>(y[base + j]);
+      dx[base + j] = round_to<DX>(Log ? g - math::exp(p) * total : p * (g - total));
+    }
+  }
+}
+
 // softmax: dx = y (dy - sum(dy y)); log_softmax: dx = dy - exp(y) sum(dy).
 template <class M, class Acc, bool Log, class DY, class Y, class DX>
 __global__ void softmax_backward_rows(const DY* dy, const Y* y, DX* dx, std::size_t cols) {
@@ -70,8 +114,12 @@ void softmax_forward(std::string_view name, cuda_context& ctx, const device_tens
   check_shape(std::string(name) + ": y", y, x.shape());
   const auto [rows, cols] = rows_and_cols(x);
   if (rows == 0 || cols == 0) return;
-  softmax_rows<M, Acc, Log><<<row_blocks(rows, name), row_threads, 0, ctx.stream()>>>(x.data(), y.data(),
-                                                                               cols);
+  if (cols <= warp_row_limit) {
+    softmax_warp_rows<M, Acc, Log><<<warp_row_blocks(rows), row_threads, 0, ctx.stream()>>>(x.data(), y.data(), rows,
+                                                                                         cols);
+  } else {
+    softmax_rows<M, Acc, Log><<<row_blocks(rows, name), row_threads, 0, ctx.stream()>>>(x.data(), y.data(), cols);
+  }
   check(cudaGetLastError(), name);
 }
 
@@ -84,8 +132,13 @@ void softmax_backward(std::string_view name, cuda_context& ctx, const device_ten
   check_shape(std::string(name) + ": dx", dx, y.shape());
   const auto [rows, cols] = rows_and_cols(y);
   if (rows == 0 || cols == 0) return;
-  softmax_backward_rows<M, Acc, Log><<<row_blocks(rows, name), row_threads, 0, ctx.stream()>>>(
-      dy.data(), y.data(), dx.data(), cols);
+  if (cols <= warp_row_limit) {
+    softmax_backward_warp_rows<M, Acc, Log><<<warp_row_blocks(rows), row_threads, 0, ctx.stream()>>>(
+        dy.data(), y.data(), dx.data(), rows, cols);
+  } else {
+    softmax_backward_rows<M, Acc, Log><<<row_blocks(rows, name), row_threads, 0, ctx.stream()>>>(
+        dy.data(), y.data(), dx.data(), cols);
+  }
   check(cudaGetLastError(), name);
 }
 
