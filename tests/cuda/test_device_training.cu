@@ -178,6 +178,58 @@ void check_graph(cuda_context& ctx, const std::string& tag) {
   expect_error(tag + " graph: replay after a reallocation", [&] { t2.replay(ctx); }, "capture the step again");
 }
 
+// train_options::graph: step() runs the first step on a pair of batch buffers eagerly,
+// captures the second and replays the rest, with the eager steps' bits; a table exactly as
+// long as the steps suffices (the capture takes no place in it).
+template <class P, class Scaler>
+void check_graph_option(cuda_context& ctx, const std::string& tag) {
+  using S = typename P::storage_type;
+  const auto data = batches<S>();
+  const adamw_options o{.lr = 3e-3};
+  auto host = nn::build<S, 2>(P{}, classifier(), {.seed = 6});
+  auto eager = nn::build<S, 2, cuda_context>(P{}, classifier(), {.seed = 6});
+  auto graph = nn::build<S, 2, cuda_context>(P{}, classifier(), {.seed = 6});
+  nn::copy_masters(ctx, host, eager);
+  nn::copy_masters(ctx, host, graph);
+  nn::softmax_cross_entropy<P, std::int32_t, cuda_context> l1, l2;
+  device_adamw o1(ctx, eager.masters(), eager.gradients(), o, eager.decay_mask(), steps);
+  device_adamw o2(ctx, graph.masters(), graph.gradients(), o, graph.decay_mask(), steps);
+  Scaler s1, s2;
+  nn::trainer t1(ctx, eager, l1, o1, s1, {.max_grad_norm = 0.5});
+  nn::trainer t2(ctx, graph, l2, o2, s2, {.max_grad_norm = 0.5, .graph = true});
+  std::vector<device_tensor<S, 2>> xs;
+  std::vector<device_tensor<std::int32_t, 1>> ts;
+  for (const auto& d : data) {
+    xs.push_back(to_device(d.x));
+    ts.push_back(to_device(d.t));
+  }
+  auto xb = to_device(data[0].x);
+  auto tb = to_device(data[0].t);
+  for (std::size_t i = 0; i < steps; ++i) {
+    // The batch gathered into fixed buffers, as a training loop does.
+    check(cudaMemcpyAsync(xb.data(), xs[i].data(), xb.size() * sizeof(S), cudaMemcpyDeviceToDevice, ctx.stream()),
+          "cudaMemcpyAsync");
+    check(cudaMemcpyAsync(tb.data(), ts[i].data(), tb.size() * sizeof(std::int32_t), cudaMemcpyDeviceToDevice,
+                          ctx.stream()),
+          "cudaMemcpyAsync");
+    t1.step(ctx, xb, tb);
+    t2.step(ctx, xb, tb);
+  }
+  expect(t2.graphs() == 1, tag + " graph option: one graph for the one pair of buffers");
+  const auto r1 = t1.records(ctx), r2 = t2.records(ctx);
+  bool same = r1.size() == steps && r2.size() == steps;
+  for (std::size_t i = 0; same && i < r1.size(); ++i) {
+    same = std::memcmp(&r1[i].loss, &r2[i].loss, sizeof(double)) == 0 && r1[i].skipped == r2[i].skipped &&
+           r1[i].scale == r2[i].scale && r1[i].lr == r2[i].lr &&
+           std::memcmp(&r1[i].grad_norm, &r2[i].grad_norm, sizeof(double)) == 0;
+  }
+  expect(same, tag + " graph option: the records have the eager steps' bits");
+  const auto a = masters_of(eager), b = masters_of(graph);
+  expect(a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0,
+         tag + " graph option: the masters have the eager steps' bits");
+  expect(o2.steps_left() == 0, tag + " graph option: the table holds exactly the steps run");
+}
+
 // A device model's checkpoint in the host's format: trained two steps on the device, its
 // masters copied into a host model, its optimizer stored into a host AdamW and its scaler
 // written back, then save_checkpoint; loaded into fresh host objects, the same bits; and
@@ -245,6 +297,8 @@ int main() {
   check_training<presets::bf16_mixed, no_scaling>(ctx, "bf16_mixed");
   check_training<presets::fp16_mixed, dynamic_scaler>(ctx, "fp16_mixed");
   check_graph<presets::fp16_mixed, dynamic_scaler>(ctx, "fp16_mixed");
+  check_graph_option<presets::fp16_mixed, dynamic_scaler>(ctx, "fp16_mixed");
+  check_graph_option<presets::bf16_mixed, no_scaling>(ctx, "bf16_mixed");
   check_checkpoint<presets::fp16_mixed>(ctx);
   // Accuracy counted on the device as nn::count_correct counts on the host: ties to the
   // first largest value, only the first `rows` rows.

@@ -131,6 +131,19 @@ TEST_CASE("clipping acts on unscaled gradients; the record has the norm before c
   CHECK(std::sqrt(moved) == doctest::Approx(max_norm).epsilon(1e-3));
 }
 
+TEST_CASE("the host trainer refuses bad options: a negative or NaN clipping norm, CUDA graphs") {
+  auto m = small_model<presets::fp32>(8);
+  nn::softmax_cross_entropy<presets::fp32> loss;
+  sgd opt(m.masters(), {.lr = 0.1});
+  no_scaling scaler;
+  CHECK_THROWS_WITH_AS(nn::trainer(m, loss, opt, scaler, {.max_grad_norm = -1.0}),
+                       doctest::Contains("max_grad_norm must be >= 0"), error);
+  CHECK_THROWS_WITH_AS(nn::trainer(m, loss, opt, scaler, {.max_grad_norm = std::nan("")}),
+                       doctest::Contains("max_grad_norm must be >= 0"), error);
+  CHECK_THROWS_WITH_AS(nn::trainer(m, loss, opt, scaler, {.graph = true}),
+                       doctest::Contains("a host trainer has none"), error);
+}
+
 TEST_CASE("a step with non-finite gradients changes no weight, optimizer state or schedule") {
   using P = presets::fp16_mixed;
   auto model = small_model<P>(1);

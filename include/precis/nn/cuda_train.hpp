@@ -22,7 +22,8 @@
 /// reductions' and the loss's), which a CUDA graph records as memory nodes: a step can be
 /// captured (capture()) and replayed (replay()), unless the model holds a dropout (its
 /// mask would repeat). A replay refuses to run once a device buffer or the context's
-/// workspace was reallocated after the capture.
+/// workspace was reallocated after the capture. train_options::graph makes step() capture
+/// and replay by itself (a graph per pair of input and target objects).
 #pragma once
 
 #include <precis/config.hpp>
@@ -220,6 +221,7 @@ template <class O>
 concept device_optimizer = requires(O& o, cuda_context& ctx, const int* found_inf) {
   o.step_async(ctx, found_inf);
   o.reserve_replay();
+  o.release_capture();
   { o.steps_left() } -> std::convertible_to<std::uint64_t>;
   { o.learning_rates() } -> std::convertible_to<const double*>;
   { o.learning_rate_count() } -> std::convertible_to<std::size_t>;
@@ -285,54 +287,84 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
   trainer& operator=(const trainer&) = delete;
   ~trainer() {
     if (graph_ != nullptr) (void)cudaGraphExecDestroy(graph_);
+    for (auto& g : graphs_) {
+      if (g.exec != nullptr) (void)cudaGraphExecDestroy(g.exec);
+    }
   }
 
   /// Queues one optimizer step on `inputs` and `targets` (device tensors that must stay
   /// unchanged until the step has run). Throws precis::error, before any launch, for inputs
   /// or targets of a shape the model or the loss refuses, or when the optimizer's
   /// learning-rate table is used up.
+  ///
+  /// With train_options::graph the step runs as a CUDA graph: eagerly the first time these
+  /// input and target objects are given, captured the second time, replayed after (a graph
+  /// per pair, captured again when a device buffer was reallocated since). A replay reads
+  /// the objects' buffers at the addresses they had when it was captured: give the same
+  /// objects for the same batch buffers (a batch gathered into fixed buffers), and call
+  /// forget_graphs() after moving other buffers into them. Throws precis::error as capture()
+  /// does for a model with a dropout layer.
   void step(cuda_context& ctx, const input_tensor& inputs, const target_tensor& targets) {
-    make_room(ctx);
-    queue(ctx, inputs, targets);
-    ++queued_;
+    if (!options_.graph) {
+      make_room(ctx);
+      queue(ctx, inputs, targets);
+      ++queued_;
+      return;
+    }
+    graph_entry* g = nullptr;
+    for (auto& e : graphs_) {
+      if (e.input == &inputs && e.targets == &targets) g = &e;
+    }
+    if (g != nullptr && g->exec != nullptr && !still_valid(ctx, g->reallocations, g->workspace)) {
+      (void)cudaGraphExecDestroy(g->exec);
+      g->exec = nullptr;  // the next step on this pair is captured again
+    }
+    if (g == nullptr || g->exec == nullptr) {
+      const bool warm = g != nullptr;
+      if (!warm) {
+        graphs_.push_back({&inputs, &targets, nullptr, 0, nullptr});
+        g = &graphs_.back();
+      }
+      if (!warm || g->warmed_reallocations != detail::device_reallocations.load(std::memory_order_relaxed)) {
+        // First on this pair, or buffers moved since: an eager step (it makes them).
+        make_room(ctx);
+        queue(ctx, inputs, targets);
+        ++queued_;
+        g->warmed_reallocations = detail::device_reallocations.load(std::memory_order_relaxed);
+        return;
+      }
+      g->exec = capture_graph(ctx, inputs, targets);
+      g->reallocations = detail::device_reallocations.load(std::memory_order_relaxed);
+      g->workspace = ctx.workspace_address();
+    }
+    launch(ctx, g->exec);
+  }
+  /// Forgets the graphs step() captured under train_options::graph (each pair then starts
+  /// again with an eager step).
+  void forget_graphs() {
+    for (auto& g : graphs_) {
+      if (g.exec != nullptr) (void)cudaGraphExecDestroy(g.exec);
+    }
+    graphs_.clear();
+  }
+  /// Graphs step() holds (train_options::graph).
+  std::size_t graphs() const {
+    std::size_t n = 0;
+    for (const auto& g : graphs_) n += g.exec != nullptr ? 1U : 0U;
+    return n;
   }
 
   /// Records the step on `inputs` and `targets` as a CUDA graph instead of running it
   /// (replacing one captured before); replay() runs it on whatever those tensors hold then.
   /// Needs an eager step() on tensors of the same shapes first (the buffers and cuBLASLt's
   /// plans are made there); throws precis::error otherwise, for a model with a dropout
-  /// layer, or when capture fails. The capture, like each replay, takes one step of the
+  /// layer, or when capture fails. Each replay, not the capture, takes one step of the
   /// optimizer's learning-rate table.
   void capture(cuda_context& ctx, const input_tensor& inputs, const target_tensor& targets) {
     if (queued_ == 0) {
       throw error("precis::nn::trainer::capture: run one step() on tensors of these shapes first");
     }
-    // A replay runs the captured launches with the arguments they had: dropout's (seed,
-    // call) would repeat one mask.
-    model_->for_each_layer([](const std::string& path, const auto& layer) {
-      if constexpr (requires { std::remove_cvref_t<decltype(layer)>::kind; }) {
-        if (std::remove_cvref_t<decltype(layer)>::kind == std::string_view("dropout")) {
-          throw error("precis::nn::trainer::capture: layer " + path_or_root(path) +
-                      " is a dropout, whose mask a replayed graph would repeat; train it with step()");
-        }
-      }
-    });
-    make_room(ctx);
-    cudaGraph_t g = nullptr;
-    check(cudaStreamBeginCapture(ctx.stream(), cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-    try {
-      queue(ctx, inputs, targets);
-    } catch (...) {
-      (void)cudaStreamEndCapture(ctx.stream(), &g);
-      if (g != nullptr) (void)cudaGraphDestroy(g);
-      throw;
-    }
-    check(cudaStreamEndCapture(ctx.stream(), &g), "cudaStreamEndCapture (a step queued something "
-          "that cannot be captured)");
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
-    (void)cudaGraphDestroy(g);
-    check(e, "cudaGraphInstantiate");
+    cudaGraphExec_t exec = capture_graph(ctx, inputs, targets);
     if (graph_ != nullptr) (void)cudaGraphExecDestroy(graph_);
     graph_ = exec;
     graph_reallocations_ = detail::device_reallocations.load(std::memory_order_relaxed);
@@ -344,15 +376,11 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
   void replay(cuda_context& ctx) {
     if (graph_ == nullptr) throw error("precis::nn::trainer::replay: no step was captured");
     // The graph holds the addresses of the layers' buffers and of the context's workspace.
-    if (detail::device_reallocations.load(std::memory_order_relaxed) != graph_reallocations_ ||
-        ctx.workspace_address() != graph_workspace_) {
+    if (!still_valid(ctx, graph_reallocations_, graph_workspace_)) {
       throw error("precis::nn::trainer::replay: device buffers were reallocated since the capture (a pass on "
                   "a batch of another shape, or a larger workspace); capture the step again");
     }
-    opt_->reserve_replay();  // the captured step's place in the optimizer's table
-    make_room(ctx);
-    check(cudaGraphLaunch(graph_, ctx.stream()), "cudaGraphLaunch");
-    ++queued_;
+    launch(ctx, graph_);
   }
 
   /// The records of the steps queued since the last call, in order (waits for them).
@@ -408,6 +436,49 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
     // Masters a skipped step left alone give the working copies they already have.
     model_->refresh(ctx);
   }
+  // Records a step as a CUDA graph (it does not run): the launches step() would queue.
+  cudaGraphExec_t capture_graph(cuda_context& ctx, const input_tensor& inputs, const target_tensor& targets) {
+    // A replay runs the captured launches with the arguments they had: dropout's (seed,
+    // call) would repeat one mask.
+    model_->for_each_layer([](const std::string& path, const auto& layer) {
+      if constexpr (requires { std::remove_cvref_t<decltype(layer)>::kind; }) {
+        if (std::remove_cvref_t<decltype(layer)>::kind == std::string_view("dropout")) {
+          throw error("precis::nn::trainer::capture: layer " + path_or_root(path) +
+                      " is a dropout, whose mask a replayed graph would repeat; train it with step()");
+        }
+      }
+    });
+    make_room(ctx);
+    cudaGraph_t g = nullptr;
+    check(cudaStreamBeginCapture(ctx.stream(), cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    try {
+      queue(ctx, inputs, targets);
+    } catch (...) {
+      (void)cudaStreamEndCapture(ctx.stream(), &g);
+      if (g != nullptr) (void)cudaGraphDestroy(g);
+      throw;
+    }
+    check(cudaStreamEndCapture(ctx.stream(), &g), "cudaStreamEndCapture (a step queued something "
+          "that cannot be captured)");
+    opt_->release_capture();  // the captured step ran nothing: each replay takes its place
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
+    (void)cudaGraphDestroy(g);
+    check(e, "cudaGraphInstantiate");
+    return exec;
+  }
+  // Whether a graph captured when the reallocation count and workspace were these may run.
+  static bool still_valid(cuda_context& ctx, std::uint64_t reallocations, const void* workspace) {
+    return detail::device_reallocations.load(std::memory_order_relaxed) == reallocations &&
+           ctx.workspace_address() == workspace;
+  }
+  // Runs a captured step on ctx's stream.
+  void launch(cuda_context& ctx, cudaGraphExec_t exec) {
+    opt_->reserve_replay();  // the captured step's place in the optimizer's table
+    make_room(ctx);
+    check(cudaGraphLaunch(exec, ctx.stream()), "cudaGraphLaunch");
+    ++queued_;
+  }
   // Reads the ring when the next step would overwrite a record not yet read.
   void make_room(cuda_context& ctx) {
     if (queued_ - drained_ >= ring_.size()) drain(ctx);
@@ -450,6 +521,16 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
   cudaGraphExec_t graph_ = nullptr;
   std::uint64_t graph_reallocations_ = 0;
   const void* graph_workspace_ = nullptr;
+  // train_options::graph: a graph per (inputs, targets) pair, null until captured.
+  struct graph_entry {
+    const input_tensor* input;
+    const target_tensor* targets;
+    cudaGraphExec_t exec;
+    std::uint64_t reallocations;  // at the capture
+    const void* workspace;        // at the capture
+    std::uint64_t warmed_reallocations = 0;  // after the eager step that warmed the pair
+  };
+  std::vector<graph_entry> graphs_;
 };
 
 /// nn::trainer train(ctx, model, loss, optimizer, scaler[, options]): the device trainer.

@@ -26,6 +26,11 @@ struct train_options {
   /// Clip the unscaled gradients' joint L2 norm to this (precis::clip_grad_norm); 0: no
   /// clipping.
   double max_grad_norm = 0.0;
+  /// The device trainer only: run each step as a CUDA graph. The first step on given input
+  /// and target objects runs eagerly (it makes the buffers and plans), the second is captured
+  /// and every later one replays that graph; once per such pair, cached, and captured again
+  /// when a device buffer was reallocated since. The host trainer refuses it.
+  bool graph = false;
 };
 
 /// What one step did.
@@ -210,6 +215,10 @@ class trainer {
     // Rule b for every layer: instantiating the check is what makes it a compile error.
     (void)model_->template check_scaler<Scaler>();
     if (!(options_.max_grad_norm >= 0.0)) throw error("precis::nn::trainer: max_grad_norm must be >= 0");
+    if (options_.graph) {
+      throw error("precis::nn::trainer: train_options::graph captures device steps as CUDA graphs; a host "
+                  "trainer has none");
+    }
   }
 
   Model* model_;

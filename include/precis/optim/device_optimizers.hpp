@@ -163,6 +163,11 @@ class device_optimizer_state {
     }
     ++queued_;
   }
+  /// Gives back the place of the step queued last (one that was captured into a CUDA graph
+  /// rather than run).
+  void release_step() {
+    if (queued_ > 0) --queued_;
+  }
   /// Counts the step just queued as applied on the device unless *found_inf is set.
   void count(cuda_context& ctx, const int* found_inf) {
     count_applied<<<1, 1, 0, ctx.stream()>>>(applied_.data(), found_inf);
@@ -329,6 +334,9 @@ class basic_device_optimizer {
   /// against the learning-rate table: throws precis::error when the table is full, so that
   /// no step runs past it.
   void reserve_replay() { state_.reserve_step(); }
+  /// Gives back the table place that a step_async captured into a CUDA graph took (the
+  /// capture does not run it; each replay takes its own place).
+  void release_capture() { state_.release_step(); }
   /// Steps that can still be queued (step_async or reserve_replay) before the table is full.
   std::uint64_t steps_left() const { return state_.remaining(); }
   /// Bytes of its per-element state in device memory (the host optimizers' state_bytes()).
