@@ -15,7 +15,8 @@
 #    (torch's figures under the map's counterpart: fp32 and tf32 as such, bf16_mixed as AMP bf16,
 #    fp16_mixed and fp16_fp32_head as AMP fp16 with a GradScaler; Lightning's 32-true,
 #    bf16-mixed and 16-mixed; torch_peak_mib the eager step's torch.cuda.max_memory_reserved(),
-#    one process per precision).
+#    one process per precision). A policy with `_graph` appended is precis's step as a CUDA
+#    graph (train_options::graph); its other columns are the same map's.
 #
 # STAGES picks them (default "train step"); POLICIES the example's maps (default all);
 # COMPILE=0 leaves torch.compile out, LIGHTNING=0 Lightning; CONFIGS the step's configurations
@@ -113,10 +114,11 @@ with open(precis_csv) as f, open(out, "w", newline="") as g:
     w.writerow(["config", "policy", "precis_ms", "torch_ms", "torch_compile_ms", "lightning_ms", "precis_peak_mib",
                 "torch_peak_mib", "gpu"])
     for r in csv.DictReader(f):
-        p = torch_name[r["policy"]]
+        base = r["policy"].removesuffix("_graph")  # a captured step: torch's step under the same map
+        p = torch_name[base]
         eager = torch.get((r["config"], p, "0"), ("", ""))
         compiled = torch.get((r["config"], p, "1"), ("", ""))
-        lightning = torch.get((r["config"], lightning_name.get(r["policy"], ""), "0"), ("", ""))
+        lightning = torch.get((r["config"], lightning_name.get(base, ""), "0"), ("", ""))
         w.writerow([r["config"], r["policy"], r["precis_ms"], eager[0], compiled[0], lightning[0],
                     r["precis_peak_mib"], eager[1], r["gpu"]])
 print(open(out).read())

@@ -9,7 +9,9 @@
 #    torch.compile (bench/vit/torch_reference.py time --device cuda) on the same GPU, merged
 #    into $RESULTS_CUDA/vit_gpu.csv (default bench/results/cuda):
 #    config,policy,precis_ms,torch_eager_ms,torch_compile_ms,precis_peak_mib,torch_peak_mib,gpu
-#    (torch_peak_mib: the eager step's torch.cuda.max_memory_reserved()).
+#    (torch_peak_mib: the eager step's torch.cuda.max_memory_reserved()). A policy with
+#    `_graph` appended is precis's step as a CUDA graph (train_options::graph); its torch
+#    columns are torch's step under the same map.
 #
 # STAGES picks them (default "train step"); COMPILE=0 leaves torch.compile out; STEPS and
 # WARMUP set the timed and untimed steps of both sides. PYTHON names an interpreter with
@@ -80,7 +82,8 @@ with open(precis_csv) as f, open(out, "w", newline="") as g:
     w.writerow(["config", "policy", "precis_ms", "torch_eager_ms", "torch_compile_ms", "precis_peak_mib",
                 "torch_peak_mib", "gpu"])
     for r in csv.DictReader(f):
-        p = torch_name[r["policy"]]
+        base = r["policy"].removesuffix("_graph")  # a captured step: torch's step under the same map
+        p = torch_name[base]
         eager = torch.get((r["config"], p, "0"), ("", ""))
         compiled = torch.get((r["config"], p, "1"), ("", ""))
         w.writerow([r["config"], r["policy"], r["precis_ms"], eager[0], compiled[0], r["precis_peak_mib"], eager[1],

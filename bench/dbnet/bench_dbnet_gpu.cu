@@ -11,9 +11,10 @@
 // The maps: fp32, tf32, bf16_mixed, fp16_mixed and fp16_fp32_head (the example's, less the
 // waived one). Inputs: random images and targets, a tenth of the pixels text (the step's time
 // does not depend on the values). Each step is timed on the host around a synchronised step,
-// after `warmup` untimed steps. Memory: as bench_vit_gpu (bench/cuda/step_bench.hpp). Prints
-// a table and, with --csv, writes config,policy,precis_ms,precis_peak_mib,gpu. Exits 77
-// without a GPU.
+// after `warmup` untimed steps; each map eagerly and as a CUDA graph (train_options::graph,
+// the policy named with `_graph` appended). Memory: as bench_vit_gpu
+// (bench/cuda/step_bench.hpp). Prints a table and, with --csv, writes
+// config,policy,precis_ms,precis_peak_mib,gpu. Exits 77 without a GPU.
 #include <precis/nn/cuda.hpp>  // first: the device kernels, then nn
 
 #include "../../examples/dbnet/loss_cuda.hpp"
@@ -59,7 +60,7 @@ device_tensor<float, 4> random_map(std::mt19937& rng, const std::array<std::size
 
 template <class Entry>
 bench::row time_map(const std::string& config, const dbnet::config& c, std::size_t size, std::size_t batch,
-                    const Entry& e, std::size_t warmup, std::size_t steps) {
+                    const Entry& e, std::size_t warmup, std::size_t steps, bool graph) {
   cuda_context ctx;  // its own, so that its workspace is counted in its figure
   using Map = typename Entry::map;
   using S = nn::activation_type_t<typename Map::default_policy>;
@@ -74,7 +75,7 @@ bench::row time_map(const std::string& config, const dbnet::config& c, std::size
     device_adamw opt(ctx, model.masters(), model.gradients(), {.lr = 1e-3, .weight_decay = 1e-4},
                      model.decay_mask(), warmup + steps);
     typename Entry::scaler scaler;
-    nn::trainer tr(ctx, model, loss, opt, scaler);
+    nn::trainer tr(ctx, model, loss, opt, scaler, {.graph = graph});
     std::mt19937 rng(1);
     std::normal_distribution<float> nd;
     auto xh = host_tensor<S, 4>::from_shape({batch, 3, size, size});
@@ -88,7 +89,7 @@ bench::row time_map(const std::string& config, const dbnet::config& c, std::size
     (void)tr.records(ctx);
   }
   ctx.synchronize();
-  return {config, std::string(e.name), ms, mib};
+  return {config, std::string(e.name) + (graph ? "_graph" : ""), ms, mib};
 }
 
 }  // namespace
@@ -106,14 +107,18 @@ int main(int argc, char** argv) {
   std::vector<bench::row> rows;
   try {
     if (only.empty() || only == "dbnet-r18-640-b16") {
-      hana::for_each(maps, [&](const auto& e) {
-        rows.push_back(time_map("dbnet-r18-640-b16", {.width = 64, .inner = 256}, 640, 16, e, warmup, steps));
-      });
+      for (const bool graph : {false, true}) {
+        hana::for_each(maps, [&](const auto& e) {
+          rows.push_back(time_map("dbnet-r18-640-b16", {.width = 64, .inner = 256}, 640, 16, e, warmup, steps, graph));
+        });
+      }
     }
     if (only.empty() || only == "dbnet-w16-256-b8") {
-      hana::for_each(maps, [&](const auto& e) {
-        rows.push_back(time_map("dbnet-w16-256-b8", {.width = 16, .inner = 64}, 256, 8, e, warmup, steps));
-      });
+      for (const bool graph : {false, true}) {
+        hana::for_each(maps, [&](const auto& e) {
+          rows.push_back(time_map("dbnet-w16-256-b8", {.width = 16, .inner = 64}, 256, 8, e, warmup, steps, graph));
+        });
+      }
     }
   } catch (const std::exception& ex) {
     std::fprintf(stderr, "bench_dbnet_gpu: %s\n", ex.what());

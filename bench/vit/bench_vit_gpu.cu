@@ -14,8 +14,11 @@
 // norm 1, AdamW. Memory: the device memory in use (cudaMemGetInfo) after the timed steps
 // less what was in use before the map's context and model were made, with the stream-ordered
 // pool told to keep what it reserves (so its high-water mark stays counted) and trimmed
-// before each map: comparable to PyTorch's torch.cuda.max_memory_reserved(). Prints a table and, with --csv, writes
-// config,policy,precis_ms,precis_peak_mib,gpu. Exits 77 without a GPU.
+// before each map: comparable to PyTorch's torch.cuda.max_memory_reserved(). Each map is
+// timed twice: eagerly, and as a CUDA graph (train_options::graph: the policy named with
+// `_graph` appended; the warm-up steps include the eager step and the capture). Prints a
+// table and, with --csv, writes config,policy,precis_ms,precis_peak_mib,gpu. Exits 77
+// without a GPU.
 #include <precis/nn/cuda.hpp>  // first: the device kernels, then nn
 
 #include "../../examples/vit/model.hpp"
@@ -49,7 +52,7 @@ const auto maps = hana::make_tuple(entry<decltype(make_policy_map(presets::fp32{
 
 template <std::size_t Depth, class Entry>
 bench::row time_map(const std::string& config, const vit::config& c, std::size_t batch, const Entry& e,
-                    std::size_t warmup, std::size_t steps) {
+                    std::size_t warmup, std::size_t steps, bool graph) {
   cuda_context ctx;  // its own, so that its workspace is counted in its figure
   using Map = typename Entry::map;
   using S = nn::activation_type_t<typename Map::default_policy>;
@@ -65,7 +68,7 @@ bench::row time_map(const std::string& config, const vit::config& c, std::size_t
     device_adamw opt(ctx, model.masters(), model.gradients(), {.lr = 1e-3, .weight_decay = 0.05},
                      model.decay_mask(), warmup + steps);
     typename Entry::scaler scaler;
-    nn::trainer tr(ctx, model, loss, opt, scaler, {.max_grad_norm = 1.0});
+    nn::trainer tr(ctx, model, loss, opt, scaler, {.max_grad_norm = 1.0, .graph = graph});
     std::mt19937 rng(1);
     std::normal_distribution<float> nd;
     auto xh = host_tensor<S, 4>::from_shape({batch, c.channels, c.image, c.image});
@@ -79,7 +82,7 @@ bench::row time_map(const std::string& config, const vit::config& c, std::size_t
     (void)tr.records(ctx);
   }
   ctx.synchronize();
-  return {config, std::string(e.name), ms, mib};
+  return {config, std::string(e.name) + (graph ? "_graph" : ""), ms, mib};
 }
 
 }  // namespace
@@ -98,11 +101,19 @@ int main(int argc, char** argv) {
   try {
     if (only.empty() || only == "vit-w192-d6-p4-b128") {
       const vit::config c{.image = 28, .patch = 4, .channels = 1, .width = 192, .heads = 3, .classes = 10};
-      hana::for_each(maps, [&](const auto& e) { rows.push_back(time_map<6>("vit-w192-d6-p4-b128", c, 128, e, warmup, steps)); });
+      for (const bool graph : {false, true}) {
+        hana::for_each(maps, [&](const auto& e) {
+          rows.push_back(time_map<6>("vit-w192-d6-p4-b128", c, 128, e, warmup, steps, graph));
+        });
+      }
     }
     if (only.empty() || only == "vit-b16-224-b64") {
       const vit::config c{.image = 224, .patch = 16, .channels = 3, .width = 768, .heads = 12, .classes = 1000};
-      hana::for_each(maps, [&](const auto& e) { rows.push_back(time_map<12>("vit-b16-224-b64", c, 64, e, warmup, steps)); });
+      for (const bool graph : {false, true}) {
+        hana::for_each(maps, [&](const auto& e) {
+          rows.push_back(time_map<12>("vit-b16-224-b64", c, 64, e, warmup, steps, graph));
+        });
+      }
     }
   } catch (const std::exception& ex) {
     std::fprintf(stderr, "bench_vit_gpu: %s\n", ex.what());
