@@ -68,6 +68,24 @@ std::vector<float> masters_of(Model& m) {
   return out;
 }
 
+// The optimizer wrote the working copies as it stepped (the refresh fused into its update):
+// each is its master rounded to nearest-even, as parameter::refresh() rounds it.
+template <class Model>
+bool working_copies_follow_masters(Model& m) {
+  bool ok = true;
+  m.for_each_parameter([&](const std::string&, const auto& p) {
+    using S = typename std::remove_cvref_t<decltype(p)>::storage_type;
+    if constexpr (!std::is_same_v<S, float>) {
+      const auto w = to_host(p.value());
+      const auto mm = to_host(p.master());
+      for (std::size_t i = 0; i < w.size(); ++i) {
+        ok = ok && w.data()[i].bits() == convert<S, rounding::nearest_even, overflow::infinity>(mm.data()[i]).bits();
+      }
+    }
+  });
+  return ok;
+}
+
 template <class P, class Scaler, std::size_t R = 2, class Blueprint = decltype(classifier())>
 void check_training(cuda_context& ctx, const std::string& tag, const Blueprint& blueprint = classifier(),
                     const std::array<std::size_t, R>& x_shape = {batch, features}) {
@@ -122,6 +140,7 @@ void check_training(cuda_context& ctx, const std::string& tag, const Blueprint& 
   expect(std::isfinite(err) && err <= 2 * o.lr * double(steps), tag + ": masters near the host's");
   dev_train.store_scaler(ctx);
   expect(dev_scaler.scale() == host_scaler.scale(), tag + ": the stored scale is the host's");
+  expect(working_copies_follow_masters(dev), tag + ": the fused refresh wrote each working copy from its master");
 }
 
 // The same steps eagerly and through a captured graph: the same bits.

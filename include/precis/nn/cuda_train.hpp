@@ -15,7 +15,9 @@
 /// forward, loss, scaled backward (dloss read from the device scale), one multi-tensor
 /// unscale with found-inf, the joint norm and clipping, a step record, the optimizer (which
 /// skips on the device when found-inf is set, and takes its learning rate from a table
-/// indexed by its applied-step count), the scale update, the working copies refreshed. The
+/// indexed by its applied-step count, and which writes the working copies as it updates the
+/// masters where it can: fuse_refresh), the scale update, and otherwise the working copies
+/// refreshed. The
 /// host reads nothing: what a step did goes to a ring of records in device memory, read
 /// back by records() (and, when the ring is full, by the next step, which then waits).
 /// After the first step a step allocates no buffer, only stream-ordered scratch (the
@@ -281,6 +283,7 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
     }
     check(cudaMemsetAsync(scratch_.data(), 0, sizeof(detail::cuda::step_scratch), ctx.stream()),
           "cudaMemsetAsync");
+    fuse_refresh(ctx);
     ctx.synchronize();
   }
   trainer(const trainer&) = delete;
@@ -434,7 +437,34 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
     detail::cuda::finish_record<<<1, 1, 0, ctx.stream()>>>(ring_.data(), ring_.size(), s, state_.data());
     check(cudaGetLastError(), "precis::nn::trainer::step (record)");
     // Masters a skipped step left alone give the working copies they already have.
-    model_->refresh(ctx);
+    if (fused_) {
+      model_->for_each_parameter([](const std::string&, auto& p) { p.mark_refreshed(); });
+    } else {
+      model_->refresh(ctx);
+    }
+  }
+  // Where the optimizer can write the working copies in its update (fuse_refresh) and every
+  // working copy is of a type it writes, it does: the step needs no refresh launches.
+  void fuse_refresh(cuda_context& ctx) {
+    if constexpr (requires { opt_->fuse_refresh(ctx, {}); }) {
+      std::vector<std::pair<void*, precis::detail::cuda::working_kind>> working;
+      bool all = true;
+      model_->for_each_parameter([&](const std::string&, auto& p) {
+        using P = std::remove_cvref_t<decltype(p)>;
+        using S = typename P::storage_type;
+        if constexpr (std::is_same_v<S, typename P::master_type>) {
+          working.emplace_back(nullptr, precis::detail::cuda::working_kind::none);
+        } else {
+          constexpr auto kind = precis::detail::cuda::working_kind_of<S>();
+          all = all && kind != precis::detail::cuda::working_kind::none;
+          working.emplace_back(const_cast<S*>(p.value().data()), kind);
+        }
+      });
+      if (all) {
+        opt_->fuse_refresh(ctx, working);
+        fused_ = true;
+      }
+    }
   }
   // Records a step as a CUDA graph (it does not run): the launches step() would queue.
   cudaGraphExec_t capture_graph(cuda_context& ctx, const input_tensor& inputs, const target_tensor& targets) {
@@ -518,6 +548,7 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
   std::uint64_t first_step_;
   std::uint64_t queued_ = 0, drained_ = 0;
   std::vector<step_record> pending_;
+  bool fused_ = false;  // the optimizer writes the working copies (fuse_refresh)
   cudaGraphExec_t graph_ = nullptr;
   std::uint64_t graph_reallocations_ = 0;
   const void* graph_workspace_ = nullptr;

@@ -269,6 +269,12 @@ class parameter {
   {
     refresh(cpu_context{1});
   }
+  /// Takes a new version for a working copy that was rewritten from the masters elsewhere,
+  /// in the step's order (a device optimizer's fused refresh, precis::device_adamw's
+  /// fuse_refresh).
+  void mark_refreshed() {
+    if constexpr (!same_storage) version_ = detail::next_parameter_version();
+  }
   /// Sets the gradient to zero, before the backward passes of a step.
   void zero_grad() { io::fill(grad_, M(0)); }
   /// Sets the gradient to zero in ctx's order: on the device a memset queued on the

@@ -36,6 +36,8 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace precis {
@@ -51,7 +53,34 @@ struct optimizer_chunk {
   const float* g;
   std::uint32_t size;
   std::uint32_t decays;
+  void* work = nullptr;         ///< the working copy's elements of the chunk (fused refresh), or null
+  std::uint32_t work_kind = 0;  ///< its element type (working_kind)
 };
+
+/// The element types a fused refresh writes: a device model's 16-bit working copies.
+enum class working_kind : std::uint32_t { none = 0, bfloat16 = 1, float16 = 2 };
+
+/// The working_kind of element type S (none for a type the fused refresh does not write).
+template <class S>
+constexpr working_kind working_kind_of() {
+  if constexpr (std::is_same_v<S, precis::bfloat16>) {
+    return working_kind::bfloat16;
+  } else if constexpr (std::is_same_v<S, precis::float16>) {
+    return working_kind::float16;
+  } else {
+    return working_kind::none;
+  }
+}
+
+/// Writes the working copy's element i of chunk k from master value w: rounded to
+/// nearest-even with IEEE overflow, as the cast of parameter::refresh() rounds it.
+__device__ inline void store_working(const optimizer_chunk& k, std::uint32_t i, float w) {
+  if (k.work_kind == std::uint32_t(working_kind::bfloat16)) {
+    static_cast<precis::bfloat16*>(k.work)[i] = convert<precis::bfloat16, rounding::nearest_even, overflow::infinity>(w);
+  } else if (k.work_kind == std::uint32_t(working_kind::float16)) {
+    static_cast<precis::float16*>(k.work)[i] = convert<precis::float16, rounding::nearest_even, overflow::infinity>(w);
+  }
+}
 
 // Templates, so that every translation unit may define them (see scaling_kernels.hpp).
 template <class Constants = adamw_constants<float>>
@@ -66,6 +95,7 @@ __global__ void adamw_chunks(const optimizer_chunk* chunks, const Constants* tab
     k.w[i] = w;
     k.s0[i] = m;
     k.s1[i] = v;
+    store_working(k, i, w);
   }
 }
 
@@ -80,6 +110,7 @@ __global__ void sgd_chunks(const optimizer_chunk* chunks, const Constants* table
     sgd_update<scalar_update_math>(w, b, k.g[i], c, k.decays != 0);
     k.w[i] = w;
     if (c.with_momentum) k.s0[i] = b;
+    store_working(k, i, w);
   }
 }
 
@@ -126,8 +157,9 @@ class device_optimizer_state {
               "cudaMemsetAsync");
       }
     }
-    std::vector<optimizer_chunk> chunks;
+    std::vector<optimizer_chunk>& chunks = host_chunks_;
     for (std::size_t i = 0; i < masters.size(); ++i) {
+      first_chunk_.push_back(chunks.size());
       for_each_chunk(masters[i].size(), [&](std::size_t b, std::size_t n) {
         chunks.push_back({masters[i].data() + b,
                           states > 0 ? state_[0].data() + offsets_[i] + b : nullptr,
@@ -136,13 +168,9 @@ class device_optimizer_state {
                           decays[i] ? 1U : 0U});
       });
     }
+    first_chunk_.push_back(chunks.size());
     chunks_ = device_tensor<optimizer_chunk, 1>({chunks.size()}, ctx.stream());
-    // Pageable sources are staged before cudaMemcpyAsync returns: the vectors may go.
-    if (!chunks.empty()) {
-      check(cudaMemcpyAsync(chunks_.data(), chunks.data(), chunks.size() * sizeof(chunks[0]),
-                            cudaMemcpyHostToDevice, ctx.stream()),
-            "cudaMemcpyAsync");
-    }
+    upload_chunks(ctx);
     if (!table.empty()) {
       check(cudaMemcpyAsync(table_.data(), table.data(), table.size() * sizeof(table[0]),
                             cudaMemcpyHostToDevice, ctx.stream()),
@@ -219,6 +247,26 @@ class device_optimizer_state {
     ctx.synchronize();
   }
 
+  /// Makes the update write each tensor's working copy too (working[i]: its elements and
+  /// type, or null / none for a tensor without one): the refresh fused into the step.
+  void set_working(cuda_context& ctx, const std::vector<std::pair<void*, working_kind>>& working) {
+    if (working.size() != sizes_.size()) {
+      throw error(who_ + ": " + std::to_string(working.size()) + " working copies for " +
+                  std::to_string(sizes_.size()) + " parameters");
+    }
+    for (std::size_t i = 0; i < working.size(); ++i) {
+      const auto [data, kind] = working[i];
+      const std::size_t bytes = kind == working_kind::none ? 0 : 2;  // both kinds are 16-bit
+      std::size_t offset = 0;
+      for (std::size_t c = first_chunk_[i]; c < first_chunk_[i + 1]; ++c) {
+        auto& k = host_chunks_[c];
+        k.work = data == nullptr || bytes == 0 ? nullptr : static_cast<char*>(data) + offset * bytes;
+        k.work_kind = k.work == nullptr ? 0U : std::uint32_t(kind);
+        offset += k.size;
+      }
+    }
+    upload_chunks(ctx);
+  }
   std::size_t tensors() const { return sizes_.size(); }
   /// Bytes of the per-element state (moments, momentum buffers).
   std::size_t state_bytes() const {
@@ -233,8 +281,19 @@ class device_optimizer_state {
   const std::string& who() const { return who_; }
 
  private:
+  // Pageable sources are staged before cudaMemcpyAsync returns; host_chunks_ stays anyway.
+  void upload_chunks(cuda_context& ctx) {
+    if (!host_chunks_.empty()) {
+      check(cudaMemcpyAsync(chunks_.data(), host_chunks_.data(), host_chunks_.size() * sizeof(host_chunks_[0]),
+                            cudaMemcpyHostToDevice, ctx.stream()),
+            "cudaMemcpyAsync");
+    }
+  }
+
   std::string who_;
   std::vector<std::size_t> sizes_, offsets_;
+  std::vector<optimizer_chunk> host_chunks_;
+  std::vector<std::size_t> first_chunk_;  // tensor i's chunks: [first_chunk_[i], first_chunk_[i + 1])
   std::vector<device_tensor<float, 1>> state_;
   device_tensor<optimizer_chunk, 1> chunks_;
   device_tensor<std::uint64_t, 1> applied_;
@@ -337,6 +396,14 @@ class basic_device_optimizer {
   /// Gives back the table place that a step_async captured into a CUDA graph took (the
   /// capture does not run it; each replay takes its own place).
   void release_capture() { state_.release_step(); }
+  /// Fuses the working-copy refresh into the update: each step also writes tensor i's
+  /// working copy (working[i]: its elements and type, bfloat16 or float16; null / none for a
+  /// tensor without one), rounded as parameter::refresh() rounds it, and a skipped step
+  /// leaves it as it leaves the master. nn::trainer on the device calls it with the model's
+  /// working copies. Throws precis::error when the count is not the masters'.
+  void fuse_refresh(cuda_context& ctx, const std::vector<std::pair<void*, detail::cuda::working_kind>>& working) {
+    state_.set_working(ctx, working);
+  }
   /// Steps that can still be queued (step_async or reserve_replay) before the table is full.
   std::uint64_t steps_left() const { return state_.remaining(); }
   /// Bytes of its per-element state in device memory (the host optimizers' state_bytes()).
