@@ -6,10 +6,14 @@
 
 #include <precis/kernels/cuda_context.hpp>
 
+#include "../../examples/device.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <exception>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -56,13 +60,6 @@ double median_step_ms(precis::cuda_context& ctx, Step&& step, std::size_t warmup
   return times[times.size() / 2];
 }
 
-/// The GPU's name (device 0).
-inline std::string gpu_name() {
-  cudaDeviceProp prop{};
-  precis::check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-  return prop.name;
-}
-
 /// One configuration under one map: the median step and the memory it held.
 struct row {
   std::string config, policy;
@@ -77,7 +74,7 @@ inline bool report(const std::vector<row>& rows, const std::string& csv) {
   if (csv.empty()) return true;
   std::ofstream f(csv);
   f << "config,policy,precis_ms,precis_peak_mib,gpu\n";
-  const std::string gpu = gpu_name();
+  const std::string gpu = examples::gpu_name();
   for (const auto& r : rows) f << r.config << "," << r.policy << "," << r.ms << "," << r.mib << "," << gpu << "\n";
   return bool(f);
 }
@@ -111,6 +108,34 @@ inline bool have_device() {
     return false;
   }
   return true;
+}
+
+/// A step benchmark's main: reads the options, exits 77 without a device, keeps the pool,
+/// prints the GPU, calls add(rows, only, warmup, steps) to time its configurations (`only`:
+/// the one named by --config, or empty for all), and reports. Returns the exit status.
+template <class Add>
+int run(int argc, char** argv, const char* program, Add&& add) {
+  std::size_t steps = 20, warmup = 5;
+  std::string only, csv;
+  if (!parse(argc, argv, steps, warmup, only, csv)) {
+    std::fprintf(stderr, "usage: %s [--steps N] [--warmup N] [--config NAME] [--csv FILE]\n", argv[0]);
+    return 2;
+  }
+  if (!have_device()) return 77;
+  keep_pool();  // so that the memory figure counts the pool's peak
+  std::printf("GPU: %s; %zu warm-up and %zu timed steps per map\n", examples::gpu_name().c_str(), warmup, steps);
+  std::vector<row> rows;
+  try {
+    add(rows, only, warmup, steps);
+  } catch (const std::exception& ex) {
+    std::fprintf(stderr, "%s: %s\n", program, ex.what());
+    return 1;
+  }
+  if (!report(rows, csv)) {
+    std::fprintf(stderr, "%s: cannot write %s\n", program, csv.c_str());
+    return 1;
+  }
+  return 0;
 }
 
 }  // namespace bench

@@ -95,17 +95,8 @@ bench::row time_map(const std::string& config, const dbnet::config& c, std::size
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::size_t steps = 20, warmup = 5;
-  std::string only, csv;
-  if (!bench::parse(argc, argv, steps, warmup, only, csv)) {
-    std::fprintf(stderr, "usage: %s [--steps N] [--warmup N] [--config NAME] [--csv FILE]\n", argv[0]);
-    return 2;
-  }
-  if (!bench::have_device()) return 77;
-  bench::keep_pool();  // so that the memory figure counts the pool's peak
-  std::printf("GPU: %s; %zu warm-up and %zu timed steps per map\n", bench::gpu_name().c_str(), warmup, steps);
-  std::vector<bench::row> rows;
-  try {
+  return bench::run(argc, argv, "bench_dbnet_gpu", [](auto& rows, const std::string& only, std::size_t warmup,
+                                                       std::size_t steps) {
     if (only.empty() || only == "dbnet-r18-640-b16") {
       for (const bool graph : {false, true}) {
         hana::for_each(maps, [&](const auto& e) {
@@ -120,13 +111,5 @@ int main(int argc, char** argv) {
         });
       }
     }
-  } catch (const std::exception& ex) {
-    std::fprintf(stderr, "bench_dbnet_gpu: %s\n", ex.what());
-    return 1;
-  }
-  if (!bench::report(rows, csv)) {
-    std::fprintf(stderr, "bench_dbnet_gpu: cannot write %s\n", csv.c_str());
-    return 1;
-  }
-  return 0;
+  });
 }

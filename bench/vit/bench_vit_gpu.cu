@@ -88,17 +88,8 @@ bench::row time_map(const std::string& config, const vit::config& c, std::size_t
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::size_t steps = 20, warmup = 5;
-  std::string only, csv;
-  if (!bench::parse(argc, argv, steps, warmup, only, csv)) {
-    std::fprintf(stderr, "usage: %s [--steps N] [--warmup N] [--config NAME] [--csv FILE]\n", argv[0]);
-    return 2;
-  }
-  if (!bench::have_device()) return 77;
-  bench::keep_pool();  // so that the memory figure counts the pool's peak
-  std::printf("GPU: %s; %zu warm-up and %zu timed steps per map\n", bench::gpu_name().c_str(), warmup, steps);
-  std::vector<bench::row> rows;
-  try {
+  return bench::run(argc, argv, "bench_vit_gpu", [](auto& rows, const std::string& only, std::size_t warmup,
+                                                     std::size_t steps) {
     if (only.empty() || only == "vit-w192-d6-p4-b128") {
       const vit::config c{.image = 28, .patch = 4, .channels = 1, .width = 192, .heads = 3, .classes = 10};
       for (const bool graph : {false, true}) {
@@ -115,13 +106,5 @@ int main(int argc, char** argv) {
         });
       }
     }
-  } catch (const std::exception& ex) {
-    std::fprintf(stderr, "bench_vit_gpu: %s\n", ex.what());
-    return 1;
-  }
-  if (!bench::report(rows, csv)) {
-    std::fprintf(stderr, "bench_vit_gpu: cannot write %s\n", csv.c_str());
-    return 1;
-  }
-  return 0;
+  });
 }

@@ -194,6 +194,26 @@ PRECIS_HOST_DEVICE void pixel_backward(M x, M th, M gt, M m, M t, M tm, bool kep
   dt = g_l1 - gd;
 }
 
+/// Throws precis::error unless P is [N, 1, H, W] and not empty, and T and the four target
+/// maps have its shape (naming the first that does not).
+template <class Shape, class Targets>
+void check_shapes(const Shape& shape, const Shape& th, const Targets& t) {
+  auto same = [&](std::string_view what, const auto& s) {
+    if (s != shape) {
+      throw error("dbnet::loss: " + std::string(what) + " has shape " + shape_string(s) + ", P has " +
+                  shape_string(shape));
+    }
+  };
+  if (shape[1] != 1 || shape[0] * shape[2] * shape[3] == 0) {
+    throw error("dbnet::loss: P must be [N, 1, H, W] and not empty, is " + shape_string(shape));
+  }
+  same("T", th);
+  same("the shrink map", t.shrink.shape());
+  same("the shrink mask", t.shrink_mask.shape());
+  same("the threshold map", t.thresh.shape());
+  same("the threshold mask", t.thresh_mask.shape());
+}
+
 }  // namespace detail
 
 template <Policy LossPolicy, Policy BinPolicy, class Out, class Ctx = cpu_context>
@@ -331,19 +351,7 @@ class basic_loss<LossPolicy, BinPolicy, nn::values<nn::sig<SP, GP, 4>, nn::sig<S
 
  private:
   static void check(const host_tensor<SP, 4>& x, const host_tensor<ST, 4>& th, const targets& t) {
-    const auto shape = x.shape();
-    auto same = [&](std::string_view what, const auto& s) {
-      if (s != shape) {
-        throw error("dbnet::loss: " + std::string(what) + " has shape " + shape_string(s) + ", P has " +
-                    shape_string(shape));
-      }
-    };
-    if (shape[1] != 1 || x.size() == 0) throw error("dbnet::loss: P must be [N, 1, H, W] and not empty, is " + shape_string(shape));
-    same("T", th.shape());
-    same("the shrink map", t.shrink.shape());
-    same("the shrink mask", t.shrink_mask.shape());
-    same("the threshold map", t.thresh.shape());
-    same("the threshold mask", t.thresh_mask.shape());
+    detail::check_shapes(x.shape(), th.shape(), t);
   }
 
   /// Marks in keep_ the kept_ negatives with the largest terms (NaN counting as the

@@ -297,20 +297,7 @@ class basic_loss<LossPolicy, BinPolicy, nn::values<nn::sig<SP, GP, 4>, nn::sig<S
 
  private:
   static void check(const nn::shape_t<4>& shape, const nn::shape_t<4>& th, const device_targets& t) {
-    auto same = [&](std::string_view what, const auto& s) {
-      if (s != shape) {
-        throw error("dbnet::loss: " + std::string(what) + " has shape " + shape_string(s) + ", P has " +
-                    shape_string(shape));
-      }
-    };
-    if (shape[1] != 1 || shape[0] * shape[2] * shape[3] == 0) {
-      throw error("dbnet::loss: P must be [N, 1, H, W] and not empty, is " + shape_string(shape));
-    }
-    same("T", th);
-    same("the shrink map", t.shrink.shape());
-    same("the shrink mask", t.shrink_mask.shape());
-    same("the threshold map", t.thresh.shape());
-    same("the threshold mask", t.thresh_mask.shape());
+    detail::check_shapes(shape, th, t);
   }
 
   loss_options o_;

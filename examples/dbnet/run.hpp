@@ -18,6 +18,7 @@
 #include "postprocess.hpp"
 #include "synth.hpp"
 
+#include <boost/hana.hpp>
 #include <opencv2/imgproc.hpp>
 
 #include <algorithm>
@@ -226,6 +227,14 @@ inline void finish_run(result& r, const options& o, const dataset& val,
     examples::write_file(dir / ("res_img_" + std::to_string(val.samples[i].id) + ".txt"), format_result(found[i]));
   }
   std::printf("  wrote %s/res_img_N.txt\n", dir.string().c_str());
+}
+
+/// The names of a sweep's entries (a Hana tuple of entry<Map, Scaler>).
+template <class Sweep>
+std::set<std::string> names_of(const Sweep& sweep) {
+  std::set<std::string> names;
+  boost::hana::for_each(sweep, [&](const auto& e) { names.insert(std::string(e.name)); });
+  return names;
 }
 
 /// Reads the command line into o (policy names checked against `known`). Returns false on

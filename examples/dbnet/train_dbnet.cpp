@@ -270,12 +270,6 @@ result train_one(const Entry& e, const options& o, const dbnet::config& dc, cons
   return r;
 }
 
-std::set<std::string> policy_names() {
-  std::set<std::string> names;
-  hana::for_each(sweep, [&](const auto& e) { names.insert(std::string(e.name)); });
-  return names;
-}
-
 int usage(const char* self) {
   std::fprintf(stderr,
                "usage: %s [--epochs N] [--policy NAME[,NAME...]] [--threads N] [--batch N] "
@@ -302,7 +296,7 @@ int main(int argc, char** argv) {
   if (const int rc = examples::run_on_device("example_dbnet", device_program, argc, argv); rc >= 0) return rc;
   options o;
   o.command = examples::command_line(argc, argv);
-  if (!parse(argc, argv, o, policy_names())) return usage(argv[0]);
+  if (!parse(argc, argv, o, names_of(sweep))) return usage(argv[0]);
   if (!o.advise.empty()) {
     if (o.policies.size() != 1) {
       std::fprintf(

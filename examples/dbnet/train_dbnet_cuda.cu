@@ -30,6 +30,7 @@
 // most a tenth of its steps; the waived one meets NaN gradients). Exits 77 without a GPU.
 #include <precis/nn/cuda.hpp>  // first: the device kernels, then nn
 
+#include "../device.hpp"
 #include "loss_cuda.hpp"
 #include "run.hpp"
 
@@ -121,20 +122,6 @@ struct batch {
   }
 };
 
-device_tensor<std::int32_t, 1> upload_order(cuda_context& ctx, const std::vector<std::size_t>& order) {
-  auto h = host_tensor<std::int32_t, 1>::from_shape({order.size()});
-  for (std::size_t i = 0; i < order.size(); ++i) h(i) = std::int32_t(order[i]);
-  auto d = to_device(h, ctx.stream());
-  ctx.synchronize();  // `h` is this frame's
-  return d;
-}
-
-std::string gpu_name() {
-  cudaDeviceProp prop{};
-  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-  return prop.name;
-}
-
 // Probability maps for the whole validation set on the device, scored on the host.
 template <class Model, class S>
 dbnet::detection_scores evaluate(cuda_context& ctx, Model& model, const dataset& val, const device_set& dval,
@@ -171,7 +158,7 @@ result train_one(const Entry& e, const options& o, const dbnet::config& dc, cuda
   batch<S> b(o.batch, train.side);
   std::vector<std::size_t> all(val.count);
   std::iota(all.begin(), all.end(), std::size_t{0});
-  const auto identity = upload_order(ctx, all);
+  const auto identity = examples::upload_order(ctx, all);
 
   result r;
   r.name = std::string(e.name);
@@ -182,7 +169,7 @@ result train_one(const Entry& e, const options& o, const dbnet::config& dc, cuda
   float scale = scaler.scale();
   std::size_t skipped = 0;
   for (std::size_t ep = 0; ep < o.epochs && r.stopped.empty(); ++ep) {
-    const auto order = upload_order(ctx, examples::epoch_order(train.count, o.seed, ep));
+    const auto order = examples::upload_order(ctx, examples::epoch_order(train.count, o.seed, ep));
     ctx.synchronize();
     const auto t0 = std::chrono::steady_clock::now();
     double loss_sum = 0;
@@ -249,7 +236,7 @@ void time_one(const Entry& e, const options& o, const dbnet::config& dc, cuda_co
   batch<S> b(o.batch, train.side);
   std::vector<std::size_t> all(train.count);
   std::iota(all.begin(), all.end(), std::size_t{0});
-  const auto order = upload_order(ctx, all);
+  const auto order = examples::upload_order(ctx, all);
   b.gather(ctx, train, order, 0);
   std::vector<double> ms;
   for (std::size_t s = 0; s < 3 + o.time_steps; ++s) {
@@ -266,12 +253,6 @@ void time_one(const Entry& e, const options& o, const dbnet::config& dc, cuda_co
   std::fflush(stdout);
 }
 
-std::set<std::string> policy_names() {
-  std::set<std::string> names;
-  hana::for_each(sweep, [&](const auto& e) { names.insert(std::string(e.name)); });
-  return names;
-}
-
 int usage(const char* self) {
   std::fprintf(stderr,
                "usage: %s [--epochs N] [--policy NAME[,NAME...]] [--batch N] [--train N] [--val N]\n"
@@ -285,7 +266,7 @@ int usage(const char* self) {
 
 int main(int argc, char** argv) {
   options o;
-  if (!parse(argc, argv, o, policy_names())) return usage(argv[0]);
+  if (!parse(argc, argv, o, names_of(sweep))) return usage(argv[0]);
   if (o.monitor_every != 0 || !o.advise.empty() || o.threads != 0) {
     std::fprintf(stderr, "example_dbnet_cuda: --monitor, --advise and --threads are the CPU run's (example_dbnet)\n");
     return 2;
@@ -303,7 +284,7 @@ int main(int argc, char** argv) {
     // reads back (this program reads and writes no image file).
     const dataset train = synthesize_set(o.seed, 0, o.train, o.size);
     const dataset val = synthesize_set(o.seed, 1'000'000, o.val, o.size);
-    const std::string gpu = gpu_name();
+    const std::string gpu = examples::gpu_name();
     std::printf("GPU: %s; CPU: %s\n", gpu.c_str(), examples::cpu_line().c_str());
     std::printf("precis %d.%d DBNet on the synthetic set (seed %zu) on the GPU: %zu training and %zu validation images "
                 "of %zu x %zu in %s; width %zu, inner %zu; batch %zu, %zu epochs, AdamW lr %g (warmup 1/10, cosine)\n",

@@ -23,6 +23,7 @@
 #include <precis/nn/cuda.hpp>  // first: the device kernels, then nn
 
 #include "../common.hpp"
+#include "../device.hpp"
 #include "../report.hpp"
 #include "fashion_mnist.hpp"
 #include "model.hpp"
@@ -115,14 +116,6 @@ void gather(cuda_context& ctx, const device_set& d, const device_tensor<std::int
   check(cudaGetLastError(), "example_vit_cuda: gather");
 }
 
-device_tensor<std::int32_t, 1> upload_order(cuda_context& ctx, const std::vector<std::size_t>& order) {
-  auto h = host_tensor<std::int32_t, 1>::from_shape({order.size()});
-  for (std::size_t i = 0; i < order.size(); ++i) h(i) = std::int32_t(order[i]);
-  auto d = to_device(h, ctx.stream());
-  ctx.synchronize();  // `h` is this frame's
-  return d;
-}
-
 template <class Map, class Scaler>
 struct entry {
   using map = Map;
@@ -200,7 +193,7 @@ result train_one(const Entry& e, const options& o, cuda_context& ctx, const devi
   device_tensor<std::int32_t, 1> y({o.batch});
   std::vector<std::size_t> all(test.count);
   std::iota(all.begin(), all.end(), std::size_t{0});
-  const auto identity = upload_order(ctx, all);
+  const auto identity = examples::upload_order(ctx, all);
 
   result r;
   r.name = std::string(e.name);
@@ -208,7 +201,7 @@ result train_one(const Entry& e, const options& o, cuda_context& ctx, const devi
   std::size_t skipped = 0;
   float scale = scaler.scale();
   for (std::size_t ep = 0; ep < o.epochs; ++ep) {
-    const auto order = upload_order(ctx, examples::epoch_order(train.count, o.seed, ep));
+    const auto order = examples::upload_order(ctx, examples::epoch_order(train.count, o.seed, ep));
     ctx.synchronize();
     const auto t0 = std::chrono::steady_clock::now();
     double loss_sum = 0;
@@ -329,9 +322,7 @@ int main(int argc, char** argv) {
     const vit::config vc;
     if (train_h.pixels != vc.image * vc.image) throw error("example_vit_cuda: the images are not 28 x 28");
     if (train_h.count < o.batch) throw error("example_vit_cuda: fewer training images than one batch");
-    cudaDeviceProp prop{};
-    check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-    const std::string gpu = prop.name;
+    const std::string gpu = examples::gpu_name();
     cuda_context ctx;
     const device_set train(train_h), test(test_h);
     std::printf("GPU: %s\n", gpu.c_str());
