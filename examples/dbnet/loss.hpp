@@ -219,24 +219,40 @@ void check_shapes(const Shape& shape, const Shape& th, const Targets& t) {
 template <Policy LossPolicy, Policy BinPolicy, class Out, class Ctx = cpu_context>
 class basic_loss;
 
+/// The types the loss on either context shares: its policies, the (P logits, T) edge it
+/// reads and returns gradients for, and the type its value is computed in.
+template <Policy LossPolicy, Policy BinPolicy, class SP, class GP, class ST, class GT>
+struct loss_types {
+  /// The name of the loss's layer in nn::describe.
+  static constexpr std::string_view name = "db_loss";
+  /// The terms' and sums' policy (tag db_loss).
+  using policy_type = LossPolicy;
+  /// The binarization's policy (tag binarize).
+  using binarize_policy = BinPolicy;
+  /// The edge it reads: P's logits and T, each [N, 1, H, W].
+  using input_type = nn::values<nn::sig<SP, GP, 4>, nn::sig<ST, GT, 4>>;
+  /// The gradients it returns: the same edge.
+  using input_grad_type = input_type;
+  /// 0: it reads a multi-tensor edge.
+  static constexpr std::size_t input_rank = 0;
+  /// The type the loss value and every intermediate are computed in.
+  using value_type = opmath_t<promote_t<typename LossPolicy::compute_type, typename BinPolicy::compute_type>>;
+};
+
 /// DB's loss under `LossPolicy` (the terms) and `BinPolicy` (the binarization), reading a
 /// model's (P logits, T) edge. Use loss_t<Map, Model>.
 template <Policy LossPolicy, Policy BinPolicy, class SP, class GP, class ST, class GT>
-class basic_loss<LossPolicy, BinPolicy, nn::values<nn::sig<SP, GP, 4>, nn::sig<ST, GT, 4>>, cpu_context> {
+class basic_loss<LossPolicy, BinPolicy, nn::values<nn::sig<SP, GP, 4>, nn::sig<ST, GT, 4>>, cpu_context>
+    : public loss_types<LossPolicy, BinPolicy, SP, GP, ST, GT> {
   using CL = typename LossPolicy::compute_type;
   using AL = typename LossPolicy::accumulate_type;
   using CB = typename BinPolicy::compute_type;
-  using M = opmath_t<promote_t<CL, CB>>;
+  using M = typename loss_types<LossPolicy, BinPolicy, SP, GP, ST, GT>::value_type;
 
  public:
-  static constexpr std::string_view name = "db_loss";
-  using policy_type = LossPolicy;
-  using binarize_policy = BinPolicy;
-  using input_type = nn::values<nn::sig<SP, GP, 4>, nn::sig<ST, GT, 4>>;
-  using input_grad_type = input_type;
-  static constexpr std::size_t input_rank = 0;
+  /// The targets: the four maps on the host.
   using target_tensor = targets;
-  using value_type = M;
+  /// The gradients backward() returns.
   using grad_tuple = std::tuple<const host_tensor<GP, 4>*, const host_tensor<GT, 4>*>;
 
   explicit basic_loss(loss_options o = {}) : o_(o) {

@@ -167,28 +167,25 @@ __global__ void backward_kernel(const SP* x, const ST* th, const float* gt, cons
 
 /// DB's loss on the device (see the file comment and the host basic_loss).
 template <Policy LossPolicy, Policy BinPolicy, class SP, class GP, class ST, class GT>
-class basic_loss<LossPolicy, BinPolicy, nn::values<nn::sig<SP, GP, 4>, nn::sig<ST, GT, 4>>, cuda_context> {
+class basic_loss<LossPolicy, BinPolicy, nn::values<nn::sig<SP, GP, 4>, nn::sig<ST, GT, 4>>, cuda_context>
+    : public loss_types<LossPolicy, BinPolicy, SP, GP, ST, GT> {
   using CL = typename LossPolicy::compute_type;
   using AL = typename LossPolicy::accumulate_type;
   using CB = typename BinPolicy::compute_type;
-  using M = opmath_t<promote_t<CL, CB>>;
+  using M = typename loss_types<LossPolicy, BinPolicy, SP, GP, ST, GT>::value_type;
   using state_type = detail::cuda::loss_state<M>;
+  using edge = typename loss_types<LossPolicy, BinPolicy, SP, GP, ST, GT>::input_type;
 
  public:
-  static constexpr std::string_view name = "db_loss";
-  using policy_type = LossPolicy;
-  using binarize_policy = BinPolicy;
-  using input_type = nn::values<nn::sig<SP, GP, 4>, nn::sig<ST, GT, 4>>;
-  using input_grad_type = input_type;
-  static constexpr std::size_t input_rank = 0;
+  /// The targets: the four maps in device memory.
   using target_tensor = device_targets;
-  using value_type = M;
+  /// The gradients backward() returns.
   using grad_tuple = std::tuple<const device_tensor<GP, 4>*, const device_tensor<GT, 4>*>;
 
   /// Throws precis::error for the host's bad options.
   explicit basic_loss(loss_options o = {}) : o_(o), loss_({1}), state_({1}) {
     // The host's checks and messages.
-    (void)basic_loss<LossPolicy, BinPolicy, input_type, cpu_context>(o);
+    (void)basic_loss<LossPolicy, BinPolicy, edge, cpu_context>(o);
   }
 
   /// Throws precis::error, before any launch, when a target map's shape is not the output's
