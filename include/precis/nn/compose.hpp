@@ -81,10 +81,6 @@ constexpr bool neighbours_fit() {
   }
 }
 
-/// The float type values of T and U are added in.
-template <class... T>
-using sum_type_t = std::conditional_t<(std::is_same_v<T, double> || ...), double, float>;
-
 /// Elements before, along and after `axis` of a shape.
 template <std::size_t R>
 std::array<std::size_t, 3> split_at(const shape_t<R>& s, std::size_t axis) {

@@ -217,20 +217,24 @@ struct batch_norm_variance {
 };
 
 /// y = (x - mean[c]) rstd[c] gamma[c] + beta[c], per element, rounded once (mean and rstd
-/// in M, or the running statistics in R for inference).
-template <class M, class X, class G, class B, class T, class Y>
+/// in M; or, Running, the running statistics in R for inference, rstd from the variance).
+template <class M, class X, class G, class B, class T, class Y, bool Running>
 struct batch_norm_normalise {
   const X* x;
   const G* gamma;
   const B* beta;
   const T* mean;
-  const T* scale;  // rstd, or the running variance when `running`
+  const T* scale;  // rstd, or the running variance when Running
   Y* y;
   M eps;
-  bool running;
   __device__ void operator()(std::size_t, std::size_t c, std::size_t, std::size_t at) const {
     const M mu = static_cast<M>(mean[c]);
-    const M rs = running ? M(1) / ::sqrt(static_cast<M>(scale[c]) + eps) : static_cast<M>(scale[c]);
+    M rs;
+    if constexpr (Running) {
+      rs = M(1) / ::sqrt(static_cast<M>(scale[c]) + eps);
+    } else {
+      rs = static_cast<M>(scale[c]);
+    }
     y[at] = round_to<Y>((device_load<M>(x[at]) - mu) * rs * device_load<M>(gamma[c]) + device_load<M>(beta[c]));
   }
 };
@@ -402,8 +406,8 @@ void batch_norm_train(cuda_context& ctx, const device_tensor<X, N>& x, const dev
                                                  static_cast<M>(momentum)},
       name);
   detail::cuda::plane_elements(ctx, d[0], d[1], d[2],
-                               detail::cuda::batch_norm_normalise<M, X, G, B, M, Y>{
-                                   x.data(), gamma.data(), beta.data(), mean, rstd, y.data(), M(0), false},
+                               detail::cuda::batch_norm_normalise<M, X, G, B, M, Y, false>{
+                                   x.data(), gamma.data(), beta.data(), mean, rstd, y.data(), M(0)},
                                name);
 }
 
@@ -420,9 +424,9 @@ void batch_norm_infer(cuda_context& ctx, const device_tensor<X, N>& x, const dev
   detail::check_batch_norm_infer<N>(name, x, gamma, beta, running_mean, running_var, y, eps);
   const auto d = detail::batch_norm_dims(x);
   detail::cuda::plane_elements(ctx, d[0], d[1], d[2],
-                               detail::cuda::batch_norm_normalise<M, X, G, B, R, Y>{
+                               detail::cuda::batch_norm_normalise<M, X, G, B, R, Y, true>{
                                    x.data(), gamma.data(), beta.data(), running_mean.data(), running_var.data(),
-                                   y.data(), static_cast<M>(eps), true},
+                                   y.data(), static_cast<M>(eps)},
                                name);
 }
 
