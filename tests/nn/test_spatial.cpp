@@ -457,11 +457,11 @@ TEST_CASE("impossible layer arguments are refused when the model is built") {
   CHECK_THROWS_WITH_AS(build(nn::max_pool2d({.kernel = {2, 2}, .padding = {2, 0}})),
                        doctest::Contains("padding at most half the kernel"), error);
   CHECK_THROWS_WITH_AS(build(nn::upsample_nearest(0)), doctest::Contains("scale >= 1"), error);
-  // The layers pass NCHW images; channels-last is a layout of the conv2d kernels only.
+  // The image layout is the model's (build_options::layout), never one layer's.
   CHECK_THROWS_WITH_AS(build(nn::conv2d(3, 4, 3, {.layout = image_layout::nhwc})),
-                       doctest::Contains("the layers take NCHW images"), error);
+                       doctest::Contains("the image layout is the model's"), error);
   CHECK_THROWS_WITH_AS(build(nn::conv_transpose2d(3, 4, 2, {.layout = image_layout::nhwc})),
-                       doctest::Contains("the layers take NCHW images"), error);
+                       doctest::Contains("the image layout is the model's"), error);
 }
 
 namespace {

@@ -19,6 +19,14 @@
 
 namespace precis {
 
+/// How a convolution's images (x, y and their gradients) are laid out: `nchw` [N, C, H, W]
+/// (PyTorch's default), or `nhwc` [N, H, W, C], channels-last (PyTorch's
+/// channels_last memory format, oneDNN's nhwc), where a pixel's channels are contiguous.
+/// Weights are [Co, C / groups, KH, KW] either way. The layout changes where values are,
+/// never a result: channels-last gives the same bits as NCHW for the same policy, machine
+/// and thread count. It is the fast one for the CPU's bfloat16 convolutions (no transposes).
+enum class image_layout { nchw, nhwc };
+
 /// The policy a kernel of kind Op runs under when called with policy P.
 template <op_kind Op, Policy P>
 using kernel_policy_t = apply_rules_t<Op, P>;

@@ -40,6 +40,11 @@ namespace precis::nn {
 struct build_options {
   /// Seed of the parameters' initial values (and of dropout masks).
   std::uint64_t seed = 0;
+  /// How the model's images lie: image_layout::nchw [N, C, H, W], or image_layout::nhwc
+  /// [N, H, W, C] (channels-last) for its convolutions, norms, pooling, upsampling and
+  /// nn::channel_axis concatenations (see nn/layout.hpp). The same parameters and bits either
+  /// way; host models only so far.
+  image_layout layout = image_layout::nchw;
 };
 
 namespace detail {
@@ -108,8 +113,14 @@ class model {
   template <class Spec>
   model(const Spec& blueprint, build_options o) : root_(blueprint) {
     check_paths();
+    walk(root_, root_path(), [&](const std::string& path, auto& node) {
+      if constexpr (requires { node.set_layout(o.layout, path); }) node.set_layout(o.layout, path);
+    });
+    layout_ = o.layout;
     reset(o.seed);
   }
+  /// How its images lie (build_options::layout).
+  image_layout layout() const { return layout_; }
 
   /// Draws every parameter again from `seed` (each layer from the seed and its path).
   void reset(std::uint64_t seed) {
@@ -380,6 +391,7 @@ class model {
 
   Root root_;
   output_shape_type out_shape_{};
+  image_layout layout_ = image_layout::nchw;
 };
 
 /// The model `blueprint` builds into under `map` (or a single policy) for inputs of

@@ -22,6 +22,7 @@
 
 #include <precis/kernels/context.hpp>
 #include <precis/nn/cast.hpp>
+#include <precis/nn/layout.hpp>
 #include <precis/nn/module.hpp>
 
 #include <array>
@@ -462,6 +463,7 @@ struct branches_spec {
   /// The branches' blueprints (for a residual: the body, then the shortcut).
   std::tuple<Ss...> children;
   std::size_t axis = 0;  ///< the concatenation axis
+  bool channels = false;  ///< whether it is nn::channel_axis (1 in NCHW, 3 in NHWC)
 
   /// Resolves every branch where (In, G, R) reach it; a branch that ends in other types than the
   /// first gets an nn::cast_out to the first branch's types.
@@ -491,6 +493,14 @@ template <class... Ss>
 constexpr branches_spec<join_kind::concat, false, Ss...> concat(std::size_t axis, Ss... branches) {
   static_assert(sizeof...(Ss) >= 2, "precis: nn::concat joins at least two branches");
   return {std::tuple<Ss...>(branches...), axis};
+}
+/// Branches on one input, their output images concatenated along their channels (a
+/// blueprint node): axis 1 of [N, C, H, W], axis 3 of [N, H, W, C] in a model built
+/// channels-last.
+template <class... Ss>
+constexpr branches_spec<join_kind::concat, false, Ss...> concat(channel_axis_t, Ss... branches) {
+  static_assert(sizeof...(Ss) >= 2, "precis: nn::concat joins at least two branches");
+  return {std::tuple<Ss...>(branches...), 1, true};
 }
 /// body(x) + x (a blueprint node). The body's layers are named in paths as if the residual
 /// were not there.
@@ -643,13 +653,23 @@ class branches {
     std::size_t i = 0;
     std::apply([&](auto&... c) { ((f(component(i, c), c), ++i), ...); }, self.children_);
   }
+  /// Follows the model's image layout (nn::build calls it with build_options::layout) where
+  /// the concatenation axis is nn::channel_axis: axis 3 for [N, H, W, C].
+  void set_layout(image_layout layout, std::string_view) {
+    if (channels_) axis_ = layout == image_layout::nhwc ? 3 : 1;
+  }
 
  private:
   template <class Spec, std::size_t... I>
-  branches(const Spec& s, std::index_sequence<I...>) : children_(Ms(std::get<I>(s.children))...), axis_(s.axis) {
+  branches(const Spec& s, std::index_sequence<I...>)
+      : children_(Ms(std::get<I>(s.children))...), axis_(s.axis), channels_(s.channels) {
     if (axis_ >= output_rank) {
       throw error("precis::nn::concat: axis " + std::to_string(axis_) + " is out of range for tensors of rank " +
                   std::to_string(output_rank));
+    }
+    if (channels_ && output_rank != 4) {
+      throw error("precis::nn::concat: nn::channel_axis is an axis of images ([N, C, H, W] or [N, H, W, C]); "
+                  "the branches give tensors of rank " + std::to_string(output_rank));
     }
     if constexpr (Join == join_kind::concat) {
       slices_.resize(count);
@@ -710,6 +730,7 @@ class branches {
   }
   children_type children_;
   std::size_t axis_;
+  bool channels_;
   tensor_t<context_type, output_type, output_rank> y_;
   tensor_t<context_type, input_grad_type, input_rank> dx_;
   std::vector<tensor_t<context_type, output_grad_type, output_rank>> slices_;  // concat: each branch's dy

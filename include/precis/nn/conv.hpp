@@ -1,5 +1,6 @@
 /// @file
-/// 2-D convolution and transposed convolution layers on [N, C, H, W].
+/// 2-D convolution and transposed convolution layers on [N, C, H, W] images, or
+/// [N, H, W, C] in a model built channels-last (nn/layout.hpp; host only so far).
 ///
 ///     nn::conv2d<stem>(3, 64, 7, {.stride = {2, 2}, .padding = {3, 3}}, nn::no_bias)
 ///     nn::conv2d(64, 64, 3, {.padding = {1, 1}, .groups = 64})   // depthwise, tags::conv2d
@@ -27,6 +28,7 @@
 #pragma once
 
 #include <precis/kernels/conv.hpp>
+#include <precis/nn/layout.hpp>
 #include <precis/nn/module.hpp>
 
 #include <array>
@@ -171,11 +173,11 @@ inline std::size_t transpose_min_in(const std::array<std::size_t, 2>& k, const c
   return reach > pad ? 1 : (pad - reach) / p.stride[a] + 2;
 }
 
-/// "[N > 0, 3, H >= 5, W >= 5]": the inputs a spatial layer takes.
-inline std::string image_shape_string(const std::string& channels, std::size_t min_h,
-                                      std::size_t min_w) {
-  return "[N > 0, " + channels + ", H >= " + std::to_string(min_h) +
-         ", W >= " + std::to_string(min_w) + "]";
+/// "[N > 0, 3, H >= 5, W >= 5]" (or "[N > 0, H >= 5, W >= 5, 3]" channels-last): the
+/// inputs a spatial layer takes.
+inline std::string image_shape_string(const std::string& channels, std::size_t min_h, std::size_t min_w,
+                                      image_layout layout) {
+  return image_string(layout, "N > 0", channels, "H >= " + std::to_string(min_h), "W >= " + std::to_string(min_w));
 }
 
 /// "3x3 s2 p1 d2 g4 op1": a convolution's geometry for describe, defaults left out.
@@ -235,20 +237,39 @@ class conv_base : public layer_base<Tag, P, op::conv, 4, 4, Ctx> {
         fan_in_(weight_shape[1] * kernel[0] * kernel[1]),
         weight_(weight_shape),
         bias_({bias_on_ ? out : 0}) {
-    // The modules around a convolution (norms, pooling, upsampling, concatenation) and the
-    // shape checks between layers read images as NCHW.
+    // The layout is the whole model's, so that the modules around a convolution (norms,
+    // pooling, upsampling, concatenation) read what it writes.
     if (p.layout != image_layout::nchw) {
-      throw error("precis::nn::" + std::string(layer) + ": the layers take NCHW images; " +
-                  "channels-last (image_layout::nhwc) is a layout of the conv2d kernels only");
+      throw error("precis::nn::" + std::string(layer) + ": the image layout is the model's, not a layer's: " +
+                  "build channels-last with nn::build_options::layout = image_layout::nhwc");
     }
   }
+
+ public:
+  /// Takes images in `layout` (nn::build calls it with build_options::layout). Throws
+  /// precis::error, naming the layer's `path`, for channels-last images on a device (its
+  /// convolutions take NCHW only so far).
+  void set_layout(image_layout layout, std::string_view path) {
+    if (!on_host && layout != image_layout::nchw) {
+      throw error("precis::nn::build: " + path_or_root(path) +
+                  ": the device's convolutions take NCHW images only so far; build the device model with "
+                  "image_layout::nchw (channels-last images are the host's)");
+    }
+    params_.layout = layout;
+  }
+
+ protected:
+  /// An input shape in the layer's layout, in NCHW order.
+  shape_t<4> nchw(const shape_t<4>& s) const { return nchw_shape(s, params_.layout); }
+  /// An NCHW output shape in the layer's layout.
+  shape_t<4> in_layout(const shape_t<4>& s) const { return layout_shape(s, params_.layout); }
 
   /// Adds dw (the caller's) and, with a bias, db from dy to the parameters' gradients.
   void accumulate_parameters(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
     weight_.accumulate(ctx, dw_);
     if (bias_on_) {
       ensure(db_, shape_t<1>{out_});
-      precis::conv2d_backward_bias<P>(ctx, dy, db_);
+      precis::conv2d_backward_bias<P>(ctx, dy, db_, params_.layout);
       bias_.accumulate(ctx, db_);
     }
   }
@@ -269,7 +290,7 @@ class conv_base : public layer_base<Tag, P, op::conv, 4, 4, Ctx> {
       io::cast(ctx, w, wf_);
       run(xf_, wf_, sums_);
     }
-    io::add_channel_bias(ctx, sums_, bias_.value(), y_);
+    io::add_channel_bias(ctx, sums_, bias_.value(), y_, params_.layout);
   }
   /// backward() of the layer named `kind`: dx and dw = both(x, dy, w, dx, dw), or, where
   /// !input_gradient, dw = weights(x, dy, dw) alone (the input-gradient buffer is then
@@ -301,8 +322,8 @@ class conv_base : public layer_base<Tag, P, op::conv, 4, 4, Ctx> {
     return p;
   }
   std::string describe_shape() const {
-    return std::to_string(in_) + "->" + std::to_string(out_) + " " +
-           conv_geometry_string(kernel_, params_) + (bias_on_ ? "" : " no bias");
+    return std::to_string(in_) + "->" + std::to_string(out_) + " " + conv_geometry_string(kernel_, params_) +
+           (bias_on_ ? "" : " no bias") + (params_.layout == image_layout::nhwc ? " nhwc" : "");
   }
   std::size_t buffer_bytes() const {
     return bytes_of(y_) + bytes_of(dx_) + bytes_of(dw_) + bytes_of(db_) + bytes_of(sums_) + bytes_of(xf_) +
@@ -374,8 +395,8 @@ class conv2d_layer : public detail::conv_base<Tag, P, Ctx> {
 
   /// The layer of a blueprint, its parameters zero until reset() draws them. Throws
   /// precis::error for empty channels or kernel, a zero stride, dilation or groups, groups
-  /// that do not divide both channel counts, an output_padding, or a layout other than
-  /// NCHW.
+  /// that do not divide both channel counts, an output_padding, or a layout in `params`
+  /// (the layout is the model's: nn::build_options::layout).
   explicit conv2d_layer(const conv2d_spec<Tag>& s)
       : base(kind, s.in, s.out, s.kernel, s.params, s.bias,
              weight_shape(s.in, s.out, s.kernel, s.params)) {}
@@ -384,17 +405,18 @@ class conv2d_layer : public detail::conv_base<Tag, P, Ctx> {
   /// precis::error (naming the layer's `path`) for an empty batch, other than `in` input
   /// channels, or an image smaller than the dilated kernel after padding.
   shape_t<4> output_shape(const shape_t<4>& in, std::string_view path) const {
-    const std::size_t ho = detail::conv_out(in[2], this->kernel_, this->params_, 0);
-    const std::size_t wo = detail::conv_out(in[3], this->kernel_, this->params_, 1);
-    if (in[0] == 0 || in[1] != this->in_ || ho == 0 || wo == 0) {
-      detail::bad_shape(
-          path, kind,
-          detail::image_shape_string(std::to_string(this->in_),
-                                     detail::conv_min_in(this->kernel_, this->params_, 0),
-                                     detail::conv_min_in(this->kernel_, this->params_, 1)),
-          shape_string(in));
+    const auto s = this->nchw(in);
+    const std::size_t ho = detail::conv_out(s[2], this->kernel_, this->params_, 0);
+    const std::size_t wo = detail::conv_out(s[3], this->kernel_, this->params_, 1);
+    if (s[0] == 0 || s[1] != this->in_ || ho == 0 || wo == 0) {
+      detail::bad_shape(path, kind,
+                        detail::image_shape_string(std::to_string(this->in_),
+                                                   detail::conv_min_in(this->kernel_, this->params_, 0),
+                                                   detail::conv_min_in(this->kernel_, this->params_, 1),
+                                                   this->params_.layout),
+                        shape_string(in));
     }
-    return {in[0], this->out_, ho, wo};
+    return this->in_layout({s[0], this->out_, ho, wo});
   }
 
   /// The convolution of x with the weight, plus the bias (see the file comment); keeps the
@@ -449,7 +471,7 @@ class conv2d_layer : public detail::conv_base<Tag, P, Ctx> {
 
  public:
   /// Its shape column in nn::describe: channels and geometry, defaults left out, as
-  /// "3->64 7x7 s2 p3 no bias".
+  /// "3->64 7x7 s2 p3 no bias", with " nhwc" in a channels-last model.
   std::string shape() const { return this->describe_shape(); }
   /// Bytes of its output, input-gradient and parameter-gradient buffers.
   std::size_t own_bytes() const { return this->buffer_bytes(); }
@@ -483,7 +505,7 @@ class conv_transpose2d_layer : public detail::conv_base<Tag, P, Ctx> {
   /// The layer of a blueprint, its parameters zero until reset() draws them. Throws
   /// precis::error for empty channels or kernel, a zero stride, dilation or groups, groups
   /// that do not divide both channel counts, an output_padding not less than the stride, or
-  /// a layout other than NCHW.
+  /// a layout in `params` (the layout is the model's: nn::build_options::layout).
   explicit conv_transpose2d_layer(const conv_transpose2d_spec<Tag>& s)
       : base(kind, s.in, s.out, s.kernel, s.params, s.bias,
              weight_shape(s.in, s.out, s.kernel, s.params)) {}
@@ -492,17 +514,18 @@ class conv_transpose2d_layer : public detail::conv_base<Tag, P, Ctx> {
   /// precis::error (naming the layer's `path`) for an empty batch, other than `in` input
   /// channels, or an image the padding leaves no output of.
   shape_t<4> output_shape(const shape_t<4>& in, std::string_view path) const {
-    const std::size_t ho = detail::transpose_out(in[2], this->kernel_, this->params_, 0);
-    const std::size_t wo = detail::transpose_out(in[3], this->kernel_, this->params_, 1);
-    if (in[0] == 0 || in[1] != this->in_ || ho == 0 || wo == 0) {
-      detail::bad_shape(
-          path, kind,
-          detail::image_shape_string(std::to_string(this->in_),
-                                     detail::transpose_min_in(this->kernel_, this->params_, 0),
-                                     detail::transpose_min_in(this->kernel_, this->params_, 1)),
-          shape_string(in));
+    const auto s = this->nchw(in);
+    const std::size_t ho = detail::transpose_out(s[2], this->kernel_, this->params_, 0);
+    const std::size_t wo = detail::transpose_out(s[3], this->kernel_, this->params_, 1);
+    if (s[0] == 0 || s[1] != this->in_ || ho == 0 || wo == 0) {
+      detail::bad_shape(path, kind,
+                        detail::image_shape_string(std::to_string(this->in_),
+                                                   detail::transpose_min_in(this->kernel_, this->params_, 0),
+                                                   detail::transpose_min_in(this->kernel_, this->params_, 1),
+                                                   this->params_.layout),
+                        shape_string(in));
     }
-    return {in[0], this->out_, ho, wo};
+    return this->in_layout({s[0], this->out_, ho, wo});
   }
 
   /// The transposed convolution of x with the weight, plus the bias (added to the sums

@@ -221,10 +221,12 @@ struct context_traits<cuda_context> {
     check(cudaGetLastError(), "precis::nn::subtract");
   }
   /// y[n, c, ...] = round(sums[n, c, ...] + bias[c]) on the context's stream: a
-  /// convolution's bias added to its sums and rounded once, as on the host.
+  /// convolution's bias added to its sums and rounded once, as on the host. NCHW only
+  /// (throws precis::error for another layout).
   template <class M, class S, std::size_t N>
   static void add_channel_bias(ref ctx, const device_tensor<M, N>& sums, const device_tensor<S, 1>& bias,
-                               device_tensor<S, N>& y) {
+                               device_tensor<S, N>& y, image_layout layout = image_layout::nchw) {
+    if (layout != image_layout::nchw) throw error("precis::nn: the device adds a convolution's bias to NCHW images only");
     const std::size_t channels = bias.size(), n = sums.size();
     const std::size_t planes = std::size_t(sums.shape()[0]) * channels;
     if (y.size() != n) throw error("precis::nn: a convolution's sums and output differ in size");

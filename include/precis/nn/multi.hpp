@@ -7,6 +7,7 @@
 ///     nn::top_down(node)          p[last] = x[last], p[i] = x[i] + node(p[i + 1]) (an FPN's top-down path)
 ///     nn::add_all()               the tensors of an edge summed into one
 ///     nn::concat_all(axis)        the tensors of an edge concatenated along `axis`
+///     nn::concat_all(nn::channel_axis)   ... along the images' channels, in either layout
 ///     nn::subtract()              the first tensor of a two-tensor edge minus the second
 ///
 /// A multi-tensor edge has the type nn::values<nn::sig<T, G, R>...>; forward passes a tuple
@@ -20,6 +21,7 @@
 #pragma once
 
 #include <precis/nn/compose.hpp>
+#include <precis/nn/layout.hpp>
 #include <precis/nn/module.hpp>
 
 #include <array>
@@ -617,6 +619,9 @@ template <join_kind Join>
 struct join_spec {
   /// The concatenation axis (nn::concat_all); 0 for the others.
   std::size_t axis = 0;
+  /// Whether `axis` is the images' channel axis (nn::channel_axis), which follows the
+  /// model's layout: 1 in NCHW, 3 in NHWC.
+  bool channels = false;
   /// The module this blueprint builds into where the multi-tensor edge In reaches it, on context
   /// Ctx: an nn::join_module (the map Map is not consulted).
   template <class Map, class Ctx, class In, class G, std::size_t R>
@@ -627,6 +632,9 @@ struct join_spec {
 constexpr join_spec<join_kind::add> add_all() { return {0}; }
 /// The tensors of a multi-tensor edge concatenated along `axis` (a blueprint node).
 constexpr join_spec<join_kind::concat> concat_all(std::size_t axis) { return {axis}; }
+/// The images of a multi-tensor edge concatenated along their channels (a blueprint node):
+/// axis 1 of [N, C, H, W], axis 3 of [N, H, W, C] in a model built channels-last.
+constexpr join_spec<join_kind::concat> concat_all(channel_axis_t) { return {1, true}; }
 /// a - b for the two tensors (a, b) of an edge (a blueprint node): DBNet's P - T, after
 /// nn::fork(probability_head, threshold_head).
 constexpr join_spec<join_kind::subtract> subtract() { return {0}; }
@@ -663,11 +671,20 @@ class join_module<Join, values<S0, Sigs...>, Ctx> {
   static constexpr std::size_t output_rank = R;
 
   /// Keeps the axis of `s`; throws precis::error where it is not below the tensors' rank.
-  explicit join_module(const join_spec<Join>& s) : axis_(s.axis) {
+  explicit join_module(const join_spec<Join>& s) : axis_(s.axis), channels_(s.channels) {
     if (axis_ >= R) {
       throw error("precis::nn::concat_all: axis " + std::to_string(axis_) + " is out of range for tensors of rank " +
                   std::to_string(R));
     }
+    if (channels_ && R != 4) {
+      throw error("precis::nn::concat_all: nn::channel_axis is an axis of images ([N, C, H, W] or [N, H, W, C]); "
+                  "these tensors have rank " + std::to_string(R));
+    }
+  }
+  /// Follows the model's image layout (nn::build calls it with build_options::layout) where
+  /// the axis is nn::channel_axis: axis 3 for [N, H, W, C].
+  void set_layout(image_layout layout, std::string_view) {
+    if (channels_) axis_ = layout == image_layout::nhwc ? 3 : 1;
   }
 
   /// "": a join is named by its position in paths.
@@ -757,6 +774,7 @@ class join_module<Join, values<S0, Sigs...>, Ctx> {
   }
 
   std::size_t axis_;
+  bool channels_;
   tensor_t<Ctx, T, R> y_;
   std::array<tensor_t<Ctx, G, R>, count> parts_;
   std::array<std::size_t, count> widths_{};

@@ -10,6 +10,7 @@
 #include <precis/nn/conv.hpp>
 #include <precis/nn/describe.hpp>
 #include <precis/nn/embedding.hpp>
+#include <precis/nn/layout.hpp>
 #include <precis/nn/linear.hpp>
 #include <precis/nn/loss.hpp>
 #include <precis/nn/module.hpp>

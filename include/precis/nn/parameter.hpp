@@ -117,14 +117,26 @@ struct context_traits<cpu_context> {
     });
   }
   /// y[n, c, ...] = round(sums[n, c, ...] + bias[c]): a convolution's bias added to its sums
-  /// (kept in the math type M) and rounded once to y's type.
+  /// (kept in the math type M) and rounded once to y's type; with image_layout::nhwc the
+  /// channels are the last axis, y[n, h, w, c] = round(sums[n, h, w, c] + bias[c]).
   template <class M, class S, std::size_t N>
   static void add_channel_bias(ref ctx, const host_tensor<M, N>& sums, const host_tensor<S, 1>& bias,
-                               host_tensor<S, N>& y) {
+                               host_tensor<S, N>& y, image_layout layout = image_layout::nchw) {
     const std::size_t channels = bias.size();
+    const S* b = bias.data();
+    if (layout == image_layout::nhwc) {
+      const std::size_t pixels = channels == 0 ? 0 : sums.size() / channels;
+      precis::detail::for_rows(ctx, pixels, channels, [&](std::size_t lo, std::size_t hi) {
+        for (std::size_t q = lo; q < hi; ++q) {
+          const M* from = sums.data() + q * channels;
+          S* to = y.data() + q * channels;
+          for (std::size_t c = 0; c < channels; ++c) to[c] = round_to<S>(from[c] + precis::detail::load<M>(b[c]));
+        }
+      });
+      return;
+    }
     const std::size_t planes = std::size_t(sums.shape()[0]) * channels;
     const std::size_t pixels = planes == 0 ? 0 : sums.size() / planes;
-    const S* b = bias.data();
     precis::detail::for_rows(ctx, planes, pixels, [&](std::size_t lo, std::size_t hi) {
       for (std::size_t plane = lo; plane < hi; ++plane) {
         const M shift = precis::detail::load<M>(b[plane % channels]);

@@ -1,5 +1,6 @@
 /// @file
-/// Pooling and upsampling layers on [N, C, H, W].
+/// Pooling and upsampling layers on [N, C, H, W] images, or [N, H, W, C] in a model built
+/// channels-last (nn/layout.hpp: their kernels then read NCHW copies, moved back after).
 ///
 ///     nn::max_pool2d({.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}})
 ///     nn::avg_pool2d<pool>({.kernel = {2, 2}})
@@ -21,6 +22,7 @@
 
 #include <precis/kernels/pooling.hpp>
 #include <precis/kernels/reduce.hpp>
+#include <precis/nn/layout.hpp>
 #include <precis/nn/module.hpp>
 
 #include <algorithm>
@@ -127,8 +129,9 @@ struct bilinear_kernel {
 };
 
 /// "[N > 0, C > 0, H >= 2, W >= 2]": the inputs a parameter-free spatial layer takes.
-inline std::string any_image_string(std::size_t min_h, std::size_t min_w) {
-  return "[N > 0, C > 0, H >= " + std::to_string(min_h) + ", W >= " + std::to_string(min_w) + "]";
+inline std::string any_image_string(std::size_t min_h, std::size_t min_w,
+                                    image_layout layout = image_layout::nchw) {
+  return image_string(layout, "N > 0", "C > 0", "H >= " + std::to_string(min_h), "W >= " + std::to_string(min_w));
 }
 
 /// True when no axis of the shape is empty.
@@ -233,23 +236,26 @@ class pool2d_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
   /// precis::error (naming the layer's `path`) for an empty axis or an image smaller than
   /// one window.
   shape_t<4> output_shape(const shape_t<4>& in, std::string_view path) const {
-    const std::size_t ho = out_size(in[2], 0), wo = out_size(in[3], 1);
+    const auto layout = bridge_.layout();
+    const auto s = detail::nchw_shape(in, layout);
+    const std::size_t ho = out_size(s[2], 0), wo = out_size(s[3], 1);
     if (!detail::no_empty_axis(in) || ho == 0 || wo == 0) {
-      detail::bad_shape(path, kind, detail::any_image_string(min_in(0), min_in(1)),
-                        shape_string(in));
+      detail::bad_shape(path, kind, detail::any_image_string(min_in(0), min_in(1), layout), shape_string(in));
     }
-    return {in[0], in[1], ho, wo};
+    return detail::layout_shape({s[0], s[1], ho, wo}, layout);
   }
 
-  /// The maximum or mean over each window of x; keeps the address of x for backward(), and
-  /// in mode::train max pooling keeps each window's maximum's index too. Throws
-  /// precis::error for an input of another shape.
+  /// The maximum or mean over each window of x; keeps the address of x (or of its NCHW
+  /// copy) for backward(), and in mode::train max pooling keeps each window's maximum's
+  /// index too. Throws precis::error for an input of another shape.
   const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode m = mode::train) {
-    detail::ensure(y_, output_shape(detail::shape_of<4>(x), path_name<Tag>()));
-    Kernel::template forward<P>(ctx, x, y_, kept_, p_, m);
-    x_.set(x);
+    const auto out = output_shape(detail::shape_of<4>(x), path_name<Tag>());
+    const auto& xn = bridge_.to_nchw(ctx, x, xn_);
+    detail::ensure(y_, detail::nchw_shape(out, bridge_.layout()));
+    Kernel::template forward<P>(ctx, xn, y_, kept_, p_, m);
+    x_.set(xn);
     last_train_ = m == mode::train;
-    return y_;
+    return bridge_.to_layout(ctx, y_, moved_y_);
   }
   /// Backward of the last forward pass. Max pooling's gradient goes where that pass found
   /// the maxima: through the indices a training-mode pass kept, or, after an
@@ -258,11 +264,15 @@ class pool2d_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
   /// output's.
   const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
     const auto& x = x_.get(kind);
-    check_same_shape("precis::nn::" + std::string(kind) + ": dy and the output", dy, y_);
+    check_same_shape("precis::nn::" + std::string(kind) + ": dy and the output", dy,
+                     bridge_.moves() ? moved_y_ : y_);
+    const auto& dyn = bridge_.to_nchw(ctx, dy, moved_dy_);
     detail::ensure(dx_, detail::shape_of<4>(x));
-    Kernel::template backward<P>(ctx, kept_, last_train_, x, dy, dx_, p_);
-    return dx_;
+    Kernel::template backward<P>(ctx, kept_, last_train_, x, dyn, dx_, p_);
+    return bridge_.to_layout(ctx, dx_, moved_dx_);
   }
+  /// Takes images in `layout` (nn::build calls it with build_options::layout).
+  void set_layout(image_layout layout, std::string_view) { bridge_.set(layout); }
 
   /// Its shape column in nn::describe: kernel, stride and (when not zero) padding, as
   /// "3x3 s2x2 p1x1"; " no pad count" for average pooling without count_include_pad.
@@ -276,9 +286,11 @@ class pool2d_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
       s += " no pad count";
     return s;
   }
-  /// Bytes of its output and input-gradient buffers, and of max pooling's kept indices.
+  /// Bytes of its output and input-gradient buffers, of max pooling's kept indices, and
+  /// in a channels-last model of its images moved to and from NCHW.
   std::size_t own_bytes() const {
-    return detail::bytes_of(y_) + detail::bytes_of(dx_) + Kernel::kept_bytes(kept_);
+    return detail::bytes_of(y_) + detail::bytes_of(dx_) + Kernel::kept_bytes(kept_) + detail::bytes_of(xn_) +
+           detail::bytes_of(moved_y_) + detail::bytes_of(moved_dy_) + detail::bytes_of(moved_dx_);
   }
   /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
   template <class Self, class F>
@@ -304,6 +316,9 @@ class pool2d_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
   typename Kernel::template kept<Ctx> kept_;
   detail::saved<tensor<S>> x_;
   bool last_train_ = false;
+  detail::nchw_bridge<Ctx> bridge_;
+  tensor<S> xn_, moved_y_;  // channels-last: x moved to NCHW, y moved back
+  tensor<G> moved_dy_, moved_dx_;
 };
 
 /// Upsampling by an integer factor built for tag Tag under the resolved policy P:
@@ -329,20 +344,24 @@ class upsample_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
   /// The shape of the output: [N, C, H scale, W scale]. Throws precis::error (naming the
   /// layer's `path`) for an empty axis.
   shape_t<4> output_shape(const shape_t<4>& in, std::string_view path) const {
+    const auto layout = bridge_.layout();
     if (!detail::no_empty_axis(in)) {
-      detail::bad_shape(path, kind, detail::any_image_string(1, 1), shape_string(in));
+      detail::bad_shape(path, kind, detail::any_image_string(1, 1, layout), shape_string(in));
     }
-    return {in[0], in[1], in[2] * scale_, in[3] * scale_};
+    const auto s = detail::nchw_shape(in, layout);
+    return detail::layout_shape({s[0], s[1], s[2] * scale_, s[3] * scale_}, layout);
   }
 
   /// x resampled to the output size, nearest-neighbour or bilinear (each output a weighted
-  /// sum of its four neighbours in the math type, rounded once); keeps the address of x for
-  /// backward(). Throws precis::error for an input of another shape.
+  /// sum of its four neighbours in the math type, rounded once); keeps the address of x (or
+  /// of its NCHW copy) for backward(). Throws precis::error for an input of another shape.
   const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode = mode::train) {
-    detail::ensure(y_, output_shape(detail::shape_of<4>(x), path_name<Tag>()));
-    Kernel::template forward<P>(ctx, x, y_, align_corners_);
-    x_.set(x);
-    return y_;
+    const auto out = output_shape(detail::shape_of<4>(x), path_name<Tag>());
+    const auto& xn = bridge_.to_nchw(ctx, x, xn_);
+    detail::ensure(y_, detail::nchw_shape(out, bridge_.layout()));
+    Kernel::template forward<P>(ctx, xn, y_, align_corners_);
+    x_.set(xn);
+    return bridge_.to_layout(ctx, y_, moved_y_);
   }
   /// dx: for each input element, the sum of dy over the outputs it fed (with the forward
   /// weights, for bilinear), in the accumulate type, rounded once to the gradient type.
@@ -350,11 +369,15 @@ class upsample_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
   /// output's.
   const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
     const auto& x = x_.get(kind);
-    check_same_shape("precis::nn::" + std::string(kind) + ": dy and the output", dy, y_);
+    check_same_shape("precis::nn::" + std::string(kind) + ": dy and the output", dy,
+                     bridge_.moves() ? moved_y_ : y_);
+    const auto& dyn = bridge_.to_nchw(ctx, dy, moved_dy_);
     detail::ensure(dx_, detail::shape_of<4>(x));
-    Kernel::template backward<P>(ctx, dy, dx_, align_corners_);
-    return dx_;
+    Kernel::template backward<P>(ctx, dyn, dx_, align_corners_);
+    return bridge_.to_layout(ctx, dx_, moved_dx_);
   }
+  /// Takes images in `layout` (nn::build calls it with build_options::layout).
+  void set_layout(image_layout layout, std::string_view) { bridge_.set(layout); }
 
   /// Its shape column in nn::describe: the factor, as "x2", or "x2 align_corners".
   std::string shape() const {
@@ -363,8 +386,12 @@ class upsample_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
     if (align_corners_) s += " align_corners";
     return s;
   }
-  /// Bytes of its output and input-gradient buffers.
-  std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
+  /// Bytes of its output and input-gradient buffers, and in a channels-last model of its
+  /// images moved to and from NCHW.
+  std::size_t own_bytes() const {
+    return detail::bytes_of(y_) + detail::bytes_of(dx_) + detail::bytes_of(xn_) + detail::bytes_of(moved_y_) +
+           detail::bytes_of(moved_dy_) + detail::bytes_of(moved_dx_);
+  }
   /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
   template <class Self, class F>
   static void for_each_observed(Self& self, F&& f) {
@@ -377,6 +404,9 @@ class upsample_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
   tensor<S> y_;
   tensor<G> dx_;
   detail::saved<tensor<S>> x_;
+  detail::nchw_bridge<Ctx> bridge_;
+  tensor<S> xn_, moved_y_;  // channels-last: x moved to NCHW, y moved back
+  tensor<G> moved_dy_, moved_dx_;
 };
 
 /// Global average pooling built for tag Tag under the resolved policy P (op::reduction):
@@ -402,10 +432,11 @@ class global_avg_pool_layer : public layer_base<Tag, P, op::reduction, 4, 2, Ctx
   /// The shape of the output: [N, C]. Throws precis::error (naming the layer's `path`) for
   /// an empty axis.
   shape_t<2> output_shape(const shape_t<4>& in, std::string_view path) const {
+    const auto layout = bridge_.layout();
     if (!detail::no_empty_axis(in)) {
-      detail::bad_shape(path, kind, detail::any_image_string(1, 1), shape_string(in));
+      detail::bad_shape(path, kind, detail::any_image_string(1, 1, layout), shape_string(in));
     }
-    return {in[0], in[1]};
+    return {in[0], detail::nchw_shape(in, layout)[1]};
   }
 
   /// The mean of each channel of each image: one running sum over H * W in element order,
@@ -413,14 +444,15 @@ class global_avg_pool_layer : public layer_base<Tag, P, op::reduction, 4, 2, Ctx
   /// backward(). Throws precis::error for an empty axis.
   const host_tensor<S, 2>& forward(const cpu_context& ctx, const host_tensor<S, 4>& x,
                                    mode = mode::train) {
-    const auto in = detail::shape_of<4>(x);
-    detail::ensure(y_, output_shape(in, path_name<Tag>()));
+    detail::ensure(y_, output_shape(detail::shape_of<4>(x), path_name<Tag>()));
+    const auto& xn = bridge_.to_nchw(ctx, x, xn_);
+    const auto in = detail::shape_of<4>(xn);
     using Mt = precis::detail::math_t<op::reduction, P, S>;
     using Red = precis::detail::mean_reducer<Mt, precis::detail::accumulate_t<op::reduction, P>,
                                              precis::detail::reduce_result_t<P, S>>;
     // x as [N * C, H * W, 1]: one mean per (image, channel), over its plane in element order.
-    precis::detail::reduce_axis<Red, Mt>(ctx, x.data(), in[0] * in[1], in[2] * in[3], 1, y_.data());
-    x_.set(x);
+    precis::detail::reduce_axis<Red, Mt>(ctx, xn.data(), in[0] * in[1], in[2] * in[3], 1, y_.data());
+    x_.set(xn);
     return y_;
   }
   /// dx [N, C, H, W]: every element of a plane gets that plane's dy / (H * W), computed in
@@ -439,13 +471,18 @@ class global_avg_pool_layer : public layer_base<Tag, P, op::reduction, 4, 2, Ctx
         std::fill_n(dx_.data() + plane * pixels, pixels, share);
       }
     });
-    return dx_;
+    return bridge_.to_layout(ctx, dx_, moved_dx_);
   }
+  /// Takes images in `layout` (nn::build calls it with build_options::layout).
+  void set_layout(image_layout layout, std::string_view) { bridge_.set(layout); }
 
   /// Its shape column in nn::describe: "HxW->1".
   std::string shape() const { return "HxW->1"; }
-  /// Bytes of its output and input-gradient buffers.
-  std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
+  /// Bytes of its output and input-gradient buffers, and in a channels-last model of its
+  /// images moved to and from NCHW.
+  std::size_t own_bytes() const {
+    return detail::bytes_of(y_) + detail::bytes_of(dx_) + detail::bytes_of(xn_) + detail::bytes_of(moved_dx_);
+  }
   /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
   template <class Self, class F>
   static void for_each_observed(Self& self, F&& f) {
@@ -456,6 +493,9 @@ class global_avg_pool_layer : public layer_base<Tag, P, op::reduction, 4, 2, Ctx
   host_tensor<S, 2> y_;
   host_tensor<G, 4> dx_;
   detail::saved<host_tensor<S, 4>> x_;
+  detail::nchw_bridge<cpu_context> bridge_;
+  host_tensor<S, 4> xn_;         // channels-last: x moved to NCHW
+  host_tensor<G, 4> moved_dx_;   // and dx moved back
 };
 
 }  // namespace precis::nn
