@@ -194,8 +194,9 @@ PRECIS_HOST_DEVICE void pixel_backward(M x, M th, M gt, M m, M t, M tm, bool kep
   dt = g_l1 - gd;
 }
 
-/// Throws precis::error unless P is [N, 1, H, W] and not empty, and T and the four target
-/// maps have its shape (naming the first that does not).
+/// Throws precis::error unless P is [N, 1, H, W] (or [N, H, W, 1] from a channels-last model:
+/// one channel, so the same values in memory) and not empty, and T and the four target maps
+/// have its shape (naming the first that does not).
 template <class Shape, class Targets>
 void check_shapes(const Shape& shape, const Shape& th, const Targets& t) {
   auto same = [&](std::string_view what, const auto& s) {
@@ -204,8 +205,8 @@ void check_shapes(const Shape& shape, const Shape& th, const Targets& t) {
                   shape_string(shape));
     }
   };
-  if (shape[1] != 1 || shape[0] * shape[2] * shape[3] == 0) {
-    throw error("dbnet::loss: P must be [N, 1, H, W] and not empty, is " + shape_string(shape));
+  if ((shape[1] != 1 && shape[3] != 1) || shape[0] * shape[1] * shape[2] * shape[3] == 0) {
+    throw error("dbnet::loss: P must be [N, 1, H, W] or [N, H, W, 1] and not empty, is " + shape_string(shape));
   }
   same("T", th);
   same("the shrink map", t.shrink.shape());

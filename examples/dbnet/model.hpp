@@ -148,7 +148,7 @@ inline auto neck(const config& c) {
                           nn::named("p8", nn::seq(nn::conv2d<smooth>(n, q, 3, same, nn::no_bias), nn::upsample_nearest(2))),
                           nn::named("p16", nn::seq(nn::conv2d<smooth>(n, q, 3, same, nn::no_bias), nn::upsample_nearest(4))),
                           nn::named("p32", nn::seq(nn::conv2d<smooth>(n, q, 3, same, nn::no_bias), nn::upsample_nearest(8)))),
-                 nn::concat_all(1));
+                 nn::concat_all(nn::channel_axis));
 }
 
 /// One head: from the neck's map to one full-resolution channel.

@@ -44,6 +44,7 @@ struct options {
   double lr = 2e-3, weight_decay = 1e-4;
   bool check = false;
   std::size_t time_steps = 0;  // --time N: time N steps per policy instead of training
+  image_layout layout = image_layout::nchw;  // --layout nchw|nhwc: the model's image layout
   std::set<std::string> policies;  // empty: all
   std::filesystem::path out = "dbnet_output";
   std::uint64_t monitor_every = 0;  // --monitor N: observe every N-th step (0: off)
@@ -116,17 +117,28 @@ inline dataset synthesize_set(std::uint64_t seed, std::size_t first, std::size_t
   return d;
 }
 
-/// Images order[first, first + n) and their targets as a batch.
+/// Images order[first, first + n) and their targets as a batch: images [n, 3, side, side],
+/// or [n, side, side, 3] for a channels-last model; the one-channel target maps [n, 1, side,
+/// side] or [n, side, side, 1] (the same values in memory).
 inline void gather(const dataset& d, const std::vector<std::size_t>& order, std::size_t first, std::size_t n,
-            host_tensor<float, 4>& x, dbnet::targets* t) {
+                   host_tensor<float, 4>& x, dbnet::targets* t, image_layout layout = image_layout::nchw) {
   const std::size_t s = d.side, px = s * s;
-  x.resize({n, 3, s, s});
+  const bool last = layout == image_layout::nhwc;
+  x.resize(last ? std::array<std::size_t, 4>{n, s, s, 3} : std::array<std::size_t, 4>{n, 3, s, s});
   if (t) {
-    for (auto* m : {&t->shrink, &t->shrink_mask, &t->thresh, &t->thresh_mask}) m->resize({n, 1, s, s});
+    for (auto* m : {&t->shrink, &t->shrink_mask, &t->thresh, &t->thresh_mask}) {
+      m->resize(last ? std::array<std::size_t, 4>{n, s, s, 1} : std::array<std::size_t, 4>{n, 1, s, s});
+    }
   }
   for (std::size_t b = 0; b < n; ++b) {
     const std::size_t i = order[first + b];
-    std::copy_n(d.x.data() + i * 3 * px, 3 * px, x.data() + b * 3 * px);
+    if (last) {
+      for (std::size_t q = 0; q < px; ++q) {
+        for (std::size_t c = 0; c < 3; ++c) x.data()[(b * px + q) * 3 + c] = d.x[(i * 3 + c) * px + q];
+      }
+    } else {
+      std::copy_n(d.x.data() + i * 3 * px, 3 * px, x.data() + b * 3 * px);
+    }
     if (!t) continue;
     std::copy_n(d.shrink.data() + i * px, px, t->shrink.data() + b * px);
     std::copy_n(d.shrink_mask.data() + i * px, px, t->shrink_mask.data() + b * px);
@@ -281,6 +293,10 @@ inline bool parse(int argc, char** argv, options& o, const std::set<std::string>
       o.check = true;
     } else if (a == "--time") {
       ok = number(1, o.time_steps);
+    } else if (a == "--layout" && i + 1 < argc) {
+      const std::string_view l = argv[++i];
+      ok = l == "nchw" || l == "nhwc";
+      o.layout = l == "nhwc" ? image_layout::nhwc : image_layout::nchw;
     } else if (a == "--monitor") {
       ok = number(1, o.monitor_every);
     } else if (a == "--advise" && i + 1 < argc) {

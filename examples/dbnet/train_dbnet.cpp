@@ -158,7 +158,7 @@ dbnet::detection_scores evaluate(const cpu_context& ctx, Model& model, const dat
   found.assign(val.count, {});
   for (std::size_t first = 0; first < val.count; first += chunk) {
     const std::size_t n = std::min(chunk, val.count - first);
-    gather(val, order, first, n, xf, nullptr);
+    gather(val, order, first, n, xf, nullptr, model.layout());
     x.resize(xf.shape());
     precis::cast(ctx, xf, x);
     const auto out = model.forward(ctx, x, nn::mode::eval);
@@ -174,7 +174,7 @@ void time_one(const Entry& e, const options& o, const dbnet::config& dc, const d
   using Map = typename Entry::map;
   using S = nn::activation_type_t<typename Map::default_policy>;
   const cpu_context ctx{o.threads};
-  auto model = nn::build<S, 4>(Map{}, dbnet::blueprint(dc), {.seed = o.seed});
+  auto model = nn::build<S, 4>(Map{}, dbnet::blueprint(dc), {.seed = o.seed, .layout = o.layout});
   dbnet::loss_t<Map, decltype(model)> loss;
   adamw opt(model.masters(), {.lr = o.lr, .weight_decay = o.weight_decay}, model.decay_mask(), ctx);
   typename Entry::scaler scaler;
@@ -184,7 +184,7 @@ void time_one(const Entry& e, const options& o, const dbnet::config& dc, const d
   host_tensor<float, 4> xf;
   host_tensor<S, 4> x;
   dbnet::targets t;
-  gather(train, order, 0, o.batch, xf, &t);
+  gather(train, order, 0, o.batch, xf, &t, o.layout);
   x.resize(xf.shape());
   precis::cast(ctx, xf, x);
   std::vector<double> ms;
@@ -195,8 +195,10 @@ void time_one(const Entry& e, const options& o, const dbnet::config& dc, const d
   }
   std::sort(ms.begin(), ms.end());
   const std::string label = e.name == "bf16_mixed" ? "bf16" : std::string(e.name);
-  std::printf("precis %s: width %zu inner %zu size %zu batch %zu threads %u: best %.1f ms/step, median %.1f ms/step\n",
-              label.c_str(), dc.width, dc.inner, o.size, o.batch, ctx.thread_count(), ms.front(), ms[ms.size() / 2]);
+  std::printf("precis %s: width %zu inner %zu size %zu batch %zu threads %u%s: best %.1f ms/step, median %.1f "
+              "ms/step\n",
+              label.c_str(), dc.width, dc.inner, o.size, o.batch, ctx.thread_count(),
+              o.layout == image_layout::nhwc ? " nhwc" : "", ms.front(), ms[ms.size() / 2]);
   std::fflush(stdout);
 }
 
@@ -206,7 +208,7 @@ result train_one(const Entry& e, const options& o, const dbnet::config& dc, cons
   using S = nn::activation_type_t<typename Map::default_policy>;
   examples::reset_peak_rss();
   const cpu_context ctx{o.threads};
-  auto model = nn::build<S, 4>(Map{}, dbnet::blueprint(dc), {.seed = o.seed});
+  auto model = nn::build<S, 4>(Map{}, dbnet::blueprint(dc), {.seed = o.seed, .layout = o.layout});
   dbnet::loss_t<Map, decltype(model)> loss;
   const std::size_t per_epoch = train.count / o.batch, total = per_epoch * o.epochs;
   adamw opt(model.masters(), {.lr = o.lr, .weight_decay = o.weight_decay}, model.decay_mask(), ctx);
@@ -232,7 +234,7 @@ result train_one(const Entry& e, const options& o, const dbnet::config& dc, cons
     std::size_t counted = 0;
     std::size_t applied = 0;
     for (std::size_t b = 0; b < per_epoch; ++b) {
-      gather(train, order, b * o.batch, o.batch, xf, &t);
+      gather(train, order, b * o.batch, o.batch, xf, &t, o.layout);
       x.resize(xf.shape());
       precis::cast(ctx, xf, x);
       note_step(r, monitor ? tr.step(ctx, x, t, *monitor) : tr.step(ctx, x, t), applied, loss_sum, counted);
@@ -276,7 +278,7 @@ int usage(const char* self) {
                "[--train N] [--val N]\n"
                "          [--size PX] [--width N] [--inner N] [--seed S] [--lr X] [--out DIR] "
                "[--check] [--time N]\n"
-               "          [--monitor N] [--advise FILE] [--device cpu|cuda]\n"
+               "          [--monitor N] [--advise FILE] [--layout nchw|nhwc] [--device cpu|cuda]\n"
                "policies: fp32 fp32_hardware bf16_mixed fp16_mixed fp16_fp32_head fp16_seed_waived "
                "advised\n",
                self);

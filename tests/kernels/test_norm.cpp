@@ -407,3 +407,72 @@ TEST_CASE("layer norm over long rows is as accurate as PyTorch's float32") {
     CHECK(e <= std::max(torch_error, std::ldexp(1.0, -22)));
   }
 }
+
+namespace {
+
+/// [N, C, H, W] -> [N, H, W, C], element by element.
+template <class T>
+host_tensor<T, 4> channels_last(const host_tensor<T, 4>& t) {
+  const auto s = t.shape();
+  auto out = host_tensor<T, 4>::from_shape({s[0], s[2], s[3], s[1]});
+  for (std::size_t n = 0; n < s[0]; ++n)
+    for (std::size_t c = 0; c < s[1]; ++c)
+      for (std::size_t h = 0; h < s[2]; ++h)
+        for (std::size_t w = 0; w < s[3]; ++w) out(n, h, w, c) = t(n, c, h, w);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("batch norm on channels-last images gives NCHW's bits, over several channel blocks", C,
+                   fp32_config, bf16_config, fp16_config) {
+  using T = typename C::T;
+  using P = typename C::P;
+  // 70 channels: several cache lines of channels (16 floats, 32 16-bit values) and a partial
+  // one; 6 channels: less than one. 270 pixels: several tiles of pixels and a partial one.
+  // 2 threads split the channels.
+  for (const std::size_t ch : {std::size_t(70), std::size_t(6)}) {
+    INFO(ch << " channels");
+    const auto x = random_tensor<T, 4>({3, ch, 9, 10}, -1, 3);
+    const auto dy = random_tensor<T, 4>(x.shape());
+    const auto g = random_tensor<T, 1>({ch}, 0.5, 1.5), b = random_tensor<T, 1>({ch});
+    const auto xl = channels_last(x), dyl = channels_last(dy);
+    for (const unsigned threads : {1U, 2U}) {
+      const cpu_context ctx{threads};
+      auto rm = random_tensor<float, 1>({ch}), rv = random_tensor<float, 1>({ch}, 0.5, 2);
+      auto rml = rm, rvl = rv;
+      auto y = poisoned<T, 4>(x.shape());
+      auto yl = poisoned<T, 4>(xl.shape());
+      auto sm = poisoned<float, 1>(std::array<std::size_t, 1>{ch}), sr = sm, sml = sm, srl = sm;
+      precis::batch_norm_train<P>(ctx, x, g, b, rm, rv, y, sm, sr, 0.1, eps);
+      precis::batch_norm_train<P>(ctx, xl, g, b, rml, rvl, yl, sml, srl, 0.1, eps, precis::image_layout::nhwc);
+      CHECK(same_bits(channels_last(y), yl));
+      CHECK(same_bits(sm, sml));
+      CHECK(same_bits(sr, srl));
+      CHECK(same_bits(rm, rml));
+      CHECK(same_bits(rv, rvl));
+
+      auto yi = poisoned<T, 4>(x.shape());
+      auto yil = poisoned<T, 4>(xl.shape());
+      precis::batch_norm_infer<P>(ctx, x, g, b, rm, rv, yi, eps);
+      precis::batch_norm_infer<P>(ctx, xl, g, b, rm, rv, yil, eps, precis::image_layout::nhwc);
+      CHECK(same_bits(channels_last(yi), yil));
+
+      auto dx = poisoned<T, 4>(x.shape());
+      auto dxl = poisoned<T, 4>(xl.shape());
+      auto dg = poisoned<T, 1>(g.shape()), db = dg, dgl = dg, dbl = dg;
+      precis::batch_norm_backward<P>(ctx, dy, x, g, sm, sr, dx, dg, db);
+      precis::batch_norm_backward<P>(ctx, dyl, xl, g, sm, sr, dxl, dgl, dbl, precis::image_layout::nhwc);
+      CHECK(same_bits(channels_last(dx), dxl));
+      CHECK(same_bits(dg, dgl));
+      CHECK(same_bits(db, dbl));
+    }
+    // The channels are the last axis: gamma of the NCHW channel count is refused, naming it.
+    auto yl = poisoned<T, 4>(xl.shape());
+    auto rm = random_tensor<float, 1>({ch}), rv = rm, sm = rm, sr = rm;
+    const auto g5 = random_tensor<T, 1>({ch + 1});
+    CHECK_THROWS_WITH_AS(precis::batch_norm_train<P>(cpu_context{1}, xl, g5, g5, rm, rv, yl, sm, sr, 0.1, eps,
+                                                     precis::image_layout::nhwc),
+                         doctest::Contains("gamma"), precis::error);
+  }
+}

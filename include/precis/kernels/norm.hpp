@@ -16,6 +16,7 @@
 #include <precis/kernels/common.hpp>
 #include <precis/kernels/context.hpp>
 #include <precis/kernels/cpu/support.hpp>
+#include <precis/kernels/cpu/transpose.hpp>
 #include <precis/kernels/cpu/vec_math.hpp>
 #include <precis/tensor/host_tensor.hpp>
 
@@ -24,6 +25,7 @@
 #include <cmath>
 #include <concepts>
 #include <cstddef>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -110,25 +112,79 @@ std::pair<float, float> vector_layer_norm_row(const float* x, Y* y, const float*
   return {mu, rs};
 }
 
-/// x viewed as [batch, channels, inner] (inner: the product of the axes after the second).
+/// x viewed as [batch, channels, inner] (inner: the product of the axes after the second);
+/// with `last` (channels-last images [N, H, W, C]), channels is the last axis and inner the
+/// pixels, the values of channel c at (b * inner + p) * channels + c.
 template <class X>
-std::array<std::size_t, 3> batch_norm_dims(const X& x) {
+std::array<std::size_t, 3> batch_norm_dims(const X& x, bool last = false) {
+  const std::size_t rank = x.dimension(), channel_axis = last ? rank - 1 : 1;
   std::size_t inner = 1;
-  for (std::size_t i = 2; i < x.dimension(); ++i) inner *= std::size_t(x.shape()[i]);
-  return {std::size_t(x.shape()[0]), std::size_t(x.shape()[1]), inner};
+  for (std::size_t i = 1; i < rank; ++i) {
+    if (i != channel_axis) inner *= std::size_t(x.shape()[i]);
+  }
+  return {std::size_t(x.shape()[0]), std::size_t(x.shape()[channel_axis]), inner};
 }
 
-/// Copies channel c of x ([batch, channels, inner]) into v, as M.
+/// How many channels a channels-last batch norm moves at once: a cache line of them, so
+/// that each pass over x reads whole lines.
+template <class X>
+constexpr std::size_t channel_block = 64 / sizeof(X) > 0 ? 64 / sizeof(X) : 1;
+/// The most channels a block holds (one-byte elements).
+inline constexpr std::size_t max_channel_block = 64;
+
+/// Pixels a channels-last batch norm moves per tile (gather_channels).
+inline constexpr std::size_t pixel_tile = 128;
+
+/// Channels [c0, c0 + nb) of x into v, one row of count = batch * inner values (M) per
+/// channel, in (batch, inner) order whatever the layout: the rows the NCHW kernels read, so
+/// the same sums follow. `last`: x is channels-last; tiles of pixel_tile pixels by nb
+/// channels are transposed (nb <= max_channel_block), then widened.
 template <class M, class X>
-void gather_channel(const X* x, const std::array<std::size_t, 3>& d, std::size_t c, M* v) {
-  for (std::size_t b = 0; b < d[0]; ++b) load_block(x + (b * d[1] + c) * d[2], v + b * d[2], d[2]);
+void gather_channels(const X* x, const std::array<std::size_t, 3>& d, bool last, std::size_t c0, std::size_t nb,
+                     M* v) {
+  const std::size_t count = d[0] * d[2];
+  if (!last) {
+    for (std::size_t k = 0; k < nb; ++k) {
+      for (std::size_t b = 0; b < d[0]; ++b) load_block(x + (b * d[1] + c0 + k) * d[2], v + k * count + b * d[2], d[2]);
+    }
+    return;
+  }
+  X tile[pixel_tile * max_channel_block];
+  for (std::size_t q0 = 0; q0 < count; q0 += pixel_tile) {
+    const std::size_t qn = std::min(pixel_tile, count - q0);
+    transpose_matrix(x + q0 * d[1] + c0, d[1], tile, qn, qn, nb);
+    for (std::size_t k = 0; k < nb; ++k) load_block(tile + k * qn, v + k * count + q0, qn);
+  }
 }
 
-/// Writes v (M) into channel c of out, rounding once.
+/// Writes the rows v of channels [c0, c0 + nb) into out (gather_channels' inverse), each
+/// value rounded once.
 template <class M, class Y>
-void scatter_channel(const M* v, const std::array<std::size_t, 3>& d, std::size_t c, Y* out) {
-  for (std::size_t b = 0; b < d[0]; ++b) store_block(v + b * d[2], out + (b * d[1] + c) * d[2], d[2]);
+void scatter_channels(const M* v, const std::array<std::size_t, 3>& d, bool last, std::size_t c0, std::size_t nb,
+                      Y* out) {
+  const std::size_t count = d[0] * d[2];
+  if (!last) {
+    for (std::size_t k = 0; k < nb; ++k) {
+      for (std::size_t b = 0; b < d[0]; ++b) store_block(v + k * count + b * d[2], out + (b * d[1] + c0 + k) * d[2], d[2]);
+    }
+    return;
+  }
+  Y tile[pixel_tile * max_channel_block];
+  for (std::size_t q0 = 0; q0 < count; q0 += pixel_tile) {
+    const std::size_t qn = std::min(pixel_tile, count - q0);
+    for (std::size_t k = 0; k < nb; ++k) store_block(v + k * count + q0, tile + k * qn, qn);
+    transpose_matrix(tile, qn, out + q0 * d[1] + c0, d[1], nb, qn);
+  }
 }
+
+/// Calls f(c0, nb) for the channels [begin, end) in blocks: one channel at a time for NCHW,
+/// channel_block<X> at a time for channels-last images.
+template <class X, class F>
+void for_channel_blocks(std::size_t begin, std::size_t end, bool last, F&& f) {
+  const std::size_t step = last ? channel_block<X> : 1;
+  for (std::size_t c0 = begin; c0 < end; c0 += step) f(c0, std::min(step, end - c0));
+}
+
 
 }  // namespace detail
 
@@ -318,9 +374,9 @@ namespace detail {
 
 /// Checks that every named tensor has shape [C], C = x's axis 1 (host or device tensors).
 template <class XT, class... T>
-void check_channel_tensors(std::string_view name, const XT& x,
+void check_channel_tensors(std::string_view name, const XT& x, bool last,
                            const std::pair<std::string_view, const T*>&... ts) {
-  const std::array<std::size_t, 1> c{std::size_t(x.shape()[1])};
+  const std::array<std::size_t, 1> c{batch_norm_dims(x, last)[1]};
   (check_shape(std::string(name) + ": " + std::string(ts.first), *ts.second, c), ...);
 }
 
@@ -334,12 +390,12 @@ std::pair<std::string_view, const T*> named(std::string_view name, const T& t) {
 template <std::size_t N, class XT, class GT, class BT, class RT, class YT, class ST>
 void check_batch_norm_train(std::string_view name, const XT& x, const GT& gamma, const BT& beta,
                             const RT& running_mean, const RT& running_var, const YT& y, const ST& save_mean,
-                            const ST& save_rstd, double momentum, double eps) {
-  check_channel_tensors(name, x, named("gamma", gamma), named("beta", beta), named("running_mean", running_mean),
+                            const ST& save_rstd, double momentum, double eps, bool last = false) {
+  check_channel_tensors(name, x, last, named("gamma", gamma), named("beta", beta), named("running_mean", running_mean),
                         named("running_var", running_var), named("save_mean", save_mean),
                         named("save_rstd", save_rstd));
   check_shape(std::string(name) + ": y", y, shape_array<N>(x));
-  const auto d = batch_norm_dims(x);
+  const auto d = batch_norm_dims(x, last);
   if (d[0] * d[2] < 2 && d[1] > 0) {
     throw error(std::string(name) + ": x has shape " + shape_string(x.shape()) +
                 ", expected more than one value per channel in training mode");
@@ -352,8 +408,9 @@ void check_batch_norm_train(std::string_view name, const XT& x, const GT& gamma,
 /// The checks of batch_norm_infer (host and device tensors).
 template <std::size_t N, class XT, class GT, class BT, class RT, class YT>
 void check_batch_norm_infer(std::string_view name, const XT& x, const GT& gamma, const BT& beta,
-                            const RT& running_mean, const RT& running_var, const YT& y, double eps) {
-  check_channel_tensors(name, x, named("gamma", gamma), named("beta", beta), named("running_mean", running_mean),
+                            const RT& running_mean, const RT& running_var, const YT& y, double eps,
+                            bool last = false) {
+  check_channel_tensors(name, x, last, named("gamma", gamma), named("beta", beta), named("running_mean", running_mean),
                         named("running_var", running_var));
   check_shape(std::string(name) + ": y", y, shape_array<N>(x));
   check_eps(name, eps);
@@ -363,9 +420,9 @@ void check_batch_norm_infer(std::string_view name, const XT& x, const GT& gamma,
 template <std::size_t N, class DYT, class XT, class GT, class ST, class DXT, class DGT, class DBT>
 void check_batch_norm_backward(std::string_view name, const DYT& dy, const XT& x, const GT& gamma,
                                const ST& save_mean, const ST& save_rstd, const DXT& dx, const DGT& dgamma,
-                               const DBT& dbeta) {
+                               const DBT& dbeta, bool last = false) {
   check_same_shape(std::string(name) + ": dy and x", dy, x);
-  check_channel_tensors(name, x, named("gamma", gamma), named("save_mean", save_mean),
+  check_channel_tensors(name, x, last, named("gamma", gamma), named("save_mean", save_mean),
                         named("save_rstd", save_rstd), named("dgamma", dgamma), named("dbeta", dbeta));
   check_shape(std::string(name) + ": dx", dx, shape_array<N>(x));
 }
@@ -381,54 +438,89 @@ void check_batch_norm_backward(std::string_view name, const DYT& dy, const XT& x
 /// `save_rstd` = 1 / sqrt(var + eps) are for the backward pass. All channel tensors have
 /// shape [C]. Throws precis::error before writing on a shape mismatch, fewer than two
 /// values per channel, momentum outside [0, 1], or a negative or non-finite eps.
+///
+/// `layout` image_layout::nhwc takes channels-last images [N, H, W, C] (channels on the last
+/// axis, for any rank): each channel's values are gathered in the same (image, pixel) order
+/// as from NCHW, so both layouts give the same bits. Channels-last moves a cache line of
+/// channels at a time, holding that many rows of N * H * W math values per thread.
 template <Policy P, kernel_element X, kernel_element G, kernel_element B, statistics_element R,
           kernel_element Y, statistics_element S, std::size_t N>
   requires(N >= 2)
 void batch_norm_train(const cpu_context& ctx, const host_tensor<X, N>& x, const host_tensor<G, 1>& gamma,
                       const host_tensor<B, 1>& beta, host_tensor<R, 1>& running_mean,
                       host_tensor<R, 1>& running_var, host_tensor<Y, N>& y, host_tensor<S, 1>& save_mean,
-                      host_tensor<S, 1>& save_rstd, double momentum = 0.1, double eps = 1e-5) {
+                      host_tensor<S, 1>& save_rstd, double momentum = 0.1, double eps = 1e-5,
+                      image_layout layout = image_layout::nchw) {
   using M = detail::math_t<op::batch_norm, P, X, G, B>;
   using Acc = detail::accumulate_t<op::batch_norm, P>;
   constexpr std::string_view name = "precis::batch_norm_train";
+  const bool last = layout == image_layout::nhwc;
   detail::check_batch_norm_train<N>(name, x, gamma, beta, running_mean, running_var, y, save_mean, save_rstd,
-                                    momentum, eps);
-  const auto d = detail::batch_norm_dims(x);
+                                    momentum, eps, last);
+  const auto d = detail::batch_norm_dims(x, last);
   const std::size_t count = d[0] * d[2];
   const M e = static_cast<M>(eps), mom = static_cast<M>(momentum);
   detail::for_rows(ctx, d[1], count, [&](std::size_t begin, std::size_t end) {
-    std::vector<M> v(count);
-    for (std::size_t c = begin; c < end; ++c) {
-      detail::gather_channel(x.data(), d, c, v.data());
-      const auto [mu, var] = detail::mean_and_variance<Acc>(v.data(), count);
-      const M rs = M(1) / std::sqrt(var + e);
-      const M g = detail::load<M>(gamma.data()[c]), bt = detail::load<M>(beta.data()[c]);
-      detail::normalize_affine(v.data(), count, mu, rs, g, bt);
-      detail::scatter_channel(v.data(), d, c, y.data());
-      save_mean.data()[c] = static_cast<S>(mu);
-      save_rstd.data()[c] = static_cast<S>(rs);
-      const M unbiased = var * static_cast<M>(count) / static_cast<M>(count - 1);
-      running_mean.data()[c] =
-          static_cast<R>(detail::blend(static_cast<M>(running_mean.data()[c]), mu, mom));
-      running_var.data()[c] =
-          static_cast<R>(detail::blend(static_cast<M>(running_var.data()[c]), unbiased, mom));
-    }
+    std::vector<M> rows;
+    detail::for_channel_blocks<X>(begin, end, last, [&](std::size_t c0, std::size_t nb) {
+      rows.resize(nb * count);
+      detail::gather_channels(x.data(), d, last, c0, nb, rows.data());
+      for (std::size_t k = 0; k < nb; ++k) {
+        const std::size_t c = c0 + k;
+        M* v = rows.data() + k * count;
+        const auto [mu, var] = detail::mean_and_variance<Acc>(v, count);
+        const M rs = M(1) / std::sqrt(var + e);
+        const M g = detail::load<M>(gamma.data()[c]), bt = detail::load<M>(beta.data()[c]);
+        detail::normalize_affine(v, count, mu, rs, g, bt);
+        save_mean.data()[c] = static_cast<S>(mu);
+        save_rstd.data()[c] = static_cast<S>(rs);
+        const M unbiased = var * static_cast<M>(count) / static_cast<M>(count - 1);
+        running_mean.data()[c] =
+            static_cast<R>(detail::blend(static_cast<M>(running_mean.data()[c]), mu, mom));
+        running_var.data()[c] =
+            static_cast<R>(detail::blend(static_cast<M>(running_var.data()[c]), unbiased, mom));
+      }
+      detail::scatter_channels(rows.data(), d, last, c0, nb, y.data());
+    });
   });
 }
 
 /// Batch norm in inference mode: y = (x - running_mean) / sqrt(running_var + eps) * gamma +
-/// beta, per channel (axis 1). Same shape rules as batch_norm_train.
+/// beta, per channel (axis 1; the last axis with `layout` image_layout::nhwc, with the same
+/// bits). Same shape rules as batch_norm_train.
 template <Policy P, kernel_element X, kernel_element G, kernel_element B, statistics_element R,
           kernel_element Y, std::size_t N>
   requires(N >= 2)
 void batch_norm_infer(const cpu_context& ctx, const host_tensor<X, N>& x, const host_tensor<G, 1>& gamma,
                       const host_tensor<B, 1>& beta, const host_tensor<R, 1>& running_mean,
-                      const host_tensor<R, 1>& running_var, host_tensor<Y, N>& y, double eps = 1e-5) {
+                      const host_tensor<R, 1>& running_var, host_tensor<Y, N>& y, double eps = 1e-5,
+                      image_layout layout = image_layout::nchw) {
   using M = detail::math_t<op::batch_norm, P, X, G, B>;
   constexpr std::string_view name = "precis::batch_norm_infer";
-  detail::check_batch_norm_infer<N>(name, x, gamma, beta, running_mean, running_var, y, eps);
-  const auto d = detail::batch_norm_dims(x);
+  const bool last = layout == image_layout::nhwc;
+  detail::check_batch_norm_infer<N>(name, x, gamma, beta, running_mean, running_var, y, eps, last);
+  const auto d = detail::batch_norm_dims(x, last);
   const M e = static_cast<M>(eps);
+  if (last) {
+    // Each channel's rows, normalised by the same function as below: the same bits.
+    const std::size_t count = d[0] * d[2];
+    detail::for_rows(ctx, d[1], count, [&](std::size_t begin, std::size_t end) {
+      std::vector<M> rows;
+      detail::for_channel_blocks<X>(begin, end, true, [&](std::size_t c0, std::size_t nb) {
+        rows.resize(nb * count);
+        detail::gather_channels(x.data(), d, true, c0, nb, rows.data());
+        for (std::size_t k = 0; k < nb; ++k) {
+          const std::size_t c = c0 + k;
+          const M mu = static_cast<M>(running_mean.data()[c]);
+          const M rs = M(1) / std::sqrt(static_cast<M>(running_var.data()[c]) + e);
+          const M g = detail::load<M>(gamma.data()[c]), bt = detail::load<M>(beta.data()[c]);
+          detail::normalize_affine(rows.data() + k * count, count, mu, rs, g, bt);
+        }
+        detail::scatter_channels(rows.data(), d, true, c0, nb, y.data());
+      });
+    });
+    return;
+  }
   // Per channel, y = x * scale + shift would round differently from the training formula;
   // the normalisation is written the same way in both modes.
   detail::for_rows(ctx, d[0] * d[1], d[2], [&](std::size_t begin, std::size_t end) {
@@ -448,55 +540,63 @@ void batch_norm_infer(const cpu_context& ctx, const host_tensor<X, N>& x, const 
 /// Gradients of batch_norm_train from its saved statistics: per channel, with xhat =
 /// (x - mean) rstd over the `count` values of the channel, dbeta = sum(dy), dgamma =
 /// sum(dy xhat), dx = gamma rstd (dy - dbeta / count - xhat dgamma / count). The running
-/// statistics do not take part (they are not a function of the loss).
+/// statistics do not take part (they are not a function of the loss). `layout` as in
+/// batch_norm_train (the same bits in both).
 template <Policy P, kernel_element DY, kernel_element X, kernel_element G, statistics_element S,
           kernel_element DX, kernel_element DG, kernel_element DB, std::size_t N>
   requires(N >= 2)
 void batch_norm_backward(const cpu_context& ctx, const host_tensor<DY, N>& dy, const host_tensor<X, N>& x,
                          const host_tensor<G, 1>& gamma, const host_tensor<S, 1>& save_mean,
                          const host_tensor<S, 1>& save_rstd, host_tensor<DX, N>& dx,
-                         host_tensor<DG, 1>& dgamma, host_tensor<DB, 1>& dbeta) {
+                         host_tensor<DG, 1>& dgamma, host_tensor<DB, 1>& dbeta,
+                         image_layout layout = image_layout::nchw) {
   using M = detail::math_t<op::batch_norm, P, DY, X, G>;
   using Acc = detail::accumulate_t<op::batch_norm, P>;
   constexpr std::string_view name = "precis::batch_norm_backward";
-  detail::check_batch_norm_backward<N>(name, dy, x, gamma, save_mean, save_rstd, dx, dgamma, dbeta);
-  const auto d = detail::batch_norm_dims(x);
+  const bool last = layout == image_layout::nhwc;
+  detail::check_batch_norm_backward<N>(name, dy, x, gamma, save_mean, save_rstd, dx, dgamma, dbeta, last);
+  const auto d = detail::batch_norm_dims(x, last);
   const std::size_t count = d[0] * d[2];
   if (count == 0) return;
   detail::for_rows(ctx, d[1], count, [&](std::size_t begin, std::size_t end) {
-    std::vector<M> v(count), g(count);
-    for (std::size_t c = begin; c < end; ++c) {
-      detail::gather_channel(x.data(), d, c, v.data());
-      detail::gather_channel(dy.data(), d, c, g.data());
-      const M mu = static_cast<M>(save_mean.data()[c]), rs = static_cast<M>(save_rstd.data()[c]);
-      const M k = detail::load<M>(gamma.data()[c]) * rs;
-      M sum_dy, sum_dyx;
-      if constexpr (detail::vmath::float_path_v<M, Acc>) {
-        namespace vm = detail::vmath;
-        const vm::vf muv = vm::splat(mu), rsv = vm::splat(rs);
-        vm::map(v.data(), v.data(), count, [=](vm::vf a) { return vm::product(a - muv, rsv); });
-        sum_dy = vm::row_sum(g.data(), count);
-        sum_dyx = vm::row_dot(g.data(), v.data(), count);
-        const vm::vf av = vm::splat(sum_dy / static_cast<M>(count));
-        const vm::vf bv = vm::splat(sum_dyx / static_cast<M>(count)), kv = vm::splat(k);
-        vm::map2(g.data(), v.data(), v.data(), count,
-                 [=](vm::vf gi, vm::vf xh) { return kv * ((gi - av) - vm::product(xh, bv)); });
-      } else {
-        accumulator<Acc> sdy, sdyx;
-        for (std::size_t i = 0; i < count; ++i) {
-          v[i] = (v[i] - mu) * rs;  // xhat
-          detail::accumulate(sdy, g[i]);
-          detail::accumulate(sdyx, g[i] * v[i]);
+    std::vector<M> xs, gs;
+    detail::for_channel_blocks<X>(begin, end, last, [&](std::size_t c0, std::size_t nb) {
+      xs.resize(nb * count);
+      gs.resize(nb * count);
+      detail::gather_channels(x.data(), d, last, c0, nb, xs.data());
+      detail::gather_channels(dy.data(), d, last, c0, nb, gs.data());
+      for (std::size_t c = c0; c < c0 + nb; ++c) {
+        const std::span<M> v(xs.data() + (c - c0) * count, count), g(gs.data() + (c - c0) * count, count);
+        const M mu = static_cast<M>(save_mean.data()[c]), rs = static_cast<M>(save_rstd.data()[c]);
+        const M k = detail::load<M>(gamma.data()[c]) * rs;
+        M sum_dy, sum_dyx;
+        if constexpr (detail::vmath::float_path_v<M, Acc>) {
+          namespace vm = detail::vmath;
+          const vm::vf muv = vm::splat(mu), rsv = vm::splat(rs);
+          vm::map(v.data(), v.data(), count, [=](vm::vf a) { return vm::product(a - muv, rsv); });
+          sum_dy = vm::row_sum(g.data(), count);
+          sum_dyx = vm::row_dot(g.data(), v.data(), count);
+          const vm::vf av = vm::splat(sum_dy / static_cast<M>(count));
+          const vm::vf bv = vm::splat(sum_dyx / static_cast<M>(count)), kv = vm::splat(k);
+          vm::map2(g.data(), v.data(), v.data(), count,
+                   [=](vm::vf gi, vm::vf xh) { return kv * ((gi - av) - vm::product(xh, bv)); });
+        } else {
+          accumulator<Acc> sdy, sdyx;
+          for (std::size_t i = 0; i < count; ++i) {
+            v[i] = (v[i] - mu) * rs;  // xhat
+            detail::accumulate(sdy, g[i]);
+            detail::accumulate(sdyx, g[i] * v[i]);
+          }
+          sum_dy = static_cast<M>(sdy.value());
+          sum_dyx = static_cast<M>(sdyx.value());
+          const M a = sum_dy / static_cast<M>(count), b = sum_dyx / static_cast<M>(count);
+          for (std::size_t i = 0; i < count; ++i) v[i] = k * (g[i] - a - detail::mul(v[i], b));
         }
-        sum_dy = static_cast<M>(sdy.value());
-        sum_dyx = static_cast<M>(sdyx.value());
-        const M a = sum_dy / static_cast<M>(count), b = sum_dyx / static_cast<M>(count);
-        for (std::size_t i = 0; i < count; ++i) v[i] = k * (g[i] - a - detail::mul(v[i], b));
+        dgamma.data()[c] = round_to<DG>(sum_dyx);
+        dbeta.data()[c] = round_to<DB>(sum_dy);
       }
-      detail::scatter_channel(v.data(), d, c, dx.data());
-      dgamma.data()[c] = round_to<DG>(sum_dyx);
-      dbeta.data()[c] = round_to<DB>(sum_dy);
-    }
+      detail::scatter_channels(xs.data(), d, last, c0, nb, dx.data());
+    });
   });
 }
 

@@ -18,13 +18,15 @@
 ///   hardware products are oneDNN's channels-last convolutions, with no transposes, and
 ///   the exact products move the images to NCHW in scratch; the bias is added in the
 ///   layout;
-/// - batch norm, pooling, upsampling and global pooling run their NCHW kernels on copies
-///   of their inputs moved to NCHW (detail::nchw_bridge), and move their outputs back:
-///   the same sums in the same order, at the cost of the moves;
+/// - batch norm reads and writes channels-last images in place: its CPU kernels gather each
+///   channel's values in NCHW's order, a cache line of channels at a time;
+/// - pooling, upsampling and global pooling run their NCHW kernels on copies of their
+///   inputs moved to NCHW (detail::nchw_bridge), and move their outputs back: the same
+///   sums in the same order, at the cost of the moves;
 /// - nn::concat_all(nn::channel_axis) concatenates along the last axis.
 ///
-/// The device's convolutions take NCHW only so far: a device model built channels-last is
-/// refused by nn::build, naming the first convolution.
+/// The device's convolutions and batch norms take NCHW only so far: a device model built
+/// channels-last is refused by nn::build, naming the first such layer.
 #pragma once
 
 #include <precis/kernels/conv.hpp>

@@ -208,8 +208,8 @@ class layer_norm_layer : public detail::affine_norm<Tag, P, op::layer_norm, R, C
 };
 
 /// Batch normalisation over axis 1 (axis 3 of the [N, H, W, C] images of a model built
-/// channels-last, whose kernels then read NCHW copies: nn/layout.hpp), built for Tag under
-/// the resolved policy P.
+/// channels-last, nn/layout.hpp: the kernels read them in place, with the same bits), built
+/// for Tag under the resolved policy P.
 template <Layer Tag, Policy P, std::size_t R, class Ctx>
 class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, Ctx> {
   static_assert(R >= 2, "precis: nn::batch_norm normalises axis 1 of [N, C, ...] tensors");
@@ -262,21 +262,19 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
   /// are used and nothing is updated. Throws precis::error for an input of another shape,
   /// fewer than two values per channel in training, or a negative or non-finite eps.
   const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode m = mode::train) {
-    output_shape(detail::shape_of<R>(x), path_name<Tag>());  // throws for another shape
-    const auto& xn = to_nchw(ctx, x, xn_);
-    this->size_buffers(detail::shape_of<R>(xn));
+    this->size_buffers(output_shape(detail::shape_of<R>(x), path_name<Tag>()));
     if (m == mode::train) {
       detail::ensure(save_mean_, shape_t<1>{this->features_});
       detail::ensure(save_rstd_, shape_t<1>{this->features_});
-      batch_norm_train<P>(ctx, xn, this->gamma_.value(), this->beta_.value(), running_mean_, running_var_, this->y_,
-                          save_mean_, save_rstd_, momentum_, eps_);
-      this->x_.set(xn);
+      batch_norm_train<P>(ctx, x, this->gamma_.value(), this->beta_.value(), running_mean_, running_var_, this->y_,
+                          save_mean_, save_rstd_, momentum_, eps_, layout_);
+      this->x_.set(x);
     } else {
-      batch_norm_infer<P>(ctx, xn, this->gamma_.value(), this->beta_.value(), running_mean_, running_var_, this->y_,
-                          eps_);
+      batch_norm_infer<P>(ctx, x, this->gamma_.value(), this->beta_.value(), running_mean_, running_var_, this->y_,
+                          eps_, layout_);
     }
     last_train_ = m == mode::train;
-    return to_layout(ctx, this->y_, moved_y_);
+    return this->y_;
   }
   /// Backward of the last forward pass, which must have been in training mode (the batch
   /// statistics' gradient; evaluation mode's running statistics are not differentiated):
@@ -288,16 +286,24 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
                   "differentiates the batch statistics of a training-mode forward (mode::train)");
     }
     const auto& x = this->x_.get(kind);
-    const auto& dyn = to_nchw(ctx, dy, moved_dy_);
-    batch_norm_backward<P>(ctx, dyn, x, this->gamma_.value(), save_mean_, save_rstd_, this->dx_, this->dgamma_,
-                           this->dbeta_);
+    batch_norm_backward<P>(ctx, dy, x, this->gamma_.value(), save_mean_, save_rstd_, this->dx_, this->dgamma_,
+                           this->dbeta_, layout_);
     this->accumulate_affine(ctx);
-    return to_layout(ctx, this->dx_, moved_dx_);
+    return this->dx_;
   }
   /// Takes images in `layout` (nn::build calls it with build_options::layout): for
-  /// [N, H, W, C] the channels are axis 3. Other ranks keep axis 1.
-  void set_layout(image_layout layout, std::string_view) {
-    if constexpr (R == 4) bridge_.set(layout);
+  /// [N, H, W, C] the channels are axis 3. Other ranks keep axis 1. Throws precis::error,
+  /// naming the layer's `path`, for channels-last images on a device (its batch norm
+  /// kernels take NCHW only so far).
+  void set_layout(image_layout layout, std::string_view path) {
+    if constexpr (R == 4) {
+      if (!std::is_same_v<Ctx, cpu_context> && layout != image_layout::nchw) {
+        throw error("precis::nn::build: " + path_or_root(path) +
+                    ": the device's batch norm takes NCHW images only so far; build the device model with "
+                    "image_layout::nchw");
+      }
+      layout_ = layout;
+    }
   }
 
   /// The running mean of each channel [channels], in the statistics type (float, or
@@ -306,11 +312,9 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
   /// The running (unbiased) variance of each channel [channels].
   const tensor<St, 1>& running_var() const { return running_var_; }
   /// Bytes of its output, gradient and batch-statistics buffers (not the running
-  /// statistics), and in a channels-last model of its images moved to and from NCHW.
+  /// statistics).
   std::size_t own_bytes() const {
-    return this->buffer_bytes() + detail::bytes_of(save_mean_) + detail::bytes_of(save_rstd_) +
-           detail::bytes_of(xn_) + detail::bytes_of(moved_y_) + detail::bytes_of(moved_dy_) +
-           detail::bytes_of(moved_dx_);
+    return this->buffer_bytes() + detail::bytes_of(save_mean_) + detail::bytes_of(save_rstd_);
   }
   /// Saves or loads gamma, beta and the running statistics ("running_mean",
   /// "running_var") under `prefix` (see precis::save_checkpoint).
@@ -328,27 +332,7 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
 
  private:
   using io = context_traits<Ctx>;
-  std::size_t channel_axis() const { return bridge_.moves() ? 3 : 1; }
-  // Rank-4 tensors in the model's layout moved to NCHW and back (nchw_bridge); other ranks
-  // pass through.
-  template <class T>
-  const tensor<T>& to_nchw(context_ref_t<Ctx> ctx, const tensor<T>& t, tensor<T>& buffer) const {
-    if constexpr (R == 4) {
-      return bridge_.to_nchw(ctx, t, buffer);
-    } else {
-      (void)ctx, (void)buffer;
-      return t;
-    }
-  }
-  template <class T>
-  const tensor<T>& to_layout(context_ref_t<Ctx> ctx, const tensor<T>& t, tensor<T>& buffer) const {
-    if constexpr (R == 4) {
-      return bridge_.to_layout(ctx, t, buffer);
-    } else {
-      (void)ctx, (void)buffer;
-      return t;
-    }
-  }
+  std::size_t channel_axis() const { return layout_ == image_layout::nhwc ? R - 1 : 1; }
   void reset_statistics() {
     io::fill(running_mean_, St(0));
     io::fill(running_var_, St(1));
@@ -370,9 +354,7 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
   tensor<St, 1> running_mean_, running_var_;
   tensor<St, 1> save_mean_, save_rstd_;
   std::string problem_;
-  detail::nchw_bridge<Ctx> bridge_;
-  tensor<S> xn_, moved_y_;  // channels-last: x moved to NCHW, y moved back
-  tensor<G> moved_dy_, moved_dx_;
+  image_layout layout_ = image_layout::nchw;
 };
 
 }  // namespace precis::nn

@@ -146,39 +146,42 @@ inline void transpose_32(const std::uint32_t* s, std::size_t ld_src, std::uint32
   one_by_one(0, rows, c4, cols);
 }
 
-/// dst = each of `images` row-major rows x cols matrices of T, transposed (any trivially
-/// copyable T: 2- and 4-byte values take transpose_16 and transpose_32, others go one by
-/// one in 16 x 16 tiles). NCHW -> NHWC images with rows = C, cols = H*W; back with
-/// rows = H*W, cols = C. oneDNN 2.6's own reorder between these layouts (jit:uni) moved
-/// about 13 GB/s here, several times the convolution's own time on small layers.
+/// dst = src transposed for a rows x cols matrix of any trivially copyable T:
+/// dst[j * ld_dst + i] = src[i * ld_src + j]. 2- and 4-byte values take transpose_16 and
+/// transpose_32 (moved as integers of their size: their bits, unchanged), others go one by
+/// one in 16 x 16 tiles.
 template <class T>
-void transpose_images(const T* src, T* dst, std::size_t images, std::size_t rows,
+void transpose_matrix(const T* s, std::size_t ld_src, T* d, std::size_t ld_dst, std::size_t rows,
                       std::size_t cols) {
   static_assert(std::is_trivially_copyable_v<T>);
-  const std::size_t size = rows * cols;
-  for (std::size_t n = 0; n < images; ++n) {
-    const T* s = src + n * size;
-    T* d = dst + n * size;
-    if constexpr (sizeof(T) == 2 || sizeof(T) == 4) {
-      using U = std::conditional_t<sizeof(T) == 2, std::uint16_t, std::uint32_t>;
-      // The values are moved as integers of their size: their bits, unchanged.
-      const auto* su = reinterpret_cast<const U*>(s);
-      auto* du = reinterpret_cast<U*>(d);
-      if constexpr (sizeof(T) == 2) {
-        transpose_16(su, cols, du, rows, rows, cols);
-      } else {
-        transpose_32(su, cols, du, rows, rows, cols);
-      }
+  if constexpr (sizeof(T) == 2 || sizeof(T) == 4) {
+    using U = std::conditional_t<sizeof(T) == 2, std::uint16_t, std::uint32_t>;
+    const auto* su = reinterpret_cast<const U*>(s);
+    auto* du = reinterpret_cast<U*>(d);
+    if constexpr (sizeof(T) == 2) {
+      transpose_16(su, ld_src, du, ld_dst, rows, cols);
     } else {
-      constexpr std::size_t tile = 16;
-      for (std::size_t i = 0; i < rows; i += tile) {
-        for (std::size_t j = 0; j < cols; j += tile) {
-          transpose_one_by_one(s, cols, d, rows, i, std::min(rows, i + tile), j,
-                               std::min(cols, j + tile));
-        }
+      transpose_32(su, ld_src, du, ld_dst, rows, cols);
+    }
+  } else {
+    constexpr std::size_t tile = 16;
+    for (std::size_t i = 0; i < rows; i += tile) {
+      for (std::size_t j = 0; j < cols; j += tile) {
+        transpose_one_by_one(s, ld_src, d, ld_dst, i, std::min(rows, i + tile), j, std::min(cols, j + tile));
       }
     }
   }
+}
+
+/// dst = each of `images` row-major rows x cols matrices of T, transposed (transpose_matrix).
+/// NCHW -> NHWC images with rows = C, cols = H*W; back with rows = H*W, cols = C. oneDNN
+/// 2.6's own reorder between these layouts (jit:uni) moved about 13 GB/s here, several
+/// times the convolution's own time on small layers.
+template <class T>
+void transpose_images(const T* src, T* dst, std::size_t images, std::size_t rows,
+                      std::size_t cols) {
+  const std::size_t size = rows * cols;
+  for (std::size_t n = 0; n < images; ++n) transpose_matrix(src + n * size, cols, dst + n * size, rows, rows, cols);
 }
 
 }  // namespace precis::detail
