@@ -16,7 +16,10 @@
 #    fp16_mixed and fp16_fp32_head as AMP fp16 with a GradScaler; Lightning's 32-true,
 #    bf16-mixed and 16-mixed; torch_peak_mib the eager step's torch.cuda.max_memory_reserved(),
 #    one process per precision). A policy with `_graph` appended is precis's step as a CUDA
-#    graph (train_options::graph); its other columns are the same map's.
+#    graph (train_options::graph); its other columns are the same map's. A policy with `_nhwc`
+#    is precis's channels-last model (build_options::layout); its torch columns are torch's
+#    channels_last step (--channels-last) where it was run (NHWC=0 leaves those runs out),
+#    its Lightning column the NCHW one.
 #
 # STAGES picks them (default "train step"); POLICIES the example's maps (default all);
 # COMPILE=0 leaves torch.compile out, LIGHTNING=0 Lightning; CONFIGS the step's configurations
@@ -34,6 +37,7 @@ STAGES="${STAGES:-train step}"
 STEPS="${STEPS:-20}"
 WARMUP="${WARMUP:-5}"
 COMPILE="${COMPILE:-1}"
+NHWC="${NHWC:-1}"
 LIGHTNING="${LIGHTNING:-1}"
 CONFIGS="${CONFIGS:-dbnet-r18-640-b16 dbnet-w16-256-b8}"
 mkdir -p "$RESULTS" "$RESULTS_CUDA"
@@ -92,6 +96,10 @@ if [[ " $STAGES " == *" step "* ]]; then
     for p in fp32 tf32 bf16 fp16; do
       run_python "$config" time --device cuda --precision "$p"
       [[ "$COMPILE" != 0 ]] && run_python "$config" time --device cuda --precision "$p" --compile
+      if [[ "$NHWC" != 0 && ( "$p" == bf16 || "$p" == fp16 ) ]]; then
+        run_python "$config" time --device cuda --precision "$p" --channels-last
+        [[ "$COMPILE" != 0 ]] && run_python "$config" time --device cuda --precision "$p" --channels-last --compile
+      fi
     done
     if [[ "$LIGHTNING" != 0 ]]; then
       for p in 32-true bf16-mixed 16-mixed; do run_python "$config" lightning --precision "$p"; done
@@ -115,7 +123,9 @@ with open(precis_csv) as f, open(out, "w", newline="") as g:
                 "torch_peak_mib", "gpu"])
     for r in csv.DictReader(f):
         base = r["policy"].removesuffix("_graph")  # a captured step: torch's step under the same map
-        p = torch_name[base]
+        nhwc = base.endswith("_nhwc")  # channels-last: torch's channels_last step
+        base = base.removesuffix("_nhwc")
+        p = torch_name[base] + ("-nhwc" if nhwc else "")
         eager = torch.get((r["config"], p, "0"), ("", ""))
         compiled = torch.get((r["config"], p, "1"), ("", ""))
         lightning = torch.get((r["config"], lightning_name.get(base, ""), "0"), ("", ""))

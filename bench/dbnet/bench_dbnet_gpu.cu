@@ -12,7 +12,9 @@
 // waived one). Inputs: random images and targets, a tenth of the pixels text (the step's time
 // does not depend on the values). Each step is timed on the host around a synchronised step,
 // after `warmup` untimed steps; each map eagerly and as a CUDA graph (train_options::graph,
-// the policy named with `_graph` appended). Memory: as bench_vit_gpu
+// the policy named with `_graph` appended), each with NCHW images and channels-last
+// (build_options::layout = image_layout::nhwc, the policy named with `_nhwc` before any
+// `_graph`). Memory: as bench_vit_gpu
 // (bench/cuda/step_bench.hpp). Prints a table and, with --csv, writes
 // config,policy,precis_ms,precis_peak_mib,gpu. Exits 77 without a GPU.
 #include <precis/nn/cuda.hpp>  // first: the device kernels, then nn
@@ -60,7 +62,8 @@ device_tensor<float, 4> random_map(std::mt19937& rng, const std::array<std::size
 
 template <class Entry>
 bench::row time_map(const std::string& config, const dbnet::config& c, std::size_t size, std::size_t batch,
-                    const Entry& e, std::size_t warmup, std::size_t steps, bool graph) {
+                    const Entry& e, std::size_t warmup, std::size_t steps, bool graph, image_layout layout) {
+  const bool last = layout == image_layout::nhwc;
   cuda_context ctx;  // its own, so that its workspace is counted in its figure
   using Map = typename Entry::map;
   using S = nn::activation_type_t<typename Map::default_policy>;
@@ -69,7 +72,7 @@ bench::row time_map(const std::string& config, const dbnet::config& c, std::size
   const double before = bench::used_mib();
   double ms = 0, mib = 0;
   {
-    auto model = nn::build<S, 4, cuda_context>(Map{}, dbnet::blueprint(c), {.seed = 1});
+    auto model = nn::build<S, 4, cuda_context>(Map{}, dbnet::blueprint(c), {.seed = 1, .layout = layout});
     model.refresh(ctx);
     dbnet::loss_t<Map, decltype(model)> loss;
     device_adamw opt(ctx, model.masters(), model.gradients(), {.lr = 1e-3, .weight_decay = 1e-4},
@@ -78,10 +81,13 @@ bench::row time_map(const std::string& config, const dbnet::config& c, std::size
     nn::trainer tr(ctx, model, loss, opt, scaler, {.graph = graph});
     std::mt19937 rng(1);
     std::normal_distribution<float> nd;
-    auto xh = host_tensor<S, 4>::from_shape({batch, 3, size, size});
+    auto xh = host_tensor<S, 4>::from_shape(last ? std::array<std::size_t, 4>{batch, size, size, 3}
+                                                 : std::array<std::size_t, 4>{batch, 3, size, size});
     for (auto& v : xh) v = S(nd(rng));
     const auto x = to_device(xh);
-    const std::array<std::size_t, 4> m{batch, 1, size, size};
+    // One channel: [N, 1, H, W] and [N, H, W, 1] are the same values.
+    const std::array<std::size_t, 4> m = last ? std::array<std::size_t, 4>{batch, size, size, 1}
+                                              : std::array<std::size_t, 4>{batch, 1, size, size};
     const dbnet::device_targets t{random_map(rng, m, 0.1), random_map(rng, m, 0.95), random_map(rng, m, -1, 0.3F, 0.7F),
                                   random_map(rng, m, 0.3)};
     ms = bench::median_step_ms(ctx, [&] { tr.step(ctx, x, t); }, warmup, steps);
@@ -89,7 +95,7 @@ bench::row time_map(const std::string& config, const dbnet::config& c, std::size
     (void)tr.records(ctx);
   }
   ctx.synchronize();
-  return {config, std::string(e.name) + (graph ? "_graph" : ""), ms, mib};
+  return {config, std::string(e.name) + (last ? "_nhwc" : "") + (graph ? "_graph" : ""), ms, mib};
 }
 
 }  // namespace
@@ -97,19 +103,17 @@ bench::row time_map(const std::string& config, const dbnet::config& c, std::size
 int main(int argc, char** argv) {
   return bench::run(argc, argv, "bench_dbnet_gpu", [](auto& rows, const std::string& only, std::size_t warmup,
                                                        std::size_t steps) {
-    if (only.empty() || only == "dbnet-r18-640-b16") {
-      for (const bool graph : {false, true}) {
-        hana::for_each(maps, [&](const auto& e) {
-          rows.push_back(time_map("dbnet-r18-640-b16", {.width = 64, .inner = 256}, 640, 16, e, warmup, steps, graph));
-        });
+    const auto config = [&](const std::string& name, const dbnet::config& c, std::size_t size, std::size_t batch) {
+      if (!only.empty() && only != name) return;
+      for (const auto layout : {image_layout::nchw, image_layout::nhwc}) {
+        for (const bool graph : {false, true}) {
+          hana::for_each(maps, [&](const auto& e) {
+            rows.push_back(time_map(name, c, size, batch, e, warmup, steps, graph, layout));
+          });
+        }
       }
-    }
-    if (only.empty() || only == "dbnet-w16-256-b8") {
-      for (const bool graph : {false, true}) {
-        hana::for_each(maps, [&](const auto& e) {
-          rows.push_back(time_map("dbnet-w16-256-b8", {.width = 16, .inner = 64}, 256, 8, e, warmup, steps, graph));
-        });
-      }
-    }
+    };
+    config("dbnet-r18-640-b16", {.width = 64, .inner = 256}, 640, 16);
+    config("dbnet-w16-256-b8", {.width = 16, .inner = 64}, 256, 8);
   });
 }

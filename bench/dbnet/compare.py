@@ -20,10 +20,7 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "vit"))
 from compare import comparison_rows, cpu_description, run, write_comparison  # noqa: E402
 
-CONFIGS = [  # name, width, inner, size, batch
-    ("width16-inner64-256px", 16, 64, 256, 8),
-    ("width64-inner256-256px", 64, 256, 256, 4),
-]
+from compare_configs import CONFIGS  # noqa: E402  (bench/dbnet/compare_configs.py)
 
 
 def main():

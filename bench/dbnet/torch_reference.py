@@ -3,7 +3,7 @@ comparison on the CPU and on a GPU.
 
     torch_reference.py time [--width 16 --inner 64 --size 256 --batch 8] [--threads 2]
                             [--steps 10] [--warmup 3] [--precision fp32|bf16|both|LIST]
-                            [--device cpu|cuda] [--compile]
+                            [--device cpu|cuda] [--compile] [--channels-last]
     torch_reference.py lightning [the same sizes] [--steps 20] [--warmup 5]
                                  [--precision 32-true|bf16-mixed|16-mixed|LIST]
 
@@ -27,7 +27,9 @@ min(negatives, 3 positives) summed, where the reference reads the counts on the 
 int()); the device synchronised around each timed step; the peak of
 torch.cuda.max_memory_reserved() (run one precision per process for a per-precision
 figure: the caching allocator keeps what an earlier run reserved). `--compile` times the
-model under torch.compile. The inputs are random images and targets with a tenth of the
+model under torch.compile; `--channels-last` puts the model and the images in
+torch.channels_last (NHWC), PyTorch's layout for tensor-core convolutions, and names the
+precision with `-nhwc` appended in its lines. The inputs are random images and targets with a tenth of the
 pixels text (the step's time does not depend on the values). Prints one line per precision:
 the best and the median ms per step of `steps` timed steps after the warm-up steps, with the
 torch version and the ISA or GPU, and a `RESULT,precision,compiled,median_ms,peak_mib` line
@@ -155,9 +157,12 @@ def time_steps(args, precision):
     if cuda:
         set_tf32(precision == "tf32")
     model = DBNet(args.width, args.inner).to(dev)
+    x, gt, mask, tmap, tmask = batch_of(args, dev)
+    if args.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-4)
     run = torch.compile(model) if args.compile else model
-    x, gt, mask, tmap, tmask = batch_of(args, dev)
     loss_of = db_loss_device if cuda else db_loss
     autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
@@ -264,6 +269,8 @@ def main():
                          "bf16-mixed, 16-mixed or a list")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--compile", action="store_true", help="time: torch.compile the model")
+    ap.add_argument("--channels-last", action="store_true",
+                    help="time: the model and images in torch.channels_last (NHWC)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.command == "lightning":
@@ -287,6 +294,8 @@ def main():
         best, median, peak = time_steps(args, precision)
         memory = f", peak {peak:.0f} MiB" if peak is not None else ""
         digits = 2 if args.device == "cuda" else 1
+        if args.channels_last:
+            precision += "-nhwc"
         print(f"torch {torch.__version__} ({where}) {precision}{' compiled' if args.compile else ''}: width "
               f"{args.width} inner {args.inner} size {args.size} batch {args.batch} threads {args.threads}: best "
               f"{best:.{digits}f} ms/step, median {median:.{digits}f} ms/step{memory}", flush=True)

@@ -62,18 +62,29 @@ const auto sweep = hana::make_tuple(
     entry<dbnet::fp16_fp32_head_map, dynamic_scaler>{"fp16_fp32_head", "float16 body, float heads, dynamic scaler"},
     entry<dbnet::seed_waived_map, no_scaling>{"fp16_seed_waived", "float16 loss and exp, no scaler: rules WAIVED"});
 
-// A dataset in device memory, uploaded once.
+// A dataset in device memory, uploaded once; its images [3, side, side] each, or [side,
+// side, 3] for a channels-last model.
 struct device_set {
   std::size_t count, side;
   device_tensor<float, 1> x, shrink, shrink_mask, thresh, thresh_mask;
-  explicit device_set(const dataset& d)
+  device_set(const dataset& d, image_layout layout)
       : count(d.count),
         side(d.side),
-        x(upload(d.x)),
+        x(upload(layout == image_layout::nhwc ? channels_last(d) : d.x)),
         shrink(upload(d.shrink)),
         shrink_mask(upload(d.shrink_mask)),
         thresh(upload(d.thresh)),
         thresh_mask(upload(d.thresh_mask)) {}
+  static std::vector<float> channels_last(const dataset& d) {
+    const std::size_t px = d.side * d.side;
+    std::vector<float> out(d.x.size());
+    for (std::size_t i = 0; i < d.count; ++i) {
+      for (std::size_t q = 0; q < px; ++q) {
+        for (std::size_t c = 0; c < 3; ++c) out[(i * px + q) * 3 + c] = d.x[(i * 3 + c) * px + q];
+      }
+    }
+    return out;
+  }
   static device_tensor<float, 1> upload(const std::vector<float>& v) {
     auto t = host_tensor<float, 1>::from_shape({v.size()});
     std::copy(v.begin(), v.end(), t.begin());
@@ -81,8 +92,9 @@ struct device_set {
   }
 };
 
-// Sample b of the batch is item order[(first + b) % count]: its image, cast to S, and its
-// four target maps (the padding of a last validation batch wraps to the order's start).
+// Sample b of the batch is item order[(first + b) % count]: its image (3 * pixels values in
+// the set's layout), cast to S, and its four target maps (the padding of a last validation
+// batch wraps to the order's start).
 template <class S>
 __global__ void gather_batch(const float* images, const float* s, const float* sm, const float* t, const float* tm,
                              const std::int32_t* order, std::size_t count, std::size_t first, std::size_t n,
@@ -103,15 +115,19 @@ __global__ void gather_batch(const float* images, const float* s, const float* s
   }
 }
 
-// The batch buffers a run steps on.
+// The batch buffers a run steps on: images [n, 3, side, side] and one-channel maps [n, 1,
+// side, side], or channels-last [n, side, side, 3] and [n, side, side, 1].
 template <class S>
 struct batch {
   device_tensor<S, 4> x;
   dbnet::device_targets y;
-  batch(std::size_t n, std::size_t side)
-      : x({n, 3, side, side}),
-        y{device_tensor<float, 4>({n, 1, side, side}), device_tensor<float, 4>({n, 1, side, side}),
-          device_tensor<float, 4>({n, 1, side, side}), device_tensor<float, 4>({n, 1, side, side})} {}
+  batch(std::size_t n, std::size_t side, image_layout layout)
+      : x(shape(layout, n, 3, side)),
+        y{device_tensor<float, 4>(shape(layout, n, 1, side)), device_tensor<float, 4>(shape(layout, n, 1, side)),
+          device_tensor<float, 4>(shape(layout, n, 1, side)), device_tensor<float, 4>(shape(layout, n, 1, side))} {}
+  static std::array<std::size_t, 4> shape(image_layout layout, std::size_t n, std::size_t c, std::size_t side) {
+    return image_shape(layout, n, c, side, side);
+  }
   void gather(cuda_context& ctx, const device_set& d, const device_tensor<std::int32_t, 1>& order, std::size_t first) {
     const std::size_t n = x.shape()[0], pixels = d.side * d.side;
     gather_batch<S><<<precis::detail::cuda::grid_for(n * 3 * pixels), 256, 0, ctx.stream()>>>(
@@ -146,7 +162,7 @@ result train_one(const Entry& e, const options& o, const dbnet::config& dc, cuda
   using Map = typename Entry::map;
   using S = nn::activation_type_t<typename Map::default_policy>;
   examples::reset_peak_rss();
-  auto model = nn::build<S, 4, cuda_context>(Map{}, dbnet::blueprint(dc), {.seed = o.seed});
+  auto model = nn::build<S, 4, cuda_context>(Map{}, dbnet::blueprint(dc), {.seed = o.seed, .layout = o.layout});
   model.refresh(ctx);
   dbnet::loss_t<Map, decltype(model)> loss;
   const std::size_t per_epoch = train.count / o.batch, total = per_epoch * o.epochs;
@@ -155,7 +171,7 @@ result train_one(const Entry& e, const options& o, const dbnet::config& dc, cuda
                    model.decay_mask(), schedule.lr_table(total));
   typename Entry::scaler scaler;
   nn::trainer tr(ctx, model, loss, opt, scaler, {}, 128);
-  batch<S> b(o.batch, train.side);
+  batch<S> b(o.batch, train.side, o.layout);
   std::vector<std::size_t> all(val.count);
   std::iota(all.begin(), all.end(), std::size_t{0});
   const auto identity = examples::upload_order(ctx, all);
@@ -226,14 +242,14 @@ template <class Entry>
 void time_one(const Entry& e, const options& o, const dbnet::config& dc, cuda_context& ctx, const device_set& train) {
   using Map = typename Entry::map;
   using S = nn::activation_type_t<typename Map::default_policy>;
-  auto model = nn::build<S, 4, cuda_context>(Map{}, dbnet::blueprint(dc), {.seed = o.seed});
+  auto model = nn::build<S, 4, cuda_context>(Map{}, dbnet::blueprint(dc), {.seed = o.seed, .layout = o.layout});
   model.refresh(ctx);
   dbnet::loss_t<Map, decltype(model)> loss;
   device_adamw opt(ctx, model.masters(), model.gradients(), {.lr = o.lr, .weight_decay = o.weight_decay},
                    model.decay_mask(), 3 + o.time_steps);
   typename Entry::scaler scaler;
   nn::trainer tr(ctx, model, loss, opt, scaler);
-  batch<S> b(o.batch, train.side);
+  batch<S> b(o.batch, train.side, o.layout);
   std::vector<std::size_t> all(train.count);
   std::iota(all.begin(), all.end(), std::size_t{0});
   const auto order = examples::upload_order(ctx, all);
@@ -248,8 +264,9 @@ void time_one(const Entry& e, const options& o, const dbnet::config& dc, cuda_co
   }
   (void)tr.records(ctx);
   std::sort(ms.begin(), ms.end());
-  std::printf("precis %s: width %zu inner %zu size %zu batch %zu on the GPU: best %.2f ms/step, median %.2f ms/step\n",
-              std::string(e.name).c_str(), dc.width, dc.inner, o.size, o.batch, ms.front(), ms[ms.size() / 2]);
+  std::printf("precis %s: width %zu inner %zu size %zu batch %zu%s on the GPU: best %.2f ms/step, median %.2f ms/step\n",
+              std::string(e.name).c_str(), dc.width, dc.inner, o.size, o.batch,
+              o.layout == image_layout::nhwc ? " nhwc" : "", ms.front(), ms[ms.size() / 2]);
   std::fflush(stdout);
 }
 
@@ -257,6 +274,7 @@ int usage(const char* self) {
   std::fprintf(stderr,
                "usage: %s [--epochs N] [--policy NAME[,NAME...]] [--batch N] [--train N] [--val N]\n"
                "          [--size PX] [--width N] [--inner N] [--seed S] [--lr X] [--out DIR] [--check] [--time N]\n"
+               "          [--layout nchw|nhwc]\n"
                "policies: fp32 tf32 bf16_mixed fp16_mixed fp16_fp32_head fp16_seed_waived\n",
                self);
   return 2;
@@ -291,7 +309,7 @@ int main(int argc, char** argv) {
                 PRECIS_VERSION_MAJOR, PRECIS_VERSION_MINOR, o.seed, train.count, val.count, o.size, o.size,
                 (o.out / "data").string().c_str(), o.width, o.inner, o.batch, o.epochs, o.lr);
     cuda_context ctx;
-    const device_set dtrain(train), dval(val);
+    const device_set dtrain(train, o.layout), dval(val, o.layout);
     if (o.time_steps > 0) {
       hana::for_each(sweep, [&](const auto& e) {
         if (o.policies.empty() || o.policies.contains(std::string(e.name))) time_one(e, o, dc, ctx, dtrain);

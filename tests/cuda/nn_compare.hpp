@@ -52,15 +52,17 @@ void compare_gradients(const std::string& tag, precis::cuda_context& ctx, Host& 
 /// Builds `blueprint` under P on both sides (input rank R), copies the masters, and
 /// compares one forward and backward pass on random data (the input of shape x_shape, the
 /// output gradient of the model's output shape), within `factor` times the storage
-/// (output) and gradient types' bounds.
+/// (output) and gradient types' bounds. Both models are built in image layout `layout`
+/// (x_shape is given in it).
 template <class P, std::size_t R, class Blueprint>
 void compare_models(precis::cuda_context& ctx, const std::string& tag, const Blueprint& blueprint,
-                    const std::array<std::size_t, R>& x_shape, double factor = 4) {
+                    const std::array<std::size_t, R>& x_shape, double factor = 4,
+                    precis::image_layout layout = precis::image_layout::nchw) {
   using S = typename P::storage_type;
   using G = typename P::gradient_type;
   const precis::cpu_context cpu{2};
-  auto host = precis::nn::build<S, R>(P{}, blueprint, {.seed = 7});
-  auto device = precis::nn::build<S, R, precis::cuda_context>(P{}, blueprint, {.seed = 7});
+  auto host = precis::nn::build<S, R>(P{}, blueprint, {.seed = 7, .layout = layout});
+  auto device = precis::nn::build<S, R, precis::cuda_context>(P{}, blueprint, {.seed = 7, .layout = layout});
   precis::nn::copy_masters(ctx, host, device);
   device.zero_grad(ctx);
   host.zero_grad();

@@ -7,9 +7,12 @@
 
 #include <doctest/doctest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <tuple>
+#include <vector>
 
 using namespace precis;
 
@@ -77,6 +80,55 @@ TEST_CASE("images to P logits and T in (0, 1) at full resolution; gradients reac
   CHECK(table.find("prob") != std::string::npos);
   CHECK(table.find("lateral") != std::string::npos);
   CHECK(table.find("head_up") != std::string::npos);
+}
+
+TEST_CASE("built channels-last, the DBNet gives the NCHW model's maps and gradients bit for bit") {
+  // Every node of the blueprint takes [N, H, W, C] images (taps, each, top_down, the
+  // channel-axis concatenation, the heads' transposed convolutions with their biases); the
+  // maps have one channel, so [N, H, W, 1] holds the values of [N, 1, H, W] in order.
+  const dbnet::config c{.width = 8, .inner = 32};
+  using S = bfloat16;
+  auto a = nn::build<S, 4>(presets::bf16_mixed{}, dbnet::blueprint(c), {.seed = 5});
+  auto b = nn::build<S, 4>(presets::bf16_mixed{}, dbnet::blueprint(c), {.seed = 5, .layout = image_layout::nhwc});
+  const auto x = image_batch<S>(2, 64);
+  host_tensor<S, 4> xl({2, 64, 64, 3});
+  for (std::size_t n = 0; n < 2; ++n)
+    for (std::size_t ch = 0; ch < 3; ++ch)
+      for (std::size_t q = 0; q < 64 * 64; ++q) xl.data()[(n * 4096 + q) * 3 + ch] = x.data()[(n * 3 + ch) * 4096 + q];
+  const auto ya = a.forward(ctx, x);
+  const auto yb = b.forward(ctx, xl);
+  const auto same_values = [](const auto& u, const auto& v) {
+    if (u.size() != v.size()) return false;
+    for (std::size_t i = 0; i < u.size(); ++i) {
+      if (u.data()[i].bits() != v.data()[i].bits()) return false;
+    }
+    return true;
+  };
+  CHECK(std::get<0>(yb)->shape() == std::array<std::size_t, 4>{2, 64, 64, 1});
+  CHECK(same_values(*std::get<0>(ya), *std::get<0>(yb)));
+  CHECK(same_values(*std::get<1>(ya), *std::get<1>(yb)));
+  host_tensor<S, 4> dp({2, 1, 64, 64}), dt({2, 1, 64, 64}), dpl({2, 64, 64, 1}), dtl({2, 64, 64, 1});
+  for (std::size_t i = 0; i < dp.size(); ++i) {
+    dp.data()[i] = dpl.data()[i] = S(float(std::cos(0.11 * double(i))) * 0.01F);
+    dt.data()[i] = dtl.data()[i] = S(float(std::sin(0.07 * double(i))) * 0.01F);
+  }
+  a.zero_grad();
+  b.zero_grad();
+  a.backward(ctx, std::tuple{&dp, &dt});
+  b.backward(ctx, std::tuple{&dpl, &dtl});
+  std::size_t compared = 0, differing = 0;
+  std::vector<std::vector<float>> grads;
+  a.for_each_parameter([&](const std::string&, const auto& prm) {
+    grads.emplace_back(prm.grad().data(), prm.grad().data() + prm.size());
+  });
+  b.for_each_parameter([&](const std::string&, const auto& prm) {
+    const auto& want = grads.at(compared++);
+    for (std::size_t i = 0; i < prm.size(); ++i) {
+      differing += std::bit_cast<std::uint32_t>(float(prm.grad().data()[i])) != std::bit_cast<std::uint32_t>(want[i]);
+    }
+  });
+  CHECK(compared == grads.size());
+  CHECK(differing == 0);
 }
 
 TEST_CASE("sizes are checked") {

@@ -6,6 +6,8 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <random>
@@ -84,4 +86,26 @@ TEST_CASE("a fast copy plan gives the plain plan's offsets for every element") {
   // Too many elements for 32 bits: the plain plan.
   const copy_plan<2> big{{std::size_t(1) << 20, std::size_t(1) << 13}, {1, 1}, {1, 1}};
   CHECK_FALSE(precis::detail::fits_fast(big));
+}
+
+TEST_CASE("transpose_plan moves each matrix to its transpose, every element once") {
+  // No structured binding: clang 14's INFO cannot capture one.
+  for (const auto& dims : {std::array<std::size_t, 3>{1, 1, 1}, {2, 3, 5}, {3, 17, 1}, {4, 1, 9}, {2, 64, 48}}) {
+    const std::size_t count = dims[0], rows = dims[1], cols = dims[2];
+    INFO(count << " matrices of " << rows << " x " << cols);
+    const auto p = precis::detail::transpose_plan(count, rows, cols);
+    const std::size_t total = count * rows * cols;
+    REQUIRE(p.elements() == total);
+    std::vector<int> written(total, 0);
+    for (std::size_t e = 0; e < total; ++e) {
+      std::size_t from = 0, to = 0;
+      precis::detail::copy_offsets(p, e, from, to);
+      // The source element (n, i, j) of a rows x cols matrix lands at (n, j, i) of cols x rows.
+      const std::size_t n = from / (rows * cols), i = from % (rows * cols) / cols, j = from % cols;
+      CHECK(to == (n * cols + j) * rows + i);
+      CHECK(to == e);  // the destination is walked in order
+      ++written[to];
+    }
+    CHECK(std::count(written.begin(), written.end(), 1) == std::ptrdiff_t(total));
+  }
 }

@@ -94,6 +94,14 @@ struct copy_plan {
   }
 };
 
+/// The copy plan that moves each of `count` row-major rows x cols matrices to cols x rows:
+/// to[(n * cols + j) * rows + i] = from[(n * rows + i) * cols + j]. NHWC images to NCHW are
+/// (N, H * W, C); a convolution's weight [O, I, KH, KW] to [O, KH, KW, I] is (O, I, KH * KW).
+/// The destination is walked in order.
+constexpr copy_plan<3> transpose_plan(std::size_t count, std::size_t rows, std::size_t cols) {
+  return {{count, cols, rows}, {rows * cols, 1, cols}, {rows * cols, rows, 1}};
+}
+
 /// The source and destination offsets of element e (row-major over the plan's shape).
 template <std::size_t R>
 PRECIS_HOST_DEVICE constexpr void copy_offsets(const copy_plan<R>& p, std::size_t e, std::size_t& from,

@@ -42,8 +42,8 @@ struct build_options {
   std::uint64_t seed = 0;
   /// How the model's images lie: image_layout::nchw [N, C, H, W], or image_layout::nhwc
   /// [N, H, W, C] (channels-last) for its convolutions, norms, pooling, upsampling and
-  /// nn::channel_axis concatenations (see nn/layout.hpp). The same parameters and bits either
-  /// way; host models only so far.
+  /// nn::channel_axis concatenations (see nn/layout.hpp). The same parameters either way,
+  /// and on the host the same bits.
   image_layout layout = image_layout::nchw;
 };
 

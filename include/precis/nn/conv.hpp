@@ -1,6 +1,6 @@
 /// @file
 /// 2-D convolution and transposed convolution layers on [N, C, H, W] images, or
-/// [N, H, W, C] in a model built channels-last (nn/layout.hpp; host only so far).
+/// [N, H, W, C] in a model built channels-last (nn/layout.hpp).
 ///
 ///     nn::conv2d<stem>(3, 64, 7, {.stride = {2, 2}, .padding = {3, 3}}, nn::no_bias)
 ///     nn::conv2d(64, 64, 3, {.padding = {1, 1}, .groups = 64})   // depthwise, tags::conv2d
@@ -246,17 +246,8 @@ class conv_base : public layer_base<Tag, P, op::conv, 4, 4, Ctx> {
   }
 
  public:
-  /// Takes images in `layout` (nn::build calls it with build_options::layout). Throws
-  /// precis::error, naming the layer's `path`, for channels-last images on a device (its
-  /// convolutions take NCHW only so far).
-  void set_layout(image_layout layout, std::string_view path) {
-    if (!on_host && layout != image_layout::nchw) {
-      throw error("precis::nn::build: " + path_or_root(path) +
-                  ": the device's convolutions take NCHW images only so far; build the device model with "
-                  "image_layout::nchw (channels-last images are the host's)");
-    }
-    params_.layout = layout;
-  }
+  /// Takes images in `layout` (nn::build calls it with build_options::layout).
+  void set_layout(image_layout layout, std::string_view) { params_.layout = layout; }
 
  protected:
   /// An input shape in the layer's layout, in NCHW order.

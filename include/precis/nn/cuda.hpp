@@ -114,14 +114,14 @@ __global__ void negate_kernel(const T* in, T* out, std::size_t n) {
   }
 }
 
-/// y[i] = round(sums[i] + bias[(i / pixels) % channels]): a convolution's bias added to its
+/// y[i] = round(sums[i] + bias[(i / inner) % channels]): a convolution's bias added to its
 /// float sums, one rounding (the host's add_channel_bias).
 template <class M, class S>
 __global__ void channel_bias_kernel(const M* sums, const S* bias, S* y, std::size_t n, std::size_t channels,
-                                    std::size_t pixels) {
+                                    std::size_t inner) {
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
        i += std::size_t(gridDim.x) * blockDim.x) {
-    y[i] = round_to<S>(sums[i] + precis::detail::cuda::device_load<M>(bias[(i / pixels) % channels]));
+    y[i] = round_to<S>(sums[i] + precis::detail::cuda::device_load<M>(bias[(i / inner) % channels]));
   }
 }
 
@@ -220,19 +220,19 @@ struct context_traits<cuda_context> {
         <<<precis::detail::cuda::grid_for(n), 256, 0, ctx.stream()>>>(a.data(), b.data(), out.data(), n);
     check(cudaGetLastError(), "precis::nn::subtract");
   }
-  /// y[n, c, ...] = round(sums[n, c, ...] + bias[c]) on the context's stream: a
-  /// convolution's bias added to its sums and rounded once, as on the host. NCHW only
-  /// (throws precis::error for another layout).
+  /// y[n, c, ...] = round(sums[n, c, ...] + bias[c]) on the context's stream (channels-last:
+  /// y[n, h, w, c]): a convolution's bias added to its sums and rounded once, as on the host.
   template <class M, class S, std::size_t N>
   static void add_channel_bias(ref ctx, const device_tensor<M, N>& sums, const device_tensor<S, 1>& bias,
                                device_tensor<S, N>& y, image_layout layout = image_layout::nchw) {
-    if (layout != image_layout::nchw) throw error("precis::nn: the device adds a convolution's bias to NCHW images only");
     const std::size_t channels = bias.size(), n = sums.size();
     const std::size_t planes = std::size_t(sums.shape()[0]) * channels;
     if (y.size() != n) throw error("precis::nn: a convolution's sums and output differ in size");
     if (n == 0 || planes == 0) return;
+    // Element i's channel is (i / inner) % channels: inner is a plane's pixels in NCHW, 1
+    // channels-last.
     detail::cuda::channel_bias_kernel<<<precis::detail::cuda::grid_for(n), 256, 0, ctx.stream()>>>(
-        sums.data(), bias.data(), y.data(), n, channels, n / planes);
+        sums.data(), bias.data(), y.data(), n, channels, layout == image_layout::nhwc ? 1 : n / planes);
     check(cudaGetLastError(), "precis::nn: convolution bias");
   }
   /// out = -in elementwise (exact), on the context's stream.
@@ -287,17 +287,7 @@ struct context_traits<cuda_context> {
   template <class T, std::size_t R>
   static void strided_copy(std::string_view name, ref ctx, const T* from, T* to,
                            const precis::detail::copy_plan<R>& p) {
-    const std::size_t total = p.elements();
-    if (total == 0) return;
-    // The index decomposes by multiplications where the plan fits 32 bits (fast_divmod).
-    if (precis::detail::fits_fast(p)) {
-      precis::detail::cuda::strided_copy_kernel<<<precis::detail::cuda::grid_for(total), 256, 0, ctx.stream()>>>(
-          from, to, precis::detail::make_fast(p), total);
-    } else {
-      precis::detail::cuda::strided_copy_kernel<<<precis::detail::cuda::grid_for(total), 256, 0, ctx.stream()>>>(
-          from, to, p, total);
-    }
-    check(cudaGetLastError(), name);
+    precis::detail::cuda::strided_copy(ctx.stream(), from, to, p, name);
   }
   /// y = Fn(x) elementwise on the context's stream, computed in P's opmath type and rounded
   /// once; `name` names the kernel in errors (precis::error for a shape mismatch).

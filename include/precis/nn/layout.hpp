@@ -9,31 +9,35 @@
 /// A blueprint is written once. Under image_layout::nhwc its convolutions, batch norms,
 /// pooling, upsampling, global pooling and channel concatenations read and write
 /// [N, H, W, C] images; nothing else changes: the parameters (a convolution's weight stays
-/// [out, in / groups, kh, kw]), the policies, and the bits. The layout moves values, never
+/// [out, in / groups, kh, kw]) and the policies. On the host the layout moves values, never
 /// a result: a model built channels-last gives, for the same input moved to NHWC, the NCHW
-/// model's outputs and gradients moved to NHWC, bit for bit (tests/nn/test_layout.cpp).
+/// model's outputs and gradients moved to NHWC, bit for bit (tests/nn/test_layout.cpp). On
+/// the device, cuDNN picks other kernels for NHWC and batch norm sums in another order, so
+/// the two layouts agree within the policy's bounds (tests/cuda/test_layout.cu).
 ///
 /// How each layer takes NHWC images:
 /// - convolutions run their kernels in the layout (conv2d_params::layout): on the CPU the
-///   hardware products are oneDNN's channels-last convolutions, with no transposes, and
-///   the exact products move the images to NCHW in scratch; the bias is added in the
-///   layout;
-/// - batch norm reads and writes channels-last images in place: its CPU kernels gather each
-///   channel's values in NCHW's order, a cache line of channels at a time;
+///   hardware products are oneDNN's convolutions (channels-last, or oneDNN's blocked layout
+///   where it prefers one), and the exact products move the images to NCHW in scratch; on
+///   the device, cuDNN's NHWC convolutions, the weight moved to cuDNN's NHWC filter layout
+///   per call; the bias is added in the layout;
+/// - batch norm reads and writes channels-last images in place: the CPU kernels gather each
+///   channel's values in NCHW's order, a cache line of channels at a time (NCHW's bits); the
+///   device's reduce the columns of [N * H * W, C] (coalesced; another fixed order, so
+///   bits within a float sum's bound of the NCHW model's);
 /// - pooling, upsampling and global pooling run their NCHW kernels on copies of their
 ///   inputs moved to NCHW (detail::nchw_bridge), and move their outputs back: the same
 ///   sums in the same order, at the cost of the moves;
 /// - nn::concat_all(nn::channel_axis) concatenates along the last axis.
 ///
-/// The device's convolutions and batch norms take NCHW only so far: a device model built
-/// channels-last is refused by nn::build, naming the first such layer.
+/// Global average pooling runs on the host only, in either layout.
 #pragma once
 
 #include <precis/kernels/conv.hpp>
 #include <precis/kernels/cpu/support.hpp>
 #include <precis/kernels/cpu/transpose.hpp>
+#include <precis/kernels/common.hpp>
 #include <precis/nn/module.hpp>
-#include <precis/nn/shape.hpp>
 
 #include <array>
 #include <cstddef>
@@ -84,7 +88,7 @@ void move_images(context_ref_t<Ctx> ctx, const T* from, T* to, std::size_t image
     });
   } else {
     context_traits<Ctx>::strided_copy("precis::nn (channels-last images)", ctx, from, to,
-                                      permute_plan<3>({images, rows, cols}, {0, 2, 1}, false));
+                                      precis::detail::transpose_plan(images, rows, cols));
   }
 }
 

@@ -208,8 +208,8 @@ class layer_norm_layer : public detail::affine_norm<Tag, P, op::layer_norm, R, C
 };
 
 /// Batch normalisation over axis 1 (axis 3 of the [N, H, W, C] images of a model built
-/// channels-last, nn/layout.hpp: the kernels read them in place, with the same bits), built
-/// for Tag under the resolved policy P.
+/// channels-last, nn/layout.hpp: the kernels read them in place; the host's with NCHW's
+/// bits), built for Tag under the resolved policy P.
 template <Layer Tag, Policy P, std::size_t R, class Ctx>
 class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, Ctx> {
   static_assert(R >= 2, "precis: nn::batch_norm normalises axis 1 of [N, C, ...] tensors");
@@ -292,18 +292,9 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
     return this->dx_;
   }
   /// Takes images in `layout` (nn::build calls it with build_options::layout): for
-  /// [N, H, W, C] the channels are axis 3. Other ranks keep axis 1. Throws precis::error,
-  /// naming the layer's `path`, for channels-last images on a device (its batch norm
-  /// kernels take NCHW only so far).
-  void set_layout(image_layout layout, std::string_view path) {
-    if constexpr (R == 4) {
-      if (!std::is_same_v<Ctx, cpu_context> && layout != image_layout::nchw) {
-        throw error("precis::nn::build: " + path_or_root(path) +
-                    ": the device's batch norm takes NCHW images only so far; build the device model with "
-                    "image_layout::nchw");
-      }
-      layout_ = layout;
-    }
+  /// [N, H, W, C] the channels are axis 3. Other ranks keep axis 1.
+  void set_layout(image_layout layout, std::string_view) {
+    if constexpr (R == 4) layout_ = layout;
   }
 
   /// The running mean of each channel [channels], in the statistics type (float, or

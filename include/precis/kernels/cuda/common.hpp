@@ -5,6 +5,7 @@
 #pragma once
 
 #include <precis/config.hpp>
+#include <precis/cuda_error.hpp>
 #include <precis/kernels/common.hpp>
 
 #if defined(__CUDACC__)
@@ -60,6 +61,21 @@ __global__ void strided_copy_kernel(const T* from, T* to, Plan p, std::size_t to
     }
     to[b] = from[a];
   }
+}
+
+/// Runs copy plan `p` as one launch of strided_copy_kernel on `stream`, its index
+/// decomposed by multiplications where the plan fits 32 bits (fast_divmod). Throws
+/// precis::error, naming `name`, when the launch fails.
+template <class T, std::size_t R>
+void strided_copy(cudaStream_t stream, const T* from, T* to, const copy_plan<R>& p, std::string_view name) {
+  const std::size_t total = p.elements();
+  if (total == 0) return;
+  if (fits_fast(p)) {
+    strided_copy_kernel<<<grid_for(total), 256, 0, stream>>>(from, to, make_fast(p), total);
+  } else {
+    strided_copy_kernel<<<grid_for(total), 256, 0, stream>>>(from, to, p, total);
+  }
+  check(cudaGetLastError(), name);
 }
 
 inline constexpr unsigned row_threads = 256;

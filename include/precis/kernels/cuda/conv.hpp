@@ -1,8 +1,13 @@
 /// @file
 /// conv2d forward, backward-data and backward-weights, and the transposed convolution with its two
 /// backward passes, on device tensors through cuDNN, with the calls of kernels/conv.hpp (a
-/// cuda_context in place of the cpu_context; NCHW; stride, padding, dilation, groups,
-/// output_padding). The policy picks cuDNN's math: bfloat16/float16 tensors on tensor cores with
+/// cuda_context in place of the cpu_context; NCHW or channels-last NHWC images; stride,
+/// padding, dilation, groups, output_padding). Channels-last images are cuDNN's NHWC tensors,
+/// and the weight is handed to cuDNN in its NHWC filter layout [O, KH, KW, I], the layout its
+/// tensor-core kernels for such images read: a copy moved there before the forward and
+/// backward-data passes, and the backward-weights pass's result moved back to precis's
+/// [O, I, KH, KW] (cuDNN's cudnnTransformTensor, a copy; the moved weight lives in the
+/// pass's plan). The policy picks cuDNN's math: bfloat16/float16 tensors on tensor cores with
 /// float accumulation; float tensors exact (CUDNN_FMA_MATH) under float compute, TF32 allowed under
 /// a tfloat32 compute type. x, w and y share one element type (cuDNN's rule; the signatures take
 /// one T). Among the algorithms cuDNN's heuristics offer, the first deterministic one is taken, so
@@ -29,6 +34,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 namespace precis {
 
@@ -54,26 +60,28 @@ struct dnn_deleter {
 };
 
 /// The cuDNN descriptors of one convolution x [N, C, H, W] * w [Co, C/groups, KH, KW] ->
-/// y [N, Co, Ho, Wo], made from precis's geometry.
+/// y [N, Co, Ho, Wo], made from precis's geometry; channels-last geometry gives NHWC
+/// tensors and an NHWC filter ([Co, KH, KW, C/groups] in memory).
 struct conv_descriptors {
   std::unique_ptr<cudnnTensorStruct, dnn_deleter> x, y;
   std::unique_ptr<cudnnFilterStruct, dnn_deleter> w;
   std::unique_ptr<cudnnConvolutionStruct, dnn_deleter> conv;
 
   conv_descriptors(const conv_geometry& g, cudnnDataType_t type, cudnnMathType_t math) {
+    const cudnnTensorFormat_t format = g.channels_last() ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
     cudnnTensorDescriptor_t t = nullptr;
     check(cudnnCreateTensorDescriptor(&t), "cudnnCreateTensorDescriptor");
     x.reset(t);
-    check(cudnnSetTensor4dDescriptor(t, CUDNN_TENSOR_NCHW, type, int(g.n), int(g.c), int(g.h), int(g.w)),
+    check(cudnnSetTensor4dDescriptor(t, format, type, int(g.n), int(g.c), int(g.h), int(g.w)),
           "cudnnSetTensor4dDescriptor(x)");
     check(cudnnCreateTensorDescriptor(&t), "cudnnCreateTensorDescriptor");
     y.reset(t);
-    check(cudnnSetTensor4dDescriptor(t, CUDNN_TENSOR_NCHW, type, int(g.n), int(g.co), int(g.ho), int(g.wo)),
+    check(cudnnSetTensor4dDescriptor(t, format, type, int(g.n), int(g.co), int(g.ho), int(g.wo)),
           "cudnnSetTensor4dDescriptor(y)");
     cudnnFilterDescriptor_t f = nullptr;
     check(cudnnCreateFilterDescriptor(&f), "cudnnCreateFilterDescriptor");
     w.reset(f);
-    check(cudnnSetFilter4dDescriptor(f, type, CUDNN_TENSOR_NCHW, int(g.co), int(g.cg()), int(g.kh), int(g.kw)),
+    check(cudnnSetFilter4dDescriptor(f, type, format, int(g.co), int(g.cg()), int(g.kh), int(g.kw)),
           "cudnnSetFilter4dDescriptor");
     cudnnConvolutionDescriptor_t c = nullptr;
     check(cudnnCreateConvolutionDescriptor(&c), "cudnnCreateConvolutionDescriptor");
@@ -125,16 +133,39 @@ auto pick_algorithm(const Perf* perf, int count, cudnnMathType_t math, std::stri
 /// The three passes of one convolution, in cuDNN's terms.
 enum class conv_pass { forward, backward_data, backward_filter };
 
-/// What is kept for one pass of one convolution: its descriptors and cuDNN's algorithm.
+/// Frees a plan's device buffer.
+struct device_free {
+  void operator()(void* p) const { (void)cudaFree(p); }
+};
+
+/// What is kept for one pass of one convolution: its descriptors, cuDNN's algorithm and,
+/// for channels-last images, the buffer of the weight in cuDNN's NHWC filter layout with
+/// the two views of the weight that cudnnTransformTensor moves it between.
 struct conv_plan {
   conv_descriptors d;
   int algo = 0;
   std::size_t workspace = 0;
+  std::unique_ptr<void, device_free> filter{};  ///< channels-last: the weight as [Co, KH, KW, C/groups]
+  std::unique_ptr<cudnnTensorStruct, dnn_deleter> weight_nchw{}, weight_nhwc{};  ///< the weight's two layouts
 };
 
 inline conv_plan make_conv_plan(cuda_context& ctx, const conv_geometry& g, cudnnDataType_t type,
-                                cudnnMathType_t math, conv_pass pass, std::string_view name) {
+                                cudnnMathType_t math, conv_pass pass, std::string_view name,
+                                std::size_t element_bytes) {
   conv_plan plan{conv_descriptors(g, type, math)};
+  if (g.channels_last()) {
+    // Made with the plan, before any capture: the first call of a shape runs eagerly.
+    void* p = nullptr;
+    check(cudaMalloc(&p, g.co * g.cg() * g.kh * g.kw * element_bytes), "cudaMalloc");
+    plan.filter.reset(p);
+    for (auto [view, format] : {std::pair{&plan.weight_nchw, CUDNN_TENSOR_NCHW}, std::pair{&plan.weight_nhwc, CUDNN_TENSOR_NHWC}}) {
+      cudnnTensorDescriptor_t t = nullptr;
+      check(cudnnCreateTensorDescriptor(&t), "cudnnCreateTensorDescriptor");
+      view->reset(t);
+      check(cudnnSetTensor4dDescriptor(t, format, type, int(g.co), int(g.cg()), int(g.kh), int(g.kw)),
+            "cudnnSetTensor4dDescriptor(weight)");
+    }
+  }
   const conv_descriptors& d = plan.d;
   int count = 0;
   if (pass == conv_pass::forward) {
@@ -170,17 +201,26 @@ template <Policy P, class T>
 void run_conv(cuda_context& ctx, conv_pass pass, const conv_geometry& g, const T* in0, const T* in1,
               T* out, std::string_view name) {
   constexpr cudnnMathType_t math = dnn_math<P, T>();
-  const std::array<std::int64_t, 19> key{
-      std::int64_t(pass), std::int64_t(dnn_type<T>()), std::int64_t(math), std::int64_t(g.n),
+  const std::array<std::int64_t, 20> key{
+      std::int64_t(pass), std::int64_t(dnn_type<T>()), std::int64_t(math), std::int64_t(g.channels_last()),
+      std::int64_t(g.n),
       std::int64_t(g.c), std::int64_t(g.h), std::int64_t(g.w), std::int64_t(g.co), std::int64_t(g.kh),
       std::int64_t(g.kw), std::int64_t(g.ho), std::int64_t(g.wo), std::int64_t(g.p.stride[0]),
       std::int64_t(g.p.stride[1]), std::int64_t(g.p.padding[0]), std::int64_t(g.p.padding[1]),
       std::int64_t(g.p.dilation[0]), std::int64_t(g.p.dilation[1]), std::int64_t(g.groups)};
   const conv_plan& plan = ctx.plan<conv_plan>(
-      key, [&] { return make_conv_plan(ctx, g, dnn_type<T>(), math, pass, name); });
+      key, [&] { return make_conv_plan(ctx, g, dnn_type<T>(), math, pass, name, sizeof(T)); });
   const conv_descriptors& d = plan.d;
   void* ws = plan.workspace != 0 ? ctx.workspace(plan.workspace) : nullptr;
   const float one = 1.0F, zero = 0.0F;
+  // Channels-last: the weight moves between precis's [Co, Cg, KH, KW] and the filter
+  // layout [Co, KH, KW, Cg] through the plan's buffer.
+  T* filter = static_cast<T*>(plan.filter.get());
+  if (filter != nullptr && pass != conv_pass::backward_filter) {
+    check(cudnnTransformTensor(ctx.dnn(), &one, plan.weight_nchw.get(), in1, &zero, plan.weight_nhwc.get(), filter),
+          "cudnnTransformTensor(weight)");
+    in1 = filter;
+  }
   if (pass == conv_pass::forward) {
     check(cudnnConvolutionForward(ctx.dnn(), &one, d.x.get(), in0, d.w.get(), in1, d.conv.get(),
                                   cudnnConvolutionFwdAlgo_t(plan.algo), ws, plan.workspace, &zero, d.y.get(),
@@ -194,8 +234,12 @@ void run_conv(cuda_context& ctx, conv_pass pass, const conv_geometry& g, const T
   } else {
     check(cudnnConvolutionBackwardFilter(ctx.dnn(), &one, d.x.get(), in0, d.y.get(), in1, d.conv.get(),
                                          cudnnConvolutionBwdFilterAlgo_t(plan.algo), ws, plan.workspace,
-                                         &zero, d.w.get(), out),
+                                         &zero, d.w.get(), filter != nullptr ? filter : out),
           "cudnnConvolutionBackwardFilter");
+    if (filter != nullptr) {
+      check(cudnnTransformTensor(ctx.dnn(), &one, plan.weight_nhwc.get(), filter, &zero, plan.weight_nchw.get(), out),
+            "cudnnTransformTensor(weight gradient)");
+    }
   }
 }
 
@@ -206,16 +250,6 @@ void zero_fill(cuda_context& ctx, device_tensor<T, 4>& t) {
   check(cudaMemsetAsync(t.data(), 0, t.size() * sizeof(T), ctx.stream()), "cudaMemsetAsync");
 }
 
-/// The device convolutions take NCHW images only: channels-last (image_layout::nhwc) is the
-/// host convolutions' (cuDNN's NHWC tensors are not wired here yet).
-inline void require_nchw(const char* name, const conv2d_params& p) {
-  if (p.layout != image_layout::nchw) {
-    throw error(std::string(name) +
-                ": channels-last images (conv2d_params::layout = image_layout::nhwc) are taken by "
-                "the host convolutions only; the device ones take NCHW images");
-  }
-}
-
 }  // namespace detail::cuda
 
 /// y = conv2d(x, w) on the device (see the host conv2d).
@@ -223,9 +257,8 @@ template <Policy P, class T>
 void conv2d(cuda_context& ctx, const device_tensor<T, 4>& x, const device_tensor<T, 4>& w,
             device_tensor<T, 4>& y, const conv2d_params& p = {}) {
   detail::check_conv_types<P, T, T, T>();
-  detail::cuda::require_nchw("precis::conv2d", p);
   const auto g = detail::conv_geometry_of("precis::conv2d", x, w, p);
-  check_shape("precis::conv2d: y", y, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
+  check_shape("precis::conv2d: y", y, g.y_shape());
   if (y.size() == 0) return;
   if (x.size() == 0 || w.size() == 0) return detail::cuda::zero_fill(ctx, y);
   detail::cuda::run_conv<P>(ctx, detail::cuda::conv_pass::forward, g, x.data(), w.data(), y.data(),
@@ -238,9 +271,8 @@ void conv2d_backward_data(cuda_context& ctx, const device_tensor<T, 4>& dy,
                           const device_tensor<T, 4>& w, device_tensor<T, 4>& dx,
                           const conv2d_params& p = {}) {
   detail::check_conv_types<P, T, T, T>();
-  detail::cuda::require_nchw("precis::conv2d_backward_data", p);
   const auto g = detail::conv_geometry_of("precis::conv2d_backward_data", dx, w, p);
-  check_shape("precis::conv2d_backward_data: dy", dy, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
+  check_shape("precis::conv2d_backward_data: dy", dy, g.y_shape());
   if (dx.size() == 0) return;
   if (dy.size() == 0 || w.size() == 0) return detail::cuda::zero_fill(ctx, dx);
   detail::cuda::run_conv<P>(ctx, detail::cuda::conv_pass::backward_data, g, dy.data(), w.data(),
@@ -253,9 +285,8 @@ void conv2d_backward_weights(cuda_context& ctx, const device_tensor<T, 4>& x,
                              const device_tensor<T, 4>& dy, device_tensor<T, 4>& dw,
                              const conv2d_params& p = {}) {
   detail::check_conv_types<P, T, T, T>();
-  detail::cuda::require_nchw("precis::conv2d_backward_weights", p);
   const auto g = detail::conv_geometry_of("precis::conv2d_backward_weights", x, dw, p);
-  check_shape("precis::conv2d_backward_weights: dy", dy, detail::dims<4>({g.n, g.co, g.ho, g.wo}));
+  check_shape("precis::conv2d_backward_weights: dy", dy, g.y_shape());
   if (dw.size() == 0) return;
   if (x.size() == 0 || dy.size() == 0) return detail::cuda::zero_fill(ctx, dw);
   detail::cuda::run_conv<P>(ctx, detail::cuda::conv_pass::backward_filter, g, x.data(), dy.data(),
@@ -269,7 +300,6 @@ template <Policy P, class T>
 void conv_transpose2d(cuda_context& ctx, const device_tensor<T, 4>& x, const device_tensor<T, 4>& w,
                       device_tensor<T, 4>& y, const conv2d_params& p = {}) {
   detail::check_conv_types<P, T, T, T>();
-  detail::cuda::require_nchw("precis::conv_transpose2d", p);
   const auto g = detail::transpose_geometry("precis::conv_transpose2d", x, w, y, p);
   if (y.size() == 0) return;
   if (x.size() == 0 || w.size() == 0) return detail::cuda::zero_fill(ctx, y);

@@ -168,9 +168,8 @@ template <class M, class X, bool Centred>
 struct batch_norm_stat_terms {
   const X* x;
   const M* mean;
-  std::size_t channels, inner;
-  __device__ term_values<M, 1> operator()(std::size_t i, std::size_t c, std::size_t q) const {
-    const M v = device_load<M>(x[(i * channels + c) * inner + q]);
+  __device__ term_values<M, 1> operator()(std::size_t at, std::size_t c) const {
+    const M v = device_load<M>(x[at]);
     if constexpr (Centred) {
       const M d = v - mean[c];
       return {{d * d}};
@@ -227,7 +226,7 @@ struct batch_norm_normalise {
   const T* scale;  // rstd, or the running variance when Running
   Y* y;
   M eps;
-  __device__ void operator()(std::size_t, std::size_t c, std::size_t, std::size_t at) const {
+  __device__ void operator()(std::size_t c, std::size_t at) const {
     const M mu = static_cast<M>(mean[c]);
     M rs;
     if constexpr (Running) {
@@ -239,16 +238,14 @@ struct batch_norm_normalise {
   }
 };
 
-/// Batch norm's backward terms of element (i, c, q): dy and dy xhat.
+/// Batch norm's backward terms of the element at `at`, of channel c: dy and dy xhat.
 template <class M, class DY, class X, class S>
 struct batch_norm_grad_terms {
   const DY* dy;
   const X* x;
   const S* save_mean;
   const S* save_rstd;
-  std::size_t channels, inner;
-  __device__ term_values<M, 2> operator()(std::size_t i, std::size_t c, std::size_t q) const {
-    const std::size_t at = (i * channels + c) * inner + q;
+  __device__ term_values<M, 2> operator()(std::size_t at, std::size_t c) const {
     const M g = device_load<M>(dy[at]);
     const M xh = (device_load<M>(x[at]) - static_cast<M>(save_mean[c])) * static_cast<M>(save_rstd[c]);
     return {{g, g * xh}};
@@ -283,7 +280,7 @@ struct batch_norm_input_grad {
   const S* save_rstd;
   const M* ab;
   DX* dx;
-  __device__ void operator()(std::size_t, std::size_t c, std::size_t, std::size_t at) const {
+  __device__ void operator()(std::size_t c, std::size_t at) const {
     const M rs = static_cast<M>(save_rstd[c]);
     const M xh = (device_load<M>(x[at]) - static_cast<M>(save_mean[c])) * rs;
     const M k = device_load<M>(gamma[c]) * rs;
@@ -374,7 +371,8 @@ void layer_norm_backward(cuda_context& ctx, const device_tensor<DY, N>& dy,
 
 /// Batch norm in training mode on the device (see the host batch_norm_train: channels on
 /// axis 1, PyTorch's momentum and unbiased running variance, save_mean / save_rstd for the
-/// backward pass).
+/// backward pass). Channels-last images (`layout` nhwc: channels on the last axis) take
+/// channel_reduce_in's column order for the statistics, and coalesced elementwise passes.
 template <Policy P, kernel_element X, kernel_element G, kernel_element B, statistics_element R,
           kernel_element Y, statistics_element S, std::size_t N>
   requires(N >= 2)
@@ -382,13 +380,14 @@ void batch_norm_train(cuda_context& ctx, const device_tensor<X, N>& x, const dev
                       const device_tensor<B, 1>& beta, device_tensor<R, 1>& running_mean,
                       device_tensor<R, 1>& running_var, device_tensor<Y, N>& y,
                       device_tensor<S, 1>& save_mean, device_tensor<S, 1>& save_rstd,
-                      double momentum = 0.1, double eps = 1e-5) {
+                      double momentum = 0.1, double eps = 1e-5, image_layout layout = image_layout::nchw) {
   using M = detail::math_t<op::batch_norm, P, X, G, B>;
   using Acc = detail::accumulate_t<op::batch_norm, P>;
   constexpr std::string_view name = "precis::batch_norm_train";
+  const bool last = layout == image_layout::nhwc;
   detail::check_batch_norm_train<N>(name, x, gamma, beta, running_mean, running_var, y, save_mean, save_rstd,
-                                    momentum, eps);
-  const auto d = detail::batch_norm_dims(x);
+                                    momentum, eps, last);
+  const auto d = detail::batch_norm_dims(x, last);
   if (d[1] == 0) return;
   // The mean, then the squared distances to it (two passes, as the host), each a channel
   // reduction; then y elementwise.
@@ -396,11 +395,11 @@ void batch_norm_train(cuda_context& ctx, const device_tensor<X, N>& x, const dev
   device_tensor<M, 1> stats({2 * d[1]}, ctx.stream());  // mean, then rstd
   M* mean = stats.data();
   M* rstd = stats.data() + d[1];
-  detail::cuda::channel_reduce<Acc, 1>(ctx, d[0], d[1], d[2],
-                                       detail::cuda::batch_norm_stat_terms<M, X, false>{x.data(), mean, d[1], d[2]},
-                                       detail::cuda::batch_norm_mean<M>{mean, count}, name);
-  detail::cuda::channel_reduce<Acc, 1>(
-      ctx, d[0], d[1], d[2], detail::cuda::batch_norm_stat_terms<M, X, true>{x.data(), mean, d[1], d[2]},
+  detail::cuda::channel_reduce_in<Acc, 1>(ctx, layout, d[0], d[1], d[2],
+                                          detail::cuda::batch_norm_stat_terms<M, X, false>{x.data(), mean},
+                                          detail::cuda::batch_norm_mean<M>{mean, count}, name);
+  detail::cuda::channel_reduce_in<Acc, 1>(
+      ctx, layout, d[0], d[1], d[2], detail::cuda::batch_norm_stat_terms<M, X, true>{x.data(), mean},
       detail::cuda::batch_norm_variance<M, R, S>{mean, rstd, save_mean.data(), save_rstd.data(), running_mean.data(),
                                                  running_var.data(), count, static_cast<M>(eps),
                                                  static_cast<M>(momentum)},
@@ -408,58 +407,61 @@ void batch_norm_train(cuda_context& ctx, const device_tensor<X, N>& x, const dev
   detail::cuda::plane_elements(ctx, d[0], d[1], d[2],
                                detail::cuda::batch_norm_normalise<M, X, G, B, M, Y, false>{
                                    x.data(), gamma.data(), beta.data(), mean, rstd, y.data(), M(0)},
-                               name);
+                               name, layout);
 }
 
 /// Batch norm in inference mode on the device, from the running statistics (see the host
-/// batch_norm_infer; the same formula as training mode).
+/// batch_norm_infer; the same formula as training mode; `layout` as batch_norm_train's).
 template <Policy P, kernel_element X, kernel_element G, kernel_element B, statistics_element R,
           kernel_element Y, std::size_t N>
   requires(N >= 2)
 void batch_norm_infer(cuda_context& ctx, const device_tensor<X, N>& x, const device_tensor<G, 1>& gamma,
                       const device_tensor<B, 1>& beta, const device_tensor<R, 1>& running_mean,
-                      const device_tensor<R, 1>& running_var, device_tensor<Y, N>& y, double eps = 1e-5) {
+                      const device_tensor<R, 1>& running_var, device_tensor<Y, N>& y, double eps = 1e-5,
+                      image_layout layout = image_layout::nchw) {
   using M = detail::math_t<op::batch_norm, P, X, G, B>;
   constexpr std::string_view name = "precis::batch_norm_infer";
-  detail::check_batch_norm_infer<N>(name, x, gamma, beta, running_mean, running_var, y, eps);
-  const auto d = detail::batch_norm_dims(x);
+  const bool last = layout == image_layout::nhwc;
+  detail::check_batch_norm_infer<N>(name, x, gamma, beta, running_mean, running_var, y, eps, last);
+  const auto d = detail::batch_norm_dims(x, last);
   detail::cuda::plane_elements(ctx, d[0], d[1], d[2],
                                detail::cuda::batch_norm_normalise<M, X, G, B, R, Y, true>{
                                    x.data(), gamma.data(), beta.data(), running_mean.data(), running_var.data(),
                                    y.data(), static_cast<M>(eps)},
-                               name);
+                               name, layout);
 }
 
 /// Gradients of batch_norm_train on the device from its saved statistics (see the host
-/// batch_norm_backward).
+/// batch_norm_backward; `layout` as batch_norm_train's).
 template <Policy P, kernel_element DY, kernel_element X, kernel_element G, statistics_element S,
           kernel_element DX, kernel_element DG, kernel_element DB, std::size_t N>
   requires(N >= 2)
 void batch_norm_backward(cuda_context& ctx, const device_tensor<DY, N>& dy, const device_tensor<X, N>& x,
                          const device_tensor<G, 1>& gamma, const device_tensor<S, 1>& save_mean,
                          const device_tensor<S, 1>& save_rstd, device_tensor<DX, N>& dx,
-                         device_tensor<DG, 1>& dgamma, device_tensor<DB, 1>& dbeta) {
+                         device_tensor<DG, 1>& dgamma, device_tensor<DB, 1>& dbeta,
+                         image_layout layout = image_layout::nchw) {
   using M = detail::math_t<op::batch_norm, P, DY, X, G>;
   using Acc = detail::accumulate_t<op::batch_norm, P>;
   constexpr std::string_view name = "precis::batch_norm_backward";
-  detail::check_batch_norm_backward<N>(name, dy, x, gamma, save_mean, save_rstd, dx, dgamma, dbeta);
-  const auto d = detail::batch_norm_dims(x);
+  const bool last = layout == image_layout::nhwc;
+  detail::check_batch_norm_backward<N>(name, dy, x, gamma, save_mean, save_rstd, dx, dgamma, dbeta, last);
+  const auto d = detail::batch_norm_dims(x, last);
   const std::size_t count = d[0] * d[2];
   if (count == 0 || d[1] == 0) return;
   // dbeta = sum(dy) and dgamma = sum(dy xhat) per channel (a channel reduction), then
   // dx = gamma rstd (dy - dbeta / count - xhat dgamma / count) elementwise.
   device_tensor<M, 1> ab({2 * d[1]}, ctx.stream());
-  detail::cuda::channel_reduce<Acc, 2>(
-      ctx, d[0], d[1], d[2],
-      detail::cuda::batch_norm_grad_terms<M, DY, X, S>{dy.data(), x.data(), save_mean.data(), save_rstd.data(), d[1],
-                                                       d[2]},
+  detail::cuda::channel_reduce_in<Acc, 2>(
+      ctx, layout, d[0], d[1], d[2],
+      detail::cuda::batch_norm_grad_terms<M, DY, X, S>{dy.data(), x.data(), save_mean.data(), save_rstd.data()},
       detail::cuda::batch_norm_grad_sums<M, DG, DB>{dgamma.data(), dbeta.data(), ab.data(), static_cast<M>(count)},
       name);
   detail::cuda::plane_elements(ctx, d[0], d[1], d[2],
                                detail::cuda::batch_norm_input_grad<M, DY, X, G, S, DX>{
                                    dy.data(), x.data(), gamma.data(), save_mean.data(), save_rstd.data(), ab.data(),
                                    dx.data()},
-                               name);
+                               name, layout);
 }
 
 }  // namespace precis

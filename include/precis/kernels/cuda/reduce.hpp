@@ -324,7 +324,8 @@ inline constexpr std::size_t channel_segment = 4096;
 
 /// First pass of a channel reduction over [N, C, inner] (conv2d_backward_bias, batch norm's
 /// statistics and sums): block (image i, segment s) of grid row c reduces the elements
-/// [s * channel_segment, ...) of plane (i, c), K sums of terms(i, c, q) (a term_values<M, K>),
+/// [s * channel_segment, ...) of plane (i, c), K sums of terms(at, c) (a term_values<M, K>;
+/// at = (i * C + c) * inner + q, the element's offset),
 /// each thread its strided share in order, then the block's tree;
 /// partial[((c * images + i) * segments + s) * K + k].
 template <class Acc, int K, class Terms>
@@ -338,7 +339,7 @@ __global__ void channel_partials(Terms terms, std::size_t images, std::size_t ch
     S acc[K];
     for (int k = 0; k < K; ++k) acc[k] = device_sum<Acc>::init();
     for (std::size_t q = lo + threadIdx.x; q < hi; q += blockDim.x) {
-      const auto t = terms(i, c, q);
+      const auto t = terms((i * channels + c) * inner + q, c);
       for (int k = 0; k < K; ++k) acc[k] = device_sum<Acc>::add(acc[k], t.v[k]);
     }
     for (int k = 0; k < K; ++k) {
@@ -365,7 +366,7 @@ __global__ void channel_totals(const typename accumulator<Acc>::value_type* part
   }
 }
 
-/// Runs both passes of a channel reduction of terms(i, c, q) over `images` planes of `inner`
+/// Runs both passes of a channel reduction of terms(at, c) over `images` planes of `inner`
 /// elements per channel on ctx's stream (images and inner not 0), its partial sums in
 /// stream-ordered scratch. The order depends on the shape alone: the same bits on every
 /// run and device.
@@ -384,36 +385,78 @@ void channel_reduce(cuda_context& ctx, std::size_t images, std::size_t channels,
   check(cudaGetLastError(), name);
 }
 
-/// A channel reduction's term: element (i, c, q) of x [N, C, inner] in M.
+/// A channel reduction's term: the element at `at` of x in M (its channel not needed).
 template <class M, class T>
 struct plane_terms {
   const T* x;
-  std::size_t channels, inner;
-  __device__ term_values<M, 1> operator()(std::size_t i, std::size_t c, std::size_t q) const {
-    return {{device_load<M>(x[(i * channels + c) * inner + q])}};
-  }
+  __device__ term_values<M, 1> operator()(std::size_t at, std::size_t) const { return {{device_load<M>(x[at])}}; }
 };
 
-/// Runs f(i, c, q, at) for every element at = (i * channels + c) * inner + q of a tensor
+/// A channel reduction's terms(at, c) read as a column reduction's terms(r, c) over a
+/// channels-last tensor [N, H, W, C] viewed as [N * H * W, C]: at = r * channels + c.
+template <class Terms>
+struct channels_last_terms {
+  Terms terms;
+  std::size_t channels;
+  __device__ auto operator()(std::size_t r, std::size_t c) const { return terms(r * channels + c, c); }
+};
+
+/// The channel reduction of terms(at, c) over images [images, channels, inner] in `layout`:
+/// for NCHW, channel_reduce (segments of each plane, then each channel's segments in
+/// order); for channels-last [images, inner, channels], column_reduce over the rows of
+/// [images * inner, channels] (slabs of 64 rows, then the slabs in order), whose reads are
+/// coalesced along the channels. Either order depends on the shape alone; they differ from
+/// each other by at most the float bound of a sum of images * inner terms.
+template <class Acc, int K, class Terms, class Finish>
+void channel_reduce_in(cuda_context& ctx, image_layout layout, std::size_t images, std::size_t channels,
+                       std::size_t inner, const Terms& terms, const Finish& finish, std::string_view name) {
+  if (layout == image_layout::nhwc) {
+    column_reduce<Acc, K>(ctx, images * inner, channels, channels_last_terms<Terms>{terms, channels}, finish, name);
+  } else {
+    channel_reduce<Acc, K>(ctx, images, channels, inner, terms, finish, name);
+  }
+}
+
+/// Runs f(c, at) for every element at = (i * channels + c) * inner + q of a tensor
 /// [images, channels, inner]: the planes on the grid's y axis, their elements on x, with no
 /// division per element.
 template <class F>
 __global__ void for_each_plane_element(F f, std::size_t planes, std::size_t channels, std::size_t inner) {
   for (std::size_t plane = blockIdx.y; plane < planes; plane += gridDim.y) {
-    const std::size_t i = plane / channels, c = plane % channels;
+    const std::size_t c = plane % channels;
     for (std::size_t q = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; q < inner;
          q += std::size_t(gridDim.x) * blockDim.x) {
-      f(i, c, q, plane * inner + q);
+      f(c, plane * inner + q);
     }
   }
 }
 
-/// Launches for_each_plane_element on ctx's stream.
+/// Runs f(c, at) for every element at = r * channels + c of a channels-last tensor viewed
+/// as [rows, channels]: blocks of 32 channels by 8 rows, coalesced along the channels, with
+/// no division per element.
+template <class F>
+__global__ void for_each_channels_last_element(F f, std::size_t rows, std::size_t channels) {
+  const std::size_t c = blockIdx.x * std::size_t(32) + threadIdx.x;
+  if (c >= channels) return;
+  for (std::size_t r = blockIdx.y * std::size_t(8) + threadIdx.y; r < rows; r += std::size_t(gridDim.y) * 8) {
+    f(c, r * channels + c);
+  }
+}
+
+/// Launches f(c, at) over every element of images [images, channels, inner] in `layout`
+/// (channels-last: [images, inner, channels]) on ctx's stream.
 template <class F>
 void plane_elements(cuda_context& ctx, std::size_t images, std::size_t channels, std::size_t inner, const F& f,
-                    std::string_view name) {
+                    std::string_view name, image_layout layout = image_layout::nchw) {
   const std::size_t planes = images * channels;
   if (planes == 0 || inner == 0) return;
+  if (layout == image_layout::nhwc) {
+    const std::size_t rows = images * inner;
+    const dim3 grid(unsigned((channels + 31) / 32), unsigned(std::min<std::size_t>((rows + 7) / 8, 65535)));
+    for_each_channels_last_element<<<grid, dim3(32, 8), 0, ctx.stream()>>>(f, rows, channels);
+    check(cudaGetLastError(), name);
+    return;
+  }
   const std::size_t x_blocks = std::min<std::size_t>((inner + 255) / 256, std::max<std::size_t>(1, 8192 / planes + 1));
   const dim3 grid(unsigned(std::min<std::size_t>(x_blocks, 1024)), unsigned(std::min<std::size_t>(planes, 65535)));
   for_each_plane_element<<<grid, 256, 0, ctx.stream()>>>(f, planes, channels, inner);
@@ -452,26 +495,26 @@ void column_sums(cuda_context& ctx, const T* x, std::size_t rows, std::size_t co
 /// 4096 pixels of each plane, each summed by a block's strided threads and then its tree;
 /// then each channel's segments in image and segment order), so repeated calls give the
 /// same bits on any device; a channel's sum differs from the host's index-order sum by at
-/// most the bound of a float sum of N * H * W terms. NCHW only (throws precis::error for
-/// another layout). Queued on ctx's stream; its scratch is stream-ordered.
+/// most the bound of a float sum of N * H * W terms. Channels-last dy [N, H, W, C]
+/// (`layout` nhwc) is summed as the columns of [N * H * W, C] (channel_reduce_in's order).
+/// Queued on ctx's stream; its scratch is stream-ordered.
 template <Policy P, kernel_element TG, kernel_element TB>
 void conv2d_backward_bias(cuda_context& ctx, const device_tensor<TG, 4>& dy, device_tensor<TB, 1>& db,
                           image_layout layout = image_layout::nchw) {
   using M = detail::math_t<op::reduction, P, TG>;
   using Acc = detail::accumulate_t<op::reduction, P>;
   using S = typename accumulator<Acc>::value_type;
-  if (layout != image_layout::nchw) {
-    throw error("precis::conv2d_backward_bias: the device takes NCHW gradients only");
-  }
-  const std::size_t n = dy.shape()[0], co = dy.shape()[1], pixels = dy.shape()[2] * dy.shape()[3];
+  const bool last = layout == image_layout::nhwc;
+  const std::size_t n = dy.shape()[0], co = dy.shape()[last ? 3 : 1];
+  const std::size_t pixels = last ? dy.shape()[1] * dy.shape()[2] : dy.shape()[2] * dy.shape()[3];
   check_shape("precis::conv2d_backward_bias: db", db, std::array<std::size_t, 1>{co});
   if (co == 0) return;
   if (n == 0 || pixels == 0) {
     check(cudaMemsetAsync(db.data(), 0, co * sizeof(TB), ctx.stream()), "cudaMemsetAsync");
     return;
   }
-  detail::cuda::channel_reduce<Acc, 1>(ctx, n, co, pixels, detail::cuda::plane_terms<M, TG>{dy.data(), co, pixels},
-                                       detail::cuda::store_sums<S, TB>{db.data()}, "precis::conv2d_backward_bias");
+  detail::cuda::channel_reduce_in<Acc, 1>(ctx, layout, n, co, pixels, detail::cuda::plane_terms<M, TG>{dy.data()},
+                                          detail::cuda::store_sums<S, TB>{db.data()}, "precis::conv2d_backward_bias");
 }
 
 /// out[0] = the sum of all elements of x, on the device (out: shape {1}). 0 for an empty
