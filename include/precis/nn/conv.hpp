@@ -250,10 +250,21 @@ class conv_base : public layer_base<Tag, P, op::conv, 4, 4, Ctx> {
   void set_layout(image_layout layout, std::string_view) { params_.layout = layout; }
 
  protected:
-  /// An input shape in the layer's layout, in NCHW order.
-  shape_t<4> nchw(const shape_t<4>& s) const { return nchw_shape(s, params_.layout); }
-  /// An NCHW output shape in the layer's layout.
-  shape_t<4> in_layout(const shape_t<4>& s) const { return layout_shape(s, params_.layout); }
+  /// The output shape for input shape `in` (both in the layer's layout), from the output
+  /// size along an axis, out(size, axis) (0: nothing fits), and the least input size that
+  /// gives one, min_in(axis); throws precis::error naming the layer `kind` at `path`, with the
+  /// inputs it takes, for an empty batch, other than `in_` channels or an image too small.
+  template <class Out, class MinIn>
+  shape_t<4> image_output(const shape_t<4>& in, std::string_view path, std::string_view kind, Out&& out,
+                          MinIn&& min_in) const {
+    const auto s = nchw_shape(in, params_.layout);
+    const std::size_t ho = out(s[2], 0), wo = out(s[3], 1);
+    if (s[0] == 0 || s[1] != in_ || ho == 0 || wo == 0) {
+      bad_shape(path, kind, image_shape_string(std::to_string(in_), min_in(0), min_in(1), params_.layout),
+                shape_string(in));
+    }
+    return layout_shape({s[0], out_, ho, wo}, params_.layout);
+  }
 
   /// Adds dw (the caller's) and, with a bias, db from dy to the parameters' gradients.
   void accumulate_parameters(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
@@ -396,18 +407,9 @@ class conv2d_layer : public detail::conv_base<Tag, P, Ctx> {
   /// precis::error (naming the layer's `path`) for an empty batch, other than `in` input
   /// channels, or an image smaller than the dilated kernel after padding.
   shape_t<4> output_shape(const shape_t<4>& in, std::string_view path) const {
-    const auto s = this->nchw(in);
-    const std::size_t ho = detail::conv_out(s[2], this->kernel_, this->params_, 0);
-    const std::size_t wo = detail::conv_out(s[3], this->kernel_, this->params_, 1);
-    if (s[0] == 0 || s[1] != this->in_ || ho == 0 || wo == 0) {
-      detail::bad_shape(path, kind,
-                        detail::image_shape_string(std::to_string(this->in_),
-                                                   detail::conv_min_in(this->kernel_, this->params_, 0),
-                                                   detail::conv_min_in(this->kernel_, this->params_, 1),
-                                                   this->params_.layout),
-                        shape_string(in));
-    }
-    return this->in_layout({s[0], this->out_, ho, wo});
+    return this->image_output(
+        in, path, kind, [&](std::size_t n, std::size_t a) { return detail::conv_out(n, this->kernel_, this->params_, a); },
+        [&](std::size_t a) { return detail::conv_min_in(this->kernel_, this->params_, a); });
   }
 
   /// The convolution of x with the weight, plus the bias (see the file comment); keeps the
@@ -505,18 +507,10 @@ class conv_transpose2d_layer : public detail::conv_base<Tag, P, Ctx> {
   /// precis::error (naming the layer's `path`) for an empty batch, other than `in` input
   /// channels, or an image the padding leaves no output of.
   shape_t<4> output_shape(const shape_t<4>& in, std::string_view path) const {
-    const auto s = this->nchw(in);
-    const std::size_t ho = detail::transpose_out(s[2], this->kernel_, this->params_, 0);
-    const std::size_t wo = detail::transpose_out(s[3], this->kernel_, this->params_, 1);
-    if (s[0] == 0 || s[1] != this->in_ || ho == 0 || wo == 0) {
-      detail::bad_shape(path, kind,
-                        detail::image_shape_string(std::to_string(this->in_),
-                                                   detail::transpose_min_in(this->kernel_, this->params_, 0),
-                                                   detail::transpose_min_in(this->kernel_, this->params_, 1),
-                                                   this->params_.layout),
-                        shape_string(in));
-    }
-    return this->in_layout({s[0], this->out_, ho, wo});
+    return this->image_output(
+        in, path, kind,
+        [&](std::size_t n, std::size_t a) { return detail::transpose_out(n, this->kernel_, this->params_, a); },
+        [&](std::size_t a) { return detail::transpose_min_in(this->kernel_, this->params_, a); });
   }
 
   /// The transposed convolution of x with the weight, plus the bias (added to the sums
