@@ -195,22 +195,23 @@ __global__ void reduce_axis_kernel(const T* x, std::size_t outer, std::size_t co
 /// and so the result, is the same on every device and for every launch.
 inline constexpr std::size_t column_slab_rows = 64;
 
-/// First pass of a column reduction (column_sums, layer norm's dgamma and dbeta): block
-/// (32, 8) reduces the slab's rows of 32 columns, K sums of terms(r, col) (a
-/// term_values<M, K>), each thread the rows ty, ty + 8, ... of the slab in order, then the 8
-/// partial sums in ty order; partial[(slab * cols + col) * K + k].
+/// First pass of a column reduction (column_sums, layer norm's dgamma and dbeta, the
+/// channels of channels-last images): block (32, 8) reduces the slab's rows (slab_rows of
+/// them) of 32 columns, K sums of terms(r, col) (a term_values<M, K>), each thread the rows
+/// ty, ty + 8, ... of the slab in order, then the 8 partial sums in ty order;
+/// partial[(slab * cols + col) * K + k].
 template <class Acc, int K, class Terms>
 __global__ void column_partials(Terms terms, std::size_t rows, std::size_t cols, std::size_t slabs,
-                                typename accumulator<Acc>::value_type* partial) {
+                                std::size_t slab_rows, typename accumulator<Acc>::value_type* partial) {
   using S = typename accumulator<Acc>::value_type;
   __shared__ S shared[K][8][33];
   const std::size_t col = blockIdx.x * std::size_t(32) + threadIdx.x;
   for (std::size_t slab = blockIdx.y; slab < slabs; slab += gridDim.y) {
-    const std::size_t stop = (slab + 1) * column_slab_rows, end = stop < rows ? stop : rows;
+    const std::size_t stop = (slab + 1) * slab_rows, end = stop < rows ? stop : rows;
     S s[K];
     for (int k = 0; k < K; ++k) s[k] = S(0);
     if (col < cols) {
-      for (std::size_t r = slab * column_slab_rows + threadIdx.y; r < end; r += 8) {
+      for (std::size_t r = slab * slab_rows + threadIdx.y; r < end; r += 8) {
         const auto t = terms(r, col);
         for (int k = 0; k < K; ++k) s[k] = device_sum<Acc>::add(s[k], t.v[k]);
       }
@@ -246,15 +247,17 @@ __global__ void column_totals(const typename accumulator<Acc>::value_type* parti
 }
 
 /// Runs both passes of a column reduction of terms(r, col) over `rows` rows of `cols`
-/// columns on ctx's stream, its partial sums in stream-ordered scratch.
+/// columns on ctx's stream, in slabs of `slab_rows` rows (a constant of the caller, so that
+/// the order depends on the shape alone), its partial sums in stream-ordered scratch.
 template <class Acc, int K, class Terms, class Finish>
 void column_reduce(cuda_context& ctx, std::size_t rows, std::size_t cols, const Terms& terms, const Finish& finish,
-                   std::string_view name) {
+                   std::string_view name, std::size_t slab_rows = column_slab_rows) {
   using S = typename accumulator<Acc>::value_type;
-  const std::size_t slabs = (rows + column_slab_rows - 1) / column_slab_rows;
+  const std::size_t slabs = (rows + slab_rows - 1) / slab_rows;
   device_tensor<S, 1> partial({slabs * cols * K}, ctx.stream());
   const dim3 grid(unsigned((cols + 31) / 32), unsigned(std::min<std::size_t>(slabs, 65535)));
-  column_partials<Acc, K><<<grid, dim3(32, 8), 0, ctx.stream()>>>(terms, rows, cols, slabs, partial.data());
+  column_partials<Acc, K><<<grid, dim3(32, 8), 0, ctx.stream()>>>(terms, rows, cols, slabs, slab_rows,
+                                                                   partial.data());
   check(cudaGetLastError(), name);
   column_totals<Acc, K><<<grid_for(cols), 256, 0, ctx.stream()>>>(partial.data(), slabs, cols, finish);
   check(cudaGetLastError(), name);
@@ -404,14 +407,16 @@ struct channels_last_terms {
 /// The channel reduction of terms(at, c) over images [images, channels, inner] in `layout`:
 /// for NCHW, channel_reduce (segments of each plane, then each channel's segments in
 /// order); for channels-last [images, inner, channels], column_reduce over the rows of
-/// [images * inner, channels] (slabs of 64 rows, then the slabs in order), whose reads are
-/// coalesced along the channels. Either order depends on the shape alone; they differ from
-/// each other by at most the float bound of a sum of images * inner terms.
+/// [images * inner, channels] in slabs of channel_segment rows (as many partial sums per
+/// channel as NCHW's segments, for the serial second pass), then the slabs in order; its
+/// reads are coalesced along the channels. Either order depends on the shape alone; they
+/// differ from each other by at most the float bound of a sum of images * inner terms.
 template <class Acc, int K, class Terms, class Finish>
 void channel_reduce_in(cuda_context& ctx, image_layout layout, std::size_t images, std::size_t channels,
                        std::size_t inner, const Terms& terms, const Finish& finish, std::string_view name) {
   if (layout == image_layout::nhwc) {
-    column_reduce<Acc, K>(ctx, images * inner, channels, channels_last_terms<Terms>{terms, channels}, finish, name);
+    column_reduce<Acc, K>(ctx, images * inner, channels, channels_last_terms<Terms>{terms, channels}, finish, name,
+                          channel_segment);
   } else {
     channel_reduce<Acc, K>(ctx, images, channels, inner, terms, finish, name);
   }
