@@ -45,11 +45,7 @@ if [[ -z "${PYTHON:-}" ]]; then
   PYTHON=python3
   "$PYTHON" -c 'import torch' 2>/dev/null || PYTHON=/opt/torch/.venv/bin/python
 fi
-if [[ -f "$BUILD/lib.tar.xz" ]]; then  # OpenCV's core and imgproc, and what they need
-  lib="$(mktemp -d)"
-  tar xJf "$BUILD/lib.tar.xz" -C "$lib"
-  export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+source bench/cuda/staged.sh  # a staged folder's packed binaries, and OpenCV's core and imgproc
 failed=0
 
 if [[ " $STAGES " == *" train "* ]]; then

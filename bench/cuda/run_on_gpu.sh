@@ -15,6 +15,7 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 BUILD="${BUILD:-build/cuda}"
+source bench/cuda/staged.sh  # a staged folder's packed binaries
 RESULTS="${RESULTS:-bench/results/cuda}"
 TEST_TIMEOUT="${TEST_TIMEOUT:-120}"
 MEMCHECK_TIMEOUT="${MEMCHECK_TIMEOUT:-60}"

@@ -20,6 +20,7 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 BUILD="${BUILD:-build/cuda}"
+source bench/cuda/staged.sh  # a staged folder's packed binaries
 RESULTS="${RESULTS:-bench/results/vit/gpu}"
 RESULTS_CUDA="${RESULTS_CUDA:-bench/results/cuda}"
 DATA="${DATA:-/usr/share/datasets/fashion-mnist}"

@@ -5,9 +5,11 @@
 # dataset-fashion-mnist, 30 MB) under <folder>/fashion-mnist, for run_vit_on_gpu.sh's DATA;
 # with DBNET=1 also <folder>/lib.tar.xz, the shared libraries example_dbnet_cuda needs beyond
 # the C and C++ runtimes, CUDA's and zlib (OpenCV's core and imgproc, Clipper, and theirs:
-# about 11 MB packed), which run_dbnet_on_gpu.sh unpacks. Prints the folder's size (a lent
-# machine takes the working tree and carried folders up to 64 MiB in all: stage DATA=1 and
-# DBNET=1 into two folders, for two calls, when both do not fit).
+# about 11 MB packed), which run_dbnet_on_gpu.sh unpacks. The binaries are packed too, as
+# <folder>/bin.tar.xz (about 8 MB for 63 MB of binaries; PACK=0 leaves them loose), which the
+# run scripts unpack (bench/cuda/staged.sh). Prints the folder's size: a lent machine takes
+# the working tree and carried folders up to 64 MiB in all; DATA=1 DBNET=1 together is about
+# 50 MB.
 #
 #   bench/cuda/stage_for_gpu.sh [FOLDER]      default .gpu (ignore it: .git/info/exclude)
 #
@@ -20,7 +22,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 from="${FROM:-build/cuda}"
 to="${1:-.gpu}"
 [[ -d "$from/tests/cuda" ]] || { echo "stage_for_gpu.sh: no $from/tests/cuda: run ./run.sh cuda first" >&2; exit 1; }
-rm -rf "$to/tests" "$to/bench" "$to/examples" "$to/lib.tar.xz"
+rm -rf "$to/tests" "$to/bench" "$to/examples" "$to/lib.tar.xz" "$to/bin.tar.xz" "$to/.unpacked"
 mkdir -p "$to/tests/cuda" "$to/tests/numeric" "$to/bench" "$to/examples"
 for f in "$from"/tests/cuda/test_cuda_*; do
   [[ -f "$f" && -x "$f" ]] && cp "$f" "$to/tests/cuda/"
@@ -41,5 +43,9 @@ if [[ "${DBNET:-0}" != 0 ]]; then
     while read -r name path; do cp -L "$path" "$libs/$name"; done
   tar cJf "$to/lib.tar.xz" -C "$libs" .
   rm -rf "$libs"
+fi
+if [[ "${PACK:-1}" != 0 ]]; then
+  tar cJf "$to/bin.tar.xz" -C "$to" tests bench examples
+  rm -rf "$to/tests" "$to/bench" "$to/examples"
 fi
 du -sh "$to"
