@@ -13,9 +13,9 @@
 #                       header checks, bits probe, MPI, instruction-set variants)
 #   ./run.sh cuda       PRECIS_CUDA=ON in build/cuda: every CUDA unit compiled and linked
 #                       with nvcc (for sm_80 and sm_90, host code at -O3; under CI sm_90
-#                       only, host code at -O0), their tests and the CUDA compile-fail
-#                       tests (tests labelled gpu are skipped without a GPU); host-only
-#                       targets are left to `test`
+#                       only, host code at -O0, the device benchmarks only checked), their
+#                       tests and the CUDA compile-fail tests (tests labelled gpu are
+#                       skipped without a GPU); host-only targets are left to `test`
 #   ./run.sh package    install to build/install-prefix, build tests/consumer against it,
 #                       conan create with boost and xtensor taken from the system
 #   ./run.sh docs       the documentation's checks (docs/tools/check_docs.py): README.md within
@@ -175,9 +175,12 @@ cmd_cuda() {
   # not reach the device code (cicc and ptxas run the same either way). CUDA sources carry
   # no warning flags; the one C++ unit here, test_cuda_host, runs at -O0 and loses only the
   # optimiser's warnings (-Wmaybe-uninitialized and the like). Outside CI both are -O3.
-  local archs="80;90" level=3
-  [[ -n "${CI:-}" ]] && archs=90 level=0
+  # And under CI the device benchmarks are checked, not built (PRECIS_BENCH_CHECK_ONLY, as in
+  # the test stage): their device code compiled in full, their host half with -fsyntax-only.
+  local archs="80;90" level=3 bench_check_only=OFF
+  [[ -n "${CI:-}" ]] && archs=90 level=0 bench_check_only=ON
   configure build/cuda g++ Release -DPRECIS_WERROR=ON -DPRECIS_CUDA=ON -DPRECIS_BITS_PROBE=OFF \
+    -DPRECIS_BENCH_CHECK_ONLY=$bench_check_only \
     -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHITECTURES:-$archs}" \
     -DCMAKE_CXX_FLAGS_RELEASE="-O$level -DNDEBUG" -DCMAKE_CUDA_FLAGS_RELEASE="-O$level -DNDEBUG"
   # Host-only targets are the test stage's (same compiler, same flags): this stage builds

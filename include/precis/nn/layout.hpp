@@ -13,7 +13,7 @@
 /// a result: a model built channels-last gives, for the same input moved to NHWC, the NCHW
 /// model's outputs and gradients moved to NHWC, bit for bit (tests/nn/test_layout.cpp). On
 /// the device, cuDNN picks other kernels for NHWC and batch norm sums in another order, so
-/// the two layouts agree within the policy's bounds (tests/cuda/test_layout.cu).
+/// the two layouts agree within the policy's bounds (tests/cuda/test_nn_images.cu).
 ///
 /// How each layer takes NHWC images:
 /// - convolutions run their kernels in the layout (conv2d_params::layout): on the CPU the

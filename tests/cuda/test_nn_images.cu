@@ -1,8 +1,20 @@
-// The multi-tensor nodes (nn::fork, taps, each, top_down, add_all, concat_all, subtract),
-// nn::concat, convolutions with a bias and a DBNet on the device against the same models
-// on the host, built from one blueprint with the same masters: one forward and backward
-// pass on the same data, the outputs, input gradients and parameter gradients (the biases'
-// among them) within the types' bounds. Exits 77 (skipped) where no GPU is present.
+// Image models on the device against the same models on the host, built from one
+// blueprint with the same masters: one forward and backward pass on the same data, the
+// outputs, input gradients and parameter gradients (the biases' among them) within the
+// types' bounds. Exits 77 (skipped) where no GPU is present.
+//
+// NCHW: the multi-tensor nodes (nn::fork, taps, each, top_down, add_all, concat_all,
+// subtract), nn::concat, convolutions with a bias and a DBNet at width 8.
+//
+// Channels-last (nn/layout.hpp): every spatial layer and the DBNet built with
+// image_layout::nhwc on both sides, on [N, H, W, C] data. The host's channels-last model
+// gives the NCHW model's bits (tests/nn/test_layout.cpp), so these compare the device's
+// NHWC convolutions (cuDNN's NHWC tensors and filter layout), its column-ordered batch
+// norm, its moved pooling and upsampling, and the channel-axis concatenations against the
+// NCHW reference.
+//
+// One unit for both layouts: they build the same models (the layout is a run-time option),
+// so the device and host instantiations are compiled once.
 #include <precis/nn/cuda.hpp>  // first: the device kernels, then nn
 
 #include "../../examples/dbnet/model.hpp"
@@ -58,6 +70,36 @@ void check_nodes(cuda_context& ctx, const std::string& tag) {
   compare_models<P, 4>(ctx, tag + " dbnet", nn::seq(dbnet::blueprint(c), nn::subtract()), {2, 3, 64, 64}, 16);
 }
 
+constexpr image_layout nhwc = image_layout::nhwc;
+
+template <class P>
+void check_channels_last(cuda_context& ctx, const std::string& tag) {
+  // Convolutions with and without a bias, strided, grouped, transposed; the weight's move
+  // to cuDNN's filter layout and the weight gradient's move back.
+  compare_models<P, 4>(ctx, tag + " conv2d with bias", nn::conv2d(3, 5, 3, same), {2, 9, 11, 3}, 4, nhwc);
+  compare_models<P, 4>(ctx, tag + " strided grouped conv2d",
+                       nn::conv2d(8, 16, 3, {.stride = {2, 2}, .padding = {1, 1}, .groups = 2}, nn::no_bias),
+                       {2, 12, 10, 8}, 4, nhwc);
+  compare_models<P, 4>(ctx, tag + " conv_transpose2d with bias", nn::conv_transpose2d(4, 3, 2, {.stride = {2, 2}}),
+                       {3, 7, 5, 4}, 4, nhwc);
+  // Batch norm over more rows than one slab of the column reduction, and channels that are
+  // not a multiple of 32.
+  compare_models<P, 4>(ctx, tag + " batch norm",
+                       nn::seq(nn::conv2d(3, 40, 3, same, nn::no_bias), nn::batch_norm(40), nn::relu()),
+                       {4, 20, 18, 3}, 8, nhwc);
+  compare_models<P, 4>(ctx, tag + " pooling and upsampling",
+                       nn::seq(nn::conv2d(3, 6, 1, {}), nn::max_pool2d({.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}}),
+                               nn::avg_pool2d({.kernel = {2, 2}}), nn::upsample_nearest(2), nn::upsample_bilinear(2)),
+                       {2, 16, 12, 3}, 4, nhwc);
+  compare_models<P, 4>(ctx, tag + " concat along the channels",
+                       nn::seq(nn::concat(nn::channel_axis, nn::conv2d(3, 2, 3, same), nn::identity(), nn::conv2d(3, 5, 1, {})),
+                               nn::fork(nn::conv2d(10, 2, 1, {}), nn::conv2d(10, 3, 1, {})),
+                               nn::concat_all(nn::channel_axis)),
+                       {2, 6, 7, 3}, 4, nhwc);
+  const dbnet::config c{.width = 8, .inner = 16};
+  compare_models<P, 4>(ctx, tag + " dbnet", nn::seq(dbnet::blueprint(c), nn::subtract()), {2, 64, 64, 3}, 16, nhwc);
+}
+
 }  // namespace
 
 int main() {
@@ -66,6 +108,9 @@ int main() {
   check_nodes<presets::fp32>(ctx, "fp32");
   check_nodes<presets::bf16_mixed>(ctx, "bf16_mixed");
   check_nodes<presets::fp16_mixed>(ctx, "fp16_mixed");
+  check_channels_last<presets::fp32>(ctx, "nhwc fp32");
+  check_channels_last<presets::bf16_mixed>(ctx, "nhwc bf16_mixed");
+  check_channels_last<presets::fp16_mixed>(ctx, "nhwc fp16_mixed");
   // Shapes that cannot be joined are refused, naming the join, before any launch.
   {
     auto model = nn::build<float, 4, cuda_context>(
