@@ -18,8 +18,11 @@
 // is present.
 //
 //   bench_cuda [--csv path] [--n N]
+#include <precis/kernels/cuda/cast.hpp>
 #include <precis/kernels/cuda/conv.hpp>
+#include <precis/kernels/cuda/elementwise.hpp>
 #include <precis/kernels/cuda/gemm.hpp>
+#include <precis/kernels/cuda/loss.hpp>
 #include <precis/kernels/cuda/norm.hpp>
 #include <precis/kernels/cuda/reduce.hpp>
 #include <precis/kernels/cuda/scaling_kernels.hpp>
@@ -29,6 +32,8 @@
 #include "../resnet18.hpp"
 
 #include <algorithm>
+#include <array>
+#include <cstdint>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -184,15 +189,21 @@ double conv_stack_ms(precis::cuda_context& ctx, std::size_t batch, std::mt19937&
   return total;
 }
 
-/// Own kernels against a device-to-device copy: GB/s of bytes read plus written.
+/// Own kernels against a device-to-device copy: GB/s of the bytes a kernel must move (each
+/// tensor it reads or writes counted once; a kernel that reads a tensor twice, as batch
+/// norm's statistics and normalisation do, shows it as a lower fraction). Every kernel of
+/// the memory-bound set, forward and backward, on 8192 x 4096 bfloat16 elements (64 MiB),
+/// batch norm on [32, 64, 128, 128] (the same count).
 void bandwidth_rows(precis::cuda_context& ctx, precis_bench::table& tab, std::mt19937& g) {
   using bf16 = precis::bfloat16;
   using P = precis::presets::bf16_mixed;
   const std::size_t rows = 8192, cols = 4096, n = rows * cols;
   const auto x = random_device<bf16, 2>({rows, cols}, g);
-  precis::device_tensor<bf16, 2> y({rows, cols});
+  const auto dy = random_device<bf16, 2>({rows, cols}, g);
+  precis::device_tensor<bf16, 2> y({rows, cols}), dx({rows, cols});
   const auto gamma = random_device<bf16, 1>({cols}, g), beta = random_device<bf16, 1>({cols}, g);
-  precis::device_tensor<float, 1> mean({rows}), rstd({rows}), out({1}), scale({1}), amax({1});
+  precis::device_tensor<bf16, 1> dgamma({cols}), dbeta({cols}), col_sums({cols});
+  precis::device_tensor<float, 1> mean({rows}), rstd({rows}), out({1}), scale({1}), amax({1}), row_sums({rows});
   const float one = 1.0F;
   precis::check(cudaMemcpyAsync(scale.data(), &one, sizeof one, cudaMemcpyHostToDevice, ctx.stream()),
                 "cudaMemcpyAsync");
@@ -200,6 +211,10 @@ void bandwidth_rows(precis::cuda_context& ctx, precis_bench::table& tab, std::mt
   precis::device_tensor<float, 2> xf({rows, cols});
   precis::device_tensor<precis::float8_e4m3, 2> x8({rows, cols});
   precis::device_tensor<unsigned char, 1> src({n * 2}), dst({n * 2});
+  auto classes = precis::host_tensor<std::int32_t, 1>::from_shape({rows});
+  for (std::size_t i = 0; i < rows; ++i) classes(i) = std::int32_t((i * 2654435761U) % cols);
+  const auto targets = precis::to_device(classes);
+  precis::device_tensor<float, 1> loss({1});
   const double t_copy = median_ms(ctx, [&] {
     precis::check(cudaMemcpyAsync(dst.data(), src.data(), n * 2, cudaMemcpyDeviceToDevice, ctx.stream()),
                   "cudaMemcpyAsync");
@@ -211,14 +226,60 @@ void bandwidth_rows(precis::cuda_context& ctx, precis_bench::table& tab, std::mt
              precis_bench::fixed(gbs / copy_gbs)});
   };
   const double bf = double(n) * 2;  // bytes of one bf16 tensor
-  row("relu bf16 -> bf16", 2 * bf, median_ms(ctx, [&] { precis::relu<P>(ctx, x, y); }));
-  row("softmax rows of 4096, bf16", 2 * bf, median_ms(ctx, [&] { precis::softmax<P>(ctx, x, y); }));
-  row("layer_norm rows of 4096, bf16", 2 * bf,
-      median_ms(ctx, [&] { precis::layer_norm<P>(ctx, x, gamma, beta, y, mean, rstd); }));
-  row("sum bf16 (whole tensor)", bf, median_ms(ctx, [&] { precis::sum<P>(ctx, x, out); }));
-  row("cast bf16 -> float", 3 * bf, median_ms(ctx, [&] { precis::cast(ctx, x, xf); }));
+  const auto time = [&](auto&& f) { return median_ms(ctx, f); };
+  row("relu bf16 -> bf16", 2 * bf, time([&] { precis::relu<P>(ctx, x, y); }));
+  row("relu_backward bf16", 3 * bf, time([&] { precis::relu_backward<P>(ctx, dy, x, dx); }));
+  row("gelu bf16", 2 * bf, time([&] { precis::gelu<P>(ctx, x, y); }));
+  row("gelu_backward bf16", 3 * bf, time([&] { precis::gelu_backward<P>(ctx, dy, x, dx); }));
+  row("add bf16 (same shape)", 3 * bf, time([&] { precis::add<P>(ctx, x, dy, y); }));
+  row("add bf16 (a row broadcast)", 2 * bf, time([&] { precis::add<P>(ctx, x, gamma, y); }));
+  row("mul bf16", 3 * bf, time([&] { precis::mul<P>(ctx, x, dy, y); }));
+  row("cast bf16 -> float", 3 * bf, time([&] { precis::cast(ctx, x, xf); }));
+  row("cast float -> bf16", 3 * bf, time([&] { precis::cast(ctx, xf, y); }));
   row("scaled_cast bf16 -> e4m3 + amax", 1.5 * bf,
-      median_ms(ctx, [&] { precis::scaled_cast_async(ctx, x, x8, scale.data(), amax.data()); }));
+      time([&] { precis::scaled_cast_async(ctx, x, x8, scale.data(), amax.data()); }));
+  row("softmax rows of 4096, bf16", 2 * bf, time([&] { precis::softmax<P>(ctx, x, y); }));
+  row("softmax_backward rows of 4096, bf16", 3 * bf, time([&] { precis::softmax_backward<P>(ctx, dy, y, dx); }));
+  row("log_softmax rows of 4096, bf16", 2 * bf, time([&] { precis::log_softmax<P>(ctx, x, y); }));
+  row("log_softmax_backward rows of 4096, bf16", 3 * bf,
+      time([&] { precis::log_softmax_backward<P>(ctx, dy, y, dx); }));
+  row("layer_norm rows of 4096, bf16", 2 * bf,
+      time([&] { precis::layer_norm<P>(ctx, x, gamma, beta, y, mean, rstd); }));
+  row("layer_norm_backward rows of 4096, bf16 (+ dgamma, dbeta)", 3 * bf,
+      time([&] { precis::layer_norm_backward<P>(ctx, dy, x, gamma, mean, rstd, dx, dgamma, dbeta); }));
+  row("sum bf16 (whole tensor)", bf, time([&] { precis::sum<P>(ctx, x, out); }));
+  row("sum bf16 along rows (axis 1)", bf, time([&] { precis::sum<P>(ctx, x, 1, row_sums); }));
+  row("sum bf16 along columns (axis 0)", bf, time([&] { precis::sum<P>(ctx, x, 0, col_sums); }));
+  row("cross_entropy rows of 4096, bf16", bf, time([&] { precis::cross_entropy<P>(ctx, x, targets, loss); }));
+  row("cross_entropy_backward rows of 4096, bf16", 2 * bf,
+      time([&] { precis::cross_entropy_backward<P>(ctx, x, targets, dx); }));
+  // Batch norm: [32, 64, 128, 128], NCHW and channels-last.
+  const std::array<std::size_t, 4> image{32, 64, 128, 128}, image_nhwc{32, 128, 128, 64};
+  const auto bgamma = random_device<bf16, 1>({64}, g), bbeta = random_device<bf16, 1>({64}, g);
+  precis::device_tensor<bf16, 1> bdgamma({64}), bdbeta({64});
+  precis::device_tensor<float, 1> run_mean({64}), run_var({64}), save_mean({64}), save_rstd({64});
+  precis::check(cudaMemsetAsync(run_mean.data(), 0, 64 * sizeof(float), ctx.stream()), "cudaMemsetAsync");
+  precis::check(cudaMemsetAsync(run_var.data(), 0, 64 * sizeof(float), ctx.stream()), "cudaMemsetAsync");
+  for (const auto layout : {precis::image_layout::nchw, precis::image_layout::nhwc}) {
+    const bool last = layout == precis::image_layout::nhwc;
+    // x's and dy's bytes read as [N, C, H, W] or, channels-last, [N, H, W, C].
+    const auto shape = last ? image_nhwc : image;
+    precis::device_tensor<bf16, 4> bx(shape), by(shape), bdy(shape), bdx(shape);
+    precis::check(cudaMemcpyAsync(bx.data(), x.data(), n * 2, cudaMemcpyDeviceToDevice, ctx.stream()),
+                  "cudaMemcpyAsync");
+    precis::check(cudaMemcpyAsync(bdy.data(), dy.data(), n * 2, cudaMemcpyDeviceToDevice, ctx.stream()),
+                  "cudaMemcpyAsync");
+    const std::string tag = last ? " nhwc" : " nchw";
+    row(("batch_norm_train bf16" + tag).c_str(), 2 * bf, time([&] {
+          precis::batch_norm_train<P>(ctx, bx, bgamma, bbeta, run_mean, run_var, by, save_mean, save_rstd, 0.1, 1e-5,
+                                      layout);
+        }));
+    row(("batch_norm_infer bf16" + tag).c_str(), 2 * bf,
+        time([&] { precis::batch_norm_infer<P>(ctx, bx, bgamma, bbeta, run_mean, run_var, by, 1e-5, layout); }));
+    row(("batch_norm_backward bf16" + tag).c_str(), 3 * bf, time([&] {
+          precis::batch_norm_backward<P>(ctx, bdy, bx, bgamma, save_mean, save_rstd, bdx, bdgamma, bdbeta, layout);
+        }));
+  }
 }
 
 }  // namespace

@@ -105,12 +105,13 @@ void check_gemm(precis::cuda_context& ctx, const precis::cpu_context& cpu) {
                "precis::gemm: c");
 }
 
+// Packed (16-byte) accesses: {5, 37, 29} ends in a partial pack and broadcasts b an element at
+// a time (29 is no multiple of a pack); {6, 7, 64} is whole packs, b's packs read whole.
 template <class P, class T>
-void check_elementwise(precis::cuda_context& ctx, const precis::cpu_context& cpu) {
-  const std::array<std::size_t, 3> shape{5, 37, 29};
+void check_elementwise(precis::cuda_context& ctx, const precis::cpu_context& cpu, const std::array<std::size_t, 3> shape) {
   const auto x = random_tensor<T, 3>(shape, 3.0F);
   const auto dy = random_tensor<T, 3>(shape);
-  const auto b = random_tensor<T, 1>({29});
+  const auto b = random_tensor<T, 1>({shape[2]});
   const auto dx_ = precis::to_device(x), ddy = precis::to_device(dy);
   const auto db = precis::to_device(b);
   auto y = precis::host_tensor<T, 3>::from_shape(shape);
@@ -141,7 +142,7 @@ void check_elementwise(precis::cuda_context& ctx, const precis::cpu_context& cpu
   dy_out = poisoned<T, 3>(shape);
   precis::mul<P>(ctx, dx_, ddy, dy_out);
   compare("mul", ctx, dy_out, y);
-  const auto wrong_b = precis::to_device(random_tensor<T, 1>({28}));
+  const auto wrong_b = precis::to_device(random_tensor<T, 1>({shape[2] - 1}));
   expect_error("add shape", [&] { precis::add<P>(ctx, dx_, wrong_b, dy_out); }, "suffix");
 }
 
@@ -344,9 +345,12 @@ int main() {
   check_gemm<presets::bf16_mixed, bfloat16>(ctx, cpu);
   check_gemm<presets::fp16_mixed, float16>(ctx, cpu);
   check_gemm<presets::fp32, float>(ctx, cpu);
-  check_elementwise<presets::bf16_mixed, bfloat16>(ctx, cpu);
-  check_elementwise<presets::fp16_mixed, float16>(ctx, cpu);
-  check_elementwise<presets::fp32, float>(ctx, cpu);
+  check_elementwise<presets::bf16_mixed, bfloat16>(ctx, cpu, {5, 37, 29});
+  check_elementwise<presets::bf16_mixed, bfloat16>(ctx, cpu, {6, 7, 64});
+  check_elementwise<presets::fp16_mixed, float16>(ctx, cpu, {5, 37, 29});
+  check_elementwise<presets::fp16_mixed, float16>(ctx, cpu, {6, 7, 64});
+  check_elementwise<presets::fp32, float>(ctx, cpu, {5, 37, 29});
+  check_elementwise<presets::fp32, float>(ctx, cpu, {6, 7, 64});
   check_softmax<presets::bf16_mixed, bfloat16>(ctx, cpu);
   check_softmax<presets::fp16_mixed, float16>(ctx, cpu);
   check_softmax<presets::fp32, float>(ctx, cpu);

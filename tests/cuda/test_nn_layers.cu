@@ -39,7 +39,10 @@ void check_vit_layers(cuda_context& ctx, const std::string& tag) {
                                nn::scale(0.5), nn::linear<fc1>(4, 6)),
                        {2, 6, 10});
   // The mask is drawn from (seed, call, index) on both sides: the host's bits.
+  // Whole 16-byte packs, then 9 x 61 elements: packs and a partial one.
   compare_models<P, 2>(ctx, tag + " dropout", nn::seq(nn::linear<fc1>(16, 64), nn::dropout(0.25)), {9, 16});
+  compare_models<P, 2>(ctx, tag + " dropout, a partial pack",
+                       nn::seq(nn::linear<fc1>(16, 61), nn::dropout(0.25), nn::scale(0.5)), {9, 16});
   const vit::config c{.image = 16, .patch = 4, .channels = 1, .width = 32, .heads = 2, .classes = 10};
   compare_models<P, 4>(ctx, tag + " vit", vit::blueprint<2>(c), {6, 1, 16, 16}, 8);
 }

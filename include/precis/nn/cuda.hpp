@@ -52,37 +52,71 @@ namespace detail::cuda {
 
 // Templates, so that every translation unit may define them.
 
+// packed_kernel's bodies (kernels/cuda/common.hpp): V elements at i, each computed alone as
+// the host computes it, so that packing changes no bits.
+
 /// out[i] = round(M(in[i]) * f): nn::scale's multiplication, as the host's.
 template <class M, class T>
-__global__ void scale_kernel(const T* in, T* out, std::size_t n, M f) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
-    out[i] = round_to<T>(precis::detail::cuda::device_load<M>(in[i]) * f);
+struct scale_body {
+  const T* in;
+  T* out;
+  M f;
+  template <int V>
+  __device__ void at(std::size_t i) const {
+    const auto x = precis::detail::cuda::load_pack<V>(in + i);
+    precis::detail::cuda::pack<T, V> y;
+#pragma unroll
+    for (int k = 0; k < V; ++k) y.v[k] = round_to<T>(precis::detail::cuda::device_load<M>(x.v[k]) * f);
+    precis::detail::cuda::store_pack<V>(out + i, y);
   }
-}
+};
 
 /// nn::dropout's forward pass, element for element the host's: element i is kept when
 /// unit_random(seed, call, i) >= p, and then y = round(M(x) * keep), else 0; mask[i] says
 /// which.
 template <class M, class T>
-__global__ void dropout_kernel(const T* x, T* y, std::uint8_t* mask, std::size_t n, std::uint64_t seed,
-                               std::uint64_t call, double p, M keep) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
-    const bool kept = unit_random(seed, call, i) >= p;
-    mask[i] = kept ? 1 : 0;
-    y[i] = kept ? round_to<T>(precis::detail::cuda::device_load<M>(x[i]) * keep) : T(0.0F);
+struct dropout_body {
+  const T* x;
+  T* y;
+  std::uint8_t* mask;
+  std::uint64_t seed, call;
+  double p;
+  M keep;
+  template <int V>
+  __device__ void at(std::size_t i) const {
+    const auto in = precis::detail::cuda::load_pack<V>(x + i);
+    precis::detail::cuda::pack<T, V> out;
+    precis::detail::cuda::pack<std::uint8_t, V> m;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const bool kept = unit_random(seed, call, i + k) >= p;
+      m.v[k] = kept ? 1 : 0;
+      out.v[k] = kept ? round_to<T>(precis::detail::cuda::device_load<M>(in.v[k]) * keep) : T(0.0F);
+    }
+    precis::detail::cuda::store_pack<V>(y + i, out);
+    precis::detail::cuda::store_pack<V>(mask + i, m);
   }
-}
+};
 
 /// dx = round(M(dy) * keep) where the mask kept the element, else 0.
 template <class M, class T>
-__global__ void dropout_backward_kernel(const T* dy, const std::uint8_t* mask, T* dx, std::size_t n, M keep) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
-    dx[i] = mask[i] != 0 ? round_to<T>(precis::detail::cuda::device_load<M>(dy[i]) * keep) : T(0.0F);
+struct dropout_backward_body {
+  const T* dy;
+  const std::uint8_t* mask;
+  T* dx;
+  M keep;
+  template <int V>
+  __device__ void at(std::size_t i) const {
+    const auto g = precis::detail::cuda::load_pack<V>(dy + i);
+    const auto m = precis::detail::cuda::load_pack<V>(mask + i);
+    precis::detail::cuda::pack<T, V> out;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      out.v[k] = m.v[k] != 0 ? round_to<T>(precis::detail::cuda::device_load<M>(g.v[k]) * keep) : T(0.0F);
+    }
+    precis::detail::cuda::store_pack<V>(dx + i, out);
   }
-}
+};
 
 /// out[i] = round((0 + in_0[i]) + in_1[i] + ...), the sum in A: the host's n-ary
 /// add_rounded, term for term in its order.
@@ -96,34 +130,64 @@ __global__ void add_all_kernel(Out* out, std::size_t n, const In*... in) {
 
 /// out[i] = round(A(a[i]) - A(b[i])): nn::subtract's difference, as the host's.
 template <class A, class T>
-__global__ void subtract_kernel(const T* a, const T* b, T* out, std::size_t n) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
-    out[i] = round_to<T>(precis::detail::cuda::device_load<A>(a[i]) - precis::detail::cuda::device_load<A>(b[i]));
+struct subtract_body {
+  const T* a;
+  const T* b;
+  T* out;
+  template <int V>
+  __device__ void at(std::size_t i) const {
+    const auto x = precis::detail::cuda::load_pack<V>(a + i), y = precis::detail::cuda::load_pack<V>(b + i);
+    precis::detail::cuda::pack<T, V> r;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      r.v[k] = round_to<T>(precis::detail::cuda::device_load<A>(x.v[k]) - precis::detail::cuda::device_load<A>(y.v[k]));
+    }
+    precis::detail::cuda::store_pack<V>(out + i, r);
   }
-}
+};
 
 /// out[i] = -in[i], exact (through float, which holds every value of the 8- and 16-bit
 /// formats; double stays double).
 template <class T>
-__global__ void negate_kernel(const T* in, T* out, std::size_t n) {
-  using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
-    out[i] = round_to<T>(-precis::detail::cuda::device_load<A>(in[i]));
+struct negate_body {
+  const T* in;
+  T* out;
+  template <int V>
+  __device__ void at(std::size_t i) const {
+    using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    const auto x = precis::detail::cuda::load_pack<V>(in + i);
+    precis::detail::cuda::pack<T, V> r;
+#pragma unroll
+    for (int k = 0; k < V; ++k) r.v[k] = round_to<T>(-precis::detail::cuda::device_load<A>(x.v[k]));
+    precis::detail::cuda::store_pack<V>(out + i, r);
   }
-}
+};
 
 /// y[i] = round(sums[i] + bias[(i / inner) % channels]): a convolution's bias added to its
-/// float sums, one rounding (the host's add_channel_bias).
+/// float sums, one rounding (the host's add_channel_bias). The channel comes from two
+/// fast_divmods where the tensor has fewer than 2^32 elements (`fast`), else from 64-bit
+/// division.
 template <class M, class S>
-__global__ void channel_bias_kernel(const M* sums, const S* bias, S* y, std::size_t n, std::size_t channels,
-                                    std::size_t inner) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
-    y[i] = round_to<S>(sums[i] + precis::detail::cuda::device_load<M>(bias[(i / inner) % channels]));
+struct channel_bias_body {
+  const M* sums;
+  const S* bias;
+  S* y;
+  std::size_t channels, inner;
+  precis::detail::fast_divmod by_inner, by_channels;
+  bool fast;
+  __device__ std::size_t channel(std::size_t i) const {
+    if (fast) return by_channels.mod(by_inner.div(std::uint32_t(i)));
+    return (i / inner) % channels;
   }
-}
+  template <int V>
+  __device__ void at(std::size_t i) const {
+    const auto s = precis::detail::cuda::load_pack<V>(sums + i);
+    precis::detail::cuda::pack<S, V> r;
+#pragma unroll
+    for (int k = 0; k < V; ++k) r.v[k] = round_to<S>(s.v[k] + precis::detail::cuda::device_load<M>(bias[channel(i + k)]));
+    precis::detail::cuda::store_pack<V>(y + i, r);
+  }
+};
 
 }  // namespace detail::cuda
 
@@ -216,9 +280,10 @@ struct context_traits<cuda_context> {
     const std::size_t n = out.size();
     if (a.size() != n || b.size() != n) throw error("precis::nn::subtract: tensors of another size");
     if (n == 0) return;
-    detail::cuda::subtract_kernel<A>
-        <<<precis::detail::cuda::grid_for(n), 256, 0, ctx.stream()>>>(a.data(), b.data(), out.data(), n);
-    check(cudaGetLastError(), "precis::nn::subtract");
+    constexpr int V = precis::detail::cuda::pack_width<T>;
+    precis::detail::cuda::launch_packed<V>(ctx.stream(), detail::cuda::subtract_body<A, T>{a.data(), b.data(), out.data()},
+                                           n, precis::detail::cuda::pack_aligned<V>(a.data(), b.data(), out.data()),
+                                           "precis::nn::subtract");
   }
   /// y[n, c, ...] = round(sums[n, c, ...] + bias[c]) on the context's stream (channels-last:
   /// y[n, h, w, c]): a convolution's bias added to its sums and rounded once, as on the host.
@@ -231,9 +296,16 @@ struct context_traits<cuda_context> {
     if (n == 0 || planes == 0) return;
     // Element i's channel is (i / inner) % channels: inner is a plane's pixels in NCHW, 1
     // channels-last.
-    detail::cuda::channel_bias_kernel<<<precis::detail::cuda::grid_for(n), 256, 0, ctx.stream()>>>(
-        sums.data(), bias.data(), y.data(), n, channels, layout == image_layout::nhwc ? 1 : n / planes);
-    check(cudaGetLastError(), "precis::nn: convolution bias");
+    const std::size_t inner = layout == image_layout::nhwc ? 1 : n / planes;
+    const bool fast = n <= 0xffffffffULL && precis::detail::fast_divmod::fits(inner) &&
+                      precis::detail::fast_divmod::fits(channels);
+    const detail::cuda::channel_bias_body<M, S> body{
+        sums.data(), bias.data(), y.data(), channels, inner,
+        precis::detail::fast_divmod(fast ? std::uint32_t(inner) : 1U),
+        precis::detail::fast_divmod(fast ? std::uint32_t(channels) : 1U), fast};
+    constexpr int V = precis::detail::cuda::pack_width<M, S>;
+    precis::detail::cuda::launch_packed<V>(ctx.stream(), body, n, precis::detail::cuda::pack_aligned<V>(sums.data(), y.data()),
+                                           "precis::nn: convolution bias");
   }
   /// out = -in elementwise (exact), on the context's stream.
   template <class T, std::size_t N>
@@ -241,8 +313,10 @@ struct context_traits<cuda_context> {
     const std::size_t n = in.size();
     if (out.size() != n) throw error("precis::nn::subtract: tensors of another size");
     if (n == 0) return;
-    detail::cuda::negate_kernel<<<precis::detail::cuda::grid_for(n), 256, 0, ctx.stream()>>>(in.data(), out.data(), n);
-    check(cudaGetLastError(), "precis::nn::subtract");
+    constexpr int V = precis::detail::cuda::pack_width<T>;
+    precis::detail::cuda::launch_packed<V>(ctx.stream(), detail::cuda::negate_body<T>{in.data(), out.data()}, n,
+                                           precis::detail::cuda::pack_aligned<V>(in.data(), out.data()),
+                                           "precis::nn::subtract");
   }
   /// Copies the rows plan `p` names (rank 2, unit inner strides: the concatenations' parts)
   /// as one strided-copy launch on the context's stream.
@@ -259,27 +333,25 @@ struct context_traits<cuda_context> {
   /// out = in * f elementwise in math type M, each value rounded once (nn::scale).
   template <class M, class T>
   static void scale(ref ctx, const T* in, T* out, std::size_t n, M f) {
-    if (n == 0) return;
-    detail::cuda::scale_kernel<M><<<precis::detail::cuda::grid_for(n), 256, 0, ctx.stream()>>>(in, out, n, f);
-    check(cudaGetLastError(), "precis::nn::scale");
+    constexpr int V = precis::detail::cuda::pack_width<T>;
+    precis::detail::cuda::launch_packed<V>(ctx.stream(), detail::cuda::scale_body<M, T>{in, out, f}, n,
+                                           precis::detail::cuda::pack_aligned<V>(in, out), "precis::nn::scale");
   }
   /// nn::dropout's forward pass (mask from (seed, call, index), as on the host), writing
   /// the mask to `mask` (device bytes).
   template <class M, class T>
   static void dropout(ref ctx, const T* x, T* y, std::uint8_t* mask, std::size_t n, std::uint64_t seed,
                       std::uint64_t call, double p, M keep) {
-    if (n == 0) return;
-    detail::cuda::dropout_kernel<M><<<precis::detail::cuda::grid_for(n), 256, 0, ctx.stream()>>>(x, y, mask, n, seed,
-                                                                                                  call, p, keep);
-    check(cudaGetLastError(), "precis::nn::dropout");
+    constexpr int V = precis::detail::cuda::pack_width<T>;
+    precis::detail::cuda::launch_packed<V>(ctx.stream(), detail::cuda::dropout_body<M, T>{x, y, mask, seed, call, p, keep},
+                                           n, precis::detail::cuda::pack_aligned<V>(x, y, mask), "precis::nn::dropout");
   }
   /// nn::dropout's backward pass from its mask.
   template <class M, class T>
   static void dropout_backward(ref ctx, const T* dy, const std::uint8_t* mask, T* dx, std::size_t n, M keep) {
-    if (n == 0) return;
-    detail::cuda::dropout_backward_kernel<M>
-        <<<precis::detail::cuda::grid_for(n), 256, 0, ctx.stream()>>>(dy, mask, dx, n, keep);
-    check(cudaGetLastError(), "precis::nn::dropout");
+    constexpr int V = precis::detail::cuda::pack_width<T>;
+    precis::detail::cuda::launch_packed<V>(ctx.stream(), detail::cuda::dropout_backward_body<M, T>{dy, mask, dx, keep}, n,
+                                           precis::detail::cuda::pack_aligned<V>(dy, mask, dx), "precis::nn::dropout");
   }
   /// Runs copy plan `p` (precis::detail::copy_plan: a permutation, gather or broadcast of
   /// the data layers: patchify, select_token, class_token, attention's heads) as one launch

@@ -43,22 +43,30 @@ __device__ inline To convert_one(From x) {
   }
 }
 
+/// packed_kernel's body: V elements converted, each alone.
 template <rounding R, overflow O, class From, class To>
-__global__ void cast_kernel(const From* in, To* out, std::size_t n) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
-    out[i] = convert_one<R, O, To>(in[i]);
+struct cast_body {
+  const From* in;
+  To* out;
+  template <int V>
+  __device__ void at(std::size_t i) const {
+    const auto x = load_pack<V>(in + i);
+    pack<To, V> y;
+#pragma unroll
+    for (int k = 0; k < V; ++k) y.v[k] = convert_one<R, O, To>(x.v[k]);
+    store_pack<V>(out + i, y);
   }
-}
+};
 
 template <rounding R, overflow O, class From, class To>
 void cast_elements(cuda_context& ctx, const From* in, To* out, std::size_t n) {
   static_assert(R != rounding::stochastic,
                 "precis: stochastic rounding needs random bits per element; call "
                 "precis::stochastic_round<T>(x, random_bits) in your kernel");
-  if (n == 0) return;
-  cast_kernel<R, O><<<grid_for(n), 256, 0, ctx.stream()>>>(in, out, n);
-  check(cudaGetLastError(), "precis::cast");
+  // 16 bytes of the wider type per access where both arrays are aligned for it (a span's
+  // pointer may start anywhere: then one element per thread).
+  constexpr int V = pack_width<From, To>;
+  launch_packed<V>(ctx.stream(), cast_body<R, O, From, To>{in, out}, n, pack_aligned<V>(in, out), "precis::cast");
 }
 
 }  // namespace detail::cuda

@@ -1,6 +1,6 @@
 /// @file
-/// What the device kernels share: loading an element as the math type, grid sizes, and a block-wide
-/// reduction in a fixed order. Private to precis (namespace precis::detail::cuda). Compiled by nvcc
+/// What the device kernels share: loading an element as the math type, grid sizes, packed
+/// (16-byte) elementwise kernels, and a block-wide reduction in a fixed order. Private to precis (namespace precis::detail::cuda). Compiled by nvcc
 /// only.
 #pragma once
 
@@ -74,6 +74,70 @@ void strided_copy(cudaStream_t stream, const T* from, T* to, const copy_plan<R>&
     strided_copy_kernel<<<grid_for(total), 256, 0, stream>>>(from, to, make_fast(p), total);
   } else {
     strided_copy_kernel<<<grid_for(total), 256, 0, stream>>>(from, to, p, total);
+  }
+  check(cudaGetLastError(), name);
+}
+
+/// V values of T read or written as one access of V * sizeof(T) bytes.
+template <class T, int V>
+struct alignas(sizeof(T) * V) pack {
+  T v[V];
+};
+
+/// The widest of the element types' sizes.
+template <class... T>
+constexpr std::size_t widest() {
+  std::size_t m = 1;
+  ((m = sizeof(T) > m ? sizeof(T) : m), ...);
+  return m;
+}
+
+/// Elements per thread access of a packed kernel over these element types: 16 bytes of the
+/// widest (float: 4; bfloat16 and float16: 8; float8 alone: 16). The narrower operands move
+/// fewer bytes per access, in step with the widest.
+template <class... T>
+inline constexpr int pack_width = int(16 / widest<T...>());
+
+/// Whether every pointer is aligned to V of its elements, so that packed_kernel<V> may read
+/// and write it in packs.
+template <int V, class... T>
+bool pack_aligned(const T*... p) {
+  return ((reinterpret_cast<std::uintptr_t>(p) % (sizeof(T) * V) == 0) && ...);
+}
+
+template <int V, class T>
+__device__ inline pack<T, V> load_pack(const T* p) {
+  return *reinterpret_cast<const pack<T, V>*>(p);
+}
+
+template <int V, class T>
+__device__ inline void store_pack(T* p, const pack<T, V>& v) {
+  *reinterpret_cast<pack<T, V>*>(p) = v;
+}
+
+/// Calls body.template at<V>(i) for every i = 0, V, 2V, .. below n / V * V (a pack each,
+/// grid-stride), and body.template at<1>(i) for the last n % V elements, one per thread.
+/// Each element is computed by the same code in either, so packing changes no bits. A
+/// template so that every translation unit may define it.
+template <int V, class Body>
+__global__ void packed_kernel(Body body, std::size_t n) {
+  const std::size_t packs = n / V, t = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x;
+  for (std::size_t p = t; p < packs; p += std::size_t(gridDim.x) * blockDim.x) body.template at<V>(p * V);
+  if constexpr (V > 1) {
+    if (const std::size_t i = packs * V + t; i < n) body.template at<1>(i);
+  }
+}
+
+/// Runs `body` over n elements on `stream`: in packs of V where `aligned` (pack_aligned
+/// for V of every pointer the body reads or writes), else one element per thread. Throws
+/// precis::error, naming `name`, when the launch fails.
+template <int V, class Body>
+void launch_packed(cudaStream_t stream, const Body& body, std::size_t n, bool aligned, std::string_view name) {
+  if (n == 0) return;
+  if (V > 1 && aligned) {
+    packed_kernel<V><<<grid_for(n / V + 1), 256, 0, stream>>>(body, n);
+  } else {
+    packed_kernel<1><<<grid_for(n), 256, 0, stream>>>(body, n);
   }
   check(cudaGetLastError(), name);
 }

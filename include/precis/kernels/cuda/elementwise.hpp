@@ -25,37 +25,73 @@ namespace precis {
 
 namespace detail::cuda {
 
-template <class M, template <class> class Fn, class X, class Y>
-__global__ void unary_kernel(const X* x, Y* y, std::size_t n) {
-  const Fn<M> f{};
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
-    y[i] = round_to<Y>(f(device_load<M>(x[i])));
-  }
-}
+// The bodies of packed_kernel (common.hpp): V elements at i, each computed alone by the
+// host's functor in M and rounded once, so that packing changes no bits.
 
-template <class M, template <class> class Fn, class DY, class X, class DX>
-__global__ void unary_backward_kernel(const DY* dy, const X* x, DX* dx, std::size_t n) {
-  const Fn<M> f{};
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
-    dx[i] = round_to<DX>(f(device_load<M>(dy[i]), device_load<M>(x[i])));
+template <class M, class Fn, class X, class Y>
+struct unary_body {
+  const X* x;
+  Y* y;
+  template <int V>
+  __device__ void at(std::size_t i) const {
+    const auto in = load_pack<V>(x + i);
+    pack<Y, V> out;
+    const Fn f{};
+#pragma unroll
+    for (int k = 0; k < V; ++k) out.v[k] = round_to<Y>(f(device_load<M>(in.v[k])));
+    store_pack<V>(y + i, out);
   }
-}
+};
+
+template <class M, class Fn, class DY, class X, class DX>
+struct unary_backward_body {
+  const DY* dy;
+  const X* x;
+  DX* dx;
+  template <int V>
+  __device__ void at(std::size_t i) const {
+    const auto g = load_pack<V>(dy + i);
+    const auto in = load_pack<V>(x + i);
+    pack<DX, V> out;
+    const Fn f{};
+#pragma unroll
+    for (int k = 0; k < V; ++k) out.v[k] = round_to<DX>(f(device_load<M>(g.v[k]), device_load<M>(in.v[k])));
+    store_pack<V>(dx + i, out);
+  }
+};
 
 /// out[i] = f(a[i], b[i % nb]): b repeated over a's leading axes. The remainder is i itself
 /// where nb == n, and taken by `fb` (fast_divmod by nb) where n fits 32 bits: no 64-bit
-/// division per element.
+/// division per element. Where nb is a multiple of the pack (`b_packed`), a pack of a
+/// meets a pack of b; otherwise b is read an element at a time.
 template <class M, class Fn, class A, class B, class Out>
-__global__ void binary_kernel(const A* a, const B* b, Out* out, std::size_t n, std::size_t nb, fast_divmod fb) {
-  const Fn f{};
-  const bool same = nb == n, fast = n <= 0xffffffffULL;
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
-    const std::size_t j = same ? i : fast ? std::size_t(fb.mod(std::uint32_t(i))) : i % nb;
-    out[i] = round_to<Out>(f(device_load<M>(a[i]), device_load<M>(b[j])));
+struct binary_body {
+  const A* a;
+  const B* b;
+  Out* out;
+  std::size_t n, nb;
+  fast_divmod fb;
+  bool b_packed;
+  __device__ std::size_t b_index(std::size_t i) const {
+    return nb == n ? i : n <= 0xffffffffULL ? std::size_t(fb.mod(std::uint32_t(i))) : i % nb;
   }
-}
+  template <int V>
+  __device__ void at(std::size_t i) const {
+    const auto x = load_pack<V>(a + i);
+    pack<B, V> y;
+    if (b_packed) {
+      y = load_pack<V>(b + b_index(i));
+    } else {
+#pragma unroll
+      for (int k = 0; k < V; ++k) y.v[k] = b[b_index(i + k)];
+    }
+    pack<Out, V> r;
+    const Fn f{};
+#pragma unroll
+    for (int k = 0; k < V; ++k) r.v[k] = round_to<Out>(f(device_load<M>(x.v[k]), device_load<M>(y.v[k])));
+    store_pack<V>(out + i, r);
+  }
+};
 
 template <class M>
 struct add_op {
@@ -73,8 +109,9 @@ void unary(std::string_view name, cuda_context& ctx, const device_tensor<X, N>& 
   check_shape(std::string(name) + ": y", y, x.shape());
   const std::size_t n = x.size();
   if (n == 0) return;
-  unary_kernel<M, Fn><<<grid_for(n), 256, 0, ctx.stream()>>>(x.data(), y.data(), n);
-  check(cudaGetLastError(), std::string(name).c_str());
+  constexpr int V = pack_width<X, Y>;
+  launch_packed<V>(ctx.stream(), unary_body<M, Fn<M>, X, Y>{x.data(), y.data()}, n,
+                   pack_aligned<V>(x.data(), y.data()), name);
 }
 
 template <Policy P, template <class> class Fn, class DY, class X, class DX, std::size_t N>
@@ -85,9 +122,9 @@ void unary_backward(std::string_view name, cuda_context& ctx, const device_tenso
   check_shape(std::string(name) + ": dx", dx, x.shape());
   const std::size_t n = x.size();
   if (n == 0) return;
-  unary_backward_kernel<M, Fn><<<grid_for(n), 256, 0, ctx.stream()>>>(dy.data(), x.data(),
-                                                                       dx.data(), n);
-  check(cudaGetLastError(), std::string(name).c_str());
+  constexpr int V = pack_width<DY, X, DX>;
+  launch_packed<V>(ctx.stream(), unary_backward_body<M, Fn<M>, DY, X, DX>{dy.data(), x.data(), dx.data()}, n,
+                   pack_aligned<V>(dy.data(), x.data(), dx.data()), name);
 }
 
 template <Policy P, template <class> class Op, class A, std::size_t N, class B, std::size_t K,
@@ -108,9 +145,10 @@ void binary(std::string_view name, cuda_context& ctx, const device_tensor<A, N>&
   if (n == 0) return;
   // fast_divmod takes divisors up to 2^31; a b that large is a's own shape (nb == n).
   const fast_divmod fb(fast_divmod::fits(nb) ? std::uint32_t(nb) : 1U);
-  binary_kernel<M, Op<M>><<<grid_for(n), 256, 0, ctx.stream()>>>(a.data(), b.data(), out.data(),
-                                                                 n, nb, fb);
-  check(cudaGetLastError(), std::string(name).c_str());
+  constexpr int V = pack_width<A, B, Out>;
+  const bool b_packed = nb % V == 0 && pack_aligned<V>(b.data());
+  launch_packed<V>(ctx.stream(), binary_body<M, Op<M>, A, B, Out>{a.data(), b.data(), out.data(), n, nb, fb, b_packed},
+                   n, pack_aligned<V>(a.data(), out.data()), name);
 }
 
 }  // namespace detail::cuda
