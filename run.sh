@@ -11,7 +11,8 @@
 #                       `slow` tests, the libFuzzer harnesses fuzzed (what only repeats the
 #                       test stage's work is left to it: the training examples, benchmarks,
 #                       header checks, bits probe, MPI, instruction-set variants)
-#   ./run.sh cuda       PRECIS_CUDA=ON in build/cuda: every CUDA unit compiled and linked
+#   ./run.sh cuda       PRECIS_CUDA=ON in build/cuda (and the cuDNN frontend's headers from
+#                       PyPI, nvidia-cudnn-frontend): every CUDA unit compiled and linked
 #                       with nvcc (for sm_80 and sm_90, host code at -O3; under CI sm_90
 #                       only, host code at -O0, the device benchmarks only checked), their
 #                       tests and the CUDA compile-fail tests (tests labelled gpu are
@@ -79,6 +80,15 @@ install_conan() {
   python3 -m pip install --user conan ||
     python3 -m pip install --user --break-system-packages conan
   command -v conan >/dev/null || die "conan was installed but is not on PATH"
+}
+
+# The cuDNN frontend's headers (header-only; the PyPI wheel installs them under its
+# site-packages' include/), for fused attention (precis::cudnn_frontend).
+install_cudnn_frontend() {
+  python3 -c "import site, sys, os; sys.exit(not any(os.path.exists(os.path.join(d, 'include', 'cudnn_frontend.h')) for d in site.getsitepackages() + [site.getusersitepackages()]))" && return
+  log "installing nvidia-cudnn-frontend"
+  python3 -m pip install --user nvidia-cudnn-frontend ||
+    python3 -m pip install --user --break-system-packages nvidia-cudnn-frontend
 }
 
 # configure <build dir> <C++ compiler> <build type> [cmake args...]
@@ -177,6 +187,7 @@ cmd_cuda() {
   # optimiser's warnings (-Wmaybe-uninitialized and the like). Outside CI both are -O3.
   # And under CI the device benchmarks are checked, not built (PRECIS_BENCH_CHECK_ONLY, as in
   # the test stage): their device code compiled in full, their host half with -fsyntax-only.
+  install_cudnn_frontend
   local archs="80;90" level=3 bench_check_only=OFF
   [[ -n "${CI:-}" ]] && archs=90 level=0 bench_check_only=ON
   configure build/cuda g++ Release -DPRECIS_WERROR=ON -DPRECIS_CUDA=ON -DPRECIS_BITS_PROBE=OFF \

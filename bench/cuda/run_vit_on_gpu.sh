@@ -11,7 +11,10 @@
 #    config,policy,precis_ms,torch_eager_ms,torch_compile_ms,precis_peak_mib,torch_peak_mib,gpu
 #    (torch_peak_mib: the eager step's torch.cuda.max_memory_reserved()). A policy with
 #    `_graph` appended is precis's step as a CUDA graph (train_options::graph); its torch
-#    columns are torch's step under the same map.
+#    columns are torch's step under the same map. bf16_mixed_pieces is bf16_mixed with the
+#    attention unfused (precis's fused attention needs precis::cudnn_frontend); torch's
+#    attention is F.scaled_dot_product_attention (flash attention), SDPA=0 for the three
+#    steps written out.
 #
 # STAGES picks them (default "train step"); COMPILE=0 leaves torch.compile out; STEPS and
 # WARMUP set the timed and untimed steps of both sides. PYTHON names an interpreter with
@@ -29,6 +32,7 @@ STAGES="${STAGES:-train step}"
 STEPS="${STEPS:-20}"
 WARMUP="${WARMUP:-5}"
 COMPILE="${COMPILE:-1}"
+SDPA="${SDPA:-1}"
 mkdir -p "$RESULTS" "$RESULTS_CUDA"
 if [[ -z "${PYTHON:-}" ]]; then
   PYTHON=python3
@@ -59,6 +63,7 @@ if [[ " $STAGES " == *" step "* ]]; then
     for compiled in 0 $([[ "$COMPILE" != 0 ]] && echo 1); do
       local flag=()
       [[ $compiled == 1 ]] && flag=(--compile)
+      [[ $SDPA != 0 ]] && flag+=(--sdpa)
       echo "== $config${flag[*]:+ ${flag[*]}}" >> "$torch_log"
       timeout "${STEP_TIMEOUT:-300}" "$PYTHON" bench/vit/torch_reference.py time --device cuda \
         --precision fp32,tf32,bf16,fp16 --steps "$STEPS" --warmup "$WARMUP" "$@" "${flag[@]}" \
@@ -72,7 +77,7 @@ if [[ " $STAGES " == *" step "* ]]; then
   "$PYTHON" - "$precis_csv" "$torch_log" "$RESULTS_CUDA/vit_gpu.csv" <<'PY' || failed=1
 import csv, sys
 precis_csv, torch_log, out = sys.argv[1:]
-torch_name = {"fp32": "fp32", "tf32": "tf32", "bf16_mixed": "bf16", "fp16_mixed": "fp16"}
+torch_name = {"fp32": "fp32", "tf32": "tf32", "bf16_mixed": "bf16", "bf16_mixed_pieces": "bf16", "fp16_mixed": "fp16"}
 torch = {}
 for line in open(torch_log):
     if line.startswith("RESULT,"):

@@ -17,7 +17,9 @@
 // before each map: comparable to PyTorch's torch.cuda.max_memory_reserved(). Each map is
 // timed twice: eagerly, and as a CUDA graph (train_options::graph: the policy named with
 // `_graph` appended; the warm-up steps include the eager step and the capture). Prints a
-// table and, with --csv, writes config,policy,precis_ms,precis_peak_mib,gpu. Exits 77
+// table and, with --csv, writes config,policy,precis_ms,precis_peak_mib,gpu. Built with
+// precis::cudnn_frontend, bf16_mixed's attention is fused (docs/cuda.md, "Fused attention");
+// bf16_mixed_pieces is the same map with the attention products exact, unfused. Exits 77
 // without a GPU.
 #include <precis/nn/cuda.hpp>  // first: the device kernels, then nn
 
@@ -45,9 +47,16 @@ struct entry {
   std::string_view name;
 };
 
+// bf16_mixed with the attention products exact: its five pieces on precis's kernels, where
+// bf16_mixed itself runs them fused in a build with precis::cudnn_frontend (the row
+// bf16_mixed_pieces measures what fusion gives).
+using bf16_pieces = decltype(make_policy_map(presets::bf16_mixed{}, for_layer<vit::scores>(presets::bf16_exact{}),
+                                             for_layer<vit::context>(presets::bf16_exact{})));
+
 const auto maps = hana::make_tuple(entry<decltype(make_policy_map(presets::fp32{})), no_scaling>{"fp32"},
                                    entry<decltype(make_policy_map(presets::tf32{})), no_scaling>{"tf32"},
                                    entry<decltype(make_policy_map(presets::bf16_mixed{})), no_scaling>{"bf16_mixed"},
+                                   entry<bf16_pieces, no_scaling>{"bf16_mixed_pieces"},
                                    entry<decltype(make_policy_map(presets::fp16_mixed{})), dynamic_scaler>{"fp16_mixed"});
 
 template <std::size_t Depth, class Entry>

@@ -49,6 +49,10 @@ import torch.nn.functional as F
 
 
 class Block(nn.Module):
+    # --sdpa: attention through F.scaled_dot_product_attention (flash attention on a GPU for
+    # bf16 and fp16), as timm's ViT runs it; else the three steps written out.
+    sdpa = False
+
     def __init__(self, d, heads):
         super().__init__()
         self.heads = heads
@@ -63,7 +67,10 @@ class Block(nn.Module):
         n, t, d = x.shape
         h = self.heads
         q, k, v = self.qkv(self.norm1(x)).reshape(n, t, 3, h, d // h).permute(2, 0, 3, 1, 4)
-        a = torch.softmax(q @ k.transpose(-2, -1) / (d // h) ** 0.5, dim=-1) @ v
+        if Block.sdpa:
+            a = F.scaled_dot_product_attention(q, k, v)
+        else:
+            a = torch.softmax(q @ k.transpose(-2, -1) / (d // h) ** 0.5, dim=-1) @ v
         x = x + self.proj(a.transpose(1, 2).reshape(n, t, d))
         return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
 
@@ -257,6 +264,8 @@ def main():
                     help="fp32, tf32, bf16, fp16, a comma-separated list of them, or both (fp32,bf16)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--compile", action="store_true", help="time: torch.compile the model")
+    ap.add_argument("--sdpa", action="store_true",
+                    help="attention through F.scaled_dot_product_attention (fused on a GPU)")
     ap.add_argument("--image", type=int, default=28)
     ap.add_argument("--channels", type=int, default=1)
     ap.add_argument("--classes", type=int, default=10)
@@ -265,6 +274,7 @@ def main():
                          "clipping, on the cpu, as the recorded CPU comparisons ran)")
     ap.add_argument("--warmup", type=int, default=5, help="time: untimed steps first")
     args = ap.parse_args()
+    Block.sdpa = args.sdpa
     torch.set_num_threads(args.threads)
     small = args.command == "export"
     for name, timing, exporting in (("width", 64, 32), ("heads", 4, 2), ("depth", 4, 2), ("steps", 20, 300)):

@@ -2,9 +2,11 @@
 // precis::cuda_error naming the call, the status and the source line (checked through the
 // failure a machine without a usable device gives: making a context); the alignment
 // cuBLASLt's heuristic is told; which cuDNN math types each policy accepts; the checks of a
-// transposed convolution's geometry. Built as C++ with PRECIS_CUDA=1 (precis::cuda).
+// transposed convolution's geometry; fused attention's head widths and plan keys. Built as C++
+// with PRECIS_CUDA=1 (precis::cuda).
 #include <precis/kernels/cuda/blas_lt.hpp>
 #include <precis/kernels/cuda/conv.hpp>
+#include <precis/kernels/cuda/fused_attention.hpp>
 
 #include <doctest/doctest.h>
 
@@ -107,4 +109,29 @@ TEST_CASE("the transposed convolution's geometry is the adjoint convolution's, a
   const shaped y_wrong{{2, 6, 13, 13}};
   CHECK_THROWS_WITH_AS(precis::detail::transpose_geometry("t", x, w, y_wrong, p),
                        doctest::Contains("t: y"), precis::error);
+}
+
+TEST_CASE("fused attention takes head widths that are multiples of 8 up to 128, and says what to do otherwise") {
+  using engine = precis::fused_attention_engine;
+  for (std::int64_t ok : {8, 16, 64, 128}) CHECK_NOTHROW(engine::check_geometry(ok, "attention"));
+  for (std::int64_t bad : {0, 4, 12, 136, 256}) {
+    try {
+      engine::check_geometry(bad, "precis::nn::attention");
+      FAIL("head width " << bad << " was taken");
+    } catch (const precis::error& e) {
+      const std::string what = e.what();
+      CHECK(what.find("precis::nn::attention") != std::string::npos);
+      CHECK(what.find("got " + std::to_string(bad)) != std::string::npos);
+      CHECK(what.find("products::exact") != std::string::npos);
+    }
+  }
+  // Plan keys: shapes equal member by member.
+  const precis::fused_attention_shape a{2, 4, 65, 16, false, 0.25F};
+  precis::fused_attention_shape b = a;
+  CHECK(a == b);
+  b.half = true;
+  CHECK_FALSE(a == b);
+  b = a;
+  b.tokens = 64;
+  CHECK_FALSE(a == b);
 }

@@ -207,6 +207,46 @@ struct heads_geometry {
   shape_t<3> square() const { return {n * h, t, t}; }
 };
 
+/// What stands in for the fused-attention engine in a layer that runs the pieces.
+struct no_fused_attention {};
+
+/// Whether attention on context Ctx with these pieces' policies runs scores, softmax and
+/// context as one fused kernel (see attention_layer::fused): the context offers one
+/// (context_traits<Ctx>::fused_attention: cuDNN's, on a cuda_context whose target links
+/// precis::cudnn_frontend); q, k, v, the probabilities, the context and every gradient
+/// between them are one 16-bit type (bfloat16 or float16), as the fused kernel reads and
+/// writes them; both products accumulate in float and are the hardware's (products::hardware:
+/// a fused kernel sums in its own order and keeps the scores in registers, the way tensor
+/// cores sum). Any other map keeps the five pieces.
+template <class Ctx, class Qkv, class Scores, class Softmax, class Context>
+consteval bool fuses_attention() {
+  if constexpr (!requires { context_traits<Ctx>::fused_attention; }) {
+    return false;
+  } else {
+    using S = typename Scores::storage_type;
+    constexpr bool sixteen_bit = std::is_same_v<S, bfloat16> || std::is_same_v<S, float16>;
+    constexpr bool one_type =
+        std::is_same_v<activation_type_t<Qkv>, S> && std::is_same_v<activation_grad_type_t<Qkv>, S> &&
+        std::is_same_v<typename Scores::gradient_type, S> && std::is_same_v<typename Softmax::storage_type, S> &&
+        std::is_same_v<typename Softmax::gradient_type, S> && std::is_same_v<typename Context::storage_type, S> &&
+        std::is_same_v<typename Context::gradient_type, S>;
+    constexpr bool hardware = std::is_same_v<typename Scores::products_type, products::hardware> &&
+                              std::is_same_v<typename Context::products_type, products::hardware>;
+    constexpr bool float_sums = std::is_same_v<precis::detail::accumulate_t<op::matmul, Scores>, float> &&
+                                std::is_same_v<precis::detail::accumulate_t<op::matmul, Context>, float>;
+    return context_traits<Ctx>::fused_attention && sixteen_bit && one_type && hardware && float_sums;
+  }
+}
+
+template <bool Fused, class Ctx>
+struct fused_engine_of {
+  using type = no_fused_attention;
+};
+template <class Ctx>
+struct fused_engine_of<true, Ctx> {
+  using type = typename context_traits<Ctx>::fused_attention_engine;
+};
+
 /// The copy plan that takes one of `count` heads tensors [N*H, T, dh] out of rows [N, T,
 /// count d] (its columns from the rows' first: the caller offsets the rows pointer), or,
 /// `to_rows`, puts it back: over [N, H, T, dh].
@@ -328,6 +368,14 @@ class attention_layer
       std::tuple<qkv_policy, scores_policy, softmax_policy, context_policy, out_policy>;
   /// Every piece's tag, in the order of policy_types (describe prints a row for each).
   using piece_tags = std::tuple<QkvTag, ScoresTag, SoftmaxTag, ContextTag, OutTag>;
+  /// Whether the scores, softmax and context pieces run as one fused kernel (cuDNN's flash
+  /// attention on a cuda_context whose target links precis::cudnn_frontend): where the
+  /// context offers one, the three pieces and their gradients are one 16-bit type, and both
+  /// products accumulate in float with products::hardware (see docs/cuda.md, "Fused
+  /// attention"). nn::describe notes it on those pieces' rows. A map that gives the scores or
+  /// context tag products::exact, float or another type keeps the pieces.
+  static constexpr bool fused =
+      detail::fuses_attention<Ctx, qkv_policy, scores_policy, softmax_policy, context_policy>();
 
  private:
   using base = layer_base<QkvTag, qkv_policy, op::matmul, 3, 3, Ctx, true>;
@@ -398,6 +446,15 @@ class attention_layer
     const auto in = output_shape(detail::shape_of<3>(x), kind);
     g_ = {in[0], in[1], dim_, heads_};
     const auto& qkv = qkv_.forward(ctx, x, m);
+    if constexpr (fused) {
+      // Scores, softmax and context in one kernel, reading q, k and v in qkv's rows and
+      // writing the context with its heads merged; each row's log-sum-exp kept for backward.
+      qkv_out_ = &qkv;
+      detail::ensure(merged_, in);
+      detail::ensure(stats_, shape_t<3>{g_.n * g_.h, g_.t, 1});
+      engine_.forward(ctx, fused_shape(), qkv.data(), merged_.data(), stats_.data());
+      return out_.forward(ctx, detail::as_type(ctx, merged_, merged_o_), m);
+    }
     detail::ensure(q_, g_.per_head());
     detail::ensure(k_, g_.per_head());
     detail::ensure(v_, g_.per_head());
@@ -432,6 +489,14 @@ class attention_layer
     }
     check_shape("precis::nn::attention: dy", dy, shape_t<3>{g_.n, g_.t, g_.d});
     const auto& dmerged = out_.backward(ctx, dy);
+    if constexpr (fused) {
+      // dq, dk and dv straight into qkv's gradient rows.
+      const auto& dout = detail::as_type(ctx, dmerged, dcontext_c_);
+      detail::ensure(dqkv_, shape_t<3>{g_.n, g_.t, 3 * dim_});
+      engine_.backward(ctx, fused_shape(), qkv_out_->data(), merged_.data(), dout.data(), stats_.data(),
+                       dqkv_.data());
+      return qkv_.backward(ctx, dqkv_);
+    }
     // Context: dp = dc v^T, dv = p^T dc.
     detail::ensure(dcontext_, g_.per_head());
     split(ctx, dmerged.data(), dcontext_.data());
@@ -470,6 +535,12 @@ class attention_layer
     return qkv_.backward(ctx, dqkv_);
   }
 
+  /// The fused-attention engine (its plans), in a layer that is fused.
+  const auto& engine() const
+    requires fused
+  {
+    return engine_;
+  }
   /// The input projection: a linear layer from dim to 3 dim features (q, k, v).
   qkv_linear& qkv() { return qkv_; }
   /// The output projection: a linear layer from dim to dim features.
@@ -484,7 +555,7 @@ class attention_layer
     std::size_t n = qkv_.own_bytes() + out_.own_bytes();
     const auto add = [&n](const auto&... t) { ((n += detail::bytes_of(t)), ...); };
     add(q_, k_, v_, q_s_, k_s_, v_c_, scores_, scores_m_, probs_, probs_c_, context_, merged_,
-        merged_o_);
+        merged_o_, stats_);
     add(dcontext_, dcontext_c_, dprobs_, dprobs_m_, dv_, dscores_, dscores_s_, dq_, dk_, dq_q_,
         dk_q_, dv_q_, dqkv_);
     return n;
@@ -541,6 +612,13 @@ class attention_layer
     return {s.dim, 3 * s.dim, with_bias};
   }
   float alpha() const { return static_cast<float>(1.0 / std::sqrt(double(g_.dh()))); }
+  // The fused kernel's geometry for the last forward pass (used only where fused).
+  auto fused_shape() const {
+    context_traits<Ctx>::fused_attention_engine::check_geometry(std::int64_t(g_.dh()), "precis::nn::attention");
+    return typename context_traits<Ctx>::fused_attention_shape{
+        std::int64_t(g_.n), std::int64_t(g_.h), std::int64_t(g_.t), std::int64_t(g_.dh()), std::is_same_v<Ss, float16>,
+        alpha()};
+  }
 
   // Rows [N, T, count d] <-> count heads tensors [N*H, T, dh] (q, k, v: count 3): on the
   // host detail::split_heads / merge_heads, on the device one strided copy per heads
@@ -587,6 +665,11 @@ class attention_layer
   tensor<Gm> dprobs_m_, dscores_;
   tensor<Gs> dscores_s_, dq_, dk_;
   tensor<Gq> dq_q_, dk_q_, dv_q_, dqkv_;
+  // Fused: the engine (its plans), each row's log-sum-exp from forward, and qkv's output
+  // (the input projection's buffer, kept by it until its next forward pass).
+  [[no_unique_address]] typename detail::fused_engine_of<fused, Ctx>::type engine_{};
+  tensor<float> stats_;
+  const tensor<Sq>* qkv_out_ = nullptr;
 };
 
 }  // namespace precis::nn

@@ -27,6 +27,7 @@
 #include <precis/kernels/cuda/cast.hpp>
 #include <precis/kernels/cuda/conv.hpp>
 #include <precis/kernels/cuda/elementwise.hpp>
+#include <precis/kernels/cuda/fused_attention.hpp>
 #include <precis/kernels/cuda/gemm.hpp>
 #include <precis/kernels/cuda/loss.hpp>
 #include <precis/kernels/cuda/norm.hpp>
@@ -204,6 +205,13 @@ struct context_traits<cuda_context> {
   /// algorithms refuse at compile time.
   template <class T>
   using span = device_span<T>;
+  /// Whether nn::attention may run its scores, softmax and context pieces as one fused kernel
+  /// (cuDNN's flash attention; the target links precis::cudnn_frontend).
+  static constexpr bool fused_attention = has_fused_attention;
+  /// The engine that runs them (kernels/cuda/fused_attention.hpp).
+  using fused_attention_engine = precis::fused_attention_engine;
+  /// The geometry it takes.
+  using fused_attention_shape = precis::fused_attention_shape;
 
   // fill, upload and download serve initialisation and checkpoints, not the training step:
   // they take no context, so they first wait for the whole device (cudaDeviceSynchronize),

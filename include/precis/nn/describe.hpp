@@ -50,7 +50,8 @@ inline std::string byte_string(std::size_t bytes) {
 /// The model as a table: for each layer its path, kind and shape, then the policy columns of
 /// precis::describe (tag, operation kind, storage / compute / accumulate / master /
 /// gradient, float8 recipe, the map entry that decided it, waived rules, notes such as
-/// "fp32 by rule" or "hardware products"), its parameter count and bytes; every cast build
+/// "fp32 by rule", "hardware products", or on attention's pieces "fused (cuDNN flash
+/// attention)" where nn::attention_layer::fused), its parameter count and bytes; every cast build
 /// inserted, with the conversion it makes; then totals, and, when a layer uses hardware
 /// products, the engine that runs them here (precis::cpu_products_engine(), and
 /// precis::cpu_float_products_engine() for float and float16 storage).
@@ -72,11 +73,20 @@ std::string describe(const model<Root, Map>& m) {
         // A layer made of tagged pieces (attention): a row for each piece under its path.
         [&]<class... Tags>(std::type_identity<std::tuple<Tags...>>) {
           bool first = true;
+          std::size_t index = 0;
           (
               [&] {
                 std::vector<std::string> piece{join_path(path, detail::path_name_or_kind<Tags>()), std::string(N::kind),
                                                first ? node.shape() : "-"};
                 for (auto& c : precis::detail::describe_row<Tags, Map>()) piece.push_back(std::move(c));
+                // Attention's scores, softmax and context (pieces 1 to 3) in one fused kernel.
+                if constexpr (requires { N::fused; }) {
+                  if (N::fused && index >= 1 && index <= 3) {
+                    auto& notes = piece.back();
+                    notes = (notes.empty() || notes == "-" ? "" : notes + "; ") + "fused (cuDNN flash attention)";
+                  }
+                }
+                ++index;
                 piece.push_back(first ? std::to_string(count) : "");
                 piece.push_back(first ? (count == 0 ? "-" : detail::byte_string(bytes)) : "");
                 rows.push_back(std::move(piece));

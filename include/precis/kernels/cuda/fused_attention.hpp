@@ -1,0 +1,239 @@
+/// @file
+/// Fused multi-head attention on the device: cuDNN's scaled dot-product attention (flash
+/// attention), forward and backward, built through the header-only cuDNN frontend. nn::attention
+/// runs its scores, softmax and context pieces through it where its policies allow (see
+/// nn/attention.hpp and docs/cuda.md, "Fused attention"); this header is its engine.
+///
+/// Available when the target links precis::cudnn_frontend (CMake; the frontend's headers come
+/// from the PyPI package nvidia-cudnn-frontend), which defines PRECIS_HAS_CUDNN_FRONTEND;
+/// precis::has_fused_attention says so at compile time. Host code: usable from .cpp files. Under
+/// nvcc the frontend is read by the host pass only (its definitions are compiled out of the
+/// device pass, which never calls them), which keeps a unit's device compilation as fast as
+/// without it.
+///
+/// The tensors are attention's own layouts, read and written in place through strides, so that
+/// nothing is split into heads or merged back:
+///
+///     qkv    [N, T, 3 H dh]   q, then k, then v, each head-major (nn::attention's qkv rows)
+///     o, do  [N, T, H dh]     the context, heads merged (the output projection's input)
+///     stats  [N, H, T]        float: each row's log-sum-exp, saved by forward for backward
+///     dqkv   [N, T, 3 H dh]   dq, dk, dv in qkv's layout
+///
+/// Storage bfloat16 or float16; the scores, the softmax and the sums of both products in float,
+/// the probabilities rounded to the storage type before the context product (as unfused
+/// attention stores them). The backward pass uses cuDNN's deterministic algorithm: the same
+/// bits on every run. Against the unfused pieces the results differ by the order of the sums
+/// and the online softmax's rescaling: within a few units of the storage type's precision.
+#pragma once
+
+#include <precis/config.hpp>
+#include <precis/cuda_error.hpp>
+#include <precis/kernels/cuda_context.hpp>
+
+#include <compare>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#if defined(PRECIS_HAS_CUDNN_FRONTEND) && !defined(__CUDA_ARCH__)
+// The frontend calls std::strlen without including <cstring> when built without its JSON
+// library (CUDNN_FRONTEND_SKIP_JSON_LIB, which precis::cudnn_frontend sets).
+#include <cstring>
+#include <unordered_map>
+
+#include <cudnn_frontend.h>
+#endif
+
+namespace precis {
+
+/// Whether this build runs attention fused on the device (the target links
+/// precis::cudnn_frontend).
+#if defined(PRECIS_HAS_CUDNN_FRONTEND)
+inline constexpr bool has_fused_attention = true;
+#else
+inline constexpr bool has_fused_attention = false;
+#endif
+
+/// The geometry of one fused attention call: batch, heads, tokens, head width, and the
+/// storage type (bfloat16, or float16 when `half`).
+struct fused_attention_shape {
+  std::int64_t batch = 0;      ///< N
+  std::int64_t heads = 0;      ///< H
+  std::int64_t tokens = 0;     ///< T
+  std::int64_t head_dim = 0;   ///< dh
+  bool half = false;           ///< float16 storage (else bfloat16)
+  float scale = 1.0F;          ///< the scores' factor, 1 / sqrt(dh) in nn::attention
+  /// Shapes compare member by member (the plan cache's key).
+  friend bool operator==(const fused_attention_shape&, const fused_attention_shape&) = default;
+};
+
+/// cuDNN's fused attention for one layer: an execution plan per geometry and direction,
+/// made on first use and kept (a model's shapes repeat, so steps after the first make none).
+/// Workspace comes from the context (cuda_context::workspace, stream-ordered, kept across
+/// calls). Every call runs on the context's stream and throws precis::error, naming the
+/// stage and cuDNN's message, when cuDNN refuses the geometry (e.g. a head width it does not
+/// support) or a launch fails; nothing is written then.
+class fused_attention_engine {
+ public:
+  /// o and stats from qkv (layouts in the file comment).
+  void forward(cuda_context& ctx, const fused_attention_shape& s, const void* qkv, void* o, float* stats);
+  /// dqkv from qkv, o, do and the stats of the forward pass that gave o.
+  void backward(cuda_context& ctx, const fused_attention_shape& s, const void* qkv, const void* o,
+                const void* dout, const float* stats, void* dqkv);
+  /// Plans made so far (one per geometry and direction).
+  std::size_t plans() const { return plans_.size(); }
+
+  /// Throws precis::error unless cuDNN's fused attention can take head width `head_dim`: a
+  /// multiple of 8 (which also keeps q, k and v of each qkv row on 16-byte boundaries), at
+  /// most 128. `who` names the caller.
+  static void check_geometry(std::int64_t head_dim, const std::string& who) {
+    if (head_dim % 8 != 0 || head_dim > 128 || head_dim <= 0) {
+      throw error(who + ": cuDNN's fused attention takes head widths that are multiples of 8 up to 128, got " +
+                  std::to_string(head_dim) +
+                  "; give the attention tags a policy with products::exact to run the unfused pieces");
+    }
+  }
+
+ private:
+  struct plan;
+  plan& plan_for(cuda_context& ctx, const fused_attention_shape& s, bool backward);
+  std::vector<std::shared_ptr<plan>> plans_;
+};
+
+#if defined(PRECIS_HAS_CUDNN_FRONTEND) && !defined(__CUDA_ARCH__)
+
+namespace detail::fused {
+
+namespace fe = cudnn_frontend;
+
+// The variant pack's tensor ids.
+enum uid : std::int64_t { q_uid = 1, k_uid, v_uid, o_uid, stats_uid, do_uid, dq_uid, dk_uid, dv_uid };
+
+inline void check(fe::error_t e, const char* stage) {  // by value: get_message() is not const
+  if (e.is_bad()) {
+    throw error(std::string("precis::nn::attention (cuDNN fused attention): ") + stage + ": " + e.get_message());
+  }
+}
+
+/// The strides of q, k, v (and their gradients) in qkv's rows, of o in the merged rows, and of
+/// the stats, over [N, H, T, dh] (stats [N, H, T, 1]).
+struct layouts {
+  std::vector<std::int64_t> dims, qkv, o, stats_dims, stats;
+  explicit layouts(const fused_attention_shape& s) {
+    const std::int64_t b = s.batch, h = s.heads, t = s.tokens, d = s.head_dim, width = h * d;
+    dims = {b, h, t, d};
+    qkv = {t * 3 * width, d, 3 * width, 1};
+    o = {t * width, d, width, 1};
+    stats_dims = {b, h, t, 1};
+    stats = {h * t, t, 1, 1};
+  }
+};
+
+inline std::shared_ptr<fe::graph::Tensor_attributes> input(fe::graph::Graph& g, const char* name, uid id,
+                                                            const std::vector<std::int64_t>& dims,
+                                                            const std::vector<std::int64_t>& strides) {
+  return g.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(id).set_dim(dims).set_stride(strides));
+}
+
+inline std::shared_ptr<fe::graph::Graph> make_graph(cudnnHandle_t handle, const fused_attention_shape& s,
+                                                    bool backward) {
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(s.half ? fe::DataType_t::HALF : fe::DataType_t::BFLOAT16)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  const layouts l(s);
+  auto q = input(*g, "q", q_uid, l.dims, l.qkv);
+  auto k = input(*g, "k", k_uid, l.dims, l.qkv);
+  auto v = input(*g, "v", v_uid, l.dims, l.qkv);
+  if (!backward) {
+    auto attributes =
+        fe::graph::SDPA_attributes().set_name("attention").set_generate_stats(true).set_attn_scale(s.scale);
+    auto [o, stats] = g->sdpa(q, k, v, attributes);
+    o->set_output(true).set_uid(o_uid).set_dim(l.dims).set_stride(l.o);
+    stats->set_output(true).set_uid(stats_uid).set_data_type(fe::DataType_t::FLOAT).set_dim(l.stats_dims).set_stride(
+        l.stats);
+  } else {
+    auto o = input(*g, "o", o_uid, l.dims, l.o);
+    auto dout = input(*g, "do", do_uid, l.dims, l.o);
+    auto stats = g->tensor(fe::graph::Tensor_attributes()
+                               .set_name("stats")
+                               .set_uid(stats_uid)
+                               .set_dim(l.stats_dims)
+                               .set_stride(l.stats)
+                               .set_data_type(fe::DataType_t::FLOAT));
+    auto attributes = fe::graph::SDPA_backward_attributes()
+                          .set_name("attention_backward")
+                          .set_attn_scale(s.scale)
+                          .set_deterministic_algorithm(true);
+    auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, attributes);
+    dq->set_output(true).set_uid(dq_uid).set_dim(l.dims).set_stride(l.qkv);
+    dk->set_output(true).set_uid(dk_uid).set_dim(l.dims).set_stride(l.qkv);
+    dv->set_output(true).set_uid(dv_uid).set_dim(l.dims).set_stride(l.qkv);
+  }
+  check(g->validate(), "validate");
+  check(g->build_operation_graph(handle), "build_operation_graph");
+  check(g->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans");
+  check(g->check_support(handle), "check_support");
+  check(g->build_plans(handle), "build_plans");
+  return g;
+}
+
+}  // namespace detail::fused
+
+struct fused_attention_engine::plan {
+  fused_attention_shape shape;
+  bool backward = false;
+  std::shared_ptr<detail::fused::fe::graph::Graph> graph;
+  std::int64_t workspace = 0;
+};
+
+inline fused_attention_engine::plan& fused_attention_engine::plan_for(cuda_context& ctx, const fused_attention_shape& s,
+                                                                       bool backward) {
+  for (const auto& p : plans_) {
+    if (p->shape == s && p->backward == backward) return *p;
+  }
+  auto p = std::make_shared<plan>();
+  p->shape = s;
+  p->backward = backward;
+  p->graph = detail::fused::make_graph(ctx.dnn(), s, backward);
+  detail::fused::check(p->graph->get_workspace_size(p->workspace), "get_workspace_size");
+  plans_.push_back(p);
+  return *p;
+}
+
+inline void fused_attention_engine::forward(cuda_context& ctx, const fused_attention_shape& s, const void* qkv,
+                                            void* o, float* stats) {
+  using namespace detail::fused;
+  plan& p = plan_for(ctx, s, false);
+  const std::size_t width = std::size_t(s.heads * s.head_dim) * 2;  // bytes of one third of a qkv row
+  auto* base = static_cast<unsigned char*>(const_cast<void*>(qkv));
+  std::unordered_map<std::int64_t, void*> pack{
+      {q_uid, base}, {k_uid, base + width}, {v_uid, base + 2 * width}, {o_uid, o}, {stats_uid, stats}};
+  void* ws = p.workspace > 0 ? ctx.workspace(std::size_t(p.workspace)) : nullptr;
+  check(p.graph->execute(ctx.dnn(), pack, ws), "execute");
+}
+
+inline void fused_attention_engine::backward(cuda_context& ctx, const fused_attention_shape& s, const void* qkv,
+                                             const void* o, const void* dout, const float* stats, void* dqkv) {
+  using namespace detail::fused;
+  plan& p = plan_for(ctx, s, true);
+  const std::size_t width = std::size_t(s.heads * s.head_dim) * 2;
+  auto* base = static_cast<unsigned char*>(const_cast<void*>(qkv));
+  auto* dbase = static_cast<unsigned char*>(dqkv);
+  std::unordered_map<std::int64_t, void*> pack{{q_uid, base},
+                                               {k_uid, base + width},
+                                               {v_uid, base + 2 * width},
+                                               {o_uid, const_cast<void*>(o)},
+                                               {do_uid, const_cast<void*>(dout)},
+                                               {stats_uid, const_cast<float*>(stats)},
+                                               {dq_uid, dbase},
+                                               {dk_uid, dbase + width},
+                                               {dv_uid, dbase + 2 * width}};
+  void* ws = p.workspace > 0 ? ctx.workspace(std::size_t(p.workspace)) : nullptr;
+  check(p.graph->execute(ctx.dnn(), pack, ws), "execute");
+}
+
+#endif
+
+}  // namespace precis
