@@ -30,7 +30,8 @@
 #include <precis/cuda_error.hpp>
 #include <precis/kernels/cuda_context.hpp>
 
-#include <compare>
+#if PRECIS_CUDA
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -237,3 +238,5 @@ inline void fused_attention_engine::backward(cuda_context& ctx, const fused_atte
 #endif
 
 }  // namespace precis
+
+#endif  // PRECIS_CUDA
