@@ -77,7 +77,8 @@ if [[ " $STAGES " == *" step "* ]]; then
   "$PYTHON" - "$precis_csv" "$torch_log" "$RESULTS_CUDA/vit_gpu.csv" <<'PY' || failed=1
 import csv, sys
 precis_csv, torch_log, out = sys.argv[1:]
-torch_name = {"fp32": "fp32", "tf32": "tf32", "bf16_mixed": "bf16", "bf16_mixed_pieces": "bf16", "fp16_mixed": "fp16"}
+torch_name = {"fp32": "fp32", "tf32": "tf32", "bf16_mixed": "bf16", "bf16_mixed_pieces": "bf16", "fp16_mixed": "fp16",
+              "fp8_hybrid": "bf16"}  # torch has no float8 step here: its bf16 AMP step
 torch = {}
 for line in open(torch_log):
     if line.startswith("RESULT,"):

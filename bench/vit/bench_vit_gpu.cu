@@ -57,7 +57,8 @@ const auto maps = hana::make_tuple(entry<decltype(make_policy_map(presets::fp32{
                                    entry<decltype(make_policy_map(presets::tf32{})), no_scaling>{"tf32"},
                                    entry<decltype(make_policy_map(presets::bf16_mixed{})), no_scaling>{"bf16_mixed"},
                                    entry<bf16_pieces, no_scaling>{"bf16_mixed_pieces"},
-                                   entry<decltype(make_policy_map(presets::fp16_mixed{})), dynamic_scaler>{"fp16_mixed"});
+                                   entry<decltype(make_policy_map(presets::fp16_mixed{})), dynamic_scaler>{"fp16_mixed"},
+                                   entry<vit::fp8_map, dynamic_scaler>{"fp8_hybrid"});
 
 template <std::size_t Depth, class Entry>
 bench::row time_map(const std::string& config, const vit::config& c, std::size_t batch, const Entry& e,

@@ -147,4 +147,14 @@ inline std::string torch_name(std::string_view path) {
 /// ViT-H/16 on 224 x 224 RGB images, 1000 classes (width 1280, 16 heads; 32 blocks).
 inline constexpr config vit_h16{.image = 224, .patch = 16, .channels = 3, .width = 1280, .heads = 16, .classes = 1000};
 
+/// float8 the way Transformer Engine uses it: every linear layer's products take float8_e4m3
+/// inputs forward and float8_e5m2 output gradients backward, each tensor with its own
+/// delayed-scaling recipe; activations between layers are bfloat16. Attention's scores and
+/// context products (activations by activations) and the 10-way head stay in bfloat16.
+/// float8 gradients need a loss scaler by rule b. The same map on the CPU and the GPU.
+using fp8_map = decltype(precis::make_policy_map(precis::presets::fp8_hybrid{},
+                                                 precis::for_layer<scores>(precis::presets::bf16_mixed{}),
+                                                 precis::for_layer<context>(precis::presets::bf16_mixed{}),
+                                                 precis::for_layer<head>(precis::presets::bf16_mixed{})));
+
 }  // namespace vit

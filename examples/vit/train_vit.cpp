@@ -217,22 +217,13 @@ using per_layer_map = decltype(make_policy_map(presets::bf16_mixed{}, for_layer<
                                                for_layer<vit::context>(presets::fp16_mixed{}),
                                                for_layer<vit::head>(presets::fp32{})));
 
-// float8 the way Transformer Engine uses it: every linear layer's products take float8_e4m3
-// inputs forward and float8_e5m2 output gradients backward, each tensor with its own
-// delayed-scaling recipe; activations between layers are bfloat16. Attention's scores and
-// context products (activations by activations) and the 10-way head stay in bfloat16.
-// float8 gradients need a loss scaler by rule b.
-using fp8_map = decltype(make_policy_map(presets::fp8_hybrid{}, for_layer<vit::scores>(presets::bf16_mixed{}),
-                                         for_layer<vit::context>(presets::bf16_mixed{}),
-                                         for_layer<vit::head>(presets::bf16_mixed{})));
-
 const auto sweep = hana::make_tuple(
     entry<decltype(make_policy_map(presets::fp32{})), run_no_scaling>{"fp32", "reference"},
     entry<decltype(make_policy_map(presets::bf16_mixed{})), run_no_scaling>{"bf16_mixed",
                                                                             "bfloat16, no scaler"},
     entry<decltype(make_policy_map(presets::fp16_mixed{})), run_dynamic_scaler>{
         "fp16_mixed", "float16 + dynamic scaler"},
-    entry<fp8_map, run_dynamic_scaler>{"fp8_hybrid", "float8 linear products, bf16 between layers"},
+    entry<vit::fp8_map, run_dynamic_scaler>{"fp8_hybrid", "float8 linear products, bf16 between layers"},
     entry<per_layer_map, run_dynamic_scaler>{"bf16_attn_fp16",
                                              "bf16, attention products fp16, head fp32"},
     entry<std::remove_cvref_t<decltype(advised_map)>, run_dynamic_scaler>{

@@ -8,8 +8,9 @@
 // host and uploaded once; each epoch uploads its shuffled order (examples::epoch_order, the
 // CPU run's), and each step gathers its batch on the device, cast to the model's input type,
 // into buffers at fixed addresses. The maps: fp32 (exact float products), tf32 (tensor-core
-// TF32 products, the GPU's counterpart of fp32_hardware), bf16_mixed and fp16_mixed (with a
-// dynamic loss scaler). AdamW with the CPU run's options and schedule (a learning-rate table on
+// TF32 products, the GPU's counterpart of fp32_hardware), bf16_mixed, fp16_mixed (with a
+// dynamic loss scaler) and fp8_hybrid (vit::fp8_map: float8 linear products with device
+// delayed scaling, a dynamic loss scaler). AdamW with the CPU run's options and schedule (a learning-rate table on
 // the device), gradients clipped to norm 1. The host reads the step records at each epoch's
 // end (and prints progress every 100 steps); evaluation runs on the device in batches of the
 // training size (the last one padded, its extra rows not counted), the correct predictions
@@ -126,7 +127,8 @@ struct entry {
 const auto sweep = hana::make_tuple(entry<decltype(make_policy_map(presets::fp32{})), no_scaling>{"fp32"},
                                     entry<decltype(make_policy_map(presets::tf32{})), no_scaling>{"tf32"},
                                     entry<decltype(make_policy_map(presets::bf16_mixed{})), no_scaling>{"bf16_mixed"},
-                                    entry<decltype(make_policy_map(presets::fp16_mixed{})), dynamic_scaler>{"fp16_mixed"});
+                                    entry<decltype(make_policy_map(presets::fp16_mixed{})), dynamic_scaler>{"fp16_mixed"},
+                                    entry<vit::fp8_map, dynamic_scaler>{"fp8_hybrid"});
 
 struct epoch_record {
   double train_loss = 0, test_loss = 0, test_accuracy = 0, scale = 1, seconds = 0;
@@ -251,7 +253,7 @@ void usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s [--epochs N] [--policy NAME[,NAME...]] [--batch N] [--train N] [--test N] [--seed S]\n"
                "          [--lr X] [--data DIR] [--out DIR] [--check]\n"
-               "policies: fp32 tf32 bf16_mixed fp16_mixed\n",
+               "policies: fp32 tf32 bf16_mixed fp16_mixed fp8_hybrid\n",
                argv0);
 }
 

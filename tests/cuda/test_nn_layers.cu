@@ -1,7 +1,7 @@
 // nn layers on the device against the same layers on the host, built by nn::build from one
 // blueprint with the same masters: one forward and backward pass on the same data, the
-// outputs, input gradients and parameter gradients within the types' bounds. Exits 77
-// (skipped) where no GPU is present.
+// outputs, input gradients and parameter gradients within the types' bounds; float8 linear
+// layers over three training steps. Exits 77 (skipped) where no GPU is present.
 #include <precis/nn/cuda.hpp>  // first: the device kernels, then nn
 
 #include "../../examples/vit/model.hpp"
@@ -47,6 +47,37 @@ void check_vit_layers(cuda_context& ctx, const std::string& tag) {
   compare_models<P, 4>(ctx, tag + " vit", vit::blueprint<2>(c), {6, 1, 16, 16}, 8);
 }
 
+// float8 linear layers (presets::fp8_hybrid) on the device against the host's, three training
+// steps from the same masters: both sides cast with the same delayed recipes, step for step,
+// so x_q, W_q and dy_q are the same float8 values and only cuBLASLt's summation order differs
+// (then one rounding to bfloat16): the bfloat16 bounds. A forward pass in evaluation mode
+// between steps leaves the recipes as they were on both sides.
+void check_float8(cuda_context& ctx) {
+  const cpu_context cpu{2};
+  const auto blueprint = nn::seq(nn::linear<fc1>(32, 48), nn::gelu(), nn::linear<fc2>(48, 16, nn::no_bias));
+  auto host = nn::build<bfloat16, 3>(presets::fp8_hybrid{}, blueprint, {.seed = 5});
+  auto dev = nn::build<bfloat16, 3, cuda_context>(presets::fp8_hybrid{}, blueprint, {.seed = 5});
+  nn::copy_masters(ctx, host, dev);
+  for (int step = 0; step < 3; ++step) {
+    const std::string at = "fp8_hybrid linear step " + std::to_string(step + 1);
+    const auto x = random_tensor<bfloat16, 3>({2, 16, 32}, float(1 << step));  // amaxes that change
+    const auto dy = random_tensor<bfloat16, 3>({2, 16, 16}, 0.1F);
+    const auto xd = to_device(x);
+    const auto dyd = to_device(dy);
+    host.zero_grad();
+    dev.zero_grad(ctx);
+    compare(at + " forward", ctx, dev.forward(ctx, xd), host.forward(cpu, x), 4 * bound<bfloat16>());
+    compare(at + " input gradient", ctx, dev.backward(ctx, dyd), host.backward(cpu, dy), 4 * bound<bfloat16>());
+    compare_gradients(at, ctx, host, dev, 4 * bound<bfloat16>());
+    compare(at + " evaluation", ctx, dev.forward(ctx, xd, nn::mode::eval), host.forward(cpu, x, nn::mode::eval),
+            4 * bound<bfloat16>());
+  }
+  // cuBLASLt's float8 products take multiples of 16: 20 features are refused, naming them.
+  auto odd = nn::build<bfloat16, 2, cuda_context>(presets::fp8_hybrid{}, nn::linear<fc1>(20, 16));
+  const auto x = to_device(random_tensor<bfloat16, 2>({16, 20}));
+  expect_error("fp8_hybrid linear: 20 features", [&] { (void)odd.forward(ctx, x); }, "multiples of 16");
+}
+
 }  // namespace
 
 int main() {
@@ -58,6 +89,7 @@ int main() {
   check_vit_layers<presets::fp32>(ctx, "fp32");
   check_vit_layers<presets::bf16_mixed>(ctx, "bf16_mixed");
   check_vit_layers<presets::fp16_mixed>(ctx, "fp16_mixed");
+  check_float8(ctx);
   // A batch of the wrong width is refused, naming the layer, before any launch.
   {
     auto model = nn::build<bfloat16, 2, cuda_context>(presets::bf16_mixed{}, mlp());

@@ -38,6 +38,7 @@
 #include <precis/tensor/device_span.hpp>
 #include <precis/tensor/device_tensor.hpp>
 
+#include <precis/nn/cuda_float8.hpp>
 #include <precis/nn/parameter.hpp>
 
 #include <array>
@@ -212,6 +213,12 @@ struct context_traits<cuda_context> {
   using fused_attention_engine = precis::fused_attention_engine;
   /// The geometry it takes.
   using fused_attention_shape = precis::fused_attention_shape;
+  /// nn::linear's float8 products run on the device (nn/cuda_float8.hpp).
+  static constexpr bool float8_linear = true;
+  /// The float8 state of nn::linear under float8 policy P on rank-R tensors: device recipes
+  /// and cuBLASLt's float8 products (nn/cuda_float8.hpp).
+  template <Policy P, std::size_t R>
+  using float8_linear_state = detail::device_float8_linear_state<P, R>;
 
   // fill, upload and download serve initialisation and checkpoints, not the training step:
   // they take no context, so they first wait for the whole device (cudaDeviceSynchronize),

@@ -173,15 +173,33 @@ struct no_float8_state {
   std::size_t own_bytes() const { return 0; }
 };
 
+/// The float8 state of a linear layer: none without float8, the host's on the CPU, and the
+/// context's own elsewhere (context_traits<Ctx>::float8_linear_state: on cuda_context, device
+/// recipes and cuBLASLt's float8 products, nn/cuda_float8.hpp).
+template <bool Float8, Policy P, std::size_t R, class Ctx>
+struct float8_state_of {
+  using type = no_float8_state;
+};
+template <Policy P, std::size_t R>
+struct float8_state_of<true, P, R, cpu_context> {
+  using type = float8_linear_state<P, R>;
+};
+template <Policy P, std::size_t R, class Ctx>
+  requires(!std::is_same_v<Ctx, cpu_context>)
+struct float8_state_of<true, P, R, Ctx> {
+  using type = typename context_traits<Ctx>::template float8_linear_state<P, R>;
+};
+
 }  // namespace detail
 
 /// The linear layer built for tag Tag under the resolved policy P on rank-R tensors.
 template <Layer Tag, Policy P, std::size_t R, class Ctx>
 class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
   static_assert(R >= 1, "precis: nn::linear works on the last axis of a tensor of rank >= 1");
-  static_assert(std::is_same_v<Ctx, cpu_context> || !float8_products_v<P>,
-                "precis: nn::linear's float8 products run on the host so far; on cuda_context "
-                "map the layer to a bfloat16 or float16 policy");
+  static_assert(std::is_same_v<Ctx, cpu_context> || !float8_products_v<P> ||
+                    requires { context_traits<Ctx>::float8_linear; },
+                "precis: nn::linear's float8 products need a context that runs them (the host, or "
+                "cuda_context through precis/nn/cuda.hpp); map the layer to a bfloat16 or float16 policy");
   using base = layer_base<Tag, P, op::matmul, R, R, Ctx, true>;
   using S = typename base::input_type;
   using G = typename base::input_grad_type;
@@ -196,7 +214,7 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
   static constexpr bool float8 = float8_products_v<P>;
   /// The recipes and quantised tensors of the float8 products (detail::no_float8_state
   /// when there are none).
-  using float8_state = std::conditional_t<float8, detail::float8_linear_state<P, R>, detail::no_float8_state>;
+  using float8_state = typename detail::float8_state_of<float8, P, R, Ctx>::type;
 
   /// The layer of a blueprint, its parameters zero until reset() draws them. Throws
   /// precis::error when in or out is 0.
@@ -233,7 +251,9 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
     detail::ensure(y_, out);
     const std::size_t rows = x.size() / in_;
     const S* bias = bias_on_ ? bias_.value().data() : nullptr;  // cuBLASLt's epilogue on the device
-    if constexpr (float8) {
+    if constexpr (float8 && !std::is_same_v<Ctx, cpu_context>) {
+      fp8_.forward(ctx, x.data(), weight_.value().data(), y_.data(), bias, rows, in_, out_, m == mode::train);
+    } else if constexpr (float8) {
       auto& f = fp8_;
       const bool record = m == mode::train;
       f.input_scale = detail::quantize(ctx, f.input, x, f.xq, record);
@@ -267,7 +287,15 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
 
  private:
   void backward_impl(context_ref_t<Ctx> ctx, const tensor<G>& dy, bool input_gradient) {
-    if constexpr (float8) {
+    if constexpr (float8 && !std::is_same_v<Ctx, cpu_context>) {
+      check_same_shape("precis::nn::linear: dy and the output", dy, y_);
+      const std::size_t rows = dy.size() / out_;
+      detail::ensure(dx_, input_gradient ? detail::shape_of<R>(x_.get(kind)) : shape_t<R>{});
+      detail::ensure(dw_, shape_t<2>{out_, in_});
+      fp8_.backward(ctx, dy.data(), input_gradient ? dx_.data() : static_cast<G*>(nullptr), dw_.data(), rows, in_,
+                    out_);
+      weight_.accumulate(ctx, dw_);
+    } else if constexpr (float8) {
       backward_float8(ctx, dy, input_gradient);
     } else {
       backward_exact(ctx, dy, input_gradient);

@@ -160,6 +160,21 @@ __global__ void scaled_cast_kernel(const T* x, F* out, std::size_t n, const floa
   fold_amax(m, amax);
 }
 
+/// scaled_cast_kernel over n elements on ctx's stream: in 16-byte packs where both pointers
+/// allow (device tensors always do), else one element per thread. Throws precis::error when
+/// the launch fails.
+template <class F, class T>
+void scaled_cast_elements(cuda_context& ctx, const T* x, F* out, std::size_t n, const float* scale, float* amax) {
+  if (n == 0) return;
+  constexpr int V = pack_width<T, F>;
+  if (pack_aligned<V>(x, out)) {
+    scaled_cast_kernel<V><<<grid_for(n / V + 1), 256, 0, ctx.stream()>>>(x, out, n, scale, amax);
+  } else {
+    scaled_cast_kernel<1><<<grid_for(n), 256, 0, ctx.stream()>>>(x, out, n, scale, amax);
+  }
+  check(cudaGetLastError(), "precis::scaled_cast_async");
+}
+
 /// The delayed-scaling update of delayed_scaling::update, step for step, by one block: the
 /// amax recorded when positive and finite, the reference (the history's max, or the
 /// latest) and the new scale; *amax is then zeroed for the next step's measurement.
@@ -400,16 +415,7 @@ void scaled_cast_async(cuda_context& ctx, const device_tensor<T, N>& x, device_t
   static_assert(is_float8_v<F>, "precis: scaled_cast_async casts to float8_e4m3 or float8_e5m2");
   check_shape("precis::scaled_cast_async: out", out, x.shape());
   if (x.size() == 0) return;
-  constexpr int V = detail::cuda::pack_width<T, F>;
-  const std::size_t n = x.size();
-  if (detail::cuda::pack_aligned<V>(x.data(), out.data())) {
-    detail::cuda::scaled_cast_kernel<V><<<detail::cuda::grid_for(n / V + 1), 256, 0, ctx.stream()>>>(
-        x.data(), out.data(), n, scale, amax);
-  } else {
-    detail::cuda::scaled_cast_kernel<1><<<detail::cuda::grid_for(n), 256, 0, ctx.stream()>>>(x.data(), out.data(), n,
-                                                                                           scale, amax);
-  }
-  check(cudaGetLastError(), "precis::scaled_cast_async");
+  detail::cuda::scaled_cast_elements(ctx, x.data(), out.data(), x.size(), scale, amax);
 }
 
 namespace detail::cuda {
