@@ -12,8 +12,8 @@ Checks, in order:
   links      every relative link and anchor in README.md, docs/ and the examples' READMEs
              resolves (a file or folder of the repository; an anchor: a heading of the
              target page, slugged as GitHub does, or an explicit <a id="...">).
-  code       every C++ block in README.md and docs/ says where it comes from, on the line
-             before its fence:
+  code       every C++ block in README.md, docs/ and the examples' READMEs says where it
+             comes from, on the line before its fence:
                  <!-- snippet: examples/quickstart/quickstart.cpp -->         the whole file
                  <!-- snippet: examples/quickstart/quickstart.cpp#L14-L20 --> lines 14-20
                  <!-- fragment -->                                           not compiled
@@ -53,12 +53,12 @@ COMPILE = ["g++", "-std=c++20", "-fsyntax-only", "-fdiagnostics-color=never", "-
 
 
 def guide_pages() -> list[Path]:
-    """README.md and every page under docs/: the pages whose code blocks are checked."""
+    """README.md and every page under docs/: the guide."""
     return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def linked_pages() -> list[Path]:
-    """The pages whose links are checked: the guide and the examples' READMEs."""
+    """The pages whose links and code blocks are checked: the guide and the examples' READMEs."""
     return guide_pages() + sorted((ROOT / "examples").glob("*/README.md"))
 
 
@@ -224,7 +224,7 @@ def compiler_output(path: str) -> tuple[str | None, str]:
 
 
 def check_code(errors: list[str], fix: bool) -> None:
-    for page in guide_pages():
+    for page in linked_pages():
         text = page.read_text(encoding="utf-8")
         lines = text.split("\n")
         changed = False
