@@ -10,6 +10,8 @@ option(PRECIS_NATIVE "Build the benchmarks for this machine's processor (-march=
 # they use instantiated, no code generated, nothing linked), for a build that runs none of
 # them (CI's test stage). Their targets are then object libraries that produce no object.
 option(PRECIS_BENCH_CHECK_ONLY "Check the benchmarks' code with -fsyntax-only instead of building them" OFF)
+option(PRECIS_CUDA_CHECK_ONLY
+  "Check the device benchmarks' and training examples' code instead of building them (machines without a GPU)" OFF)
 
 # precis_tristate(<option> <out-var>)
 # The value of the AUTO/ON/OFF cache option <option> as AUTO, ON or OFF in <out-var>
@@ -53,5 +55,35 @@ function(precis_set_native target)
   check_cxx_compiler_flag(-march=native PRECIS_CXX_HAS_MARCH_NATIVE)
   if(PRECIS_CXX_HAS_MARCH_NATIVE)
     target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-march=native>)
+  endif()
+endfunction()
+
+# precis_add_cuda_program(<name> <source> [<library>...])
+# A device benchmark or training example: an executable linked with the libraries given. Under
+# PRECIS_CUDA_CHECK_ONLY (CI, which has no GPU to run them on), nvcc compiles its device code in
+# full (-cuda: cicc and ptxas, every device error) into an object library <name>_device and
+# writes the host half it would hand to the host compiler, which a custom target <name> then
+# checks with -fsyntax-only (every host error, no code generated): 20 to 40 s less per program
+# than building it. Returns in <name>_CHECK_ONLY whether it was only checked.
+function(precis_add_cuda_program name source)
+  if(PRECIS_CUDA_CHECK_ONLY)
+    add_library(${name}_device OBJECT ${source})
+    target_link_libraries(${name}_device PRIVATE ${ARGN})
+    target_compile_options(${name}_device PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-cuda>)
+    if(CMAKE_CUDA_HOST_COMPILER)
+      set(host_cxx ${CMAKE_CUDA_HOST_COMPILER})
+    else()
+      set(host_cxx ${CMAKE_CXX_COMPILER})
+    endif()
+    add_custom_target(${name} ALL
+      COMMAND ${host_cxx} -std=c++20 -fsyntax-only -x c++ $<TARGET_OBJECTS:${name}_device>
+      DEPENDS ${name}_device
+      COMMENT "Checking the host half of ${name} (-fsyntax-only)"
+      COMMAND_EXPAND_LISTS VERBATIM)
+    set(${name}_CHECK_ONLY TRUE PARENT_SCOPE)
+  else()
+    add_executable(${name} ${source})
+    target_link_libraries(${name} PRIVATE ${ARGN})
+    set(${name}_CHECK_ONLY FALSE PARENT_SCOPE)
   endif()
 endfunction()
