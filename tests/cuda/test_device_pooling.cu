@@ -3,7 +3,8 @@
 // poisoned with NaN first. Max pooling's kept indices are the host's, and its backward pass
 // from them gives the bits of the one from x. Pooling covers overlapping and padded windows (whose
 // backward passes gather several outputs per input), count_include_pad both ways, upsampling by
-// integer and non-integer factors with and without align_corners. Batch norm covers rank 2
+// integer and non-integer factors with and without align_corners; channels-last pooling and
+// upsampling give the NCHW kernels' bits, moved. Batch norm covers rank 2
 // and 4, the running statistics and inference mode. Shape errors are thrown before any
 // launch. Exits 77 (skipped) where no GPU is present.
 #include <precis/kernels/cuda/norm.hpp>
@@ -172,6 +173,94 @@ void check_batch_norm(precis::cuda_context& ctx, const precis::cpu_context& cpu,
       "momentum");
 }
 
+// x [N, C, H, W] moved to [N, H, W, C].
+template <class T>
+precis::host_tensor<T, 4> nhwc_of(const precis::host_tensor<T, 4>& t) {
+  const auto s = t.shape();
+  auto r = precis::host_tensor<T, 4>::from_shape({s[0], s[2], s[3], s[1]});
+  for (std::size_t n = 0; n < s[0]; ++n)
+    for (std::size_t c = 0; c < s[1]; ++c)
+      for (std::size_t h = 0; h < s[2]; ++h)
+        for (std::size_t w = 0; w < s[3]; ++w) r(n, h, w, c) = t(n, c, h, w);
+  return r;
+}
+
+// Channels-last pooling and upsampling read [N, H, W, C] in place and give the NCHW
+// kernels' bits, moved: every call, forward and backward, against the NCHW call's result
+// (itself checked against the host above) moved to NHWC. 5 channels: no power of two.
+template <class P, class T>
+void check_channels_last(precis::cuda_context& ctx, const std::string& tag) {
+  using precis::image_layout;
+  constexpr auto last = image_layout::nhwc;
+  const std::array<std::size_t, 4> xs{2, 5, 17, 14};
+  const auto x = random_tensor<T, 4>(xs);
+  const auto dx_ = precis::to_device(x), dxl = precis::to_device(nhwc_of(x));
+  const auto moved = [&](const auto& d) { return nhwc_of(precis::to_host(d, ctx.stream())); };
+  for (const auto& p : {window(2, 2, 0, true), window(3, 2, 1, true), window(3, 1, 1, false)}) {
+    const std::size_t ho = (xs[2] + 2 * p.padding[0] - p.kernel[0]) / p.stride[0] + 1;
+    const std::size_t wo = (xs[3] + 2 * p.padding[1] - p.kernel[1]) / p.stride[1] + 1;
+    const std::array<std::size_t, 4> ys{xs[0], xs[1], ho, wo}, ysl{xs[0], ho, wo, xs[1]}, xsl{xs[0], xs[2], xs[3], xs[1]};
+    const auto dy = random_tensor<T, 4>(ys);
+    const auto ddy = precis::to_device(dy), ddyl = precis::to_device(nhwc_of(dy));
+    const std::string w = tag + " nhwc k=" + std::to_string(p.kernel[0]) + " s=" + std::to_string(p.stride[0]) +
+                          " pad=" + std::to_string(p.padding[0]);
+    auto y = poisoned<T, 4>(ys), yl = poisoned<T, 4>(ysl);
+    auto at = poisoned<std::uint32_t, 4>(ys), atl = poisoned<std::uint32_t, 4>(ysl);
+    precis::max_pool2d<P>(ctx, dx_, y, at, p);
+    precis::max_pool2d<P>(ctx, dxl, yl, atl, p, last);
+    expect(same_bits(ctx, yl, moved(y)), "max_pool2d" + w);
+    expect(same_bits(ctx, atl, moved(at)), "max_pool2d's indices" + w);
+    auto g = poisoned<T, 4>(xs), gl = poisoned<T, 4>(xsl);
+    precis::max_pool2d_backward<P>(ctx, dx_, ddy, g, p);
+    precis::max_pool2d_backward<P>(ctx, dxl, ddyl, gl, p, last);
+    expect(same_bits(ctx, gl, moved(g)), "max_pool2d_backward" + w);
+    gl = poisoned<T, 4>(xsl);
+    precis::max_pool2d_backward<P>(ctx, atl, ddyl, gl, p, last);
+    expect(same_bits(ctx, gl, moved(g)), "max_pool2d_backward from indices" + w);
+    y = poisoned<T, 4>(ys);
+    yl = poisoned<T, 4>(ysl);
+    precis::avg_pool2d<P>(ctx, dx_, y, p);
+    precis::avg_pool2d<P>(ctx, dxl, yl, p, last);
+    expect(same_bits(ctx, yl, moved(y)), "avg_pool2d" + w);
+    g = poisoned<T, 4>(xs);
+    gl = poisoned<T, 4>(xsl);
+    precis::avg_pool2d_backward<P>(ctx, ddy, g, p);
+    precis::avg_pool2d_backward<P>(ctx, ddyl, gl, p, last);
+    expect(same_bits(ctx, gl, moved(g)), "avg_pool2d_backward" + w);
+  }
+  for (const auto& out : {std::array<std::size_t, 2>{34, 28}, std::array<std::size_t, 2>{40, 31}}) {
+    const std::array<std::size_t, 4> ys{xs[0], xs[1], out[0], out[1]}, ysl{xs[0], out[0], out[1], xs[1]},
+        xsl{xs[0], xs[2], xs[3], xs[1]};
+    const auto dy = random_tensor<T, 4>(ys);
+    const auto ddy = precis::to_device(dy), ddyl = precis::to_device(nhwc_of(dy));
+    const std::string w = tag + " nhwc to " + std::to_string(out[0]) + "x" + std::to_string(out[1]);
+    auto y = poisoned<T, 4>(ys), yl = poisoned<T, 4>(ysl);
+    precis::upsample_nearest2d<P>(ctx, dx_, y);
+    precis::upsample_nearest2d<P>(ctx, dxl, yl, last);
+    expect(same_bits(ctx, yl, moved(y)), "upsample_nearest2d" + w);
+    auto g = poisoned<T, 4>(xs), gl = poisoned<T, 4>(xsl);
+    precis::upsample_nearest2d_backward<P>(ctx, ddy, g);
+    precis::upsample_nearest2d_backward<P>(ctx, ddyl, gl, last);
+    expect(same_bits(ctx, gl, moved(g)), "upsample_nearest2d_backward" + w);
+    for (bool align : {false, true}) {
+      y = poisoned<T, 4>(ys);
+      yl = poisoned<T, 4>(ysl);
+      precis::upsample_bilinear2d<P>(ctx, dx_, y, align);
+      precis::upsample_bilinear2d<P>(ctx, dxl, yl, align, last);
+      expect(same_bits(ctx, yl, moved(y)), "upsample_bilinear2d" + w + " align=" + std::to_string(align));
+      g = poisoned<T, 4>(xs);
+      gl = poisoned<T, 4>(xsl);
+      precis::upsample_bilinear2d_backward<P>(ctx, ddy, g, align);
+      precis::upsample_bilinear2d_backward<P>(ctx, ddyl, gl, align, last);
+      expect(same_bits(ctx, gl, moved(g)), "upsample_bilinear2d_backward" + w + " align=" + std::to_string(align));
+    }
+  }
+  // A channels-last shape that does not match is refused, saying it was read as NCHW.
+  auto wrong = poisoned<T, 4>({2, 8, 7, 4});
+  expect_error("max_pool2d nhwc: y of another shape",
+               [&] { precis::max_pool2d<P>(ctx, dxl, wrong, window(2, 2, 0, true), last); }, "channels-last");
+}
+
 }  // namespace
 
 int main() {
@@ -184,6 +273,8 @@ int main() {
   check_pooling<presets::bf16_mixed, bfloat16>(ctx, cpu, " (bf16)");
   check_pooling<presets::fp16_mixed, float16>(ctx, cpu, " (fp16)");
   check_pooling<presets::fp32, float>(ctx, cpu, " (fp32)");
+  check_channels_last<presets::bf16_mixed, bfloat16>(ctx, " (bf16)");
+  check_channels_last<presets::fp32, float>(ctx, " (fp32)");
   check_batch_norm<presets::bf16_mixed, bfloat16, 4>(ctx, cpu, {4, 6, 9, 11}, " (bf16, rank 4)");
   check_batch_norm<presets::fp16_mixed, float16, 4>(ctx, cpu, {4, 6, 9, 11}, " (fp16, rank 4)");
   check_batch_norm<presets::fp32, float, 4>(ctx, cpu, {4, 6, 9, 11}, " (fp32, rank 4)");

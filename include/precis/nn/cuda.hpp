@@ -213,6 +213,9 @@ struct context_traits<cuda_context> {
   using fused_attention_engine = precis::fused_attention_engine;
   /// The geometry it takes.
   using fused_attention_shape = precis::fused_attention_shape;
+  /// Pooling and upsampling read channels-last images in place (kernels/cuda/pooling.hpp):
+  /// a channels-last model moves nothing around them.
+  static constexpr bool channels_last_pooling = true;
   /// nn::linear's float8 products run on the device (nn/cuda_float8.hpp).
   static constexpr bool float8_linear = true;
   /// The float8 state of nn::linear under float8 policy P on rank-R tensors: device recipes

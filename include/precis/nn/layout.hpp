@@ -25,9 +25,11 @@
 ///   channel's values in NCHW's order, a cache line of channels at a time (NCHW's bits); the
 ///   device's reduce the columns of [N * H * W, C] (coalesced; another fixed order, so
 ///   bits within a float sum's bound of the NCHW model's);
-/// - pooling, upsampling and global pooling run their NCHW kernels on copies of their
-///   inputs moved to NCHW (detail::nchw_bridge), and move their outputs back: the same
-///   sums in the same order, at the cost of the moves;
+/// - on the CPU, pooling, upsampling and global pooling run their NCHW kernels on copies of
+///   their inputs moved to NCHW (detail::nchw_bridge), and move their outputs back: the same
+///   sums in the same order, at the cost of the moves; on the device, pooling and upsampling
+///   read and write channels-last images in place (context_traits<Ctx>::channels_last_pooling),
+///   with the NCHW kernels' bits;
 /// - nn::concat_all(nn::channel_axis) concatenates along the last axis.
 ///
 /// Global average pooling runs on the host only, in either layout.

@@ -82,6 +82,26 @@ struct max_pool_kernel {
       precis::max_pool2d_backward<P>(ctx, x, dy, dx, p);
     }
   }
+  /// forward() and backward() on images in `layout`, for a context whose kernels take it
+  /// (context_traits<Ctx>::channels_last_pooling).
+  template <Policy P, class C, class X, class Y, class K>
+  static void forward_in(C& ctx, const X& x, Y& y, K& indices, const pool2d_params& p, mode m, image_layout layout) {
+    if (m == mode::train) {
+      detail::ensure(indices, shape_of<4>(y));
+      precis::max_pool2d<P>(ctx, x, y, indices, p, layout);
+    } else {
+      precis::max_pool2d<P>(ctx, x, y, p, layout);
+    }
+  }
+  template <Policy P, class C, class K, class X, class DY, class DX>
+  static void backward_in(C& ctx, const K& indices, bool kept, const X& x, const DY& dy, DX& dx,
+                          const pool2d_params& p, image_layout layout) {
+    if (kept) {
+      precis::max_pool2d_backward<P>(ctx, indices, dy, dx, p, layout);
+    } else {
+      precis::max_pool2d_backward<P>(ctx, x, dy, dx, p, layout);
+    }
+  }
   template <class K>
   static std::size_t kept_bytes(const K& indices) {
     return bytes_of(indices);
@@ -101,6 +121,15 @@ struct avg_pool_kernel {
                        const pool2d_params& p) {
     precis::avg_pool2d_backward<P>(ctx, dy, dx, p);
   }
+  template <Policy P, class C, class X, class Y>
+  static void forward_in(C& ctx, const X& x, Y& y, nothing&, const pool2d_params& p, mode, image_layout layout) {
+    precis::avg_pool2d<P>(ctx, x, y, p, layout);
+  }
+  template <Policy P, class C, class X, class DY, class DX>
+  static void backward_in(C& ctx, const nothing&, bool, const X&, const DY& dy, DX& dx, const pool2d_params& p,
+                          image_layout layout) {
+    precis::avg_pool2d_backward<P>(ctx, dy, dx, p, layout);
+  }
   static std::size_t kept_bytes(const nothing&) { return 0; }
 };
 
@@ -115,6 +144,14 @@ struct nearest_kernel {
   static void backward(C& ctx, const DY& dy, DX& dx, bool) {
     precis::upsample_nearest2d_backward<P>(ctx, dy, dx);
   }
+  template <Policy P, class C, class X, class Y>
+  static void forward_in(C& ctx, const X& x, Y& y, bool, image_layout layout) {
+    precis::upsample_nearest2d<P>(ctx, x, y, layout);
+  }
+  template <Policy P, class C, class DY, class DX>
+  static void backward_in(C& ctx, const DY& dy, DX& dx, bool, image_layout layout) {
+    precis::upsample_nearest2d_backward<P>(ctx, dy, dx, layout);
+  }
 };
 struct bilinear_kernel {
   static constexpr std::string_view name = "upsample_bilinear";
@@ -126,7 +163,21 @@ struct bilinear_kernel {
   static void backward(C& ctx, const DY& dy, DX& dx, bool align_corners) {
     precis::upsample_bilinear2d_backward<P>(ctx, dy, dx, align_corners);
   }
+  template <Policy P, class C, class X, class Y>
+  static void forward_in(C& ctx, const X& x, Y& y, bool align_corners, image_layout layout) {
+    precis::upsample_bilinear2d<P>(ctx, x, y, align_corners, layout);
+  }
+  template <Policy P, class C, class DY, class DX>
+  static void backward_in(C& ctx, const DY& dy, DX& dx, bool align_corners, image_layout layout) {
+    precis::upsample_bilinear2d_backward<P>(ctx, dy, dx, align_corners, layout);
+  }
 };
+
+/// Whether context Ctx's pooling and upsampling kernels read channels-last images in place
+/// (context_traits<Ctx>::channels_last_pooling: the device's), so that a channels-last model
+/// moves nothing around them; elsewhere the layers move images through nchw_bridge.
+template <class Ctx>
+inline constexpr bool channels_last_pooling = requires { context_traits<Ctx>::channels_last_pooling; };
 
 /// "[N > 0, C > 0, H >= 2, W >= 2]": the inputs a parameter-free spatial layer takes.
 inline std::string any_image_string(std::size_t min_h, std::size_t min_w,
@@ -219,6 +270,8 @@ class pool2d_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
  public:
   /// Its kind in nn::describe: "max_pool2d" or "avg_pool2d".
   static constexpr std::string_view kind = Kernel::name;
+  /// Whether channels-last images are pooled in place (the device), not moved to NCHW.
+  static constexpr bool native = detail::channels_last_pooling<Ctx>;
 
   /// The layer of a blueprint. Throws precis::error for an empty kernel or padding of more
   /// than half the kernel.
@@ -250,6 +303,15 @@ class pool2d_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
   /// index too. Throws precis::error for an input of another shape.
   const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode m = mode::train) {
     const auto out = output_shape(detail::shape_of<4>(x), path_name<Tag>());
+    if constexpr (native) {
+      if (bridge_.moves()) {  // channels-last, in place
+        detail::ensure(y_, out);
+        Kernel::template forward_in<P>(ctx, x, y_, kept_, p_, m, bridge_.layout());
+        x_.set(x);
+        last_train_ = m == mode::train;
+        return y_;
+      }
+    }
     const auto& xn = bridge_.to_nchw(ctx, x, xn_);
     detail::ensure(y_, detail::nchw_shape(out, bridge_.layout()));
     Kernel::template forward<P>(ctx, xn, y_, kept_, p_, m);
@@ -264,6 +326,14 @@ class pool2d_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
   /// output's.
   const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
     const auto& x = x_.get(kind);
+    if constexpr (native) {
+      if (bridge_.moves()) {
+        check_same_shape("precis::nn::" + std::string(kind) + ": dy and the output", dy, y_);
+        detail::ensure(dx_, detail::shape_of<4>(x));
+        Kernel::template backward_in<P>(ctx, kept_, last_train_, x, dy, dx_, p_, bridge_.layout());
+        return dx_;
+      }
+    }
     check_same_shape("precis::nn::" + std::string(kind) + ": dy and the output", dy,
                      bridge_.moves() ? moved_y_ : y_);
     const auto& dyn = bridge_.to_nchw(ctx, dy, moved_dy_);
@@ -334,6 +404,8 @@ class upsample_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
  public:
   /// Its kind in nn::describe: "upsample_nearest" or "upsample_bilinear".
   static constexpr std::string_view kind = Kernel::name;
+  /// Whether channels-last images are resampled in place (the device), not moved to NCHW.
+  static constexpr bool native = detail::channels_last_pooling<Ctx>;
 
   /// The layer of a blueprint. Throws precis::error when scale is 0.
   explicit upsample_layer(const upsample_spec<Tag, Kernel>& s)
@@ -357,6 +429,14 @@ class upsample_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
   /// of its NCHW copy) for backward(). Throws precis::error for an input of another shape.
   const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode = mode::train) {
     const auto out = output_shape(detail::shape_of<4>(x), path_name<Tag>());
+    if constexpr (native) {
+      if (bridge_.moves()) {  // channels-last, in place
+        detail::ensure(y_, out);
+        Kernel::template forward_in<P>(ctx, x, y_, align_corners_, bridge_.layout());
+        x_.set(x);
+        return y_;
+      }
+    }
     const auto& xn = bridge_.to_nchw(ctx, x, xn_);
     detail::ensure(y_, detail::nchw_shape(out, bridge_.layout()));
     Kernel::template forward<P>(ctx, xn, y_, align_corners_);
@@ -369,6 +449,14 @@ class upsample_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
   /// output's.
   const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
     const auto& x = x_.get(kind);
+    if constexpr (native) {
+      if (bridge_.moves()) {
+        check_same_shape("precis::nn::" + std::string(kind) + ": dy and the output", dy, y_);
+        detail::ensure(dx_, detail::shape_of<4>(x));
+        Kernel::template backward_in<P>(ctx, dy, dx_, align_corners_, bridge_.layout());
+        return dx_;
+      }
+    }
     check_same_shape("precis::nn::" + std::string(kind) + ": dy and the output", dy,
                      bridge_.moves() ? moved_y_ : y_);
     const auto& dyn = bridge_.to_nchw(ctx, dy, moved_dy_);

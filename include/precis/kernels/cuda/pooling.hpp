@@ -1,6 +1,8 @@
 /// @file
-/// Max and average pooling, nearest and bilinear upsampling (NCHW) on device tensors, forward and
-/// backward, with the calls of kernels/pooling.hpp (a cuda_context in place of the cpu_context).
+/// Max and average pooling, nearest and bilinear upsampling on device tensors, forward and
+/// backward, with the calls of kernels/pooling.hpp (a cuda_context in place of the cpu_context)
+/// and a trailing image_layout: NCHW as on the host, or channels-last (NHWC), read in place
+/// with the same bits.
 ///
 /// Forward passes give each output element to one thread, which computes it as the host
 /// does (the window read in row order, the first maximum winning, NaN winning; sums in the
@@ -18,6 +20,7 @@
 
 #if defined(__CUDACC__)
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -25,6 +28,34 @@
 namespace precis {
 
 namespace detail::cuda {
+
+/// Where a kernel's planes (one image's channel) lie: NCHW, each plane contiguous (pixel
+/// stride 1, plane p at p * pixels); channels-last ([N, H, W, C]), plane n * C + c starts at
+/// n * pixels * C + c with pixel stride C. Threads take elements in the tensor's own order
+/// (channels fastest when channels-last, so that neighbouring threads read neighbouring
+/// channels), and each element's value is computed exactly as in NCHW: the same bits.
+struct plane_map {
+  std::size_t channels = 1;
+  bool last = false;
+  /// Element i of a tensor of planes of `pixels` each, in this layout: its plane and its
+  /// pixel within the plane.
+  __device__ void split(std::size_t i, std::size_t pixels, std::size_t& plane, std::size_t& pixel) const {
+    if (!last) {
+      plane = i / pixels;
+      pixel = i % pixels;
+    } else {
+      const std::size_t c = i % channels, rest = i / channels;
+      plane = rest / pixels * channels + c;
+      pixel = rest % pixels;
+    }
+  }
+  /// The offset of plane `plane`'s first pixel in a tensor of planes of `pixels` each.
+  __device__ std::size_t base(std::size_t plane, std::size_t pixels) const {
+    return last ? plane / channels * pixels * channels + plane % channels : plane * pixels;
+  }
+  /// The distance between neighbouring pixels of a plane.
+  __device__ std::size_t stride() const { return last ? channels : 1; }
+};
 
 /// The window of output (oy, ox) clipped to the input (the host's window_at).
 __device__ inline window device_window(const pool_geometry& g, std::size_t oy, std::size_t ox) {
@@ -35,12 +66,12 @@ __device__ inline window device_window(const pool_geometry& g, std::size_t oy, s
 
 /// Index in the plane of the window's first maximum, NaN winning (the host's argmax_in).
 template <class M, class T>
-__device__ std::size_t device_argmax(const T* x, std::size_t width, const window& w) {
+__device__ std::size_t device_argmax(const T* x, std::size_t width, const window& w, std::size_t stride) {
   std::size_t best = w.y0 * width + w.x0;
-  M bv = device_load<M>(x[best]);
+  M bv = device_load<M>(x[best * stride]);
   for (std::size_t y = w.y0; y < w.y1; ++y) {
     for (std::size_t xx = w.x0; xx < w.x1; ++xx) {
-      const M v = device_load<M>(x[y * width + xx]);
+      const M v = device_load<M>(x[(y * width + xx) * stride]);
       if (::isnan(bv)) return best;
       if (v > bv || ::isnan(v)) {
         bv = v;
@@ -62,14 +93,15 @@ __device__ inline void outputs_reading(std::size_t i, std::size_t pad, std::size
 }
 
 template <class M, class X, class Y>
-__global__ void max_pool_kernel(const X* x, Y* y, pool_geometry g) {
+__global__ void max_pool_kernel(const X* x, Y* y, pool_geometry g, plane_map pm) {
   const std::size_t n = g.planes * g.ho * g.wo;
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
        i += std::size_t(gridDim.x) * blockDim.x) {
-    const std::size_t pl = i / (g.ho * g.wo), o = i % (g.ho * g.wo);
-    const X* xp = x + pl * g.h * g.w;
-    y[i] = round_to<Y>(
-        device_load<M>(xp[device_argmax<M>(xp, g.w, device_window(g, o / g.wo, o % g.wo))]));
+    std::size_t pl, o;
+    pm.split(i, g.ho * g.wo, pl, o);
+    const X* xp = x + pm.base(pl, g.h * g.w);
+    const std::size_t best = device_argmax<M>(xp, g.w, device_window(g, o / g.wo, o % g.wo), pm.stride());
+    y[i] = round_to<Y>(device_load<M>(xp[best * pm.stride()]));
   }
 }
 
@@ -93,46 +125,52 @@ __device__ typename accumulator<Acc>::value_type gather_windows(const pool_geome
 }
 
 template <class M, class Acc, class X, class G, class DX>
-__global__ void max_pool_backward_kernel(const X* x, const G* dy, DX* dx, pool_geometry g) {
+__global__ void max_pool_backward_kernel(const X* x, const G* dy, DX* dx, pool_geometry g, plane_map pm) {
   const std::size_t n = g.planes * g.h * g.w;
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
        i += std::size_t(gridDim.x) * blockDim.x) {
-    const std::size_t pl = i / (g.h * g.w), at = i % (g.h * g.w);
-    const X* xp = x + pl * g.h * g.w;
-    const G* dyp = dy + pl * g.ho * g.wo;
+    std::size_t pl, at;
+    pm.split(i, g.h * g.w, pl, at);
+    const X* xp = x + pm.base(pl, g.h * g.w);
+    const G* dyp = dy + pm.base(pl, g.ho * g.wo);
     dx[i] = round_to<DX>(gather_windows<M, Acc>(g, at, [&](std::size_t oy, std::size_t ox, M& v) {
-      if (device_argmax<M>(xp, g.w, device_window(g, oy, ox)) != at) return false;
-      v = device_load<M>(dyp[oy * g.wo + ox]);
+      if (device_argmax<M>(xp, g.w, device_window(g, oy, ox), pm.stride()) != at) return false;
+      v = device_load<M>(dyp[(oy * g.wo + ox) * pm.stride()]);
       return true;
     }));
   }
 }
 
+/// Max pooling that also writes each window's first maximum's index in its plane (pixel
+/// index, the same in either layout) at the output's position.
 template <class M, class X, class Y>
-__global__ void max_pool_indices_kernel(const X* x, Y* y, std::uint32_t* at, pool_geometry g) {
+__global__ void max_pool_indices_kernel(const X* x, Y* y, std::uint32_t* at, pool_geometry g, plane_map pm) {
   const std::size_t n = g.planes * g.ho * g.wo;
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
        i += std::size_t(gridDim.x) * blockDim.x) {
-    const std::size_t pl = i / (g.ho * g.wo), o = i % (g.ho * g.wo);
-    const X* xp = x + pl * g.h * g.w;
-    const std::size_t best = device_argmax<M>(xp, g.w, device_window(g, o / g.wo, o % g.wo));
-    y[i] = round_to<Y>(device_load<M>(xp[best]));
+    std::size_t pl, o;
+    pm.split(i, g.ho * g.wo, pl, o);
+    const X* xp = x + pm.base(pl, g.h * g.w);
+    const std::size_t best = device_argmax<M>(xp, g.w, device_window(g, o / g.wo, o % g.wo), pm.stride());
+    y[i] = round_to<Y>(device_load<M>(xp[best * pm.stride()]));
     at[i] = std::uint32_t(best);
   }
 }
 
 template <class M, class Acc, class G, class DX>
 __global__ void max_pool_backward_indices_kernel(const std::uint32_t* at, const G* dy, DX* dx,
-                                                 pool_geometry g) {
+                                                 pool_geometry g, plane_map pm) {
   const std::size_t n = g.planes * g.h * g.w;
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
        i += std::size_t(gridDim.x) * blockDim.x) {
-    const std::size_t pl = i / (g.h * g.w), e = i % (g.h * g.w);
-    const std::uint32_t* atp = at + pl * g.ho * g.wo;
-    const G* dyp = dy + pl * g.ho * g.wo;
+    std::size_t pl, e;
+    pm.split(i, g.h * g.w, pl, e);
+    const std::uint32_t* atp = at + pm.base(pl, g.ho * g.wo);
+    const G* dyp = dy + pm.base(pl, g.ho * g.wo);
     dx[i] = round_to<DX>(gather_windows<M, Acc>(g, e, [&](std::size_t oy, std::size_t ox, M& v) {
-      if (atp[oy * g.wo + ox] != e) return false;
-      v = device_load<M>(dyp[oy * g.wo + ox]);
+      const std::size_t o = (oy * g.wo + ox) * pm.stride();
+      if (atp[o] != e) return false;
+      v = device_load<M>(dyp[o]);
       return true;
     }));
   }
@@ -144,18 +182,19 @@ __device__ inline std::size_t window_count(const pool_geometry& g, const window&
 }
 
 template <class M, class Acc, class X, class Y>
-__global__ void avg_pool_kernel(const X* x, Y* y, pool_geometry g, bool include_pad) {
+__global__ void avg_pool_kernel(const X* x, Y* y, pool_geometry g, bool include_pad, plane_map pm) {
   const std::size_t n = g.planes * g.ho * g.wo;
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
        i += std::size_t(gridDim.x) * blockDim.x) {
-    const std::size_t pl = i / (g.ho * g.wo), o = i % (g.ho * g.wo);
-    const X* xp = x + pl * g.h * g.w;
+    std::size_t pl, o;
+    pm.split(i, g.ho * g.wo, pl, o);
+    const X* xp = x + pm.base(pl, g.h * g.w);
     const window w = device_window(g, o / g.wo, o % g.wo);
     accumulator<Acc> acc;
     for (std::size_t yy = w.y0; yy < w.y1; ++yy) {
       for (std::size_t xx = w.x0; xx < w.x1; ++xx) {
-        acc.add(
-            static_cast<typename accumulator<Acc>::value_type>(device_load<M>(xp[yy * g.w + xx])));
+        acc.add(static_cast<typename accumulator<Acc>::value_type>(
+            device_load<M>(xp[(yy * g.w + xx) * pm.stride()])));
       }
     }
     y[i] = round_to<Y>(M(acc.value()) / M(window_count(g, w, include_pad)));
@@ -163,15 +202,16 @@ __global__ void avg_pool_kernel(const X* x, Y* y, pool_geometry g, bool include_
 }
 
 template <class M, class Acc, class G, class DX>
-__global__ void avg_pool_backward_kernel(const G* dy, DX* dx, pool_geometry g, bool include_pad) {
+__global__ void avg_pool_backward_kernel(const G* dy, DX* dx, pool_geometry g, bool include_pad, plane_map pm) {
   const std::size_t n = g.planes * g.h * g.w;
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
        i += std::size_t(gridDim.x) * blockDim.x) {
-    const std::size_t pl = i / (g.h * g.w), at = i % (g.h * g.w);
-    const G* dyp = dy + pl * g.ho * g.wo;
+    std::size_t pl, at;
+    pm.split(i, g.h * g.w, pl, at);
+    const G* dyp = dy + pm.base(pl, g.ho * g.wo);
     dx[i] = round_to<DX>(gather_windows<M, Acc>(g, at, [&](std::size_t oy, std::size_t ox, M& v) {
       const std::size_t count = window_count(g, device_window(g, oy, ox), include_pad);
-      v = device_load<M>(dyp[oy * g.wo + ox]) / M(count);
+      v = device_load<M>(dyp[(oy * g.wo + ox) * pm.stride()]) / M(count);
       return true;
     }));
   }
@@ -188,14 +228,41 @@ resample_geometry resample_geometry_of(const XT& small, const YT& large) {
           large.shape()[3]};
 }
 
+/// A 4-d tensor's shape read as NCHW: the host's checks and geometry take it, the kernels
+/// read the layout through plane_map. For a channels-last tensor [N, H, W, C] it is
+/// [N, C, H, W], and the checks' messages say "channels-last, as [N, C, H, W]" in their name.
+struct nchw_view {
+  std::array<std::size_t, 4> dims;
+  std::size_t elements;
+  const std::array<std::size_t, 4>& shape() const { return dims; }
+  std::size_t size() const { return elements; }
+  static constexpr std::size_t dimension() { return 4; }
+};
+template <class T>
+nchw_view as_nchw(const device_tensor<T, 4>& t, image_layout layout) {
+  const auto& s = t.shape();
+  if (layout == image_layout::nhwc) return {{s[0], s[3], s[1], s[2]}, t.size()};
+  return {{s[0], s[1], s[2], s[3]}, t.size()};
+}
+/// The plane map of a tensor read as `v` in `layout`.
+inline plane_map plane_map_of(const nchw_view& v, image_layout layout) {
+  return {v.dims[1], layout == image_layout::nhwc};
+}
+/// `name`, with " (channels-last, as [N, C, H, W])" in NHWC: the name the checks' messages
+/// carry.
+inline std::string layout_name(std::string_view name, image_layout layout) {
+  return std::string(name) + (layout == image_layout::nhwc ? " (channels-last, as [N, C, H, W])" : "");
+}
+
 template <class M, class X, class Y>
-__global__ void nearest_kernel(const X* x, Y* y, resample_geometry g) {
+__global__ void nearest_kernel(const X* x, Y* y, resample_geometry g, plane_map pm) {
   const std::size_t n = g.planes * g.ho * g.wo;
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
        i += std::size_t(gridDim.x) * blockDim.x) {
-    const std::size_t pl = i / (g.ho * g.wo), o = i % (g.ho * g.wo);
+    std::size_t pl, o;
+    pm.split(i, g.ho * g.wo, pl, o);
     const std::size_t iy = (o / g.wo) * g.h / g.ho, ix = (o % g.wo) * g.w / g.wo;
-    y[i] = round_to<Y>(device_load<M>(x[pl * g.h * g.w + iy * g.w + ix]));
+    y[i] = round_to<Y>(device_load<M>(x[pm.base(pl, g.h * g.w) + (iy * g.w + ix) * pm.stride()]));
   }
 }
 
@@ -208,12 +275,13 @@ __device__ inline void nearest_outputs(std::size_t i, std::size_t in, std::size_
 }
 
 template <class M, class Acc, class G, class DX>
-__global__ void nearest_backward_kernel(const G* dy, DX* dx, resample_geometry g) {
+__global__ void nearest_backward_kernel(const G* dy, DX* dx, resample_geometry g, plane_map pm) {
   const std::size_t n = g.planes * g.h * g.w;
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
        i += std::size_t(gridDim.x) * blockDim.x) {
-    const std::size_t pl = i / (g.h * g.w), at = i % (g.h * g.w);
-    const G* dyp = dy + pl * g.ho * g.wo;
+    std::size_t pl, at;
+    pm.split(i, g.h * g.w, pl, at);
+    const G* dyp = dy + pm.base(pl, g.ho * g.wo);
     std::size_t oy0, oy1, ox0, ox1;
     nearest_outputs(at / g.w, g.h, g.ho, oy0, oy1);
     nearest_outputs(at % g.w, g.w, g.wo, ox0, ox1);
@@ -221,7 +289,7 @@ __global__ void nearest_backward_kernel(const G* dy, DX* dx, resample_geometry g
     for (std::size_t oy = oy0; oy < oy1; ++oy) {
       for (std::size_t ox = ox0; ox < ox1; ++ox) {
         acc.add(static_cast<typename accumulator<Acc>::value_type>(
-            device_load<M>(dyp[oy * g.wo + ox])));
+            device_load<M>(dyp[(oy * g.wo + ox) * pm.stride()])));
       }
     }
     dx[i] = round_to<DX>(acc.value());
@@ -245,18 +313,19 @@ __device__ inline void device_taps(std::size_t dst, std::size_t in, std::size_t 
 }
 
 template <class M, class X, class Y>
-__global__ void bilinear_kernel(const X* x, Y* y, resample_geometry g, bool align_corners) {
+__global__ void bilinear_kernel(const X* x, Y* y, resample_geometry g, bool align_corners, plane_map pm) {
   const std::size_t n = g.planes * g.ho * g.wo;
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
        i += std::size_t(gridDim.x) * blockDim.x) {
-    const std::size_t pl = i / (g.ho * g.wo), o = i % (g.ho * g.wo);
-    const X* xp = x + pl * g.h * g.w;
+    std::size_t pl, o;
+    pm.split(i, g.ho * g.wo, pl, o);
+    const X* xp = x + pm.base(pl, g.h * g.w);
     std::size_t y0, y1, x0, x1;
     M fy, fx;
     device_taps(o / g.wo, g.h, g.ho, align_corners, y0, y1, fy);
     device_taps(o % g.wo, g.w, g.wo, align_corners, x0, x1, fx);
     const auto at = [&](std::size_t yy, std::size_t xx) {
-      return device_load<M>(xp[yy * g.w + xx]);
+      return device_load<M>(xp[(yy * g.w + xx) * pm.stride()]);
     };
     y[i] = round_to<Y>((M(1) - fy) * ((M(1) - fx) * at(y0, x0) + fx * at(y0, x1)) +
                        fy * ((M(1) - fx) * at(y1, x0) + fx * at(y1, x1)));
@@ -283,13 +352,15 @@ __device__ inline std::size_t first_with_tap(std::size_t t, std::size_t in, std:
 }
 
 template <class M, class Acc, class G, class DX>
-__global__ void bilinear_backward_kernel(const G* dy, DX* dx, resample_geometry g, bool align) {
+__global__ void bilinear_backward_kernel(const G* dy, DX* dx, resample_geometry g, bool align, plane_map pm) {
   using V = typename accumulator<Acc>::value_type;
   const std::size_t n = g.planes * g.h * g.w;
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
        i += std::size_t(gridDim.x) * blockDim.x) {
-    const std::size_t pl = i / (g.h * g.w), iy = (i % (g.h * g.w)) / g.w, ix = i % g.w;
-    const G* dyp = dy + pl * g.ho * g.wo;
+    std::size_t pl, at;
+    pm.split(i, g.h * g.w, pl, at);
+    const std::size_t iy = at / g.w, ix = at % g.w;
+    const G* dyp = dy + pm.base(pl, g.ho * g.wo);
     // The outputs whose lower tap is iy - 1 or iy are the only ones that read row iy.
     const std::size_t oy0 = first_with_tap<M>(iy == 0 ? 0 : iy - 1, g.h, g.ho, align);
     const std::size_t oy1 = first_with_tap<M>(iy + 1, g.h, g.ho, align);
@@ -304,7 +375,7 @@ __global__ void bilinear_backward_kernel(const G* dy, DX* dx, resample_geometry 
         std::size_t x0, x1;
         M fx;
         device_taps(ox, g.w, g.wo, align, x0, x1, fx);
-        const M gv = device_load<M>(dyp[oy * g.wo + ox]);
+        const M gv = device_load<M>(dyp[(oy * g.wo + ox) * pm.stride()]);
         // The host adds the four taps in this order; a tap that is this element counts.
         if (y0 == iy && x0 == ix) acc.add(V((M(1) - fy) * (M(1) - fx) * gv));
         if (y0 == iy && x1 == ix) acc.add(V((M(1) - fy) * fx * gv));
@@ -326,45 +397,55 @@ void launch_over(cuda_context& ctx, std::size_t n, std::string_view name, Kernel
 
 }  // namespace detail::cuda
 
+// Each call takes `layout`: image_layout::nchw ([N, C, H, W], the host's), or nhwc ([N, H,
+// W, C] in and out, and for max pooling's indices; each index is still a pixel's position in
+// its plane). Both give the same bits; see plane_map.
+
 /// y = max over each window of x on the device (see the host max_pool2d).
 template <Policy P, class TX, class TY>
 void max_pool2d(cuda_context& ctx, const device_tensor<TX, 4>& x, device_tensor<TY, 4>& y,
-                const pool2d_params& p = {}) {
+                const pool2d_params& p = {}, image_layout layout = image_layout::nchw) {
   detail::check_pool_types<P, TY, TX>();
   using M = detail::math_t<op::pooling, P, TX>;
-  const auto g = detail::pool_geometry_of("precis::max_pool2d", x, p);
-  check_shape("precis::max_pool2d: y", y, detail::pooled_shape(x, g));
-  detail::cuda::launch_over(ctx, y.size(), "precis::max_pool2d",
-                            detail::cuda::max_pool_kernel<M, TX, TY>, x.data(), y.data(), g);
+  const std::string name = detail::cuda::layout_name("precis::max_pool2d", layout);
+  const auto xv = detail::cuda::as_nchw(x, layout);
+  const auto g = detail::pool_geometry_of(name, xv, p);
+  check_shape(name + ": y", detail::cuda::as_nchw(y, layout), detail::pooled_shape(xv, g));
+  detail::cuda::launch_over(ctx, y.size(), "precis::max_pool2d", detail::cuda::max_pool_kernel<M, TX, TY>, x.data(),
+                            y.data(), g, detail::cuda::plane_map_of(xv, layout));
 }
 
 /// dx of y = max_pool2d(x) on the device: each dy goes to its window's first maximum.
 template <Policy P, class TX, class TG, class TDX>
-void max_pool2d_backward(cuda_context& ctx, const device_tensor<TX, 4>& x,
-                         const device_tensor<TG, 4>& dy, device_tensor<TDX, 4>& dx,
-                         const pool2d_params& p = {}) {
+void max_pool2d_backward(cuda_context& ctx, const device_tensor<TX, 4>& x, const device_tensor<TG, 4>& dy,
+                         device_tensor<TDX, 4>& dx, const pool2d_params& p = {},
+                         image_layout layout = image_layout::nchw) {
   detail::check_pool_types<P, TDX, TX, TG>();
   using M = detail::math_t<op::pooling, P, TX, TG>;
   using Acc = detail::accumulate_t<op::pooling, P>;
-  const auto g = detail::pool_geometry_of("precis::max_pool2d_backward", x, p);
-  check_shape("precis::max_pool2d_backward: dy", dy, detail::pooled_shape(x, g));
-  check_shape("precis::max_pool2d_backward: dx", dx, x.shape());
+  const std::string name = detail::cuda::layout_name("precis::max_pool2d_backward", layout);
+  const auto xv = detail::cuda::as_nchw(x, layout);
+  const auto g = detail::pool_geometry_of(name, xv, p);
+  check_shape(name + ": dy", detail::cuda::as_nchw(dy, layout), detail::pooled_shape(xv, g));
+  check_shape(name + ": dx", dx, x.shape());
   detail::cuda::launch_over(ctx, dx.size(), "precis::max_pool2d_backward",
-                            detail::cuda::max_pool_backward_kernel<M, Acc, TX, TG, TDX>, x.data(),
-                            dy.data(), dx.data(), g);
+                            detail::cuda::max_pool_backward_kernel<M, Acc, TX, TG, TDX>, x.data(), dy.data(),
+                            dx.data(), g, detail::cuda::plane_map_of(xv, layout));
 }
 
 /// y = max over each window of x on the device, and each window's first maximum's index in
 /// its plane (see the host max_pool2d with indices).
 template <Policy P, class TX, class TY>
 void max_pool2d(cuda_context& ctx, const device_tensor<TX, 4>& x, device_tensor<TY, 4>& y,
-                device_tensor<std::uint32_t, 4>& indices, const pool2d_params& p = {}) {
+                device_tensor<std::uint32_t, 4>& indices, const pool2d_params& p = {},
+                image_layout layout = image_layout::nchw) {
   detail::check_pool_types<P, TY, TX>();
   using M = detail::math_t<op::pooling, P, TX>;
-  const auto g = detail::check_max_pool_indices(x, y, indices, p);
-  detail::cuda::launch_over(ctx, y.size(), "precis::max_pool2d",
-                            detail::cuda::max_pool_indices_kernel<M, TX, TY>, x.data(), y.data(),
-                            indices.data(), g);
+  const auto xv = detail::cuda::as_nchw(x, layout);
+  const auto g = detail::check_max_pool_indices(xv, detail::cuda::as_nchw(y, layout),
+                                                detail::cuda::as_nchw(indices, layout), p);
+  detail::cuda::launch_over(ctx, y.size(), "precis::max_pool2d", detail::cuda::max_pool_indices_kernel<M, TX, TY>,
+                            x.data(), y.data(), indices.data(), g, detail::cuda::plane_map_of(xv, layout));
 }
 
 /// dx of y = max_pool2d(x) on the device from the forward pass's indices (see the host
@@ -373,94 +454,105 @@ void max_pool2d(cuda_context& ctx, const device_tensor<TX, 4>& x, device_tensor<
 /// its window gives no gradient).
 template <Policy P, class TG, class TDX>
 void max_pool2d_backward(cuda_context& ctx, const device_tensor<std::uint32_t, 4>& indices,
-                         const device_tensor<TG, 4>& dy, device_tensor<TDX, 4>& dx,
-                         const pool2d_params& p = {}) {
+                         const device_tensor<TG, 4>& dy, device_tensor<TDX, 4>& dx, const pool2d_params& p = {},
+                         image_layout layout = image_layout::nchw) {
   detail::check_pool_types<P, TDX, TG>();
   using M = detail::math_t<op::pooling, P, TG>;
   using Acc = detail::accumulate_t<op::pooling, P>;
-  const auto g = detail::check_max_pool_backward_indices(dx, dy, indices, p);
+  const auto dxv = detail::cuda::as_nchw(dx, layout);
+  const auto g = detail::check_max_pool_backward_indices(dxv, detail::cuda::as_nchw(dy, layout),
+                                                         detail::cuda::as_nchw(indices, layout), p);
   detail::cuda::launch_over(ctx, dx.size(), "precis::max_pool2d_backward",
-                            detail::cuda::max_pool_backward_indices_kernel<M, Acc, TG, TDX>,
-                            indices.data(), dy.data(), dx.data(), g);
+                            detail::cuda::max_pool_backward_indices_kernel<M, Acc, TG, TDX>, indices.data(),
+                            dy.data(), dx.data(), g, detail::cuda::plane_map_of(dxv, layout));
 }
 
 /// y = mean over each window of x on the device (see the host avg_pool2d).
 template <Policy P, class TX, class TY>
 void avg_pool2d(cuda_context& ctx, const device_tensor<TX, 4>& x, device_tensor<TY, 4>& y,
-                const pool2d_params& p = {}) {
+                const pool2d_params& p = {}, image_layout layout = image_layout::nchw) {
   detail::check_pool_types<P, TY, TX>();
   using M = detail::math_t<op::pooling, P, TX>;
   using Acc = detail::accumulate_t<op::pooling, P>;
-  const auto g = detail::pool_geometry_of("precis::avg_pool2d", x, p);
-  check_shape("precis::avg_pool2d: y", y, detail::pooled_shape(x, g));
-  detail::cuda::launch_over(ctx, y.size(), "precis::avg_pool2d",
-                            detail::cuda::avg_pool_kernel<M, Acc, TX, TY>, x.data(), y.data(), g,
-                            p.count_include_pad);
+  const std::string name = detail::cuda::layout_name("precis::avg_pool2d", layout);
+  const auto xv = detail::cuda::as_nchw(x, layout);
+  const auto g = detail::pool_geometry_of(name, xv, p);
+  check_shape(name + ": y", detail::cuda::as_nchw(y, layout), detail::pooled_shape(xv, g));
+  detail::cuda::launch_over(ctx, y.size(), "precis::avg_pool2d", detail::cuda::avg_pool_kernel<M, Acc, TX, TY>,
+                            x.data(), y.data(), g, p.count_include_pad, detail::cuda::plane_map_of(xv, layout));
 }
 
 /// dx of y = avg_pool2d(x) on the device: each dy spread evenly over its window.
 template <Policy P, class TG, class TDX>
-void avg_pool2d_backward(cuda_context& ctx, const device_tensor<TG, 4>& dy,
-                         device_tensor<TDX, 4>& dx, const pool2d_params& p = {}) {
+void avg_pool2d_backward(cuda_context& ctx, const device_tensor<TG, 4>& dy, device_tensor<TDX, 4>& dx,
+                         const pool2d_params& p = {}, image_layout layout = image_layout::nchw) {
   detail::check_pool_types<P, TDX, TG>();
   using M = detail::math_t<op::pooling, P, TG>;
   using Acc = detail::accumulate_t<op::pooling, P>;
-  const auto g = detail::pool_geometry_of("precis::avg_pool2d_backward", dx, p);
-  check_shape("precis::avg_pool2d_backward: dy", dy, detail::pooled_shape(dx, g));
+  const std::string name = detail::cuda::layout_name("precis::avg_pool2d_backward", layout);
+  const auto dxv = detail::cuda::as_nchw(dx, layout);
+  const auto g = detail::pool_geometry_of(name, dxv, p);
+  check_shape(name + ": dy", detail::cuda::as_nchw(dy, layout), detail::pooled_shape(dxv, g));
   detail::cuda::launch_over(ctx, dx.size(), "precis::avg_pool2d_backward",
-                            detail::cuda::avg_pool_backward_kernel<M, Acc, TG, TDX>, dy.data(),
-                            dx.data(), g, p.count_include_pad);
+                            detail::cuda::avg_pool_backward_kernel<M, Acc, TG, TDX>, dy.data(), dx.data(), g,
+                            p.count_include_pad, detail::cuda::plane_map_of(dxv, layout));
 }
 
 /// Nearest-neighbour upsampling on the device (see the host upsample_nearest2d).
 template <Policy P, class TX, class TY>
-void upsample_nearest2d(cuda_context& ctx, const device_tensor<TX, 4>& x, device_tensor<TY, 4>& y) {
+void upsample_nearest2d(cuda_context& ctx, const device_tensor<TX, 4>& x, device_tensor<TY, 4>& y,
+                        image_layout layout = image_layout::nchw) {
   detail::check_pool_types<P, TY, TX>();
   using M = detail::math_t<op::pooling, P, TX>;
-  detail::check_resample("precis::upsample_nearest2d", x, y);
-  detail::cuda::launch_over(ctx, y.size(), "precis::upsample_nearest2d",
-                            detail::cuda::nearest_kernel<M, TX, TY>, x.data(), y.data(),
-                            detail::cuda::resample_geometry_of(x, y));
+  const auto xv = detail::cuda::as_nchw(x, layout), yv = detail::cuda::as_nchw(y, layout);
+  detail::check_resample(detail::cuda::layout_name("precis::upsample_nearest2d", layout), xv, yv);
+  detail::cuda::launch_over(ctx, y.size(), "precis::upsample_nearest2d", detail::cuda::nearest_kernel<M, TX, TY>,
+                            x.data(), y.data(), detail::cuda::resample_geometry_of(xv, yv),
+                            detail::cuda::plane_map_of(xv, layout));
 }
 
 /// dx of y = upsample_nearest2d(x) on the device: the sum of dy over the outputs each
 /// input fed.
 template <Policy P, class TG, class TDX>
-void upsample_nearest2d_backward(cuda_context& ctx, const device_tensor<TG, 4>& dy,
-                                 device_tensor<TDX, 4>& dx) {
+void upsample_nearest2d_backward(cuda_context& ctx, const device_tensor<TG, 4>& dy, device_tensor<TDX, 4>& dx,
+                                 image_layout layout = image_layout::nchw) {
   detail::check_pool_types<P, TDX, TG>();
   using M = detail::math_t<op::pooling, P, TG>;
   using Acc = detail::accumulate_t<op::pooling, P>;
-  detail::check_resample("precis::upsample_nearest2d_backward", dx, dy);
+  const auto dxv = detail::cuda::as_nchw(dx, layout), dyv = detail::cuda::as_nchw(dy, layout);
+  detail::check_resample(detail::cuda::layout_name("precis::upsample_nearest2d_backward", layout), dxv, dyv);
   detail::cuda::launch_over(ctx, dx.size(), "precis::upsample_nearest2d_backward",
-                            detail::cuda::nearest_backward_kernel<M, Acc, TG, TDX>, dy.data(),
-                            dx.data(), detail::cuda::resample_geometry_of(dx, dy));
+                            detail::cuda::nearest_backward_kernel<M, Acc, TG, TDX>, dy.data(), dx.data(),
+                            detail::cuda::resample_geometry_of(dxv, dyv), detail::cuda::plane_map_of(dxv, layout));
 }
 
 /// Bilinear upsampling on the device (see the host upsample_bilinear2d).
 template <Policy P, class TX, class TY>
 void upsample_bilinear2d(cuda_context& ctx, const device_tensor<TX, 4>& x, device_tensor<TY, 4>& y,
-                         bool align_corners = false) {
+                         bool align_corners = false, image_layout layout = image_layout::nchw) {
   detail::check_pool_types<P, TY, TX>();
   using M = detail::math_t<op::pooling, P, TX>;
-  detail::check_resample("precis::upsample_bilinear2d", x, y);
-  detail::cuda::launch_over(ctx, y.size(), "precis::upsample_bilinear2d",
-                            detail::cuda::bilinear_kernel<M, TX, TY>, x.data(), y.data(),
-                            detail::cuda::resample_geometry_of(x, y), align_corners);
+  const auto xv = detail::cuda::as_nchw(x, layout), yv = detail::cuda::as_nchw(y, layout);
+  detail::check_resample(detail::cuda::layout_name("precis::upsample_bilinear2d", layout), xv, yv);
+  detail::cuda::launch_over(ctx, y.size(), "precis::upsample_bilinear2d", detail::cuda::bilinear_kernel<M, TX, TY>,
+                            x.data(), y.data(), detail::cuda::resample_geometry_of(xv, yv), align_corners,
+                            detail::cuda::plane_map_of(xv, layout));
 }
 
 /// dx of y = upsample_bilinear2d(x) on the device: each dy spread to its four neighbours
 /// with the forward weights, summed per input element in the accumulate type.
 template <Policy P, class TG, class TDX>
-void upsample_bilinear2d_backward(cuda_context& ctx, const device_tensor<TG, 4>& dy,
-                                  device_tensor<TDX, 4>& dx, bool align_corners = false) {
+void upsample_bilinear2d_backward(cuda_context& ctx, const device_tensor<TG, 4>& dy, device_tensor<TDX, 4>& dx,
+                                  bool align_corners = false, image_layout layout = image_layout::nchw) {
   detail::check_pool_types<P, TDX, TG>();
   using M = detail::math_t<op::pooling, P, TG>;
   using Acc = detail::accumulate_t<op::pooling, P>;
-  detail::check_resample("precis::upsample_bilinear2d_backward", dx, dy);
+  const auto dxv = detail::cuda::as_nchw(dx, layout), dyv = detail::cuda::as_nchw(dy, layout);
+  detail::check_resample(detail::cuda::layout_name("precis::upsample_bilinear2d_backward", layout), dxv, dyv);
   detail::cuda::launch_over(ctx, dx.size(), "precis::upsample_bilinear2d_backward",
-                            detail::cuda::bilinear_backward_kernel<M, Acc, TG, TDX>, dy.data(),
-                            dx.data(), detail::cuda::resample_geometry_of(dx, dy), align_corners);
+                            detail::cuda::bilinear_backward_kernel<M, Acc, TG, TDX>, dy.data(), dx.data(),
+                            detail::cuda::resample_geometry_of(dxv, dyv), align_corners,
+                            detail::cuda::plane_map_of(dxv, layout));
 }
 
 }  // namespace precis
