@@ -163,8 +163,8 @@ struct device_float8_linear_state {
   // to (cols x rows) = from (rows x cols)^T, one strided copy.
   template <class T>
   static void transpose(cuda_context& ctx, const T* from, T* to, std::size_t rows, std::size_t cols) {
-    const precis::detail::copy_plan<2> plan{{rows, cols}, {cols, 1}, {1, rows}};
-    precis::detail::cuda::strided_copy(ctx.stream(), from, to, plan, "precis::nn::linear (float8 transpose)");
+    precis::detail::cuda::strided_copy(ctx.stream(), from, to, precis::detail::transpose_plan(1, rows, cols),
+                                       "precis::nn::linear (float8 transpose)");
   }
   // c (m x n) = a (m x k) b (n x k)^T / (s_a s_b), the inverse scales on the device.
   template <class A, class B, class C>
