@@ -64,7 +64,8 @@ endfunction()
 # full (-cuda: cicc and ptxas, every device error) into an object library <name>_device and
 # writes the host half it would hand to the host compiler, which a custom target <name> then
 # checks with -fsyntax-only (every host error, no code generated): 20 to 40 s less per program
-# than building it. Returns in <name>_CHECK_ONLY whether it was only checked.
+# than building it. Returns in <name>_CHECK_ONLY whether it was only checked. Either way
+# precis_device_targets (the CUDA stage's build) depends on <name>.
 function(precis_add_cuda_program name source)
   if(PRECIS_CUDA_CHECK_ONLY)
     add_library(${name}_device OBJECT ${source})
@@ -85,5 +86,8 @@ function(precis_add_cuda_program name source)
     add_executable(${name} ${source})
     target_link_libraries(${name} PRIVATE ${ARGN})
     set(${name}_CHECK_ONLY FALSE PARENT_SCOPE)
+  endif()
+  if(TARGET precis_device_targets)
+    add_dependencies(precis_device_targets ${name})
   endif()
 endfunction()
