@@ -3,7 +3,8 @@
 // third holding an infinite input, so that both skip it), under bf16_mixed without a scaler
 // and fp16_mixed with a dynamic scaler, with clipping. The records agree: the same skipped
 // steps, scales and learning rates, losses and norms within bounds; the optimizer's step
-// count is the host's. The same for a small ViT (the example's blueprint). Then a step
+// count is the host's. The same for a small ViT (the example's blueprint), and for steps of
+// two micro-batches (also replayed as a graph). Then a step
 // captured as a CUDA graph and replayed gives the bits of the same steps run eagerly, and a
 // device model's checkpoint goes through the host's file format and back with the same
 // bits. Exits 77 (skipped) where no GPU is present.
@@ -19,6 +20,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -249,6 +251,96 @@ void check_graph_option(cuda_context& ctx, const std::string& tag) {
   expect(o2.steps_left() == 0, tag + " graph option: the table holds exactly the steps run");
 }
 
+// Gradient accumulation: steps of two micro-batches each, on the host, on the device, and on
+// the device under train_options::graph (two fixed pairs of batch buffers, so the third and
+// fourth steps replay a graph of both micro-batches). The device records agree with the
+// host's (the same skipped step, scales, learning rates; losses, the micro-batches' mean, and
+// norms within bounds); the graph steps have the eager device steps' bits.
+template <class P, class Scaler>
+void check_micro_batches(cuda_context& ctx, const std::string& tag) {
+  using S = typename P::storage_type;
+  using dev_batch = nn::micro_batch<device_tensor<S, 2>, device_tensor<std::int32_t, 1>>;
+  const cpu_context cpu{2};
+  const auto data = batches<S>();
+  // Batch indices of each step's two micro-batches; data[2] holds an infinite input.
+  const std::size_t groups[4][2] = {{0, 1}, {2, 3}, {4, 0}, {1, 3}};
+  const adamw_options o{.lr = 3e-3, .weight_decay = 0.01};
+  const nn::train_options to{.max_grad_norm = 0.5};
+
+  auto host = nn::build<S, 2>(P{}, classifier(), {.seed = 5});
+  nn::softmax_cross_entropy<P> host_loss;
+  adamw host_opt(host.masters(), o, host.decay_mask());
+  Scaler host_scaler;
+  nn::trainer host_train(host, host_loss, host_opt, host_scaler, to);
+
+  auto eager = nn::build<S, 2, cuda_context>(P{}, classifier(), {.seed = 5});
+  auto graph = nn::build<S, 2, cuda_context>(P{}, classifier(), {.seed = 5});
+  nn::copy_masters(ctx, host, eager);
+  nn::copy_masters(ctx, host, graph);
+  nn::softmax_cross_entropy<P, std::int32_t, cuda_context> l1, l2;
+  device_adamw o1(ctx, eager.masters(), eager.gradients(), o, eager.decay_mask(), 4);
+  device_adamw o2(ctx, graph.masters(), graph.gradients(), o, graph.decay_mask(), 4);
+  Scaler s1, s2;
+  nn::trainer t1(ctx, eager, l1, o1, s1, to);
+  nn::trainer t2(ctx, graph, l2, o2, s2, {.max_grad_norm = 0.5, .graph = true});
+
+  std::vector<device_tensor<S, 2>> xs;
+  std::vector<device_tensor<std::int32_t, 1>> ts;
+  for (const auto& d : data) {
+    xs.push_back(to_device(d.x));
+    ts.push_back(to_device(d.t));
+  }
+  // The micro-batches gathered into two fixed pairs of buffers, as a training loop does.
+  device_tensor<S, 2> xa = to_device(data[0].x), xb = to_device(data[0].x);
+  device_tensor<std::int32_t, 1> ta = to_device(data[0].t), tb = to_device(data[0].t);
+  const dev_batch fixed[2] = {{xa, ta}, {xb, tb}};
+  std::vector<nn::step_record> want;
+  for (const auto& g : groups) {
+    using host_batch = nn::micro_batch<host_tensor<S, 2>, host_tensor<std::int32_t, 1>>;
+    const host_batch hb[2] = {{data[g[0]].x, data[g[0]].t}, {data[g[1]].x, data[g[1]].t}};
+    want.push_back(host_train.step(cpu, std::span<const host_batch>(hb)));
+    for (std::size_t m = 0; m < 2; ++m) {
+      auto& x = m == 0 ? xa : xb;
+      auto& t = m == 0 ? ta : tb;
+      check(cudaMemcpyAsync(x.data(), xs[g[m]].data(), x.size() * sizeof(S), cudaMemcpyDeviceToDevice,
+                            ctx.stream()),
+            "cudaMemcpyAsync");
+      check(cudaMemcpyAsync(t.data(), ts[g[m]].data(), t.size() * sizeof(std::int32_t), cudaMemcpyDeviceToDevice,
+                            ctx.stream()),
+            "cudaMemcpyAsync");
+    }
+    t1.step(ctx, std::span<const dev_batch>(fixed));
+    t2.step(ctx, std::span<const dev_batch>(fixed));
+  }
+  const auto got = t1.records(ctx), replayed = t2.records(ctx);
+  expect(got.size() == 4 && replayed.size() == 4, tag + " micro-batches: one record per step");
+  for (std::size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    const std::string at = tag + " micro-batches step " + std::to_string(i + 1);
+    expect(got[i].skipped == want[i].skipped && got[i].skipped == (i == 1), at + ": skipped as on the host");
+    expect(got[i].scale == want[i].scale && got[i].next_scale == want[i].next_scale, at + ": scales");
+    expect(got[i].lr == want[i].lr, at + ": learning rate");
+    if (!want[i].skipped) {
+      expect(std::abs(got[i].loss - want[i].loss) <= 2 * bound<S>() * std::abs(want[i].loss),
+             at + ": loss, the micro-batches' mean");
+      expect(std::abs(got[i].grad_norm - want[i].grad_norm) <= 0.05 * want[i].grad_norm, at + ": gradient norm");
+    }
+  }
+  const auto a = masters_of(host), b = masters_of(eager), c = masters_of(graph);
+  double err = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) err = std::max(err, std::abs(double(a[i]) - double(b[i])));
+  expect(std::isfinite(err) && err <= 2 * o.lr * 4, tag + " micro-batches: masters near the host's");
+  bool same = got.size() == replayed.size();
+  for (std::size_t i = 0; same && i < got.size(); ++i) {
+    same = std::memcmp(&got[i].loss, &replayed[i].loss, sizeof(double)) == 0 && got[i].skipped == replayed[i].skipped &&
+           std::memcmp(&got[i].grad_norm, &replayed[i].grad_norm, sizeof(double)) == 0;
+  }
+  expect(same && t2.graphs() == 1, tag + " micro-batches: one graph, its records with the eager steps' bits");
+  expect(b.size() == c.size() && std::memcmp(b.data(), c.data(), b.size() * sizeof(float)) == 0,
+         tag + " micro-batches: the graph's masters have the eager steps' bits");
+  expect_error(tag + " micro-batches: none", [&] { t1.step(ctx, std::span<const dev_batch>()); },
+               "no micro-batches");
+}
+
 // A device model's checkpoint in the host's format: trained two steps on the device, its
 // masters copied into a host model, its optimizer stored into a host AdamW and its scaler
 // written back, then save_checkpoint; loaded into fresh host objects, the same bits; and
@@ -318,6 +410,7 @@ int main() {
   check_graph<presets::fp16_mixed, dynamic_scaler>(ctx, "fp16_mixed");
   check_graph_option<presets::fp16_mixed, dynamic_scaler>(ctx, "fp16_mixed");
   check_graph_option<presets::bf16_mixed, no_scaling>(ctx, "bf16_mixed");
+  check_micro_batches<presets::fp16_mixed, dynamic_scaler>(ctx, "fp16_mixed");
   check_checkpoint<presets::fp16_mixed>(ctx);
   // Accuracy counted on the device as nn::count_correct counts on the host: ties to the
   // first largest value, only the first `rows` rows.

@@ -47,9 +47,11 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace precis::nn {
@@ -189,6 +191,7 @@ namespace detail::cuda {
 
 /// What a trainer's step keeps in device memory besides the scaler's state.
 struct step_scratch {
+  double loss_sum;          ///< the micro-batches' losses so far, but the last (several of them)
   double norm;              ///< the gradients' joint norm
   float factor;             ///< the clipping factor (1: none)
   int found_inf;            ///< set by the unscale
@@ -196,12 +199,19 @@ struct step_scratch {
 };
 
 // Templates, so that every translation unit may define them.
+// The host trainer's sum of micro-batch losses, in its order: 0 + l0 + l1 + ... (micro-batch
+// `index` of a step of several; the last is added by write_record).
+template <class L>
+__global__ void add_loss(step_scratch* s, const L* loss, std::size_t index) {
+  s->loss_sum = (index == 0 ? 0.0 : s->loss_sum) + double(*loss);
+}
+// `loss`: the last micro-batch's; the record's loss is the mean over `count` of them.
 template <class L = float>
 __global__ void write_record(device_step_record* ring, std::uint64_t capacity, const step_scratch* s,
-                             const L* loss, const device_scaler_state* scaler, const double* lrs,
-                             std::uint64_t lr_count, const std::uint64_t* applied) {
+                             const L* loss, std::size_t count, const device_scaler_state* scaler,
+                             const double* lrs, std::uint64_t lr_count, const std::uint64_t* applied) {
   device_step_record& r = ring[s->position % capacity];
-  r.loss = double(*loss);
+  r.loss = count == 1 ? double(*loss) : (s->loss_sum + double(*loss)) / double(count);
   r.grad_norm = s->norm;
   const std::uint64_t t = *applied;
   r.lr = t < lr_count ? lrs[t] : ::nan("");
@@ -230,9 +240,9 @@ concept device_optimizer = requires(O& o, cuda_context& ctx, const int* found_in
   { o.applied_steps() } -> std::convertible_to<const std::uint64_t*>;
 };
 
-/// The trainer on cuda_context (see the file comment): one batch per step, the whole step
-/// queued on the context's stream with no host synchronisation (except when the ring of
-/// records is full), step records read back by records(). The scaler is the host object
+/// The trainer on cuda_context (see the file comment): one batch or several micro-batches per
+/// step, the whole step queued on the context's stream with no host synchronisation (except
+/// when the ring of records is full), step records read back by records(). The scaler is the host object
 /// whose state the device mirrors: a dynamic_scaler's scale and counters are loaded when
 /// the trainer is made and written back by store_scaler(); static_scaler and no_scaling
 /// keep their fixed scale. The learning-rate schedule is the optimizer's table.
@@ -255,6 +265,8 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
   using input_tensor = typename Model::input_tensor;
   /// What the loss reads as targets.
   using target_tensor = typename Loss::target_tensor;
+  /// One micro-batch of step() (device tensors).
+  using batch_type = micro_batch<input_tensor, target_tensor>;
 
   /// A trainer whose ring holds `ring` records between two reads. Loads the scaler's state
   /// into device memory (waits for that copy). Throws precis::error when `o.max_grad_norm`
@@ -308,35 +320,48 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
   /// forget_graphs() after moving other buffers into them. Throws precis::error as capture()
   /// does for a model with a dropout layer.
   void step(cuda_context& ctx, const input_tensor& inputs, const target_tensor& targets) {
+    const batch_type b{inputs, targets};
+    step(ctx, std::span<const batch_type>(&b, 1));
+  }
+  /// One optimizer step over `batches`, as the host trainer's (gradient accumulation: each
+  /// micro-batch's scaled loss is divided by their count, the record's loss is their mean):
+  /// the same launches per micro-batch, one unscale, norm and update. Throws precis::error,
+  /// before any launch, for no micro-batches or one that the model or the loss refuses.
+  /// Under train_options::graph a graph belongs to the sequence of (inputs, targets) objects.
+  void step(cuda_context& ctx, std::span<const batch_type> batches) {
+    if (batches.empty()) throw error("precis::nn::trainer::step: no micro-batches were given");
     if (!options_.graph) {
       make_room(ctx);
-      queue(ctx, inputs, targets);
+      queue(ctx, batches);
       ++queued_;
       return;
     }
+    std::vector<std::pair<const void*, const void*>> key;
+    key.reserve(batches.size());
+    for (const auto& b : batches) key.emplace_back(&b.inputs, &b.targets);
     graph_entry* g = nullptr;
     for (auto& e : graphs_) {
-      if (e.input == &inputs && e.targets == &targets) g = &e;
+      if (e.key == key) g = &e;
     }
     if (g != nullptr && g->exec != nullptr && !still_valid(ctx, g->reallocations, g->workspace)) {
       (void)cudaGraphExecDestroy(g->exec);
-      g->exec = nullptr;  // the next step on this pair is captured again
+      g->exec = nullptr;  // the next step on these objects is captured again
     }
     if (g == nullptr || g->exec == nullptr) {
       const bool warm = g != nullptr;
       if (!warm) {
-        graphs_.push_back({&inputs, &targets, nullptr, 0, nullptr});
+        graphs_.push_back({std::move(key), nullptr, 0, nullptr});
         g = &graphs_.back();
       }
       if (!warm || g->warmed_reallocations != detail::device_reallocations.load(std::memory_order_relaxed)) {
-        // First on this pair, or buffers moved since: an eager step (it makes them).
+        // First on these objects, or buffers moved since: an eager step (it makes them).
         make_room(ctx);
-        queue(ctx, inputs, targets);
+        queue(ctx, batches);
         ++queued_;
         g->warmed_reallocations = detail::device_reallocations.load(std::memory_order_relaxed);
         return;
       }
-      g->exec = capture_graph(ctx, inputs, targets);
+      g->exec = capture_graph(ctx, batches);
       g->reallocations = detail::device_reallocations.load(std::memory_order_relaxed);
       g->workspace = ctx.workspace_address();
     }
@@ -367,7 +392,8 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
     if (queued_ == 0) {
       throw error("precis::nn::trainer::capture: run one step() on tensors of these shapes first");
     }
-    cudaGraphExec_t exec = capture_graph(ctx, inputs, targets);
+    const batch_type b{inputs, targets};
+    cudaGraphExec_t exec = capture_graph(ctx, std::span<const batch_type>(&b, 1));
     if (graph_ != nullptr) (void)cudaGraphExecDestroy(graph_);
     graph_ = exec;
     graph_reallocations_ = detail::device_reallocations.load(std::memory_order_relaxed);
@@ -403,17 +429,9 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
 
  private:
   // The step's launches, in the host trainer's order (nn/train.hpp).
-  void queue(cuda_context& ctx, const input_tensor& inputs, const target_tensor& targets) {
+  void queue(cuda_context& ctx, std::span<const batch_type> batches) {
     // Shapes first, so that a bad batch queues nothing.
-    const auto out = model_->output_shape(detail::edge_shape_of<Model::input_rank>(inputs));
-    if constexpr (requires { loss_->check_targets(out, targets); }) {
-      loss_->check_targets(out, targets);  // a loss of several outputs checks its own targets
-    } else {
-      if (targets.shape()[0] != out[0]) {
-        throw error("precis::nn::trainer::step: " + std::to_string(targets.shape()[0]) + " targets for a batch of " +
-                    std::to_string(out[0]));
-      }
-    }
+    for (const auto& b : batches) check_batch(b.inputs, b.targets);
     if (opt_->steps_left() == 0) {
       throw error("precis::nn::trainer::step: the optimizer's learning-rate table is used up; make it with a "
                   "longer table (lr_table(steps) or max_steps)");
@@ -422,13 +440,23 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
     const float* scale = &state_.data()->scale;
     check(cudaMemsetAsync(&s->found_inf, 0, sizeof(int), ctx.stream()), "cudaMemsetAsync");
     model_->zero_grad(ctx);
-    const auto& y = model_->forward(ctx, inputs, mode::train);
-    const auto& loss = loss_->forward(ctx, y, targets);
-    model_->backward_parameters(ctx, loss_->backward(ctx, device_dloss(scale)));
+    const std::size_t n = batches.size();
+    // Forward, loss and scaled backward of one micro-batch; its loss value.
+    auto pass = [&](const batch_type& b) -> const auto& {
+      const auto& y = model_->forward(ctx, b.inputs, mode::train);
+      const auto& l = loss_->forward(ctx, y, b.targets);
+      model_->backward_parameters(ctx, loss_->backward(ctx, device_dloss(scale, double(n))));
+      return l;
+    };
+    for (std::size_t i = 0; i + 1 < n; ++i) {
+      detail::cuda::add_loss<<<1, 1, 0, ctx.stream()>>>(s, pass(batches[i]).data(), i);
+      check(cudaGetLastError(), "precis::nn::trainer::step (loss)");
+    }
+    const auto& loss = pass(batches[n - 1]);
     grads_.unscale_async(ctx, scale, &s->found_inf);
     grads_.norm_async(ctx, options_.max_grad_norm, &s->norm, &s->factor);
     if (options_.max_grad_norm > 0.0) grads_.clip_async(ctx, &s->factor);
-    detail::cuda::write_record<<<1, 1, 0, ctx.stream()>>>(ring_.data(), ring_.size(), s, loss.data(),
+    detail::cuda::write_record<<<1, 1, 0, ctx.stream()>>>(ring_.data(), ring_.size(), s, loss.data(), n,
                                                           state_.data(), opt_->learning_rates(),
                                                           opt_->learning_rate_count(), opt_->applied_steps());
     check(cudaGetLastError(), "precis::nn::trainer::step (record)");
@@ -441,6 +469,18 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
       model_->for_each_parameter([](const std::string&, auto& p) { p.mark_refreshed(); });
     } else {
       model_->refresh(ctx);
+    }
+  }
+  // Throws precis::error for inputs the model refuses or targets the loss refuses.
+  void check_batch(const input_tensor& inputs, const target_tensor& targets) const {
+    const auto out = model_->output_shape(detail::edge_shape_of<Model::input_rank>(inputs));
+    if constexpr (requires { loss_->check_targets(out, targets); }) {
+      loss_->check_targets(out, targets);  // a loss of several outputs checks its own targets
+    } else {
+      if (targets.shape()[0] != out[0]) {
+        throw error("precis::nn::trainer::step: " + std::to_string(targets.shape()[0]) + " targets for a batch of " +
+                    std::to_string(out[0]));
+      }
     }
   }
   // Where the optimizer can write the working copies in its update (fuse_refresh) and every
@@ -467,7 +507,7 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
     }
   }
   // Records a step as a CUDA graph (it does not run): the launches step() would queue.
-  cudaGraphExec_t capture_graph(cuda_context& ctx, const input_tensor& inputs, const target_tensor& targets) {
+  cudaGraphExec_t capture_graph(cuda_context& ctx, std::span<const batch_type> batches) {
     // A replay runs the captured launches with the arguments they had: dropout's (seed,
     // call) would repeat one mask.
     model_->for_each_layer([](const std::string& path, const auto& layer) {
@@ -482,7 +522,7 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
     cudaGraph_t g = nullptr;
     check(cudaStreamBeginCapture(ctx.stream(), cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
     try {
-      queue(ctx, inputs, targets);
+      queue(ctx, batches);
     } catch (...) {
       (void)cudaStreamEndCapture(ctx.stream(), &g);
       if (g != nullptr) (void)cudaGraphDestroy(g);
@@ -552,10 +592,9 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
   cudaGraphExec_t graph_ = nullptr;
   std::uint64_t graph_reallocations_ = 0;
   const void* graph_workspace_ = nullptr;
-  // train_options::graph: a graph per (inputs, targets) pair, null until captured.
+  // train_options::graph: a graph per sequence of (inputs, targets) objects, null until captured.
   struct graph_entry {
-    const input_tensor* input;
-    const target_tensor* targets;
+    std::vector<std::pair<const void*, const void*>> key;
     cudaGraphExec_t exec;
     std::uint64_t reallocations;  // at the capture
     const void* workspace;        // at the capture

@@ -41,17 +41,23 @@ namespace precis {
 struct device_dloss {
   double value = 1.0;                          ///< used when `device` is null
   const float* device = nullptr;               ///< a device pointer, read when the kernel runs
+  double divisor = 1.0;                        ///< what `*device` is divided by (in double)
   /// A value known on the host (implicit, so a number can be passed as `dloss`).
   device_dloss(double v = 1.0) : value(v) {}   // NOLINT(google-explicit-constructor)
   /// A float in device memory, read when the kernel runs (implicit, as above).
   device_dloss(const float* d) : device(d) {}  // NOLINT(google-explicit-constructor)
+  /// `*d / divisor`, computed in double when the kernel runs: the scale of one of
+  /// `divisor` micro-batches, as the host trainer's double(scale) / double(count).
+  device_dloss(const float* d, double divide_by) : device(d), divisor(divide_by) {}
 };
 
 namespace detail::cuda {
 
 template <class M>
 __device__ inline M dloss_of(const device_dloss& d) {
-  return d.device != nullptr ? static_cast<M>(*d.device) : static_cast<M>(d.value);
+  if (d.device == nullptr) return static_cast<M>(d.value);
+  // (A double division only for micro-batches: x / 1.0 is x.)
+  return d.divisor == 1.0 ? static_cast<M>(*d.device) : static_cast<M>(static_cast<double>(*d.device) / d.divisor);
 }
 
 /// loss[0] = round(total / n): the mean of a sum of terms.
