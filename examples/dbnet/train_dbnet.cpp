@@ -218,6 +218,7 @@ result train_one(const Entry& e, const options& o, const dbnet::config& dc, cons
 
   result r;
   r.name = std::string(e.name);
+  r.policy = r.name;
   r.note = std::string(e.note);
   const bool tty = isatty(STDOUT_FILENO) != 0;
   std::optional<diagnostics::monitor> monitor;
@@ -268,7 +269,7 @@ result train_one(const Entry& e, const options& o, const dbnet::config& dc, cons
   finish_run(r, o, val, found, train_seconds);
   draw_detections(o.out / r.name / "detections.png", val, found);
   if (monitor) examples::write_monitor(*monitor, o.out, r.name, o.advise, o.command);
-  if (r.name == "fp16_seed_waived") std::printf("%s", nn::describe(model).c_str());
+  if (r.policy == "fp16_seed_waived") std::printf("%s", nn::describe(model).c_str());
   return r;
 }
 
@@ -299,6 +300,10 @@ int main(int argc, char** argv) {
   options o;
   o.command = examples::command_line(argc, argv);
   if (!parse(argc, argv, o, names_of(sweep))) return usage(argv[0]);
+  if (o.graph) {
+    std::fprintf(stderr, "example_dbnet: --graph captures device steps as CUDA graphs: the GPU run's (--device cuda)\n");
+    return 2;
+  }
   if (!o.advise.empty()) {
     if (o.policies.size() != 1) {
       std::fprintf(
