@@ -121,14 +121,27 @@ struct dropout_backward_body {
 };
 
 /// out[i] = round((0 + in_0[i]) + in_1[i] + ...), the sum in A: the host's n-ary
-/// add_rounded, term for term in its order.
-template <class A, class Out, class... In>
-__global__ void add_all_kernel(Out* out, std::size_t n, const In*... in) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
-    out[i] = round_to<Out>((A(0) + ... + precis::detail::cuda::device_load<A>(in[i])));
+/// add_rounded, term for term in its order (K inputs of one type T).
+template <class A, class Out, class T, std::size_t K>
+struct add_all_body {
+  Out* out;
+  const T* in[K];
+  template <int V>
+  __device__ void at(std::size_t i) const {
+    precis::detail::cuda::pack<T, V> x[K];
+#pragma unroll
+    for (std::size_t j = 0; j < K; ++j) x[j] = precis::detail::cuda::load_pack<V>(in[j] + i);
+    precis::detail::cuda::pack<Out, V> r;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      A sum = A(0);
+#pragma unroll
+      for (std::size_t j = 0; j < K; ++j) sum = sum + precis::detail::cuda::device_load<A>(x[j].v[k]);
+      r.v[k] = round_to<Out>(sum);
+    }
+    precis::detail::cuda::store_pack<V>(out + i, r);
   }
-}
+};
 
 /// out[i] = round(A(a[i]) - A(b[i])): nn::subtract's difference, as the host's.
 template <class A, class T>
@@ -283,10 +296,13 @@ struct context_traits<cuda_context> {
       using A = std::conditional_t<(std::is_same_v<Out, double> || ... || std::is_same_v<In, double>), double, float>;
       const std::size_t n = out.size();
       if (((in.size() != n) || ...)) throw error("precis::nn: adding tensors of another size");
-      if (n == 0) return;
-      detail::cuda::add_all_kernel<A><<<precis::detail::cuda::grid_for(n), 256, 0, ctx.stream()>>>(out.data(), n,
-                                                                                                  in.data()...);
-      check(cudaGetLastError(), "precis::nn::add_all");
+      using T = std::common_type_t<In...>;
+      static_assert((std::is_same_v<In, T> && ...), "precis: nn::add_all adds tensors of one element type");
+      constexpr int V = precis::detail::cuda::pack_width<Out, T>;
+      const detail::cuda::add_all_body<A, Out, T, sizeof...(In)> body{out.data(), {in.data()...}};
+      precis::detail::cuda::launch_packed<V>(ctx.stream(), body, n,
+                                             precis::detail::cuda::pack_aligned<V>(out.data(), in.data()...),
+                                             "precis::nn::add_all");
     }
   }
   /// out = a - b elementwise, in float (double for double tensors) and rounded once, on the

@@ -71,20 +71,25 @@ struct mean_finish {
   }
 };
 
-/// dx[i] = round(g(i)), one thread per element.
+/// dx[i] = round(g(i)): a thread computes V consecutive elements and writes them as one
+/// 16-byte pack (g reads its operands element by element).
 template <class DX, class G>
-__global__ void write_terms_kernel(G g, std::size_t n, DX* dx) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
-    dx[i] = round_to<DX>(g(i));
+struct write_terms_body {
+  G g;
+  DX* dx;
+  template <int V>
+  __device__ void at(std::size_t i) const {
+    pack<DX, V> r;
+#pragma unroll
+    for (int k = 0; k < V; ++k) r.v[k] = round_to<DX>(g(i + std::size_t(k)));
+    store_pack<V>(dx + i, r);
   }
-}
+};
 
 template <class DX, class G>
 void write_terms(cuda_context& ctx, std::size_t n, DX* dx, const G& g, std::string_view name) {
-  if (n == 0) return;
-  write_terms_kernel<<<grid_for(n), 256, 0, ctx.stream()>>>(g, n, dx);
-  check(cudaGetLastError(), name);
+  constexpr int V = pack_width<DX>;
+  launch_packed<V>(ctx.stream(), write_terms_body<DX, G>{g, dx}, n, pack_aligned<V>(dx), name);
 }
 
 enum class pointwise_loss { bce_with_logits, l1, smooth_l1 };
