@@ -113,10 +113,14 @@ TEST_CASE("the transposed convolution's geometry is the adjoint convolution's, a
 
 TEST_CASE("fused attention takes head widths that are multiples of 8 up to 128, and says what to do otherwise") {
   using engine = precis::fused_attention_engine;
-  for (std::int64_t ok : {8, 16, 64, 128}) CHECK_NOTHROW(engine::check_geometry(ok, "attention"));
+  for (std::int64_t ok : {8, 16, 64, 128}) CHECK_NOTHROW(engine::check_geometry(ok, 2, true, "attention"));
+  // One token: cuDNN's backward refuses it, a forward pass alone is fine.
+  CHECK_NOTHROW(engine::check_geometry(64, 1, false, "attention"));
+  CHECK_THROWS_WITH_AS(engine::check_geometry(64, 1, true, "precis::nn::attention"),
+                       doctest::Contains("at least 2 tokens, got 1"), precis::error);
   for (std::int64_t bad : {0, 4, 12, 136, 256}) {
     try {
-      engine::check_geometry(bad, "precis::nn::attention");
+      engine::check_geometry(bad, 16, false, "precis::nn::attention");
       FAIL("head width " << bad << " was taken");
     } catch (const precis::error& e) {
       const std::string what = e.what();

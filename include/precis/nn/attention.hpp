@@ -444,6 +444,10 @@ class attention_layer
   /// input of another shape.
   const tensor<So>& forward(context_ref_t<Ctx> ctx, const tensor<Sq>& x, mode m = mode::train) {
     const auto in = output_shape(detail::shape_of<3>(x), kind);
+    if constexpr (fused) {  // before anything runs
+      context_traits<Ctx>::fused_attention_engine::check_geometry(std::int64_t(dim_ / heads_), std::int64_t(in[1]),
+                                                                  m == mode::train, "precis::nn::attention");
+    }
     g_ = {in[0], in[1], dim_, heads_};
     const auto& qkv = qkv_.forward(ctx, x, m);
     if constexpr (fused) {
@@ -614,7 +618,6 @@ class attention_layer
   float alpha() const { return static_cast<float>(1.0 / std::sqrt(double(g_.dh()))); }
   // The fused kernel's geometry for the last forward pass (used only where fused).
   auto fused_shape() const {
-    context_traits<Ctx>::fused_attention_engine::check_geometry(std::int64_t(g_.dh()), "precis::nn::attention");
     return typename context_traits<Ctx>::fused_attention_shape{
         std::int64_t(g_.n), std::int64_t(g_.h), std::int64_t(g_.t), std::int64_t(g_.dh()), std::is_same_v<Ss, float16>,
         alpha()};

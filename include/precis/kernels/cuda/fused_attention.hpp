@@ -44,6 +44,11 @@
 #include <unordered_map>
 
 #include <cudnn_frontend.h>
+
+// SDPA_attributes::set_generate_stats, with which the forward pass keeps the statistics
+// backward reads, came with frontend 1.13.
+static_assert(CUDNN_FRONTEND_VERSION >= 11300,
+              "precis: fused attention needs the cuDNN frontend 1.13 or later (pip install nvidia-cudnn-frontend)");
 #endif
 
 namespace precis {
@@ -82,17 +87,22 @@ class fused_attention_engine {
   /// dqkv from qkv, o, do and the stats of the forward pass that gave o.
   void backward(cuda_context& ctx, const fused_attention_shape& s, const void* qkv, const void* o,
                 const void* dout, const float* stats, void* dqkv);
-  /// Plans made so far (one per geometry and direction).
+  /// Plans made so far (one per geometry, direction and context).
   std::size_t plans() const { return plans_.size(); }
 
   /// Throws precis::error unless cuDNN's fused attention can take head width `head_dim`: a
   /// multiple of 8 (which also keeps q, k and v of each qkv row on 16-byte boundaries), at
-  /// most 128. `who` names the caller.
-  static void check_geometry(std::int64_t head_dim, const std::string& who) {
+  /// most 128; and, for a pass that will be backpropagated (`training`), at least 2 tokens
+  /// (cuDNN's backward refuses one). `who` names the caller.
+  static void check_geometry(std::int64_t head_dim, std::int64_t tokens, bool training, const std::string& who) {
+    const char* unfused = "; give the attention tags a policy with products::exact to run the unfused pieces";
     if (head_dim % 8 != 0 || head_dim > 128 || head_dim <= 0) {
       throw error(who + ": cuDNN's fused attention takes head widths that are multiples of 8 up to 128, got " +
-                  std::to_string(head_dim) +
-                  "; give the attention tags a policy with products::exact to run the unfused pieces");
+                  std::to_string(head_dim) + unfused);
+    }
+    if (training && tokens < 2) {
+      throw error(who + ": cuDNN's fused attention backward takes at least 2 tokens, got " + std::to_string(tokens) +
+                  unfused);
     }
   }
 
@@ -174,7 +184,7 @@ inline std::shared_ptr<fe::graph::Graph> make_graph(cudnnHandle_t handle, const 
   }
   check(g->validate(), "validate");
   check(g->build_operation_graph(handle), "build_operation_graph");
-  check(g->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans");
+  check(g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), "create_execution_plans");
   check(g->check_support(handle), "check_support");
   check(g->build_plans(handle), "build_plans");
   return g;
@@ -185,6 +195,7 @@ inline std::shared_ptr<fe::graph::Graph> make_graph(cudnnHandle_t handle, const 
 struct fused_attention_engine::plan {
   fused_attention_shape shape;
   bool backward = false;
+  cudnnHandle_t handle = nullptr;  // the context's handle the plan was built on
   std::shared_ptr<detail::fused::fe::graph::Graph> graph;
   std::int64_t workspace = 0;
 };
@@ -192,11 +203,12 @@ struct fused_attention_engine::plan {
 inline fused_attention_engine::plan& fused_attention_engine::plan_for(cuda_context& ctx, const fused_attention_shape& s,
                                                                        bool backward) {
   for (const auto& p : plans_) {
-    if (p->shape == s && p->backward == backward) return *p;
+    if (p->shape == s && p->backward == backward && p->handle == ctx.dnn()) return *p;
   }
   auto p = std::make_shared<plan>();
   p->shape = s;
   p->backward = backward;
+  p->handle = ctx.dnn();
   p->graph = detail::fused::make_graph(ctx.dnn(), s, backward);
   detail::fused::check(p->graph->get_workspace_size(p->workspace), "get_workspace_size");
   plans_.push_back(p);
