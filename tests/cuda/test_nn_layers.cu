@@ -8,6 +8,8 @@
 #include "nn_compare.hpp"
 
 #include <string>
+#include <type_traits>
+#include <vector>
 
 namespace {
 
@@ -50,8 +52,25 @@ void check_vit_layers(cuda_context& ctx, const std::string& tag) {
 // float8 linear layers (presets::fp8_hybrid) on the device against the host's, three training
 // steps from the same masters: both sides cast with the same delayed recipes, step for step,
 // so x_q, W_q and dy_q are the same float8 values and only cuBLASLt's summation order differs
-// (then one rounding to bfloat16): the bfloat16 bounds. A forward pass in evaluation mode
-// between steps leaves the recipes as they were on both sides.
+// (then one rounding to bfloat16): the bfloat16 bounds. The inputs and output gradients grow
+// from step to step, so that a stale or wrong scale saturates. After each step every recipe
+// (x, W, dy of both layers), read back from the device, has the host's scale and amax
+// history; a forward pass in evaluation mode on another, larger input between steps leaves
+// them so on both sides.
+template <class HostState, class DeviceState>
+void compare_recipe_states(const std::string& at, cuda_context& ctx, const HostState& h, const DeviceState& d) {
+  const auto same = [&](const std::string& which, const auto& host_recipe, const auto& device_recipe) {
+    // A recipe of the host's options, the device state written into it.
+    delayed_scaling<typename std::remove_cvref_t<decltype(host_recipe)>::format> got(host_recipe.options());
+    device_recipe->store(ctx, got);
+    expect(got.scale() == host_recipe.scale() && got.amax_history() == host_recipe.amax_history(),
+           at + ": the " + which + " recipe's scale and amax history are the host's");
+  };
+  same("input", h.input, d.input);
+  same("weight", h.weight, d.weight);
+  same("output gradient", h.grad_output, d.grad_output);
+}
+
 void check_float8(cuda_context& ctx) {
   const cpu_context cpu{2};
   const auto blueprint = nn::seq(nn::linear<fc1>(32, 48), nn::gelu(), nn::linear<fc2>(48, 16, nn::no_bias));
@@ -61,16 +80,32 @@ void check_float8(cuda_context& ctx) {
   for (int step = 0; step < 3; ++step) {
     const std::string at = "fp8_hybrid linear step " + std::to_string(step + 1);
     const auto x = random_tensor<bfloat16, 3>({2, 16, 32}, float(1 << step));  // amaxes that change
-    const auto dy = random_tensor<bfloat16, 3>({2, 16, 16}, 0.1F);
+    const auto dy = random_tensor<bfloat16, 3>({2, 16, 16}, 0.1F * float(1 << (3 * step)));
+    const auto xe = random_tensor<bfloat16, 3>({2, 16, 32}, float(64 << step));  // evaluation only
     const auto xd = to_device(x);
     const auto dyd = to_device(dy);
+    const auto xed = to_device(xe);
     host.zero_grad();
     dev.zero_grad(ctx);
     compare(at + " forward", ctx, dev.forward(ctx, xd), host.forward(cpu, x), 4 * bound<bfloat16>());
     compare(at + " input gradient", ctx, dev.backward(ctx, dyd), host.backward(cpu, dy), 4 * bound<bfloat16>());
     compare_gradients(at, ctx, host, dev, 4 * bound<bfloat16>());
-    compare(at + " evaluation", ctx, dev.forward(ctx, xd, nn::mode::eval), host.forward(cpu, x, nn::mode::eval),
+    compare(at + " evaluation", ctx, dev.forward(ctx, xed, nn::mode::eval), host.forward(cpu, xe, nn::mode::eval),
             4 * bound<bfloat16>());
+    std::size_t compared = 0;
+    host.for_each_layer([&](const std::string& path, const auto& h) {
+      if constexpr (requires { h.float8_products().input.amax_history(); }) {
+        dev.for_each_layer([&](const std::string& dpath, const auto& d) {
+          if constexpr (requires { d.float8_products().input->scale(); }) {
+            if (dpath == path) {
+              compare_recipe_states(at + " " + path, ctx, h.float8_products(), d.float8_products());
+              ++compared;
+            }
+          }
+        });
+      }
+    });
+    expect(compared == 2, at + ": both layers' recipes compared");
   }
   // cuBLASLt's float8 products take multiples of 16: 20 features are refused, naming them.
   auto odd = nn::build<bfloat16, 2, cuda_context>(presets::fp8_hybrid{}, nn::linear<fc1>(20, 16));

@@ -50,6 +50,9 @@ struct device_float8_linear_state {
   static_assert(is_float8_v<forward_format> && is_float8_v<backward_format>,
                 "precis: nn::linear takes float8 in both passes (storage float8_e4m3 and "
                 "gradients float8_e5m2, as presets::fp8_hybrid) or in neither");
+  static_assert(std::is_same_v<forward_format, float8_e4m3>,
+                "precis: cuBLASLt's float8 products take float8_e4m3 in the forward pass (e5m2 x e5m2 is refused); "
+                "store a float8 linear layer on the device in float8_e4m3");
   static_assert(std::is_same_v<typename P::fp8_recipe, recipe::delayed>,
                 "precis: nn::linear's float8 products on the device use delayed scaling (recipe::delayed, "
                 "as presets::fp8_hybrid); current scaling runs on the host so far");
@@ -85,6 +88,9 @@ struct device_float8_linear_state {
   template <class S>
   void forward(cuda_context& ctx, const S* x, const S* w, S* y, const S* bias, std::size_t rows, std::size_t in,
                std::size_t out, bool record) {
+    static_assert(std::is_same_v<S, bfloat16> || std::is_same_v<S, float16>,
+                  "precis: cuBLASLt's float8 products write bfloat16 or float16 (with a bias of that type); give "
+                  "a float8 linear layer on the device bfloat16 or float16 activations");
     check_sizes(rows, in, out);
     if (!input) {
       // The recipes' default options, as the host layer's; made on the first pass.

@@ -128,7 +128,7 @@ struct lt_product {
   /// Scales the product.
   float alpha = 1.0f, beta = 0.0f;           ///< scales C's previous values
   lt_epilogue epilogue = lt_epilogue::none;  ///< what is applied after the sum, before rounding
-  const void* bias = nullptr;                ///< N values, of TC's type (float for float8 outputs)
+  const void* bias = nullptr;                ///< N values, of TC's type (bfloat16 or float16 with float8 inputs)
   const float* a_scale = nullptr;            ///< float8 A: 1 / its scale, on the device
   const float* b_scale = nullptr;            ///< float8 B: 1 / its scale, on the device
   /// Products stored one after another (A, B, C items m*k, k*n, m*n elements apart), run
