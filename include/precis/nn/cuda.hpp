@@ -44,7 +44,9 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -121,7 +123,7 @@ struct dropout_backward_body {
 };
 
 /// out[i] = round((0 + in_0[i]) + in_1[i] + ...), the sum in A: the host's n-ary
-/// add_rounded, term for term in its order (K inputs of one type T).
+/// add_rounded, term for term in its order (K inputs of one type T, in 16-byte packs).
 template <class A, class Out, class T, std::size_t K>
 struct add_all_body {
   Out* out;
@@ -142,6 +144,16 @@ struct add_all_body {
     precis::detail::cuda::store_pack<V>(out + i, r);
   }
 };
+
+/// The same sum over inputs of several types (a fork's branches' gradients), an element per
+/// thread.
+template <class A, class Out, class... In>
+__global__ void add_all_kernel(Out* out, std::size_t n, const In*... in) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    out[i] = round_to<Out>((A(0) + ... + precis::detail::cuda::device_load<A>(in[i])));
+  }
+}
 
 /// out[i] = round(A(a[i]) - A(b[i])): nn::subtract's difference, as the host's.
 template <class A, class T>
@@ -296,13 +308,18 @@ struct context_traits<cuda_context> {
       using A = std::conditional_t<(std::is_same_v<Out, double> || ... || std::is_same_v<In, double>), double, float>;
       const std::size_t n = out.size();
       if (((in.size() != n) || ...)) throw error("precis::nn: adding tensors of another size");
-      using T = std::common_type_t<In...>;
-      static_assert((std::is_same_v<In, T> && ...), "precis: nn::add_all adds tensors of one element type");
-      constexpr int V = precis::detail::cuda::pack_width<Out, T>;
-      const detail::cuda::add_all_body<A, Out, T, sizeof...(In)> body{out.data(), {in.data()...}};
-      precis::detail::cuda::launch_packed<V>(ctx.stream(), body, n,
-                                             precis::detail::cuda::pack_aligned<V>(out.data(), in.data()...),
-                                             "precis::nn::add_all");
+      using T = std::tuple_element_t<0, std::tuple<In...>>;
+      if constexpr ((std::is_same_v<In, T> && ...)) {
+        constexpr int V = precis::detail::cuda::pack_width<Out, T>;
+        const detail::cuda::add_all_body<A, Out, T, sizeof...(In)> body{out.data(), {in.data()...}};
+        precis::detail::cuda::launch_packed<V>(ctx.stream(), body, n,
+                                               precis::detail::cuda::pack_aligned<V>(out.data(), in.data()...),
+                                               "precis::nn::add_all");
+      } else if (n != 0) {
+        detail::cuda::add_all_kernel<A><<<precis::detail::cuda::grid_for(n), 256, 0, ctx.stream()>>>(out.data(), n,
+                                                                                                    in.data()...);
+        check(cudaGetLastError(), "precis::nn::add_all");
+      }
     }
   }
   /// out = a - b elementwise, in float (double for double tensors) and rounded once, on the
@@ -327,6 +344,10 @@ struct context_traits<cuda_context> {
     const std::size_t channels = bias.size(), n = sums.size();
     const std::size_t planes = std::size_t(sums.shape()[0]) * channels;
     if (y.size() != n) throw error("precis::nn: a convolution's sums and output differ in size");
+    if (sums.shape()[layout == image_layout::nhwc ? N - 1 : 1] != channels) {
+      throw error("precis::nn: a convolution's sums " + shape_string(sums.shape()) + " do not have the bias's " +
+                  std::to_string(channels) + " channels");
+    }
     if (n == 0 || planes == 0) return;
     // Element i's channel is (i / inner) % channels: inner is a plane's pixels in NCHW, 1
     // channels-last.

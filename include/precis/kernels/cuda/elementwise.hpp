@@ -62,8 +62,8 @@ struct unary_backward_body {
 
 /// out[i] = f(a[i], b[i % nb]): b repeated over a's leading axes. The remainder is i itself
 /// where nb == n, and taken by `fb` (fast_divmod by nb) where n fits 32 bits: no 64-bit
-/// division per element. Where nb is a multiple of the pack (`b_packed`), a pack of a
-/// meets a pack of b; otherwise b is read an element at a time.
+/// division per element. Where nb is a multiple of the pack or n itself (`b_packed`), a pack of
+/// a meets a pack of b; otherwise b is read an element at a time.
 template <class M, class Fn, class A, class B, class Out>
 struct binary_body {
   const A* a;
@@ -146,7 +146,8 @@ void binary(std::string_view name, cuda_context& ctx, const device_tensor<A, N>&
   // fast_divmod takes divisors up to 2^31; a b that large is a's own shape (nb == n).
   const fast_divmod fb(fast_divmod::fits(nb) ? std::uint32_t(nb) : 1U);
   constexpr int V = pack_width<A, B, Out>;
-  const bool b_packed = nb % V == 0 && pack_aligned<V>(b.data());
+  // b's packs never wrap: nb is a multiple of the pack, or b is a's size (a pack of b at i).
+  const bool b_packed = (nb == n || nb % V == 0) && pack_aligned<V>(b.data());
   launch_packed<V>(ctx.stream(), binary_body<M, Op<M>, A, B, Out>{a.data(), b.data(), out.data(), n, nb, fb, b_packed},
                    n, pack_aligned<V>(a.data(), out.data()), name);
 }
