@@ -279,7 +279,7 @@ int usage(const char* self) {
                "[--train N] [--val N]\n"
                "          [--size PX] [--width N] [--inner N] [--seed S] [--lr X] [--out DIR] "
                "[--check] [--time N]\n"
-               "          [--monitor N] [--advise FILE] [--layout nchw|nhwc] [--device cpu|cuda]\n"
+               "          [--monitor N] [--advise FILE] [--layout nchw|nhwc] [--device cpu|cuda [--graph]]\n"
                "policies: fp32 fp32_hardware bf16_mixed fp16_mixed fp16_fp32_head fp16_seed_waived "
                "advised\n",
                self);

@@ -17,15 +17,15 @@
 /// skips on the device when found-inf is set, and takes its learning rate from a table
 /// indexed by its applied-step count, and which writes the working copies as it updates the
 /// masters where it can: fuse_refresh), the scale update, and otherwise the working copies
-/// refreshed. The
-/// host reads nothing: what a step did goes to a ring of records in device memory, read
-/// back by records() (and, when the ring is full, by the next step, which then waits).
-/// After the first step a step allocates no buffer, only stream-ordered scratch (the
+/// refreshed; with several micro-batches, forward, loss and scaled backward per micro-batch
+/// before the unscale, as the host trainer. The host reads nothing: what a step did goes to a
+/// ring of records in device memory, read back by records() (and, when the ring is full, by
+/// the next step, which then waits). After the first step a step allocates no buffer, only stream-ordered scratch (the
 /// reductions' and the loss's), which a CUDA graph records as memory nodes: a step can be
 /// captured (capture()) and replayed (replay()), unless the model holds a dropout (its
 /// mask would repeat). A replay refuses to run once a device buffer or the context's
 /// workspace was reallocated after the capture. train_options::graph makes step() capture
-/// and replay by itself (a graph per pair of input and target objects).
+/// and replay by itself (a graph per sequence of input and target objects, of one shape).
 #pragma once
 
 #include <precis/config.hpp>
@@ -327,7 +327,8 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
   /// micro-batch's scaled loss is divided by their count, the record's loss is their mean):
   /// the same launches per micro-batch, one unscale, norm and update. Throws precis::error,
   /// before any launch, for no micro-batches or one that the model or the loss refuses.
-  /// Under train_options::graph a graph belongs to the sequence of (inputs, targets) objects.
+  /// Under train_options::graph a graph belongs to the sequence of (inputs, targets) objects,
+  /// and the micro-batches of a step must have one shape (precis::error otherwise).
   void step(cuda_context& ctx, std::span<const batch_type> batches) {
     if (batches.empty()) throw error("precis::nn::trainer::step: no micro-batches were given");
     if (!options_.graph) {
@@ -335,6 +336,17 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
       queue(ctx, batches);
       ++queued_;
       return;
+    }
+    // A captured step's buffers have one shape: micro-batches of several shapes would
+    // reallocate them inside the capture (the targets' shapes follow the inputs', checked by
+    // queue()).
+    const auto shape = detail::edge_shape_of<Model::input_rank>(batches[0].inputs);
+    for (const auto& b : batches) {
+      if (detail::edge_shape_of<Model::input_rank>(b.inputs) != shape) {
+        throw error("precis::nn::trainer::step: under train_options::graph the micro-batches of a step have one "
+                    "shape; got " + detail::edge_shape_string(shape) + " and " +
+                    detail::edge_shape_string(detail::edge_shape_of<Model::input_rank>(b.inputs)));
+      }
     }
     std::vector<std::pair<const void*, const void*>> key;
     key.reserve(batches.size());
