@@ -23,12 +23,14 @@
 #include <precis/kernels/cuda/common.hpp>
 #include <precis/kernels/cuda/scaling_kernels.hpp>
 #include <precis/kernels/cuda_context.hpp>
+#include <precis/nn/module.hpp>
 #include <precis/policy/policy.hpp>
 #include <precis/scaling/fp8.hpp>
 #include <precis/tensor/device_tensor.hpp>
 
 #if defined(__CUDACC__)
 
+#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -149,9 +151,14 @@ struct device_float8_linear_state {
                   " in, " + std::to_string(out) + " out; map this layer to a bfloat16 policy");
     }
   }
+  // Reallocated for another shape, and counted, as detail::ensure counts: a captured step
+  // holding the old address is then refused (nn::trainer::replay).
   template <class T>
   static void ensure(device_tensor<T, 2>& t, std::size_t a, std::size_t b, cuda_context& ctx) {
-    if (t.shape()[0] != a || t.shape()[1] != b) t = device_tensor<T, 2>({a, b}, ctx.stream());
+    if (t.shape()[0] != a || t.shape()[1] != b) {
+      t = device_tensor<T, 2>({a, b}, ctx.stream());
+      device_reallocations.fetch_add(1, std::memory_order_relaxed);
+    }
   }
   // q = saturate(v * scale) under recipe r, its inverse scale saved to `slot`; then the
   // recipe records the amax and updates (training), or forgets the amax (evaluation).

@@ -382,9 +382,10 @@ std::string edge_shape_string(const S& s) {
 }
 
 
-/// How many times a layer's device buffer was reallocated (a batch of another shape): a
-/// captured CUDA graph holds the old addresses, so nn::trainer::replay() refuses to run one
-/// captured before the count last changed.
+/// How many times a layer's device buffer (its outputs, saved tensors, a float8 layer's
+/// quantised copies) was reallocated (a batch of another shape): a captured CUDA graph holds
+/// the old addresses, so nn::trainer::replay() refuses to run one captured before the count
+/// last changed.
 inline std::atomic<std::uint64_t> device_reallocations{0};
 
 /// Resizes `t` to `shape` unless it already has it (buffers are reused across steps).
