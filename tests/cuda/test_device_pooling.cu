@@ -210,6 +210,9 @@ void check_channels_last(precis::cuda_context& ctx, const std::string& tag) {
     precis::max_pool2d<P>(ctx, dxl, yl, atl, p, last);
     expect(same_bits(ctx, yl, moved(y)), "max_pool2d" + w);
     expect(same_bits(ctx, atl, moved(at)), "max_pool2d's indices" + w);
+    auto yp = poisoned<T, 4>(ysl);  // the overload without indices (evaluation passes)
+    precis::max_pool2d<P>(ctx, dxl, yp, p, last);
+    expect(same_bits(ctx, yp, moved(y)), "max_pool2d without indices" + w);
     auto g = poisoned<T, 4>(xs), gl = poisoned<T, 4>(xsl);
     precis::max_pool2d_backward<P>(ctx, dx_, ddy, g, p);
     precis::max_pool2d_backward<P>(ctx, dxl, ddyl, gl, p, last);

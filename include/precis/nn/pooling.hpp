@@ -1,6 +1,7 @@
 /// @file
 /// Pooling and upsampling layers on [N, C, H, W] images, or [N, H, W, C] in a model built
-/// channels-last (nn/layout.hpp: their kernels then read NCHW copies, moved back after).
+/// channels-last (nn/layout.hpp: on the host their kernels then read NCHW copies, moved back
+/// after; the device kernels read channels-last themselves).
 ///
 ///     nn::max_pool2d({.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}})
 ///     nn::avg_pool2d<pool>({.kernel = {2, 2}})
@@ -177,7 +178,7 @@ struct bilinear_kernel {
 /// (context_traits<Ctx>::channels_last_pooling: the device's), so that a channels-last model
 /// moves nothing around them; elsewhere the layers move images through nchw_bridge.
 template <class Ctx>
-inline constexpr bool channels_last_pooling = requires { context_traits<Ctx>::channels_last_pooling; };
+inline constexpr bool channels_last_pooling = requires { requires context_traits<Ctx>::channels_last_pooling; };
 
 /// "[N > 0, C > 0, H >= 2, W >= 2]": the inputs a parameter-free spatial layer takes.
 inline std::string any_image_string(std::size_t min_h, std::size_t min_w,

@@ -17,6 +17,7 @@
 #include <precis/kernels/cuda/common.hpp>
 #include <precis/kernels/cuda/elementwise.hpp>
 #include <precis/kernels/pooling.hpp>
+#include <precis/numeric/detail/unfused.hpp>
 
 #if defined(__CUDACC__)
 
@@ -327,8 +328,10 @@ __global__ void bilinear_kernel(const X* x, Y* y, resample_geometry g, bool alig
     const auto at = [&](std::size_t yy, std::size_t xx) {
       return device_load<M>(xp[(yy * g.w + xx) * pm.stride()]);
     };
-    y[i] = round_to<Y>((M(1) - fy) * ((M(1) - fx) * at(y0, x0) + fx * at(y0, x1)) +
-                       fy * ((M(1) - fx) * at(y1, x0) + fx * at(y1, x1)));
+    // The host's sums (precis::detail::add): no product fused into them, the host's bits.
+    const M top = ::precis::detail::add((M(1) - fx) * at(y0, x0), fx * at(y0, x1));
+    const M bottom = ::precis::detail::add((M(1) - fx) * at(y1, x0), fx * at(y1, x1));
+    y[i] = round_to<Y>(::precis::detail::add((M(1) - fy) * top, fy * bottom));
   }
 }
 
