@@ -316,9 +316,10 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
   /// input and target objects are given, captured the second time, replayed after (a graph
   /// per pair, captured again when a device buffer was reallocated since). A replay reads
   /// the objects' buffers at the addresses they had when it was captured: give the same
-  /// objects for the same batch buffers (a batch gathered into fixed buffers), and call
-  /// forget_graphs() after moving other buffers into them. Throws precis::error as capture()
-  /// does for a model with a dropout layer.
+  /// objects for the same batch buffers (a batch gathered into fixed buffers). A tensor
+  /// holding another buffer than at the capture (moved into, or made again at the same
+  /// address) starts a graph of its own; forget_graphs() frees the old ones. Throws
+  /// precis::error as capture() does for a model with a dropout layer.
   void step(cuda_context& ctx, const input_tensor& inputs, const target_tensor& targets) {
     const batch_type b{inputs, targets};
     step(ctx, std::span<const batch_type>(&b, 1));
@@ -348,9 +349,13 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
                     detail::edge_shape_string(detail::edge_shape_of<Model::input_rank>(b.inputs)));
       }
     }
-    std::vector<std::pair<const void*, const void*>> key;
-    key.reserve(batches.size());
-    for (const auto& b : batches) key.emplace_back(&b.inputs, &b.targets);
+    // The objects, and their buffers where they have one: a tensor made again at an old
+    // object's address holds another buffer, which the graph would not read.
+    std::vector<const void*> key;
+    key.reserve(4 * batches.size());
+    for (const auto& b : batches) {
+      key.insert(key.end(), {&b.inputs, &b.targets, buffer_of(b.inputs), buffer_of(b.targets)});
+    }
     graph_entry* g = nullptr;
     for (auto& e : graphs_) {
       if (e.key == key) g = &e;
@@ -483,6 +488,15 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
       model_->refresh(ctx);
     }
   }
+  // A tensor's buffer (a struct of tensors: none).
+  template <class T>
+  static const void* buffer_of(const T& t) {
+    if constexpr (requires { t.data(); }) {
+      return t.data();
+    } else {
+      return nullptr;
+    }
+  }
   // Throws precis::error for inputs the model refuses or targets the loss refuses.
   void check_batch(const input_tensor& inputs, const target_tensor& targets) const {
     const auto out = model_->output_shape(detail::edge_shape_of<Model::input_rank>(inputs));
@@ -606,7 +620,7 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
   const void* graph_workspace_ = nullptr;
   // train_options::graph: a graph per sequence of (inputs, targets) objects, null until captured.
   struct graph_entry {
-    std::vector<std::pair<const void*, const void*>> key;
+    std::vector<const void*> key;  // per micro-batch: inputs, targets and their buffers
     cudaGraphExec_t exec;
     std::uint64_t reallocations;  // at the capture
     const void* workspace;        // at the capture
