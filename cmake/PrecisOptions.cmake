@@ -11,7 +11,7 @@ option(PRECIS_NATIVE "Build the benchmarks for this machine's processor (-march=
 # them (CI's test stage). Their targets are then object libraries that produce no object.
 option(PRECIS_BENCH_CHECK_ONLY "Check the benchmarks' code with -fsyntax-only instead of building them" OFF)
 option(PRECIS_CUDA_CHECK_ONLY
-  "Check the device benchmarks' and training examples' code instead of building them (machines without a GPU)" OFF)
+  "Check the device tests', benchmarks' and training examples' code instead of building them (machines without a GPU)" OFF)
 
 # precis_tristate(<option> <out-var>)
 # The value of the AUTO/ON/OFF cache option <option> as AUTO, ON or OFF in <out-var>
@@ -59,7 +59,7 @@ function(precis_set_native target)
 endfunction()
 
 # precis_add_cuda_program(<name> <source> [<library>...])
-# A device benchmark or training example: an executable linked with the libraries given. Under
+# A device test, benchmark or training example: an executable linked with the libraries given. Under
 # PRECIS_CUDA_CHECK_ONLY (CI, which has no GPU to run them on), nvcc compiles its device code in
 # full (-cuda: cicc and ptxas, every device error) into an object library <name>_device and
 # writes the host half it would hand to the host compiler, which a custom target <name> then

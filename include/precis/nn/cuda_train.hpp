@@ -20,11 +20,11 @@
 /// refreshed; with several micro-batches, forward, loss and scaled backward per micro-batch
 /// before the unscale, as the host trainer. The host reads nothing: what a step did goes to a
 /// ring of records in device memory, read back by records() (and, when the ring is full, by
-/// the next step, which then waits). After the first step a step allocates no buffer, only stream-ordered scratch (the
-/// reductions' and the loss's), which a CUDA graph records as memory nodes: a step can be
-/// captured (capture()) and replayed (replay()), unless the model holds a dropout (its
-/// mask would repeat). A replay refuses to run once a device buffer or the context's
-/// workspace was reallocated after the capture. train_options::graph makes step() capture
+/// the next step, which then waits). After the first step a step allocates no buffer, only
+/// stream-ordered scratch (the reductions' and the loss's), which a CUDA graph records as
+/// memory nodes: a step can be captured (capture()) and replayed (replay()), unless the model
+/// holds a dropout (its mask would repeat). A replay refuses to run once a device buffer or
+/// the context's workspace was reallocated after the capture. train_options::graph makes step() capture
 /// and replay by itself (a graph per sequence of input and target objects, of one shape).
 #pragma once
 
@@ -242,8 +242,8 @@ concept device_optimizer = requires(O& o, cuda_context& ctx, const int* found_in
 
 /// The trainer on cuda_context (see the file comment): one batch or several micro-batches per
 /// step, the whole step queued on the context's stream with no host synchronisation (except
-/// when the ring of records is full), step records read back by records(). The scaler is the host object
-/// whose state the device mirrors: a dynamic_scaler's scale and counters are loaded when
+/// when the ring of records is full), step records read back by records(). The scaler is the
+/// host object whose state the device mirrors: a dynamic_scaler's scale and counters are loaded when
 /// the trainer is made and written back by store_scaler(); static_scaler and no_scaling
 /// keep their fixed scale. The learning-rate schedule is the optimizer's table.
 template <class Model, class Loss, class Optimizer, class Scaler, class Schedule>
