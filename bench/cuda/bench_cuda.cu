@@ -247,6 +247,20 @@ void bandwidth_rows(precis::cuda_context& ctx, precis_bench::table& tab, std::mt
       time([&] { precis::layer_norm<P>(ctx, x, gamma, beta, y, mean, rstd); }));
   row("layer_norm_backward rows of 4096, bf16 (+ dgamma, dbeta)", 3 * bf,
       time([&] { precis::layer_norm_backward<P>(ctx, dy, x, gamma, mean, rstd, dx, dgamma, dbeta); }));
+  {
+    // Rows of 1024 (a warp each, as ViT-B's layer norms and attention rows get): the same bytes.
+    const std::size_t short_rows = n / 1024;
+    const auto xs = random_device<bf16, 2>({short_rows, 1024}, g), dys = random_device<bf16, 2>({short_rows, 1024}, g);
+    precis::device_tensor<bf16, 2> ys({short_rows, 1024}), dxs({short_rows, 1024});
+    const auto gs = random_device<bf16, 1>({1024}, g), bs = random_device<bf16, 1>({1024}, g);
+    precis::device_tensor<bf16, 1> dgs({1024}), dbs({1024});
+    precis::device_tensor<float, 1> ms({short_rows}), rs({short_rows});
+    row("softmax rows of 1024, bf16", 2 * bf, time([&] { precis::softmax<P>(ctx, xs, ys); }));
+    row("softmax_backward rows of 1024, bf16", 3 * bf, time([&] { precis::softmax_backward<P>(ctx, dys, ys, dxs); }));
+    row("layer_norm rows of 1024, bf16", 2 * bf, time([&] { precis::layer_norm<P>(ctx, xs, gs, bs, ys, ms, rs); }));
+    row("layer_norm_backward rows of 1024, bf16 (+ dgamma, dbeta)", 3 * bf,
+        time([&] { precis::layer_norm_backward<P>(ctx, dys, xs, gs, ms, rs, dxs, dgs, dbs); }));
+  }
   row("sum bf16 (whole tensor)", bf, time([&] { precis::sum<P>(ctx, x, out); }));
   row("sum bf16 along rows (axis 1)", bf, time([&] { precis::sum<P>(ctx, x, 1, row_sums); }));
   row("sum bf16 along columns (axis 0)", bf, time([&] { precis::sum<P>(ctx, x, 0, col_sums); }));

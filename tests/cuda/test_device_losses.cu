@@ -125,39 +125,45 @@ void check_losses(precis::cuda_context& ctx, const precis::cpu_context& cpu, con
   const auto scale_d = precis::to_device(scale_h);
   auto loss = poisoned<float, 1>({1});
 
-  // Cross-entropy.
-  const std::size_t B = 37, C = 1001;
-  const auto logits = random_tensor<T, 2>({B, C}, 3.0F);
-  auto targets = precis::host_tensor<std::int32_t, 1>::from_shape({B});
-  std::uniform_int_distribution<std::int32_t> cls(0, std::int32_t(C) - 1);
-  for (auto& t : targets) t = cls(rng);
-  const auto dl = precis::to_device(logits);
-  auto dt = precis::to_device(targets);
-  precis::cross_entropy<P>(ctx, dl, dt, loss);
-  expect_close("cross_entropy" + tag, scalar(ctx, loss),
-               double(precis::cross_entropy<P>(cpu, logits, targets)), 1e-5);
-  auto g = precis::host_tensor<T, 2>::from_shape({B, C});
-  auto dg = poisoned<T, 2>({B, C});
-  precis::cross_entropy_backward<P>(cpu, logits, targets, g, 1024.0);
-  precis::cross_entropy_backward<P>(ctx, dl, dt, dg, scale_d.data());
-  compare("cross_entropy_backward (device dloss)" + tag, ctx, dg, g, limit);
-  dg = poisoned<T, 2>({B, C});
-  precis::cross_entropy_backward<P>(ctx, dl, dt, dg, 1024.0);
-  compare("cross_entropy_backward (host dloss)" + tag, ctx, dg, g, limit);
-  targets(5) = std::int32_t(C);  // out of range
-  dt = precis::to_device(targets);
-  precis::cross_entropy<P>(ctx, dl, dt, loss);
-  expect(std::isnan(scalar(ctx, loss)), "cross_entropy with a bad target is NaN" + tag);
-  precis::cross_entropy_backward<P>(ctx, dl, dt, dg);
-  const auto hg = precis::to_host(dg, ctx.stream());
-  expect(std::isnan(float(hg(5, 0))) && std::isfinite(float(hg(4, 0))),
-         "bad target: its row only is NaN" + tag);
-  const auto short_targets =
-      precis::to_device(precis::host_tensor<std::int32_t, 1>::from_shape({B - 1}));
-  expect_error(
-      "cross_entropy targets shape",
-      [&] { precis::cross_entropy<P>(ctx, dl, short_targets, loss); },
-      "precis::cross_entropy: targets");
+  // Cross-entropy: rows held by a warp (10, 1000 and 1001 classes; 1000 read in 16-byte
+  // packs), by a block (4096), and read once per pass (20000).
+  for (const std::size_t C : {std::size_t(10), std::size_t(1000), std::size_t(1001), std::size_t(4096),
+                              std::size_t(20000)}) {
+    const std::size_t B = 37;
+    const std::string t = tag + " C=" + std::to_string(C);
+    const auto logits = random_tensor<T, 2>({B, C}, 3.0F);
+    auto targets = precis::host_tensor<std::int32_t, 1>::from_shape({B});
+    std::uniform_int_distribution<std::int32_t> cls(0, std::int32_t(C) - 1);
+    for (auto& target : targets) target = cls(rng);
+    const auto dl = precis::to_device(logits);
+    auto dt = precis::to_device(targets);
+    precis::cross_entropy<P>(ctx, dl, dt, loss);
+    expect_close("cross_entropy" + t, scalar(ctx, loss), double(precis::cross_entropy<P>(cpu, logits, targets)),
+                 1e-5);
+    auto g = precis::host_tensor<T, 2>::from_shape({B, C});
+    auto dg = poisoned<T, 2>({B, C});
+    precis::cross_entropy_backward<P>(cpu, logits, targets, g, 1024.0);
+    precis::cross_entropy_backward<P>(ctx, dl, dt, dg, scale_d.data());
+    compare("cross_entropy_backward (device dloss)" + t, ctx, dg, g, limit);
+    dg = poisoned<T, 2>({B, C});
+    precis::cross_entropy_backward<P>(ctx, dl, dt, dg, 1024.0);
+    compare("cross_entropy_backward (host dloss)" + t, ctx, dg, g, limit);
+    targets(5) = std::int32_t(C);  // out of range
+    dt = precis::to_device(targets);
+    precis::cross_entropy<P>(ctx, dl, dt, loss);
+    expect(std::isnan(scalar(ctx, loss)), "cross_entropy with a bad target is NaN" + t);
+    precis::cross_entropy_backward<P>(ctx, dl, dt, dg);
+    const auto hg = precis::to_host(dg, ctx.stream());
+    expect(std::isnan(float(hg(5, 0))) && std::isnan(float(hg(5, C - 1))) && std::isfinite(float(hg(4, 0))) &&
+               std::isfinite(float(hg(6, C - 1))),
+           "bad target: its row only is NaN" + t);
+    if (C == 10) {
+      const auto short_targets = precis::to_device(precis::host_tensor<std::int32_t, 1>::from_shape({B - 1}));
+      expect_error(
+          "cross_entropy targets shape", [&] { precis::cross_entropy<P>(ctx, dl, short_targets, loss); },
+          "precis::cross_entropy: targets");
+    }
+  }
 
   // The pointwise losses, on a DBNet-sized map with 0/1 and probability targets. The host
   // sums 38k terms in one running float sum (relative drift ~1e-5), hence 1e-4.

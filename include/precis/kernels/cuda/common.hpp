@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 namespace precis::detail::cuda {
 
@@ -187,16 +188,145 @@ __device__ M warp_reduce(M v, Op op) {
   return v;
 }
 
-/// Rows of at most this many columns get a warp each (several rows per block); longer rows
-/// a block each.
+/// Rows of at most this many columns get a warp each in the row kernels (several rows per
+/// block); longer rows a block each.
 inline constexpr std::size_t warp_row_limit = 1024;
 
-/// Blocks of `row_threads` threads for one warp per row over `rows` rows (a grid-stride
-/// loop covers the rest).
-inline unsigned warp_row_blocks(std::size_t rows) {
-  const std::size_t per_block = row_threads / 32;
-  return unsigned(std::clamp<std::size_t>((rows + per_block - 1) / per_block, 1, 65535));
+// ---- rows held in registers ----
+//
+// The row kernels (softmax, log-softmax, layer norm and cross-entropy, forward and backward)
+// read each row once: the row's threads load their shares into registers, 16 bytes per access
+// where the row allows it, reduce them, and write the outputs from the registers. Thread `rank`
+// of a row's `threads` holds columns (i * threads + rank) * V + k in slot i * V + k (k < V, V
+// the row's pack width): a warp's accesses cover 32 consecutive packs. Each thread adds its
+// slots in slot order, then the row's threads combine in a fixed tree (warp_reduce, or
+// block_reduce), so a result depends on the row's length alone, never on the device or the
+// run.
+
+/// Rows of at most this many columns are held in registers: a warp per row up to
+/// warp_row_limit columns (8 slots a lane up to 256, 32 beyond), a block of 64 to 512 threads
+/// of 16 slots each beyond. Longer rows are read once per pass by a block of row_threads.
+inline constexpr std::size_t resident_row_limit = 16 * 512;  // block_per_row::max_threads threads of 16
+
+/// A warp per row, several rows per block, a grid-stride loop over the rows.
+struct warp_per_row {
+  static constexpr unsigned max_threads = row_threads;  ///< threads per block (its launch bound)
+  __device__ static unsigned rank() { return threadIdx.x % 32; }
+  __device__ static unsigned threads() { return 32; }
+  __device__ static std::size_t first() { return blockIdx.x * std::size_t(blockDim.x / 32) + threadIdx.x / 32; }
+  __device__ static std::size_t step() { return std::size_t(gridDim.x) * (blockDim.x / 32); }
+  template <class M, class Op>
+  __device__ static M reduce(M v, Op op) {
+    return warp_reduce(v, op);
+  }
+};
+
+/// A block per row, a grid-stride loop over the rows.
+struct block_per_row {
+  static constexpr unsigned max_threads = 512;  ///< threads per block at most (its launch bound)
+  __device__ static unsigned rank() { return threadIdx.x; }
+  __device__ static unsigned threads() { return blockDim.x; }
+  __device__ static std::size_t first() { return blockIdx.x; }
+  __device__ static std::size_t step() { return gridDim.x; }
+  template <class M, class Op>
+  __device__ static M reduce(M v, Op op) {
+    __shared__ M shared[32];
+    return block_reduce(v, op, shared);
+  }
+};
+
+/// Calls launch(group, slots, blocks, threads) with the row group (warp_per_row or
+/// block_per_row), the slots per thread (a std::integral_constant) and the grid for `rows`
+/// rows of `cols` (1 .. resident_row_limit) columns.
+template <class F>
+void with_resident_rows(std::size_t rows, std::size_t cols, F&& launch) {
+  static_assert(warp_row_limit == 32 * 32, "precis: a warp of 32 slots a lane holds warp_row_limit columns");
+  if (cols <= warp_row_limit) {
+    const std::size_t per_block = row_threads / 32;
+    const auto blocks = unsigned(std::clamp<std::size_t>((rows + per_block - 1) / per_block, 1, 65535));
+    if (cols <= 32 * 8) {
+      launch(warp_per_row{}, std::integral_constant<int, 8>{}, blocks, row_threads);
+    } else {
+      launch(warp_per_row{}, std::integral_constant<int, 32>{}, blocks, row_threads);
+    }
+    return;
+  }
+  unsigned threads = 64;
+  while (threads < block_per_row::max_threads && std::size_t(threads) * 16 < cols) threads *= 2;
+  launch(block_per_row{}, std::integral_constant<int, 16>{}, unsigned(std::clamp<std::size_t>(rows, 1, 65535)),
+         threads);
 }
+
+/// Column of slot (i, 0) of thread `rank` of `threads`.
+__device__ inline std::size_t slot_column(int i, unsigned rank, unsigned threads, int v) {
+  return (std::size_t(i) * threads + rank) * std::size_t(v);
+}
+
+/// Reads the V values at columns c .. c + V - 1 of `p` (those below `cols`) as M: one 16-byte
+/// access where `packed` (the row's length a multiple of V, every pointer aligned to V), else
+/// one element at a time. Slots past the row's end are set to 0 and never used.
+template <int V, class M, class T>
+__device__ __forceinline__ void load_slots(const T* p, std::size_t c, std::size_t cols, bool packed, M (&out)[V]) {
+  if (packed) {
+    if (c < cols) {
+      const auto in = load_pack<V>(p + c);
+#pragma unroll
+      for (int k = 0; k < V; ++k) out[k] = device_load<M>(in.v[k]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < V; ++k) out[k] = M(0);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; ++k) out[k] = c + k < cols ? device_load<M>(p[c + k]) : M(0);
+  }
+}
+
+/// Writes the values of `in` below column `cols` at columns c .. c + V - 1 of `p`, each
+/// rounded once to T (one 16-byte access where `packed`, as load_slots).
+template <int V, class M, class T>
+__device__ __forceinline__ void store_slots(T* p, std::size_t c, std::size_t cols, bool packed, const M (&in)[V]) {
+  if (packed) {
+    if (c < cols) {
+      pack<T, V> out;
+#pragma unroll
+      for (int k = 0; k < V; ++k) out.v[k] = round_to<T>(in[k]);
+      store_pack<V>(p + c, out);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      if (c + k < cols) p[c + k] = round_to<T>(in[k]);
+    }
+  }
+}
+
+/// A thread's share of a row: S values as M (at least V), in groups of V.
+template <class M, int V, int S>
+struct row_share {
+  static constexpr int groups = S < V ? 1 : S / V;
+  static_assert(S < V || S % V == 0, "precis: a row share holds whole packs");
+  M v[groups][V];
+
+  /// Loads the thread's share of `row` (cols columns) for the row group G.
+  template <class G, class T>
+  __device__ __forceinline__ void load(const T* row, std::size_t cols, bool packed) {
+#pragma unroll
+    for (int i = 0; i < groups; ++i) load_slots<V>(row, slot_column(i, G::rank(), G::threads(), V), cols, packed, v[i]);
+  }
+  /// Calls f(value, column) for each slot below the row's end, in slot order.
+  template <class G, class F>
+  __device__ __forceinline__ void each(std::size_t cols, F&& f) {
+#pragma unroll
+    for (int i = 0; i < groups; ++i) {
+      const std::size_t c = slot_column(i, G::rank(), G::threads(), V);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        if (c + k < cols) f(v[i][k], c + k);
+      }
+    }
+  }
+};
 
 /// Adds two partial sums as the accumulate type Acc does.
 template <class Acc, class M>

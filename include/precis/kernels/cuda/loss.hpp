@@ -283,6 +283,67 @@ __global__ void cross_entropy_backward_rows(const X* logits, const I* targets, D
   }
 }
 
+/// cross_entropy_rows for rows of at most resident_row_limit columns, each read once (the row
+/// group G's threads hold it in registers: common.hpp's row_share). With `Backward`, dlogits =
+/// dloss (softmax - onehot) / rows; otherwise per_row[r] = max + log(sum) - logits[r, target].
+template <bool Backward, class G, class M, class Acc, int V, int S, class X, class I, class DX>
+__global__ void __launch_bounds__(G::max_threads)
+    cross_entropy_resident(const X* logits, const I* targets, M* per_row, DX* dlogits, std::size_t rows,
+                           std::size_t cols, device_dloss dloss, bool packed) {
+  using A = typename accumulator<Acc>::value_type;
+  for (std::size_t r = G::first(); r < rows; r += G::step()) {
+    row_share<M, V, S> s;
+    s.template load<G>(logits + r * cols, cols, packed);
+    M m = -static_cast<M>(INFINITY);
+    s.template each<G>(cols, [&](M& v, std::size_t) { m = max_nan(m, v); });
+    m = G::reduce(m, [](M a, M b) { return max_nan(a, b); });
+    accumulator<Acc> acc;
+    s.template each<G>(cols, [&](M& v, std::size_t) { acc.add(static_cast<A>(math::exp(v - m))); });
+    const M sum = static_cast<M>(G::reduce(acc.value(), acc_add<Acc, A>{}));
+    const std::size_t t = target_index(targets, r, cols);
+    if constexpr (Backward) {
+      const M scale = dloss_of<M>(dloss) / static_cast<M>(rows);
+      DX* out = dlogits + r * cols;
+#pragma unroll
+      for (int i = 0; i < s.groups; ++i) {
+        const std::size_t c = slot_column(i, G::rank(), G::threads(), V);
+        M o[V];
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          M v = math::exp(s.v[i][k] - m) / sum;
+          if (c + k == t) v -= M(1);
+          o[k] = t == cols ? static_cast<M>(NAN) : v * scale;
+        }
+        store_slots<V>(out, c, cols, packed, o);
+      }
+    } else if (G::rank() == 0) {
+      per_row[r] = t == cols ? static_cast<M>(NAN) : m + math::log(sum) - device_load<M>(logits[r * cols + t]);
+    }
+  }
+}
+
+/// Runs cross_entropy_resident over rows of at most resident_row_limit columns, or the
+/// block-per-row kernels (cross_entropy_rows, cross_entropy_backward_rows) over longer ones.
+template <bool Backward, class M, class Acc, class X, class I, class DX>
+void cross_entropy_launch(cuda_context& ctx, const X* logits, const I* targets, M* per_row, DX* dlogits,
+                          std::size_t rows, std::size_t cols, device_dloss dloss, std::string_view name) {
+  if (cols <= resident_row_limit) {
+    constexpr int V = pack_width<X>;
+    const bool packed = cols % V == 0 && pack_aligned<V>(logits) && (!Backward || pack_aligned<V>(dlogits));
+    with_resident_rows(rows, cols, [&](auto group, auto slots, unsigned blocks, unsigned threads) {
+      cross_entropy_resident<Backward, decltype(group), M, Acc, V, decltype(slots)::value>
+          <<<blocks, threads, 0, ctx.stream()>>>(logits, targets, per_row, dlogits, rows, cols, dloss, packed);
+    });
+  } else if constexpr (Backward) {
+    cross_entropy_backward_rows<M, Acc><<<row_blocks(rows, name), row_threads, 0, ctx.stream()>>>(
+        logits, targets, dlogits, rows, cols, dloss);
+  } else {
+    cross_entropy_rows<M, Acc><<<row_blocks(rows, name), row_threads, 0, ctx.stream()>>>(logits, targets, per_row,
+                                                                                         cols);
+  }
+  check(cudaGetLastError(), name);
+}
+
 template <class M>
 struct row_terms {
   const M* per_row;
@@ -311,10 +372,8 @@ void cross_entropy(cuda_context& ctx, const device_tensor<X, 2>& logits,
   detail::cuda::check_loss_output(name, loss);
   const std::size_t rows = logits.shape()[0], cols = logits.shape()[1];
   device_tensor<M, 1> per_row({rows}, ctx.stream());
-  detail::cuda::cross_entropy_rows<M, Acc>
-      <<<detail::cuda::row_blocks(rows, name), detail::cuda::row_threads, 0, ctx.stream()>>>(
-          logits.data(), targets.data(), per_row.data(), cols);
-  check(cudaGetLastError(), name);
+  detail::cuda::cross_entropy_launch<false, M, Acc>(ctx, logits.data(), targets.data(), per_row.data(),
+                                                    static_cast<X*>(nullptr), rows, cols, device_dloss(1.0), name);
   detail::cuda::reduce_terms<detail::cuda::device_sum<Acc>, 1>(
       ctx, rows, detail::cuda::row_terms<M>{per_row.data()},
       detail::cuda::mean_finish<M, L>{loss.data(), rows}, name);
@@ -332,10 +391,8 @@ void cross_entropy_backward(cuda_context& ctx, const device_tensor<X, 2>& logits
   detail::cuda::check_device_cross_entropy(name, logits, targets);
   check_shape(std::string(name) + ": dlogits", dlogits, logits.shape());
   const std::size_t rows = logits.shape()[0], cols = logits.shape()[1];
-  detail::cuda::cross_entropy_backward_rows<M, Acc>
-      <<<detail::cuda::row_blocks(rows, name), detail::cuda::row_threads, 0, ctx.stream()>>>(
-          logits.data(), targets.data(), dlogits.data(), rows, cols, dloss);
-  check(cudaGetLastError(), name);
+  detail::cuda::cross_entropy_launch<true, M, Acc>(ctx, logits.data(), targets.data(), static_cast<M*>(nullptr),
+                                                   dlogits.data(), rows, cols, dloss, name);
 }
 
 /// loss[0] = the mean of max(x, 0) - x t + log1p(exp(-|x|)), on the device (see the host

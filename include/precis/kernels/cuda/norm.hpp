@@ -2,8 +2,9 @@
 /// Layer norm over the last axis and batch norm over axis 1 of device tensors, forward and
 /// backward, with the calls of kernels/norm.hpp (a cuda_context in place of the cpu_context).
 /// Statistics in at least float (the policy's accumulate type for the sums, two passes for the
-/// variance, as on the host). Layer norm: one warp per row for rows of up to 1024 columns (several
-/// rows per block), one block per row beyond; dgamma and dbeta are column sums in
+/// variance, as on the host). Layer norm: rows of up to 8192 columns are read once and held in
+/// registers (common.hpp's row_share: a warp per row up to 1024 columns, several rows per
+/// block; a block per row beyond), longer rows once per pass by a block each; dgamma and dbeta are column sums in
 /// two passes of a fixed order (slabs of 64 rows, each summed by 8 strided threads and then across
 /// them; then the slabs in order: reduce.hpp's column_reduce), the same bits on every run and
 /// device, within a float sum's bound of the host's row-order sums. Batch norm: the statistics
@@ -56,58 +57,83 @@ __global__ void layer_norm_rows(const X* x, const G* gamma, const B* beta, Y* y,
   }
 }
 
-/// layer_norm_rows for rows of at most warp_row_limit columns: a warp per row (each lane its
-/// strided share, then the warp's butterfly), several rows per block.
-template <class M, class Acc, class X, class G, class B, class Y, class S>
-__global__ void layer_norm_warp_rows(const X* x, const G* gamma, const B* beta, Y* y, S* mean, S* rstd,
-                                     std::size_t rows, std::size_t cols, M eps) {
-  using V = typename accumulator<Acc>::value_type;
-  const std::size_t warps = blockDim.x / 32, lane = threadIdx.x % 32;
-  for (std::size_t r = blockIdx.x * warps + threadIdx.x / 32; r < rows; r += std::size_t(gridDim.x) * warps) {
-    const std::size_t base = r * cols;
-    accumulator<Acc> s;
-    for (std::size_t j = lane; j < cols; j += 32) s.add(V(device_load<M>(x[base + j])));
-    const M mu = static_cast<M>(warp_reduce(s.value(), acc_add<Acc, V>{})) / M(cols);
+/// layer_norm_rows for rows of at most resident_row_limit columns, x read once: the row group
+/// G's threads hold the row in registers (common.hpp's row_share), V columns per access. The
+/// statistics and the normalisation take the host's formulas (the mean, then the squared
+/// distances to it).
+template <class G, class M, class Acc, int V, int Slots, class X, class GA, class B, class Y, class S>
+__global__ void __launch_bounds__(G::max_threads)
+    layer_norm_resident(const X* x, const GA* gamma, const B* beta, Y* y, S* mean, S* rstd, std::size_t rows,
+                        std::size_t cols, M eps, bool packed) {
+  using A = typename accumulator<Acc>::value_type;
+  for (std::size_t r = G::first(); r < rows; r += G::step()) {
+    row_share<M, V, Slots> s;
+    s.template load<G>(x + r * cols, cols, packed);
+    accumulator<Acc> sum;
+    s.template each<G>(cols, [&](M& v, std::size_t) { sum.add(A(v)); });
+    const M mu = static_cast<M>(G::reduce(sum.value(), acc_add<Acc, A>{})) / M(cols);
     accumulator<Acc> q;
-    for (std::size_t j = lane; j < cols; j += 32) {
-      const M d = device_load<M>(x[base + j]) - mu;
-      q.add(V(d * d));
-    }
-    const M var = static_cast<M>(warp_reduce(q.value(), acc_add<Acc, V>{})) / M(cols);
+    s.template each<G>(cols, [&](M& v, std::size_t) {
+      v -= mu;
+      q.add(A(v * v));
+    });
+    const M var = static_cast<M>(G::reduce(q.value(), acc_add<Acc, A>{})) / M(cols);
     const M rs = M(1) / ::sqrt(var + eps);
-    for (std::size_t j = lane; j < cols; j += 32) {
-      const M v = (device_load<M>(x[base + j]) - mu) * rs * device_load<M>(gamma[j]) + device_load<M>(beta[j]);
-      y[base + j] = round_to<Y>(v);
+    Y* out = y + r * cols;
+#pragma unroll
+    for (int i = 0; i < s.groups; ++i) {
+      const std::size_t c = slot_column(i, G::rank(), G::threads(), V);
+      M g[V], b[V], o[V];
+      load_slots<V>(gamma, c, cols, packed, g);
+      load_slots<V>(beta, c, cols, packed, b);
+#pragma unroll
+      for (int k = 0; k < V; ++k) o[k] = s.v[i][k] * rs * g[k] + b[k];
+      store_slots<V>(out, c, cols, packed, o);
     }
-    if (lane == 0) {
+    if (G::rank() == 0) {
       mean[r] = static_cast<S>(mu);
       rstd[r] = static_cast<S>(rs);
     }
   }
 }
 
-/// layer_norm_backward_rows for rows of at most warp_row_limit columns (a warp per row).
-template <class M, class Acc, class DY, class X, class G, class S, class DX>
-__global__ void layer_norm_backward_warp_rows(const DY* dy, const X* x, const G* gamma, const S* mean,
-                                              const S* rstd, DX* dx, std::size_t rows, std::size_t cols) {
-  using V = typename accumulator<Acc>::value_type;
-  const std::size_t warps = blockDim.x / 32, lane = threadIdx.x % 32;
-  for (std::size_t r = blockIdx.x * warps + threadIdx.x / 32; r < rows; r += std::size_t(gridDim.x) * warps) {
-    const std::size_t base = r * cols;
+/// layer_norm_backward_rows for rows of at most resident_row_limit columns, dy and x read once
+/// (as layer_norm_resident).
+template <class G, class M, class Acc, int V, int Slots, class DY, class X, class GA, class S, class DX>
+__global__ void __launch_bounds__(G::max_threads)
+    layer_norm_backward_resident(const DY* dy, const X* x, const GA* gamma, const S* mean, const S* rstd, DX* dx,
+                                 std::size_t rows, std::size_t cols, bool packed) {
+  using A = typename accumulator<Acc>::value_type;
+  for (std::size_t r = G::first(); r < rows; r += G::step()) {
     const M mu = static_cast<M>(mean[r]), rs = static_cast<M>(rstd[r]);
+    row_share<M, V, Slots> g, xh;  // dy gamma and (x - mean) rstd
+    g.template load<G>(dy + r * cols, cols, packed);
+    xh.template load<G>(x + r * cols, cols, packed);
     accumulator<Acc> sg, sgx;
-    for (std::size_t j = lane; j < cols; j += 32) {
-      const M g = device_load<M>(dy[base + j]) * device_load<M>(gamma[j]);
-      const M xh = (device_load<M>(x[base + j]) - mu) * rs;
-      sg.add(V(g));
-      sgx.add(V(g * xh));
+#pragma unroll
+    for (int i = 0; i < g.groups; ++i) {
+      const std::size_t c = slot_column(i, G::rank(), G::threads(), V);
+      M w[V];
+      load_slots<V>(gamma, c, cols, packed, w);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        g.v[i][k] = g.v[i][k] * w[k];
+        xh.v[i][k] = (xh.v[i][k] - mu) * rs;
+        if (c + k < cols) {
+          sg.add(A(g.v[i][k]));
+          sgx.add(A(g.v[i][k] * xh.v[i][k]));
+        }
+      }
     }
-    const M a = static_cast<M>(warp_reduce(sg.value(), acc_add<Acc, V>{})) / M(cols);
-    const M b = static_cast<M>(warp_reduce(sgx.value(), acc_add<Acc, V>{})) / M(cols);
-    for (std::size_t j = lane; j < cols; j += 32) {
-      const M g = device_load<M>(dy[base + j]) * device_load<M>(gamma[j]);
-      const M xh = (device_load<M>(x[base + j]) - mu) * rs;
-      dx[base + j] = round_to<DX>(rs * (g - a - xh * b));
+    const M a = static_cast<M>(G::reduce(sg.value(), acc_add<Acc, A>{})) / M(cols);
+    const M b = static_cast<M>(G::reduce(sgx.value(), acc_add<Acc, A>{})) / M(cols);
+    DX* out = dx + r * cols;
+#pragma unroll
+    for (int i = 0; i < g.groups; ++i) {
+      M o[V];
+#pragma unroll
+      for (int k = 0; k < V; ++k) o[k] = rs * (g.v[i][k] - a - xh.v[i][k] * b);
+      store_slots<V>(out, slot_column(i, G::rank(), G::threads(), V), cols, packed, o);
     }
   }
 }
@@ -310,11 +336,15 @@ void layer_norm(cuda_context& ctx, const device_tensor<X, N>& x, const device_te
   detail::check_eps("precis::layer_norm", eps);
   const std::size_t rows = mean.size();
   if (rows == 0) return;
-  if (d[0] <= detail::cuda::warp_row_limit) {
-    detail::cuda::layer_norm_warp_rows<M, Acc><<<detail::cuda::warp_row_blocks(rows), detail::cuda::row_threads, 0,
-                                                 ctx.stream()>>>(x.data(), gamma.data(), beta.data(), y.data(),
-                                                                 mean.data(), rstd.data(), rows, d[0],
-                                                                 static_cast<M>(eps));
+  if (d[0] <= detail::cuda::resident_row_limit) {
+    constexpr int V = detail::cuda::pack_width<X>;
+    const bool packed =
+        d[0] % V == 0 && detail::cuda::pack_aligned<V>(x.data(), gamma.data(), beta.data(), y.data());
+    detail::cuda::with_resident_rows(rows, d[0], [&](auto group, auto slots, unsigned blocks, unsigned threads) {
+      detail::cuda::layer_norm_resident<decltype(group), M, Acc, V, decltype(slots)::value>
+          <<<blocks, threads, 0, ctx.stream()>>>(x.data(), gamma.data(), beta.data(), y.data(), mean.data(),
+                                                 rstd.data(), rows, d[0], static_cast<M>(eps), packed);
+    });
   } else {
     detail::cuda::layer_norm_rows<M, Acc><<<detail::cuda::row_blocks(rows, "precis::layer_norm"),
                                             detail::cuda::row_threads, 0, ctx.stream()>>>(
@@ -346,10 +376,15 @@ void layer_norm_backward(cuda_context& ctx, const device_tensor<DY, N>& dy,
   const std::size_t rows = mean.size(), cols = d[0];
   if (cols == 0) return;
   if (rows != 0) {
-    if (cols <= detail::cuda::warp_row_limit) {
-      detail::cuda::layer_norm_backward_warp_rows<M, Acc>
-          <<<detail::cuda::warp_row_blocks(rows), detail::cuda::row_threads, 0, ctx.stream()>>>(
-              dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(), dx.data(), rows, cols);
+    if (cols <= detail::cuda::resident_row_limit) {
+      constexpr int V = detail::cuda::pack_width<DY, X>;
+      const bool packed =
+          cols % V == 0 && detail::cuda::pack_aligned<V>(dy.data(), x.data(), gamma.data(), dx.data());
+      detail::cuda::with_resident_rows(rows, cols, [&](auto group, auto slots, unsigned blocks, unsigned threads) {
+        detail::cuda::layer_norm_backward_resident<decltype(group), M, Acc, V, decltype(slots)::value>
+            <<<blocks, threads, 0, ctx.stream()>>>(dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(),
+                                                   dx.data(), rows, cols, packed);
+      });
     } else {
       detail::cuda::layer_norm_backward_rows<M, Acc>
           <<<detail::cuda::row_blocks(rows, "precis::layer_norm_backward"), detail::cuda::row_threads, 0,

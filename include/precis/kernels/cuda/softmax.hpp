@@ -1,8 +1,9 @@
 /// @file
 /// Softmax and log-softmax along the last axis of device tensors, forward and backward, with the
-/// calls of kernels/softmax.hpp (a cuda_context in place of the cpu_context). One warp per row
-/// for rows of up to 1024 columns (several rows per block), one block per row beyond: the
-/// row's maximum is subtracted before exp (NaN wins, as on the host), the sum of exp(x - max)
+/// calls of kernels/softmax.hpp (a cuda_context in place of the cpu_context). Rows of up to
+/// 8192 columns are read once and held in registers (common.hpp's row_share: a warp per row
+/// up to 1024 columns, several rows per block; a block per row beyond), longer rows are read
+/// once per pass by a block each: the row's maximum is subtracted before exp (NaN wins, as on the host), the sum of exp(x - max)
 /// is kept in the policy's accumulate type (each thread's running sum, then the partial sums
 /// added in a fixed tree order), and each output is rounded once. Compiled by nvcc only (include from a
 /// .cu file).
@@ -47,45 +48,68 @@ __global__ void softmax_rows(const X* x, Y* y, std::size_t cols) {
   }
 }
 
-/// softmax_rows for rows of at most warp_row_limit columns: a warp per row (each lane its
-/// strided share, then the warp's butterfly), several rows per block.
-template <class M, class Acc, bool Log, class X, class Y>
-__global__ void softmax_warp_rows(const X* x, Y* y, std::size_t rows, std::size_t cols) {
-  using V = typename accumulator<Acc>::value_type;
-  const std::size_t warps = blockDim.x / 32, lane = threadIdx.x % 32;
-  for (std::size_t r = blockIdx.x * warps + threadIdx.x / 32; r < rows; r += std::size_t(gridDim.x) * warps) {
-    const X* row = x + r * cols;
-    Y* out = y + r * cols;
+/// softmax_rows for rows of at most resident_row_limit columns, each read once: the row group
+/// G's threads hold it in registers (common.hpp's row_share), V columns per access.
+template <class G, class M, class Acc, bool Log, int V, int S, class X, class Y>
+__global__ void __launch_bounds__(G::max_threads) softmax_resident(const X* x, Y* y, std::size_t rows, std::size_t cols,
+                                                        bool packed) {
+  using A = typename accumulator<Acc>::value_type;
+  for (std::size_t r = G::first(); r < rows; r += G::step()) {
+    row_share<M, V, S> s;
+    s.template load<G>(x + r * cols, cols, packed);
     M m = -static_cast<M>(INFINITY);
-    for (std::size_t j = lane; j < cols; j += 32) m = max_nan(m, device_load<M>(row[j]));
-    m = warp_reduce(m, max_op<M>{});
-    accumulator<Acc> s;
-    for (std::size_t j = lane; j < cols; j += 32) s.add(static_cast<V>(math::exp(device_load<M>(row[j]) - m)));
-    const M total = static_cast<M>(warp_reduce(s.value(), acc_add<Acc, V>{}));
+    s.template each<G>(cols, [&](M& v, std::size_t) { m = max_nan(m, v); });
+    m = G::reduce(m, max_op<M>{});
+    accumulator<Acc> sum;
+    s.template each<G>(cols, [&](M& v, std::size_t) {
+      v -= m;
+      const M e = math::exp(v);
+      sum.add(static_cast<A>(e));
+      if constexpr (!Log) v = e;
+    });
+    const M total = static_cast<M>(G::reduce(sum.value(), acc_add<Acc, A>{}));
     const M lse = math::log(total);
-    for (std::size_t j = lane; j < cols; j += 32) {
-      const M v = device_load<M>(row[j]) - m;
-      out[j] = round_to<Y>(Log ? v - lse : math::exp(v) / total);
+    Y* out = y + r * cols;
+#pragma unroll
+    for (int i = 0; i < s.groups; ++i) {
+      M o[V];
+#pragma unroll
+      for (int k = 0; k < V; ++k) o[k] = Log ? s.v[i][k] - lse : s.v[i][k] / total;
+      store_slots<V>(out, slot_column(i, G::rank(), G::threads(), V), cols, packed, o);
     }
   }
 }
 
-// softmax: dx = y (dy - sum(dy y)); log_softmax: dx = dy - exp(y) sum(dy).
-template <class M, class Acc, bool Log, class DY, class Y, class DX>
-__global__ void softmax_backward_warp_rows(const DY* dy, const Y* y, DX* dx, std::size_t rows, std::size_t cols) {
-  using V = typename accumulator<Acc>::value_type;
-  const std::size_t warps = blockDim.x / 32, lane = threadIdx.x % 32;
-  for (std::size_t r = blockIdx.x * warps + threadIdx.x / 32; r < rows; r += std::size_t(gridDim.x) * warps) {
-    const std::size_t base = r * cols;
-    accumulator<Acc> s;
-    for (std::size_t j = lane; j < cols; j += 32) {
-      const M g = device_load<M>(dy[base + j]);
-      s.add(static_cast<V>(Log ? g : g * device_load<M>(y[base + j])));
+// softmax: dx = y (dy - sum(dy y)); log_softmax: dx = dy - exp(y) sum(dy). Rows of at most
+// resident_row_limit columns, dy and y each read once (as softmax_resident).
+template <class G, class M, class Acc, bool Log, int V, int S, class DY, class Y, class DX>
+__global__ void __launch_bounds__(G::max_threads) softmax_backward_resident(const DY* dy, const Y* y, DX* dx, std::size_t rows,
+                                                                 std::size_t cols, bool packed) {
+  using A = typename accumulator<Acc>::value_type;
+  for (std::size_t r = G::first(); r < rows; r += G::step()) {
+    row_share<M, V, S> g, p;
+    g.template load<G>(dy + r * cols, cols, packed);
+    p.template load<G>(y + r * cols, cols, packed);
+    accumulator<Acc> sum;
+#pragma unroll
+    for (int i = 0; i < g.groups; ++i) {
+      const std::size_t c = slot_column(i, G::rank(), G::threads(), V);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        if (c + k < cols) sum.add(static_cast<A>(Log ? g.v[i][k] : g.v[i][k] * p.v[i][k]));
+      }
     }
-    const M total = static_cast<M>(warp_reduce(s.value(), acc_add<Acc, V>{}));
-    for (std::size_t j = lane; j < cols; j += 32) {
-      const M g = device_load<M>(dy[base + j]), p = device_load<M>(y[base + j]);
-      dx[base + j] = round_to<DX>(Log ? g - math::exp(p) * total : p * (g - total));
+    const M total = static_cast<M>(G::reduce(sum.value(), acc_add<Acc, A>{}));
+    DX* out = dx + r * cols;
+#pragma unroll
+    for (int i = 0; i < g.groups; ++i) {
+      M o[V];
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const M gv = g.v[i][k], pv = p.v[i][k];
+        o[k] = Log ? gv - math::exp(pv) * total : pv * (gv - total);
+      }
+      store_slots<V>(out, slot_column(i, G::rank(), G::threads(), V), cols, packed, o);
     }
   }
 }
@@ -114,9 +138,13 @@ void softmax_forward(std::string_view name, cuda_context& ctx, const device_tens
   check_shape(std::string(name) + ": y", y, x.shape());
   const auto [rows, cols] = rows_and_cols(x);
   if (rows == 0 || cols == 0) return;
-  if (cols <= warp_row_limit) {
-    softmax_warp_rows<M, Acc, Log><<<warp_row_blocks(rows), row_threads, 0, ctx.stream()>>>(x.data(), y.data(), rows,
-                                                                                         cols);
+  if (cols <= resident_row_limit) {
+    constexpr int V = pack_width<X>;
+    const bool packed = cols % V == 0 && pack_aligned<V>(x.data(), y.data());
+    with_resident_rows(rows, cols, [&](auto group, auto slots, unsigned blocks, unsigned threads) {
+      softmax_resident<decltype(group), M, Acc, Log, V, decltype(slots)::value>
+          <<<blocks, threads, 0, ctx.stream()>>>(x.data(), y.data(), rows, cols, packed);
+    });
   } else {
     softmax_rows<M, Acc, Log><<<row_blocks(rows, name), row_threads, 0, ctx.stream()>>>(x.data(), y.data(), cols);
   }
@@ -132,9 +160,13 @@ void softmax_backward(std::string_view name, cuda_context& ctx, const device_ten
   check_shape(std::string(name) + ": dx", dx, y.shape());
   const auto [rows, cols] = rows_and_cols(y);
   if (rows == 0 || cols == 0) return;
-  if (cols <= warp_row_limit) {
-    softmax_backward_warp_rows<M, Acc, Log><<<warp_row_blocks(rows), row_threads, 0, ctx.stream()>>>(
-        dy.data(), y.data(), dx.data(), rows, cols);
+  if (cols <= resident_row_limit) {
+    constexpr int V = pack_width<DY, Y>;
+    const bool packed = cols % V == 0 && pack_aligned<V>(dy.data(), y.data(), dx.data());
+    with_resident_rows(rows, cols, [&](auto group, auto slots, unsigned blocks, unsigned threads) {
+      softmax_backward_resident<decltype(group), M, Acc, Log, V, decltype(slots)::value>
+          <<<blocks, threads, 0, ctx.stream()>>>(dy.data(), y.data(), dx.data(), rows, cols, packed);
+    });
   } else {
     softmax_backward_rows<M, Acc, Log><<<row_blocks(rows, name), row_threads, 0, ctx.stream()>>>(
         dy.data(), y.data(), dx.data(), cols);
