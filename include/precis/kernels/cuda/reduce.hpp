@@ -11,7 +11,8 @@
 /// adds its axis in index order in the accumulate type -- the host's order, so the result
 /// is the host's. A whole-tensor reduction runs in two passes: a number of blocks that
 /// depends only on the element count (never on the device) each reduce a strided share
-/// (each thread in element order, then the block's threads in a fixed tree), and one block
+/// (each thread in element order, eight loads in flight before their additions, then the
+/// block's threads in a fixed tree), and one block
 /// adds the partial results in block order. Repeated calls give the same bits; the host's
 /// single running sum may differ in the last places. Both passes keep sums in the policy's
 /// accumulate type (rounded after every addition when narrower than float, as on the host).
@@ -74,6 +75,31 @@ struct combine_op {
   }
 };
 
+/// Adds terms(i) for i = first, first + step, .. below end to the K states s with Red, in
+/// that order; the terms of U consecutive steps are read before any of them is added, so that
+/// U loads per thread are in flight together (the order of additions, and so every result,
+/// is that of the plain loop).
+template <class Red, int K, int U = 8, class Terms>
+__device__ __forceinline__ void add_strided(typename Red::state (&s)[K], std::size_t first, std::size_t step,
+                                            std::size_t end, const Terms& terms) {
+  std::size_t i = first;
+  for (; i < end && end - i > (U - 1) * step; i += U * step) {
+    decltype(terms(i)) t[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) t[u] = terms(i + u * step);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) s[k] = Red::add(s[k], t[u].v[k]);
+    }
+  }
+  for (; i < end; i += step) {
+    const auto t = terms(i);
+#pragma unroll
+    for (int k = 0; k < K; ++k) s[k] = Red::add(s[k], t.v[k]);
+  }
+}
+
 inline constexpr unsigned reduce_threads = 256;
 
 /// Blocks of a whole-tensor reduction's first pass: a function of n alone, so that the
@@ -89,11 +115,8 @@ __global__ void reduce_partials(Terms terms, std::size_t n, typename Red::state*
   __shared__ typename Red::state shared[32];
   typename Red::state s[K];
   for (int k = 0; k < K; ++k) s[k] = Red::init();
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
-    const auto t = terms(i);
-    for (int k = 0; k < K; ++k) s[k] = Red::add(s[k], t.v[k]);
-  }
+  add_strided<Red>(s, blockIdx.x * std::size_t(blockDim.x) + threadIdx.x, std::size_t(gridDim.x) * blockDim.x, n,
+                   terms);
   for (int k = 0; k < K; ++k) {
     const auto r = block_reduce(s[k], combine_op<Red>{}, shared);
     if (threadIdx.x == 0) partials[blockIdx.x * K + k] = r;
@@ -211,10 +234,8 @@ __global__ void column_partials(Terms terms, std::size_t rows, std::size_t cols,
     S s[K];
     for (int k = 0; k < K; ++k) s[k] = S(0);
     if (col < cols) {
-      for (std::size_t r = slab * slab_rows + threadIdx.y; r < end; r += 8) {
-        const auto t = terms(r, col);
-        for (int k = 0; k < K; ++k) s[k] = device_sum<Acc>::add(s[k], t.v[k]);
-      }
+      add_strided<device_sum<Acc>>(s, slab * slab_rows + threadIdx.y, 8, end,
+                                   [&](std::size_t r) { return terms(r, col); });
     }
     for (int k = 0; k < K; ++k) shared[k][threadIdx.y][threadIdx.x] = s[k];
     __syncthreads();
@@ -341,10 +362,9 @@ __global__ void channel_partials(Terms terms, std::size_t images, std::size_t ch
   for (std::size_t c = blockIdx.y; c < channels; c += gridDim.y) {
     S acc[K];
     for (int k = 0; k < K; ++k) acc[k] = device_sum<Acc>::init();
-    for (std::size_t q = lo + threadIdx.x; q < hi; q += blockDim.x) {
-      const auto t = terms((i * channels + c) * inner + q, c);
-      for (int k = 0; k < K; ++k) acc[k] = device_sum<Acc>::add(acc[k], t.v[k]);
-    }
+    const std::size_t plane = (i * channels + c) * inner;
+    add_strided<device_sum<Acc>>(acc, lo + threadIdx.x, blockDim.x, hi,
+                                 [&](std::size_t q) { return terms(plane + q, c); });
     for (int k = 0; k < K; ++k) {
       const S r = block_reduce(acc[k], combine_op<device_sum<Acc>>{}, shared);
       if (threadIdx.x == 0) partial[((c * images + i) * segments + seg) * K + k] = r;
