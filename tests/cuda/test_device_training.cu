@@ -5,7 +5,8 @@
 // steps, scales and learning rates, losses and norms within bounds; the optimizer's step
 // count is the host's. The same for a small ViT (the example's blueprint), and for steps of
 // two micro-batches (also replayed as a graph). Then a step
-// captured as a CUDA graph and replayed gives the bits of the same steps run eagerly, and a
+// captured as a CUDA graph and replayed gives the bits of the same steps run eagerly (also
+// when train_options::max_graphs drops graphs), and a
 // device model's checkpoint goes through the host's file format and back with the same
 // bits. Exits 77 (skipped) where no GPU is present.
 #include <precis/nn/cuda.hpp>  // first: the device kernels, then nn
@@ -242,6 +243,38 @@ void check_graph_option(cuda_context& ctx, const std::string& tag) {
   expect(w.o2.steps_left() == 0, tag + " graph option: the table holds exactly the steps run");
 }
 
+// train_options::max_graphs: with room for two, three pairs of batch buffers (a, b, c) stepped
+// a a b b a c b b: c drops b (the least recently stepped, with its graph), then b drops a;
+// every step still has the eager steps' bits.
+template <class P, class Scaler>
+void check_graph_eviction(cuda_context& ctx, const std::string& tag) {
+  using S = typename P::storage_type;
+  const std::vector<std::size_t> pair = {0, 0, 1, 1, 0, 2, 1, 1};
+  const std::vector<std::size_t> want_graphs = {0, 1, 1, 2, 2, 1, 0, 1};
+  const std::vector<std::uint64_t> want_evictions = {0, 0, 0, 0, 0, 1, 2, 2};
+  twins<P, Scaler> w(ctx, {.lr = 3e-3}, pair.size());
+  nn::trainer t1(ctx, w.eager, w.l1, w.o1, w.s1, {.max_grad_norm = 0.5});
+  nn::trainer t2(ctx, w.graph, w.l2, w.o2, w.s2, {.max_grad_norm = 0.5, .graph = true, .max_graphs = 2});
+  std::vector<device_tensor<S, 2>> xb;
+  std::vector<device_tensor<std::int32_t, 1>> tb;
+  for (std::size_t m = 0; m < 3; ++m) {
+    xb.push_back(to_device(w.data[0].x));
+    tb.push_back(to_device(w.data[0].t));
+  }
+  bool counts = true;
+  for (std::size_t i = 0; i < pair.size(); ++i) {
+    const std::size_t m = pair[i];
+    w.gather(ctx, i % w.data.size(), xb[m], tb[m]);
+    t1.step(ctx, xb[m], tb[m]);
+    t2.step(ctx, xb[m], tb[m]);
+    counts = counts && t2.graphs() == want_graphs[i] && t2.graph_evictions() == want_evictions[i];
+  }
+  expect(counts, tag + " max_graphs: the graphs held and dropped after each step");
+  w.expect_same_bits(tag + " max_graphs", ctx, t1.records(ctx), t2.records(ctx), pair.size());
+  expect_error(tag + " max_graphs 0", [&] { nn::trainer(ctx, w.graph, w.l2, w.o2, w.s2, {.graph = true, .max_graphs = 0}); },
+               "max_graphs");
+}
+
 // Gradient accumulation: steps of two and of three micro-batches, on the host, on the device,
 // and on the device under train_options::graph (three fixed pairs of batch buffers: the steps
 // of two read the first two, those of three all three, so each sequence has its graph: its
@@ -382,6 +415,7 @@ int main() {
   check_graph<presets::fp16_mixed, dynamic_scaler>(ctx, "fp16_mixed");
   check_graph_option<presets::fp16_mixed, dynamic_scaler>(ctx, "fp16_mixed");
   check_graph_option<presets::bf16_mixed, no_scaling>(ctx, "bf16_mixed");
+  check_graph_eviction<presets::fp16_mixed, dynamic_scaler>(ctx, "fp16_mixed");
   check_micro_batches<presets::fp16_mixed, dynamic_scaler>(ctx, "fp16_mixed");
   check_checkpoint<presets::fp16_mixed>(ctx);
   // Accuracy counted on the device as nn::count_correct counts on the host: ties to the

@@ -270,7 +270,7 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
 
   /// A trainer whose ring holds `ring` records between two reads. Loads the scaler's state
   /// into device memory (waits for that copy). Throws precis::error when `o.max_grad_norm`
-  /// is negative or NaN, or `ring` is 0.
+  /// is negative or NaN, `o.max_graphs` is 0 under `o.graph`, or `ring` is 0.
   trainer(cuda_context& ctx, Model& model, Loss& loss, Optimizer& opt, Scaler& scaler,
           train_options o = {}, std::size_t ring = 1024)
       : model_(&model),
@@ -285,6 +285,9 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
         first_step_(scaler.steps()) {
     (void)model_->template check_scaler<Scaler>();
     if (!(options_.max_grad_norm >= 0.0)) throw error("precis::nn::trainer: max_grad_norm must be >= 0");
+    if (options_.graph && options_.max_graphs == 0) {
+      throw error("precis::nn::trainer: train_options::max_graphs must be at least 1 under train_options::graph");
+    }
     if (ring == 0) throw error("precis::nn::trainer: the ring of step records needs at least one slot");
     if constexpr (dynamic) {
       load_device_state(ctx, scaler, state_.data());
@@ -318,7 +321,8 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
   /// the objects' buffers at the addresses they had when it was captured: give the same
   /// objects for the same batch buffers (a batch gathered into fixed buffers). A tensor
   /// holding another buffer than at the capture (moved into, or made again at the same
-  /// address) starts a graph of its own; forget_graphs() frees the old ones. Throws
+  /// address) starts a graph of its own; past train_options::max_graphs the least recently
+  /// used is dropped (graph_evictions()), and forget_graphs() frees them all. Throws
   /// precis::error as capture() does for a model with a dropout layer.
   void step(cuda_context& ctx, const input_tensor& inputs, const target_tensor& targets) {
     const batch_type b{inputs, targets};
@@ -360,6 +364,16 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
     for (auto& e : graphs_) {
       if (e.key == key) g = &e;
     }
+    if (g == nullptr && graphs_.size() >= options_.max_graphs) {
+      // Room for a new sequence: the least recently stepped one goes.
+      auto oldest = graphs_.begin();
+      for (auto it = graphs_.begin(); it != graphs_.end(); ++it) {
+        if (it->last_step < oldest->last_step) oldest = it;
+      }
+      if (oldest->exec != nullptr) (void)cudaGraphExecDestroy(oldest->exec);
+      graphs_.erase(oldest);
+      ++graph_evictions_;
+    }
     if (g != nullptr && g->exec != nullptr && !still_valid(ctx, g->reallocations, g->workspace)) {
       (void)cudaGraphExecDestroy(g->exec);
       g->exec = nullptr;  // the next step on these objects is captured again
@@ -370,6 +384,7 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
         graphs_.push_back({std::move(key), nullptr, 0, nullptr});
         g = &graphs_.back();
       }
+      g->last_step = ++graph_steps_;
       if (!warm || g->warmed_reallocations != detail::device_reallocations.load(std::memory_order_relaxed)) {
         // First on these objects, or buffers moved since: an eager step (it makes them).
         make_room(ctx);
@@ -382,6 +397,7 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
       g->reallocations = detail::device_reallocations.load(std::memory_order_relaxed);
       g->workspace = ctx.workspace_address();
     }
+    g->last_step = ++graph_steps_;
     launch(ctx, g->exec);
   }
   /// Forgets the graphs step() captured under train_options::graph (each pair then starts
@@ -398,6 +414,10 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
     for (const auto& g : graphs_) n += g.exec != nullptr ? 1U : 0U;
     return n;
   }
+  /// (inputs, targets) sequences step() dropped to stay within train_options::max_graphs,
+  /// each with its graph if it had one. More than a few means the loop gives new tensors
+  /// each step: gather the batches into the same ones.
+  std::uint64_t graph_evictions() const { return graph_evictions_; }
 
   /// Records the step on `inputs` and `targets` as a CUDA graph instead of running it
   /// (replacing one captured before); replay() runs it on whatever those tensors hold then.
@@ -625,8 +645,11 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
     std::uint64_t reallocations;  // at the capture
     const void* workspace;        // at the capture
     std::uint64_t warmed_reallocations = 0;  // after the eager step that warmed the pair
+    std::uint64_t last_step = 0;             // graph_steps_ when last stepped on
   };
   std::vector<graph_entry> graphs_;
+  std::uint64_t graph_steps_ = 0;      // steps taken under train_options::graph
+  std::uint64_t graph_evictions_ = 0;  // entries dropped past train_options::max_graphs
 };
 
 /// nn::trainer train(ctx, model, loss, optimizer, scaler[, options]): the device trainer.

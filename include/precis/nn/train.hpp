@@ -31,6 +31,11 @@ struct train_options {
   /// and every later one replays that graph; once per such pair, cached, and captured again
   /// when a device buffer was reallocated since. The host trainer refuses it.
   bool graph = false;
+  /// The device trainer under `graph`: the most (inputs, targets) sequences it keeps a graph
+  /// (or a warm-up mark) for. Past it, the least recently stepped one is dropped, its graph
+  /// destroyed, and trainer::graph_evictions() counts it: a loop that gives new batch tensors
+  /// every step shows there, instead of growing without bound. At least 1.
+  std::size_t max_graphs = 8;
 };
 
 /// What one step did.
