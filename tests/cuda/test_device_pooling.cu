@@ -282,7 +282,8 @@ int main() {
   check_batch_norm<presets::fp16_mixed, float16, 4>(ctx, cpu, {4, 6, 9, 11}, " (fp16, rank 4)");
   check_batch_norm<presets::fp32, float, 4>(ctx, cpu, {4, 6, 9, 11}, " (fp32, rank 4)");
   check_batch_norm<presets::fp32, float, 2>(ctx, cpu, {300, 17}, " (fp32, rank 2)");
-  // Planes of more than 4096 elements: two segments of each channel's reduction.
+  // Planes of more than 4096 elements: two segments of each channel's reduction; y and dx in
+  // 16-byte packs (planes of 99 and rows of 17 one element at a time).
   check_batch_norm<presets::fp32, float, 4>(ctx, cpu, {2, 3, 80, 70}, " (fp32, planes of 5600)");
   check_batch_norm<presets::bf16_mixed, bfloat16, 4>(ctx, cpu, {3, 5, 64, 90}, " (bf16, planes of 5760)");
   ctx.synchronize();

@@ -12,7 +12,8 @@
 /// elements of each image's plane, then each channel's segments in order: reduce.hpp's
 /// channel_reduce), the same bits on every run and device, within a float sum's bound of the
 /// host's; the running statistics take PyTorch's update (unbiased running variance); y and dx
-/// are elementwise over planes, with no division per element. Shapes and arguments are checked on the host before
+/// are elementwise over planes, with no division per element (16 bytes per access where a plane's
+/// length allows). Shapes and arguments are checked on the host before
 /// anything is launched. Compiled by nvcc only.
 #pragma once
 
@@ -252,7 +253,10 @@ struct batch_norm_normalise {
   const T* scale;  // rstd, or the running variance when Running
   Y* y;
   M eps;
-  __device__ void operator()(std::size_t c, std::size_t at) const {
+  static constexpr int pack_elements = pack_width<X, Y>;  ///< elements per 16-byte access
+  /// The V elements from `at`, all of channel c (plane_elements).
+  template <int V>
+  __device__ void at(std::size_t c, std::size_t at) const {
     const M mu = static_cast<M>(mean[c]);
     M rs;
     if constexpr (Running) {
@@ -260,7 +264,17 @@ struct batch_norm_normalise {
     } else {
       rs = static_cast<M>(scale[c]);
     }
-    y[at] = round_to<Y>((device_load<M>(x[at]) - mu) * rs * device_load<M>(gamma[c]) + device_load<M>(beta[c]));
+    const M g = device_load<M>(gamma[c]), b = device_load<M>(beta[c]);
+    const auto in = load_pack<V>(x + at);
+    pack<Y, V> out;
+#pragma unroll
+    for (int k = 0; k < V; ++k) out.v[k] = round_to<Y>((device_load<M>(in.v[k]) - mu) * rs * g + b);
+    store_pack<V>(y + at, out);
+  }
+  /// Whether packs of V may be read and written.
+  template <int V>
+  bool aligned() const {
+    return pack_aligned<V>(x, y);
   }
 };
 
@@ -306,11 +320,27 @@ struct batch_norm_input_grad {
   const S* save_rstd;
   const M* ab;
   DX* dx;
-  __device__ void operator()(std::size_t c, std::size_t at) const {
-    const M rs = static_cast<M>(save_rstd[c]);
-    const M xh = (device_load<M>(x[at]) - static_cast<M>(save_mean[c])) * rs;
+  static constexpr int pack_elements = pack_width<DY, X, DX>;  ///< elements per 16-byte access
+  /// The V elements from `at`, all of channel c (plane_elements).
+  template <int V>
+  __device__ void at(std::size_t c, std::size_t at) const {
+    const M rs = static_cast<M>(save_rstd[c]), mu = static_cast<M>(save_mean[c]);
     const M k = device_load<M>(gamma[c]) * rs;
-    dx[at] = round_to<DX>(k * (device_load<M>(dy[at]) - ab[2 * c] - xh * ab[2 * c + 1]));
+    const M a = ab[2 * c], b = ab[2 * c + 1];
+    const auto xs = load_pack<V>(x + at);
+    const auto gs = load_pack<V>(dy + at);
+    pack<DX, V> out;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const M xh = (device_load<M>(xs.v[e]) - mu) * rs;
+      out.v[e] = round_to<DX>(k * (device_load<M>(gs.v[e]) - a - xh * b));
+    }
+    store_pack<V>(dx + at, out);
+  }
+  /// Whether packs of V may be read and written.
+  template <int V>
+  bool aligned() const {
+    return pack_aligned<V>(dy, x, dx);
   }
 };
 

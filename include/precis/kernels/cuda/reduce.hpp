@@ -442,34 +442,37 @@ void channel_reduce_in(cuda_context& ctx, image_layout layout, std::size_t image
   }
 }
 
-/// Runs f(c, at) for every element at = (i * channels + c) * inner + q of a tensor
-/// [images, channels, inner]: the planes on the grid's y axis, their elements on x, with no
-/// division per element.
-template <class F>
+/// Runs f.at<V>(c, at) for every V-th element at = (i * channels + c) * inner + q of a
+/// tensor [images, channels, inner] (inner a multiple of V): the planes on the grid's y axis,
+/// their packs on x, with no division per element.
+template <int V, class F>
 __global__ void for_each_plane_element(F f, std::size_t planes, std::size_t channels, std::size_t inner) {
   for (std::size_t plane = blockIdx.y; plane < planes; plane += gridDim.y) {
     const std::size_t c = plane % channels;
-    for (std::size_t q = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; q < inner;
-         q += std::size_t(gridDim.x) * blockDim.x) {
-      f(c, plane * inner + q);
+    for (std::size_t q = (blockIdx.x * std::size_t(blockDim.x) + threadIdx.x) * V; q < inner;
+         q += std::size_t(gridDim.x) * blockDim.x * V) {
+      f.template at<V>(c, plane * inner + q);
     }
   }
 }
 
-/// Runs f(c, at) for every element at = r * channels + c of a channels-last tensor viewed
-/// as [rows, channels]: blocks of 32 channels by 8 rows, coalesced along the channels, with
-/// no division per element.
+/// Runs f.at<1>(c, at) for every element at = r * channels + c of a channels-last tensor
+/// viewed as [rows, channels]: blocks of 32 channels by 8 rows, coalesced along the channels,
+/// with no division per element.
 template <class F>
 __global__ void for_each_channels_last_element(F f, std::size_t rows, std::size_t channels) {
   const std::size_t c = blockIdx.x * std::size_t(32) + threadIdx.x;
   if (c >= channels) return;
   for (std::size_t r = blockIdx.y * std::size_t(8) + threadIdx.y; r < rows; r += std::size_t(gridDim.y) * 8) {
-    f(c, r * channels + c);
+    f.template at<1>(c, r * channels + c);
   }
 }
 
-/// Launches f(c, at) over every element of images [images, channels, inner] in `layout`
-/// (channels-last: [images, inner, channels]) on ctx's stream.
+/// Launches f over every element of images [images, channels, inner] in `layout`
+/// (channels-last: [images, inner, channels]) on ctx's stream: f.at<V>(c, at) computes the
+/// V elements from `at`, all of channel c. NCHW planes whose length is a multiple of
+/// V = F::pack_elements (16 bytes of its widest element) take packs where f.aligned<V>();
+/// the rest one element each (V = 1).
 template <class F>
 void plane_elements(cuda_context& ctx, std::size_t images, std::size_t channels, std::size_t inner, const F& f,
                     std::string_view name, image_layout layout = image_layout::nchw) {
@@ -482,9 +485,17 @@ void plane_elements(cuda_context& ctx, std::size_t images, std::size_t channels,
     check(cudaGetLastError(), name);
     return;
   }
-  const std::size_t x_blocks = std::min<std::size_t>((inner + 255) / 256, std::max<std::size_t>(1, 8192 / planes + 1));
+  constexpr int V = F::pack_elements;
+  const bool packed = inner % V == 0 && f.template aligned<V>();
+  const std::size_t per_thread = packed ? V : 1;
+  const std::size_t x_blocks = std::min<std::size_t>((inner / per_thread + 255) / 256,
+                                                     std::max<std::size_t>(1, 8192 / planes + 1));
   const dim3 grid(unsigned(std::min<std::size_t>(x_blocks, 1024)), unsigned(std::min<std::size_t>(planes, 65535)));
-  for_each_plane_element<<<grid, 256, 0, ctx.stream()>>>(f, planes, channels, inner);
+  if (packed) {
+    for_each_plane_element<V><<<grid, 256, 0, ctx.stream()>>>(f, planes, channels, inner);
+  } else {
+    for_each_plane_element<1><<<grid, 256, 0, ctx.stream()>>>(f, planes, channels, inner);
+  }
   check(cudaGetLastError(), name);
 }
 
