@@ -1,7 +1,8 @@
 // The device's index arithmetic, checked on the host: fast_divmod (division by a fixed
 // divisor with a multiply-high, an addition and a shift) against `/` and `%` for divisors
-// and numerators at the edges and at random, and the strided copies' fast plans against
-// the plain plans' offsets, element for element.
+// and numerators at the edges and at random, the strided copies' fast plans against
+// the plain plans' offsets, element for element, and the row kernels' register layout
+// (resident_rows_for, slot_column) covering every column of a row once.
 #include <precis/kernels/common.hpp>
 
 #include <doctest/doctest.h>
@@ -107,5 +108,45 @@ TEST_CASE("transpose_plan moves each matrix to its transpose, every element once
       ++written[to];
     }
     CHECK(std::count(written.begin(), written.end(), 1) == std::ptrdiff_t(total));
+  }
+}
+
+TEST_CASE("the row kernels' threads and slots hold every column of a row exactly once") {
+  using precis::detail::resident_groups;
+  using precis::detail::resident_rows_for;
+  using precis::detail::slot_column;
+  std::vector<std::size_t> lengths;
+  for (std::size_t c = 1; c <= 2100; ++c) lengths.push_back(c);
+  for (std::size_t c = 2101; c <= precis::detail::resident_row_limit; c += 37) lengths.push_back(c);
+  for (const std::size_t c : {4095UL, 4096UL, 4097UL, 8184UL, 8191UL, 8192UL}) lengths.push_back(c);
+  std::vector<int> seen;
+  for (const int v : {2, 4, 8, 16}) {  // 16 bytes of double, float, 16-bit and 8-bit elements
+    for (const std::size_t cols : lengths) {
+      const auto g = resident_rows_for(cols);
+      CAPTURE(v);
+      CAPTURE(cols);
+      REQUIRE((g.slots == 8 || g.slots == 16 || g.slots == 32));
+      REQUIRE(g.per_warp == (cols <= precis::detail::warp_row_limit));
+      REQUIRE(g.threads == (g.per_warp ? 32U : g.threads));
+      REQUIRE((g.threads >= 32 && g.threads <= 512 && (g.threads & (g.threads - 1)) == 0));
+      seen.assign(cols, 0);
+      const int groups = resident_groups(g.slots, v);
+      bool whole = true;  // a group lies inside the row or outside it where cols % v == 0
+      for (unsigned rank = 0; rank < g.threads; ++rank) {
+        for (int i = 0; i < groups; ++i) {
+          const std::size_t c0 = slot_column(i, rank, g.threads, v);
+          int inside = 0;
+          for (int k = 0; k < v; ++k) {
+            if (c0 + std::size_t(k) < cols) {
+              ++seen[c0 + std::size_t(k)];
+              ++inside;
+            }
+          }
+          whole = whole && (inside == 0 || inside == v || cols % std::size_t(v) != 0);
+        }
+      }
+      REQUIRE(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+      REQUIRE(whole);
+    }
   }
 }

@@ -203,6 +203,41 @@ void run_copy_plan(const copy_plan<R>& p, const T* from, T* to) {
   }
 }
 
+/// The device's row kernels (softmax, log-softmax, layer norm, cross-entropy: kernels/cuda)
+/// hold a row of at most resident_row_limit columns in registers: a warp per row (several
+/// rows per block) up to warp_row_limit columns, a block per row beyond. Their geometry is
+/// here, host and device alike, so that host tests check that it covers every column once.
+inline constexpr std::size_t warp_row_limit = 1024;
+inline constexpr std::size_t resident_row_limit = 8192;
+
+/// How a row of the device's row kernels is held: by `threads` threads (a warp's 32, or a
+/// block of 64 to 512), each with `slots` values.
+struct resident_rows {
+  bool per_warp;     ///< a warp per row (several rows per block), else a block per row
+  unsigned threads;  ///< threads per row
+  int slots;         ///< values each thread holds: 8, 16 or 32
+};
+
+/// The geometry of a row of `cols` (1 .. resident_row_limit) columns: a warp of 8 slots a
+/// lane up to 256 columns, of 32 up to warp_row_limit; beyond, the smallest block of 64 to
+/// 512 threads that leaves each at most 16 columns, 16 slots each.
+constexpr resident_rows resident_rows_for(std::size_t cols) {
+  if (cols <= warp_row_limit) return {true, 32, cols <= 32 * 8 ? 8 : 32};
+  unsigned threads = 64;
+  while (threads < 512 && std::size_t(threads) * 16 < cols) threads *= 2;
+  return {false, threads, 16};
+}
+
+/// Groups of V consecutive columns a thread with `slots` values holds (at least one: a
+/// group is one access of V elements).
+PRECIS_HOST_DEVICE constexpr int resident_groups(int slots, int v) { return slots < v ? 1 : slots / v; }
+
+/// The first of the V columns of group i of thread `rank` of a row's `threads`: a warp's 32
+/// threads read 32 consecutive groups.
+PRECIS_HOST_DEVICE constexpr std::size_t slot_column(int i, unsigned rank, unsigned threads, int v) {
+  return (std::size_t(i) * threads + rank) * std::size_t(v);
+}
+
 }  // namespace detail
 
 /// An element type a kernel accepts: float, double or a precis format.

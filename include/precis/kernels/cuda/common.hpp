@@ -188,10 +188,6 @@ __device__ M warp_reduce(M v, Op op) {
   return v;
 }
 
-/// Rows of at most this many columns get a warp each in the row kernels (several rows per
-/// block); longer rows a block each.
-inline constexpr std::size_t warp_row_limit = 1024;
-
 // ---- rows held in registers ----
 //
 // The row kernels (softmax, log-softmax, layer norm and cross-entropy, forward and backward)
@@ -203,10 +199,8 @@ inline constexpr std::size_t warp_row_limit = 1024;
 // block_reduce), so a result depends on the row's length alone, never on the device or the
 // run.
 
-/// Rows of at most this many columns are held in registers: a warp per row up to
-/// warp_row_limit columns (8 slots a lane up to 256, 32 beyond), a block of 64 to 512 threads
-/// of 16 slots each beyond. Longer rows are read once per pass by a block of row_threads.
-inline constexpr std::size_t resident_row_limit = 16 * 512;  // block_per_row::max_threads threads of 16
+// The geometry (resident_rows_for, slot_column) is kernels/common.hpp's, checked on the host;
+// rows longer than resident_row_limit are read once per pass by a block of row_threads.
 
 /// A warp per row, several rows per block, a grid-stride loop over the rows.
 struct warp_per_row {
@@ -235,31 +229,28 @@ struct block_per_row {
   }
 };
 
+static_assert(resident_rows_for(resident_row_limit).threads <= block_per_row::max_threads &&
+                  resident_rows_for(resident_row_limit).threads * 16 >= resident_row_limit,
+              "precis: the longest resident row fits a block of block_per_row::max_threads threads of 16 slots");
+
 /// Calls launch(group, slots, blocks, threads) with the row group (warp_per_row or
 /// block_per_row), the slots per thread (a std::integral_constant) and the grid for `rows`
-/// rows of `cols` (1 .. resident_row_limit) columns.
+/// rows of `cols` (1 .. resident_row_limit) columns, as resident_rows_for(cols) says.
 template <class F>
 void with_resident_rows(std::size_t rows, std::size_t cols, F&& launch) {
-  static_assert(warp_row_limit == 32 * 32, "precis: a warp of 32 slots a lane holds warp_row_limit columns");
-  if (cols <= warp_row_limit) {
+  const resident_rows g = resident_rows_for(cols);
+  if (g.per_warp) {
     const std::size_t per_block = row_threads / 32;
     const auto blocks = unsigned(std::clamp<std::size_t>((rows + per_block - 1) / per_block, 1, 65535));
-    if (cols <= 32 * 8) {
+    if (g.slots == 8) {
       launch(warp_per_row{}, std::integral_constant<int, 8>{}, blocks, row_threads);
     } else {
       launch(warp_per_row{}, std::integral_constant<int, 32>{}, blocks, row_threads);
     }
     return;
   }
-  unsigned threads = 64;
-  while (threads < block_per_row::max_threads && std::size_t(threads) * 16 < cols) threads *= 2;
   launch(block_per_row{}, std::integral_constant<int, 16>{}, unsigned(std::clamp<std::size_t>(rows, 1, 65535)),
-         threads);
-}
-
-/// Column of slot (i, 0) of thread `rank` of `threads`.
-__device__ inline std::size_t slot_column(int i, unsigned rank, unsigned threads, int v) {
-  return (std::size_t(i) * threads + rank) * std::size_t(v);
+         g.threads);
 }
 
 /// Reads the V values at columns c .. c + V - 1 of `p` (those below `cols`) as M: one 16-byte
@@ -304,7 +295,7 @@ __device__ __forceinline__ void store_slots(T* p, std::size_t c, std::size_t col
 /// A thread's share of a row: S values as M (at least V), in groups of V.
 template <class M, int V, int S>
 struct row_share {
-  static constexpr int groups = S < V ? 1 : S / V;
+  static constexpr int groups = resident_groups(S, V);
   static_assert(S < V || S % V == 0, "precis: a row share holds whole packs");
   M v[groups][V];
 

@@ -366,7 +366,7 @@ void layer_norm(cuda_context& ctx, const device_tensor<X, N>& x, const device_te
   detail::check_eps("precis::layer_norm", eps);
   const std::size_t rows = mean.size();
   if (rows == 0) return;
-  if (d[0] <= detail::cuda::resident_row_limit) {
+  if (d[0] <= detail::resident_row_limit) {
     constexpr int V = detail::cuda::pack_width<X>;
     const bool packed =
         d[0] % V == 0 && detail::cuda::pack_aligned<V>(x.data(), gamma.data(), beta.data(), y.data());
@@ -406,7 +406,7 @@ void layer_norm_backward(cuda_context& ctx, const device_tensor<DY, N>& dy,
   const std::size_t rows = mean.size(), cols = d[0];
   if (cols == 0) return;
   if (rows != 0) {
-    if (cols <= detail::cuda::resident_row_limit) {
+    if (cols <= detail::resident_row_limit) {
       constexpr int V = detail::cuda::pack_width<DY, X>;
       const bool packed =
           cols % V == 0 && detail::cuda::pack_aligned<V>(dy.data(), x.data(), gamma.data(), dx.data());
