@@ -151,14 +151,11 @@ struct device_float8_linear_state {
                   " in, " + std::to_string(out) + " out; map this layer to a bfloat16 policy");
     }
   }
-  // Reallocated for another shape, and counted, as detail::ensure counts: a captured step
-  // holding the old address is then refused (nn::trainer::replay).
+  // Reallocated for another shape in the stream's order, and counted as every layer buffer
+  // is (detail::ensure): a captured step holding the old address is then refused.
   template <class T>
   static void ensure(device_tensor<T, 2>& t, std::size_t a, std::size_t b, cuda_context& ctx) {
-    if (t.shape()[0] != a || t.shape()[1] != b) {
-      t = device_tensor<T, 2>({a, b}, ctx.stream());
-      device_reallocations.fetch_add(1, std::memory_order_relaxed);
-    }
+    detail::ensure(t, shape_t<2>{a, b}, ctx.stream());
   }
   // q = saturate(v * scale) under recipe r, its inverse scale saved to `slot`; then the
   // recipe records the amax and updates (training), or forgets the amax (evaluation).

@@ -388,16 +388,18 @@ std::string edge_shape_string(const S& s) {
 /// last changed.
 inline std::atomic<std::uint64_t> device_reallocations{0};
 
-/// Resizes `t` to `shape` unless it already has it (buffers are reused across steps).
-template <class Tensor, std::size_t N>
-void ensure(Tensor& t, const shape_t<N>& shape) {
+/// Resizes `t` to `shape` unless it already has it (buffers are reused across steps). A
+/// device tensor is made again, as Tensor(shape, make...) (a stream after the shape: memory
+/// in that stream's order), and counted in device_reallocations.
+template <class Tensor, std::size_t N, class... Make>
+void ensure(Tensor& t, const shape_t<N>& shape, const Make&... make) {
   bool same = true;
   for (std::size_t i = 0; i < N; ++i) same = same && std::size_t(t.shape()[i]) == shape[i];
   if (same) return;
   if constexpr (requires { t.resize(shape); }) {
     t.resize(shape);
   } else {
-    t = Tensor(shape);  // device tensors are reallocated
+    t = Tensor(shape, make...);  // device tensors are reallocated
     device_reallocations.fetch_add(1, std::memory_order_relaxed);
   }
 }
