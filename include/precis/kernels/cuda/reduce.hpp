@@ -198,7 +198,7 @@ struct scalar_finish {
 };
 
 /// out[o * inner + i] = reduction over k of x[(o * count + k) * inner + i], one thread per
-/// output element, k in order.
+/// output element, k in order (eight loads in flight: add_strided).
 template <reduce_kind Kind, class M, class Acc, class R, class T, class U>
 __global__ void reduce_axis_kernel(const T* x, std::size_t outer, std::size_t count,
                                    std::size_t inner, U* out) {
@@ -207,10 +207,11 @@ __global__ void reduce_axis_kernel(const T* x, std::size_t outer, std::size_t co
        idx += std::size_t(gridDim.x) * blockDim.x) {
     const std::size_t o = idx / inner, i = idx % inner;
     const T* col = x + o * count * inner + i;
-    auto s = Red::init();
-    for (std::size_t k = 0; k < count; ++k)
-      s = Red::add(s, reduce_term<Kind>(device_load<M>(col[k * inner])));
-    out[idx] = round_to<U>(reduce_finish<Kind, R>(s, count));
+    typename Red::state s[1] = {Red::init()};
+    add_strided<Red>(s, 0, inner, count * inner, [&](std::size_t at) {
+      return term_values<M, 1>{{reduce_term<Kind>(device_load<M>(col[at]))}};
+    });
+    out[idx] = round_to<U>(reduce_finish<Kind, R>(s[0], count));
   }
 }
 
