@@ -150,11 +150,11 @@ template <class P, class T>
 void check_softmax(precis::cuda_context& ctx, const precis::cpu_context& cpu) {
   // Rows held in registers by a warp up to 1024 columns (8 slots a lane up to 256: 10, 256;
   // 300 rows of 197, attention's, over 38 blocks; 32 beyond: 1000 and 1024 read in 16-byte
-  // packs), by a block of 64 to 512 threads up to 8192 (4096 and 8192 in packs, 1030 and
-  // 4099 not), and read once per pass beyond (8200, 16390).
+  // packs, 1001 not), by a block of 64 to 512 threads up to 8192 (4096 and 8192 in packs,
+  // 1030 and 4099 not), and read once per pass beyond (8200, 16390).
   for (const auto& [rows, cols] : std::initializer_list<std::pair<std::size_t, std::size_t>>{
-           {7, 1}, {7, 10}, {7, 256}, {300, 197}, {7, 1000}, {9, 1024}, {7, 1030}, {7, 4096}, {7, 4099},
-           {3, 8192}, {3, 8200}, {3, 16390}}) {
+           {7, 1}, {7, 10}, {7, 256}, {300, 197}, {7, 1000}, {7, 1001}, {9, 1024}, {7, 1030}, {7, 4096},
+           {7, 4099}, {3, 8192}, {3, 8200}, {3, 16390}}) {
     const std::array<std::size_t, 2> shape{rows, cols};
     const auto x = random_tensor<T, 2>(shape, 4.0F);
     const auto dy = random_tensor<T, 2>(shape);
@@ -188,10 +188,11 @@ void check_softmax(precis::cuda_context& ctx, const precis::cpu_context& cpu) {
 template <class P, class T>
 void check_layer_norm(precis::cuda_context& ctx, const precis::cpu_context& cpu) {
   // Rows: 15, and 2,100 (33 slabs of dgamma's and dbeta's column sums, the last cut short).
-  // Columns: held by a warp (1, 96, 768 in 16-byte packs; 1001 not), by a block (3000 and
-  // 8192 in packs, 2050 not), read once per pass (8200).
+  // Columns: held by a warp (96 and 768 in 16-byte packs; 1, 197 and 1001 not), by a block
+  // (3000 and 8192 in packs, 2050 not), read once per pass (8200).
   for (const auto& [rows, cols] : std::initializer_list<std::pair<std::size_t, std::size_t>>{
-           {5, 1}, {5, 96}, {5, 768}, {5, 1001}, {5, 2050}, {5, 3000}, {2, 8192}, {2, 8200}, {700, 96}}) {
+           {5, 1}, {5, 96}, {5, 197}, {5, 768}, {5, 1001}, {5, 2050}, {5, 3000}, {2, 8192}, {2, 8200},
+           {700, 96}}) {
     const std::array<std::size_t, 3> shape{3, rows, cols};
     const auto x = random_tensor<T, 3>(shape, 2.0F);
     const auto dy = random_tensor<T, 3>(shape);

@@ -125,10 +125,10 @@ void check_losses(precis::cuda_context& ctx, const precis::cpu_context& cpu, con
   const auto scale_d = precis::to_device(scale_h);
   auto loss = poisoned<float, 1>({1});
 
-  // Cross-entropy: rows held by a warp (10, 1000 and 1001 classes; 1000 read in 16-byte
-  // packs), by a block (4096), and read once per pass (20000).
-  for (const std::size_t C : {std::size_t(10), std::size_t(1000), std::size_t(1001), std::size_t(4096),
-                              std::size_t(20000)}) {
+  // Cross-entropy: rows held by a warp (10, 256, 1000 and 1001 classes; 256 and 1000 read in
+  // 16-byte packs), by a block (4096 in packs, 2050 not), and read once per pass (20000).
+  for (const std::size_t C : {std::size_t(10), std::size_t(256), std::size_t(1000), std::size_t(1001),
+                              std::size_t(2050), std::size_t(4096), std::size_t(20000)}) {
     const std::size_t B = 37;
     const std::string t = tag + " C=" + std::to_string(C);
     const auto logits = random_tensor<T, 2>({B, C}, 3.0F);

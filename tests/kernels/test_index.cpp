@@ -127,8 +127,10 @@ TEST_CASE("the row kernels' threads and slots hold every column of a row exactly
       CAPTURE(cols);
       REQUIRE((g.slots == 8 || g.slots == 16 || g.slots == 32));
       REQUIRE(g.per_warp == (cols <= precis::detail::warp_row_limit));
-      REQUIRE(g.threads == (g.per_warp ? 32U : g.threads));
-      REQUIRE((g.threads >= 32 && g.threads <= 512 && (g.threads & (g.threads - 1)) == 0));
+      // A warp, or the smallest block of 64 to 512 threads of at most 16 columns each.
+      REQUIRE((g.per_warp ? g.threads == 32U
+                          : g.threads >= 64 && g.threads <= 512 && (g.threads & (g.threads - 1)) == 0 &&
+                                g.threads * 16 >= cols && (g.threads == 64 || g.threads / 2 * 16 < cols)));
       seen.assign(cols, 0);
       const int groups = resident_groups(g.slots, v);
       bool whole = true;  // a group lies inside the row or outside it where cols % v == 0

@@ -648,7 +648,7 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
     std::uint64_t last_step = 0;             // graph_steps_ when last stepped on
   };
   std::vector<graph_entry> graphs_;
-  std::uint64_t graph_steps_ = 0;      // steps taken under train_options::graph
+  std::uint64_t graph_steps_ = 0;      // a clock for graph_entry::last_step (ticks per use)
   std::uint64_t graph_evictions_ = 0;  // entries dropped past train_options::max_graphs
 };
 

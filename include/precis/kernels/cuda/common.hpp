@@ -180,12 +180,13 @@ __device__ M block_reduce(M v, Op op, M* shared) {
 }
 
 /// Combines the 32 lanes' `v` with `op` by a butterfly of shuffles (lane i with lane i ^ o,
-/// o = 16, 8, .., 1): every lane gets the result, the same in each (op commutative, as
-/// IEEE addition and max are), in an order that depends on nothing but the lanes.
+/// o = 16, 8, .., 1), in an order that depends on nothing but the lanes; every lane gets
+/// lane 0's result (a max with NaN winning keeps the first NaN's payload, and the sign of a
+/// zero, in the order of its operands, so lanes could otherwise differ there).
 template <class M, class Op>
 __device__ M warp_reduce(M v, Op op) {
   for (int o = 16; o > 0; o /= 2) v = op(v, __shfl_xor_sync(0xFFFFFFFFU, v, o));
-  return v;
+  return __shfl_sync(0xFFFFFFFFU, v, 0);
 }
 
 // ---- rows held in registers ----
