@@ -6,6 +6,8 @@
 
 #include <precis/kernels/cuda_context.hpp>
 
+#include <nvtx3/nvToolsExt.h>
+
 #include "../../examples/device.hpp"
 
 #include <algorithm>
@@ -15,7 +17,9 @@
 #include <cstdlib>
 #include <exception>
 #include <fstream>
+#include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace bench {
@@ -44,7 +48,8 @@ inline void trim_pool() {
 }
 
 /// The median ms of `steps` calls of step(), each waited for (ctx synchronised), after
-/// `warmup` untimed ones.
+/// `warmup` untimed ones. Each timed step is an NVTX range named "precis_step" (what
+/// bench/cuda/profile_on_gpu.sh gives Nsight Compute to profile; nothing without a tool).
 template <class Step>
 double median_step_ms(precis::cuda_context& ctx, Step&& step, std::size_t warmup, std::size_t steps) {
   for (std::size_t i = 0; i < warmup; ++i) step();
@@ -52,7 +57,9 @@ double median_step_ms(precis::cuda_context& ctx, Step&& step, std::size_t warmup
   std::vector<double> times;
   for (std::size_t i = 0; i < steps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
+    nvtxRangePushA("precis_step");
     step();
+    nvtxRangePop();
     ctx.synchronize();
     times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
@@ -79,8 +86,21 @@ inline bool report(const std::vector<row>& rows, const std::string& csv) {
   return bool(f);
 }
 
-/// Reads --steps, --warmup, --config and --csv; false on anything else (print the usage).
-inline bool parse(int argc, char** argv, std::size_t& steps, std::size_t& warmup, std::string& only, std::string& csv) {
+/// The configurations and rows a run times: --config names one configuration, --policy a
+/// comma-separated list of row names (a map's name, with `_graph` or `_nhwc` where the row
+/// has them); empty: all.
+struct selection {
+  std::string config_name;
+  std::vector<std::string> policies;
+  bool config(std::string_view name) const { return config_name.empty() || config_name == name; }
+  bool policy(std::string_view name) const {
+    return policies.empty() || std::find(policies.begin(), policies.end(), name) != policies.end();
+  }
+};
+
+/// Reads --steps, --warmup, --config, --policy and --csv; false on anything else (print the
+/// usage).
+inline bool parse(int argc, char** argv, std::size_t& steps, std::size_t& warmup, selection& want, std::string& csv) {
   if (argc % 2 == 0) return false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
@@ -90,7 +110,12 @@ inline bool parse(int argc, char** argv, std::size_t& steps, std::size_t& warmup
       if (*end != '\0') return false;
       (a == "--steps" ? steps : warmup) = v;
     } else if (a == "--config") {
-      only = argv[i + 1];
+      want.config_name = argv[i + 1];
+    } else if (a == "--policy") {
+      std::stringstream list(argv[i + 1]);
+      for (std::string p; std::getline(list, p, ',');) {
+        if (!p.empty()) want.policies.push_back(p);
+      }
     } else if (a == "--csv") {
       csv = argv[i + 1];
     } else {
@@ -111,14 +136,17 @@ inline bool have_device() {
 }
 
 /// A step benchmark's main: reads the options, exits 77 without a device, keeps the pool,
-/// prints the GPU, calls add(rows, only, warmup, steps) to time its configurations (`only`:
-/// the one named by --config, or empty for all), and reports. Returns the exit status.
+/// prints the GPU, calls add(rows, want, warmup, steps) to time the configurations and rows
+/// `want` (a selection) names, and reports; an empty result (a --config or --policy that
+/// names nothing) is an error. Returns the exit status.
 template <class Add>
 int run(int argc, char** argv, const char* program, Add&& add) {
   std::size_t steps = 20, warmup = 5;
-  std::string only, csv;
-  if (!parse(argc, argv, steps, warmup, only, csv)) {
-    std::fprintf(stderr, "usage: %s [--steps N] [--warmup N] [--config NAME] [--csv FILE]\n", argv[0]);
+  selection want;
+  std::string csv;
+  if (!parse(argc, argv, steps, warmup, want, csv)) {
+    std::fprintf(stderr, "usage: %s [--steps N] [--warmup N] [--config NAME] [--policy NAME,...] [--csv FILE]\n",
+                 argv[0]);
     return 2;
   }
   if (!have_device()) return 77;
@@ -126,10 +154,14 @@ int run(int argc, char** argv, const char* program, Add&& add) {
   std::printf("GPU: %s; %zu warm-up and %zu timed steps per map\n", examples::gpu_name().c_str(), warmup, steps);
   std::vector<row> rows;
   try {
-    add(rows, only, warmup, steps);
+    add(rows, want, warmup, steps);
   } catch (const std::exception& ex) {
     std::fprintf(stderr, "%s: %s\n", program, ex.what());
     return 1;
+  }
+  if (rows.empty()) {
+    std::fprintf(stderr, "%s: --config and --policy name no configuration and row it times\n", program);
+    return 2;
   }
   if (!report(rows, csv)) {
     std::fprintf(stderr, "%s: cannot write %s\n", program, csv.c_str());

@@ -6,7 +6,7 @@
 //                       DB reference's training crop and batch)
 //   dbnet-w16-256-b8    the example's: width 16, inner 64, 256 x 256 images, batch 8
 //
-//   bench_dbnet_gpu [--steps N] [--warmup N] [--config NAME] [--csv FILE]
+//   bench_dbnet_gpu [--steps N] [--warmup N] [--config NAME] [--policy NAME,...] [--csv FILE]
 //
 // The maps: fp32, tf32, bf16_mixed, fp16_mixed and fp16_fp32_head (the example's, less the
 // waived one). Inputs: random images and targets, a tenth of the pixels text (the step's time
@@ -60,6 +60,13 @@ device_tensor<float, 4> random_map(std::mt19937& rng, const std::array<std::size
   return to_device(h);
 }
 
+// The policy column of a map's row: its name, with `_nhwc` for channels-last images and
+// `_graph` for the captured step.
+template <class Entry>
+std::string row_name(const Entry& e, bool graph, image_layout layout) {
+  return std::string(e.name) + (layout == image_layout::nhwc ? "_nhwc" : "") + (graph ? "_graph" : "");
+}
+
 template <class Entry>
 bench::row time_map(const std::string& config, const dbnet::config& c, std::size_t size, std::size_t batch,
                     const Entry& e, std::size_t warmup, std::size_t steps, bool graph, image_layout layout) {
@@ -95,19 +102,20 @@ bench::row time_map(const std::string& config, const dbnet::config& c, std::size
     (void)tr.records(ctx);
   }
   ctx.synchronize();
-  return {config, std::string(e.name) + (last ? "_nhwc" : "") + (graph ? "_graph" : ""), ms, mib};
+  return {config, row_name(e, graph, layout), ms, mib};
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  return bench::run(argc, argv, "bench_dbnet_gpu", [](auto& rows, const std::string& only, std::size_t warmup,
-                                                       std::size_t steps) {
+  return bench::run(argc, argv, "bench_dbnet_gpu", [](auto& rows, const bench::selection& want,
+                                                       std::size_t warmup, std::size_t steps) {
     const auto config = [&](const std::string& name, const dbnet::config& c, std::size_t size, std::size_t batch) {
-      if (!only.empty() && only != name) return;
+      if (!want.config(name)) return;
       for (const auto layout : {image_layout::nchw, image_layout::nhwc}) {
         for (const bool graph : {false, true}) {
           hana::for_each(maps, [&](const auto& e) {
+            if (!want.policy(row_name(e, graph, layout))) return;
             rows.push_back(time_map(name, c, size, batch, e, warmup, steps, graph, layout));
           });
         }

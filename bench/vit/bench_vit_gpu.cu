@@ -7,7 +7,7 @@
 //   vit-b16-224-b64       ViT-B/16: 224 x 224 x 3 images, patch 16, width 768, 12 heads,
 //                         depth 12, 1000 classes, batch 64
 //
-//   bench_vit_gpu [--steps N] [--warmup N] [--config NAME] [--csv FILE]
+//   bench_vit_gpu [--steps N] [--warmup N] [--config NAME] [--policy NAME,...] [--csv FILE]
 //
 // Each step is timed on the host around a synchronised step (as torch_reference.py times
 // PyTorch's), after `warmup` untimed steps; random inputs and targets, gradients clipped to
@@ -60,6 +60,12 @@ const auto maps = hana::make_tuple(entry<decltype(make_policy_map(presets::fp32{
                                    entry<decltype(make_policy_map(presets::fp16_mixed{})), dynamic_scaler>{"fp16_mixed"},
                                    entry<vit::fp8_map, dynamic_scaler>{"fp8_hybrid"});
 
+// The policy column of a map's row: its name, with `_graph` for the captured step.
+template <class Entry>
+std::string row_name(const Entry& e, bool graph) {
+  return std::string(e.name) + (graph ? "_graph" : "");
+}
+
 template <std::size_t Depth, class Entry>
 bench::row time_map(const std::string& config, const vit::config& c, std::size_t batch, const Entry& e,
                     std::size_t warmup, std::size_t steps, bool graph) {
@@ -92,26 +98,28 @@ bench::row time_map(const std::string& config, const vit::config& c, std::size_t
     (void)tr.records(ctx);
   }
   ctx.synchronize();
-  return {config, std::string(e.name) + (graph ? "_graph" : ""), ms, mib};
+  return {config, row_name(e, graph), ms, mib};
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  return bench::run(argc, argv, "bench_vit_gpu", [](auto& rows, const std::string& only, std::size_t warmup,
+  return bench::run(argc, argv, "bench_vit_gpu", [](auto& rows, const bench::selection& want, std::size_t warmup,
                                                      std::size_t steps) {
-    if (only.empty() || only == "vit-w192-d6-p4-b128") {
+    if (want.config("vit-w192-d6-p4-b128")) {
       const vit::config c{.image = 28, .patch = 4, .channels = 1, .width = 192, .heads = 3, .classes = 10};
       for (const bool graph : {false, true}) {
         hana::for_each(maps, [&](const auto& e) {
+          if (!want.policy(row_name(e, graph))) return;
           rows.push_back(time_map<6>("vit-w192-d6-p4-b128", c, 128, e, warmup, steps, graph));
         });
       }
     }
-    if (only.empty() || only == "vit-b16-224-b64") {
+    if (want.config("vit-b16-224-b64")) {
       const vit::config c{.image = 224, .patch = 16, .channels = 3, .width = 768, .heads = 12, .classes = 1000};
       for (const bool graph : {false, true}) {
         hana::for_each(maps, [&](const auto& e) {
+          if (!want.policy(row_name(e, graph))) return;
           rows.push_back(time_map<12>("vit-b16-224-b64", c, 64, e, warmup, steps, graph));
         });
       }
