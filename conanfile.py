@@ -57,3 +57,6 @@ class PrecisConan(ConanFile):
         self.cpp_info.bindirs = []
         self.cpp_info.libdirs = []
         self.cpp_info.requires = ["boost::headers", "xtensor::xtensor"]
+        # cpu_context's worker threads (std::thread).
+        if self.settings.get_safe("os") in ("Linux", "FreeBSD"):
+            self.cpp_info.system_libs = ["pthread"]
