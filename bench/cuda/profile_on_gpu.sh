@@ -37,7 +37,7 @@ for p in $PROFILES; do
   }
   run_ncu "precis_step/"  # a push/pop range
   rc=$?
-  if [[ $rc -eq 0 ]] && ! grep -q 'gpu__time_duration' "$base.ncu.csv"; then
+  if [[ $rc -ne 0 ]] || ! grep -q 'gpu__time_duration' "$base.ncu.csv"; then
     run_ncu "precis_step"  # the other spelling of a range filter
     rc=$?
   fi
