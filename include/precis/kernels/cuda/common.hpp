@@ -161,6 +161,12 @@ __device__ inline M max_nan(M a, M b) {
   return (!::isnan(a) && (b > a || ::isnan(b))) ? b : a;
 }
 
+/// max_nan as a reduction's operation.
+template <class M>
+struct max_nan_op {
+  __device__ M operator()(M a, M b) const { return max_nan(a, b); }
+};
+
 /// Combines every thread's `v` with `op` (warp shuffles, then the warps' results in warp
 /// order); every thread of the block gets the result. `shared` holds 32 values.
 template <class M, class Op>
@@ -305,6 +311,13 @@ struct row_share {
   __device__ __forceinline__ void load(const T* row, std::size_t cols, bool packed) {
 #pragma unroll
     for (int i = 0; i < groups; ++i) load_slots<V>(row, slot_column(i, G::rank(), G::threads(), V), cols, packed, v[i]);
+  }
+  /// The row's largest value (NaN winning), combined over the row group G.
+  template <class G>
+  __device__ __forceinline__ M row_max(std::size_t cols) {
+    M m = -static_cast<M>(INFINITY);
+    each<G>(cols, [&](M& v, std::size_t) { m = max_nan(m, v); });
+    return G::reduce(m, max_nan_op<M>{});
   }
   /// Calls f(value, column) for each slot below the row's end, in slot order.
   template <class G, class F>

@@ -229,8 +229,7 @@ __device__ inline void row_max_and_sum(const X* row, std::size_t cols, M* shared
   m = -static_cast<M>(INFINITY);
   for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x)
     m = max_nan(m, device_load<M>(row[j]));
-  m = block_reduce(
-      m, [](M a, M b) { return max_nan(a, b); }, shared);
+  m = block_reduce(m, max_nan_op<M>{}, shared);
   accumulator<Acc> acc;
   for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x) {
     acc.add(
@@ -294,9 +293,7 @@ __global__ void __launch_bounds__(G::max_threads)
   for (std::size_t r = G::first(); r < rows; r += G::step()) {
     row_share<M, V, S> s;
     s.template load<G>(logits + r * cols, cols, packed);
-    M m = -static_cast<M>(INFINITY);
-    s.template each<G>(cols, [&](M& v, std::size_t) { m = max_nan(m, v); });
-    m = G::reduce(m, [](M a, M b) { return max_nan(a, b); });
+    const M m = s.template row_max<G>(cols);
     accumulator<Acc> acc;
     s.template each<G>(cols, [&](M& v, std::size_t) { acc.add(static_cast<A>(math::exp(v - m))); });
     const M sum = static_cast<M>(G::reduce(acc.value(), acc_add<Acc, A>{}));

@@ -97,7 +97,7 @@ __global__ void unscale_chunks(const chunk<T>* chunks, const float* scale, int* 
 template <class M = float>
 __device__ void fold_amax(M m, float* amax) {
   __shared__ M shared[32];
-  m = block_reduce(m, [](M a, M b) { return max_nan(a, b); }, shared);
+  m = block_reduce(m, max_nan_op<M>{}, shared);
   if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned*>(amax), __float_as_uint(m));
 }
 

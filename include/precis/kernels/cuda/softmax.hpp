@@ -23,11 +23,6 @@ namespace precis {
 
 namespace detail::cuda {
 
-template <class M>
-struct max_op {
-  __device__ M operator()(M a, M b) const { return max_nan(a, b); }
-};
-
 template <class M, class Acc, bool Log, class X, class Y>
 __global__ void softmax_rows(const X* x, Y* y, std::size_t cols) {
   __shared__ M shared[32];
@@ -35,7 +30,7 @@ __global__ void softmax_rows(const X* x, Y* y, std::size_t cols) {
   Y* out = y + blockIdx.x * cols;
   M m = -static_cast<M>(INFINITY);
   for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x) m = max_nan(m, device_load<M>(row[j]));
-  m = block_reduce(m, max_op<M>{}, shared);
+  m = block_reduce(m, max_nan_op<M>{}, shared);
   accumulator<Acc> s;
   for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x) {
     s.add(static_cast<typename accumulator<Acc>::value_type>(math::exp(device_load<M>(row[j]) - m)));
@@ -51,15 +46,13 @@ __global__ void softmax_rows(const X* x, Y* y, std::size_t cols) {
 /// softmax_rows for rows of at most resident_row_limit columns, each read once: the row group
 /// G's threads hold it in registers (common.hpp's row_share), V columns per access.
 template <class G, class M, class Acc, bool Log, int V, int S, class X, class Y>
-__global__ void __launch_bounds__(G::max_threads) softmax_resident(const X* x, Y* y, std::size_t rows, std::size_t cols,
-                                                        bool packed) {
+__global__ void __launch_bounds__(G::max_threads)
+    softmax_resident(const X* x, Y* y, std::size_t rows, std::size_t cols, bool packed) {
   using A = typename accumulator<Acc>::value_type;
   for (std::size_t r = G::first(); r < rows; r += G::step()) {
     row_share<M, V, S> s;
     s.template load<G>(x + r * cols, cols, packed);
-    M m = -static_cast<M>(INFINITY);
-    s.template each<G>(cols, [&](M& v, std::size_t) { m = max_nan(m, v); });
-    m = G::reduce(m, max_op<M>{});
+    const M m = s.template row_max<G>(cols);
     accumulator<Acc> sum;
     s.template each<G>(cols, [&](M& v, std::size_t) {
       v -= m;
@@ -83,8 +76,8 @@ __global__ void __launch_bounds__(G::max_threads) softmax_resident(const X* x, Y
 // softmax: dx = y (dy - sum(dy y)); log_softmax: dx = dy - exp(y) sum(dy). Rows of at most
 // resident_row_limit columns, dy and y each read once (as softmax_resident).
 template <class G, class M, class Acc, bool Log, int V, int S, class DY, class Y, class DX>
-__global__ void __launch_bounds__(G::max_threads) softmax_backward_resident(const DY* dy, const Y* y, DX* dx, std::size_t rows,
-                                                                 std::size_t cols, bool packed) {
+__global__ void __launch_bounds__(G::max_threads)
+    softmax_backward_resident(const DY* dy, const Y* y, DX* dx, std::size_t rows, std::size_t cols, bool packed) {
   using A = typename accumulator<Acc>::value_type;
   for (std::size_t r = G::first(); r < rows; r += G::step()) {
     row_share<M, V, S> g, p;
