@@ -261,6 +261,17 @@ void bandwidth_rows(precis::cuda_context& ctx, precis_bench::table& tab, std::mt
     row("layer_norm_backward rows of 1024, bf16 (+ dgamma, dbeta)", 3 * bf,
         time([&] { precis::layer_norm_backward<P>(ctx, dys, xs, gs, ms, rs, dxs, dgs, dbs); }));
   }
+  {
+    // Rows of 197 (ViT-B's attention scores, unfused): a warp each, read an element at a time
+    // (197 is no multiple of a 16-byte pack).
+    const std::size_t odd_rows = n / 197;
+    const double odd_bytes = double(odd_rows * 197) * 2;
+    const auto xo = random_device<bf16, 2>({odd_rows, 197}, g), dyo = random_device<bf16, 2>({odd_rows, 197}, g);
+    precis::device_tensor<bf16, 2> yo({odd_rows, 197}), dxo({odd_rows, 197});
+    row("softmax rows of 197, bf16", 2 * odd_bytes, time([&] { precis::softmax<P>(ctx, xo, yo); }));
+    row("softmax_backward rows of 197, bf16", 3 * odd_bytes,
+        time([&] { precis::softmax_backward<P>(ctx, dyo, yo, dxo); }));
+  }
   row("sum bf16 (whole tensor)", bf, time([&] { precis::sum<P>(ctx, x, out); }));
   row("sum bf16 along rows (axis 1)", bf, time([&] { precis::sum<P>(ctx, x, 1, row_sums); }));
   row("sum bf16 along columns (axis 0)", bf, time([&] { precis::sum<P>(ctx, x, 0, col_sums); }));
