@@ -7,9 +7,12 @@
 // gradients, as the host. What differs is the order of the sums:
 //   - counts (positives, negatives, the threshold mask's pixels) are integers, added with
 //     atomics: exact, as on the host;
-//   - the hard negatives are the host's: the candidates' BCE terms (NaN as +inf, -0 as +0)
-//     sorted in descending order by CUB's radix sort, which is stable, so that ties keep
-//     index order, and the first min(negatives, 3 positives) of them kept;
+//   - the hard negatives follow the host's rule: the candidates' BCE terms (NaN as +inf, -0
+//     as +0) sorted in descending order by CUB's radix sort, which is stable, so that ties
+//     keep index order, and the first min(negatives, 3 positives) of them kept. The set is
+//     the host's where the terms have the host's bits; the device's exp and log1p may differ
+//     from the host's libm in the last place, so where two candidates at the cut are within
+//     an ulp of each other the other one may be kept (a term of the same loss to an ulp);
 //   - the five sums (the kept BCE terms, B y m, B m, y m and the L1 terms) are taken in two
 //     passes of a fixed order (precis's reduce_terms), in the loss policy's accumulate type:
 //     the same bits on every run and device, within a float sum's bound of the host's

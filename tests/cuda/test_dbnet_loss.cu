@@ -1,7 +1,7 @@
 // DBNet's loss and training step on the device against the host (examples/dbnet): the
 // device loss on the same inputs (the value and its three terms within a float sum's bound,
-// the same hard negatives, ties and NaN terms included, the gradients within their types'
-// bounds), the waived float16 binarization's NaN gradients, and a DBNet at width 8 trained
+// the same hard negatives, ties and NaN terms included, and at the selection's edges: no
+// positives, no negatives, every negative kept; the gradients within their types' bounds), the waived float16 binarization's NaN gradients, and a DBNet at width 8 trained
 // for three steps on both sides under fp32, bf16_mixed and fp16_mixed. Exits 77 (skipped)
 // where no GPU is present.
 #include <precis/nn/cuda.hpp>  // first: the device kernels, then nn
@@ -63,11 +63,11 @@ dbnet::device_targets upload(const dbnet::targets& t) {
 
 template <class LP, class BP, class T>
 void check_loss(cuda_context& ctx, const std::string& tag, const batch<T>& b, double dloss = 1.0,
-                bool finite = true) {
+                bool finite = true, const dbnet::loss_options& o = {}) {
   using sig = nn::values<nn::sig<T, T, 4>, nn::sig<T, T, 4>>;
   const cpu_context cpu{2};
-  dbnet::basic_loss<LP, BP, sig> host;
-  dbnet::basic_loss<LP, BP, sig, cuda_context> device;
+  dbnet::basic_loss<LP, BP, sig> host(o);
+  dbnet::basic_loss<LP, BP, sig, cuda_context> device(o);
   const double want = double(host.forward(cpu, std::tuple{&b.x, &b.t}, b.y));
   const auto [hx, ht] = host.backward(cpu, dloss);
   const auto x = to_device(b.x), t = to_device(b.t);
@@ -182,6 +182,21 @@ int main() {
     auto b = make_batch<float>(1, 16, 16, 3);
     for (std::size_t i = 0; i < b.x.size(); i += 7) b.x.data()[i] = NAN;  // NaN terms: kept first
     check_loss<f32_loss, f32_bin>(ctx, "fp32 with NaN logits", b, 1.0, false);
+  }
+  {
+    // The edges of the selection: no positives (no negative kept), every negative kept (a
+    // ratio past their count), no negatives, and an empty threshold mask (no L1 term).
+    auto none = make_batch<float>(1, 20, 24, 8);
+    for (auto& v : none.y.shrink) v = 0.0F;
+    check_loss<f32_loss, f32_bin>(ctx, "fp32 without positives", none);
+    check_loss<f32_loss, f32_bin>(ctx, "fp32 keeping every negative", make_batch<float>(1, 20, 24, 9), 1.0, true,
+                                  {.negative_ratio = 1e6});
+    auto all = make_batch<float>(1, 20, 24, 10);
+    for (auto& v : all.y.shrink) v = 1.0F;
+    check_loss<f32_loss, f32_bin>(ctx, "fp32 without negatives", all);
+    auto no_l1 = make_batch<float>(1, 20, 24, 11);
+    for (auto& v : no_l1.y.thresh_mask) v = 0.0F;
+    check_loss<f32_loss, f32_bin>(ctx, "fp32 with an empty threshold mask", no_l1);
   }
   using h_loss = kernel_policy_t<op::loss, presets::fp16_mixed>;
   using h_bin = kernel_policy_t<op::exp, presets::fp16_mixed>;
