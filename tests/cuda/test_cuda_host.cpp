@@ -2,16 +2,20 @@
 // precis::cuda_error naming the call, the status and the source line (checked through the
 // failure a machine without a usable device gives: making a context); the alignment
 // cuBLASLt's heuristic is told; which cuDNN math types each policy accepts; the checks of a
-// transposed convolution's geometry; fused attention's head widths and plan keys. Built as C++
-// with PRECIS_CUDA=1 (precis::cuda).
+// transposed convolution's geometry; fused attention's head widths and plan keys; a device
+// tensor's fit to another shape (its memory kept where it holds it; without a GPU, a failed
+// allocation leaves it empty). Built as C++ with PRECIS_CUDA=1 (precis::cuda).
 #include <precis/kernels/cuda/blas_lt.hpp>
 #include <precis/kernels/cuda/conv.hpp>
 #include <precis/kernels/cuda/fused_attention.hpp>
+#include <precis/tensor/device_tensor.hpp>
 
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 TEST_CASE("a failing CUDA call throws precis::cuda_error naming the call, status and place") {
   int devices = 0;
@@ -138,4 +142,32 @@ TEST_CASE("fused attention takes head widths that are multiples of 8 up to 128, 
   b = a;
   b.tokens = 64;
   CHECK_FALSE(a == b);
+}
+
+TEST_CASE("device_tensor::fit keeps its memory for a shape it holds and allocates for a larger one") {
+  using shape = std::array<std::size_t, 2>;
+  precis::device_tensor<float, 2> t;
+  CHECK(t.capacity() == 0);
+  CHECK_FALSE(t.fit(shape{0, 5}));  // nothing to hold: nothing allocated
+  CHECK(t.shape() == shape{0, 5});
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    // Without a device the allocation fails: the tensor is left empty, not half changed.
+    CHECK_THROWS_AS(t.fit(shape{4, 8}), precis::cuda_error);
+    CHECK(t.size() == 0);
+    CHECK(t.capacity() == 0);
+    CHECK(t.data() == nullptr);
+    return;
+  }
+  CHECK(t.fit(shape{4, 8}));
+  const float* p = t.data();
+  CHECK(t.capacity() == 32);
+  CHECK_FALSE(t.fit(shape{3, 8}));  // a smaller last batch: the same memory
+  CHECK((t.data() == p && t.size() == 24 && t.capacity() == 32));
+  CHECK_FALSE(t.fit(shape{4, 8}));  // and back to the full one
+  CHECK(t.data() == p);
+  CHECK(t.fit(shape{5, 8}));  // larger: allocated anew
+  CHECK((t.capacity() == 40 && t.size() == 40));
+  precis::device_tensor<float, 2> u(std::move(t));
+  CHECK((u.capacity() == 40 && t.capacity() == 0 && t.data() == nullptr));
 }

@@ -6,7 +6,7 @@
 // count is the host's. The same for a small ViT (the example's blueprint), and for steps of
 // two micro-batches (also replayed as a graph). Then a step
 // captured as a CUDA graph and replayed gives the bits of the same steps run eagerly (also
-// when train_options::max_graphs drops graphs), and a
+// when train_options::max_graphs drops graphs), a smaller batch allocates nothing, and a
 // device model's checkpoint goes through the host's file format and back with the same
 // bits. Exits 77 (skipped) where no GPU is present.
 #include <precis/nn/cuda.hpp>  // first: the device kernels, then nn
@@ -243,6 +243,23 @@ void check_graph_option(cuda_context& ctx, const std::string& tag) {
   expect(w.o2.steps_left() == 0, tag + " graph option: the table holds exactly the steps run");
 }
 
+// A smaller last batch, and the full batches after it, keep the layers' memory (a shape
+// change is still counted, so that a captured graph is refused after it).
+template <class P>
+void check_smaller_batch(cuda_context& ctx, const std::string& tag) {
+  using S = typename P::storage_type;
+  auto m = nn::build<S, 2, cuda_context>(P{}, classifier(), {.seed = 5});
+  const auto full = to_device(random_tensor<S, 2>({batch, features}));
+  const auto half = to_device(random_tensor<S, 2>({batch / 2, features}));
+  const void* first = m.forward(ctx, full, nn::mode::train).data();
+  const void* smaller = m.forward(ctx, half, nn::mode::train).data();
+  const auto changes = nn::detail::device_reallocations.load();
+  const void* again = m.forward(ctx, full, nn::mode::train).data();
+  ctx.synchronize();
+  expect(first == smaller && first == again, tag + ": a smaller batch and the full one after it keep the memory");
+  expect(nn::detail::device_reallocations.load() > changes, tag + ": the shape change is counted");
+}
+
 // train_options::max_graphs: with room for two, three pairs of batch buffers (a, b, c) stepped
 // a a b b a c b b: c drops b (the least recently stepped, with its graph), then b drops a;
 // every step still has the eager steps' bits.
@@ -416,6 +433,7 @@ int main() {
   check_graph_option<presets::fp16_mixed, dynamic_scaler>(ctx, "fp16_mixed");
   check_graph_option<presets::bf16_mixed, no_scaling>(ctx, "bf16_mixed");
   check_graph_eviction<presets::fp16_mixed, dynamic_scaler>(ctx, "fp16_mixed");
+  check_smaller_batch<presets::bf16_mixed>(ctx, "bf16_mixed");
   check_micro_batches<presets::fp16_mixed, dynamic_scaler>(ctx, "fp16_mixed");
   check_checkpoint<presets::fp16_mixed>(ctx);
   // Accuracy counted on the device as nn::count_correct counts on the host: ties to the

@@ -383,14 +383,16 @@ std::string edge_shape_string(const S& s) {
 
 
 /// How many times a layer's device buffer (its outputs, saved tensors, a float8 layer's
-/// quantised copies) was reallocated (a batch of another shape): a captured CUDA graph holds
-/// the old addresses, so nn::trainer::replay() refuses to run one captured before the count
-/// last changed.
+/// quantised copies, a loss's scratch) took another shape (a batch of another size),
+/// reallocated or within its memory: a captured CUDA graph holds the old addresses and sizes,
+/// so nn::trainer::replay() refuses to run one captured before the count last changed.
 inline std::atomic<std::uint64_t> device_reallocations{0};
 
 /// Resizes `t` to `shape` unless it already has it (buffers are reused across steps). A
-/// device tensor is made again, as Tensor(shape, make...) (a stream after the shape: memory
-/// in that stream's order), and counted in device_reallocations.
+/// device tensor keeps its memory where it holds the new shape (device_tensor::fit: a
+/// smaller last batch, and the full ones after it, allocate nothing), else is made again as
+/// Tensor(shape, make...) (a stream after the shape: memory in that stream's order); either
+/// way the change is counted in device_reallocations.
 template <class Tensor, std::size_t N, class... Make>
 void ensure(Tensor& t, const shape_t<N>& shape, const Make&... make) {
   bool same = true;
@@ -399,7 +401,17 @@ void ensure(Tensor& t, const shape_t<N>& shape, const Make&... make) {
   if constexpr (requires { t.resize(shape); }) {
     t.resize(shape);
   } else {
-    t = Tensor(shape, make...);  // device tensors are reallocated
+    std::size_t n = 1;
+    for (const std::size_t e : shape) n *= e;
+    if constexpr (requires { t.fit(shape); }) {
+      if (n <= t.capacity()) {
+        (void)t.fit(shape);
+      } else {
+        t = Tensor(shape, make...);  // a first allocation, or a larger one: in make's stream
+      }
+    } else {
+      t = Tensor(shape, make...);
+    }
     device_reallocations.fetch_add(1, std::memory_order_relaxed);
   }
 }

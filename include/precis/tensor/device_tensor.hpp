@@ -32,13 +32,7 @@ class device_tensor {
   /// Uninitialised device memory of the given shape.
   explicit device_tensor(const shape_type& shape, cudaStream_t stream = nullptr)
       : shape_(shape), stream_(stream) {
-    const std::size_t n = size();
-    if (n == 0) return;
-    if (stream_) {
-      check(cudaMallocAsync(reinterpret_cast<void**>(&data_), n * sizeof(T), stream_), "cudaMallocAsync");
-    } else {
-      check(cudaMalloc(reinterpret_cast<void**>(&data_), n * sizeof(T)), "cudaMalloc");
-    }
+    allocate(size());
   }
   /// Takes over `o`'s allocation, shape and stream; `o` is left without memory, of shape
   /// all zeros.
@@ -72,11 +66,40 @@ class device_tensor {
   std::span<T> span() { return {data_, size()}; }
   /// The elements as a read-only span of device memory.
   std::span<const T> span() const { return {data_, size()}; }
+  /// Elements its memory holds: at least size(), more after fit() to a smaller shape.
+  std::size_t capacity() const { return capacity_; }
+
+  /// Gives the tensor `shape`. Its memory is kept where it holds that many elements (a
+  /// smaller batch after larger ones, and back), otherwise freed and allocated anew, in the
+  /// tensor's stream's order as at construction. The contents are unspecified either way.
+  /// Returns whether it allocated.
+  bool fit(const shape_type& shape) {
+    const std::size_t n = std::accumulate(shape.begin(), shape.end(), std::size_t(1), std::multiplies<>());
+    if (n <= capacity_) {
+      shape_ = shape;
+      return false;
+    }
+    reset();
+    shape_ = shape_type{};
+    allocate(n);  // may throw: the tensor is then empty
+    shape_ = shape;
+    return true;
+  }
 
  private:
+  void allocate(std::size_t n) {
+    if (n == 0) return;
+    if (stream_) {
+      check(cudaMallocAsync(reinterpret_cast<void**>(&data_), n * sizeof(T), stream_), "cudaMallocAsync");
+    } else {
+      check(cudaMalloc(reinterpret_cast<void**>(&data_), n * sizeof(T)), "cudaMalloc");
+    }
+    capacity_ = n;
+  }
   void swap(device_tensor& o) noexcept {
     std::swap(shape_, o.shape_);
     std::swap(data_, o.data_);
+    std::swap(capacity_, o.capacity_);
     std::swap(stream_, o.stream_);
   }
   void reset() noexcept {
@@ -88,10 +111,12 @@ class device_tensor {
       }
     }
     data_ = nullptr;
+    capacity_ = 0;
   }
 
   shape_type shape_{};
   T* data_ = nullptr;
+  std::size_t capacity_ = 0;
   cudaStream_t stream_ = nullptr;
 };
 
