@@ -218,7 +218,12 @@ void check_graph(cuda_context& ctx, const std::string& tag) {
   const auto r2 = t2.records(ctx);
   w.expect_same_bits(tag + " graph", ctx, t1.records(ctx), r2, steps);
   expect(r2.size() == steps && r2[2].skipped, tag + " graph: the replayed infinite batch is skipped");
-  // A pass on a batch of another size reallocates the model's buffers: the graph is stale.
+  // The captured inputs fitted to another shape in place (the same buffer): refused, never
+  // replayed on the old sizes; fitted back, the graph replays again.
+  xb.fit({batch / 2, features});
+  expect_error(tag + " graph: replay on inputs of another shape", [&] { t2.replay(ctx); }, "another buffer or shape");
+  xb.fit({batch, features});
+  // A pass on a batch of another size gives the model's buffers another shape: the graph is stale.
   (void)w.graph.forward(ctx, to_device(random_tensor<S, 2>({batch / 2, features})), nn::mode::eval);
   expect_error(tag + " graph: replay after a reallocation", [&] { t2.replay(ctx); }, "capture the step again");
 }
@@ -252,12 +257,14 @@ void check_smaller_batch(cuda_context& ctx, const std::string& tag) {
   const auto full = to_device(random_tensor<S, 2>({batch, features}));
   const auto half = to_device(random_tensor<S, 2>({batch / 2, features}));
   const void* first = m.forward(ctx, full, nn::mode::train).data();
+  const auto before = nn::detail::device_reallocations.load();
   const void* smaller = m.forward(ctx, half, nn::mode::train).data();
-  const auto changes = nn::detail::device_reallocations.load();
+  const auto after_smaller = nn::detail::device_reallocations.load();
   const void* again = m.forward(ctx, full, nn::mode::train).data();
   ctx.synchronize();
   expect(first == smaller && first == again, tag + ": a smaller batch and the full one after it keep the memory");
-  expect(nn::detail::device_reallocations.load() > changes, tag + ": the shape change is counted");
+  expect(after_smaller > before && nn::detail::device_reallocations.load() > after_smaller,
+         tag + ": each shape change is counted");
 }
 
 // train_options::max_graphs: with room for two, three pairs of batch buffers (a, b, c) stepped

@@ -67,8 +67,8 @@ struct device_float8_linear_state {
   bool have_forward = false;
 
   std::size_t own_bytes() const {
-    return xq.size() + wq.size() + xq_t.size() + wq_t.size() + dyq.size() + dyq_t.size() +
-           saved.size() * sizeof(float);
+    return bytes_of(xq) + bytes_of(wq) + bytes_of(xq_t) + bytes_of(wq_t) + bytes_of(dyq) + bytes_of(dyq_t) +
+           bytes_of(saved);
   }
   /// Multi-process amaxes are the host's so far: device recipes are single-process.
   template <class Reducer>
@@ -151,8 +151,8 @@ struct device_float8_linear_state {
                   " in, " + std::to_string(out) + " out; map this layer to a bfloat16 policy");
     }
   }
-  // Reallocated for another shape in the stream's order, and counted as every layer buffer
-  // is (detail::ensure): a captured step holding the old address is then refused.
+  // Another shape within its memory, or new memory in the stream's order, counted as every
+  // layer buffer is (detail::ensure): a captured step from before is then refused.
   template <class T>
   static void ensure(device_tensor<T, 2>& t, std::size_t a, std::size_t b, cuda_context& ctx) {
     detail::ensure(t, shape_t<2>{a, b}, ctx.stream());

@@ -353,13 +353,12 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
                     detail::edge_shape_string(detail::edge_shape_of<Model::input_rank>(b.inputs)));
       }
     }
-    // The objects, and their buffers where they have one: a tensor made again at an old
-    // object's address holds another buffer, which the graph would not read.
+    // The objects, their buffers and extents: a tensor made again at an old object's address
+    // holds another buffer, and one fitted to another shape other sizes, which the graph
+    // would not read.
     std::vector<const void*> key;
-    key.reserve(4 * batches.size());
-    for (const auto& b : batches) {
-      key.insert(key.end(), {&b.inputs, &b.targets, buffer_of(b.inputs), buffer_of(b.targets)});
-    }
+    key.reserve(8 * batches.size());
+    for (const auto& b : batches) append_key(key, b);
     graph_entry* g = nullptr;
     for (auto& e : graphs_) {
       if (e.key == key) g = &e;
@@ -435,16 +434,28 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
     graph_ = exec;
     graph_reallocations_ = detail::device_reallocations.load(std::memory_order_relaxed);
     graph_workspace_ = ctx.workspace_address();
+    graph_key_.clear();
+    append_key(graph_key_, b);
   }
   /// Runs the captured step once more, on ctx's stream. Throws precis::error without a
-  /// capture, or when a device buffer of any model or ctx's workspace was reallocated since
+  /// capture, when a device buffer of any model took another shape or ctx's workspace was
+  /// reallocated since, or when the captured inputs or targets hold another buffer or shape
   /// (capture again then).
   void replay(cuda_context& ctx) {
     if (graph_ == nullptr) throw error("precis::nn::trainer::replay: no step was captured");
-    // The graph holds the addresses of the layers' buffers and of the context's workspace.
+    // The graph holds the addresses and sizes of the layers' buffers, the batch's and the
+    // context's workspace.
     if (!still_valid(ctx, graph_reallocations_, graph_workspace_)) {
-      throw error("precis::nn::trainer::replay: device buffers were reallocated since the capture (a pass on "
+      throw error("precis::nn::trainer::replay: device buffers took another shape since the capture (a pass on "
                   "a batch of another shape, or a larger workspace); capture the step again");
+    }
+    const auto* inputs = static_cast<const input_tensor*>(graph_key_[0]);
+    const auto* targets = static_cast<const target_tensor*>(graph_key_[1]);
+    std::vector<const void*> now;
+    append_key(now, batch_type{*inputs, *targets});
+    if (now != graph_key_) {
+      throw error("precis::nn::trainer::replay: the captured inputs or targets hold another buffer or shape "
+                  "than at the capture; capture the step again");
     }
     launch(ctx, graph_);
   }
@@ -516,6 +527,18 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
     } else {
       return nullptr;
     }
+  }
+  // Appends what a graph of micro-batch b depends on to `key`: its objects, their buffers and
+  // their extents (a tensor fitted to another shape in place keeps its buffer), as words.
+  static void append_key(std::vector<const void*>& key, const batch_type& b) {
+    key.insert(key.end(), {&b.inputs, &b.targets, buffer_of(b.inputs), buffer_of(b.targets)});
+    const auto extents = [&](const auto& t) {
+      if constexpr (requires { t.shape(); }) {
+        for (const auto e : t.shape()) key.push_back(reinterpret_cast<const void*>(static_cast<std::uintptr_t>(e)));
+      }
+    };
+    extents(b.inputs);
+    extents(b.targets);
   }
   // Throws precis::error for inputs the model refuses or targets the loss refuses.
   void check_batch(const input_tensor& inputs, const target_tensor& targets) const {
@@ -638,9 +661,10 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
   cudaGraphExec_t graph_ = nullptr;
   std::uint64_t graph_reallocations_ = 0;
   const void* graph_workspace_ = nullptr;
+  std::vector<const void*> graph_key_;  // capture()'s batch: its objects, buffers and extents
   // train_options::graph: a graph per sequence of (inputs, targets) objects, null until captured.
   struct graph_entry {
-    std::vector<const void*> key;  // per micro-batch: inputs, targets and their buffers
+    std::vector<const void*> key;  // per micro-batch: inputs, targets, their buffers and extents
     cudaGraphExec_t exec;
     std::uint64_t reallocations;  // at the capture
     const void* workspace;        // at the capture

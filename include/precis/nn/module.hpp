@@ -431,9 +431,15 @@ std::size_t elements(const shape_t<N>& s) {
   return n;
 }
 
+/// Bytes a buffer holds: its memory (a device tensor's capacity, which a smaller batch
+/// keeps), else its elements'.
 template <class Tensor>
 std::size_t bytes_of(const Tensor& t) {
-  return t.size() * sizeof(*t.data());
+  if constexpr (requires { t.capacity(); }) {
+    return t.capacity() * sizeof(*t.data());
+  } else {
+    return t.size() * sizeof(*t.data());
+  }
 }
 
 /// The seed of the parameters at `path` in a model built with `seed`: every layer draws its

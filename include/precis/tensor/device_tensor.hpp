@@ -38,10 +38,11 @@ class device_tensor {
   /// all zeros.
   device_tensor(device_tensor&& o) noexcept { swap(o); }
   /// Frees this tensor's memory (in its stream's order), then takes over `o`'s allocation,
-  /// shape and stream; `o` is left without memory.
+  /// shape and stream; `o` is left without memory, of shape all zeros.
   device_tensor& operator=(device_tensor&& o) noexcept {
     if (this != &o) {
       reset();
+      shape_ = shape_type{};
       swap(o);
     }
     return *this;
@@ -89,11 +90,13 @@ class device_tensor {
  private:
   void allocate(std::size_t n) {
     if (n == 0) return;
+    void* p = nullptr;  // data_ stays null if the allocation fails
     if (stream_) {
-      check(cudaMallocAsync(reinterpret_cast<void**>(&data_), n * sizeof(T), stream_), "cudaMallocAsync");
+      check(cudaMallocAsync(&p, n * sizeof(T), stream_), "cudaMallocAsync");
     } else {
-      check(cudaMalloc(reinterpret_cast<void**>(&data_), n * sizeof(T)), "cudaMalloc");
+      check(cudaMalloc(&p, n * sizeof(T)), "cudaMalloc");
     }
+    data_ = static_cast<T*>(p);
     capacity_ = n;
   }
   void swap(device_tensor& o) noexcept {
