@@ -39,6 +39,15 @@ PRECIS_HOST_DEVICE constexpr To convert(From x) {
   static_assert(R != rounding::stochastic,
                 "precis: stochastic rounding needs random bits; call "
                 "precis::stochastic_round<T>(x, random_bits)");
+#if defined(__CUDA_ARCH__)
+  // saturate_cast to float8 in one instruction where the architecture has it (sm_89 on).
+  if constexpr (R == rounding::nearest_even && O == overflow::saturate &&
+                detail::device_saturate_available<typename To::format> && !std::is_same_v<From, double>) {
+    if (!__builtin_is_constant_evaluated()) {
+      return To::from_bits(detail::device_encode_saturate<typename To::format>(float(x)));
+    }
+  }
+#endif
   if constexpr (detail::precis_format<From>) {
     return To::from_bits(detail::encode<typename To::format, R, O>(float(x)));
   } else {

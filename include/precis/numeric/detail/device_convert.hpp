@@ -14,6 +14,13 @@ namespace precis::detail {
 /// `device_encode_available<F>` says whether `device_encode<F>` may be called.
 template <class F>
 inline constexpr bool device_encode_available = false;
+/// Hardware round-to-nearest-even from float with CUDA's `satfinite` (beyond +-max,
+/// infinities included, to +-max; NaN to the canonical NaN): precis::saturate_cast's
+/// semantics, which the host encoder gives bit for bit (tests/numeric/test_cuda_oracle.cpp
+/// checks it against CUDA's own satfinite conversion). `device_saturate_available<F>` says
+/// whether `device_encode_saturate<F>` may be called.
+template <class F>
+inline constexpr bool device_saturate_available = false;
 /// Hardware decode to float, where the architecture has the instruction.
 template <class F>
 inline constexpr bool device_decode_available = false;
@@ -37,6 +44,10 @@ template <>
 inline constexpr bool device_decode_available<float8_e4m3_format> = true;
 template <>
 inline constexpr bool device_decode_available<float8_e5m2_format> = true;
+template <>
+inline constexpr bool device_saturate_available<float8_e4m3_format> = true;
+template <>
+inline constexpr bool device_saturate_available<float8_e5m2_format> = true;
 #endif
 
 template <class F>
@@ -50,6 +61,19 @@ __device__ inline typename F::storage_type device_encode(float x) {
 #endif
   }
   return r;
+}
+
+template <class F>
+__device__ inline typename F::storage_type device_encode_saturate(float x) {
+  unsigned short pair = 0;  // the second operand's value in the low byte
+#if __CUDA_ARCH__ >= 890
+  if constexpr (F::exponent_bits == 4) {
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0F), "f"(x));
+  } else {
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0F), "f"(x));
+  }
+#endif
+  return static_cast<typename F::storage_type>(pair & 0xFFU);
 }
 
 template <class F>
