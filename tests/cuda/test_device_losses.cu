@@ -77,31 +77,50 @@ void check_reductions(precis::cuda_context& ctx, const precis::cpu_context& cpu,
   auto out = poisoned<float, 1>({1});
   precis::max<P>(ctx, precis::to_device(xn), out);
   expect(std::isnan(scalar(ctx, out)), "max with a NaN is NaN" + tag);
-  // Along each axis: the host's order, so the host's bits.
-  const auto x = random_tensor<T, 3>({7, 129, 33});
-  const auto dx = precis::to_device(x);
-  for (std::size_t axis = 0; axis < 3; ++axis) {
-    std::array<std::size_t, 2> shape{};
-    for (std::size_t i = 0, j = 0; i < 3; ++i) {
-      if (i != axis) shape[j++] = x.shape()[i];
-    }
-    auto want = precis::host_tensor<float, 2>::from_shape(shape);
-    auto got = poisoned<float, 2>(shape);
-    const std::string w = tag + " axis " + std::to_string(axis);
-#define PRECIS_CHECK_AXIS(fn)        \
-  precis::fn<P>(cpu, x, axis, want); \
-  got = poisoned<float, 2>(shape);   \
-  precis::fn<P>(ctx, dx, axis, got); \
+  // Along each axis: the host's order, so the host's bits. [7, 129, 33] reads global memory
+  // one thread per output (counts below axis_stage_min_count) and stages axis 1 (129 values
+  // per output, 231 outputs: tiles of 16); the others stage rows (inner 1) and columns, tiles
+  // of 16 and of 32 outputs (8192 or more), tiles crossing from one outer index to the next,
+  // and several stages with a short last one.
+  const std::array<std::array<std::size_t, 3>, 5> shapes{
+      {{7, 129, 33}, {5, 1000, 3}, {2, 3, 1500}, {8200, 70, 1}, {1, 100, 8300}}};
+  const auto dx = precis::to_device(random_tensor<T, 3>({7, 129, 33}));
+  for (const auto& dims : shapes) {
+    const auto x = random_tensor<T, 3>(dims);
+    const auto dxs = precis::to_device(x);
+    for (std::size_t axis = 0; axis < 3; ++axis) {
+      std::array<std::size_t, 2> shape{};
+      for (std::size_t i = 0, j = 0; i < 3; ++i) {
+        if (i != axis) shape[j++] = x.shape()[i];
+      }
+      auto want = precis::host_tensor<float, 2>::from_shape(shape);
+      auto got = poisoned<float, 2>(shape);
+      const std::string w = tag + " " + precis::shape_string(x.shape()) + " axis " + std::to_string(axis);
+#define PRECIS_CHECK_AXIS(fn)         \
+  precis::fn<P>(cpu, x, axis, want);  \
+  got = poisoned<float, 2>(shape);    \
+  precis::fn<P>(ctx, dxs, axis, got); \
   expect(same_bits(ctx, got, want), #fn + w);
-    PRECIS_CHECK_AXIS(sum)
-    PRECIS_CHECK_AXIS(mean)
-    PRECIS_CHECK_AXIS(max)
+      PRECIS_CHECK_AXIS(sum)
+      PRECIS_CHECK_AXIS(mean)
+      PRECIS_CHECK_AXIS(max)
 #undef PRECIS_CHECK_AXIS
-    // Squares may be fused into the additions on the device (one rounding fewer).
-    precis::l2_norm<P>(cpu, x, axis, want);
-    got = poisoned<float, 2>(shape);
-    precis::l2_norm<P>(ctx, dx, axis, got);
-    compare("l2_norm" + w, ctx, got, want, 1e-6);
+      // Squares may be fused into the additions on the device (one rounding fewer).
+      precis::l2_norm<P>(cpu, x, axis, want);
+      got = poisoned<float, 2>(shape);
+      precis::l2_norm<P>(ctx, dxs, axis, got);
+      compare("l2_norm" + w, ctx, got, want, 1e-6);
+    }
+  }
+  {
+    // NaN wins in a staged max along an axis (its row only).
+    auto x = random_tensor<T, 3>({2, 3, 1500});
+    x(1, 2, 700) = std::numeric_limits<T>::quiet_NaN();
+    auto got = poisoned<float, 2>({2, 3});
+    precis::max<P>(ctx, precis::to_device(x), 2, got);
+    const auto h = precis::to_host(got, ctx.stream());
+    expect(std::isnan(h(1, 2)) && std::isfinite(h(1, 1)) && std::isfinite(h(0, 2)),
+           "a staged max along an axis with a NaN is NaN in its row only" + tag);
   }
   auto wrong = poisoned<float, 2>({7, 34});
   expect_error(

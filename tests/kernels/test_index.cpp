@@ -2,7 +2,8 @@
 // divisor with a multiply-high, an addition and a shift) against `/` and `%` for divisors
 // and numerators at the edges and at random, the strided copies' fast plans against
 // the plain plans' offsets, element for element, and the row kernels' register layout
-// (resident_rows_for, slot_column) covering every column of a row once.
+// (resident_rows_for, slot_column) covering every column of a row once, and the staged axis
+// reductions' tiles (axis_tile) loading every value once.
 #include <precis/kernels/common.hpp>
 
 #include <doctest/doctest.h>
@@ -151,4 +152,98 @@ TEST_CASE("the row kernels' threads and slots hold every column of a row exactly
       REQUIRE(whole);
     }
   }
+}
+
+namespace {
+
+// One tile geometry of the device's staged reductions along an axis: every (output, k) value
+// of a stage loaded by exactly one (thread, load), into its own shared-memory element inside
+// the tile; each thread's loads a constant step apart in memory; the adding threads (one per
+// output, the same k) reading 4-byte words in 32 different banks where the elements are at
+// most 4 bytes.
+template <bool Rows, unsigned Outputs, std::size_t Size>
+void check_axis_tile() {
+  using Tile = precis::detail::axis_tile<Rows, Outputs, Size>;
+  constexpr unsigned threads = precis::detail::axis_stage_threads;
+  CAPTURE(Rows);
+  CAPTURE(Outputs);
+  CAPTURE(Size);
+  REQUIRE(Tile::elements * Size == precis::detail::axis_stage_bytes);
+  REQUIRE(Tile::per_thread * threads == Tile::elements);
+  REQUIRE(Tile::ks * Outputs == Tile::elements);
+  REQUIRE(Tile::size * Size <= precis::detail::axis_stage_bytes + Outputs * 8);
+  std::vector<int> seen(Tile::elements, 0), slot(Tile::size, 0);
+  // Memory offsets of (j, kk) in a tile of rows `count` apart (Rows) or of outputs
+  // contiguous and k values `inner` apart (columns), for a count and inner of no special form.
+  const long count = 1237, inner = 1237;
+  const auto address = [&](unsigned j, unsigned kk) {
+    return Rows ? long(j) * count + kk : long(kk) * inner + j;
+  };
+  for (unsigned t = 0; t < threads; ++t) {
+    long step = 0;
+    for (unsigned n = 0; n < Tile::per_thread; ++n) {
+      unsigned j = 0, kk = 0;
+      Tile::place(t, n, j, kk);
+      REQUIRE(j < Outputs);
+      REQUIRE(kk < Tile::ks);
+      ++seen[j * Tile::ks + kk];
+      const unsigned at = Tile::offset(j, kk);
+      REQUIRE(at < Tile::size);
+      ++slot[at];
+      if (n > 0) {
+        unsigned pj = 0, pk = 0;
+        Tile::place(t, n - 1, pj, pk);
+        // Within a row's loads the step is `lanes` values; from one row group to the next
+        // the pointer moves rows_at_once rows and back to the thread's first value.
+        if constexpr (Rows) {
+          constexpr unsigned per_row = Tile::ks / Tile::lanes;
+          unsigned j0 = 0, k0 = 0;
+          Tile::place(t, n / per_row * per_row, j0, k0);
+          REQUIRE(address(j, kk) - address(j0, k0) == long(n % per_row) * Tile::lanes);
+          REQUIRE(j0 == t / Tile::lanes + n / per_row * Tile::rows_at_once);
+        } else {
+          const long d = address(j, kk) - address(pj, pk);
+          if (n == 1) step = d;
+          REQUIRE(d == step);
+        }
+      }
+    }
+  }
+  REQUIRE(std::all_of(seen.begin(), seen.end(), [](int c) { return c == 1; }));
+  REQUIRE(std::count(slot.begin(), slot.end(), 1) == std::ptrdiff_t(Tile::elements));
+  // A warp of loads reads consecutive addresses (Rows: along a row; columns: across outputs).
+  for (unsigned n = 0; n < Tile::per_thread; ++n) {
+    for (unsigned t = 1; t < 32 && t < (Rows ? Tile::lanes : Outputs); ++t) {
+      unsigned a = 0, b = 0, c = 0, d = 0;
+      Tile::place(t - 1, n, a, b);
+      Tile::place(t, n, c, d);
+      REQUIRE(address(c, d) == address(a, b) + 1);
+    }
+  }
+  if constexpr (Size <= 4) {
+    for (unsigned kk = 0; kk < Tile::ks; kk += 7) {
+      std::vector<int> banks(32, 0);
+      for (unsigned j = 0; j < Outputs; ++j) ++banks[Tile::offset(j, kk) * Size / 4 % 32];
+      // Rows: one word per output in its own bank; columns: the outputs' values share words,
+      // consecutive words in consecutive banks.
+      const int most = *std::max_element(banks.begin(), banks.end());
+      REQUIRE(most <= (Rows ? 1 : int(4 / Size)));
+    }
+  }
+}
+
+template <unsigned Outputs, std::size_t... Sizes>
+void check_axis_tiles() {
+  (check_axis_tile<true, Outputs, Sizes>(), ...);
+  (check_axis_tile<false, Outputs, Sizes>(), ...);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "the staged axis reductions' tiles load every value once and add it without bank conflicts") {
+  check_axis_tiles<32, 1, 2, 4, 8>();
+  check_axis_tiles<16, 1, 2, 4, 8>();
+  CHECK(precis::detail::axis_tile_outputs(8192) == 32);
+  CHECK(precis::detail::axis_tile_outputs(8191) == 16);
 }

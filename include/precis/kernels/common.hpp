@@ -238,6 +238,63 @@ PRECIS_HOST_DEVICE constexpr std::size_t slot_column(int i, unsigned rank, unsig
   return (std::size_t(i) * threads + rank) * std::size_t(v);
 }
 
+/// The device's reductions along an axis (x viewed as [outer, count, inner], each output
+/// element the reduction of its `count` values in k order, the host's order) stage their
+/// inputs through shared memory where count >= axis_stage_min_count: a block of
+/// axis_stage_threads threads loads a tile of `outputs` output elements by `ks` of their k
+/// values (axis_stage_bytes in all) with coalesced loads, the next tile's loads in flight
+/// while one thread per output adds the tile's values in k order. The tile's geometry is
+/// here, host and device alike, so that host tests check that a stage's loads cover the
+/// tile once and that the adding threads read shared memory without bank conflicts.
+inline constexpr unsigned axis_stage_threads = 256;
+inline constexpr std::size_t axis_stage_bytes = 16384;
+inline constexpr std::size_t axis_stage_min_count = 64;
+
+/// Output elements per tile: 32 where there are at least 8192 outputs (256 tiles or more),
+/// else 16, so that the tiles of 4096 outputs still fill an H100's 132 SMs twice.
+constexpr unsigned axis_tile_outputs(std::size_t outputs) { return outputs >= 8192 ? 32 : 16; }
+
+/// The tile of `Outputs` output elements of Size-byte values: `Rows` where inner == 1 (an
+/// output's k values are contiguous in memory, and a tile row in shared memory, padded by
+/// four bytes so that the adding threads, one per row, hit 32 different banks), else
+/// columns (a k value's outputs are contiguous in memory and in shared memory).
+template <bool Rows, unsigned Outputs, std::size_t Size>
+struct axis_tile {
+  /// Elements of a tile, and of its k values per output.
+  static constexpr unsigned elements = unsigned(axis_stage_bytes / Size);
+  static constexpr unsigned ks = elements / Outputs;
+  /// Elements each thread loads per stage.
+  static constexpr unsigned per_thread = elements / axis_stage_threads;
+  /// Shared-memory elements between two outputs' rows (Rows) or two k values (columns).
+  static constexpr unsigned pitch = Rows ? ks + (Size >= 4 ? 1U : unsigned(4 / Size)) : Outputs;
+  /// Shared-memory elements of the tile.
+  static constexpr unsigned size = Rows ? Outputs * pitch : ks * Outputs;
+  /// Rows: threads per tile row (a row's k values are read `lanes` at a time), and the rows
+  /// that the block's threads read at once.
+  static constexpr unsigned lanes = ks < axis_stage_threads ? ks : axis_stage_threads;
+  static constexpr unsigned rows_at_once = axis_stage_threads / lanes;
+  /// Which of the tile's values thread t's load n (0 .. per_thread - 1) is: output j, k value
+  /// kk. Rows: `lanes` consecutive threads read consecutive values of a row, load n + 1 the
+  /// next `lanes` values of the row or, past its end, the row rows_at_once further on;
+  /// columns: consecutive threads read consecutive outputs of one k value, load n + 1 the k
+  /// value axis_stage_threads / Outputs further on. Either way the address of load n + 1 is
+  /// that of load n plus a constant, so a thread keeps one pointer.
+  PRECIS_HOST_DEVICE static constexpr void place(unsigned t, unsigned n, unsigned& j, unsigned& kk) {
+    if constexpr (Rows) {
+      constexpr unsigned per_row = ks / lanes;  // loads per row and thread
+      j = n / per_row * rows_at_once + t / lanes;
+      kk = n % per_row * lanes + t % lanes;
+    } else {
+      j = t % Outputs;
+      kk = t / Outputs + n * (axis_stage_threads / Outputs);
+    }
+  }
+  /// Where value (j, kk) lies in shared memory.
+  PRECIS_HOST_DEVICE static constexpr unsigned offset(unsigned j, unsigned kk) {
+    return Rows ? j * pitch + kk : kk * pitch + j;
+  }
+};
+
 }  // namespace detail
 
 /// An element type a kernel accepts: float, double or a precis format.
