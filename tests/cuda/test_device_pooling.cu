@@ -5,7 +5,8 @@
 // backward passes gather several outputs per input), count_include_pad both ways, upsampling by
 // integer and non-integer factors with and without align_corners; channels-last pooling and
 // upsampling give the NCHW kernels' bits, moved. Batch norm covers rank 2
-// and 4, the running statistics and inference mode. Shape errors are thrown before any
+// and 4, channels-last images (in 16-byte packs of channels and not), the running statistics
+// and inference mode. Shape errors are thrown before any
 // launch. Exits 77 (skipped) where no GPU is present.
 #include <precis/kernels/cuda/norm.hpp>
 #include <precis/kernels/cuda/pooling.hpp>
@@ -128,38 +129,62 @@ void check_pooling(precis::cuda_context& ctx, const precis::cpu_context& cpu,
       "padding");
 }
 
+// x [N, C, H, W] moved to [N, H, W, C].
+template <class T>
+precis::host_tensor<T, 4> nhwc_of(const precis::host_tensor<T, 4>& t) {
+  const auto s = t.shape();
+  auto r = precis::host_tensor<T, 4>::from_shape({s[0], s[2], s[3], s[1]});
+  for (std::size_t n = 0; n < s[0]; ++n)
+    for (std::size_t c = 0; c < s[1]; ++c)
+      for (std::size_t h = 0; h < s[2]; ++h)
+        for (std::size_t w = 0; w < s[3]; ++w) r(n, h, w, c) = t(n, c, h, w);
+  return r;
+}
+
 template <class P, class T, std::size_t N>
 void check_batch_norm(precis::cuda_context& ctx, const precis::cpu_context& cpu,
-                      const std::array<std::size_t, N>& xs, const std::string& tag) {
+                      const std::array<std::size_t, N>& xs, const std::string& tag,
+                      precis::image_layout layout = precis::image_layout::nchw) {
   const std::size_t c = xs[1];
   const auto x = random_tensor<T, N>(xs, 2.0F, 0.5F), dy = random_tensor<T, N>(xs);
+  // Channels-last: the device's inputs and the host's (NCHW) results moved to [N, H, W, C].
+  const auto arranged = [&](const auto& t) {
+    if constexpr (N == 4) {
+      if (layout == precis::image_layout::nhwc) return nhwc_of(t);
+    }
+    return t;
+  };
+  auto ds = xs;
+  if constexpr (N == 4) {
+    if (layout == precis::image_layout::nhwc) ds = {xs[0], xs[2], xs[3], xs[1]};
+  }
   const auto gamma = random_tensor<T, 1>({c}), beta = random_tensor<T, 1>({c});
   auto rm = random_tensor<float, 1>({c}), rv = random_tensor<float, 1>({c}, 0.1F, 1.0F);
   auto drm = precis::to_device(rm), drv = precis::to_device(rv);
   auto y = precis::host_tensor<T, N>::from_shape(xs);
   auto sm = precis::host_tensor<float, 1>::from_shape({c}), sr = sm;
   precis::batch_norm_train<P>(cpu, x, gamma, beta, rm, rv, y, sm, sr, 0.1, 1e-5);
-  const auto dx_ = precis::to_device(x);
+  const auto dx_ = precis::to_device(arranged(x));
   const auto dg = precis::to_device(gamma), db = precis::to_device(beta);
-  auto d = poisoned<T, N>(xs);
+  auto d = poisoned<T, N>(ds);
   auto dsm = poisoned<float, 1>({c}), dsr = poisoned<float, 1>({c});
-  precis::batch_norm_train<P>(ctx, dx_, dg, db, drm, drv, d, dsm, dsr, 0.1, 1e-5);
-  compare("batch_norm_train" + tag, ctx, d, y);
+  precis::batch_norm_train<P>(ctx, dx_, dg, db, drm, drv, d, dsm, dsr, 0.1, 1e-5, layout);
+  compare("batch_norm_train" + tag, ctx, d, arranged(y));
   compare("batch_norm_train save_mean" + tag, ctx, dsm, sm);
   compare("batch_norm_train save_rstd" + tag, ctx, dsr, sr);
   compare("batch_norm_train running_mean" + tag, ctx, drm, rm);
   compare("batch_norm_train running_var" + tag, ctx, drv, rv);
   precis::batch_norm_infer<P>(cpu, x, gamma, beta, rm, rv, y, 1e-5);
-  d = poisoned<T, N>(xs);
-  precis::batch_norm_infer<P>(ctx, dx_, dg, db, drm, drv, d, 1e-5);
-  compare("batch_norm_infer" + tag, ctx, d, y);
+  d = poisoned<T, N>(ds);
+  precis::batch_norm_infer<P>(ctx, dx_, dg, db, drm, drv, d, 1e-5, layout);
+  compare("batch_norm_infer" + tag, ctx, d, arranged(y));
   auto gx = precis::host_tensor<T, N>::from_shape(xs);
   auto gg = precis::host_tensor<T, 1>::from_shape({c}), gb = gg;
   precis::batch_norm_backward<P>(cpu, dy, x, gamma, sm, sr, gx, gg, gb);
-  auto dgx = poisoned<T, N>(xs);
+  auto dgx = poisoned<T, N>(ds);
   auto dgg = poisoned<T, 1>({c}), dgb = poisoned<T, 1>({c});
-  precis::batch_norm_backward<P>(ctx, precis::to_device(dy), dx_, dg, dsm, dsr, dgx, dgg, dgb);
-  compare("batch_norm_backward dx" + tag, ctx, dgx, gx);
+  precis::batch_norm_backward<P>(ctx, precis::to_device(arranged(dy)), dx_, dg, dsm, dsr, dgx, dgg, dgb, layout);
+  compare("batch_norm_backward dx" + tag, ctx, dgx, arranged(gx));
   compare("batch_norm_backward dgamma" + tag, ctx, dgg, gg);
   compare("batch_norm_backward dbeta" + tag, ctx, dgb, gb);
   const auto g7 = precis::to_device(random_tensor<T, 1>({c + 1}));
@@ -171,18 +196,6 @@ void check_batch_norm(precis::cuda_context& ctx, const precis::cpu_context& cpu,
       "batch_norm momentum",
       [&] { precis::batch_norm_train<P>(ctx, dx_, dg, db, drm, drv, d, dsm, dsr, 1.5); },
       "momentum");
-}
-
-// x [N, C, H, W] moved to [N, H, W, C].
-template <class T>
-precis::host_tensor<T, 4> nhwc_of(const precis::host_tensor<T, 4>& t) {
-  const auto s = t.shape();
-  auto r = precis::host_tensor<T, 4>::from_shape({s[0], s[2], s[3], s[1]});
-  for (std::size_t n = 0; n < s[0]; ++n)
-    for (std::size_t c = 0; c < s[1]; ++c)
-      for (std::size_t h = 0; h < s[2]; ++h)
-        for (std::size_t w = 0; w < s[3]; ++w) r(n, h, w, c) = t(n, c, h, w);
-  return r;
 }
 
 // Channels-last pooling and upsampling read [N, H, W, C] in place and give the NCHW
@@ -286,6 +299,14 @@ int main() {
   // 16-byte packs (planes of 99 and rows of 17 one element at a time).
   check_batch_norm<presets::fp32, float, 4>(ctx, cpu, {2, 3, 80, 70}, " (fp32, planes of 5600)");
   check_batch_norm<presets::bf16_mixed, bfloat16, 4>(ctx, cpu, {3, 5, 64, 90}, " (bf16, planes of 5760)");
+  // Channels-last: 16 channels in 16-byte packs (8 of 16-bit, 4 of float), 5 and 6 one
+  // element at a time (6 floats are no whole number of packs), over more rows than one slab
+  // of the column reduction (4096).
+  const auto nhwc = precis::image_layout::nhwc;
+  check_batch_norm<presets::bf16_mixed, bfloat16, 4>(ctx, cpu, {3, 16, 40, 37}, " (bf16, nhwc, packs)", nhwc);
+  check_batch_norm<presets::fp16_mixed, float16, 4>(ctx, cpu, {2, 5, 9, 11}, " (fp16, nhwc, 5 channels)", nhwc);
+  check_batch_norm<presets::fp32, float, 4>(ctx, cpu, {3, 16, 40, 37}, " (fp32, nhwc, packs)", nhwc);
+  check_batch_norm<presets::fp32, float, 4>(ctx, cpu, {2, 6, 50, 45}, " (fp32, nhwc, 6 channels)", nhwc);
   ctx.synchronize();
   return precis_test::finish();
 }

@@ -254,21 +254,32 @@ struct batch_norm_normalise {
   Y* y;
   M eps;
   static constexpr int pack_elements = pack_width<X, Y>;  ///< elements per 16-byte access
-  /// The V elements from `at`, all of channel c (plane_elements).
-  template <int V>
-  __device__ void at(std::size_t c, std::size_t at) const {
-    const M mu = static_cast<M>(mean[c]);
-    M rs;
+  /// A channel's constants, read once per thread and channel (plane_elements).
+  struct channel {
+    M mu, rs, g, b;
+  };
+  __device__ channel constants(std::size_t c) const {
+    channel k;
+    k.mu = static_cast<M>(mean[c]);
     if constexpr (Running) {
-      rs = M(1) / ::sqrt(static_cast<M>(scale[c]) + eps);
+      k.rs = M(1) / ::sqrt(static_cast<M>(scale[c]) + eps);
     } else {
-      rs = static_cast<M>(scale[c]);
+      k.rs = static_cast<M>(scale[c]);
     }
-    const M g = device_load<M>(gamma[c]), b = device_load<M>(beta[c]);
+    k.g = device_load<M>(gamma[c]);
+    k.b = device_load<M>(beta[c]);
+    return k;
+  }
+  /// The V elements from `at`, element e with the constants ch[e * step].
+  template <int V>
+  __device__ void apply(const channel* ch, int step, std::size_t at) const {
     const auto in = load_pack<V>(x + at);
     pack<Y, V> out;
 #pragma unroll
-    for (int k = 0; k < V; ++k) out.v[k] = round_to<Y>((device_load<M>(in.v[k]) - mu) * rs * g + b);
+    for (int e = 0; e < V; ++e) {
+      const channel& k = ch[e * step];
+      out.v[e] = round_to<Y>((device_load<M>(in.v[e]) - k.mu) * k.rs * k.g + k.b);
+    }
     store_pack<V>(y + at, out);
   }
   /// Whether packs of V may be read and written.
@@ -321,19 +332,30 @@ struct batch_norm_input_grad {
   const M* ab;
   DX* dx;
   static constexpr int pack_elements = pack_width<DY, X, DX>;  ///< elements per 16-byte access
-  /// The V elements from `at`, all of channel c (plane_elements).
+  /// A channel's constants, read once per thread and channel (plane_elements).
+  struct channel {
+    M rs, mu, k, a, b;
+  };
+  __device__ channel constants(std::size_t c) const {
+    channel k;
+    k.rs = static_cast<M>(save_rstd[c]);
+    k.mu = static_cast<M>(save_mean[c]);
+    k.k = device_load<M>(gamma[c]) * k.rs;
+    k.a = ab[2 * c];
+    k.b = ab[2 * c + 1];
+    return k;
+  }
+  /// The V elements from `at`, element e with the constants ch[e * step].
   template <int V>
-  __device__ void at(std::size_t c, std::size_t at) const {
-    const M rs = static_cast<M>(save_rstd[c]), mu = static_cast<M>(save_mean[c]);
-    const M k = device_load<M>(gamma[c]) * rs;
-    const M a = ab[2 * c], b = ab[2 * c + 1];
+  __device__ void apply(const channel* ch, int step, std::size_t at) const {
     const auto xs = load_pack<V>(x + at);
     const auto gs = load_pack<V>(dy + at);
     pack<DX, V> out;
 #pragma unroll
     for (int e = 0; e < V; ++e) {
-      const M xh = (device_load<M>(xs.v[e]) - mu) * rs;
-      out.v[e] = round_to<DX>(k * (device_load<M>(gs.v[e]) - a - xh * b));
+      const channel& c = ch[e * step];
+      const M xh = (device_load<M>(xs.v[e]) - c.mu) * c.rs;
+      out.v[e] = round_to<DX>(c.k * (device_load<M>(gs.v[e]) - c.a - xh * c.b));
     }
     store_pack<V>(dx + at, out);
   }

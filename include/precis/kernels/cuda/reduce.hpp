@@ -551,50 +551,70 @@ void channel_reduce_in(cuda_context& ctx, image_layout layout, std::size_t image
   }
 }
 
-/// Runs f.at<V>(c, at) for every V-th element at = (i * channels + c) * inner + q of a
-/// tensor [images, channels, inner] (inner a multiple of V): the planes on the grid's y axis,
-/// their packs on x, with no division per element.
+/// Runs f.apply<V> over every V-th element at = (i * channels + c) * inner + q of a tensor
+/// [images, channels, inner] (inner a multiple of V): the planes on the grid's y axis, their
+/// packs on x, with no division per element; a thread reads its plane's channel constants
+/// (f.constants(c)) once.
 template <int V, class F>
 __global__ void for_each_plane_element(F f, std::size_t planes, std::size_t channels, std::size_t inner) {
   for (std::size_t plane = blockIdx.y; plane < planes; plane += gridDim.y) {
-    const std::size_t c = plane % channels;
+    const auto k = f.constants(plane % channels);
     for (std::size_t q = (blockIdx.x * std::size_t(blockDim.x) + threadIdx.x) * V; q < inner;
          q += std::size_t(gridDim.x) * blockDim.x * V) {
-      f.template at<V>(c, plane * inner + q);
+      f.template apply<V>(&k, 0, plane * inner + q);
     }
   }
 }
 
-/// Runs f.at<1>(c, at) for every element at = r * channels + c of a channels-last tensor
-/// viewed as [rows, channels]: blocks of 32 channels by 8 rows, coalesced along the channels,
-/// with no division per element.
-template <class F>
-__global__ void for_each_channels_last_element(F f, std::size_t rows, std::size_t channels) {
-  const std::size_t c = blockIdx.x * std::size_t(32) + threadIdx.x;
-  if (c >= channels) return;
-  for (std::size_t r = blockIdx.y * std::size_t(8) + threadIdx.y; r < rows; r += std::size_t(gridDim.y) * 8) {
-    f.template at<1>(c, r * channels + c);
+/// Runs f.apply<V> over a channels-last tensor viewed as [rows, channels] (channels a
+/// multiple of V): thread x of the grid's x axis holds the V channels from x * V (their
+/// constants read once), y walks the rows; a block is `groups` threads wide (at most 256)
+/// and 256 / groups rows deep, so that a warp reads whole rows of consecutive packs.
+template <int V, class F>
+__global__ void for_each_channels_last_pack(F f, std::size_t rows, std::size_t channels) {
+  const std::size_t group = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x;
+  if (group * V >= channels) return;
+  decltype(f.constants(0)) k[V];
+#pragma unroll
+  for (int e = 0; e < V; ++e) k[e] = f.constants(group * V + e);
+  for (std::size_t r = blockIdx.y * std::size_t(blockDim.y) + threadIdx.y; r < rows;
+       r += std::size_t(gridDim.y) * blockDim.y) {
+    f.template apply<V>(k, 1, r * channels + group * V);
   }
 }
 
 /// Launches f over every element of images [images, channels, inner] in `layout`
-/// (channels-last: [images, inner, channels]) on ctx's stream: f.at<V>(c, at) computes the
-/// V elements from `at`, all of channel c. NCHW planes whose length is a multiple of
-/// V = F::pack_elements (16 bytes of its widest element) take packs where f.aligned<V>();
-/// the rest one element each (V = 1).
+/// (channels-last: [images, inner, channels]) on ctx's stream: f.constants(c) reads channel
+/// c's constants, f.apply<V>(k, step, at) computes the V elements from `at`, element e with
+/// constants k[e * step] (step 0: one channel's; 1: V channels'). V = F::pack_elements (16 bytes of its widest element) where the
+/// elements a thread takes at once allow it (NCHW: planes whose length is a multiple of V;
+/// channels-last: channel counts that are) and f.aligned<V>(); else one element at a time.
 template <class F>
 void plane_elements(cuda_context& ctx, std::size_t images, std::size_t channels, std::size_t inner, const F& f,
                     std::string_view name, image_layout layout = image_layout::nchw) {
   const std::size_t planes = images * channels;
   if (planes == 0 || inner == 0) return;
+  constexpr int V = F::pack_elements;
   if (layout == image_layout::nhwc) {
     const std::size_t rows = images * inner;
-    const dim3 grid(unsigned((channels + 31) / 32), unsigned(std::min<std::size_t>((rows + 7) / 8, 65535)));
-    for_each_channels_last_element<<<grid, dim3(32, 8), 0, ctx.stream()>>>(f, rows, channels);
+    const auto launch = [&](auto width) {
+      constexpr int W = decltype(width)::value;
+      const std::size_t groups = channels / W;
+      const unsigned wide = unsigned(std::min<std::size_t>(groups, 256)), deep = 256 / wide;
+      const std::size_t x_blocks = (groups + wide - 1) / wide;
+      const std::size_t y_blocks = std::min<std::size_t>({(rows + deep - 1) / deep, 65535,
+                                                          std::max<std::size_t>(1, 4096 / x_blocks)});
+      for_each_channels_last_pack<W>
+          <<<dim3(unsigned(x_blocks), unsigned(y_blocks)), dim3(wide, deep), 0, ctx.stream()>>>(f, rows, channels);
+    };
+    if (channels % V == 0 && f.template aligned<V>()) {
+      launch(std::integral_constant<int, V>{});
+    } else {
+      launch(std::integral_constant<int, 1>{});
+    }
     check(cudaGetLastError(), name);
     return;
   }
-  constexpr int V = F::pack_elements;
   const bool packed = inner % V == 0 && f.template aligned<V>();
   const std::size_t per_thread = packed ? V : 1;
   const std::size_t x_blocks = std::min<std::size_t>((inner / per_thread + 255) / 256,
