@@ -189,10 +189,12 @@ template <class P, class T>
 void check_layer_norm(precis::cuda_context& ctx, const precis::cpu_context& cpu) {
   // Rows: 15, and 2,100 (33 slabs of dgamma's and dbeta's column sums, the last cut short).
   // Columns: held by a warp (96 and 768 in 16-byte packs; 1, 197 and 1001 not), by a block
-  // (3000 and 8192 in packs, 2050 not), read once per pass (8200).
+  // (3000 and 8192 in packs, 2050 not), read once per pass (8200). dgamma's and dbeta's
+  // column sums read 16 bytes of columns per row and thread at 768, 3000 and 8192 (256
+  // columns or more, a whole number of packs), one column otherwise.
   for (const auto& [rows, cols] : std::initializer_list<std::pair<std::size_t, std::size_t>>{
            {5, 1}, {5, 96}, {5, 197}, {5, 768}, {5, 1001}, {5, 2050}, {5, 3000}, {2, 8192}, {2, 8200},
-           {700, 96}}) {
+           {700, 96}, {700, 768}}) {
     const std::array<std::size_t, 3> shape{3, rows, cols};
     const auto x = random_tensor<T, 3>(shape, 2.0F);
     const auto dy = random_tensor<T, 3>(shape);

@@ -301,9 +301,12 @@ int main() {
   check_batch_norm<presets::bf16_mixed, bfloat16, 4>(ctx, cpu, {3, 5, 64, 90}, " (bf16, planes of 5760)");
   // Channels-last: 16 channels in 16-byte packs (8 of 16-bit, 4 of float), 5 and 6 one
   // element at a time (6 floats are no whole number of packs), over more rows than one slab
-  // of the column reduction (4096).
+  // of the column reduction (4096); 256 channels (bf16) and 128 (float) also summed in packs
+  // of channels.
   const auto nhwc = precis::image_layout::nhwc;
   check_batch_norm<presets::bf16_mixed, bfloat16, 4>(ctx, cpu, {3, 16, 40, 37}, " (bf16, nhwc, packs)", nhwc);
+  check_batch_norm<presets::bf16_mixed, bfloat16, 4>(ctx, cpu, {2, 256, 9, 5}, " (bf16, nhwc, 256 channels)", nhwc);
+  check_batch_norm<presets::fp32, float, 4>(ctx, cpu, {3, 128, 50, 30}, " (fp32, nhwc, 128 channels)", nhwc);
   check_batch_norm<presets::fp16_mixed, float16, 4>(ctx, cpu, {2, 5, 9, 11}, " (fp16, nhwc, 5 channels)", nhwc);
   check_batch_norm<presets::fp32, float, 4>(ctx, cpu, {3, 16, 40, 37}, " (fp32, nhwc, packs)", nhwc);
   check_batch_norm<presets::fp32, float, 4>(ctx, cpu, {2, 6, 50, 45}, " (fp32, nhwc, 6 channels)", nhwc);

@@ -77,6 +77,9 @@ void check_channels_last(cuda_context& ctx, const std::string& tag) {
   // Convolutions with and without a bias, strided, grouped, transposed; the weight's move
   // to cuDNN's filter layout and the weight gradient's move back.
   compare_models<P, 4>(ctx, tag + " conv2d with bias", nn::conv2d(3, 5, 3, same), {2, 9, 11, 3}, 4, nhwc);
+  // 256 channels: the bias gradient's column sums read 16 bytes of channels per row and thread.
+  compare_models<P, 4>(ctx, tag + " conv2d with bias, 256 channels", nn::conv2d(3, 256, 1, {}), {2, 5, 6, 3}, 4,
+                       nhwc);
   compare_models<P, 4>(ctx, tag + " strided grouped conv2d",
                        nn::conv2d(8, 16, 3, {.stride = {2, 2}, .padding = {1, 1}, .groups = 2}, nn::no_bias),
                        {2, 12, 10, 8}, 4, nhwc);

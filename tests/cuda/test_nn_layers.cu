@@ -24,6 +24,8 @@ void check_linear(cuda_context& ctx, const std::string& tag) {
   compare_models<P, 2>(ctx, tag + " mlp", mlp(), {150, 24});
   // Rank 3: the leading axes are rows of one product.
   compare_models<P, 3>(ctx, tag + " linear rank 3", nn::linear<fc1>(24, 40), {3, 70, 24});
+  // 256 outputs: the bias gradient's column sums read 16 bytes of columns per row and thread.
+  compare_models<P, 3>(ctx, tag + " linear of 256 outputs", nn::linear<fc1>(24, 256), {3, 70, 24});
 }
 
 // The layers of a Vision Transformer, alone and together.

@@ -170,10 +170,31 @@ struct layer_norm_param_terms {
   const S* mean;
   const S* rstd;
   std::size_t cols;
+  static constexpr int pack_elements = pack_width<DY, X>;
   __device__ term_values<M, 2> operator()(std::size_t r, std::size_t col) const {
     const M gy = device_load<M>(dy[r * cols + col]);
     const M xh = (device_load<M>(x[r * cols + col]) - static_cast<M>(mean[r])) * static_cast<M>(rstd[r]);
     return {{gy * xh, gy}};
+  }
+  /// Columns col .. col + V - 1 of row r, their terms column by column.
+  template <int V>
+  __device__ term_values<M, 2 * V> pack(std::size_t r, std::size_t col) const {
+    const auto g = load_pack<V>(dy + r * cols + col);
+    const auto v = load_pack<V>(x + r * cols + col);
+    const M mu = static_cast<M>(mean[r]), rs = static_cast<M>(rstd[r]);
+    term_values<M, 2 * V> t;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const M gy = device_load<M>(g.v[e]);
+      const M xh = (device_load<M>(v.v[e]) - mu) * rs;
+      t.v[2 * e] = gy * xh;
+      t.v[2 * e + 1] = gy;
+    }
+    return t;
+  }
+  template <int V>
+  bool aligned() const {
+    return pack_aligned<V>(dy, x);
   }
 };
 
@@ -195,6 +216,7 @@ template <class M, class X, bool Centred>
 struct batch_norm_stat_terms {
   const X* x;
   const M* mean;
+  static constexpr int pack_elements = pack_width<X>;
   __device__ term_values<M, 1> operator()(std::size_t at, std::size_t c) const {
     const M v = device_load<M>(x[at]);
     if constexpr (Centred) {
@@ -203,6 +225,27 @@ struct batch_norm_stat_terms {
     } else {
       return {{v}};
     }
+  }
+  /// The V elements from `at`, of channels c .. c + V - 1 (channels-last).
+  template <int V>
+  __device__ term_values<M, V> pack(std::size_t at, std::size_t c) const {
+    const auto in = load_pack<V>(x + at);
+    term_values<M, V> t;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const M v = device_load<M>(in.v[e]);
+      if constexpr (Centred) {
+        const M d = v - mean[c + e];
+        t.v[e] = d * d;
+      } else {
+        t.v[e] = v;
+      }
+    }
+    return t;
+  }
+  template <int V>
+  bool aligned() const {
+    return pack_aligned<V>(x);
   }
 };
 
@@ -296,10 +339,31 @@ struct batch_norm_grad_terms {
   const X* x;
   const S* save_mean;
   const S* save_rstd;
+  static constexpr int pack_elements = pack_width<DY, X>;
   __device__ term_values<M, 2> operator()(std::size_t at, std::size_t c) const {
     const M g = device_load<M>(dy[at]);
     const M xh = (device_load<M>(x[at]) - static_cast<M>(save_mean[c])) * static_cast<M>(save_rstd[c]);
     return {{g, g * xh}};
+  }
+  /// The V elements from `at`, of channels c .. c + V - 1 (channels-last), their terms
+  /// element by element.
+  template <int V>
+  __device__ term_values<M, 2 * V> pack(std::size_t at, std::size_t c) const {
+    const auto gs = load_pack<V>(dy + at);
+    const auto xs = load_pack<V>(x + at);
+    term_values<M, 2 * V> t;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const M g = device_load<M>(gs.v[e]);
+      const M xh = (device_load<M>(xs.v[e]) - static_cast<M>(save_mean[c + e])) * static_cast<M>(save_rstd[c + e]);
+      t.v[2 * e] = g;
+      t.v[2 * e + 1] = g * xh;
+    }
+    return t;
+  }
+  template <int V>
+  bool aligned() const {
+    return pack_aligned<V>(dy, x);
   }
 };
 

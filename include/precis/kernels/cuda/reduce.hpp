@@ -301,32 +301,46 @@ __global__ void __launch_bounds__(axis_stage_threads)
 /// and so the result, is the same on every device and for every launch.
 inline constexpr std::size_t column_slab_rows = 64;
 
+/// A column reduction's terms for V consecutive columns: terms.pack<V>(r, col) (the terms of
+/// columns col .. col + V - 1, column by column, K each), or terms(r, col) for V = 1.
+template <int V, class Terms>
+__device__ __forceinline__ auto column_terms(const Terms& terms, std::size_t r, std::size_t col) {
+  if constexpr (V == 1) {
+    return terms(r, col);
+  } else {
+    return terms.template pack<V>(r, col);
+  }
+}
+
 /// First pass of a column reduction (column_sums, layer norm's dgamma and dbeta, the
 /// channels of channels-last images): block (32, 8) reduces the slab's rows (slab_rows of
-/// them) of 32 columns, K sums of terms(r, col) (a term_values<M, K>), each thread the rows
-/// ty, ty + 8, ... of the slab in order, then the 8 partial sums in ty order;
-/// partial[(slab * cols + col) * K + k].
-template <class Acc, int K, class Terms>
+/// them) of 32 V columns, K sums of terms(r, col) (a term_values<M, K>), each thread the rows
+/// ty, ty + 8, ... of the slab in order for its V columns (read together: 16 bytes a row
+/// where V > 1), then the 8 partial sums in ty order; partial[(slab * cols + col) * K + k].
+/// The order of each column's additions does not depend on V.
+template <class Acc, int K, int V, class Terms>
 __global__ void column_partials(Terms terms, std::size_t rows, std::size_t cols, std::size_t slabs,
                                 std::size_t slab_rows, typename accumulator<Acc>::value_type* partial) {
   using S = typename accumulator<Acc>::value_type;
-  __shared__ S shared[K][8][33];
-  const std::size_t col = blockIdx.x * std::size_t(32) + threadIdx.x;
+  constexpr int KV = K * V;
+  constexpr int U = V >= 4 ? 4 : 8;  // rows whose loads are in flight together
+  __shared__ S shared[KV][8][33];
+  const std::size_t col = (blockIdx.x * std::size_t(32) + threadIdx.x) * V;  // the first of V
   for (std::size_t slab = blockIdx.y; slab < slabs; slab += gridDim.y) {
     const std::size_t stop = (slab + 1) * slab_rows, end = stop < rows ? stop : rows;
-    S s[K];
-    for (int k = 0; k < K; ++k) s[k] = S(0);
+    S s[KV];
+    for (int k = 0; k < KV; ++k) s[k] = S(0);
     if (col < cols) {
-      add_strided<device_sum<Acc>>(s, slab * slab_rows + threadIdx.y, 8, end,
-                                   [&](std::size_t r) { return terms(r, col); });
+      add_strided<device_sum<Acc>, KV, U>(s, slab * slab_rows + threadIdx.y, 8, end,
+                                          [&](std::size_t r) { return column_terms<V>(terms, r, col); });
     }
-    for (int k = 0; k < K; ++k) shared[k][threadIdx.y][threadIdx.x] = s[k];
+    for (int k = 0; k < KV; ++k) shared[k][threadIdx.y][threadIdx.x] = s[k];
     __syncthreads();
     if (threadIdx.y == 0 && col < cols) {
-      for (int k = 0; k < K; ++k) {
+      for (int k = 0; k < KV; ++k) {
         S t = shared[k][0][threadIdx.x];
         for (int y = 1; y < 8; ++y) t = device_sum<Acc>::combine(t, shared[k][y][threadIdx.x]);
-        partial[(slab * cols + col) * K + k] = t;
+        partial[(slab * cols + col) * K + k] = t;  // column col + k / K, its sum k % K
       }
     }
     __syncthreads();
@@ -356,16 +370,30 @@ __global__ void column_totals(const typename accumulator<Acc>::value_type* parti
 
 /// Runs both passes of a column reduction of terms(r, col) over `rows` rows of `cols`
 /// columns on ctx's stream, in slabs of `slab_rows` rows (a constant of the caller, so that
-/// the order depends on the shape alone), its partial sums in stream-ordered scratch.
+/// the order depends on the shape alone), its partial sums in stream-ordered scratch. Terms
+/// give pack_elements (their inputs' elements per 16 bytes), aligned<V>() (whether packs of V
+/// columns may be read) and pack<V>(r, col).
 template <class Acc, int K, class Terms, class Finish>
 void column_reduce(cuda_context& ctx, std::size_t rows, std::size_t cols, const Terms& terms, const Finish& finish,
                    std::string_view name, std::size_t slab_rows = column_slab_rows) {
   using S = typename accumulator<Acc>::value_type;
   const std::size_t slabs = (rows + slab_rows - 1) / slab_rows;
   device_tensor<S, 1> partial({slabs * cols * K}, ctx.stream());
-  const dim3 grid(unsigned((cols + 31) / 32), unsigned(std::min<std::size_t>(slabs, 65535)));
-  column_partials<Acc, K><<<grid, dim3(32, 8), 0, ctx.stream()>>>(terms, rows, cols, slabs, slab_rows,
-                                                                   partial.data());
+  const auto launch = [&](auto width) {
+    constexpr int V = decltype(width)::value;
+    const dim3 grid(unsigned((cols / V + 31) / 32), unsigned(std::min<std::size_t>(slabs, 65535)));
+    column_partials<Acc, K, V><<<grid, dim3(32, 8), 0, ctx.stream()>>>(terms, rows, cols, slabs, slab_rows,
+                                                                        partial.data());
+  };
+  // 16 bytes of the terms' widest input per row and thread (at most 8 columns) where the
+  // columns and pointers allow, and there are columns for a warp's 32 threads (else one
+  // column each, as many threads as before).
+  constexpr int V = Terms::pack_elements < 8 ? Terms::pack_elements : 8;
+  if (cols % V == 0 && cols >= 32 * std::size_t(V) && terms.template aligned<V>()) {
+    launch(std::integral_constant<int, V>{});
+  } else {
+    launch(std::integral_constant<int, 1>{});
+  }
   check(cudaGetLastError(), name);
   column_totals<Acc, K><<<grid_for(cols), 256, 0, ctx.stream()>>>(partial.data(), slabs, cols, finish);
   check(cudaGetLastError(), name);
@@ -376,8 +404,21 @@ template <class M, class T>
 struct matrix_terms {
   const T* x;
   std::size_t ld;
+  static constexpr int pack_elements = pack_width<T>;
   __device__ term_values<M, 1> operator()(std::size_t r, std::size_t col) const {
     return {{device_load<M>(x[r * ld + col])}};
+  }
+  template <int V>
+  __device__ term_values<M, V> pack(std::size_t r, std::size_t col) const {
+    const auto in = load_pack<V>(x + r * ld + col);
+    term_values<M, V> t;
+#pragma unroll
+    for (int e = 0; e < V; ++e) t.v[e] = device_load<M>(in.v[e]);
+    return t;
+  }
+  template <int V>
+  bool aligned() const {
+    return ld % V == 0 && pack_aligned<V>(x);
   }
 };
 
@@ -521,7 +562,21 @@ void channel_reduce(cuda_context& ctx, std::size_t images, std::size_t channels,
 template <class M, class T>
 struct plane_terms {
   const T* x;
+  static constexpr int pack_elements = pack_width<T>;
   __device__ term_values<M, 1> operator()(std::size_t at, std::size_t) const { return {{device_load<M>(x[at])}}; }
+  /// The V elements from `at` (channels-last: V channels).
+  template <int V>
+  __device__ term_values<M, V> pack(std::size_t at, std::size_t) const {
+    const auto in = load_pack<V>(x + at);
+    term_values<M, V> t;
+#pragma unroll
+    for (int e = 0; e < V; ++e) t.v[e] = device_load<M>(in.v[e]);
+    return t;
+  }
+  template <int V>
+  bool aligned() const {
+    return pack_aligned<V>(x);
+  }
 };
 
 /// A channel reduction's terms(at, c) read as a column reduction's terms(r, c) over a
@@ -530,7 +585,17 @@ template <class Terms>
 struct channels_last_terms {
   Terms terms;
   std::size_t channels;
+  static constexpr int pack_elements = Terms::pack_elements;
   __device__ auto operator()(std::size_t r, std::size_t c) const { return terms(r * channels + c, c); }
+  /// Channels c .. c + V - 1 of row r.
+  template <int V>
+  __device__ auto pack(std::size_t r, std::size_t c) const {
+    return terms.template pack<V>(r * channels + c, c);
+  }
+  template <int V>
+  bool aligned() const {
+    return channels % V == 0 && terms.template aligned<V>();
+  }
 };
 
 /// The channel reduction of terms(at, c) over images [images, channels, inner] in `layout`:
