@@ -249,9 +249,10 @@ def gpu_name(folder: str) -> str:
     return lines[1].split(",")[0].strip()
 
 
-def cuda_table(suffix: str, first: str, columns: list[tuple[str, str, int]]) -> str:
+def cuda_table(suffix: str, first: str, columns: list[tuple[str, str, int]],
+               folders: list[str] = GPU_DIRS) -> str:
     rows, paths = [], []
-    for folder in GPU_DIRS:
+    for folder in folders:
         path = f"{folder}/bench_cuda.csv{suffix}"
         paths.append(path)
         for r in read(path):
@@ -268,9 +269,12 @@ def cuda_gemm() -> str:
 
 
 def cuda_bandwidth() -> str:
+    # The latest run of every memory-bound kernel (bench/results/cuda/README.md says which
+    # commit each folder measured).
     return cuda_table(".bandwidth.csv", "kernel (8192 x 4096)",
                       [("GB/s", "GB/s", 0),
-                       ("fraction of copy bandwidth", "fraction of copy bandwidth", 2)])
+                       ("fraction of copy bandwidth", "fraction of copy bandwidth", 2)],
+                      ["cuda/wave3c"])
 
 
 def cuda_conv() -> str:
