@@ -295,7 +295,11 @@ __global__ void __launch_bounds__(G::max_threads)
     s.template load<G>(logits + r * cols, cols, packed);
     const M m = s.template row_max<G>(cols);
     accumulator<Acc> acc;
-    s.template each<G>(cols, [&](M& v, std::size_t) { acc.add(static_cast<A>(math::exp(v - m))); });
+    s.template each<G>(cols, [&](M& v, std::size_t) {
+      const M e = math::exp(v - m);
+      acc.add(static_cast<A>(e));
+      if constexpr (Backward) v = e;  // kept for the gradient: one exp per element
+    });
     const M sum = static_cast<M>(G::reduce(acc.value(), acc_add<Acc, A>{}));
     const std::size_t t = target_index(targets, r, cols);
     if constexpr (Backward) {
@@ -307,7 +311,7 @@ __global__ void __launch_bounds__(G::max_threads)
         M o[V];
 #pragma unroll
         for (int k = 0; k < V; ++k) {
-          M v = math::exp(s.v[i][k] - m) / sum;
+          M v = s.v[i][k] / sum;
           if (c + k == t) v -= M(1);
           o[k] = t == cols ? static_cast<M>(NAN) : v * scale;
         }
