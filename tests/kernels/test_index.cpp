@@ -121,7 +121,7 @@ TEST_CASE("the row kernels' threads and slots hold every column of a row exactly
   for (std::size_t c = 2101; c <= precis::detail::resident_row_limit; c += 37) lengths.push_back(c);
   for (const std::size_t c : {4095UL, 4096UL, 4097UL, 8184UL, 8191UL, 8192UL}) lengths.push_back(c);
   std::vector<int> seen;
-  for (const int v : {2, 4, 8, 16}) {  // 16 bytes of double, float, 16-bit and 8-bit elements
+  for (const int v : {1, 2, 4, 8, 16}) {  // unpacked rows; 16 bytes of double, float, 16-bit and 8-bit elements
     for (const std::size_t cols : lengths) {
       const auto g = resident_rows_for(cols);
       CAPTURE(v);

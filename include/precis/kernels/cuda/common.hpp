@@ -168,7 +168,9 @@ struct max_nan_op {
 };
 
 /// Combines every thread's `v` with `op` (warp shuffles, then the warps' results in warp
-/// order); every thread of the block gets the result. `shared` holds 32 values.
+/// order); every thread of the block gets the result. `shared` holds 32 values. Each thread
+/// combines the warps' results itself, in the same order (so with the same bits), which
+/// saves a barrier and a broadcast over one thread combining them for all.
 template <class M, class Op>
 __device__ M block_reduce(M v, Op op, M* shared) {
   for (int o = 16; o > 0; o /= 2) v = op(v, __shfl_down_sync(0xFFFFFFFFU, v, o));
@@ -176,13 +178,9 @@ __device__ M block_reduce(M v, Op op, M* shared) {
   __syncthreads();  // `shared` may still be read from a previous reduction
   if (lane == 0) shared[warp] = v;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    M r = shared[0];
-    for (unsigned w = 1; w < (blockDim.x + 31) / 32; ++w) r = op(r, shared[w]);
-    shared[0] = r;
-  }
-  __syncthreads();
-  return shared[0];
+  M r = shared[0];
+  for (unsigned w = 1; w < (blockDim.x + 31) / 32; ++w) r = op(r, shared[w]);
+  return r;
 }
 
 /// Combines the 32 lanes' `v` with `op` by a butterfly of shuffles (lane i with lane i ^ o,
@@ -201,7 +199,8 @@ __device__ M warp_reduce(M v, Op op) {
 // read each row once: the row's threads load their shares into registers, 16 bytes per access
 // where the row allows it, reduce them, and write the outputs from the registers. Thread `rank`
 // of a row's `threads` holds columns (i * threads + rank) * V + k in slot i * V + k (k < V, V
-// the row's pack width): a warp's accesses cover 32 consecutive packs. Each thread adds its
+// the row's pack width, or 1 where the row's length or pointers allow no 16-byte access): a
+// warp's accesses cover 32 consecutive packs, or 32 consecutive elements. Each thread adds its
 // slots in slot order, then the row's threads combine in a fixed tree (warp_reduce, or
 // block_reduce), so a result depends on the row's length alone, never on the device or the
 // run.
@@ -240,24 +239,36 @@ static_assert(resident_rows_for(resident_row_limit).threads <= block_per_row::ma
                   resident_rows_for(resident_row_limit).threads * 16 >= resident_row_limit,
               "precis: the longest resident row fits a block of block_per_row::max_threads threads of 16 slots");
 
-/// Calls launch(group, slots, blocks, threads) with the row group (warp_per_row or
-/// block_per_row), the slots per thread (a std::integral_constant) and the grid for `rows`
-/// rows of `cols` (1 .. resident_row_limit) columns, as resident_rows_for(cols) says.
-template <class F>
-void with_resident_rows(std::size_t rows, std::size_t cols, F&& launch) {
+/// Calls launch(group, slots, width, blocks, threads) with the row group (warp_per_row or
+/// block_per_row), the slots per thread and the columns per access (each a
+/// std::integral_constant) and the grid for `rows` rows of `cols` (1 .. resident_row_limit)
+/// columns, as resident_rows_for(cols) says. The width is V where the rows are `packed` (16
+/// bytes per access); otherwise 1, so that a warp's loads and stores still cover 32
+/// consecutive elements: V single-element accesses over groups of V columns would touch V
+/// times the 32-byte sectors each (16 per warp access for 2-byte elements, where 2 do), and
+/// store 2-byte pieces of the same sectors V times over.
+template <int V, class F>
+void with_resident_rows(std::size_t rows, std::size_t cols, bool packed, F&& launch) {
+  const auto with_width = [&](auto group, auto slots, unsigned blocks, unsigned threads) {
+    if (packed) {
+      launch(group, slots, std::integral_constant<int, V>{}, blocks, threads);
+    } else {
+      launch(group, slots, std::integral_constant<int, 1>{}, blocks, threads);
+    }
+  };
   const resident_rows g = resident_rows_for(cols);
   if (g.per_warp) {
     const std::size_t per_block = row_threads / 32;
     const auto blocks = unsigned(std::clamp<std::size_t>((rows + per_block - 1) / per_block, 1, 65535));
     if (g.slots == 8) {
-      launch(warp_per_row{}, std::integral_constant<int, 8>{}, blocks, row_threads);
+      with_width(warp_per_row{}, std::integral_constant<int, 8>{}, blocks, row_threads);
     } else {
-      launch(warp_per_row{}, std::integral_constant<int, 32>{}, blocks, row_threads);
+      with_width(warp_per_row{}, std::integral_constant<int, 32>{}, blocks, row_threads);
     }
     return;
   }
-  launch(block_per_row{}, std::integral_constant<int, 16>{}, unsigned(std::clamp<std::size_t>(rows, 1, 65535)),
-         g.threads);
+  with_width(block_per_row{}, std::integral_constant<int, 16>{}, unsigned(std::clamp<std::size_t>(rows, 1, 65535)),
+             g.threads);
 }
 
 /// Reads the V values at columns c .. c + V - 1 of `p` (those below `cols`) as M: one 16-byte

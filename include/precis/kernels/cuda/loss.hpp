@@ -331,8 +331,9 @@ void cross_entropy_launch(cuda_context& ctx, const X* logits, const I* targets, 
   if (cols <= resident_row_limit) {
     constexpr int V = pack_width<X>;
     const bool packed = cols % V == 0 && pack_aligned<V>(logits) && (!Backward || pack_aligned<V>(dlogits));
-    with_resident_rows(rows, cols, [&](auto group, auto slots, unsigned blocks, unsigned threads) {
-      cross_entropy_resident<Backward, decltype(group), M, Acc, V, decltype(slots)::value>
+    with_resident_rows<V>(rows, cols, packed, [&](auto group, auto slots, auto width, unsigned blocks,
+                                                   unsigned threads) {
+      cross_entropy_resident<Backward, decltype(group), M, Acc, decltype(width)::value, decltype(slots)::value>
           <<<blocks, threads, 0, ctx.stream()>>>(logits, targets, per_row, dlogits, rows, cols, dloss, packed);
     });
   } else if constexpr (Backward) {

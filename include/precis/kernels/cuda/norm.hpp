@@ -456,8 +456,9 @@ void layer_norm(cuda_context& ctx, const device_tensor<X, N>& x, const device_te
     constexpr int V = detail::cuda::pack_width<X>;
     const bool packed =
         d[0] % V == 0 && detail::cuda::pack_aligned<V>(x.data(), gamma.data(), beta.data(), y.data());
-    detail::cuda::with_resident_rows(rows, d[0], [&](auto group, auto slots, unsigned blocks, unsigned threads) {
-      detail::cuda::layer_norm_resident<decltype(group), M, Acc, V, decltype(slots)::value>
+    detail::cuda::with_resident_rows<V>(rows, d[0], packed, [&](auto group, auto slots, auto width, unsigned blocks,
+                                                                 unsigned threads) {
+      detail::cuda::layer_norm_resident<decltype(group), M, Acc, decltype(width)::value, decltype(slots)::value>
           <<<blocks, threads, 0, ctx.stream()>>>(x.data(), gamma.data(), beta.data(), y.data(), mean.data(),
                                                  rstd.data(), rows, d[0], static_cast<M>(eps), packed);
     });
@@ -496,8 +497,10 @@ void layer_norm_backward(cuda_context& ctx, const device_tensor<DY, N>& dy,
       constexpr int V = detail::cuda::pack_width<DY, X>;
       const bool packed =
           cols % V == 0 && detail::cuda::pack_aligned<V>(dy.data(), x.data(), gamma.data(), dx.data());
-      detail::cuda::with_resident_rows(rows, cols, [&](auto group, auto slots, unsigned blocks, unsigned threads) {
-        detail::cuda::layer_norm_backward_resident<decltype(group), M, Acc, V, decltype(slots)::value>
+      detail::cuda::with_resident_rows<V>(rows, cols, packed, [&](auto group, auto slots, auto width, unsigned blocks,
+                                                                   unsigned threads) {
+        detail::cuda::layer_norm_backward_resident<decltype(group), M, Acc, decltype(width)::value,
+                                                   decltype(slots)::value>
             <<<blocks, threads, 0, ctx.stream()>>>(dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(),
                                                    dx.data(), rows, cols, packed);
       });

@@ -134,8 +134,9 @@ void softmax_forward(std::string_view name, cuda_context& ctx, const device_tens
   if (cols <= resident_row_limit) {
     constexpr int V = pack_width<X>;
     const bool packed = cols % V == 0 && pack_aligned<V>(x.data(), y.data());
-    with_resident_rows(rows, cols, [&](auto group, auto slots, unsigned blocks, unsigned threads) {
-      softmax_resident<decltype(group), M, Acc, Log, V, decltype(slots)::value>
+    with_resident_rows<V>(rows, cols, packed, [&](auto group, auto slots, auto width, unsigned blocks,
+                                                   unsigned threads) {
+      softmax_resident<decltype(group), M, Acc, Log, decltype(width)::value, decltype(slots)::value>
           <<<blocks, threads, 0, ctx.stream()>>>(x.data(), y.data(), rows, cols, packed);
     });
   } else {
@@ -156,8 +157,9 @@ void softmax_backward(std::string_view name, cuda_context& ctx, const device_ten
   if (cols <= resident_row_limit) {
     constexpr int V = pack_width<DY, Y>;
     const bool packed = cols % V == 0 && pack_aligned<V>(dy.data(), y.data(), dx.data());
-    with_resident_rows(rows, cols, [&](auto group, auto slots, unsigned blocks, unsigned threads) {
-      softmax_backward_resident<decltype(group), M, Acc, Log, V, decltype(slots)::value>
+    with_resident_rows<V>(rows, cols, packed, [&](auto group, auto slots, auto width, unsigned blocks,
+                                                   unsigned threads) {
+      softmax_backward_resident<decltype(group), M, Acc, Log, decltype(width)::value, decltype(slots)::value>
           <<<blocks, threads, 0, ctx.stream()>>>(dy.data(), y.data(), dx.data(), rows, cols, packed);
     });
   } else {
