@@ -101,6 +101,16 @@ __device__ __forceinline__ void add_strided(typename Red::state (&s)[K], std::si
   }
 }
 
+/// The V elements from p (one access of V elements: load_pack) as K = V terms in M.
+template <class M, int V, class T>
+__device__ __forceinline__ term_values<M, V> load_terms(const T* p) {
+  const auto in = load_pack<V>(p);
+  term_values<M, V> t;
+#pragma unroll
+  for (int e = 0; e < V; ++e) t.v[e] = device_load<M>(in.v[e]);
+  return t;
+}
+
 inline constexpr unsigned reduce_threads = 256;
 
 /// Blocks of a whole-tensor reduction's first pass: a function of n alone, so that the
@@ -410,11 +420,7 @@ struct matrix_terms {
   }
   template <int V>
   __device__ term_values<M, V> pack(std::size_t r, std::size_t col) const {
-    const auto in = load_pack<V>(x + r * ld + col);
-    term_values<M, V> t;
-#pragma unroll
-    for (int e = 0; e < V; ++e) t.v[e] = device_load<M>(in.v[e]);
-    return t;
+    return load_terms<M, V>(x + r * ld + col);
   }
   template <int V>
   bool aligned() const {
@@ -567,11 +573,7 @@ struct plane_terms {
   /// The V elements from `at` (channels-last: V channels).
   template <int V>
   __device__ term_values<M, V> pack(std::size_t at, std::size_t) const {
-    const auto in = load_pack<V>(x + at);
-    term_values<M, V> t;
-#pragma unroll
-    for (int e = 0; e < V; ++e) t.v[e] = device_load<M>(in.v[e]);
-    return t;
+    return load_terms<M, V>(x + at);
   }
   template <int V>
   bool aligned() const {
