@@ -29,7 +29,7 @@
 # every phase that ran passed. Unpack here with
 #   mkdir -p bench/results/cuda/<name> && tar xJf results.tar.xz -C bench/results/cuda/<name>
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 BUILD="${BUILD:-.gpu}"
 OUT="${OUT:-.gpu_out}"
 BUDGET="${BUDGET:-540}"
