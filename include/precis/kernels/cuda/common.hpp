@@ -202,8 +202,9 @@ __device__ M warp_reduce(M v, Op op) {
 // the row's pack width, or 1 where the row's length or pointers allow no 16-byte access): a
 // warp's accesses cover 32 consecutive packs, or 32 consecutive elements. Each thread adds its
 // slots in slot order, then the row's threads combine in a fixed tree (warp_reduce, or
-// block_reduce), so a result depends on the row's length alone, never on the device or the
-// run.
+// block_reduce), so a result depends on the row's length and on whether the pointers allow
+// 16-byte accesses (a device tensor's own data always do where the length does), never on
+// the device or the run.
 
 // The geometry (resident_rows_for, slot_column) is kernels/common.hpp's, checked on the host;
 // rows longer than resident_row_limit are read once per pass by a block of row_threads.
