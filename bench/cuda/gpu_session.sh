@@ -6,7 +6,8 @@
 #
 #   BUILD=.gpu bash bench/cuda/gpu_session.sh          (run's timeout_s: BUDGET + 30)
 #
-# PHASES (default "tests bench profile vit_step dbnet_step memcheck vit_train dbnet_train")
+# PHASES (default "tests bench profile vit_step dbnet_step memcheck racecheck vit_train
+# dbnet_train")
 # run in that order:
 #   tests        every device test, plain                       (run_on_gpu.sh)
 #   bench        bench_cuda: products, convolutions, bandwidth   (run_on_gpu.sh)
@@ -18,6 +19,8 @@
 #                STAGES=step; COMPILE, LIGHTNING, NHWC and CONFIGS as there, default off and
 #                dbnet-r18-640-b16)
 #   memcheck     every device test under compute-sanitizer memcheck
+#   racecheck    the tests of the kernels that stage through shared memory (the reductions,
+#                the row kernels, the losses) under racecheck (RACE_TESTS, a shell pattern)
 #   vit_train    the ViT example trained under each map, 6 epochs (run_vit_on_gpu.sh)
 #   dbnet_train  the DBNet example (run_dbnet_on_gpu.sh; EPOCHS, POLICIES as there)
 # A phase starts only when at least its minimum time (MIN_<phase>, seconds) is left of BUDGET
@@ -33,7 +36,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 BUILD="${BUILD:-.gpu}"
 OUT="${OUT:-.gpu_out}"
 BUDGET="${BUDGET:-540}"
-PHASES="${PHASES:-tests bench profile vit_step dbnet_step memcheck vit_train dbnet_train}"
+PHASES="${PHASES:-tests bench profile vit_step dbnet_step memcheck racecheck vit_train dbnet_train}"
 work="$(mktemp -d)"
 R="$work/results"
 mkdir -p "$R" "$OUT"
@@ -42,9 +45,9 @@ start=$(date +%s)
 
 # Seconds a phase needs to be worth starting, and the most it may take.
 declare -A MIN=([tests]=60 [bench]=45 [profile]=120 [vit_step]=120 [dbnet_step]=120 [memcheck]=120
-                [vit_train]=300 [dbnet_train]=400)
+                [racecheck]=60 [vit_train]=300 [dbnet_train]=400)
 declare -A MAX=([tests]=240 [bench]=150 [profile]=300 [vit_step]=300 [dbnet_step]=300 [memcheck]=300
-                [vit_train]=420 [dbnet_train]=480)
+                [racecheck]=150 [vit_train]=420 [dbnet_train]=480)
 
 # Runs phase $1 for at most $2 seconds, its results in $R/$1.
 run_phase() {
@@ -63,6 +66,9 @@ run_phase() {
       RESULTS="$d" RESULTS_CUDA="$d" STAGES=step COMPILE="${COMPILE:-0}" LIGHTNING="${LIGHTNING:-0}" \
         NHWC="${NHWC:-0}" CONFIGS="${CONFIGS:-dbnet-r18-640-b16}" STEP_TIMEOUT="$t" bash bench/cuda/run_dbnet_on_gpu.sh ;;
     memcheck) RESULTS="$d" PLAIN=0 BENCH=0 MEMCHECK_TIMEOUT=90 bash bench/cuda/run_on_gpu.sh ;;
+    racecheck)
+      RESULTS="$d" PLAIN=0 BENCH=0 TOOL=racecheck TESTS="${RACE_TESTS:-test_cuda_device_[kl]*}" MEMCHECK_TIMEOUT=70 \
+        bash bench/cuda/run_on_gpu.sh ;;
     vit_train)
       RESULTS="$d" RESULTS_CUDA="$d" STAGES=train DATA="$BUILD/fashion-mnist" TRAIN_TIMEOUT="$t" \
         bash bench/cuda/run_vit_on_gpu.sh ;;

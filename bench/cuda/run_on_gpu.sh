@@ -11,7 +11,8 @@
 # so that a hung kernel costs one entry, not the lease; a run stopped by it is reported as
 # "timed out", never as passed. The exit status is 0 only when every test and the
 # benchmark passed. BENCH=0 skips the benchmark, MEMCHECK=0 the sanitizer, PLAIN=0 the tests'
-# plain runs (the sanitizer's alone); TESTS (a shell pattern, default *) picks the tests by name.
+# plain runs (the sanitizer's alone); TOOL names the sanitizer's tool (default memcheck;
+# racecheck, initcheck, synccheck); TESTS (a shell pattern, default *) picks the tests by name.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 BUILD="${BUILD:-build/cuda}"
@@ -21,6 +22,7 @@ TEST_TIMEOUT="${TEST_TIMEOUT:-120}"
 MEMCHECK_TIMEOUT="${MEMCHECK_TIMEOUT:-60}"
 BENCH="${BENCH:-1}"
 MEMCHECK="${MEMCHECK:-1}"
+TOOL="${TOOL:-memcheck}"
 PLAIN="${PLAIN:-1}"
 TESTS="${TESTS:-*}"
 mkdir -p "$RESULTS"
@@ -108,7 +110,7 @@ else
 fi
 
 if [[ "$MEMCHECK" == 0 ]]; then
-  echo "memcheck: not run (MEMCHECK=0)" | tee -a "$RESULTS/tests.txt"
+  echo "$TOOL: not run (MEMCHECK=0)" | tee -a "$RESULTS/tests.txt"
 elif command -v compute-sanitizer > /dev/null; then
   for t in "${tests[@]}"; do
     [[ -x "$t" ]] || continue
@@ -117,13 +119,13 @@ elif command -v compute-sanitizer > /dev/null; then
     # in its test the sanitizer checks memory only, not the CUDA calls' return codes.
     api=()
     [[ "$name" == test_cuda_nccl ]] && api=(--report-api-errors no)
-    timeout "$MEMCHECK_TIMEOUT" compute-sanitizer --tool memcheck ${api[@]+"${api[@]}"} --error-exitcode 3 "$t" \
-      > "$RESULTS/$name.memcheck.log" 2>&1
+    timeout "$MEMCHECK_TIMEOUT" compute-sanitizer --tool "$TOOL" ${api[@]+"${api[@]}"} --error-exitcode 3 "$t" \
+      > "$RESULTS/$name.$TOOL.log" 2>&1
     rc=$?
-    echo "$name under memcheck: exit $rc ($(status_of $rc))" | tee -a "$RESULTS/tests.txt"
+    echo "$name under $TOOL: exit $rc ($(status_of $rc))" | tee -a "$RESULTS/tests.txt"
     [[ $rc -eq 0 ]] || failed=1
   done
 else
-  echo "compute-sanitizer not found: memcheck not run" | tee -a "$RESULTS/tests.txt"
+  echo "compute-sanitizer not found: $TOOL not run" | tee -a "$RESULTS/tests.txt"
 fi
 exit "$failed"
