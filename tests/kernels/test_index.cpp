@@ -154,6 +154,29 @@ TEST_CASE("the row kernels' threads and slots hold every column of a row exactly
   }
 }
 
+TEST_CASE("the row kernels give a row group 1, 2 or 4 rows, leaving enough blocks") {
+  using precis::detail::resident_min_blocks;
+  using precis::detail::resident_rows_per_group;
+  for (const std::size_t groups : {std::size_t(1), std::size_t(8)}) {  // a block per row, or 8 warps
+    for (std::size_t rows = 1; rows < 40000; rows += rows / 7 + 1) {
+      CAPTURE(groups);
+      CAPTURE(rows);
+      const std::size_t r = resident_rows_per_group(rows, groups);
+      REQUIRE((r == 1 || r == 2 || r == 4));
+      const std::size_t blocks = (rows + groups * r - 1) / (groups * r);
+      // More rows a group only while at least resident_min_blocks blocks remain, and never
+      // fewer rows than the smaller count would give.
+      if (r > 1) REQUIRE(blocks >= resident_min_blocks);
+      if (r < 4) REQUIRE(rows < 2 * r * groups * resident_min_blocks);
+      REQUIRE(blocks * groups * r >= rows);
+    }
+  }
+  CHECK(resident_rows_per_group(8200, 8) == 2);
+  CHECK(resident_rows_per_group(2051, 1) == 4);
+  CHECK(resident_rows_per_group(1100, 1) == 2);
+  CHECK(resident_rows_per_group(1023, 1) == 1);
+}
+
 namespace {
 
 // One tile geometry of the device's staged reductions along an axis: every (output, k) value

@@ -228,6 +228,18 @@ constexpr resident_rows resident_rows_for(std::size_t cols) {
   return {false, threads, 16};
 }
 
+/// Rows each row group (a warp, or a block) of the device's row kernels takes, for `rows`
+/// rows in blocks of `groups_per_block` groups: 4, 2 or 1, the most that leaves at least
+/// resident_min_blocks blocks (a few waves of blocks on any GPU). A group reads its next row
+/// while it reduces and writes the one before; which group takes a row never changes its
+/// result.
+inline constexpr std::size_t resident_min_blocks = 512;
+PRECIS_HOST_DEVICE constexpr std::size_t resident_rows_per_group(std::size_t rows, std::size_t groups_per_block) {
+  std::size_t r = 4;
+  while (r > 1 && rows < r * groups_per_block * resident_min_blocks) r /= 2;
+  return r;
+}
+
 /// Groups of V consecutive columns a thread with `slots` values holds (at least one: a
 /// group is one access of V elements).
 PRECIS_HOST_DEVICE constexpr int resident_groups(int slots, int v) { return slots < v ? 1 : slots / v; }

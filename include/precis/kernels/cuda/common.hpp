@@ -240,16 +240,22 @@ static_assert(resident_rows_for(resident_row_limit).threads <= block_per_row::ma
                   resident_rows_for(resident_row_limit).threads * 16 >= resident_row_limit,
               "precis: the longest resident row fits a block of block_per_row::max_threads threads of 16 slots");
 
+/// Whether a row kernel that reads one tensor keeps its next row in flight (pipelined_rows)
+/// with `slots` values a thread: up to 16 (rows of up to 256 columns a warp, and every row a
+/// block holds). With 32 a second row would take the registers of a third of the SM's warps.
+__host__ __device__ constexpr bool pipelined_slots(int slots) { return slots <= 16; }
+
 /// Calls launch(group, slots, width, blocks, threads) with the row group (warp_per_row or
 /// block_per_row), the slots per thread and the columns per access (each a
 /// std::integral_constant) and the grid for `rows` rows of `cols` (1 .. resident_row_limit)
-/// columns, as resident_rows_for(cols) says. The width is V where the rows are `packed` (16
+/// columns, as resident_rows_for(cols) says, a group taking up to 4 rows where the kernel is
+/// `pipelined` and pipelined_slots(slots). The width is V where the rows are `packed` (16
 /// bytes per access); otherwise 1, so that a warp's loads and stores still cover 32
 /// consecutive elements: V single-element accesses over groups of V columns would touch V
 /// times the 32-byte sectors each (16 per warp access for 2-byte elements, where 2 do), and
 /// store 2-byte pieces of the same sectors V times over.
 template <int V, class F>
-void with_resident_rows(std::size_t rows, std::size_t cols, bool packed, F&& launch) {
+void with_resident_rows(std::size_t rows, std::size_t cols, bool packed, bool pipelined, F&& launch) {
   const auto with_width = [&](auto group, auto slots, unsigned blocks, unsigned threads) {
     if (packed) {
       launch(group, slots, std::integral_constant<int, V>{}, blocks, threads);
@@ -259,7 +265,9 @@ void with_resident_rows(std::size_t rows, std::size_t cols, bool packed, F&& lau
   };
   const resident_rows g = resident_rows_for(cols);
   if (g.per_warp) {
-    const std::size_t per_block = row_threads / 32;
+    const std::size_t groups = row_threads / 32;
+    const std::size_t per_block =
+        groups * (pipelined && pipelined_slots(g.slots) ? resident_rows_per_group(rows, groups) : 1);
     const auto blocks = unsigned(std::clamp<std::size_t>((rows + per_block - 1) / per_block, 1, 65535));
     if (g.slots == 8) {
       with_width(warp_per_row{}, std::integral_constant<int, 8>{}, blocks, row_threads);
@@ -268,8 +276,36 @@ void with_resident_rows(std::size_t rows, std::size_t cols, bool packed, F&& lau
     }
     return;
   }
-  with_width(block_per_row{}, std::integral_constant<int, 16>{}, unsigned(std::clamp<std::size_t>(rows, 1, 65535)),
-             g.threads);
+  const std::size_t per_block = pipelined && pipelined_slots(g.slots) ? resident_rows_per_group(rows, 1) : 1;
+  with_width(block_per_row{}, std::integral_constant<int, 16>{},
+             unsigned(std::clamp<std::size_t>((rows + per_block - 1) / per_block, 1, 65535)), g.threads);
+}
+
+/// Calls body(r, load(r)) for the rows r = G::first(), G::first() + G::step(), .. below
+/// `rows`, in that order; where Pipelined, the next row's load(r) is issued before the body
+/// of the row before runs, so that a row group's reads of its next row are in flight while
+/// it reduces and writes the current one (with_resident_rows gives a group up to 4 rows).
+/// load returns what the body reads from memory (row_raw shares), by value. Pipelined costs
+/// a second row's registers: pipelined_slots says where the kernels afford it.
+template <class G, bool Pipelined, class Load, class Body>
+__device__ __forceinline__ void pipelined_rows(std::size_t rows, Load&& load, Body&& body) {
+  if constexpr (!Pipelined) {
+    for (std::size_t r = G::first(); r < rows; r += G::step()) body(r, load(r));
+    return;
+  }
+  std::size_t r = G::first();
+  if (r >= rows) return;
+  auto current = load(r);
+  for (;;) {
+    const std::size_t next = r + G::step();
+    const bool more = next < rows;  // the same for the whole group
+    decltype(current) following;
+    if (more) following = load(next);
+    body(r, current);
+    if (!more) return;
+    current = following;
+    r = next;
+  }
 }
 
 /// Reads the V values at columns c .. c + V - 1 of `p` (those below `cols`) as M: one 16-byte
@@ -311,19 +347,14 @@ __device__ __forceinline__ void store_slots(T* p, std::size_t c, std::size_t col
   }
 }
 
-/// A thread's share of a row: S values as M (at least V), in groups of V.
+/// A thread's share of a row: S values as M (at least V), in groups of V (read as a
+/// row_raw, then converted: row_raw::share).
 template <class M, int V, int S>
 struct row_share {
   static constexpr int groups = resident_groups(S, V);
   static_assert(S < V || S % V == 0, "precis: a row share holds whole packs");
   M v[groups][V];
 
-  /// Loads the thread's share of `row` (cols columns) for the row group G.
-  template <class G, class T>
-  __device__ __forceinline__ void load(const T* row, std::size_t cols, bool packed) {
-#pragma unroll
-    for (int i = 0; i < groups; ++i) load_slots<V>(row, slot_column(i, G::rank(), G::threads(), V), cols, packed, v[i]);
-  }
   /// The row's largest value (NaN winning), combined over the row group G.
   template <class G>
   __device__ __forceinline__ M row_max(std::size_t cols) {
@@ -342,6 +373,42 @@ struct row_share {
         if (c + k < cols) f(v[i][k], c + k);
       }
     }
+  }
+};
+
+/// A thread's share of a row as read, in the tensor's own type T (the same slots as
+/// row_share<M, V, S>): what pipelined_rows keeps in flight for the next row, in half a
+/// converted share's registers for 16-bit types. share<M>() converts it.
+template <class T, int V, int S>
+struct row_raw {
+  static constexpr int groups = resident_groups(S, V);
+  pack<T, V> v[groups];
+
+  /// Reads the thread's share of `row` (cols columns) for the row group G, as load_slots:
+  /// 16 bytes per access where `packed`; slots past the row's end are zero.
+  template <class G>
+  __device__ __forceinline__ void load(const T* row, std::size_t cols, bool packed) {
+#pragma unroll
+    for (int i = 0; i < groups; ++i) {
+      const std::size_t c = slot_column(i, G::rank(), G::threads(), V);
+      if (packed && c < cols) {
+        v[i] = load_pack<V>(row + c);
+      } else {
+#pragma unroll
+        for (int k = 0; k < V; ++k) v[i].v[k] = !packed && c + k < cols ? row[c + k] : T{};
+      }
+    }
+  }
+  /// The share converted to M.
+  template <class M>
+  __device__ __forceinline__ row_share<M, V, S> share() const {
+    row_share<M, V, S> s;
+#pragma unroll
+    for (int i = 0; i < groups; ++i) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) s.v[i][k] = device_load<M>(v[i].v[k]);
+    }
+    return s;
   }
 };
 

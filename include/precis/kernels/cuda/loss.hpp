@@ -290,9 +290,13 @@ __global__ void __launch_bounds__(G::max_threads)
     cross_entropy_resident(const X* logits, const I* targets, M* per_row, DX* dlogits, std::size_t rows,
                            std::size_t cols, device_dloss dloss, bool packed) {
   using A = typename accumulator<Acc>::value_type;
-  for (std::size_t r = G::first(); r < rows; r += G::step()) {
-    row_share<M, V, S> s;
-    s.template load<G>(logits + r * cols, cols, packed);
+  const auto load = [&](std::size_t r) {
+    row_raw<X, V, S> raw;
+    raw.template load<G>(logits + r * cols, cols, packed);
+    return raw;
+  };
+  pipelined_rows<G, pipelined_slots(S)>(rows, load, [&](std::size_t r, const row_raw<X, V, S>& raw) {
+    auto s = raw.template share<M>();
     const M m = s.template row_max<G>(cols);
     accumulator<Acc> acc;
     s.template each<G>(cols, [&](M& v, std::size_t) {
@@ -320,7 +324,7 @@ __global__ void __launch_bounds__(G::max_threads)
     } else if (G::rank() == 0) {
       per_row[r] = t == cols ? static_cast<M>(NAN) : m + math::log(sum) - device_load<M>(logits[r * cols + t]);
     }
-  }
+  });
 }
 
 /// Runs cross_entropy_resident over rows of at most resident_row_limit columns, or the
@@ -331,7 +335,7 @@ void cross_entropy_launch(cuda_context& ctx, const X* logits, const I* targets, 
   if (cols <= resident_row_limit) {
     constexpr int V = pack_width<X>;
     const bool packed = cols % V == 0 && pack_aligned<V>(logits) && (!Backward || pack_aligned<V>(dlogits));
-    with_resident_rows<V>(rows, cols, packed, [&](auto group, auto slots, auto width, unsigned blocks,
+    with_resident_rows<V>(rows, cols, packed, true, [&](auto group, auto slots, auto width, unsigned blocks,
                                                    unsigned threads) {
       cross_entropy_resident<Backward, decltype(group), M, Acc, decltype(width)::value, decltype(slots)::value>
           <<<blocks, threads, 0, ctx.stream()>>>(logits, targets, per_row, dlogits, rows, cols, dloss, packed);

@@ -67,9 +67,13 @@ __global__ void __launch_bounds__(G::max_threads)
     layer_norm_resident(const X* x, const GA* gamma, const B* beta, Y* y, S* mean, S* rstd, std::size_t rows,
                         std::size_t cols, M eps, bool packed) {
   using A = typename accumulator<Acc>::value_type;
-  for (std::size_t r = G::first(); r < rows; r += G::step()) {
-    row_share<M, V, Slots> s;
-    s.template load<G>(x + r * cols, cols, packed);
+  const auto load = [&](std::size_t r) {
+    row_raw<X, V, Slots> raw;
+    raw.template load<G>(x + r * cols, cols, packed);
+    return raw;
+  };
+  pipelined_rows<G, pipelined_slots(Slots)>(rows, load, [&](std::size_t r, const row_raw<X, V, Slots>& raw) {
+    auto s = raw.template share<M>();
     accumulator<Acc> sum;
     s.template each<G>(cols, [&](M& v, std::size_t) { sum.add(A(v)); });
     const M mu = static_cast<M>(G::reduce(sum.value(), acc_add<Acc, A>{})) / M(cols);
@@ -95,7 +99,7 @@ __global__ void __launch_bounds__(G::max_threads)
       mean[r] = static_cast<S>(mu);
       rstd[r] = static_cast<S>(rs);
     }
-  }
+  });
 }
 
 /// layer_norm_backward_rows for rows of at most resident_row_limit columns, dy and x read once
@@ -105,11 +109,23 @@ __global__ void __launch_bounds__(G::max_threads)
     layer_norm_backward_resident(const DY* dy, const X* x, const GA* gamma, const S* mean, const S* rstd, DX* dx,
                                  std::size_t rows, std::size_t cols, bool packed) {
   using A = typename accumulator<Acc>::value_type;
-  for (std::size_t r = G::first(); r < rows; r += G::step()) {
-    const M mu = static_cast<M>(mean[r]), rs = static_cast<M>(rstd[r]);
-    row_share<M, V, Slots> g, xh;  // dy gamma and (x - mean) rstd
-    g.template load<G>(dy + r * cols, cols, packed);
-    xh.template load<G>(x + r * cols, cols, packed);
+  struct shares {
+    S mu, rs;
+    row_raw<DY, V, Slots> g;
+    row_raw<X, V, Slots> x;
+  };
+  const auto load = [&](std::size_t r) {
+    shares s;
+    s.mu = mean[r];
+    s.rs = rstd[r];
+    s.g.template load<G>(dy + r * cols, cols, packed);
+    s.x.template load<G>(x + r * cols, cols, packed);
+    return s;
+  };
+  pipelined_rows<G, false>(rows, load, [&](std::size_t r, const shares& raw) {
+    const M mu = static_cast<M>(raw.mu), rs = static_cast<M>(raw.rs);
+    auto g = raw.g.template share<M>();   // dy, then dy gamma
+    auto xh = raw.x.template share<M>();  // x, then (x - mean) rstd
     accumulator<Acc> sg, sgx;
 #pragma unroll
     for (int i = 0; i < g.groups; ++i) {
@@ -136,7 +152,7 @@ __global__ void __launch_bounds__(G::max_threads)
       for (int k = 0; k < V; ++k) o[k] = rs * (g.v[i][k] - a - xh.v[i][k] * b);
       store_slots<V>(out, slot_column(i, G::rank(), G::threads(), V), cols, packed, o);
     }
-  }
+  });
 }
 
 // dx = rstd (g - mean_j(g) - xhat mean_j(g xhat)), g = dy gamma.
@@ -456,8 +472,8 @@ void layer_norm(cuda_context& ctx, const device_tensor<X, N>& x, const device_te
     constexpr int V = detail::cuda::pack_width<X>;
     const bool packed =
         d[0] % V == 0 && detail::cuda::pack_aligned<V>(x.data(), gamma.data(), beta.data(), y.data());
-    detail::cuda::with_resident_rows<V>(rows, d[0], packed, [&](auto group, auto slots, auto width, unsigned blocks,
-                                                                 unsigned threads) {
+    detail::cuda::with_resident_rows<V>(rows, d[0], packed, true, [&](auto group, auto slots, auto width,
+                                                                       unsigned blocks, unsigned threads) {
       detail::cuda::layer_norm_resident<decltype(group), M, Acc, decltype(width)::value, decltype(slots)::value>
           <<<blocks, threads, 0, ctx.stream()>>>(x.data(), gamma.data(), beta.data(), y.data(), mean.data(),
                                                  rstd.data(), rows, d[0], static_cast<M>(eps), packed);
@@ -497,8 +513,8 @@ void layer_norm_backward(cuda_context& ctx, const device_tensor<DY, N>& dy,
       constexpr int V = detail::cuda::pack_width<DY, X>;
       const bool packed =
           cols % V == 0 && detail::cuda::pack_aligned<V>(dy.data(), x.data(), gamma.data(), dx.data());
-      detail::cuda::with_resident_rows<V>(rows, cols, packed, [&](auto group, auto slots, auto width, unsigned blocks,
-                                                                   unsigned threads) {
+      detail::cuda::with_resident_rows<V>(rows, cols, packed, false, [&](auto group, auto slots, auto width,
+                                                                          unsigned blocks, unsigned threads) {
         detail::cuda::layer_norm_backward_resident<decltype(group), M, Acc, decltype(width)::value,
                                                    decltype(slots)::value>
             <<<blocks, threads, 0, ctx.stream()>>>(dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(),

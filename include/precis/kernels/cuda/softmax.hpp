@@ -23,6 +23,19 @@ namespace precis {
 
 namespace detail::cuda {
 
+/// exp(x - max) / sum as the host's softmax computes it: times the sum's reciprocal on its
+/// float path (float math and sums: kernels/softmax.hpp), else divided by the sum. The
+/// multiplication also spares the device an IEEE division per element (a dozen
+/// instructions, as many as the rest of the element's arithmetic).
+template <class M, class Acc>
+__device__ __forceinline__ M probability(M e, M total, M inv) {
+  if constexpr (vmath::float_path_v<M, Acc>) {
+    return e * inv;
+  } else {
+    return e / total;
+  }
+}
+
 template <class M, class Acc, bool Log, class X, class Y>
 __global__ void softmax_rows(const X* x, Y* y, std::size_t cols) {
   __shared__ M shared[32];
@@ -37,9 +50,10 @@ __global__ void softmax_rows(const X* x, Y* y, std::size_t cols) {
   }
   const M total = block_sum<M>(s);
   const M lse = math::log(total);
+  const M inv = M(1) / total;
   for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x) {
     const M v = device_load<M>(row[j]) - m;
-    out[j] = round_to<Y>(Log ? v - lse : math::exp(v) / total);
+    out[j] = round_to<Y>(Log ? v - lse : probability<M, Acc>(math::exp(v), total, inv));
   }
 }
 
@@ -49,9 +63,13 @@ template <class G, class M, class Acc, bool Log, int V, int S, class X, class Y>
 __global__ void __launch_bounds__(G::max_threads)
     softmax_resident(const X* x, Y* y, std::size_t rows, std::size_t cols, bool packed) {
   using A = typename accumulator<Acc>::value_type;
-  for (std::size_t r = G::first(); r < rows; r += G::step()) {
-    row_share<M, V, S> s;
-    s.template load<G>(x + r * cols, cols, packed);
+  const auto load = [&](std::size_t r) {
+    row_raw<X, V, S> raw;
+    raw.template load<G>(x + r * cols, cols, packed);
+    return raw;
+  };
+  pipelined_rows<G, pipelined_slots(S)>(rows, load, [&](std::size_t r, const row_raw<X, V, S>& raw) {
+    auto s = raw.template share<M>();
     const M m = s.template row_max<G>(cols);
     accumulator<Acc> sum;
     s.template each<G>(cols, [&](M& v, std::size_t) {
@@ -62,15 +80,16 @@ __global__ void __launch_bounds__(G::max_threads)
     });
     const M total = static_cast<M>(G::reduce(sum.value(), acc_add<Acc, A>{}));
     const M lse = math::log(total);
+    const M inv = M(1) / total;
     Y* out = y + r * cols;
 #pragma unroll
     for (int i = 0; i < s.groups; ++i) {
       M o[V];
 #pragma unroll
-      for (int k = 0; k < V; ++k) o[k] = Log ? s.v[i][k] - lse : s.v[i][k] / total;
+      for (int k = 0; k < V; ++k) o[k] = Log ? s.v[i][k] - lse : probability<M, Acc>(s.v[i][k], total, inv);
       store_slots<V>(out, slot_column(i, G::rank(), G::threads(), V), cols, packed, o);
     }
-  }
+  });
 }
 
 // softmax: dx = y (dy - sum(dy y)); log_softmax: dx = dy - exp(y) sum(dy). Rows of at most
@@ -79,10 +98,19 @@ template <class G, class M, class Acc, bool Log, int V, int S, class DY, class Y
 __global__ void __launch_bounds__(G::max_threads)
     softmax_backward_resident(const DY* dy, const Y* y, DX* dx, std::size_t rows, std::size_t cols, bool packed) {
   using A = typename accumulator<Acc>::value_type;
-  for (std::size_t r = G::first(); r < rows; r += G::step()) {
-    row_share<M, V, S> g, p;
-    g.template load<G>(dy + r * cols, cols, packed);
-    p.template load<G>(y + r * cols, cols, packed);
+  struct shares {
+    row_raw<DY, V, S> g;
+    row_raw<Y, V, S> p;
+  };
+  const auto load = [&](std::size_t r) {
+    shares s;
+    s.g.template load<G>(dy + r * cols, cols, packed);
+    s.p.template load<G>(y + r * cols, cols, packed);
+    return s;
+  };
+  pipelined_rows<G, false>(rows, load, [&](std::size_t r, const shares& raw) {
+    const auto g = raw.g.template share<M>();
+    const auto p = raw.p.template share<M>();
     accumulator<Acc> sum;
 #pragma unroll
     for (int i = 0; i < g.groups; ++i) {
@@ -104,7 +132,7 @@ __global__ void __launch_bounds__(G::max_threads)
       }
       store_slots<V>(out, slot_column(i, G::rank(), G::threads(), V), cols, packed, o);
     }
-  }
+  });
 }
 
 // softmax: dx = y (dy - sum(dy y)); log_softmax: dx = dy - exp(y) sum(dy).
@@ -134,8 +162,8 @@ void softmax_forward(std::string_view name, cuda_context& ctx, const device_tens
   if (cols <= resident_row_limit) {
     constexpr int V = pack_width<X>;
     const bool packed = cols % V == 0 && pack_aligned<V>(x.data(), y.data());
-    with_resident_rows<V>(rows, cols, packed, [&](auto group, auto slots, auto width, unsigned blocks,
-                                                   unsigned threads) {
+    with_resident_rows<V>(rows, cols, packed, true, [&](auto group, auto slots, auto width, unsigned blocks,
+                                                         unsigned threads) {
       softmax_resident<decltype(group), M, Acc, Log, decltype(width)::value, decltype(slots)::value>
           <<<blocks, threads, 0, ctx.stream()>>>(x.data(), y.data(), rows, cols, packed);
     });
@@ -157,8 +185,8 @@ void softmax_backward(std::string_view name, cuda_context& ctx, const device_ten
   if (cols <= resident_row_limit) {
     constexpr int V = pack_width<DY, Y>;
     const bool packed = cols % V == 0 && pack_aligned<V>(dy.data(), y.data(), dx.data());
-    with_resident_rows<V>(rows, cols, packed, [&](auto group, auto slots, auto width, unsigned blocks,
-                                                   unsigned threads) {
+    with_resident_rows<V>(rows, cols, packed, false, [&](auto group, auto slots, auto width, unsigned blocks,
+                                                          unsigned threads) {
       softmax_backward_resident<decltype(group), M, Acc, Log, decltype(width)::value, decltype(slots)::value>
           <<<blocks, threads, 0, ctx.stream()>>>(dy.data(), y.data(), dx.data(), rows, cols, packed);
     });
