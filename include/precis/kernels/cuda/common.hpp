@@ -412,6 +412,22 @@ struct row_raw {
   }
 };
 
+/// pipelined_rows over the rows of one tensor x (rows x cols): body(r, s), s the thread's
+/// share of row r converted to M, the next row in flight where pipelined_slots(S).
+template <class G, class M, int V, int S, class T, class Body>
+__device__ __forceinline__ void for_each_row_share(const T* x, std::size_t rows, std::size_t cols, bool packed,
+                                                   Body&& body) {
+  const auto load = [&](std::size_t r) {
+    row_raw<T, V, S> raw;
+    raw.template load<G>(x + r * cols, cols, packed);
+    return raw;
+  };
+  pipelined_rows<G, pipelined_slots(S)>(rows, load, [&](std::size_t r, const row_raw<T, V, S>& raw) {
+    auto s = raw.template share<M>();
+    body(r, s);
+  });
+}
+
 /// Adds two partial sums as the accumulate type Acc does.
 template <class Acc, class M>
 struct acc_add {

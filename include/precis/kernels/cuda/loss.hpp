@@ -290,13 +290,7 @@ __global__ void __launch_bounds__(G::max_threads)
     cross_entropy_resident(const X* logits, const I* targets, M* per_row, DX* dlogits, std::size_t rows,
                            std::size_t cols, device_dloss dloss, bool packed) {
   using A = typename accumulator<Acc>::value_type;
-  const auto load = [&](std::size_t r) {
-    row_raw<X, V, S> raw;
-    raw.template load<G>(logits + r * cols, cols, packed);
-    return raw;
-  };
-  pipelined_rows<G, pipelined_slots(S)>(rows, load, [&](std::size_t r, const row_raw<X, V, S>& raw) {
-    auto s = raw.template share<M>();
+  for_each_row_share<G, M, V, S>(logits, rows, cols, packed, [&](std::size_t r, row_share<M, V, S>& s) {
     const M m = s.template row_max<G>(cols);
     accumulator<Acc> acc;
     s.template each<G>(cols, [&](M& v, std::size_t) {

@@ -67,13 +67,7 @@ __global__ void __launch_bounds__(G::max_threads)
     layer_norm_resident(const X* x, const GA* gamma, const B* beta, Y* y, S* mean, S* rstd, std::size_t rows,
                         std::size_t cols, M eps, bool packed) {
   using A = typename accumulator<Acc>::value_type;
-  const auto load = [&](std::size_t r) {
-    row_raw<X, V, Slots> raw;
-    raw.template load<G>(x + r * cols, cols, packed);
-    return raw;
-  };
-  pipelined_rows<G, pipelined_slots(Slots)>(rows, load, [&](std::size_t r, const row_raw<X, V, Slots>& raw) {
-    auto s = raw.template share<M>();
+  for_each_row_share<G, M, V, Slots>(x, rows, cols, packed, [&](std::size_t r, row_share<M, V, Slots>& s) {
     accumulator<Acc> sum;
     s.template each<G>(cols, [&](M& v, std::size_t) { sum.add(A(v)); });
     const M mu = static_cast<M>(G::reduce(sum.value(), acc_add<Acc, A>{})) / M(cols);

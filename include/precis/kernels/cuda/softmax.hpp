@@ -63,13 +63,7 @@ template <class G, class M, class Acc, bool Log, int V, int S, class X, class Y>
 __global__ void __launch_bounds__(G::max_threads)
     softmax_resident(const X* x, Y* y, std::size_t rows, std::size_t cols, bool packed) {
   using A = typename accumulator<Acc>::value_type;
-  const auto load = [&](std::size_t r) {
-    row_raw<X, V, S> raw;
-    raw.template load<G>(x + r * cols, cols, packed);
-    return raw;
-  };
-  pipelined_rows<G, pipelined_slots(S)>(rows, load, [&](std::size_t r, const row_raw<X, V, S>& raw) {
-    auto s = raw.template share<M>();
+  for_each_row_share<G, M, V, S>(x, rows, cols, packed, [&](std::size_t r, row_share<M, V, S>& s) {
     const M m = s.template row_max<G>(cols);
     accumulator<Acc> sum;
     s.template each<G>(cols, [&](M& v, std::size_t) {
