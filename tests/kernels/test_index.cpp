@@ -177,6 +177,67 @@ TEST_CASE("the row kernels give a row group 1, 2 or 4 rows, leaving enough block
   CHECK(resident_rows_per_group(1023, 1) == 1);
 }
 
+TEST_CASE("nearest upsampling's 32-bit index arithmetic matches the 64-bit formulas and gathers every output once") {
+  using precis::detail::nearest_index;
+  struct sizes {
+    std::size_t h, w, ho, wo;
+  };
+  for (const bool last : {false, true}) {
+    for (const std::size_t n : {1UL, 2UL}) {
+      for (const std::size_t c : {1UL, 3UL, 5UL}) {
+        for (const sizes z : {sizes{4, 4, 8, 8}, sizes{3, 5, 7, 11}, sizes{5, 5, 5, 5}, sizes{2, 3, 16, 24},
+                              sizes{7, 6, 3, 4}, sizes{1, 1, 9, 2}, sizes{20, 20, 160, 160}}) {
+          CAPTURE(last);
+          CAPTURE(n);
+          CAPTURE(c);
+          CAPTURE(z.h);
+          CAPTURE(z.w);
+          CAPTURE(z.ho);
+          CAPTURE(z.wo);
+          REQUIRE(nearest_index::fits(n * c, z.h, z.w, z.ho, z.wo, c));
+          const auto ix = nearest_index::make(z.h, z.w, z.ho, z.wo, c, last);
+          const std::size_t outs = n * c * z.ho * z.wo, ins = n * c * z.h * z.w, stride = last ? c : 1;
+          // The generic kernels' 64-bit arithmetic: output i's source.
+          std::vector<std::size_t> source(outs);
+          for (std::size_t i = 0; i < outs; ++i) {
+            std::size_t image = 0, ch = 0, o = 0;
+            if (last) {
+              ch = i % c;
+              image = (i / c) / (z.ho * z.wo);
+              o = (i / c) % (z.ho * z.wo);
+            } else {
+              image = i / (z.ho * z.wo);
+              o = i % (z.ho * z.wo);
+            }
+            const std::size_t first = last ? image * z.h * z.w * c + ch : image * z.h * z.w;
+            const std::size_t iy = (o / z.wo) * z.h / z.ho, ixx = (o % z.wo) * z.w / z.wo;
+            source[i] = first + (iy * z.w + ixx) * stride;
+            REQUIRE(ix.source(std::uint32_t(i)) == source[i]);
+          }
+          // Each input's outputs are exactly those whose source it is, each gathered once.
+          std::vector<int> gathered(outs, 0);
+          for (std::size_t i = 0; i < ins; ++i) {
+            std::uint32_t base = 0, oy0 = 0, oy1 = 0, ox0 = 0, ox1 = 0;
+            ix.outputs(std::uint32_t(i), base, oy0, oy1, ox0, ox1);
+            for (std::uint32_t oy = oy0; oy < oy1; ++oy) {
+              for (std::uint32_t ox = ox0; ox < ox1; ++ox) {
+                const std::size_t o = base + (std::size_t(oy) * z.wo + ox) * stride;
+                REQUIRE(o < outs);
+                REQUIRE(source[o] == i);
+                ++gathered[o];
+              }
+            }
+          }
+          REQUIRE(std::all_of(gathered.begin(), gathered.end(), [](int k) { return k == 1; }));
+        }
+      }
+    }
+  }
+  CHECK_FALSE(nearest_index::fits(1, 70000, 70000, 1, 1, 1));       // 2^32 input elements
+  CHECK_FALSE(nearest_index::fits(1u << 20, 64, 64, 128, 128, 1));  // 2^34 output elements
+  CHECK_FALSE(nearest_index::fits(0, 4, 4, 8, 8, 1));
+}
+
 namespace {
 
 // One tile geometry of the device's staged reductions along an axis: every (output, k) value

@@ -191,6 +191,99 @@ PRECIS_HOST_DEVICE constexpr void copy_offsets(const fast_copy_plan<R>& p, std::
   }
 }
 
+/// Nearest upsampling's index arithmetic (planes of h x w in, ho x wo out; NCHW, or
+/// channels-last with `channels` channels) by multiplications (fast_divmod), for the
+/// device's kernels where both tensors have fewer than 2^32 elements (fits): the generic
+/// kernels divide in 64 bits five or six times an element. source() is an output element's
+/// input, outputs() the outputs an input element's gradient gathers, both in the tensors' own
+/// element order; the host tests check them against the 64-bit formulas and a brute-force
+/// search.
+struct nearest_index {
+  std::uint32_t h = 1, w = 1, ho = 1, wo = 1, channels = 1;
+  bool last = false;  ///< channels-last
+  fast_divmod by_channels, by_in, by_out, by_h, by_w, by_ho, by_wo;  // in: h w, out: ho wo
+
+  /// Whether planes of these sizes fit: each tensor below 2^32 elements, the products the
+  /// outputs' bounds take ((h + 1) (ho + 1), (w + 1) (wo + 1)) too, and each divisor within
+  /// fast_divmod's range.
+  static constexpr bool fits(std::uint64_t planes, std::uint64_t h, std::uint64_t w, std::uint64_t ho,
+                             std::uint64_t wo, std::uint64_t channels) {
+    constexpr std::uint64_t limit = 0xffffffffULL;
+    const auto divisor = [](std::uint64_t d) { return fast_divmod::fits(d); };
+    if (planes == 0 || planes > limit || !divisor(h) || !divisor(w) || !divisor(ho) || !divisor(wo) ||
+        !divisor(channels) || !divisor(h * w) || !divisor(ho * wo)) {
+      return false;
+    }
+    return planes * h * w <= limit && planes * ho * wo <= limit && (h + 1) * (ho + 1) <= limit &&
+           (w + 1) * (wo + 1) <= limit;
+  }
+  /// The indexer of these sizes (fits must hold).
+  static constexpr nearest_index make(std::uint64_t h, std::uint64_t w, std::uint64_t ho, std::uint64_t wo,
+                                      std::uint64_t channels, bool last) {
+    nearest_index n;
+    n.h = std::uint32_t(h);
+    n.w = std::uint32_t(w);
+    n.ho = std::uint32_t(ho);
+    n.wo = std::uint32_t(wo);
+    n.channels = std::uint32_t(channels);
+    n.last = last;
+    n.by_channels = fast_divmod(n.channels);
+    n.by_in = fast_divmod(n.h * n.w);
+    n.by_out = fast_divmod(n.ho * n.wo);
+    n.by_h = fast_divmod(n.h);
+    n.by_w = fast_divmod(n.w);
+    n.by_ho = fast_divmod(n.ho);
+    n.by_wo = fast_divmod(n.wo);
+    return n;
+  }
+  /// Distance between neighbouring pixels of a plane.
+  PRECIS_HOST_DEVICE constexpr std::uint32_t stride() const { return last ? channels : 1; }
+  /// Element i of a tensor of planes of by.divisor pixels: its image (NCHW: its plane),
+  /// channel (channels-last; else 0) and pixel in the plane.
+  PRECIS_HOST_DEVICE constexpr void split(std::uint32_t i, const fast_divmod& by, std::uint32_t& image,
+                                          std::uint32_t& c, std::uint32_t& pixel) const {
+    if (!last) {
+      image = by.div(i);
+      c = 0;
+      pixel = i - image * by.divisor;
+    } else {
+      const std::uint32_t rest = by_channels.div(i);
+      c = i - rest * channels;
+      image = by.div(rest);
+      pixel = rest - image * by.divisor;
+    }
+  }
+  /// The first element of the plane of (image, c) in a tensor of planes of `pixels`.
+  PRECIS_HOST_DEVICE constexpr std::uint32_t first(std::uint32_t image, std::uint32_t c, std::uint32_t pixels) const {
+    return last ? image * pixels * channels + c : image * pixels;
+  }
+  /// The offset in the input of output element i's source: input row oy h / ho, column
+  /// ox w / wo (the host's).
+  PRECIS_HOST_DEVICE constexpr std::uint32_t source(std::uint32_t i) const {
+    std::uint32_t image = 0, c = 0, o = 0;
+    split(i, by_out, image, c, o);
+    const std::uint32_t oy = by_wo.div(o), ox = o - oy * wo;
+    const std::uint32_t iy = by_ho.div(oy * h), ix = by_wo.div(ox * w);
+    return first(image, c, h * w) + (iy * w + ix) * stride();
+  }
+  /// For input element i: the offset in the output of its plane's first element, and the
+  /// output rows [oy0, oy1) and columns [ox0, ox1) whose source it is.
+  PRECIS_HOST_DEVICE constexpr void outputs(std::uint32_t i, std::uint32_t& base, std::uint32_t& oy0,
+                                            std::uint32_t& oy1, std::uint32_t& ox0, std::uint32_t& ox1) const {
+    std::uint32_t image = 0, c = 0, at = 0;
+    split(i, by_in, image, c, at);
+    const std::uint32_t iy = by_w.div(at), ix = at - iy * w;
+    base = first(image, c, ho * wo);
+    // The outputs o with o * in / outs == i: [ceil(i outs / in), ceil((i + 1) outs / in)).
+    oy0 = by_h.div(iy * ho + h - 1);
+    oy1 = by_h.div((iy + 1) * ho + h - 1);
+    ox0 = by_w.div(ix * wo + w - 1);
+    ox1 = by_w.div((ix + 1) * wo + w - 1);
+    if (oy1 > ho) oy1 = ho;
+    if (ox1 > wo) ox1 = wo;
+  }
+};
+
 /// Runs a copy plan on the host, one element at a time (the reference the device's launch
 /// is tested against).
 template <std::size_t R, class T>

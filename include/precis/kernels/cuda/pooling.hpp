@@ -297,6 +297,49 @@ __global__ void nearest_backward_kernel(const G* dy, DX* dx, resample_geometry g
   }
 }
 
+/// nearest_kernel and nearest_backward_kernel for tensors whose indices fit 32 bits
+/// (nearest_index::fits): the same elements in the same order, the same bits, with the index
+/// arithmetic by multiplications where those divide in 64 bits.
+template <class M, class X, class Y>
+__global__ void nearest_fast_kernel(const X* x, Y* y, nearest_index ni, std::size_t n) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    y[i] = round_to<Y>(device_load<M>(x[ni.source(std::uint32_t(i))]));
+  }
+}
+
+template <class M, class Acc, class G, class DX>
+__global__ void nearest_backward_fast_kernel(const G* dy, DX* dx, nearest_index ni, std::size_t n) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    std::uint32_t base = 0, oy0 = 0, oy1 = 0, ox0 = 0, ox1 = 0;
+    ni.outputs(std::uint32_t(i), base, oy0, oy1, ox0, ox1);
+    accumulator<Acc> acc;
+    for (std::uint32_t oy = oy0; oy < oy1; ++oy) {
+      for (std::uint32_t ox = ox0; ox < ox1; ++ox) {
+        acc.add(static_cast<typename accumulator<Acc>::value_type>(
+            device_load<M>(dy[base + (oy * ni.wo + ox) * ni.stride()])));
+      }
+    }
+    dx[i] = round_to<DX>(acc.value());
+  }
+}
+
+/// Runs `fast` with a nearest_index over the planes of `small` (the input) and `large` (the
+/// output) where they fit 32-bit indices, else `generic` with their resample_geometry and
+/// plane_map.
+template <class Fast, class Generic>
+void with_nearest_index(const nchw_view& small, const nchw_view& large, image_layout layout, Fast&& fast,
+                        Generic&& generic) {
+  const auto& s = small.shape();
+  const auto& l = large.shape();
+  if (nearest_index::fits(s[0] * s[1], s[2], s[3], l[2], l[3], s[1])) {
+    fast(nearest_index::make(s[2], s[3], l[2], l[3], s[1], layout == image_layout::nhwc));
+  } else {
+    generic(resample_geometry_of(small, large), plane_map_of(small, layout));
+  }
+}
+
 /// The host's bilinear_source and bilinear_taps, on the device.
 template <class M>
 __device__ inline void device_taps(std::size_t dst, std::size_t in, std::size_t out,
@@ -509,9 +552,17 @@ void upsample_nearest2d(cuda_context& ctx, const device_tensor<TX, 4>& x, device
   using M = detail::math_t<op::pooling, P, TX>;
   const auto xv = detail::cuda::as_nchw(x, layout), yv = detail::cuda::as_nchw(y, layout);
   detail::check_resample(detail::cuda::layout_name("precis::upsample_nearest2d", layout), xv, yv);
-  detail::cuda::launch_over(ctx, y.size(), "precis::upsample_nearest2d", detail::cuda::nearest_kernel<M, TX, TY>,
-                            x.data(), y.data(), detail::cuda::resample_geometry_of(xv, yv),
-                            detail::cuda::plane_map_of(xv, layout));
+  const char* name = "precis::upsample_nearest2d";
+  detail::cuda::with_nearest_index(
+      xv, yv, layout,
+      [&](const detail::nearest_index& ni) {
+        detail::cuda::launch_over(ctx, y.size(), name, detail::cuda::nearest_fast_kernel<M, TX, TY>, x.data(),
+                                  y.data(), ni, y.size());
+      },
+      [&](const detail::cuda::resample_geometry& g, const detail::cuda::plane_map& pm) {
+        detail::cuda::launch_over(ctx, y.size(), name, detail::cuda::nearest_kernel<M, TX, TY>, x.data(), y.data(),
+                                  g, pm);
+      });
 }
 
 /// dx of y = upsample_nearest2d(x) on the device: the sum of dy over the outputs each
@@ -524,9 +575,17 @@ void upsample_nearest2d_backward(cuda_context& ctx, const device_tensor<TG, 4>& 
   using Acc = detail::accumulate_t<op::pooling, P>;
   const auto dxv = detail::cuda::as_nchw(dx, layout), dyv = detail::cuda::as_nchw(dy, layout);
   detail::check_resample(detail::cuda::layout_name("precis::upsample_nearest2d_backward", layout), dxv, dyv);
-  detail::cuda::launch_over(ctx, dx.size(), "precis::upsample_nearest2d_backward",
-                            detail::cuda::nearest_backward_kernel<M, Acc, TG, TDX>, dy.data(), dx.data(),
-                            detail::cuda::resample_geometry_of(dxv, dyv), detail::cuda::plane_map_of(dxv, layout));
+  const char* name = "precis::upsample_nearest2d_backward";
+  detail::cuda::with_nearest_index(
+      dxv, dyv, layout,
+      [&](const detail::nearest_index& ni) {
+        detail::cuda::launch_over(ctx, dx.size(), name, detail::cuda::nearest_backward_fast_kernel<M, Acc, TG, TDX>,
+                                  dy.data(), dx.data(), ni, dx.size());
+      },
+      [&](const detail::cuda::resample_geometry& g, const detail::cuda::plane_map& pm) {
+        detail::cuda::launch_over(ctx, dx.size(), name, detail::cuda::nearest_backward_kernel<M, Acc, TG, TDX>,
+                                  dy.data(), dx.data(), g, pm);
+      });
 }
 
 /// Bilinear upsampling on the device (see the host upsample_bilinear2d).
