@@ -1,6 +1,7 @@
 // What the GPU step benchmarks (bench_vit_gpu, bench_dbnet_gpu) share: the device memory in
-// use, the stream-ordered pool kept and trimmed so that a map's figure counts its own
-// high-water mark, the median of synchronised steps, and the rows they print and write.
+// use, the stream-ordered pool (which a cuda_context keeps) trimmed so that a map's figure
+// counts its own high-water mark, the median of synchronised steps, and the rows they print
+// and write.
 // CUDA code only.
 #pragma once
 
@@ -31,16 +32,9 @@ inline double used_mib() {
   return double(total - free) / double(1 << 20);
 }
 
-/// The default stream-ordered pool keeps what it reserves (its peak stays counted in
-/// used_mib()) after this call.
-inline void keep_pool() {
-  cudaMemPool_t pool = nullptr;
-  precis::check(cudaDeviceGetDefaultMemPool(&pool, 0), "cudaDeviceGetDefaultMemPool");
-  std::uint64_t keep = UINT64_MAX;
-  precis::check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute");
-}
-
-/// Gives back what the pool keeps (call before a map, so that its figure is its own).
+/// Gives back what the device's stream-ordered pool keeps (every cuda_context has it keep
+/// its freed memory, so that its peak stays counted in used_mib()): call before a map, so
+/// that its figure is its own.
 inline void trim_pool() {
   cudaMemPool_t pool = nullptr;
   precis::check(cudaDeviceGetDefaultMemPool(&pool, 0), "cudaDeviceGetDefaultMemPool");
@@ -150,7 +144,6 @@ int run(int argc, char** argv, const char* program, Add&& add) {
     return 2;
   }
   if (!have_device()) return 77;
-  keep_pool();  // so that the memory figure counts the pool's peak
   std::printf("GPU: %s; %zu warm-up and %zu timed steps per map\n", examples::gpu_name().c_str(), warmup, steps);
   std::vector<row> rows;
   try {

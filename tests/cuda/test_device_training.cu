@@ -6,9 +6,10 @@
 // count is the host's. The same for a small ViT (the example's blueprint), and for steps of
 // two micro-batches (also replayed as a graph). Then a step
 // captured as a CUDA graph and replayed gives the bits of the same steps run eagerly (also
-// when train_options::max_graphs drops graphs), a smaller batch allocates nothing, and a
+// when train_options::max_graphs drops graphs), a smaller batch allocates nothing, a
 // device model's checkpoint goes through the host's file format and back with the same
-// bits. Exits 77 (skipped) where no GPU is present.
+// bits, and the device's memory pool keeps what a step frees across synchronisations.
+// Exits 77 (skipped) where no GPU is present.
 #include <precis/nn/cuda.hpp>  // first: the device kernels, then nn
 
 #include "../../examples/vit/model.hpp"
@@ -483,6 +484,37 @@ int main() {
     const auto t = to_device(host_tensor<std::int32_t, 1>::from_shape({8}));
     train.step(ctx, x, t);
     expect_error("trainer: capture with a dropout", [&] { train.capture(ctx, x, t); }, "dropout");
+  }
+  // The context has the device's pool keep what is freed into it: memory freed before a
+  // synchronisation is still reserved after it, and a step after a synchronisation reserves
+  // nothing more (its scratch comes from what the step before it freed).
+  {
+    cudaMemPool_t pool = nullptr;
+    check(cudaDeviceGetMemPool(&pool, ctx.device()), "cudaDeviceGetMemPool");
+    const auto reserved = [&] {
+      std::uint64_t bytes = 0;
+      check(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &bytes), "cudaMemPoolGetAttribute");
+      return bytes;
+    };
+    { device_tensor<float, 1> scratch({std::size_t(16) << 20}, ctx.stream()); }
+    ctx.synchronize();
+    expect(reserved() >= (std::uint64_t(64) << 20), "the pool keeps 64 MiB freed before a synchronisation");
+    using P = presets::fp16_mixed;
+    using S = typename P::storage_type;
+    auto dev = nn::build<S, 2, cuda_context>(P{}, classifier());
+    dev.refresh(ctx);
+    nn::softmax_cross_entropy<P, std::int32_t, cuda_context> loss;
+    device_adamw opt(ctx, dev.masters(), dev.gradients(), {}, dev.decay_mask(), 4);
+    dynamic_scaler scaler;
+    nn::trainer train(ctx, dev, loss, opt, scaler);
+    const auto x = to_device(random_tensor<S, 2>({batch, features}));
+    const auto t = to_device(host_tensor<std::int32_t, 1>::from_shape({batch}));
+    train.step(ctx, x, t);
+    ctx.synchronize();
+    const std::uint64_t before = reserved();
+    train.step(ctx, x, t);
+    ctx.synchronize();
+    expect(reserved() == before, "a step after a synchronisation reserves no more of the pool");
   }
   // A batch of another width is refused before any launch, naming the layer.
   {

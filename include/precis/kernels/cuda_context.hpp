@@ -7,6 +7,7 @@
 #include <precis/cuda_error.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -23,9 +24,21 @@ namespace precis {
 /// Like a stream, a context is used by one host thread at a time.
 class cuda_context {
  public:
-  /// A context on `device` with its own non-blocking stream.
-  explicit cuda_context(int device = 0) : device_(device) {
+  /// pool_keep's default: the device's pool keeps all the memory freed into it.
+  static constexpr std::uint64_t keep_all = ~std::uint64_t(0);
+
+  /// A context on `device` with its own non-blocking stream. Stream-ordered allocations
+  /// (scratch of reductions, losses and statistics; device tensors made with a stream) come
+  /// from the device's current memory pool, which by default hands its freed memory back to
+  /// the driver at every synchronisation, so that a step after one (a timed step, a step
+  /// whose records were read) maps its scratch anew. The context raises that pool's release
+  /// threshold (cudaMemPoolAttrReleaseThreshold) to `pool_keep` bytes where it is lower:
+  /// freed memory up to that amount stays in the pool for the next allocation, as a caching
+  /// allocator keeps it. The pool is the device's, shared with the rest of the process; pass
+  /// 0 to leave it as it is (cudaMemPoolTrimTo still returns memory on request).
+  explicit cuda_context(int device = 0, std::uint64_t pool_keep = keep_all) : device_(device) {
     check(cudaSetDevice(device), "cudaSetDevice");
+    if (pool_keep > 0) keep_freed_memory(device, pool_keep);
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     try {
       check(cublasLtCreate(&blas_), "cublasLtCreate");
@@ -100,6 +113,17 @@ class cuda_context {
   void synchronize() const { check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
 
  private:
+  static void keep_freed_memory(int device, std::uint64_t bytes) {
+    cudaMemPool_t pool = nullptr;
+    check(cudaDeviceGetMemPool(&pool, device), "cudaDeviceGetMemPool");
+    std::uint64_t kept = 0;
+    check(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &kept),
+          "cudaMemPoolGetAttribute(ReleaseThreshold)");
+    if (kept < bytes) {
+      check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &bytes),
+            "cudaMemPoolSetAttribute(ReleaseThreshold)");
+    }
+  }
   void swap(cuda_context& o) noexcept {
     std::swap(device_, o.device_);
     std::swap(stream_, o.stream_);
