@@ -4,7 +4,8 @@
 // from them gives the bits of the one from x. Pooling covers overlapping and padded windows (whose
 // backward passes gather several outputs per input), count_include_pad both ways, upsampling by
 // integer and non-integer factors with and without align_corners; channels-last pooling and
-// upsampling give the NCHW kernels' bits, moved. Batch norm covers rank 2
+// upsampling give the NCHW kernels' bits, moved, and pooling's 64-bit index path the 32-bit
+// path's bits. Batch norm covers rank 2
 // and 4, channels-last images (in 16-byte packs of channels and not), the running statistics
 // and inference mode. Shape errors are thrown before any
 // launch. Exits 77 (skipped) where no GPU is present.
@@ -279,6 +280,68 @@ void check_channels_last(precis::cuda_context& ctx, const std::string& tag) {
 
 }  // namespace
 
+// Pooling's 64-bit index path (taken where a tensor has 2^32 elements or more) gives the
+// bits of the 32-bit path that the calls take here: its kernels launched directly, in both
+// layouts, on overlapping padded windows.
+template <class P, class T>
+void check_wide_index(precis::cuda_context& ctx, const std::string& tag) {
+  namespace dc = precis::detail::cuda;
+  using M = precis::detail::math_t<precis::op::pooling, P, T>;
+  using Acc = precis::detail::accumulate_t<precis::op::pooling, P>;
+  const auto p = window(3, 2, 1, false);
+  for (const auto layout : {precis::image_layout::nchw, precis::image_layout::nhwc}) {
+    const bool last = layout == precis::image_layout::nhwc;
+    const std::array<std::size_t, 4> xs = last ? std::array<std::size_t, 4>{2, 17, 14, 5}
+                                               : std::array<std::size_t, 4>{2, 5, 17, 14};
+    const std::array<std::size_t, 4> ys = last ? std::array<std::size_t, 4>{2, 9, 7, 5}
+                                               : std::array<std::size_t, 4>{2, 5, 9, 7};
+    const std::string w = tag + (last ? " nhwc" : " nchw");
+    const auto x = precis::to_device(random_tensor<T, 4>(xs));
+    const auto dy = precis::to_device(random_tensor<T, 4>(ys));
+    const auto xv = dc::as_nchw(x, layout);
+    const auto g = precis::detail::pool_geometry_of("wide", xv, p);
+    {
+      const auto pm = dc::plane_map_of(xv, layout);
+      expect(precis::detail::pool_index::fits(g.planes, g.h, g.w, g.ho, g.wo, pm.channels, g.kh, g.kw, g.sh, g.sw,
+                                              g.ph, g.pw),
+             "the calls take the 32-bit path" + w);
+    }
+    const dc::wide_pool_index wide{g, dc::plane_map_of(xv, layout)};
+    auto y = poisoned<T, 4>(ys), yw = poisoned<T, 4>(ys);
+    auto at = poisoned<std::uint32_t, 4>(ys), atw = poisoned<std::uint32_t, 4>(ys);
+    precis::max_pool2d<P>(ctx, x, y, at, p, layout);
+    dc::launch_over(ctx, y.size(), "wide", dc::max_pool_indices_kernel<M, T, T, dc::wide_pool_index>, x.data(),
+                    yw.data(), atw.data(), g, wide);
+    expect(same_bits(ctx, yw, precis::to_host(y, ctx.stream())), "max_pool2d, 64-bit indices" + w);
+    expect(same_bits(ctx, atw, precis::to_host(at, ctx.stream())), "max_pool2d's kept indices, 64-bit" + w);
+    yw = poisoned<T, 4>(ys);
+    dc::launch_over(ctx, y.size(), "wide", dc::max_pool_kernel<M, T, T, dc::wide_pool_index>, x.data(), yw.data(),
+                    g, wide);
+    expect(same_bits(ctx, yw, precis::to_host(y, ctx.stream())), "max_pool2d without indices, 64-bit" + w);
+    auto dx = poisoned<T, 4>(xs), dxw = poisoned<T, 4>(xs);
+    precis::max_pool2d_backward<P>(ctx, x, dy, dx, p, layout);
+    dc::launch_over(ctx, dx.size(), "wide", dc::max_pool_backward_kernel<M, Acc, T, T, T, dc::wide_pool_index>,
+                    x.data(), dy.data(), dxw.data(), g, wide);
+    expect(same_bits(ctx, dxw, precis::to_host(dx, ctx.stream())), "max_pool2d_backward, 64-bit" + w);
+    dxw = poisoned<T, 4>(xs);
+    dc::launch_over(ctx, dx.size(), "wide", dc::max_pool_backward_indices_kernel<M, Acc, T, T, dc::wide_pool_index>,
+                    at.data(), dy.data(), dxw.data(), g, wide);
+    expect(same_bits(ctx, dxw, precis::to_host(dx, ctx.stream())), "max_pool2d_backward from indices, 64-bit" + w);
+    y = poisoned<T, 4>(ys);
+    yw = poisoned<T, 4>(ys);
+    precis::avg_pool2d<P>(ctx, x, y, p, layout);
+    dc::launch_over(ctx, y.size(), "wide", dc::avg_pool_kernel<M, Acc, T, T, dc::wide_pool_index>, x.data(),
+                    yw.data(), g, p.count_include_pad, wide);
+    expect(same_bits(ctx, yw, precis::to_host(y, ctx.stream())), "avg_pool2d, 64-bit" + w);
+    dx = poisoned<T, 4>(xs);
+    dxw = poisoned<T, 4>(xs);
+    precis::avg_pool2d_backward<P>(ctx, dy, dx, p, layout);
+    dc::launch_over(ctx, dx.size(), "wide", dc::avg_pool_backward_kernel<M, Acc, T, T, dc::wide_pool_index>,
+                    dy.data(), dxw.data(), g, p.count_include_pad, wide);
+    expect(same_bits(ctx, dxw, precis::to_host(dx, ctx.stream())), "avg_pool2d_backward, 64-bit" + w);
+  }
+}
+
 int main() {
   if (!precis_test::have_gpu()) return precis_test::skipped;
   precis::cuda_context ctx;
@@ -291,6 +354,7 @@ int main() {
   check_pooling<presets::fp32, float>(ctx, cpu, " (fp32)");
   check_channels_last<presets::bf16_mixed, bfloat16>(ctx, " (bf16)");
   check_channels_last<presets::fp32, float>(ctx, " (fp32)");
+  check_wide_index<presets::bf16_mixed, bfloat16>(ctx, " (bf16)");
   check_batch_norm<presets::bf16_mixed, bfloat16, 4>(ctx, cpu, {4, 6, 9, 11}, " (bf16, rank 4)");
   check_batch_norm<presets::fp16_mixed, float16, 4>(ctx, cpu, {4, 6, 9, 11}, " (fp16, rank 4)");
   check_batch_norm<presets::fp32, float, 4>(ctx, cpu, {4, 6, 9, 11}, " (fp32, rank 4)");

@@ -3,7 +3,8 @@
 // and numerators at the edges and at random, the strided copies' fast plans against
 // the plain plans' offsets, element for element, and the row kernels' register layout
 // (resident_rows_for, slot_column) covering every column of a row once, and the staged axis
-// reductions' tiles (axis_tile) loading every value once.
+// reductions' tiles (axis_tile) loading every value once; the image kernels' 32-bit
+// indexers (nearest_index, pool_index) against the 64-bit formulas and brute-force searches.
 #include <precis/kernels/common.hpp>
 
 #include <doctest/doctest.h>
@@ -236,6 +237,86 @@ TEST_CASE("nearest upsampling's 32-bit index arithmetic matches the 64-bit formu
   CHECK_FALSE(nearest_index::fits(1, 70000, 70000, 1, 1, 1));       // 2^32 input elements
   CHECK_FALSE(nearest_index::fits(1u << 20, 64, 64, 128, 128, 1));  // 2^34 output elements
   CHECK_FALSE(nearest_index::fits(0, 4, 4, 8, 8, 1));
+}
+
+TEST_CASE("pooling's 32-bit index arithmetic matches the 64-bit formulas and finds exactly the windows holding each input") {
+  using precis::detail::pool_index;
+  struct sizes {
+    std::size_t h, w, kh, kw, sh, sw, ph, pw, extra;  // extra: outputs past the floor count (ceil mode)
+  };
+  for (const bool last : {false, true}) {
+    for (const std::size_t n : {1UL, 2UL}) {
+      for (const std::size_t c : {1UL, 3UL}) {
+        for (const sizes& z : {sizes{8, 8, 3, 3, 2, 2, 1, 1, 0}, sizes{7, 9, 3, 3, 2, 2, 1, 1, 1},
+                              sizes{6, 5, 2, 2, 2, 2, 0, 0, 0}, sizes{5, 7, 3, 2, 1, 3, 1, 0, 0},
+                              sizes{4, 4, 4, 4, 4, 4, 0, 0, 0}, sizes{9, 6, 5, 3, 3, 2, 2, 1, 1},
+                              sizes{3, 3, 1, 1, 1, 1, 0, 0, 0}, sizes{20, 20, 3, 3, 2, 2, 1, 1, 0}}) {
+          const std::size_t ho = (z.h + 2 * z.ph - z.kh) / z.sh + 1 + z.extra;
+          const std::size_t wo = (z.w + 2 * z.pw - z.kw) / z.sw + 1 + z.extra;
+          CAPTURE(last);
+          CAPTURE(n);
+          CAPTURE(c);
+          CAPTURE(z.h);
+          CAPTURE(z.w);
+          CAPTURE(z.kh);
+          CAPTURE(z.sh);
+          CAPTURE(z.ph);
+          REQUIRE(pool_index::fits(n * c, z.h, z.w, ho, wo, c, z.kh, z.kw, z.sh, z.sw, z.ph, z.pw));
+          const auto ix = pool_index::make(z.h, z.w, ho, wo, c, last, z.kh, z.kw, z.sh, z.sw, z.ph, z.pw);
+          const std::size_t outs = n * c * ho * wo, ins = n * c * z.h * z.w, stride = last ? c : 1;
+          REQUIRE(ix.stride() == stride);
+          // Element i of planes of `pixels`, as the generic kernels split it in 64 bits: the
+          // offset of its plane's first element in planes of `to` pixels, and its pixel.
+          const auto place = [&](std::size_t i, std::size_t pixels, std::size_t to, std::size_t& pixel) {
+            std::size_t image = 0, ch = 0;
+            if (last) {
+              ch = i % c;
+              image = (i / c) / pixels;
+              pixel = (i / c) % pixels;
+            } else {
+              image = i / pixels;
+              pixel = i % pixels;
+            }
+            return last ? image * to * c + ch : image * to;
+          };
+          for (std::size_t i = 0; i < outs; ++i) {
+            std::size_t o = 0;
+            const std::size_t x_first = place(i, ho * wo, z.h * z.w, o);
+            std::uint32_t f = 0, oy = 0, ox = 0;
+            ix.output(std::uint32_t(i), f, oy, ox);
+            REQUIRE(f == x_first);
+            REQUIRE(oy == o / wo);
+            REQUIRE(ox == o % wo);
+          }
+          // Each input's outputs are exactly those whose unclipped windows hold it.
+          for (std::size_t i = 0; i < ins; ++i) {
+            std::size_t at = 0;
+            const std::size_t x_first = place(i, z.h * z.w, z.h * z.w, at);
+            const std::size_t o_first = place(i, z.h * z.w, ho * wo, at);
+            std::uint32_t xf = 0, of = 0, a = 0, oy0 = 0, oy1 = 0, ox0 = 0, ox1 = 0;
+            ix.input(std::uint32_t(i), xf, of, a, oy0, oy1, ox0, ox1);
+            REQUIRE(xf == x_first);
+            REQUIRE(of == o_first);
+            REQUIRE(a == at);
+            const std::size_t iy = at / z.w, ixx = at % z.w;
+            for (std::size_t oy = 0; oy < ho; ++oy) {
+              for (std::size_t ox = 0; ox < wo; ++ox) {
+                const bool holds = oy * z.sh <= iy + z.ph && iy + z.ph < oy * z.sh + z.kh && ox * z.sw <= ixx + z.pw &&
+                                   ixx + z.pw < ox * z.sw + z.kw;
+                const bool listed = oy >= oy0 && oy < oy1 && ox >= ox0 && ox < ox1;
+                REQUIRE(holds == listed);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  CHECK_FALSE(pool_index::fits(1, 70000, 70000, 1, 1, 1, 1, 1, 1, 1, 0, 0));         // 2^32 input elements
+  CHECK_FALSE(pool_index::fits(1, 4, 4, 4, 4, 1, 1, 1, 0x100000000ULL, 1, 0, 0));    // a stride past 2^31
+  CHECK_FALSE(pool_index::fits(1, 4, 4, 4, 4, 1, 1, 1, 1, 1, 0xfffffffeULL, 0));     // padded rows past 2^32
+  CHECK_FALSE(pool_index::fits(0, 4, 4, 2, 2, 1, 2, 2, 2, 2, 0, 0));
+  CHECK(pool_index::fits(16 * 64, 320, 320, 160, 160, 64, 3, 3, 2, 2, 1, 1));  // DBNet's stem at 640
 }
 
 namespace {

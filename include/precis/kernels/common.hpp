@@ -191,51 +191,15 @@ PRECIS_HOST_DEVICE constexpr void copy_offsets(const fast_copy_plan<R>& p, std::
   }
 }
 
-/// Nearest upsampling's index arithmetic (planes of h x w in, ho x wo out; NCHW, or
-/// channels-last with `channels` channels) by multiplications (fast_divmod), for the
-/// device's kernels where both tensors have fewer than 2^32 elements (fits): the generic
-/// kernels divide in 64 bits five or six times an element. source() is an output element's
-/// input, outputs() the outputs an input element's gradient gathers, both in the tensors' own
-/// element order; the host tests check them against the 64-bit formulas and a brute-force
-/// search.
-struct nearest_index {
-  std::uint32_t h = 1, w = 1, ho = 1, wo = 1, channels = 1;
+/// Where the planes (one image's channel) of the device's image kernels lie, indexed in 32
+/// bits by multiplications (fast_divmod): NCHW, each plane contiguous; or channels-last with
+/// `channels` channels, a plane's pixels `channels` apart. Threads take elements in the
+/// tensor's own order; split() gives an element's image, channel and pixel.
+struct plane_index {
+  std::uint32_t channels = 1;
   bool last = false;  ///< channels-last
-  fast_divmod by_channels, by_in, by_out, by_h, by_w, by_ho, by_wo;  // in: h w, out: ho wo
+  fast_divmod by_channels;
 
-  /// Whether planes of these sizes fit: each tensor below 2^32 elements, the products the
-  /// outputs' bounds take ((h + 1) (ho + 1), (w + 1) (wo + 1)) too, and each divisor within
-  /// fast_divmod's range.
-  static constexpr bool fits(std::uint64_t planes, std::uint64_t h, std::uint64_t w, std::uint64_t ho,
-                             std::uint64_t wo, std::uint64_t channels) {
-    constexpr std::uint64_t limit = 0xffffffffULL;
-    const auto divisor = [](std::uint64_t d) { return fast_divmod::fits(d); };
-    if (planes == 0 || planes > limit || !divisor(h) || !divisor(w) || !divisor(ho) || !divisor(wo) ||
-        !divisor(channels) || !divisor(h * w) || !divisor(ho * wo)) {
-      return false;
-    }
-    return planes * h * w <= limit && planes * ho * wo <= limit && (h + 1) * (ho + 1) <= limit &&
-           (w + 1) * (wo + 1) <= limit;
-  }
-  /// The indexer of these sizes (fits must hold).
-  static constexpr nearest_index make(std::uint64_t h, std::uint64_t w, std::uint64_t ho, std::uint64_t wo,
-                                      std::uint64_t channels, bool last) {
-    nearest_index n;
-    n.h = std::uint32_t(h);
-    n.w = std::uint32_t(w);
-    n.ho = std::uint32_t(ho);
-    n.wo = std::uint32_t(wo);
-    n.channels = std::uint32_t(channels);
-    n.last = last;
-    n.by_channels = fast_divmod(n.channels);
-    n.by_in = fast_divmod(n.h * n.w);
-    n.by_out = fast_divmod(n.ho * n.wo);
-    n.by_h = fast_divmod(n.h);
-    n.by_w = fast_divmod(n.w);
-    n.by_ho = fast_divmod(n.ho);
-    n.by_wo = fast_divmod(n.wo);
-    return n;
-  }
   /// Distance between neighbouring pixels of a plane.
   PRECIS_HOST_DEVICE constexpr std::uint32_t stride() const { return last ? channels : 1; }
   /// Element i of a tensor of planes of by.divisor pixels: its image (NCHW: its plane),
@@ -256,6 +220,56 @@ struct nearest_index {
   /// The first element of the plane of (image, c) in a tensor of planes of `pixels`.
   PRECIS_HOST_DEVICE constexpr std::uint32_t first(std::uint32_t image, std::uint32_t c, std::uint32_t pixels) const {
     return last ? image * pixels * channels + c : image * pixels;
+  }
+
+ protected:
+  constexpr void set_layout(std::uint64_t channel_count, bool channels_last) {
+    channels = std::uint32_t(channel_count);
+    last = channels_last;
+    by_channels = fast_divmod(channels);
+  }
+};
+
+/// Nearest upsampling's index arithmetic (planes of h x w in, ho x wo out) by
+/// multiplications, for the device's kernels where both tensors have fewer than 2^32
+/// elements (fits): the generic kernels divide in 64 bits five or six times an element.
+/// source() is an output element's input, outputs() the outputs an input element's gradient
+/// gathers, both in the tensors' own element order; the host tests check them against the
+/// 64-bit formulas and a brute-force search.
+struct nearest_index : plane_index {
+  std::uint32_t h = 1, w = 1, ho = 1, wo = 1;
+  fast_divmod by_in, by_out, by_h, by_w, by_ho, by_wo;  // in: h w, out: ho wo
+
+  /// Whether planes of these sizes fit: each tensor below 2^32 elements, the products the
+  /// outputs' bounds take ((h + 1) (ho + 1), (w + 1) (wo + 1)) too, and each divisor within
+  /// fast_divmod's range.
+  static constexpr bool fits(std::uint64_t planes, std::uint64_t h, std::uint64_t w, std::uint64_t ho,
+                             std::uint64_t wo, std::uint64_t channels) {
+    constexpr std::uint64_t limit = 0xffffffffULL;
+    const auto divisor = [](std::uint64_t d) { return fast_divmod::fits(d); };
+    if (planes == 0 || planes > limit || !divisor(h) || !divisor(w) || !divisor(ho) || !divisor(wo) ||
+        !divisor(channels) || !divisor(h * w) || !divisor(ho * wo)) {
+      return false;
+    }
+    return planes * h * w <= limit && planes * ho * wo <= limit && (h + 1) * (ho + 1) <= limit &&
+           (w + 1) * (wo + 1) <= limit;
+  }
+  /// The indexer of these sizes (fits must hold).
+  static constexpr nearest_index make(std::uint64_t h, std::uint64_t w, std::uint64_t ho, std::uint64_t wo,
+                                      std::uint64_t channels, bool last) {
+    nearest_index n;
+    n.set_layout(channels, last);
+    n.h = std::uint32_t(h);
+    n.w = std::uint32_t(w);
+    n.ho = std::uint32_t(ho);
+    n.wo = std::uint32_t(wo);
+    n.by_in = fast_divmod(n.h * n.w);
+    n.by_out = fast_divmod(n.ho * n.wo);
+    n.by_h = fast_divmod(n.h);
+    n.by_w = fast_divmod(n.w);
+    n.by_ho = fast_divmod(n.ho);
+    n.by_wo = fast_divmod(n.wo);
+    return n;
   }
   /// The offset in the input of output element i's source: input row oy h / ho, column
   /// ox w / wo (the host's).
@@ -281,6 +295,92 @@ struct nearest_index {
     ox1 = by_w.div((ix + 1) * wo + w - 1);
     if (oy1 > ho) oy1 = ho;
     if (ox1 > wo) ox1 = wo;
+  }
+};
+
+/// Pooling's index arithmetic (windows kh x kw, strides sh, sw, padding ph, pw over planes of
+/// h x w in, ho x wo out) by multiplications, for the device's max and average pooling
+/// kernels where both tensors have fewer than 2^32 elements (fits): the generic kernels
+/// divide in 64 bits up to ten times an element. output() places an output element,
+/// input() an input element and the outputs whose windows hold it (the gradient's gather),
+/// both in the tensors' own element order; the host tests check them against the 64-bit
+/// formulas and a brute-force search of the windows.
+struct pool_index : plane_index {
+  using index_type = std::uint32_t;
+  std::uint32_t h = 1, w = 1, ho = 1, wo = 1, kh = 1, kw = 1, ph = 0, pw = 0;
+  fast_divmod by_in, by_out, by_w, by_wo, by_sh, by_sw;  // in: h w, out: ho wo; the strides
+
+  /// Whether these sizes fit: each tensor below 2^32 elements, each divisor within
+  /// fast_divmod's range, and the padded coordinates the gather takes (up to h + ph + sh,
+  /// w + pw + sw) below 2^32.
+  static constexpr bool fits(std::uint64_t planes, std::uint64_t h, std::uint64_t w, std::uint64_t ho,
+                             std::uint64_t wo, std::uint64_t channels, std::uint64_t kh, std::uint64_t kw,
+                             std::uint64_t sh, std::uint64_t sw, std::uint64_t ph, std::uint64_t pw) {
+    constexpr std::uint64_t limit = 0xffffffffULL;
+    const auto divisor = [](std::uint64_t d) { return fast_divmod::fits(d); };
+    if (planes == 0 || planes > limit || !divisor(h) || !divisor(w) || !divisor(ho) || !divisor(wo) ||
+        !divisor(channels) || !divisor(sh) || !divisor(sw) || kh > limit || kw > limit || ph > limit ||
+        pw > limit || !divisor(h * w) || !divisor(ho * wo)) {
+      return false;
+    }
+    return planes * h * w <= limit && planes * ho * wo <= limit && h + ph + sh <= limit && w + pw + sw <= limit;
+  }
+  /// The indexer of these sizes (fits must hold).
+  static constexpr pool_index make(std::uint64_t h, std::uint64_t w, std::uint64_t ho, std::uint64_t wo,
+                                   std::uint64_t channels, bool last, std::uint64_t kh, std::uint64_t kw,
+                                   std::uint64_t sh, std::uint64_t sw, std::uint64_t ph, std::uint64_t pw) {
+    pool_index n;
+    n.set_layout(channels, last);
+    n.h = std::uint32_t(h);
+    n.w = std::uint32_t(w);
+    n.ho = std::uint32_t(ho);
+    n.wo = std::uint32_t(wo);
+    n.kh = std::uint32_t(kh);
+    n.kw = std::uint32_t(kw);
+    n.ph = std::uint32_t(ph);
+    n.pw = std::uint32_t(pw);
+    n.by_in = fast_divmod(n.h * n.w);
+    n.by_out = fast_divmod(n.ho * n.wo);
+    n.by_w = fast_divmod(n.w);
+    n.by_wo = fast_divmod(n.wo);
+    n.by_sh = fast_divmod(std::uint32_t(sh));
+    n.by_sw = fast_divmod(std::uint32_t(sw));
+    return n;
+  }
+  /// Output element i: the offset of its plane's first element in the input, and its row
+  /// and column.
+  PRECIS_HOST_DEVICE constexpr void output(std::uint32_t i, std::uint32_t& x_first, std::uint32_t& oy,
+                                           std::uint32_t& ox) const {
+    std::uint32_t image = 0, c = 0, o = 0;
+    split(i, by_out, image, c, o);
+    oy = by_wo.div(o);
+    ox = o - oy * wo;
+    x_first = first(image, c, h * w);
+  }
+  /// Input element i: the offsets of its plane's first element in the input and in the
+  /// output, its pixel in the plane, and the output rows [oy0, oy1) and columns [ox0, ox1)
+  /// whose windows (before clipping to the input) hold it.
+  PRECIS_HOST_DEVICE constexpr void input(std::uint32_t i, std::uint32_t& x_first, std::uint32_t& o_first,
+                                          std::uint32_t& at, std::uint32_t& oy0, std::uint32_t& oy1,
+                                          std::uint32_t& ox0, std::uint32_t& ox1) const {
+    std::uint32_t image = 0, c = 0;
+    split(i, by_in, image, c, at);
+    const std::uint32_t iy = by_w.div(at), ix = at - iy * w;
+    x_first = first(image, c, h * w);
+    o_first = first(image, c, ho * wo);
+    reading(iy, ph, kh, by_sh, ho, oy0, oy1);
+    reading(ix, pw, kw, by_sw, wo, ox0, ox1);
+  }
+
+ private:
+  // The outputs o along one axis with o s - pad <= i < o s - pad + k: [lo, hi).
+  PRECIS_HOST_DEVICE static constexpr void reading(std::uint32_t i, std::uint32_t pad, std::uint32_t k,
+                                                   const fast_divmod& by_s, std::uint32_t outs, std::uint32_t& lo,
+                                                   std::uint32_t& hi) {
+    const std::uint32_t top = i + pad;
+    lo = top + 1 > k ? by_s.div(top + 1 - k + by_s.divisor - 1) : 0;
+    hi = by_s.div(top) + 1;
+    if (hi > outs) hi = outs;
   }
 };
 

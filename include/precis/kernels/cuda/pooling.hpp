@@ -10,7 +10,10 @@
 /// element's thread visits the outputs that read it, in the host's raster order, and adds
 /// their shares in the accumulate type -- no atomics, so the result does not depend on
 /// scheduling and the additions come in the host's order. Shapes and windows are checked on
-/// the host, with the host's messages, before anything is launched. Compiled by nvcc only.
+/// the host, with the host's messages, before anything is launched. Pooling and nearest
+/// upsampling place elements by multiplications in 32 bits (kernels/common.hpp's pool_index,
+/// nearest_index) where both tensors have fewer than 2^32 elements, else by 64-bit division:
+/// the same elements and bits either way. Compiled by nvcc only.
 #pragma once
 
 #include <precis/config.hpp>
@@ -93,50 +96,88 @@ __device__ inline void outputs_reading(std::size_t i, std::size_t pad, std::size
   if (hi > outs) hi = outs;
 }
 
-template <class M, class X, class Y>
-__global__ void max_pool_kernel(const X* x, Y* y, pool_geometry g, plane_map pm) {
-  const std::size_t n = g.planes * g.ho * g.wo;
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
-    std::size_t pl, o;
+/// Pooling's index arithmetic in 64 bits (divisions), for tensors that pool_index (kernels/
+/// common.hpp: multiplications, 32 bits) does not fit; the same interface and values.
+struct wide_pool_index {
+  using index_type = std::size_t;
+  pool_geometry g;
+  plane_map pm;
+  /// Output element i: its plane's first input element, its row and column.
+  __device__ void output(std::size_t i, std::size_t& x_first, std::size_t& oy, std::size_t& ox) const {
+    std::size_t pl = 0, o = 0;
     pm.split(i, g.ho * g.wo, pl, o);
-    const X* xp = x + pm.base(pl, g.h * g.w);
-    const std::size_t best = device_argmax<M>(xp, g.w, device_window(g, o / g.wo, o % g.wo), pm.stride());
-    y[i] = round_to<Y>(device_load<M>(xp[best * pm.stride()]));
+    x_first = pm.base(pl, g.h * g.w);
+    oy = o / g.wo;
+    ox = o % g.wo;
+  }
+  /// Input element i: its plane's first input and output elements, its pixel, and the
+  /// outputs [oy0, oy1) x [ox0, ox1) whose windows hold it.
+  __device__ void input(std::size_t i, std::size_t& x_first, std::size_t& o_first, std::size_t& at,
+                        std::size_t& oy0, std::size_t& oy1, std::size_t& ox0, std::size_t& ox1) const {
+    std::size_t pl = 0;
+    pm.split(i, g.h * g.w, pl, at);
+    x_first = pm.base(pl, g.h * g.w);
+    o_first = pm.base(pl, g.ho * g.wo);
+    outputs_reading(at / g.w, g.ph, g.kh, g.sh, g.ho, oy0, oy1);
+    outputs_reading(at % g.w, g.pw, g.kw, g.sw, g.wo, ox0, ox1);
+  }
+  __device__ std::size_t stride() const { return pm.stride(); }
+};
+
+/// Runs launch(ix) with a pool_index where pooling of geometry g over planes laid out as pm
+/// fits one, else with a wide_pool_index: the same elements, order and bits either way.
+template <class Launch>
+void with_pool_index(const pool_geometry& g, const plane_map& pm, Launch&& launch) {
+  if (pool_index::fits(g.planes, g.h, g.w, g.ho, g.wo, pm.channels, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw)) {
+    launch(pool_index::make(g.h, g.w, g.ho, g.wo, pm.channels, pm.last, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw));
+  } else {
+    launch(wide_pool_index{g, pm});
   }
 }
 
-/// The sum in Acc of the shares of the outputs whose windows hold element `at` of a plane,
-/// in raster order (the host's order of additions): share(oy, ox, v) sets v to output
-/// (oy, ox)'s share and returns true, or returns false where that output gives none.
-template <class M, class Acc, class Share>
-__device__ typename accumulator<Acc>::value_type gather_windows(const pool_geometry& g, std::size_t at,
-                                                                Share share) {
-  std::size_t oy0, oy1, ox0, ox1;
-  outputs_reading(at / g.w, g.ph, g.kh, g.sh, g.ho, oy0, oy1);
-  outputs_reading(at % g.w, g.pw, g.kw, g.sw, g.wo, ox0, ox1);
+template <class M, class X, class Y, class Ix>
+__global__ void max_pool_kernel(const X* x, Y* y, pool_geometry g, Ix ix) {
+  using I = typename Ix::index_type;
+  const std::size_t n = g.planes * g.ho * g.wo;
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    I first = 0, oy = 0, ox = 0;
+    ix.output(I(i), first, oy, ox);
+    const X* xp = x + first;
+    const std::size_t best = device_argmax<M>(xp, g.w, device_window(g, oy, ox), ix.stride());
+    y[i] = round_to<Y>(device_load<M>(xp[best * ix.stride()]));
+  }
+}
+
+/// The sum in Acc of the shares of outputs [oy0, oy1) x [ox0, ox1) (those whose windows
+/// hold an element), in raster order (the host's order of additions): share(oy, ox, v) sets
+/// v to output (oy, ox)'s share and returns true, or returns false where that output gives
+/// none.
+template <class M, class Acc, class I, class Share>
+__device__ typename accumulator<Acc>::value_type gather_windows(I oy0, I oy1, I ox0, I ox1, Share share) {
   accumulator<Acc> acc;
   M v;
-  for (std::size_t oy = oy0; oy < oy1; ++oy) {
-    for (std::size_t ox = ox0; ox < ox1; ++ox) {
-      if (share(oy, ox, v)) acc.add(static_cast<typename accumulator<Acc>::value_type>(v));
+  for (I oy = oy0; oy < oy1; ++oy) {
+    for (I ox = ox0; ox < ox1; ++ox) {
+      if (share(std::size_t(oy), std::size_t(ox), v)) acc.add(static_cast<typename accumulator<Acc>::value_type>(v));
     }
   }
   return acc.value();
 }
 
-template <class M, class Acc, class X, class G, class DX>
-__global__ void max_pool_backward_kernel(const X* x, const G* dy, DX* dx, pool_geometry g, plane_map pm) {
+template <class M, class Acc, class X, class G, class DX, class Ix>
+__global__ void max_pool_backward_kernel(const X* x, const G* dy, DX* dx, pool_geometry g, Ix ix) {
+  using I = typename Ix::index_type;
   const std::size_t n = g.planes * g.h * g.w;
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
        i += std::size_t(gridDim.x) * blockDim.x) {
-    std::size_t pl, at;
-    pm.split(i, g.h * g.w, pl, at);
-    const X* xp = x + pm.base(pl, g.h * g.w);
-    const G* dyp = dy + pm.base(pl, g.ho * g.wo);
-    dx[i] = round_to<DX>(gather_windows<M, Acc>(g, at, [&](std::size_t oy, std::size_t ox, M& v) {
-      if (device_argmax<M>(xp, g.w, device_window(g, oy, ox), pm.stride()) != at) return false;
-      v = device_load<M>(dyp[(oy * g.wo + ox) * pm.stride()]);
+    I x_first = 0, o_first = 0, at = 0, oy0 = 0, oy1 = 0, ox0 = 0, ox1 = 0;
+    ix.input(I(i), x_first, o_first, at, oy0, oy1, ox0, ox1);
+    const X* xp = x + x_first;
+    const G* dyp = dy + o_first;
+    dx[i] = round_to<DX>(gather_windows<M, Acc>(oy0, oy1, ox0, ox1, [&](std::size_t oy, std::size_t ox, M& v) {
+      if (device_argmax<M>(xp, g.w, device_window(g, oy, ox), ix.stride()) != at) return false;
+      v = device_load<M>(dyp[(oy * g.wo + ox) * ix.stride()]);
       return true;
     }));
   }
@@ -144,32 +185,34 @@ __global__ void max_pool_backward_kernel(const X* x, const G* dy, DX* dx, pool_g
 
 /// Max pooling that also writes each window's first maximum's index in its plane (pixel
 /// index, the same in either layout) at the output's position.
-template <class M, class X, class Y>
-__global__ void max_pool_indices_kernel(const X* x, Y* y, std::uint32_t* at, pool_geometry g, plane_map pm) {
+template <class M, class X, class Y, class Ix>
+__global__ void max_pool_indices_kernel(const X* x, Y* y, std::uint32_t* at, pool_geometry g, Ix ix) {
+  using I = typename Ix::index_type;
   const std::size_t n = g.planes * g.ho * g.wo;
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
        i += std::size_t(gridDim.x) * blockDim.x) {
-    std::size_t pl, o;
-    pm.split(i, g.ho * g.wo, pl, o);
-    const X* xp = x + pm.base(pl, g.h * g.w);
-    const std::size_t best = device_argmax<M>(xp, g.w, device_window(g, o / g.wo, o % g.wo), pm.stride());
-    y[i] = round_to<Y>(device_load<M>(xp[best * pm.stride()]));
+    I first = 0, oy = 0, ox = 0;
+    ix.output(I(i), first, oy, ox);
+    const X* xp = x + first;
+    const std::size_t best = device_argmax<M>(xp, g.w, device_window(g, oy, ox), ix.stride());
+    y[i] = round_to<Y>(device_load<M>(xp[best * ix.stride()]));
     at[i] = std::uint32_t(best);
   }
 }
 
-template <class M, class Acc, class G, class DX>
-__global__ void max_pool_backward_indices_kernel(const std::uint32_t* at, const G* dy, DX* dx,
-                                                 pool_geometry g, plane_map pm) {
+template <class M, class Acc, class G, class DX, class Ix>
+__global__ void max_pool_backward_indices_kernel(const std::uint32_t* at, const G* dy, DX* dx, pool_geometry g,
+                                                 Ix ix) {
+  using I = typename Ix::index_type;
   const std::size_t n = g.planes * g.h * g.w;
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
        i += std::size_t(gridDim.x) * blockDim.x) {
-    std::size_t pl, e;
-    pm.split(i, g.h * g.w, pl, e);
-    const std::uint32_t* atp = at + pm.base(pl, g.ho * g.wo);
-    const G* dyp = dy + pm.base(pl, g.ho * g.wo);
-    dx[i] = round_to<DX>(gather_windows<M, Acc>(g, e, [&](std::size_t oy, std::size_t ox, M& v) {
-      const std::size_t o = (oy * g.wo + ox) * pm.stride();
+    I x_first = 0, o_first = 0, e = 0, oy0 = 0, oy1 = 0, ox0 = 0, ox1 = 0;
+    ix.input(I(i), x_first, o_first, e, oy0, oy1, ox0, ox1);
+    const std::uint32_t* atp = at + o_first;
+    const G* dyp = dy + o_first;
+    dx[i] = round_to<DX>(gather_windows<M, Acc>(oy0, oy1, ox0, ox1, [&](std::size_t oy, std::size_t ox, M& v) {
+      const std::size_t o = (oy * g.wo + ox) * ix.stride();
       if (atp[o] != e) return false;
       v = device_load<M>(dyp[o]);
       return true;
@@ -182,37 +225,39 @@ __device__ inline std::size_t window_count(const pool_geometry& g, const window&
   return include_pad ? g.kh * g.kw : (w.y1 - w.y0) * (w.x1 - w.x0);
 }
 
-template <class M, class Acc, class X, class Y>
-__global__ void avg_pool_kernel(const X* x, Y* y, pool_geometry g, bool include_pad, plane_map pm) {
+template <class M, class Acc, class X, class Y, class Ix>
+__global__ void avg_pool_kernel(const X* x, Y* y, pool_geometry g, bool include_pad, Ix ix) {
+  using I = typename Ix::index_type;
   const std::size_t n = g.planes * g.ho * g.wo;
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
        i += std::size_t(gridDim.x) * blockDim.x) {
-    std::size_t pl, o;
-    pm.split(i, g.ho * g.wo, pl, o);
-    const X* xp = x + pm.base(pl, g.h * g.w);
-    const window w = device_window(g, o / g.wo, o % g.wo);
+    I first = 0, oy = 0, ox = 0;
+    ix.output(I(i), first, oy, ox);
+    const X* xp = x + first;
+    const window w = device_window(g, oy, ox);
     accumulator<Acc> acc;
     for (std::size_t yy = w.y0; yy < w.y1; ++yy) {
       for (std::size_t xx = w.x0; xx < w.x1; ++xx) {
         acc.add(static_cast<typename accumulator<Acc>::value_type>(
-            device_load<M>(xp[(yy * g.w + xx) * pm.stride()])));
+            device_load<M>(xp[(yy * g.w + xx) * ix.stride()])));
       }
     }
     y[i] = round_to<Y>(M(acc.value()) / M(window_count(g, w, include_pad)));
   }
 }
 
-template <class M, class Acc, class G, class DX>
-__global__ void avg_pool_backward_kernel(const G* dy, DX* dx, pool_geometry g, bool include_pad, plane_map pm) {
+template <class M, class Acc, class G, class DX, class Ix>
+__global__ void avg_pool_backward_kernel(const G* dy, DX* dx, pool_geometry g, bool include_pad, Ix ix) {
+  using I = typename Ix::index_type;
   const std::size_t n = g.planes * g.h * g.w;
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
        i += std::size_t(gridDim.x) * blockDim.x) {
-    std::size_t pl, at;
-    pm.split(i, g.h * g.w, pl, at);
-    const G* dyp = dy + pm.base(pl, g.ho * g.wo);
-    dx[i] = round_to<DX>(gather_windows<M, Acc>(g, at, [&](std::size_t oy, std::size_t ox, M& v) {
+    I x_first = 0, o_first = 0, at = 0, oy0 = 0, oy1 = 0, ox0 = 0, ox1 = 0;
+    ix.input(I(i), x_first, o_first, at, oy0, oy1, ox0, ox1);
+    const G* dyp = dy + o_first;
+    dx[i] = round_to<DX>(gather_windows<M, Acc>(oy0, oy1, ox0, ox1, [&](std::size_t oy, std::size_t ox, M& v) {
       const std::size_t count = window_count(g, device_window(g, oy, ox), include_pad);
-      v = device_load<M>(dyp[(oy * g.wo + ox) * pm.stride()]) / M(count);
+      v = device_load<M>(dyp[(oy * g.wo + ox) * ix.stride()]) / M(count);
       return true;
     }));
   }
@@ -457,8 +502,10 @@ void max_pool2d(cuda_context& ctx, const device_tensor<TX, 4>& x, device_tensor<
   const auto xv = detail::cuda::as_nchw(x, layout);
   const auto g = detail::pool_geometry_of(name, xv, p);
   check_shape(name + ": y", detail::cuda::as_nchw(y, layout), detail::pooled_shape(xv, g));
-  detail::cuda::launch_over(ctx, y.size(), "precis::max_pool2d", detail::cuda::max_pool_kernel<M, TX, TY>, x.data(),
-                            y.data(), g, detail::cuda::plane_map_of(xv, layout));
+  detail::cuda::with_pool_index(g, detail::cuda::plane_map_of(xv, layout), [&](auto ix) {
+    detail::cuda::launch_over(ctx, y.size(), "precis::max_pool2d",
+                              detail::cuda::max_pool_kernel<M, TX, TY, decltype(ix)>, x.data(), y.data(), g, ix);
+  });
 }
 
 /// dx of y = max_pool2d(x) on the device: each dy goes to its window's first maximum.
@@ -474,9 +521,11 @@ void max_pool2d_backward(cuda_context& ctx, const device_tensor<TX, 4>& x, const
   const auto g = detail::pool_geometry_of(name, xv, p);
   check_shape(name + ": dy", detail::cuda::as_nchw(dy, layout), detail::pooled_shape(xv, g));
   check_shape(name + ": dx", dx, x.shape());
-  detail::cuda::launch_over(ctx, dx.size(), "precis::max_pool2d_backward",
-                            detail::cuda::max_pool_backward_kernel<M, Acc, TX, TG, TDX>, x.data(), dy.data(),
-                            dx.data(), g, detail::cuda::plane_map_of(xv, layout));
+  detail::cuda::with_pool_index(g, detail::cuda::plane_map_of(xv, layout), [&](auto ix) {
+    detail::cuda::launch_over(ctx, dx.size(), "precis::max_pool2d_backward",
+                              detail::cuda::max_pool_backward_kernel<M, Acc, TX, TG, TDX, decltype(ix)>, x.data(),
+                              dy.data(), dx.data(), g, ix);
+  });
 }
 
 /// y = max over each window of x on the device, and each window's first maximum's index in
@@ -490,8 +539,11 @@ void max_pool2d(cuda_context& ctx, const device_tensor<TX, 4>& x, device_tensor<
   const auto xv = detail::cuda::as_nchw(x, layout);
   const auto g = detail::check_max_pool_indices(xv, detail::cuda::as_nchw(y, layout),
                                                 detail::cuda::as_nchw(indices, layout), p);
-  detail::cuda::launch_over(ctx, y.size(), "precis::max_pool2d", detail::cuda::max_pool_indices_kernel<M, TX, TY>,
-                            x.data(), y.data(), indices.data(), g, detail::cuda::plane_map_of(xv, layout));
+  detail::cuda::with_pool_index(g, detail::cuda::plane_map_of(xv, layout), [&](auto ix) {
+    detail::cuda::launch_over(ctx, y.size(), "precis::max_pool2d",
+                              detail::cuda::max_pool_indices_kernel<M, TX, TY, decltype(ix)>, x.data(), y.data(),
+                              indices.data(), g, ix);
+  });
 }
 
 /// dx of y = max_pool2d(x) on the device from the forward pass's indices (see the host
@@ -508,9 +560,11 @@ void max_pool2d_backward(cuda_context& ctx, const device_tensor<std::uint32_t, 4
   const auto dxv = detail::cuda::as_nchw(dx, layout);
   const auto g = detail::check_max_pool_backward_indices(dxv, detail::cuda::as_nchw(dy, layout),
                                                          detail::cuda::as_nchw(indices, layout), p);
-  detail::cuda::launch_over(ctx, dx.size(), "precis::max_pool2d_backward",
-                            detail::cuda::max_pool_backward_indices_kernel<M, Acc, TG, TDX>, indices.data(),
-                            dy.data(), dx.data(), g, detail::cuda::plane_map_of(dxv, layout));
+  detail::cuda::with_pool_index(g, detail::cuda::plane_map_of(dxv, layout), [&](auto ix) {
+    detail::cuda::launch_over(ctx, dx.size(), "precis::max_pool2d_backward",
+                              detail::cuda::max_pool_backward_indices_kernel<M, Acc, TG, TDX, decltype(ix)>,
+                              indices.data(), dy.data(), dx.data(), g, ix);
+  });
 }
 
 /// y = mean over each window of x on the device (see the host avg_pool2d).
@@ -524,8 +578,11 @@ void avg_pool2d(cuda_context& ctx, const device_tensor<TX, 4>& x, device_tensor<
   const auto xv = detail::cuda::as_nchw(x, layout);
   const auto g = detail::pool_geometry_of(name, xv, p);
   check_shape(name + ": y", detail::cuda::as_nchw(y, layout), detail::pooled_shape(xv, g));
-  detail::cuda::launch_over(ctx, y.size(), "precis::avg_pool2d", detail::cuda::avg_pool_kernel<M, Acc, TX, TY>,
-                            x.data(), y.data(), g, p.count_include_pad, detail::cuda::plane_map_of(xv, layout));
+  detail::cuda::with_pool_index(g, detail::cuda::plane_map_of(xv, layout), [&](auto ix) {
+    detail::cuda::launch_over(ctx, y.size(), "precis::avg_pool2d",
+                              detail::cuda::avg_pool_kernel<M, Acc, TX, TY, decltype(ix)>, x.data(), y.data(), g,
+                              p.count_include_pad, ix);
+  });
 }
 
 /// dx of y = avg_pool2d(x) on the device: each dy spread evenly over its window.
@@ -539,9 +596,11 @@ void avg_pool2d_backward(cuda_context& ctx, const device_tensor<TG, 4>& dy, devi
   const auto dxv = detail::cuda::as_nchw(dx, layout);
   const auto g = detail::pool_geometry_of(name, dxv, p);
   check_shape(name + ": dy", detail::cuda::as_nchw(dy, layout), detail::pooled_shape(dxv, g));
-  detail::cuda::launch_over(ctx, dx.size(), "precis::avg_pool2d_backward",
-                            detail::cuda::avg_pool_backward_kernel<M, Acc, TG, TDX>, dy.data(), dx.data(), g,
-                            p.count_include_pad, detail::cuda::plane_map_of(dxv, layout));
+  detail::cuda::with_pool_index(g, detail::cuda::plane_map_of(dxv, layout), [&](auto ix) {
+    detail::cuda::launch_over(ctx, dx.size(), "precis::avg_pool2d_backward",
+                              detail::cuda::avg_pool_backward_kernel<M, Acc, TG, TDX, decltype(ix)>, dy.data(),
+                              dx.data(), g, p.count_include_pad, ix);
+  });
 }
 
 /// Nearest-neighbour upsampling on the device (see the host upsample_nearest2d).
