@@ -41,42 +41,75 @@ inline void trim_pool() {
   precis::check(cudaMemPoolTrimTo(pool, 0), "cudaMemPoolTrimTo");
 }
 
-/// The median ms of `steps` calls of step(), each waited for (ctx synchronised), after
-/// `warmup` untimed ones. Each timed step is an NVTX range named "precis_step" (what
+/// A step's times, each the median over the timed steps: the synchronised wall time (`ms`),
+/// the host's time to queue the step (step() returning, before the wait: where it is close
+/// to `ms`, the host's launches, not the device, set the pace), and the device's time from
+/// the step's first queued work to its last (events on the context's stream).
+struct step_times {
+  double ms = 0, enqueue_ms = 0, gpu_ms = 0;
+};
+
+/// The times of `steps` calls of step(), each waited for (ctx synchronised), after `warmup`
+/// untimed ones. Each timed step is an NVTX range named "precis_step" (what
 /// bench/cuda/profile_on_gpu.sh gives Nsight Compute to profile; nothing without a tool).
 template <class Step>
-double median_step_ms(precis::cuda_context& ctx, Step&& step, std::size_t warmup, std::size_t steps) {
+step_times median_step(precis::cuda_context& ctx, Step&& step, std::size_t warmup, std::size_t steps) {
   for (std::size_t i = 0; i < warmup; ++i) step();
   ctx.synchronize();
-  std::vector<double> times;
+  cudaEvent_t begin = nullptr, end = nullptr;
+  precis::check(cudaEventCreate(&begin), "cudaEventCreate");
+  precis::check(cudaEventCreate(&end), "cudaEventCreate");
+  std::vector<double> wall, enqueue, gpu;
   for (std::size_t i = 0; i < steps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     nvtxRangePushA("precis_step");
+    precis::check(cudaEventRecord(begin, ctx.stream()), "cudaEventRecord");
     step();
+    precis::check(cudaEventRecord(end, ctx.stream()), "cudaEventRecord");
     nvtxRangePop();
+    const auto t1 = std::chrono::steady_clock::now();
     ctx.synchronize();
-    times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    const auto t2 = std::chrono::steady_clock::now();
+    float device_ms = 0;
+    precis::check(cudaEventElapsedTime(&device_ms, begin, end), "cudaEventElapsedTime");
+    wall.push_back(std::chrono::duration<double, std::milli>(t2 - t0).count());
+    enqueue.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    gpu.push_back(device_ms);
   }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  (void)cudaEventDestroy(begin);
+  (void)cudaEventDestroy(end);
+  const auto median = [](std::vector<double>& v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  return {median(wall), median(enqueue), median(gpu)};
 }
 
-/// One configuration under one map: the median step and the memory it held.
+/// One configuration under one map: its step times and the memory it held.
 struct row {
   std::string config, policy;
-  double ms = 0, mib = 0;
+  step_times t;
+  double mib = 0;
 };
 
-/// Prints the rows and, with a file name, writes config,policy,precis_ms,precis_peak_mib,gpu;
-/// false when the file cannot be written.
+/// Prints the rows and, with a file name, writes
+/// config,policy,precis_ms,precis_peak_mib,precis_enqueue_ms,precis_gpu_ms,gpu; false when
+/// the file cannot be written.
 inline bool report(const std::vector<row>& rows, const std::string& csv) {
-  std::printf("%-22s %-17s %12s %12s\n", "config", "policy", "ms/step", "memory MiB");
-  for (const auto& r : rows) std::printf("%-22s %-17s %12.3f %12.0f\n", r.config.c_str(), r.policy.c_str(), r.ms, r.mib);
+  std::printf("%-22s %-17s %12s %12s %12s %12s\n", "config", "policy", "ms/step", "memory MiB", "queue ms",
+              "device ms");
+  for (const auto& r : rows) {
+    std::printf("%-22s %-17s %12.3f %12.0f %12.3f %12.3f\n", r.config.c_str(), r.policy.c_str(), r.t.ms, r.mib,
+                r.t.enqueue_ms, r.t.gpu_ms);
+  }
   if (csv.empty()) return true;
   std::ofstream f(csv);
-  f << "config,policy,precis_ms,precis_peak_mib,gpu\n";
+  f << "config,policy,precis_ms,precis_peak_mib,precis_enqueue_ms,precis_gpu_ms,gpu\n";
   const std::string gpu = examples::gpu_name();
-  for (const auto& r : rows) f << r.config << "," << r.policy << "," << r.ms << "," << r.mib << "," << gpu << "\n";
+  for (const auto& r : rows) {
+    f << r.config << "," << r.policy << "," << r.t.ms << "," << r.mib << "," << r.t.enqueue_ms << "," << r.t.gpu_ms
+      << "," << gpu << "\n";
+  }
   return bool(f);
 }
 
@@ -129,9 +162,9 @@ inline bool have_device() {
   return true;
 }
 
-/// A step benchmark's main: reads the options, exits 77 without a device, keeps the pool,
-/// prints the GPU, calls add(rows, want, warmup, steps) to time the configurations and rows
-/// `want` (a selection) names, and reports; an empty result (a --config or --policy that
+/// A step benchmark's main: reads the options, exits 77 without a device, prints the GPU,
+/// calls add(rows, want, warmup, steps) to time the configurations and rows `want` (a
+/// selection) names, and reports; an empty result (a --config or --policy that
 /// names nothing) is an error. Returns the exit status.
 template <class Add>
 int run(int argc, char** argv, const char* program, Add&& add) {

@@ -11,12 +11,14 @@
 // The maps: fp32, tf32, bf16_mixed, fp16_mixed and fp16_fp32_head (the example's, less the
 // waived one). Inputs: random images and targets, a tenth of the pixels text (the step's time
 // does not depend on the values). Each step is timed on the host around a synchronised step,
-// after `warmup` untimed steps; each map eagerly and as a CUDA graph (train_options::graph,
+// after `warmup` untimed steps (with the host's queueing time and the device's time beside:
+// bench/cuda/step_bench.hpp); each map eagerly and as a CUDA graph (train_options::graph,
 // the policy named with `_graph` appended), each with NCHW images and channels-last
 // (build_options::layout = image_layout::nhwc, the policy named with `_nhwc` before any
 // `_graph`). Memory: as bench_vit_gpu
 // (bench/cuda/step_bench.hpp). Prints a table and, with --csv, writes
-// config,policy,precis_ms,precis_peak_mib,gpu. Exits 77 without a GPU.
+// config,policy,precis_ms,precis_peak_mib,precis_enqueue_ms,precis_gpu_ms,gpu. Exits 77
+// without a GPU.
 #include <precis/nn/cuda.hpp>  // first: the device kernels, then nn
 
 #include "../../examples/dbnet/loss_cuda.hpp"
@@ -77,7 +79,8 @@ bench::row time_map(const std::string& config, const dbnet::config& c, std::size
   ctx.synchronize();
   bench::trim_pool();
   const double before = bench::used_mib();
-  double ms = 0, mib = 0;
+  bench::step_times st;
+  double mib = 0;
   {
     auto model = nn::build<S, 4, cuda_context>(Map{}, dbnet::blueprint(c), {.seed = 1, .layout = layout});
     model.refresh(ctx);
@@ -97,12 +100,12 @@ bench::row time_map(const std::string& config, const dbnet::config& c, std::size
                                               : std::array<std::size_t, 4>{batch, 1, size, size};
     const dbnet::device_targets t{random_map(rng, m, 0.1), random_map(rng, m, 0.95), random_map(rng, m, -1, 0.3F, 0.7F),
                                   random_map(rng, m, 0.3)};
-    ms = bench::median_step_ms(ctx, [&] { tr.step(ctx, x, t); }, warmup, steps);
+    st = bench::median_step(ctx, [&] { tr.step(ctx, x, t); }, warmup, steps);
     mib = bench::used_mib() - before;
     (void)tr.records(ctx);
   }
   ctx.synchronize();
-  return {config, row_name(e, graph, layout), ms, mib};
+  return {config, row_name(e, graph, layout), st, mib};
 }
 
 }  // namespace

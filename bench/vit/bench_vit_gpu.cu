@@ -10,14 +10,17 @@
 //   bench_vit_gpu [--steps N] [--warmup N] [--config NAME] [--policy NAME,...] [--csv FILE]
 //
 // Each step is timed on the host around a synchronised step (as torch_reference.py times
-// PyTorch's), after `warmup` untimed steps; random inputs and targets, gradients clipped to
-// norm 1, AdamW. Memory: the device memory in use (cudaMemGetInfo) after the timed steps
-// less what was in use before the map's context and model were made, with the stream-ordered
-// pool told to keep what it reserves (so its high-water mark stays counted) and trimmed
-// before each map: comparable to PyTorch's torch.cuda.max_memory_reserved(). Each map is
+// PyTorch's), after `warmup` untimed steps, with the host's time to queue it and the
+// device's time between events before and after it beside (bench/cuda/step_bench.hpp);
+// random inputs and targets, gradients clipped to norm 1, AdamW. Memory: the device memory
+// in use (cudaMemGetInfo) after the timed steps less what was in use before the map's
+// context and model were made, with the stream-ordered pool keeping what it reserves (every
+// cuda_context has it keep its freed memory, so its high-water mark stays counted) and
+// trimmed before each map: comparable to PyTorch's torch.cuda.max_memory_reserved(). Each map is
 // timed twice: eagerly, and as a CUDA graph (train_options::graph: the policy named with
 // `_graph` appended; the warm-up steps include the eager step and the capture). Prints a
-// table and, with --csv, writes config,policy,precis_ms,precis_peak_mib,gpu. Built with
+// table and, with --csv, writes
+// config,policy,precis_ms,precis_peak_mib,precis_enqueue_ms,precis_gpu_ms,gpu. Built with
 // precis::cudnn_frontend, bf16_mixed's attention is fused (docs/cuda.md, "Fused attention");
 // bf16_mixed_pieces is the same map with the attention products exact, unfused. Exits 77
 // without a GPU.
@@ -76,7 +79,8 @@ bench::row time_map(const std::string& config, const vit::config& c, std::size_t
   ctx.synchronize();
   bench::trim_pool();  // what earlier maps left: this map's figure counts its own high-water mark
   const double before = bench::used_mib();
-  double ms = 0, mib = 0;
+  bench::step_times st;
+  double mib = 0;
   {
     auto model = nn::build<S, 4, cuda_context>(Map{}, vit::blueprint<Depth>(c), {.seed = 1});
     model.refresh(ctx);
@@ -93,12 +97,12 @@ bench::row time_map(const std::string& config, const vit::config& c, std::size_t
     for (auto& v : th) v = std::int32_t(rng() % c.classes);
     const auto x = to_device(xh);
     const auto t = to_device(th);
-    ms = bench::median_step_ms(ctx, [&] { tr.step(ctx, x, t); }, warmup, steps);
+    st = bench::median_step(ctx, [&] { tr.step(ctx, x, t); }, warmup, steps);
     mib = bench::used_mib() - before;
     (void)tr.records(ctx);
   }
   ctx.synchronize();
-  return {config, row_name(e, graph), ms, mib};
+  return {config, row_name(e, graph), st, mib};
 }
 
 }  // namespace
