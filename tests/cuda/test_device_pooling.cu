@@ -300,13 +300,11 @@ void check_wide_index(precis::cuda_context& ctx, const std::string& tag) {
     const auto dy = precis::to_device(random_tensor<T, 4>(ys));
     const auto xv = dc::as_nchw(x, layout);
     const auto g = precis::detail::pool_geometry_of("wide", xv, p);
-    {
-      const auto pm = dc::plane_map_of(xv, layout);
-      expect(precis::detail::pool_index::fits(g.planes, g.h, g.w, g.ho, g.wo, pm.channels, g.kh, g.kw, g.sh, g.sw,
-                                              g.ph, g.pw),
-             "the calls take the 32-bit path" + w);
-    }
-    const dc::wide_pool_index wide{g, dc::plane_map_of(xv, layout)};
+    const auto pm = dc::plane_map_of(xv, layout);
+    expect(precis::detail::pool_index::fits(g.planes, g.h, g.w, g.ho, g.wo, pm.channels, g.kh, g.kw, g.sh, g.sw, g.ph,
+                                            g.pw),
+           "the calls take the 32-bit path" + w);
+    const dc::wide_pool_index wide{g, pm};
     auto y = poisoned<T, 4>(ys), yw = poisoned<T, 4>(ys);
     auto at = poisoned<std::uint32_t, 4>(ys), atw = poisoned<std::uint32_t, 4>(ys);
     precis::max_pool2d<P>(ctx, x, y, at, p, layout);
