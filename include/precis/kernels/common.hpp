@@ -193,12 +193,14 @@ PRECIS_HOST_DEVICE constexpr void copy_offsets(const fast_copy_plan<R>& p, std::
 
 /// Where the planes (one image's channel) of the device's image kernels lie, indexed in 32
 /// bits by multiplications (fast_divmod): NCHW, each plane contiguous; or channels-last with
-/// `channels` channels, a plane's pixels `channels` apart. Threads take elements in the
-/// tensor's own order; split() gives an element's image, channel and pixel.
+/// `channels` channels, a plane's pixels `channels` apart. Planes are h x w in the input and
+/// ho x wo in the output. Threads take elements in the tensor's own order; split() gives an
+/// element's image, channel and pixel.
 struct plane_index {
   std::uint32_t channels = 1;
   bool last = false;  ///< channels-last
-  fast_divmod by_channels;
+  std::uint32_t h = 1, w = 1, ho = 1, wo = 1;
+  fast_divmod by_channels, by_in, by_out, by_w, by_wo;  // in: h w, out: ho wo
 
   /// Distance between neighbouring pixels of a plane.
   PRECIS_HOST_DEVICE constexpr std::uint32_t stride() const { return last ? channels : 1; }
@@ -223,10 +225,30 @@ struct plane_index {
   }
 
  protected:
-  constexpr void set_layout(std::uint64_t channel_count, bool channels_last) {
+  /// Whether `planes` planes of these sizes fit: each tensor below 2^32 elements, and each
+  /// divisor within fast_divmod's range.
+  static constexpr bool planes_fit(std::uint64_t planes, std::uint64_t h, std::uint64_t w, std::uint64_t ho,
+                                   std::uint64_t wo, std::uint64_t channels) {
+    constexpr std::uint64_t limit = 0xffffffffULL;
+    const auto divisor = [](std::uint64_t d) { return fast_divmod::fits(d); };
+    return planes > 0 && planes <= limit && divisor(h) && divisor(w) && divisor(ho) && divisor(wo) &&
+           divisor(channels) && divisor(h * w) && divisor(ho * wo) && planes * h * w <= limit &&
+           planes * ho * wo <= limit;
+  }
+  /// Sets the layout and the planes' sizes (planes_fit must hold).
+  constexpr void set_planes(std::uint64_t in_h, std::uint64_t in_w, std::uint64_t out_h, std::uint64_t out_w,
+                            std::uint64_t channel_count, bool channels_last) {
     channels = std::uint32_t(channel_count);
     last = channels_last;
+    h = std::uint32_t(in_h);
+    w = std::uint32_t(in_w);
+    ho = std::uint32_t(out_h);
+    wo = std::uint32_t(out_w);
     by_channels = fast_divmod(channels);
+    by_in = fast_divmod(h * w);
+    by_out = fast_divmod(ho * wo);
+    by_w = fast_divmod(w);
+    by_wo = fast_divmod(wo);
   }
 };
 
@@ -237,8 +259,7 @@ struct plane_index {
 /// gathers, both in the tensors' own element order; the host tests check them against the
 /// 64-bit formulas and a brute-force search.
 struct nearest_index : plane_index {
-  std::uint32_t h = 1, w = 1, ho = 1, wo = 1;
-  fast_divmod by_in, by_out, by_h, by_w, by_ho, by_wo;  // in: h w, out: ho wo
+  fast_divmod by_h, by_ho;
 
   /// Whether planes of these sizes fit: each tensor below 2^32 elements, the products the
   /// outputs' bounds take ((h + 1) (ho + 1), (w + 1) (wo + 1)) too, and each divisor within
@@ -246,29 +267,16 @@ struct nearest_index : plane_index {
   static constexpr bool fits(std::uint64_t planes, std::uint64_t h, std::uint64_t w, std::uint64_t ho,
                              std::uint64_t wo, std::uint64_t channels) {
     constexpr std::uint64_t limit = 0xffffffffULL;
-    const auto divisor = [](std::uint64_t d) { return fast_divmod::fits(d); };
-    if (planes == 0 || planes > limit || !divisor(h) || !divisor(w) || !divisor(ho) || !divisor(wo) ||
-        !divisor(channels) || !divisor(h * w) || !divisor(ho * wo)) {
-      return false;
-    }
-    return planes * h * w <= limit && planes * ho * wo <= limit && (h + 1) * (ho + 1) <= limit &&
+    return planes_fit(planes, h, w, ho, wo, channels) && (h + 1) * (ho + 1) <= limit &&
            (w + 1) * (wo + 1) <= limit;
   }
   /// The indexer of these sizes (fits must hold).
   static constexpr nearest_index make(std::uint64_t h, std::uint64_t w, std::uint64_t ho, std::uint64_t wo,
                                       std::uint64_t channels, bool last) {
     nearest_index n;
-    n.set_layout(channels, last);
-    n.h = std::uint32_t(h);
-    n.w = std::uint32_t(w);
-    n.ho = std::uint32_t(ho);
-    n.wo = std::uint32_t(wo);
-    n.by_in = fast_divmod(n.h * n.w);
-    n.by_out = fast_divmod(n.ho * n.wo);
+    n.set_planes(h, w, ho, wo, channels, last);
     n.by_h = fast_divmod(n.h);
-    n.by_w = fast_divmod(n.w);
     n.by_ho = fast_divmod(n.ho);
-    n.by_wo = fast_divmod(n.wo);
     return n;
   }
   /// The offset in the input of output element i's source: input row oy h / ho, column
@@ -307,8 +315,8 @@ struct nearest_index : plane_index {
 /// formulas and a brute-force search of the windows.
 struct pool_index : plane_index {
   using index_type = std::uint32_t;
-  std::uint32_t h = 1, w = 1, ho = 1, wo = 1, kh = 1, kw = 1, ph = 0, pw = 0;
-  fast_divmod by_in, by_out, by_w, by_wo, by_sh, by_sw;  // in: h w, out: ho wo; the strides
+  std::uint32_t kh = 1, kw = 1, ph = 0, pw = 0;
+  fast_divmod by_sh, by_sw;  // the strides
 
   /// Whether these sizes fit: each tensor below 2^32 elements, each divisor within
   /// fast_divmod's range, and the padded coordinates the gather takes (up to h + ph + sh,
@@ -317,32 +325,20 @@ struct pool_index : plane_index {
                              std::uint64_t wo, std::uint64_t channels, std::uint64_t kh, std::uint64_t kw,
                              std::uint64_t sh, std::uint64_t sw, std::uint64_t ph, std::uint64_t pw) {
     constexpr std::uint64_t limit = 0xffffffffULL;
-    const auto divisor = [](std::uint64_t d) { return fast_divmod::fits(d); };
-    if (planes == 0 || planes > limit || !divisor(h) || !divisor(w) || !divisor(ho) || !divisor(wo) ||
-        !divisor(channels) || !divisor(sh) || !divisor(sw) || kh > limit || kw > limit || ph > limit ||
-        pw > limit || !divisor(h * w) || !divisor(ho * wo)) {
-      return false;
-    }
-    return planes * h * w <= limit && planes * ho * wo <= limit && h + ph + sh <= limit && w + pw + sw <= limit;
+    return planes_fit(planes, h, w, ho, wo, channels) && fast_divmod::fits(sh) && fast_divmod::fits(sw) &&
+           kh <= limit && kw <= limit && ph <= limit && pw <= limit && h + ph + sh <= limit &&
+           w + pw + sw <= limit;
   }
   /// The indexer of these sizes (fits must hold).
   static constexpr pool_index make(std::uint64_t h, std::uint64_t w, std::uint64_t ho, std::uint64_t wo,
                                    std::uint64_t channels, bool last, std::uint64_t kh, std::uint64_t kw,
                                    std::uint64_t sh, std::uint64_t sw, std::uint64_t ph, std::uint64_t pw) {
     pool_index n;
-    n.set_layout(channels, last);
-    n.h = std::uint32_t(h);
-    n.w = std::uint32_t(w);
-    n.ho = std::uint32_t(ho);
-    n.wo = std::uint32_t(wo);
+    n.set_planes(h, w, ho, wo, channels, last);
     n.kh = std::uint32_t(kh);
     n.kw = std::uint32_t(kw);
     n.ph = std::uint32_t(ph);
     n.pw = std::uint32_t(pw);
-    n.by_in = fast_divmod(n.h * n.w);
-    n.by_out = fast_divmod(n.ho * n.wo);
-    n.by_w = fast_divmod(n.w);
-    n.by_wo = fast_divmod(n.wo);
     n.by_sh = fast_divmod(std::uint32_t(sh));
     n.by_sw = fast_divmod(std::uint32_t(sw));
     return n;
