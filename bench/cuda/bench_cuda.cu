@@ -28,6 +28,7 @@
 #include <precis/kernels/cuda/scaling_kernels.hpp>
 #include <precis/kernels/cuda/softmax.hpp>
 
+#include "../../examples/device.hpp"
 #include "../common.hpp"
 #include "../resnet18.hpp"
 
@@ -46,19 +47,14 @@ namespace {
 template <class F>
 double median_ms(precis::cuda_context& ctx, F&& f, int reps = 20, int warm = 5) {
   for (int i = 0; i < warm; ++i) f();
-  cudaEvent_t start, stop;
-  precis::check(cudaEventCreate(&start), "cudaEventCreate");
-  precis::check(cudaEventCreate(&stop), "cudaEventCreate");
+  examples::stream_timer timer;
   std::vector<float> ms(std::size_t(reps), 0.0F);
   for (int i = 0; i < reps; ++i) {
-    precis::check(cudaEventRecord(start, ctx.stream()), "cudaEventRecord");
+    timer.start(ctx.stream());
     f();
-    precis::check(cudaEventRecord(stop, ctx.stream()), "cudaEventRecord");
-    precis::check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    precis::check(cudaEventElapsedTime(&ms[std::size_t(i)], start, stop), "cudaEventElapsedTime");
+    timer.stop(ctx.stream());
+    ms[std::size_t(i)] = timer.elapsed_ms();
   }
-  (void)cudaEventDestroy(start);
-  (void)cudaEventDestroy(stop);
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
 }

@@ -56,28 +56,22 @@ template <class Step>
 step_times median_step(precis::cuda_context& ctx, Step&& step, std::size_t warmup, std::size_t steps) {
   for (std::size_t i = 0; i < warmup; ++i) step();
   ctx.synchronize();
-  cudaEvent_t begin = nullptr, end = nullptr;
-  precis::check(cudaEventCreate(&begin), "cudaEventCreate");
-  precis::check(cudaEventCreate(&end), "cudaEventCreate");
+  examples::stream_timer timer;
   std::vector<double> wall, enqueue, gpu;
   for (std::size_t i = 0; i < steps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     nvtxRangePushA("precis_step");
-    precis::check(cudaEventRecord(begin, ctx.stream()), "cudaEventRecord");
+    timer.start(ctx.stream());
     step();
-    precis::check(cudaEventRecord(end, ctx.stream()), "cudaEventRecord");
+    timer.stop(ctx.stream());
     nvtxRangePop();
     const auto t1 = std::chrono::steady_clock::now();
     ctx.synchronize();
     const auto t2 = std::chrono::steady_clock::now();
-    float device_ms = 0;
-    precis::check(cudaEventElapsedTime(&device_ms, begin, end), "cudaEventElapsedTime");
     wall.push_back(std::chrono::duration<double, std::milli>(t2 - t0).count());
     enqueue.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-    gpu.push_back(device_ms);
+    gpu.push_back(timer.elapsed_ms());
   }
-  (void)cudaEventDestroy(begin);
-  (void)cudaEventDestroy(end);
   const auto median = [](std::vector<double>& v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
