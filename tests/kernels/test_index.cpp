@@ -412,3 +412,36 @@ TEST_CASE(
   CHECK(precis::detail::axis_tile_outputs(8192) == 32);
   CHECK(precis::detail::axis_tile_outputs(8191) == 16);
 }
+
+TEST_CASE("column reductions shorten their slabs just enough for column_min_blocks blocks") {
+  using precis::detail::column_min_blocks;
+  using precis::detail::column_slab_rows_for;
+  // Blocks of the first pass: 32 threads of `width` columns across, a slab of rows deep.
+  const auto blocks = [](std::size_t rows, std::size_t cols, std::size_t width, std::size_t slab) {
+    return ((cols + 32 * width - 1) / (32 * width)) * ((rows + slab - 1) / slab);
+  };
+  std::mt19937_64 g(7);
+  for (int i = 0; i < 20000; ++i) {
+    const std::size_t rows = 1 + g() % (1u << (g() % 22)), cols = 1 + g() % (1u << (g() % 11));
+    const std::size_t width = std::size_t(1) << (g() % 4), least = std::size_t(1) << (3 + g() % 4);
+    const std::size_t most = least << (g() % 8);
+    const std::size_t slab = column_slab_rows_for(rows, cols, width, most, least);
+    CAPTURE(rows);
+    CAPTURE(cols);
+    CAPTURE(width);
+    CAPTURE(most);
+    CAPTURE(least);
+    REQUIRE(slab >= least);
+    REQUIRE(slab <= most);
+    REQUIRE(most % slab == 0);
+    REQUIRE((most / slab & (most / slab - 1)) == 0);  // a power of two
+    if (slab > least) REQUIRE(blocks(rows, cols, width, slab) >= column_min_blocks);
+    if (slab < most) REQUIRE(blocks(rows, cols, width, slab * 2) < column_min_blocks);
+  }
+  // Channels-last batch norm at batch 16 (bfloat16: 8 channels a thread), slabs of up to 4096.
+  CHECK(column_slab_rows_for(16 * 20 * 20, 512, 8, 4096, 64) == 64);     // was 4 blocks, now 200
+  CHECK(column_slab_rows_for(16 * 80 * 80, 128, 8, 4096, 64) == 256);    // 400 blocks
+  CHECK(column_slab_rows_for(16 * 320 * 320, 64, 8, 4096, 64) == 4096);  // already 400 blocks
+  // Bias gradients and layer norm's dgamma and dbeta keep their 64 rows.
+  CHECK(column_slab_rows_for(64 * 197, 768, 8, 64, 64) == 64);
+}

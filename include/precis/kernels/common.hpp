@@ -392,6 +392,28 @@ void run_copy_plan(const copy_plan<R>& p, const T* from, T* to) {
   }
 }
 
+/// The first pass of the device's column reductions (column_sums, layer norm's dgamma and
+/// dbeta, channels-last channel sums: kernels/cuda/reduce.hpp) gives a block 32 threads
+/// across, each `width` columns wide, and a slab of rows; it aims at no fewer blocks than
+/// this, where its rows allow. A constant, not the device's SM count, so that the order of
+/// the additions depends on the shape alone.
+inline constexpr std::size_t column_min_blocks = 256;
+
+/// Rows per slab of a column reduction of `rows` x `cols` whose threads read `width`
+/// columns each: `most` (the caller's largest slab), halved while the first pass would have
+/// fewer than column_min_blocks blocks and the slab has more than `least` rows. `most` and
+/// `least` are powers of two, least <= most; the result is one of most, most / 2, ..., least,
+/// and depends on the arguments alone. Without it a channels-last batch norm of 512 channels
+/// at 20 x 20, batch 16 (6,400 rows in slabs of 4,096) ran 4 blocks, each thread adding 512
+/// rows in turn.
+constexpr std::size_t column_slab_rows_for(std::size_t rows, std::size_t cols, std::size_t width, std::size_t most,
+                                           std::size_t least) {
+  const std::size_t across = (cols + 32 * width - 1) / (32 * width);  // blocks across the columns
+  std::size_t slab = most;
+  while (slab > least && across * ((rows + slab - 1) / slab) < column_min_blocks) slab /= 2;
+  return slab;
+}
+
 /// The device's row kernels (softmax, log-softmax, layer norm, cross-entropy: kernels/cuda)
 /// hold a row of at most resident_row_limit columns in registers: a warp per row (several
 /// rows per block) up to warp_row_limit columns, a block per row beyond. Their geometry is

@@ -9,7 +9,7 @@
 /// them; then the slabs in order: reduce.hpp's column_reduce), the same bits on every run and
 /// device, within a float sum's bound of the host's row-order sums. Batch norm: the statistics
 /// and the backward sums are channel reductions in two passes of a fixed order (segments of 4096
-/// elements of each image's plane, then each channel's segments in order: reduce.hpp's
+/// elements of each image's plane, then each channel's segments by a block: reduce.hpp's
 /// channel_reduce), the same bits on every run and device, within a float sum's bound of the
 /// host's; the running statistics take PyTorch's update (unbiased running variance); y and dx
 /// are elementwise over planes, with no division per element (16 bytes per access where a plane's

@@ -379,14 +379,20 @@ __global__ void column_totals(const typename accumulator<Acc>::value_type* parti
 }
 
 /// Runs both passes of a column reduction of terms(r, col) over `rows` rows of `cols`
-/// columns on ctx's stream, in slabs of `slab_rows` rows (a constant of the caller, so that
-/// the order depends on the shape alone), its partial sums in stream-ordered scratch. Terms
-/// give pack_elements (their inputs' elements per 16 bytes), aligned<V>() (whether packs of V
-/// columns may be read) and pack<V>(r, col).
+/// columns on ctx's stream, in slabs of up to `most_slab_rows` rows (a power of two of the
+/// caller, at least column_slab_rows): column_slab_rows_for halves it, down to
+/// column_slab_rows, where the first pass would have few blocks. The slab, and so the order,
+/// depends on the shape and the terms' type alone. Its partial sums are in stream-ordered
+/// scratch. Terms give pack_elements (their inputs' elements per 16 bytes), aligned<V>()
+/// (whether packs of V columns may be read) and pack<V>(r, col).
 template <class Acc, int K, class Terms, class Finish>
 void column_reduce(cuda_context& ctx, std::size_t rows, std::size_t cols, const Terms& terms, const Finish& finish,
-                   std::string_view name, std::size_t slab_rows = column_slab_rows) {
+                   std::string_view name, std::size_t most_slab_rows = column_slab_rows) {
   using S = typename accumulator<Acc>::value_type;
+  // The widest pack (not the one the pointers allow this call), so that the slab does not
+  // depend on the alignment.
+  constexpr int V = Terms::pack_elements < 8 ? Terms::pack_elements : 8;
+  const std::size_t slab_rows = column_slab_rows_for(rows, cols, std::size_t(V), most_slab_rows, column_slab_rows);
   const std::size_t slabs = (rows + slab_rows - 1) / slab_rows;
   device_tensor<S, 1> partial({slabs * cols * K}, ctx.stream());
   const auto launch = [&](auto width) {
@@ -398,7 +404,6 @@ void column_reduce(cuda_context& ctx, std::size_t rows, std::size_t cols, const 
   // 16 bytes of the terms' widest input per row and thread (at most 8 columns) where the
   // columns and pointers allow, and there are columns for a warp's 32 threads (else one
   // column each, as many threads as before).
-  constexpr int V = Terms::pack_elements < 8 ? Terms::pack_elements : 8;
   if (cols % V == 0 && cols >= 32 * std::size_t(V) && terms.template aligned<V>()) {
     launch(std::integral_constant<int, V>{});
   } else {
@@ -526,22 +531,31 @@ __global__ void channel_partials(Terms terms, std::size_t images, std::size_t ch
   }
 }
 
-/// Second pass: channel c's K sums over its partial sums in (image, segment) order, handed
-/// to finish(c, sums); sixteen in flight per thread (add_strided), the same order.
+/// Threads of a block of channel_totals.
+inline constexpr unsigned channel_total_threads = 128;
+
+/// Second pass: block c takes channel c's K sums over its partial sums in (image, segment)
+/// order, thread t those at t, t + 128, .. in order with four in flight (add_strided), then
+/// the block's tree (block_reduce); thread 0 hands them to finish(c, sums). The order
+/// depends on the count alone. One thread per channel chaining them all waited on each load
+/// in turn: 1,600 of them for a plane of 640 x 640 at batch 16.
 template <class Acc, int K, class Finish>
-__global__ void channel_totals(const typename accumulator<Acc>::value_type* partial, std::size_t per_channel,
-                               std::size_t channels, Finish finish) {
+__global__ void __launch_bounds__(channel_total_threads)
+    channel_totals(const typename accumulator<Acc>::value_type* partial, std::size_t per_channel,
+                   std::size_t channels, Finish finish) {
   using S = typename accumulator<Acc>::value_type;
-  for (std::size_t c = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; c < channels;
-       c += std::size_t(gridDim.x) * blockDim.x) {
+  __shared__ S shared[32];
+  for (std::size_t c = blockIdx.x; c < channels; c += gridDim.x) {  // the same c for the whole block
     S t[K];
     for (int k = 0; k < K; ++k) t[k] = device_sum<Acc>::init();
-    add_strided<device_sum<Acc>, K, 16>(t, 0, 1, per_channel, [&](std::size_t p) {
+    add_strided<device_sum<Acc>, K, 4>(t, threadIdx.x, blockDim.x, per_channel, [&](std::size_t p) {
       term_values<S, K> v;
       for (int k = 0; k < K; ++k) v.v[k] = partial[(c * per_channel + p) * K + k];
       return v;
     });
-    finish(c, t);
+    S r[K];
+    for (int k = 0; k < K; ++k) r[k] = block_reduce(t[k], combine_op<device_sum<Acc>>{}, shared);
+    if (threadIdx.x == 0) finish(c, r);
   }
 }
 
@@ -559,8 +573,8 @@ void channel_reduce(cuda_context& ctx, std::size_t images, std::size_t channels,
   const dim3 grid(unsigned(images * segments), unsigned(std::min<std::size_t>(channels, 65535)));
   channel_partials<Acc, K><<<grid, 256, 0, ctx.stream()>>>(terms, images, channels, inner, segments, partial.data());
   check(cudaGetLastError(), name);
-  channel_totals<Acc, K><<<grid_for(channels), 256, 0, ctx.stream()>>>(partial.data(), images * segments, channels,
-                                                                        finish);
+  channel_totals<Acc, K><<<unsigned(std::min<std::size_t>(channels, 65535)), channel_total_threads, 0, ctx.stream()>>>(
+      partial.data(), images * segments, channels, finish);
   check(cudaGetLastError(), name);
 }
 
@@ -601,10 +615,10 @@ struct channels_last_terms {
 };
 
 /// The channel reduction of terms(at, c) over images [images, channels, inner] in `layout`:
-/// for NCHW, channel_reduce (segments of each plane, then each channel's segments in
-/// order); for channels-last [images, inner, channels], column_reduce over the rows of
-/// [images * inner, channels] in slabs of channel_segment rows (as many partial sums per
-/// channel as NCHW's segments, for the serial second pass), then the slabs in order; its
+/// for NCHW, channel_reduce (segments of each plane, then each channel's segments by a
+/// block); for channels-last [images, inner, channels], column_reduce over the rows of
+/// [images * inner, channels] in slabs of up to channel_segment rows (fewer where that would
+/// leave the first pass few blocks: column_slab_rows_for), then the slabs in order; its
 /// reads are coalesced along the channels. Either order depends on the shape alone; they
 /// differ from each other by at most the float bound of a sum of images * inner terms.
 template <class Acc, int K, class Terms, class Finish>
@@ -725,7 +739,8 @@ void column_sums(cuda_context& ctx, const T* x, std::size_t rows, std::size_t co
 /// gradient of a convolution (see the host conv2d_backward_bias), in the policy's math and
 /// accumulate types, rounded once to db's type. Two passes in a fixed order (segments of
 /// 4096 pixels of each plane, each summed by a block's strided threads and then its tree;
-/// then each channel's segments in image and segment order), so repeated calls give the
+/// then each channel's segments, a block's strided threads in image and segment order and
+/// then its tree), so repeated calls give the
 /// same bits on any device; a channel's sum differs from the host's index-order sum by at
 /// most the bound of a float sum of N * H * W terms. Channels-last dy [N, H, W, C]
 /// (`layout` nhwc) is summed as the columns of [N * H * W, C] (channel_reduce_in's order).
