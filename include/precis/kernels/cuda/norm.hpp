@@ -6,7 +6,7 @@
 /// registers (common.hpp's row_share: a warp per row up to 1024 columns, several rows per
 /// block; a block per row beyond), longer rows once per pass by a block each; dgamma and dbeta are column sums in
 /// two passes of a fixed order (slabs of 64 rows, each summed by 8 strided threads and then across
-/// them; then the slabs in order: reduce.hpp's column_reduce), the same bits on every run and
+/// them; then each column's slabs by a warp: reduce.hpp's column_reduce), the same bits on every run and
 /// device, within a float sum's bound of the host's row-order sums. Batch norm: the statistics
 /// and the backward sums are channel reductions in two passes of a fixed order (segments of 4096
 /// elements of each image's plane, then each channel's segments by a block: reduce.hpp's

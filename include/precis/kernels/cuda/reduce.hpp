@@ -357,24 +357,34 @@ __global__ void column_partials(Terms terms, std::size_t rows, std::size_t cols,
   }
 }
 
-/// Second pass: each column's K sums over the slabs in slab order, handed to
-/// finish(col, sums); sixteen slabs' partial sums in flight per thread (add_strided), where
-/// one at a time left a pass over 197 slabs (ViT-B's 12608 rows) waiting on 197 loads in
-/// turn.
+/// Threads of a block of column_totals: a warp per column.
+inline constexpr unsigned column_total_threads = 256;
+
+/// Second pass: a warp per column takes its K sums over the slabs, lane l those at l, l + 32,
+/// .. in order with four in flight (add_strided), then the warp's butterfly (warp_reduce);
+/// lane 0 hands them to finish(col, sums). The order depends on the slab count alone. One
+/// thread per column adding every slab in turn gave ViT-B's 768 columns 3 blocks, each
+/// thread 197 slabs.
 template <class Acc, int K, class Finish>
-__global__ void column_totals(const typename accumulator<Acc>::value_type* partial, std::size_t slabs,
-                              std::size_t cols, Finish finish) {
+__global__ void __launch_bounds__(column_total_threads)
+    column_totals(const typename accumulator<Acc>::value_type* partial, std::size_t slabs, std::size_t cols,
+                  Finish finish) {
   using S = typename accumulator<Acc>::value_type;
-  for (std::size_t col = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; col < cols;
-       col += std::size_t(gridDim.x) * blockDim.x) {
+  constexpr unsigned warps = column_total_threads / 32;
+  const unsigned lane = threadIdx.x % 32;
+  // The same col for the whole warp, as warp_reduce needs.
+  for (std::size_t col = blockIdx.x * std::size_t(warps) + threadIdx.x / 32; col < cols;
+       col += std::size_t(gridDim.x) * warps) {
     S t[K];
-    for (int k = 0; k < K; ++k) t[k] = partial[col * K + k];
-    add_strided<device_sum<Acc>, K, 16>(t, 1, 1, slabs, [&](std::size_t slab) {
+    for (int k = 0; k < K; ++k) t[k] = device_sum<Acc>::init();
+    add_strided<device_sum<Acc>, K, 4>(t, lane, 32, slabs, [&](std::size_t slab) {
       term_values<S, K> p;
       for (int k = 0; k < K; ++k) p.v[k] = partial[(slab * cols + col) * K + k];
       return p;
     });
-    finish(col, t);
+    S r[K];
+    for (int k = 0; k < K; ++k) r[k] = warp_reduce(t[k], combine_op<device_sum<Acc>>{});
+    if (lane == 0) finish(col, r);
   }
 }
 
@@ -410,7 +420,9 @@ void column_reduce(cuda_context& ctx, std::size_t rows, std::size_t cols, const 
     launch(std::integral_constant<int, 1>{});
   }
   check(cudaGetLastError(), name);
-  column_totals<Acc, K><<<grid_for(cols), 256, 0, ctx.stream()>>>(partial.data(), slabs, cols, finish);
+  const std::size_t total_blocks = (cols + column_total_threads / 32 - 1) / (column_total_threads / 32);
+  column_totals<Acc, K><<<unsigned(std::min<std::size_t>(total_blocks, 65535)), column_total_threads, 0,
+                          ctx.stream()>>>(partial.data(), slabs, cols, finish);
   check(cudaGetLastError(), name);
 }
 
@@ -618,8 +630,8 @@ struct channels_last_terms {
 /// for NCHW, channel_reduce (segments of each plane, then each channel's segments by a
 /// block); for channels-last [images, inner, channels], column_reduce over the rows of
 /// [images * inner, channels] in slabs of up to channel_segment rows (fewer where that would
-/// leave the first pass few blocks: column_slab_rows_for), then the slabs in order; its
-/// reads are coalesced along the channels. Either order depends on the shape alone; they
+/// leave the first pass few blocks: column_slab_rows_for), then each channel's slabs by a
+/// warp; its reads are coalesced along the channels. Either order depends on the shape alone; they
 /// differ from each other by at most the float bound of a sum of images * inner terms.
 template <class Acc, int K, class Terms, class Finish>
 void channel_reduce_in(cuda_context& ctx, image_layout layout, std::size_t images, std::size_t channels,
@@ -716,7 +728,8 @@ namespace detail {
 /// column_sums on the device: out[j] = the sum over the rows of x[r * ld + j] (ld: the row
 /// stride, `cols` when 0), two
 /// passes in a fixed order (slabs of 64 rows, each summed by 8 strided threads and then
-/// across them; then the slabs in order), so repeated calls give the same bits on any
+/// across them; then each column's slabs by a warp's strided lanes and its butterfly), so
+/// repeated calls give the same bits on any
 /// device. Each column's sum differs from the host's row-order sum by at most the float
 /// bound of a sum of `rows` terms. Queued on ctx's stream; its scratch is stream-ordered.
 template <Policy P, class T, class U>
