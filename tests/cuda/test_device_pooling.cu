@@ -4,8 +4,8 @@
 // from them gives the bits of the one from x. Pooling covers overlapping and padded windows (whose
 // backward passes gather several outputs per input), count_include_pad both ways, upsampling by
 // integer and non-integer factors with and without align_corners; channels-last pooling and
-// upsampling give the NCHW kernels' bits, moved, and pooling's 64-bit index path the 32-bit
-// path's bits. Batch norm covers rank 2
+// upsampling give the NCHW kernels' bits, moved, and pooling's and upsampling's 64-bit index
+// paths the 32-bit paths' bits. Batch norm covers rank 2
 // and 4, channels-last images (in 16-byte packs of channels and not), the running statistics
 // and inference mode. Shape errors are thrown before any
 // launch. Exits 77 (skipped) where no GPU is present.
@@ -304,7 +304,7 @@ void check_wide_index(precis::cuda_context& ctx, const std::string& tag) {
     expect(precis::detail::pool_index::fits(g.planes, g.h, g.w, g.ho, g.wo, pm.channels, g.kh, g.kw, g.sh, g.sw, g.ph,
                                             g.pw),
            "the calls take the 32-bit path" + w);
-    const dc::wide_pool_index wide{g, pm};
+    const dc::wide_pool_index wide{{g, pm}};
     auto y = poisoned<T, 4>(ys), yw = poisoned<T, 4>(ys);
     auto at = poisoned<std::uint32_t, 4>(ys), atw = poisoned<std::uint32_t, 4>(ys);
     precis::max_pool2d<P>(ctx, x, y, at, p, layout);
@@ -340,6 +340,63 @@ void check_wide_index(precis::cuda_context& ctx, const std::string& tag) {
   }
 }
 
+// Nearest and bilinear upsampling's 64-bit index path gives the bits of the 32-bit path that
+// the calls take here: their kernels launched directly, in both layouts, enlarging by a
+// non-integer factor and shrinking, bilinear with and without align_corners.
+template <class P, class T>
+void check_wide_resample(precis::cuda_context& ctx, const std::string& tag) {
+  namespace dc = precis::detail::cuda;
+  using M = precis::detail::math_t<precis::op::pooling, P, T>;
+  using Acc = precis::detail::accumulate_t<precis::op::pooling, P>;
+  for (const auto layout : {precis::image_layout::nchw, precis::image_layout::nhwc}) {
+    for (const auto out : {std::array<std::size_t, 2>{16, 11}, std::array<std::size_t, 2>{3, 4}}) {
+      const bool last = layout == precis::image_layout::nhwc;
+      const auto shape = [&](std::size_t h, std::size_t w) {
+        return last ? std::array<std::size_t, 4>{2, h, w, 5} : std::array<std::size_t, 4>{2, 5, h, w};
+      };
+      const auto xs = shape(7, 9), ys = shape(out[0], out[1]);
+      const std::string w = tag + (last ? " nhwc" : " nchw") + " to " + std::to_string(out[0]) + "x" +
+                            std::to_string(out[1]);
+      const auto x = precis::to_device(random_tensor<T, 4>(xs));
+      const auto dy = precis::to_device(random_tensor<T, 4>(ys));
+      const auto xv = dc::as_nchw(x, layout), yv = dc::as_nchw(dy, layout);
+      const auto g = dc::resample_geometry_of(xv, yv);
+      const auto pm = dc::plane_map_of(xv, layout);
+      expect(precis::detail::resample_index::fits(g.planes, g.h, g.w, g.ho, g.wo, pm.channels) &&
+                 precis::detail::nearest_index::fits(g.planes, g.h, g.w, g.ho, g.wo, pm.channels),
+             "the calls take the 32-bit path" + w);
+      const dc::wide_nearest_index nearest{{g, pm}};
+      const dc::wide_resample_index wide{{g, pm}};
+      auto y = poisoned<T, 4>(ys), yw = poisoned<T, 4>(ys);
+      precis::upsample_nearest2d<P>(ctx, x, y, layout);
+      dc::launch_over(ctx, y.size(), "wide", dc::nearest_kernel<M, T, T, dc::wide_nearest_index>, x.data(),
+                      yw.data(), nearest, y.size());
+      expect(same_bits(ctx, yw, precis::to_host(y, ctx.stream())), "upsample_nearest2d, 64-bit" + w);
+      auto dx = poisoned<T, 4>(xs), dxw = poisoned<T, 4>(xs);
+      precis::upsample_nearest2d_backward<P>(ctx, dy, dx, layout);
+      dc::launch_over(ctx, dx.size(), "wide", dc::nearest_backward_kernel<M, Acc, T, T, dc::wide_nearest_index>,
+                      dy.data(), dxw.data(), nearest, dx.size());
+      expect(same_bits(ctx, dxw, precis::to_host(dx, ctx.stream())), "upsample_nearest2d_backward, 64-bit" + w);
+      for (const bool align : {false, true}) {
+        const std::string wa = w + " align=" + std::to_string(align);
+        y = poisoned<T, 4>(ys);
+        yw = poisoned<T, 4>(ys);
+        precis::upsample_bilinear2d<P>(ctx, x, y, align, layout);
+        dc::launch_over(ctx, y.size(), "wide", dc::bilinear_kernel<M, T, T, dc::wide_resample_index>, x.data(),
+                        yw.data(), g, align, wide);
+        expect(same_bits(ctx, yw, precis::to_host(y, ctx.stream())), "upsample_bilinear2d, 64-bit" + wa);
+        dx = poisoned<T, 4>(xs);
+        dxw = poisoned<T, 4>(xs);
+        precis::upsample_bilinear2d_backward<P>(ctx, dy, dx, align, layout);
+        dc::launch_over(ctx, dx.size(), "wide",
+                        dc::bilinear_backward_kernel<M, Acc, T, T, dc::wide_resample_index>, dy.data(), dxw.data(),
+                        g, align, wide);
+        expect(same_bits(ctx, dxw, precis::to_host(dx, ctx.stream())), "upsample_bilinear2d_backward, 64-bit" + wa);
+      }
+    }
+  }
+}
+
 int main() {
   if (!precis_test::have_gpu()) return precis_test::skipped;
   precis::cuda_context ctx;
@@ -353,6 +410,8 @@ int main() {
   check_channels_last<presets::bf16_mixed, bfloat16>(ctx, " (bf16)");
   check_channels_last<presets::fp32, float>(ctx, " (fp32)");
   check_wide_index<presets::bf16_mixed, bfloat16>(ctx, " (bf16)");
+  check_wide_resample<presets::bf16_mixed, bfloat16>(ctx, " (bf16)");
+  check_wide_resample<presets::fp32, float>(ctx, " (fp32)");
   check_batch_norm<presets::bf16_mixed, bfloat16, 4>(ctx, cpu, {4, 6, 9, 11}, " (bf16, rank 4)");
   check_batch_norm<presets::fp16_mixed, float16, 4>(ctx, cpu, {4, 6, 9, 11}, " (fp16, rank 4)");
   check_batch_norm<presets::fp32, float, 4>(ctx, cpu, {4, 6, 9, 11}, " (fp32, rank 4)");

@@ -4,13 +4,17 @@
 // the plain plans' offsets, element for element, and the row kernels' register layout
 // (resident_rows_for, slot_column) covering every column of a row once, and the staged axis
 // reductions' tiles (axis_tile) loading every value once; the image kernels' 32-bit
-// indexers (nearest_index, pool_index) against the 64-bit formulas and brute-force searches.
+// indexers (nearest_index, resample_index, pool_index) against the 64-bit formulas and
+// brute-force searches, and bilinear upsampling's taps and the gradient's gather ranges
+// against every output's taps.
 #include <precis/kernels/common.hpp>
+#include <precis/kernels/pooling.hpp>
 
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <random>
@@ -317,6 +321,124 @@ TEST_CASE("pooling's 32-bit index arithmetic matches the 64-bit formulas and fin
   CHECK_FALSE(pool_index::fits(1, 4, 4, 4, 4, 1, 1, 1, 1, 1, 0xfffffffeULL, 0));     // padded rows past 2^32
   CHECK_FALSE(pool_index::fits(0, 4, 4, 2, 2, 1, 2, 2, 2, 2, 0, 0));
   CHECK(pool_index::fits(16 * 64, 320, 320, 160, 160, 64, 3, 3, 2, 2, 1, 1));  // DBNet's stem at 640
+}
+
+TEST_CASE("bilinear upsampling's 32-bit indices match the 64-bit formulas") {
+  using precis::detail::resample_index;
+  struct sizes {
+    std::size_t h, w, ho, wo;
+  };
+  for (const bool last : {false, true}) {
+    for (const std::size_t n : {1UL, 3UL}) {
+      for (const std::size_t c : {1UL, 4UL}) {
+        for (const sizes z : {sizes{4, 4, 8, 8}, sizes{3, 5, 7, 11}, sizes{7, 6, 3, 4}, sizes{1, 1, 9, 2},
+                              sizes{20, 20, 160, 160}}) {
+          CAPTURE(last);
+          CAPTURE(n);
+          CAPTURE(c);
+          CAPTURE(z.h);
+          CAPTURE(z.w);
+          CAPTURE(z.ho);
+          CAPTURE(z.wo);
+          REQUIRE(resample_index::fits(n * c, z.h, z.w, z.ho, z.wo, c));
+          const auto ix = resample_index::make(z.h, z.w, z.ho, z.wo, c, last);
+          const std::size_t stride = last ? c : 1;
+          // The generic kernels' 64-bit arithmetic: element i of a tensor of planes of
+          // `pixels`, its image, channel and pixel.
+          const auto place = [&](std::size_t i, std::size_t pixels, std::size_t& image, std::size_t& ch,
+                                 std::size_t& at) {
+            ch = last ? i % c : 0;
+            const std::size_t rest = last ? i / c : i;
+            image = rest / pixels;
+            at = rest % pixels;
+          };
+          const auto first = [&](std::size_t image, std::size_t ch, std::size_t pixels) {
+            return last ? image * pixels * c + ch : image * pixels;
+          };
+          for (std::size_t i = 0; i < n * c * z.ho * z.wo; ++i) {
+            std::size_t image = 0, ch = 0, o = 0;
+            place(i, z.ho * z.wo, image, ch, o);
+            std::uint32_t x_first = 0, oy = 0, ox = 0;
+            ix.output(std::uint32_t(i), x_first, oy, ox);
+            REQUIRE(x_first == first(image, ch, z.h * z.w));
+            REQUIRE(oy == o / z.wo);
+            REQUIRE(ox == o % z.wo);
+            REQUIRE(first(image, ch, z.ho * z.wo) + ix.out_at(oy, ox) == i);
+          }
+          for (std::size_t i = 0; i < n * c * z.h * z.w; ++i) {
+            std::size_t image = 0, ch = 0, pixel = 0;
+            place(i, z.h * z.w, image, ch, pixel);
+            std::uint32_t x_first = 0, o_first = 0, at = 0, iy = 0, jx = 0;
+            ix.locate_input(std::uint32_t(i), x_first, o_first, at, iy, jx);
+            REQUIRE(x_first == first(image, ch, z.h * z.w));
+            REQUIRE(x_first + (std::size_t(iy) * z.w + jx) * stride == i);
+            REQUIRE(o_first == first(image, ch, z.ho * z.wo));
+            REQUIRE(at == pixel);
+            REQUIRE(iy == pixel / z.w);
+            REQUIRE(jx == pixel % z.w);
+          }
+        }
+      }
+    }
+  }
+  CHECK_FALSE(resample_index::fits(1, 70000, 70000, 1, 1, 1));       // 2^32 input elements
+  CHECK_FALSE(resample_index::fits(1u << 20, 64, 64, 128, 128, 1));  // 2^34 output elements
+  CHECK(resample_index::fits(16 * 64, 160, 160, 640, 640, 64));
+}
+
+namespace {
+
+// bilinear_taps over 32-bit and 64-bit indices along one axis of `in` inputs and `outs`
+// outputs, and bilinear_readers against every output's taps: the readers of input t are
+// exactly the outputs whose lower tap is t - 1 or t, and they hold every output that reads t.
+template <class M>
+void check_bilinear_axis(std::size_t in, std::size_t outs, bool align) {
+  CAPTURE(in);
+  CAPTURE(outs);
+  CAPTURE(align);
+  std::vector<std::size_t> lower(outs), upper(outs);
+  for (std::size_t o = 0; o < outs; ++o) {
+    M w64 = M(0), w32 = M(0);
+    std::uint32_t a = 0, b = 0;
+    precis::detail::bilinear_taps(o, in, outs, align, lower[o], upper[o], w64);
+    precis::detail::bilinear_taps(std::uint32_t(o), std::uint32_t(in), std::uint32_t(outs), align, a, b, w32);
+    REQUIRE(a == lower[o]);
+    REQUIRE(b == upper[o]);
+    REQUIRE(std::bit_cast<std::array<unsigned char, sizeof(M)>>(w32) ==
+            std::bit_cast<std::array<unsigned char, sizeof(M)>>(w64));
+    REQUIRE(lower[o] < in);
+    REQUIRE((upper[o] == lower[o] + 1 || upper[o] == in - 1));
+  }
+  for (std::size_t t = 0; t < in; ++t) {
+    CAPTURE(t);
+    std::uint32_t lo = 0, hi = 0;
+    precis::detail::bilinear_readers<M>(std::uint32_t(t), std::uint32_t(in), std::uint32_t(outs), align, lo, hi);
+    REQUIRE(lo <= hi);
+    REQUIRE(hi <= outs);
+    for (std::size_t o = 0; o < outs; ++o) {
+      const bool inside = o >= lo && o < hi;
+      REQUIRE(inside == (lower[o] + 1 == t || lower[o] == t));
+      if (lower[o] == t || upper[o] == t) REQUIRE(inside);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("bilinear upsampling's taps are the same over 32-bit indices, and its gradient gathers every reader") {
+  for (const bool align : {false, true}) {
+    for (std::size_t in = 1; in <= 24; ++in) {
+      for (std::size_t outs = 1; outs <= 40; ++outs) {
+        check_bilinear_axis<float>(in, outs, align);
+        check_bilinear_axis<double>(in, outs, align);
+      }
+    }
+    for (const auto [in, outs] : {std::array<std::size_t, 2>{160, 640}, {320, 640}, {1000, 7}, {7, 1000},
+                                  {333, 1024}, {1024, 333}}) {
+      check_bilinear_axis<float>(in, outs, align);
+      check_bilinear_axis<double>(in, outs, align);
+    }
+  }
 }
 
 namespace {

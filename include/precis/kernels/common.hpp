@@ -197,6 +197,7 @@ PRECIS_HOST_DEVICE constexpr void copy_offsets(const fast_copy_plan<R>& p, std::
 /// ho x wo in the output. Threads take elements in the tensor's own order; split() gives an
 /// element's image, channel and pixel.
 struct plane_index {
+  using index_type = std::uint32_t;
   std::uint32_t channels = 1;
   bool last = false;  ///< channels-last
   std::uint32_t h = 1, w = 1, ho = 1, wo = 1;
@@ -222,6 +223,31 @@ struct plane_index {
   /// The first element of the plane of (image, c) in a tensor of planes of `pixels`.
   PRECIS_HOST_DEVICE constexpr std::uint32_t first(std::uint32_t image, std::uint32_t c, std::uint32_t pixels) const {
     return last ? image * pixels * channels + c : image * pixels;
+  }
+  /// Output element i: the offset of its plane's first element in the input, and its row
+  /// and column.
+  PRECIS_HOST_DEVICE constexpr void output(std::uint32_t i, std::uint32_t& x_first, std::uint32_t& oy,
+                                           std::uint32_t& ox) const {
+    std::uint32_t image = 0, c = 0, o = 0;
+    split(i, by_out, image, c, o);
+    oy = by_wo.div(o);
+    ox = o - oy * wo;
+    x_first = first(image, c, h * w);
+  }
+  /// The offset of output pixel (oy, ox) from its plane's first element.
+  PRECIS_HOST_DEVICE constexpr std::uint32_t out_at(std::uint32_t oy, std::uint32_t ox) const {
+    return (oy * wo + ox) * stride();
+  }
+  /// Input element i: the offsets of its plane's first element in the input and in the
+  /// output, its pixel in the plane, and its row and column.
+  PRECIS_HOST_DEVICE constexpr void locate_input(std::uint32_t i, std::uint32_t& x_first, std::uint32_t& o_first,
+                                                 std::uint32_t& at, std::uint32_t& iy, std::uint32_t& ix) const {
+    std::uint32_t image = 0, c = 0;
+    split(i, by_in, image, c, at);
+    iy = by_w.div(at);
+    ix = at - iy * w;
+    x_first = first(image, c, h * w);
+    o_first = first(image, c, ho * wo);
   }
 
  protected:
@@ -282,20 +308,17 @@ struct nearest_index : plane_index {
   /// The offset in the input of output element i's source: input row oy h / ho, column
   /// ox w / wo (the host's).
   PRECIS_HOST_DEVICE constexpr std::uint32_t source(std::uint32_t i) const {
-    std::uint32_t image = 0, c = 0, o = 0;
-    split(i, by_out, image, c, o);
-    const std::uint32_t oy = by_wo.div(o), ox = o - oy * wo;
+    std::uint32_t x_first = 0, oy = 0, ox = 0;
+    output(i, x_first, oy, ox);
     const std::uint32_t iy = by_ho.div(oy * h), ix = by_wo.div(ox * w);
-    return first(image, c, h * w) + (iy * w + ix) * stride();
+    return x_first + (iy * w + ix) * stride();
   }
   /// For input element i: the offset in the output of its plane's first element, and the
   /// output rows [oy0, oy1) and columns [ox0, ox1) whose source it is.
   PRECIS_HOST_DEVICE constexpr void outputs(std::uint32_t i, std::uint32_t& base, std::uint32_t& oy0,
                                             std::uint32_t& oy1, std::uint32_t& ox0, std::uint32_t& ox1) const {
-    std::uint32_t image = 0, c = 0, at = 0;
-    split(i, by_in, image, c, at);
-    const std::uint32_t iy = by_w.div(at), ix = at - iy * w;
-    base = first(image, c, ho * wo);
+    std::uint32_t x_first = 0, at = 0, iy = 0, ix = 0;
+    locate_input(i, x_first, base, at, iy, ix);
     // The outputs o with o * in / outs == i: [ceil(i outs / in), ceil((i + 1) outs / in)).
     oy0 = by_h.div(iy * ho + h - 1);
     oy1 = by_h.div((iy + 1) * ho + h - 1);
@@ -303,6 +326,28 @@ struct nearest_index : plane_index {
     ox1 = by_w.div((ix + 1) * wo + w - 1);
     if (oy1 > ho) oy1 = ho;
     if (ox1 > wo) ox1 = wo;
+  }
+};
+
+/// Bilinear upsampling's index arithmetic (planes of h x w in, ho x wo out) by
+/// multiplications, for the device's kernels where both tensors have fewer than 2^32
+/// elements (fits): output() places an output element, locate_input() an input element, in
+/// the tensors' own element order (the taps themselves are precis::detail::bilinear_taps,
+/// the host's). The generic kernels divide in 64 bits four times an element; the host tests
+/// check these against the 64-bit formulas.
+struct resample_index : plane_index {
+  /// Whether planes of these sizes fit: each tensor below 2^32 elements, and each divisor
+  /// within fast_divmod's range.
+  static constexpr bool fits(std::uint64_t planes, std::uint64_t h, std::uint64_t w, std::uint64_t ho,
+                             std::uint64_t wo, std::uint64_t channels) {
+    return planes_fit(planes, h, w, ho, wo, channels);
+  }
+  /// The indexer of these sizes (fits must hold).
+  static constexpr resample_index make(std::uint64_t h, std::uint64_t w, std::uint64_t ho, std::uint64_t wo,
+                                       std::uint64_t channels, bool last) {
+    resample_index n;
+    n.set_planes(h, w, ho, wo, channels, last);
+    return n;
   }
 };
 
@@ -314,7 +359,6 @@ struct nearest_index : plane_index {
 /// both in the tensors' own element order; the host tests check them against the 64-bit
 /// formulas and a brute-force search of the windows.
 struct pool_index : plane_index {
-  using index_type = std::uint32_t;
   std::uint32_t kh = 1, kw = 1, ph = 0, pw = 0;
   fast_divmod by_sh, by_sw;  // the strides
 
@@ -343,27 +387,14 @@ struct pool_index : plane_index {
     n.by_sw = fast_divmod(std::uint32_t(sw));
     return n;
   }
-  /// Output element i: the offset of its plane's first element in the input, and its row
-  /// and column.
-  PRECIS_HOST_DEVICE constexpr void output(std::uint32_t i, std::uint32_t& x_first, std::uint32_t& oy,
-                                           std::uint32_t& ox) const {
-    std::uint32_t image = 0, c = 0, o = 0;
-    split(i, by_out, image, c, o);
-    oy = by_wo.div(o);
-    ox = o - oy * wo;
-    x_first = first(image, c, h * w);
-  }
   /// Input element i: the offsets of its plane's first element in the input and in the
   /// output, its pixel in the plane, and the output rows [oy0, oy1) and columns [ox0, ox1)
   /// whose windows (before clipping to the input) hold it.
   PRECIS_HOST_DEVICE constexpr void input(std::uint32_t i, std::uint32_t& x_first, std::uint32_t& o_first,
                                           std::uint32_t& at, std::uint32_t& oy0, std::uint32_t& oy1,
                                           std::uint32_t& ox0, std::uint32_t& ox1) const {
-    std::uint32_t image = 0, c = 0;
-    split(i, by_in, image, c, at);
-    const std::uint32_t iy = by_w.div(at), ix = at - iy * w;
-    x_first = first(image, c, h * w);
-    o_first = first(image, c, ho * wo);
+    std::uint32_t iy = 0, ix = 0;
+    locate_input(i, x_first, o_first, at, iy, ix);
     reading(iy, ph, kh, by_sh, ho, oy0, oy1);
     reading(ix, pw, kw, by_sw, wo, ox0, ox1);
   }

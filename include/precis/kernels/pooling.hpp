@@ -380,22 +380,52 @@ void scatter_max_gradients(const std::uint32_t* at, const TG* dy, std::size_t ou
   }
 }
 
-/// Source coordinate of bilinear upsampling (PyTorch's area_pixel_compute_source_index).
-template <class M>
-M bilinear_source(std::size_t dst, std::size_t in, std::size_t out, bool align_corners) {
+/// Bilinear upsampling's taps along one axis: output coordinate `dst` of `out` reads input
+/// coordinates i0 and i1 of `in` with weights 1 - w1 and w1, from the source coordinate
+/// PyTorch's area_pixel_compute_source_index gives. One function for the host's kernels and
+/// the device's, over 64-bit or 32-bit indices (the same values where both hold them).
+template <class M, class I>
+PRECIS_HOST_DEVICE constexpr void bilinear_taps(I dst, I in, I out, bool align_corners, I& i0, I& i1, M& w1) {
+  M s = M(0);
   if (align_corners) {
-    return out > 1 ? M(dst) * M(in - 1) / M(out - 1) : M(0);
+    if (out > 1) s = M(dst) * M(in - 1) / M(out - 1);
+  } else {
+    s = (M(dst) + M(0.5)) * M(in) / M(out) - M(0.5);
+    if (s < M(0)) s = M(0);
   }
-  const M s = (M(dst) + M(0.5)) * M(in) / M(out) - M(0.5);
-  return s < M(0) ? M(0) : s;
+  i0 = I(s) < in - 1 ? I(s) : in - 1;
+  i1 = i0 + 1 < in - 1 ? i0 + 1 : in - 1;
+  w1 = s - M(i0);
 }
 
-/// The two taps and weights of a bilinear source coordinate.
-template <class M>
-void bilinear_taps(M s, std::size_t in, std::size_t& i0, std::size_t& i1, M& w1) {
-  i0 = std::min(std::size_t(s), in - 1);
-  i1 = std::min(i0 + 1, in - 1);
-  w1 = s - M(i0);
+/// The first output along an axis whose lower tap (bilinear_taps' i0) is at least `tap`, or
+/// `outs` where none is, by bisection.
+template <class M, class I>
+PRECIS_HOST_DEVICE constexpr I bilinear_first_output(I tap, I in, I outs, bool align_corners) {
+  I a = 0, b = outs;
+  while (a < b) {
+    const I mid = a + (b - a) / 2;
+    I i0 = 0, i1 = 0;
+    M w1 = M(0);
+    bilinear_taps(mid, in, outs, align_corners, i0, i1, w1);
+    if (i0 < tap) {
+      a = mid + 1;
+    } else {
+      b = mid;
+    }
+  }
+  return a;
+}
+/// The outputs along one axis that read input coordinate t through either tap: [lo, hi).
+/// The lower tap never decreases along the outputs (each step of bilinear_taps' source is
+/// monotonic), and the upper is the lower's successor or the last coordinate, so these are
+/// the outputs whose lower tap is t - 1 or t: lo is the first whose lower tap is at least
+/// t - 1, hi the first whose lower tap is at least t + 1, found by bisection. The device's
+/// gradient kernel gathers over them; the host tests check them against every output's taps.
+template <class M, class I>
+PRECIS_HOST_DEVICE constexpr void bilinear_readers(I t, I in, I outs, bool align_corners, I& lo, I& hi) {
+  lo = bilinear_first_output<M>(t == 0 ? I(0) : I(t - 1), in, outs, align_corners);
+  hi = bilinear_first_output<M>(I(t + 1), in, outs, align_corners);
 }
 
 template <class X, class Y>
@@ -647,11 +677,11 @@ void upsample_bilinear2d(const cpu_context& ctx, const host_tensor<TX, 4>& x, ho
     for (std::size_t oy = 0; oy < ho; ++oy) {
       std::size_t y0, y1;
       M fy;
-      detail::bilinear_taps(detail::bilinear_source<M>(oy, h, ho, align_corners), h, y0, y1, fy);
+      detail::bilinear_taps(oy, h, ho, align_corners, y0, y1, fy);
       for (std::size_t ox = 0; ox < wo; ++ox) {
         std::size_t x0, x1;
         M fx;
-        detail::bilinear_taps(detail::bilinear_source<M>(ox, w, wo, align_corners), w, x0, x1, fx);
+        detail::bilinear_taps(ox, w, wo, align_corners, x0, x1, fx);
         const auto at = [&](std::size_t yy, std::size_t xx) { return detail::load<M>(xp[yy * w + xx]); };
         const M top = detail::add((M(1) - fx) * at(y0, x0), fx * at(y0, x1));
         const M bottom = detail::add((M(1) - fx) * at(y1, x0), fx * at(y1, x1));
@@ -677,11 +707,11 @@ void upsample_bilinear2d_backward(const cpu_context& ctx, const host_tensor<TG, 
     for (std::size_t oy = 0; oy < ho; ++oy) {
       std::size_t y0, y1;
       M fy;
-      detail::bilinear_taps(detail::bilinear_source<M>(oy, h, ho, align_corners), h, y0, y1, fy);
+      detail::bilinear_taps(oy, h, ho, align_corners, y0, y1, fy);
       for (std::size_t ox = 0; ox < wo; ++ox) {
         std::size_t x0, x1;
         M fx;
-        detail::bilinear_taps(detail::bilinear_source<M>(ox, w, wo, align_corners), w, x0, x1, fx);
+        detail::bilinear_taps(ox, w, wo, align_corners, x0, x1, fx);
         const M g = detail::load<M>(dyp[oy * wo + ox]);
         detail::accumulate(acc[y0 * w + x0], (M(1) - fy) * (M(1) - fx) * g);
         detail::accumulate(acc[y0 * w + x1], (M(1) - fy) * fx * g);

@@ -96,11 +96,13 @@ __device__ inline void outputs_reading(std::size_t i, std::size_t pad, std::size
   if (hi > outs) hi = outs;
 }
 
-/// Pooling's index arithmetic in 64 bits (divisions), for tensors that pool_index (kernels/
-/// common.hpp: multiplications, 32 bits) does not fit; the same interface and values.
-struct wide_pool_index {
+/// The 64-bit counterpart of plane_index (kernels/common.hpp) over a geometry with planes of
+/// h x w in and ho x wo out, by divisions: for tensors the 32-bit indexers do not fit, with
+/// the same interface and values.
+template <class Geometry>
+struct wide_planes {
   using index_type = std::size_t;
-  pool_geometry g;
+  Geometry g;
   plane_map pm;
   /// Output element i: its plane's first input element, its row and column.
   __device__ void output(std::size_t i, std::size_t& x_first, std::size_t& oy, std::size_t& ox) const {
@@ -110,18 +112,34 @@ struct wide_pool_index {
     oy = o / g.wo;
     ox = o % g.wo;
   }
-  /// Input element i: its plane's first input and output elements, its pixel, and the
-  /// outputs [oy0, oy1) x [ox0, ox1) whose windows hold it.
-  __device__ void input(std::size_t i, std::size_t& x_first, std::size_t& o_first, std::size_t& at,
-                        std::size_t& oy0, std::size_t& oy1, std::size_t& ox0, std::size_t& ox1) const {
+  /// Input element i: its plane's first input and output elements, its pixel, row and
+  /// column.
+  __device__ void locate_input(std::size_t i, std::size_t& x_first, std::size_t& o_first, std::size_t& at,
+                               std::size_t& iy, std::size_t& ix) const {
     std::size_t pl = 0;
     pm.split(i, g.h * g.w, pl, at);
     x_first = pm.base(pl, g.h * g.w);
     o_first = pm.base(pl, g.ho * g.wo);
-    outputs_reading(at / g.w, g.ph, g.kh, g.sh, g.ho, oy0, oy1);
-    outputs_reading(at % g.w, g.pw, g.kw, g.sw, g.wo, ox0, ox1);
+    iy = at / g.w;
+    ix = at % g.w;
   }
+  /// The offset of output pixel (oy, ox) from its plane's first element.
+  __device__ std::size_t out_at(std::size_t oy, std::size_t ox) const { return (oy * g.wo + ox) * pm.stride(); }
   __device__ std::size_t stride() const { return pm.stride(); }
+};
+
+/// Pooling's index arithmetic in 64 bits (divisions), for tensors that pool_index (kernels/
+/// common.hpp: multiplications, 32 bits) does not fit; the same interface and values.
+struct wide_pool_index : wide_planes<pool_geometry> {
+  /// Input element i: its plane's first input and output elements, its pixel, and the
+  /// outputs [oy0, oy1) x [ox0, ox1) whose windows hold it.
+  __device__ void input(std::size_t i, std::size_t& x_first, std::size_t& o_first, std::size_t& at,
+                        std::size_t& oy0, std::size_t& oy1, std::size_t& ox0, std::size_t& ox1) const {
+    std::size_t iy = 0, ix = 0;
+    locate_input(i, x_first, o_first, at, iy, ix);
+    outputs_reading(iy, g.ph, g.kh, g.sh, g.ho, oy0, oy1);
+    outputs_reading(ix, g.pw, g.kw, g.sw, g.wo, ox0, ox1);
+  }
 };
 
 /// Runs launch(ix) with a pool_index where pooling of geometry g over planes laid out as pm
@@ -131,7 +149,7 @@ void with_pool_index(const pool_geometry& g, const plane_map& pm, Launch&& launc
   if (pool_index::fits(g.planes, g.h, g.w, g.ho, g.wo, pm.channels, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw)) {
     launch(pool_index::make(g.h, g.w, g.ho, g.wo, pm.channels, pm.last, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw));
   } else {
-    launch(wide_pool_index{g, pm});
+    launch(wide_pool_index{{g, pm}});
   }
 }
 
@@ -300,122 +318,90 @@ inline std::string layout_name(std::string_view name, image_layout layout) {
   return std::string(name) + (layout == image_layout::nhwc ? " (channels-last, as [N, C, H, W])" : "");
 }
 
-template <class M, class X, class Y>
-__global__ void nearest_kernel(const X* x, Y* y, resample_geometry g, plane_map pm) {
-  const std::size_t n = g.planes * g.ho * g.wo;
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
-    std::size_t pl, o;
-    pm.split(i, g.ho * g.wo, pl, o);
-    const std::size_t iy = (o / g.wo) * g.h / g.ho, ix = (o % g.wo) * g.w / g.wo;
-    y[i] = round_to<Y>(device_load<M>(x[pm.base(pl, g.h * g.w) + (iy * g.w + ix) * pm.stride()]));
+/// Nearest upsampling's index arithmetic in 64 bits (divisions), for tensors nearest_index
+/// (kernels/common.hpp) does not fit; the same interface and values.
+struct wide_nearest_index : wide_planes<resample_geometry> {
+  /// The offset in the input of output element i's source (row oy h / ho, column ox w / wo).
+  __device__ std::size_t source(std::size_t i) const {
+    std::size_t x_first = 0, oy = 0, ox = 0;
+    output(i, x_first, oy, ox);
+    return x_first + (oy * g.h / g.ho * g.w + ox * g.w / g.wo) * pm.stride();
   }
-}
-
-/// The outputs o in [0, outs) with o * in / outs == i: [lo, hi).
-__device__ inline void nearest_outputs(std::size_t i, std::size_t in, std::size_t outs,
-                                       std::size_t& lo, std::size_t& hi) {
-  lo = (i * outs + in - 1) / in;
-  hi = ((i + 1) * outs + in - 1) / in;
-  if (hi > outs) hi = outs;
-}
-
-template <class M, class Acc, class G, class DX>
-__global__ void nearest_backward_kernel(const G* dy, DX* dx, resample_geometry g, plane_map pm) {
-  const std::size_t n = g.planes * g.h * g.w;
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
-    std::size_t pl, at;
-    pm.split(i, g.h * g.w, pl, at);
-    const G* dyp = dy + pm.base(pl, g.ho * g.wo);
-    std::size_t oy0, oy1, ox0, ox1;
-    nearest_outputs(at / g.w, g.h, g.ho, oy0, oy1);
-    nearest_outputs(at % g.w, g.w, g.wo, ox0, ox1);
-    accumulator<Acc> acc;
-    for (std::size_t oy = oy0; oy < oy1; ++oy) {
-      for (std::size_t ox = ox0; ox < ox1; ++ox) {
-        acc.add(static_cast<typename accumulator<Acc>::value_type>(
-            device_load<M>(dyp[(oy * g.wo + ox) * pm.stride()])));
-      }
-    }
-    dx[i] = round_to<DX>(acc.value());
+  /// For input element i: its plane's first output element, and the output rows [oy0, oy1)
+  /// and columns [ox0, ox1) whose source it is.
+  __device__ void outputs(std::size_t i, std::size_t& base, std::size_t& oy0, std::size_t& oy1, std::size_t& ox0,
+                          std::size_t& ox1) const {
+    std::size_t x_first = 0, at = 0, iy = 0, ix = 0;
+    locate_input(i, x_first, base, at, iy, ix);
+    // The outputs o with o * in / outs == i: [ceil(i outs / in), ceil((i + 1) outs / in)).
+    oy0 = (iy * g.ho + g.h - 1) / g.h;
+    oy1 = ((iy + 1) * g.ho + g.h - 1) / g.h;
+    ox0 = (ix * g.wo + g.w - 1) / g.w;
+    ox1 = ((ix + 1) * g.wo + g.w - 1) / g.w;
+    if (oy1 > g.ho) oy1 = g.ho;
+    if (ox1 > g.wo) ox1 = g.wo;
   }
-}
+};
 
-/// nearest_kernel and nearest_backward_kernel for tensors whose indices fit 32 bits
-/// (nearest_index::fits): the same elements in the same order, the same bits, with the index
-/// arithmetic by multiplications where those divide in 64 bits.
-template <class M, class X, class Y>
-__global__ void nearest_fast_kernel(const X* x, Y* y, nearest_index ni, std::size_t n) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
-    y[i] = round_to<Y>(device_load<M>(x[ni.source(std::uint32_t(i))]));
-  }
-}
+/// Bilinear upsampling's index arithmetic in 64 bits (divisions), for tensors resample_index
+/// (kernels/common.hpp) does not fit; the same interface and values.
+struct wide_resample_index : wide_planes<resample_geometry> {};
 
-template <class M, class Acc, class G, class DX>
-__global__ void nearest_backward_fast_kernel(const G* dy, DX* dx, nearest_index ni, std::size_t n) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
-    std::uint32_t base = 0, oy0 = 0, oy1 = 0, ox0 = 0, ox1 = 0;
-    ni.outputs(std::uint32_t(i), base, oy0, oy1, ox0, ox1);
-    accumulator<Acc> acc;
-    for (std::uint32_t oy = oy0; oy < oy1; ++oy) {
-      for (std::uint32_t ox = ox0; ox < ox1; ++ox) {
-        acc.add(static_cast<typename accumulator<Acc>::value_type>(
-            device_load<M>(dy[base + (oy * ni.wo + ox) * ni.stride()])));
-      }
-    }
-    dx[i] = round_to<DX>(acc.value());
-  }
-}
-
-/// Runs `fast` with a nearest_index over the planes of `small` (the input) and `large` (the
-/// output) where they fit 32-bit indices, else `generic` with their resample_geometry and
-/// plane_map.
-template <class Fast, class Generic>
-void with_nearest_index(const nchw_view& small, const nchw_view& large, image_layout layout, Fast&& fast,
-                        Generic&& generic) {
+/// Runs launch(ix) with Fast (nearest_index or resample_index) over the planes of `small`
+/// (the input) and `large` (the output) where they fit 32-bit indices, else with Wide: the
+/// same elements, order and bits either way.
+template <class Fast, class Wide, class Launch>
+void with_resample_index(const nchw_view& small, const nchw_view& large, image_layout layout, Launch&& launch) {
   const auto& s = small.shape();
   const auto& l = large.shape();
-  if (nearest_index::fits(s[0] * s[1], s[2], s[3], l[2], l[3], s[1])) {
-    fast(nearest_index::make(s[2], s[3], l[2], l[3], s[1], layout == image_layout::nhwc));
+  if (Fast::fits(s[0] * s[1], s[2], s[3], l[2], l[3], s[1])) {
+    launch(Fast::make(s[2], s[3], l[2], l[3], s[1], layout == image_layout::nhwc));
   } else {
-    generic(resample_geometry_of(small, large), plane_map_of(small, layout));
+    launch(Wide{{resample_geometry_of(small, large), plane_map_of(small, layout)}});
   }
 }
 
-/// The host's bilinear_source and bilinear_taps, on the device.
-template <class M>
-__device__ inline void device_taps(std::size_t dst, std::size_t in, std::size_t out,
-                                   bool align_corners, std::size_t& i0, std::size_t& i1, M& w1) {
-  M s;
-  if (align_corners) {
-    s = out > 1 ? M(dst) * M(in - 1) / M(out - 1) : M(0);
-  } else {
-    s = (M(dst) + M(0.5)) * M(in) / M(out) - M(0.5);
-    if (s < M(0)) s = M(0);
+template <class M, class X, class Y, class Ix>
+__global__ void nearest_kernel(const X* x, Y* y, Ix ix, std::size_t n) {
+  using I = typename Ix::index_type;
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    y[i] = round_to<Y>(device_load<M>(x[ix.source(I(i))]));
   }
-  i0 = std::size_t(s) < in - 1 ? std::size_t(s) : in - 1;
-  i1 = i0 + 1 < in - 1 ? i0 + 1 : in - 1;
-  w1 = s - M(i0);
 }
 
-template <class M, class X, class Y>
-__global__ void bilinear_kernel(const X* x, Y* y, resample_geometry g, bool align_corners, plane_map pm) {
+template <class M, class Acc, class G, class DX, class Ix>
+__global__ void nearest_backward_kernel(const G* dy, DX* dx, Ix ix, std::size_t n) {
+  using I = typename Ix::index_type;
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    I base = 0, oy0 = 0, oy1 = 0, ox0 = 0, ox1 = 0;
+    ix.outputs(I(i), base, oy0, oy1, ox0, ox1);
+    accumulator<Acc> acc;
+    for (I oy = oy0; oy < oy1; ++oy) {
+      for (I ox = ox0; ox < ox1; ++ox) {
+        acc.add(static_cast<typename accumulator<Acc>::value_type>(device_load<M>(dy[base + ix.out_at(oy, ox)])));
+      }
+    }
+    dx[i] = round_to<DX>(acc.value());
+  }
+}
+
+template <class M, class X, class Y, class Ix>
+__global__ void bilinear_kernel(const X* x, Y* y, resample_geometry g, bool align_corners, Ix ix) {
+  using I = typename Ix::index_type;
   const std::size_t n = g.planes * g.ho * g.wo;
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
        i += std::size_t(gridDim.x) * blockDim.x) {
-    std::size_t pl, o;
-    pm.split(i, g.ho * g.wo, pl, o);
-    const X* xp = x + pm.base(pl, g.h * g.w);
-    std::size_t y0, y1, x0, x1;
+    I first = 0, oy = 0, ox = 0;
+    ix.output(I(i), first, oy, ox);
+    const X* xp = x + first;
+    const I h = I(g.h), w = I(g.w);
+    I y0 = 0, y1 = 0, x0 = 0, x1 = 0;
     M fy, fx;
-    device_taps(o / g.wo, g.h, g.ho, align_corners, y0, y1, fy);
-    device_taps(o % g.wo, g.w, g.wo, align_corners, x0, x1, fx);
-    const auto at = [&](std::size_t yy, std::size_t xx) {
-      return device_load<M>(xp[(yy * g.w + xx) * pm.stride()]);
-    };
+    ::precis::detail::bilinear_taps(oy, h, I(g.ho), align_corners, y0, y1, fy);
+    ::precis::detail::bilinear_taps(ox, w, I(g.wo), align_corners, x0, x1, fx);
+    const auto at = [&](I yy, I xx) { return device_load<M>(xp[(yy * w + xx) * ix.stride()]); };
     // The host's sums (precis::detail::add): no product fused into them, the host's bits.
     const M top = ::precis::detail::add((M(1) - fx) * at(y0, x0), fx * at(y0, x1));
     const M bottom = ::precis::detail::add((M(1) - fx) * at(y1, x0), fx * at(y1, x1));
@@ -423,55 +409,35 @@ __global__ void bilinear_kernel(const X* x, Y* y, resample_geometry g, bool alig
   }
 }
 
-/// The first output o in [0, outs) whose lower tap is at least t (taps grow with o).
-template <class M>
-__device__ inline std::size_t first_with_tap(std::size_t t, std::size_t in, std::size_t outs,
-                                             bool align) {
-  std::size_t lo = 0, hi = outs;
-  while (lo < hi) {
-    const std::size_t mid = lo + (hi - lo) / 2;
-    std::size_t i0, i1;
-    M w1;
-    device_taps(mid, in, outs, align, i0, i1, w1);
-    if (i0 < t) {
-      lo = mid + 1;
-    } else {
-      hi = mid;
-    }
-  }
-  return lo;
-}
-
-template <class M, class Acc, class G, class DX>
-__global__ void bilinear_backward_kernel(const G* dy, DX* dx, resample_geometry g, bool align, plane_map pm) {
+template <class M, class Acc, class G, class DX, class Ix>
+__global__ void bilinear_backward_kernel(const G* dy, DX* dx, resample_geometry g, bool align, Ix ix) {
   using V = typename accumulator<Acc>::value_type;
+  using I = typename Ix::index_type;
   const std::size_t n = g.planes * g.h * g.w;
+  const I h = I(g.h), w = I(g.w), ho = I(g.ho), wo = I(g.wo);
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
        i += std::size_t(gridDim.x) * blockDim.x) {
-    std::size_t pl, at;
-    pm.split(i, g.h * g.w, pl, at);
-    const std::size_t iy = at / g.w, ix = at % g.w;
-    const G* dyp = dy + pm.base(pl, g.ho * g.wo);
-    // The outputs whose lower tap is iy - 1 or iy are the only ones that read row iy.
-    const std::size_t oy0 = first_with_tap<M>(iy == 0 ? 0 : iy - 1, g.h, g.ho, align);
-    const std::size_t oy1 = first_with_tap<M>(iy + 1, g.h, g.ho, align);
-    const std::size_t ox0 = first_with_tap<M>(ix == 0 ? 0 : ix - 1, g.w, g.wo, align);
-    const std::size_t ox1 = first_with_tap<M>(ix + 1, g.w, g.wo, align);
+    I x_first = 0, o_first = 0, at = 0, iy = 0, jx = 0;
+    ix.locate_input(I(i), x_first, o_first, at, iy, jx);
+    const G* dyp = dy + o_first;
+    I oy0 = 0, oy1 = 0, ox0 = 0, ox1 = 0;
+    ::precis::detail::bilinear_readers<M>(iy, h, ho, align, oy0, oy1);
+    ::precis::detail::bilinear_readers<M>(jx, w, wo, align, ox0, ox1);
     accumulator<Acc> acc;
-    for (std::size_t oy = oy0; oy < oy1; ++oy) {
-      std::size_t y0, y1;
+    for (I oy = oy0; oy < oy1; ++oy) {
+      I y0 = 0, y1 = 0;
       M fy;
-      device_taps(oy, g.h, g.ho, align, y0, y1, fy);
-      for (std::size_t ox = ox0; ox < ox1; ++ox) {
-        std::size_t x0, x1;
+      ::precis::detail::bilinear_taps(oy, h, ho, align, y0, y1, fy);
+      for (I ox = ox0; ox < ox1; ++ox) {
+        I x0 = 0, x1 = 0;
         M fx;
-        device_taps(ox, g.w, g.wo, align, x0, x1, fx);
-        const M gv = device_load<M>(dyp[(oy * g.wo + ox) * pm.stride()]);
+        ::precis::detail::bilinear_taps(ox, w, wo, align, x0, x1, fx);
+        const M gv = device_load<M>(dyp[ix.out_at(oy, ox)]);
         // The host adds the four taps in this order; a tap that is this element counts.
-        if (y0 == iy && x0 == ix) acc.add(V((M(1) - fy) * (M(1) - fx) * gv));
-        if (y0 == iy && x1 == ix) acc.add(V((M(1) - fy) * fx * gv));
-        if (y1 == iy && x0 == ix) acc.add(V(fy * (M(1) - fx) * gv));
-        if (y1 == iy && x1 == ix) acc.add(V(fy * fx * gv));
+        if (y0 == iy && x0 == jx) acc.add(V((M(1) - fy) * (M(1) - fx) * gv));
+        if (y0 == iy && x1 == jx) acc.add(V((M(1) - fy) * fx * gv));
+        if (y1 == iy && x0 == jx) acc.add(V(fy * (M(1) - fx) * gv));
+        if (y1 == iy && x1 == jx) acc.add(V(fy * fx * gv));
       }
     }
     dx[i] = round_to<DX>(acc.value());
@@ -611,17 +577,11 @@ void upsample_nearest2d(cuda_context& ctx, const device_tensor<TX, 4>& x, device
   using M = detail::math_t<op::pooling, P, TX>;
   const auto xv = detail::cuda::as_nchw(x, layout), yv = detail::cuda::as_nchw(y, layout);
   detail::check_resample(detail::cuda::layout_name("precis::upsample_nearest2d", layout), xv, yv);
-  const char* name = "precis::upsample_nearest2d";
-  detail::cuda::with_nearest_index(
-      xv, yv, layout,
-      [&](const detail::nearest_index& ni) {
-        detail::cuda::launch_over(ctx, y.size(), name, detail::cuda::nearest_fast_kernel<M, TX, TY>, x.data(),
-                                  y.data(), ni, y.size());
-      },
-      [&](const detail::cuda::resample_geometry& g, const detail::cuda::plane_map& pm) {
-        detail::cuda::launch_over(ctx, y.size(), name, detail::cuda::nearest_kernel<M, TX, TY>, x.data(), y.data(),
-                                  g, pm);
-      });
+  using namespace detail::cuda;
+  with_resample_index<detail::nearest_index, wide_nearest_index>(xv, yv, layout, [&](auto ix) {
+    launch_over(ctx, y.size(), "precis::upsample_nearest2d", nearest_kernel<M, TX, TY, decltype(ix)>, x.data(),
+                y.data(), ix, y.size());
+  });
 }
 
 /// dx of y = upsample_nearest2d(x) on the device: the sum of dy over the outputs each
@@ -634,17 +594,11 @@ void upsample_nearest2d_backward(cuda_context& ctx, const device_tensor<TG, 4>& 
   using Acc = detail::accumulate_t<op::pooling, P>;
   const auto dxv = detail::cuda::as_nchw(dx, layout), dyv = detail::cuda::as_nchw(dy, layout);
   detail::check_resample(detail::cuda::layout_name("precis::upsample_nearest2d_backward", layout), dxv, dyv);
-  const char* name = "precis::upsample_nearest2d_backward";
-  detail::cuda::with_nearest_index(
-      dxv, dyv, layout,
-      [&](const detail::nearest_index& ni) {
-        detail::cuda::launch_over(ctx, dx.size(), name, detail::cuda::nearest_backward_fast_kernel<M, Acc, TG, TDX>,
-                                  dy.data(), dx.data(), ni, dx.size());
-      },
-      [&](const detail::cuda::resample_geometry& g, const detail::cuda::plane_map& pm) {
-        detail::cuda::launch_over(ctx, dx.size(), name, detail::cuda::nearest_backward_kernel<M, Acc, TG, TDX>,
-                                  dy.data(), dx.data(), g, pm);
-      });
+  using namespace detail::cuda;
+  with_resample_index<detail::nearest_index, wide_nearest_index>(dxv, dyv, layout, [&](auto ix) {
+    launch_over(ctx, dx.size(), "precis::upsample_nearest2d_backward",
+                nearest_backward_kernel<M, Acc, TG, TDX, decltype(ix)>, dy.data(), dx.data(), ix, dx.size());
+  });
 }
 
 /// Bilinear upsampling on the device (see the host upsample_bilinear2d).
@@ -655,9 +609,11 @@ void upsample_bilinear2d(cuda_context& ctx, const device_tensor<TX, 4>& x, devic
   using M = detail::math_t<op::pooling, P, TX>;
   const auto xv = detail::cuda::as_nchw(x, layout), yv = detail::cuda::as_nchw(y, layout);
   detail::check_resample(detail::cuda::layout_name("precis::upsample_bilinear2d", layout), xv, yv);
-  detail::cuda::launch_over(ctx, y.size(), "precis::upsample_bilinear2d", detail::cuda::bilinear_kernel<M, TX, TY>,
-                            x.data(), y.data(), detail::cuda::resample_geometry_of(xv, yv), align_corners,
-                            detail::cuda::plane_map_of(xv, layout));
+  using namespace detail::cuda;
+  with_resample_index<detail::resample_index, wide_resample_index>(xv, yv, layout, [&](auto ix) {
+    launch_over(ctx, y.size(), "precis::upsample_bilinear2d", bilinear_kernel<M, TX, TY, decltype(ix)>, x.data(),
+                y.data(), resample_geometry_of(xv, yv), align_corners, ix);
+  });
 }
 
 /// dx of y = upsample_bilinear2d(x) on the device: each dy spread to its four neighbours
@@ -670,10 +626,12 @@ void upsample_bilinear2d_backward(cuda_context& ctx, const device_tensor<TG, 4>&
   using Acc = detail::accumulate_t<op::pooling, P>;
   const auto dxv = detail::cuda::as_nchw(dx, layout), dyv = detail::cuda::as_nchw(dy, layout);
   detail::check_resample(detail::cuda::layout_name("precis::upsample_bilinear2d_backward", layout), dxv, dyv);
-  detail::cuda::launch_over(ctx, dx.size(), "precis::upsample_bilinear2d_backward",
-                            detail::cuda::bilinear_backward_kernel<M, Acc, TG, TDX>, dy.data(), dx.data(),
-                            detail::cuda::resample_geometry_of(dxv, dyv), align_corners,
-                            detail::cuda::plane_map_of(dxv, layout));
+  using namespace detail::cuda;
+  with_resample_index<detail::resample_index, wide_resample_index>(dxv, dyv, layout, [&](auto ix) {
+    launch_over(ctx, dx.size(), "precis::upsample_bilinear2d_backward",
+                bilinear_backward_kernel<M, Acc, TG, TDX, decltype(ix)>, dy.data(), dx.data(),
+                resample_geometry_of(dxv, dyv), align_corners, ix);
+  });
 }
 
 }  // namespace precis
