@@ -1,14 +1,15 @@
 // The device pooling, upsampling and batch-norm kernels against the CPU kernels on the
 // same random inputs, forward and backward, within the output type's bound; outputs are
 // poisoned with NaN first. Max pooling's kept indices are the host's, and its backward pass
-// from them gives the bits of the one from x. Pooling covers overlapping and padded windows (whose
-// backward passes gather several outputs per input), count_include_pad both ways, upsampling by
-// integer and non-integer factors with and without align_corners; channels-last pooling and
-// upsampling give the NCHW kernels' bits, moved, and pooling's and upsampling's 64-bit index
-// paths the 32-bit paths' bits. Batch norm covers rank 2
-// and 4, channels-last images (in 16-byte packs of channels and not), the running statistics
-// and inference mode. Shape errors are thrown before any
-// launch. Exits 77 (skipped) where no GPU is present.
+// from them gives the bits of the one from x. Pooling covers overlapping and padded windows
+// (whose backward passes gather several outputs per input), count_include_pad both ways,
+// upsampling by integer and non-integer factors with and without align_corners;
+// channels-last pooling and upsampling give the NCHW kernels' bits, moved, and pooling's and
+// upsampling's 64-bit index paths the 32-bit paths' bits. Batch norm covers rank 2 and 4,
+// channels-last images (in 16-byte packs of channels and not), the running statistics,
+// inference mode, and a fused ReLU against batch norm then relu (the device's bits). Shape
+// errors are thrown before any launch. Exits 77 (skipped) where no GPU is present.
+#include <precis/kernels/cuda/elementwise.hpp>
 #include <precis/kernels/cuda/norm.hpp>
 #include <precis/kernels/cuda/pooling.hpp>
 
@@ -142,6 +143,46 @@ precis::host_tensor<T, 4> nhwc_of(const precis::host_tensor<T, 4>& t) {
   return r;
 }
 
+// Batch norm with a fused ReLU gives the device's batch norm, then relu, bit for bit: training
+// (the output, saved and running statistics), inference, and the backward pass from dz and z
+// against relu_backward then batch_norm_backward.
+template <class P, class T, std::size_t N>
+void check_fused_relu(precis::cuda_context& ctx, const precis::device_tensor<T, N>& x,
+                      const precis::device_tensor<T, 1>& gamma, const precis::device_tensor<T, 1>& beta,
+                      const precis::device_tensor<T, N>& dz, const precis::host_tensor<float, 1>& rm,
+                      const precis::host_tensor<float, 1>& rv, const std::array<std::size_t, N>& ds,
+                      const std::string& tag, precis::image_layout layout) {
+  const std::size_t c = gamma.size();
+  const std::string w = " with a fused relu" + tag;
+  auto rm1 = precis::to_device(rm), rv1 = precis::to_device(rv), rm2 = precis::to_device(rm),
+       rv2 = precis::to_device(rv);
+  auto y = poisoned<T, N>(ds), z = poisoned<T, N>(ds), zf = poisoned<T, N>(ds);
+  auto sm = poisoned<float, 1>({c}), sr = poisoned<float, 1>({c}), smf = poisoned<float, 1>({c}),
+       srf = poisoned<float, 1>({c});
+  precis::batch_norm_train<P>(ctx, x, gamma, beta, rm1, rv1, y, sm, sr, 0.1, 1e-5, layout);
+  precis::relu<P>(ctx, y, z);
+  precis::batch_norm_train<P>(ctx, x, gamma, beta, rm2, rv2, zf, smf, srf, 0.1, 1e-5, layout,
+                              precis::fused_activation::relu);
+  expect(same_bits(ctx, zf, precis::to_host(z, ctx.stream())), "batch_norm_train" + w);
+  expect(same_bits(ctx, smf, precis::to_host(sm, ctx.stream())), "batch_norm_train save_mean" + w);
+  expect(same_bits(ctx, srf, precis::to_host(sr, ctx.stream())), "batch_norm_train save_rstd" + w);
+  expect(same_bits(ctx, rm2, precis::to_host(rm1, ctx.stream())), "batch_norm_train running_mean" + w);
+  expect(same_bits(ctx, rv2, precis::to_host(rv1, ctx.stream())), "batch_norm_train running_var" + w);
+  auto yi = poisoned<T, N>(ds), zi = poisoned<T, N>(ds), zif = poisoned<T, N>(ds);
+  precis::batch_norm_infer<P>(ctx, x, gamma, beta, rm1, rv1, yi, 1e-5, layout);
+  precis::relu<P>(ctx, yi, zi);
+  precis::batch_norm_infer<P>(ctx, x, gamma, beta, rm1, rv1, zif, 1e-5, layout, precis::fused_activation::relu);
+  expect(same_bits(ctx, zif, precis::to_host(zi, ctx.stream())), "batch_norm_infer" + w);
+  auto dy = poisoned<T, N>(ds), dx = poisoned<T, N>(ds), dxf = poisoned<T, N>(ds);
+  auto dg = poisoned<T, 1>({c}), db = poisoned<T, 1>({c}), dgf = poisoned<T, 1>({c}), dbf = poisoned<T, 1>({c});
+  precis::relu_backward<P>(ctx, dz, y, dy);
+  precis::batch_norm_backward<P>(ctx, dy, x, gamma, sm, sr, dx, dg, db, layout);
+  precis::batch_norm_relu_backward<P>(ctx, dz, z, x, gamma, sm, sr, dxf, dgf, dbf, layout);
+  expect(same_bits(ctx, dxf, precis::to_host(dx, ctx.stream())), "batch_norm_relu_backward dx" + w);
+  expect(same_bits(ctx, dgf, precis::to_host(dg, ctx.stream())), "batch_norm_relu_backward dgamma" + w);
+  expect(same_bits(ctx, dbf, precis::to_host(db, ctx.stream())), "batch_norm_relu_backward dbeta" + w);
+}
+
 template <class P, class T, std::size_t N>
 void check_batch_norm(precis::cuda_context& ctx, const precis::cpu_context& cpu,
                       const std::array<std::size_t, N>& xs, const std::string& tag,
@@ -188,6 +229,7 @@ void check_batch_norm(precis::cuda_context& ctx, const precis::cpu_context& cpu,
   compare("batch_norm_backward dx" + tag, ctx, dgx, arranged(gx));
   compare("batch_norm_backward dgamma" + tag, ctx, dgg, gg);
   compare("batch_norm_backward dbeta" + tag, ctx, dgb, gb);
+  check_fused_relu<P, T, N>(ctx, dx_, dg, db, precis::to_device(arranged(dy)), rm, rv, ds, tag, layout);
   const auto g7 = precis::to_device(random_tensor<T, 1>({c + 1}));
   expect_error(
       "batch_norm gamma shape",

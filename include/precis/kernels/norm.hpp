@@ -18,6 +18,7 @@
 #include <precis/kernels/cpu/support.hpp>
 #include <precis/kernels/cpu/transpose.hpp>
 #include <precis/kernels/cpu/vec_math.hpp>
+#include <precis/kernels/elementwise.hpp>
 #include <precis/tensor/host_tensor.hpp>
 
 #include <algorithm>
@@ -36,7 +37,21 @@ namespace precis {
 template <class S>
 concept statistics_element = std::same_as<S, float> || std::same_as<S, double>;
 
+/// What batch norm applies to each output after rounding it, before storing it: nothing,
+/// or ReLU, max(y, 0) of the stored value with precis::relu's bits (relu_fn: a negative y
+/// becomes +0, -0 and NaN stay). A fused ReLU saves the pass that would read y back and
+/// write relu(y); its backward pass is batch_norm_relu_backward.
+enum class fused_activation { none, relu };
+
 namespace detail {
+
+/// Rounds each of the n values to Y and applies relu_fn to the stored value, in place, in
+/// M: storing a result to Y afterwards is exact, and gives relu's bits after a layer that
+/// stored Y.
+template <class Y, class M>
+void relu_of_stored(M* v, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) v[i] = relu_fn<M>{}(load<M>(round_to<Y>(v[i])));
+}
 
 inline void check_eps(std::string_view name, double eps) {
   check_argument(std::isfinite(eps) && eps >= 0, std::string(name) + ": eps",
@@ -443,6 +458,9 @@ void check_batch_norm_backward(std::string_view name, const DYT& dy, const XT& x
 /// axis, for any rank): each channel's values are gathered in the same (image, pixel) order
 /// as from NCHW, so both layouts give the same bits. Channels-last moves a cache line of
 /// channels at a time, holding that many rows of N * H * W math values per thread.
+///
+/// `act` fused_activation::relu stores relu(y) instead (the bits of precis::relu on the
+/// stored y); the backward pass is then batch_norm_relu_backward, given that output.
 template <Policy P, kernel_element X, kernel_element G, kernel_element B, statistics_element R,
           kernel_element Y, statistics_element S, std::size_t N>
   requires(N >= 2)
@@ -450,7 +468,7 @@ void batch_norm_train(const cpu_context& ctx, const host_tensor<X, N>& x, const 
                       const host_tensor<B, 1>& beta, host_tensor<R, 1>& running_mean,
                       host_tensor<R, 1>& running_var, host_tensor<Y, N>& y, host_tensor<S, 1>& save_mean,
                       host_tensor<S, 1>& save_rstd, double momentum = 0.1, double eps = 1e-5,
-                      image_layout layout = image_layout::nchw) {
+                      image_layout layout = image_layout::nchw, fused_activation act = fused_activation::none) {
   using M = detail::math_t<op::batch_norm, P, X, G, B>;
   using Acc = detail::accumulate_t<op::batch_norm, P>;
   constexpr std::string_view name = "precis::batch_norm_train";
@@ -472,6 +490,7 @@ void batch_norm_train(const cpu_context& ctx, const host_tensor<X, N>& x, const 
         const M rs = M(1) / std::sqrt(var + e);
         const M g = detail::load<M>(gamma.data()[c]), bt = detail::load<M>(beta.data()[c]);
         detail::normalize_affine(v, count, mu, rs, g, bt);
+        if (act == fused_activation::relu) detail::relu_of_stored<Y>(v, count);
         save_mean.data()[c] = static_cast<S>(mu);
         save_rstd.data()[c] = static_cast<S>(rs);
         const M unbiased = var * static_cast<M>(count) / static_cast<M>(count - 1);
@@ -487,14 +506,14 @@ void batch_norm_train(const cpu_context& ctx, const host_tensor<X, N>& x, const 
 
 /// Batch norm in inference mode: y = (x - running_mean) / sqrt(running_var + eps) * gamma +
 /// beta, per channel (axis 1; the last axis with `layout` image_layout::nhwc, with the same
-/// bits). Same shape rules as batch_norm_train.
+/// bits). Same shape rules as batch_norm_train; `act` as batch_norm_train's.
 template <Policy P, kernel_element X, kernel_element G, kernel_element B, statistics_element R,
           kernel_element Y, std::size_t N>
   requires(N >= 2)
 void batch_norm_infer(const cpu_context& ctx, const host_tensor<X, N>& x, const host_tensor<G, 1>& gamma,
                       const host_tensor<B, 1>& beta, const host_tensor<R, 1>& running_mean,
                       const host_tensor<R, 1>& running_var, host_tensor<Y, N>& y, double eps = 1e-5,
-                      image_layout layout = image_layout::nchw) {
+                      image_layout layout = image_layout::nchw, fused_activation act = fused_activation::none) {
   using M = detail::math_t<op::batch_norm, P, X, G, B>;
   constexpr std::string_view name = "precis::batch_norm_infer";
   const bool last = layout == image_layout::nhwc;
@@ -515,6 +534,7 @@ void batch_norm_infer(const cpu_context& ctx, const host_tensor<X, N>& x, const 
           const M rs = M(1) / std::sqrt(static_cast<M>(running_var.data()[c]) + e);
           const M g = detail::load<M>(gamma.data()[c]), bt = detail::load<M>(beta.data()[c]);
           detail::normalize_affine(rows.data() + k * count, count, mu, rs, g, bt);
+          if (act == fused_activation::relu) detail::relu_of_stored<Y>(rows.data() + k * count, count);
         }
         detail::scatter_channels(rows.data(), d, true, c0, nb, y.data());
       });
@@ -532,10 +552,80 @@ void batch_norm_infer(const cpu_context& ctx, const host_tensor<X, N>& x, const 
       const M g = detail::load<M>(gamma.data()[c]), bt = detail::load<M>(beta.data()[c]);
       detail::load_block(x.data() + bc * d[2], v.data(), d[2]);
       detail::normalize_affine(v.data(), d[2], mu, rs, g, bt);
+      if (act == fused_activation::relu) detail::relu_of_stored<Y>(v.data(), d[2]);
       detail::store_block(v.data(), y.data() + bc * d[2], d[2]);
     }
   });
 }
+
+namespace detail {
+
+/// batch_norm_backward, and with z (not null) batch_norm_relu_backward: dy is then the
+/// gradient of relu(y), and relu_grad_fn of it where z, the stored relu(y), is positive
+/// (where y is, with relu_fn's bits) takes dy's place.
+template <Policy P, kernel_element DY, kernel_element Z, kernel_element X, kernel_element G, statistics_element S,
+          kernel_element DX, kernel_element DG, kernel_element DB, std::size_t N>
+void batch_norm_backward_of(std::string_view name, const cpu_context& ctx, const host_tensor<DY, N>& dy,
+                            const host_tensor<Z, N>* z, const host_tensor<X, N>& x, const host_tensor<G, 1>& gamma,
+                            const host_tensor<S, 1>& save_mean, const host_tensor<S, 1>& save_rstd,
+                            host_tensor<DX, N>& dx, host_tensor<DG, 1>& dgamma, host_tensor<DB, 1>& dbeta,
+                            image_layout layout) {
+  using M = math_t<op::batch_norm, P, DY, X, G>;
+  using Acc = accumulate_t<op::batch_norm, P>;
+  const bool last = layout == image_layout::nhwc;
+  check_batch_norm_backward<N>(name, dy, x, gamma, save_mean, save_rstd, dx, dgamma, dbeta, last);
+  if (z != nullptr) check_same_shape(std::string(name) + ": z and x", *z, x);
+  const auto d = batch_norm_dims(x, last);
+  const std::size_t count = d[0] * d[2];
+  if (count == 0) return;
+  for_rows(ctx, d[1], count, [&](std::size_t begin, std::size_t end) {
+    std::vector<M> xs, gs, zs;
+    for_channel_blocks<X>(begin, end, last, [&](std::size_t c0, std::size_t nb) {
+      xs.resize(nb * count);
+      gs.resize(nb * count);
+      gather_channels(x.data(), d, last, c0, nb, xs.data());
+      gather_channels(dy.data(), d, last, c0, nb, gs.data());
+      if (z != nullptr) {
+        zs.resize(nb * count);
+        gather_channels(z->data(), d, last, c0, nb, zs.data());
+        for (std::size_t i = 0; i < nb * count; ++i) gs[i] = relu_grad_fn<M>{}(gs[i], zs[i]);
+      }
+      for (std::size_t c = c0; c < c0 + nb; ++c) {
+        const std::span<M> v(xs.data() + (c - c0) * count, count), g(gs.data() + (c - c0) * count, count);
+        const M mu = static_cast<M>(save_mean.data()[c]), rs = static_cast<M>(save_rstd.data()[c]);
+        const M k = load<M>(gamma.data()[c]) * rs;
+        M sum_dy, sum_dyx;
+        if constexpr (vmath::float_path_v<M, Acc>) {
+          namespace vm = vmath;
+          const vm::vf muv = vm::splat(mu), rsv = vm::splat(rs);
+          vm::map(v.data(), v.data(), count, [=](vm::vf a) { return vm::product(a - muv, rsv); });
+          sum_dy = vm::row_sum(g.data(), count);
+          sum_dyx = vm::row_dot(g.data(), v.data(), count);
+          const vm::vf av = vm::splat(sum_dy / static_cast<M>(count));
+          const vm::vf bv = vm::splat(sum_dyx / static_cast<M>(count)), kv = vm::splat(k);
+          vm::map2(g.data(), v.data(), v.data(), count,
+                   [=](vm::vf gi, vm::vf xh) { return kv * ((gi - av) - vm::product(xh, bv)); });
+        } else {
+          accumulator<Acc> sdy, sdyx;
+          for (std::size_t i = 0; i < count; ++i) {
+            v[i] = (v[i] - mu) * rs;  // xhat
+            accumulate(sdy, g[i]);
+            accumulate(sdyx, g[i] * v[i]);
+          }
+          sum_dy = static_cast<M>(sdy.value());
+          sum_dyx = static_cast<M>(sdyx.value());
+          const M a = sum_dy / static_cast<M>(count), b = sum_dyx / static_cast<M>(count);
+          for (std::size_t i = 0; i < count; ++i) v[i] = k * (g[i] - a - mul(v[i], b));
+        }
+        dgamma.data()[c] = round_to<DG>(sum_dyx);
+        dbeta.data()[c] = round_to<DB>(sum_dy);
+      }
+      scatter_channels(xs.data(), d, last, c0, nb, dx.data());
+    });
+  });
+}
+
+}  // namespace detail
 
 /// Gradients of batch_norm_train from its saved statistics: per channel, with xhat =
 /// (x - mean) rstd over the `count` values of the channel, dbeta = sum(dy), dgamma =
@@ -550,54 +640,24 @@ void batch_norm_backward(const cpu_context& ctx, const host_tensor<DY, N>& dy, c
                          const host_tensor<S, 1>& save_rstd, host_tensor<DX, N>& dx,
                          host_tensor<DG, 1>& dgamma, host_tensor<DB, 1>& dbeta,
                          image_layout layout = image_layout::nchw) {
-  using M = detail::math_t<op::batch_norm, P, DY, X, G>;
-  using Acc = detail::accumulate_t<op::batch_norm, P>;
-  constexpr std::string_view name = "precis::batch_norm_backward";
-  const bool last = layout == image_layout::nhwc;
-  detail::check_batch_norm_backward<N>(name, dy, x, gamma, save_mean, save_rstd, dx, dgamma, dbeta, last);
-  const auto d = detail::batch_norm_dims(x, last);
-  const std::size_t count = d[0] * d[2];
-  if (count == 0) return;
-  detail::for_rows(ctx, d[1], count, [&](std::size_t begin, std::size_t end) {
-    std::vector<M> xs, gs;
-    detail::for_channel_blocks<X>(begin, end, last, [&](std::size_t c0, std::size_t nb) {
-      xs.resize(nb * count);
-      gs.resize(nb * count);
-      detail::gather_channels(x.data(), d, last, c0, nb, xs.data());
-      detail::gather_channels(dy.data(), d, last, c0, nb, gs.data());
-      for (std::size_t c = c0; c < c0 + nb; ++c) {
-        const std::span<M> v(xs.data() + (c - c0) * count, count), g(gs.data() + (c - c0) * count, count);
-        const M mu = static_cast<M>(save_mean.data()[c]), rs = static_cast<M>(save_rstd.data()[c]);
-        const M k = detail::load<M>(gamma.data()[c]) * rs;
-        M sum_dy, sum_dyx;
-        if constexpr (detail::vmath::float_path_v<M, Acc>) {
-          namespace vm = detail::vmath;
-          const vm::vf muv = vm::splat(mu), rsv = vm::splat(rs);
-          vm::map(v.data(), v.data(), count, [=](vm::vf a) { return vm::product(a - muv, rsv); });
-          sum_dy = vm::row_sum(g.data(), count);
-          sum_dyx = vm::row_dot(g.data(), v.data(), count);
-          const vm::vf av = vm::splat(sum_dy / static_cast<M>(count));
-          const vm::vf bv = vm::splat(sum_dyx / static_cast<M>(count)), kv = vm::splat(k);
-          vm::map2(g.data(), v.data(), v.data(), count,
-                   [=](vm::vf gi, vm::vf xh) { return kv * ((gi - av) - vm::product(xh, bv)); });
-        } else {
-          accumulator<Acc> sdy, sdyx;
-          for (std::size_t i = 0; i < count; ++i) {
-            v[i] = (v[i] - mu) * rs;  // xhat
-            detail::accumulate(sdy, g[i]);
-            detail::accumulate(sdyx, g[i] * v[i]);
-          }
-          sum_dy = static_cast<M>(sdy.value());
-          sum_dyx = static_cast<M>(sdyx.value());
-          const M a = sum_dy / static_cast<M>(count), b = sum_dyx / static_cast<M>(count);
-          for (std::size_t i = 0; i < count; ++i) v[i] = k * (g[i] - a - detail::mul(v[i], b));
-        }
-        dgamma.data()[c] = round_to<DG>(sum_dyx);
-        dbeta.data()[c] = round_to<DB>(sum_dy);
-      }
-      detail::scatter_channels(xs.data(), d, last, c0, nb, dx.data());
-    });
-  });
+  detail::batch_norm_backward_of<P>("precis::batch_norm_backward", ctx, dy, static_cast<const host_tensor<DY, N>*>(nullptr),
+                                    x, gamma, save_mean, save_rstd, dx, dgamma, dbeta, layout);
+}
+
+/// Gradients of z = relu(batch_norm_train(x)), the forward pass with fused_activation::relu,
+/// from dz and its output z: batch_norm_backward of dy = dz where z > 0, else 0 (relu's
+/// gradient, with precis::relu_backward's bits: z > 0 exactly where y > 0). The same
+/// checks as batch_norm_backward, and z of x's shape.
+template <Policy P, kernel_element DZ, kernel_element Z, kernel_element X, kernel_element G, statistics_element S,
+          kernel_element DX, kernel_element DG, kernel_element DB, std::size_t N>
+  requires(N >= 2)
+void batch_norm_relu_backward(const cpu_context& ctx, const host_tensor<DZ, N>& dz, const host_tensor<Z, N>& z,
+                              const host_tensor<X, N>& x, const host_tensor<G, 1>& gamma,
+                              const host_tensor<S, 1>& save_mean, const host_tensor<S, 1>& save_rstd,
+                              host_tensor<DX, N>& dx, host_tensor<DG, 1>& dgamma, host_tensor<DB, 1>& dbeta,
+                              image_layout layout = image_layout::nchw) {
+  detail::batch_norm_backward_of<P>("precis::batch_norm_relu_backward", ctx, dz, &z, x, gamma, save_mean, save_rstd,
+                                    dx, dgamma, dbeta, layout);
 }
 
 }  // namespace precis

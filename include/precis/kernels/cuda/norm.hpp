@@ -296,8 +296,9 @@ struct batch_norm_variance {
 };
 
 /// y = (x - mean[c]) rstd[c] gamma[c] + beta[c], per element, rounded once (mean and rstd
-/// in M; or, Running, the running statistics in R for inference, rstd from the variance).
-template <class M, class X, class G, class B, class T, class Y, bool Running>
+/// in M; or, Running, the running statistics in R for inference, rstd from the variance);
+/// Relu: relu_fn of the rounded y, as detail::relu_of_stored on the host.
+template <class M, class X, class G, class B, class T, class Y, bool Running, bool Relu>
 struct batch_norm_normalise {
   const X* x;
   const G* gamma;
@@ -332,6 +333,7 @@ struct batch_norm_normalise {
     for (int e = 0; e < V; ++e) {
       const channel& k = ch[e * step];
       out.v[e] = round_to<Y>((device_load<M>(in.v[e]) - k.mu) * k.rs * k.g + k.b);
+      if constexpr (Relu) out.v[e] = round_to<Y>(relu_fn<M>{}(device_load<M>(out.v[e])));
     }
     store_pack<V>(y + at, out);
   }
@@ -342,16 +344,59 @@ struct batch_norm_normalise {
   }
 };
 
-/// Batch norm's backward terms of the element at `at`, of channel c: dy and dy xhat.
-template <class M, class DY, class X, class S>
-struct batch_norm_grad_terms {
+/// The gradient batch norm's backward pass reads: dy; or, with a fused ReLU (Z not void),
+/// relu_grad_fn of dz where z, the stored relu(y), is positive (as the host's
+/// batch_norm_backward_of).
+template <class DY, class Z>
+using relu_mask_t = std::conditional_t<std::is_void_v<Z>, DY, Z>;  ///< DY where unmasked (not read)
+template <class M, class DY, class Z>
+struct batch_norm_dy {
+  static constexpr bool masked = !std::is_void_v<Z>;
+  using mask_type = relu_mask_t<DY, Z>;
   const DY* dy;
+  const mask_type* z;
+  __device__ M operator()(std::size_t at) const {
+    if constexpr (masked) {
+      return relu_grad_fn<M>{}(device_load<M>(dy[at]), device_load<M>(z[at]));
+    } else {
+      return device_load<M>(dy[at]);
+    }
+  }
+  /// The V gradients from `at`.
+  template <int V>
+  __device__ pack<M, V> load(std::size_t at) const {
+    const auto gs = load_pack<V>(dy + at);
+    pack<M, V> out;
+    if constexpr (masked) {
+      const auto zs = load_pack<V>(z + at);
+#pragma unroll
+      for (int e = 0; e < V; ++e) out.v[e] = relu_grad_fn<M>{}(device_load<M>(gs.v[e]), device_load<M>(zs.v[e]));
+    } else {
+#pragma unroll
+      for (int e = 0; e < V; ++e) out.v[e] = device_load<M>(gs.v[e]);
+    }
+    return out;
+  }
+  template <int V>
+  bool aligned() const {
+    if constexpr (masked) {
+      return pack_aligned<V>(dy, z);
+    } else {
+      return pack_aligned<V>(dy);
+    }
+  }
+};
+
+/// Batch norm's backward terms of the element at `at`, of channel c: dy and dy xhat.
+template <class M, class DY, class X, class S, class Z = void>
+struct batch_norm_grad_terms {
+  batch_norm_dy<M, DY, Z> dy;
   const X* x;
   const S* save_mean;
   const S* save_rstd;
-  static constexpr int pack_elements = pack_width<DY, X>;
+  static constexpr int pack_elements = pack_width<DY, X, typename batch_norm_dy<M, DY, Z>::mask_type>;
   __device__ term_values<M, 2> operator()(std::size_t at, std::size_t c) const {
-    const M g = device_load<M>(dy[at]);
+    const M g = dy(at);
     const M xh = (device_load<M>(x[at]) - static_cast<M>(save_mean[c])) * static_cast<M>(save_rstd[c]);
     return {{g, g * xh}};
   }
@@ -359,12 +404,12 @@ struct batch_norm_grad_terms {
   /// element by element.
   template <int V>
   __device__ term_values<M, 2 * V> pack(std::size_t at, std::size_t c) const {
-    const auto gs = load_pack<V>(dy + at);
+    const auto gs = dy.template load<V>(at);
     const auto xs = load_pack<V>(x + at);
     term_values<M, 2 * V> t;
 #pragma unroll
     for (int e = 0; e < V; ++e) {
-      const M g = device_load<M>(gs.v[e]);
+      const M g = gs.v[e];
       const M xh = (device_load<M>(xs.v[e]) - static_cast<M>(save_mean[c + e])) * static_cast<M>(save_rstd[c + e]);
       t.v[2 * e] = g;
       t.v[2 * e + 1] = g * xh;
@@ -373,7 +418,7 @@ struct batch_norm_grad_terms {
   }
   template <int V>
   bool aligned() const {
-    return pack_aligned<V>(dy, x);
+    return dy.template aligned<V>() && pack_aligned<V>(x);
   }
 };
 
@@ -396,16 +441,17 @@ struct batch_norm_grad_sums {
 };
 
 /// dx = gamma rstd (dy - a - xhat b) per element, rounded once.
-template <class M, class DY, class X, class G, class S, class DX>
+template <class M, class DY, class X, class G, class S, class DX, class Z = void>
 struct batch_norm_input_grad {
-  const DY* dy;
+  batch_norm_dy<M, DY, Z> dy;
   const X* x;
   const G* gamma;
   const S* save_mean;
   const S* save_rstd;
   const M* ab;
   DX* dx;
-  static constexpr int pack_elements = pack_width<DY, X, DX>;  ///< elements per 16-byte access
+  /// Elements per 16-byte access.
+  static constexpr int pack_elements = pack_width<DY, X, DX, typename batch_norm_dy<M, DY, Z>::mask_type>;
   /// A channel's constants, read once per thread and channel (plane_elements).
   struct channel {
     M rs, mu, k, a, b;
@@ -423,22 +469,33 @@ struct batch_norm_input_grad {
   template <int V>
   __device__ void apply(const channel* ch, int step, std::size_t at) const {
     const auto xs = load_pack<V>(x + at);
-    const auto gs = load_pack<V>(dy + at);
+    const auto gs = dy.template load<V>(at);
     pack<DX, V> out;
 #pragma unroll
     for (int e = 0; e < V; ++e) {
       const channel& c = ch[e * step];
       const M xh = (device_load<M>(xs.v[e]) - c.mu) * c.rs;
-      out.v[e] = round_to<DX>(c.k * (device_load<M>(gs.v[e]) - c.a - xh * c.b));
+      out.v[e] = round_to<DX>(c.k * (gs.v[e] - c.a - xh * c.b));
     }
     store_pack<V>(dx + at, out);
   }
   /// Whether packs of V may be read and written.
   template <int V>
   bool aligned() const {
-    return pack_aligned<V>(dy, x, dx);
+    return dy.template aligned<V>() && pack_aligned<V>(x, dx);
   }
 };
+
+/// Runs f(std::bool_constant<relu>{}) for `act`: a fused ReLU is a template argument of the
+/// elementwise kernels, not a branch per element.
+template <class F>
+void with_relu(fused_activation act, F&& f) {
+  if (act == fused_activation::relu) {
+    f(std::true_type{});
+  } else {
+    f(std::false_type{});
+  }
+}
 
 }  // namespace detail::cuda
 
@@ -537,6 +594,7 @@ void layer_norm_backward(cuda_context& ctx, const device_tensor<DY, N>& dy,
 /// axis 1, PyTorch's momentum and unbiased running variance, save_mean / save_rstd for the
 /// backward pass). Channels-last images (`layout` nhwc: channels on the last axis) take
 /// channel_reduce_in's column order for the statistics, and coalesced elementwise passes.
+/// `act` as the host's: fused_activation::relu stores relu(y) in the same pass.
 template <Policy P, kernel_element X, kernel_element G, kernel_element B, statistics_element R,
           kernel_element Y, statistics_element S, std::size_t N>
   requires(N >= 2)
@@ -544,7 +602,8 @@ void batch_norm_train(cuda_context& ctx, const device_tensor<X, N>& x, const dev
                       const device_tensor<B, 1>& beta, device_tensor<R, 1>& running_mean,
                       device_tensor<R, 1>& running_var, device_tensor<Y, N>& y,
                       device_tensor<S, 1>& save_mean, device_tensor<S, 1>& save_rstd,
-                      double momentum = 0.1, double eps = 1e-5, image_layout layout = image_layout::nchw) {
+                      double momentum = 0.1, double eps = 1e-5, image_layout layout = image_layout::nchw,
+                      fused_activation act = fused_activation::none) {
   using M = detail::math_t<op::batch_norm, P, X, G, B>;
   using Acc = detail::accumulate_t<op::batch_norm, P>;
   constexpr std::string_view name = "precis::batch_norm_train";
@@ -568,32 +627,70 @@ void batch_norm_train(cuda_context& ctx, const device_tensor<X, N>& x, const dev
                                                  running_var.data(), count, static_cast<M>(eps),
                                                  static_cast<M>(momentum)},
       name);
-  detail::cuda::plane_elements(ctx, d[0], d[1], d[2],
-                               detail::cuda::batch_norm_normalise<M, X, G, B, M, Y, false>{
-                                   x.data(), gamma.data(), beta.data(), mean, rstd, y.data(), M(0)},
-                               name, layout);
+  detail::cuda::with_relu(act, [&](auto relu) {
+    detail::cuda::plane_elements(ctx, d[0], d[1], d[2],
+                                 detail::cuda::batch_norm_normalise<M, X, G, B, M, Y, false, relu.value>{
+                                     x.data(), gamma.data(), beta.data(), mean, rstd, y.data(), M(0)},
+                                 name, layout);
+  });
 }
 
 /// Batch norm in inference mode on the device, from the running statistics (see the host
-/// batch_norm_infer; the same formula as training mode; `layout` as batch_norm_train's).
+/// batch_norm_infer; the same formula as training mode; `layout` and `act` as
+/// batch_norm_train's).
 template <Policy P, kernel_element X, kernel_element G, kernel_element B, statistics_element R,
           kernel_element Y, std::size_t N>
   requires(N >= 2)
 void batch_norm_infer(cuda_context& ctx, const device_tensor<X, N>& x, const device_tensor<G, 1>& gamma,
                       const device_tensor<B, 1>& beta, const device_tensor<R, 1>& running_mean,
                       const device_tensor<R, 1>& running_var, device_tensor<Y, N>& y, double eps = 1e-5,
-                      image_layout layout = image_layout::nchw) {
+                      image_layout layout = image_layout::nchw, fused_activation act = fused_activation::none) {
   using M = detail::math_t<op::batch_norm, P, X, G, B>;
   constexpr std::string_view name = "precis::batch_norm_infer";
   const bool last = layout == image_layout::nhwc;
   detail::check_batch_norm_infer<N>(name, x, gamma, beta, running_mean, running_var, y, eps, last);
   const auto d = detail::batch_norm_dims(x, last);
-  detail::cuda::plane_elements(ctx, d[0], d[1], d[2],
-                               detail::cuda::batch_norm_normalise<M, X, G, B, R, Y, true>{
-                                   x.data(), gamma.data(), beta.data(), running_mean.data(), running_var.data(),
-                                   y.data(), static_cast<M>(eps)},
-                               name, layout);
+  detail::cuda::with_relu(act, [&](auto relu) {
+    detail::cuda::plane_elements(ctx, d[0], d[1], d[2],
+                                 detail::cuda::batch_norm_normalise<M, X, G, B, R, Y, true, relu.value>{
+                                     x.data(), gamma.data(), beta.data(), running_mean.data(), running_var.data(),
+                                     y.data(), static_cast<M>(eps)},
+                                 name, layout);
+  });
 }
+
+namespace detail::cuda {
+
+/// batch_norm_backward, and with z (not null; Z not void) batch_norm_relu_backward (see
+/// the host's batch_norm_backward_of).
+template <Policy P, class Z, class DY, class X, class G, class S, class DX, class DG, class DB, std::size_t N>
+void batch_norm_backward_of(std::string_view name, cuda_context& ctx, const device_tensor<DY, N>& dy,
+                            const relu_mask_t<DY, Z>* z, const device_tensor<X, N>& x,
+                            const device_tensor<G, 1>& gamma, const device_tensor<S, 1>& save_mean,
+                            const device_tensor<S, 1>& save_rstd, device_tensor<DX, N>& dx,
+                            device_tensor<DG, 1>& dgamma, device_tensor<DB, 1>& dbeta, image_layout layout) {
+  using M = math_t<op::batch_norm, P, DY, X, G>;
+  using Acc = accumulate_t<op::batch_norm, P>;
+  const bool last = layout == image_layout::nhwc;
+  check_batch_norm_backward<N>(name, dy, x, gamma, save_mean, save_rstd, dx, dgamma, dbeta, last);
+  const auto d = batch_norm_dims(x, last);
+  const std::size_t count = d[0] * d[2];
+  if (count == 0 || d[1] == 0) return;
+  // dbeta = sum(dy) and dgamma = sum(dy xhat) per channel (a channel reduction), then
+  // dx = gamma rstd (dy - dbeta / count - xhat dgamma / count) elementwise.
+  const batch_norm_dy<M, DY, Z> g{dy.data(), z};
+  device_tensor<M, 1> ab({2 * d[1]}, ctx.stream());
+  channel_reduce_in<Acc, 2>(ctx, layout, d[0], d[1], d[2],
+                            batch_norm_grad_terms<M, DY, X, S, Z>{g, x.data(), save_mean.data(), save_rstd.data()},
+                            batch_norm_grad_sums<M, DG, DB>{dgamma.data(), dbeta.data(), ab.data(), static_cast<M>(count)},
+                            name);
+  plane_elements(ctx, d[0], d[1], d[2],
+                 batch_norm_input_grad<M, DY, X, G, S, DX, Z>{g, x.data(), gamma.data(), save_mean.data(),
+                                                                save_rstd.data(), ab.data(), dx.data()},
+                 name, layout);
+}
+
+}  // namespace detail::cuda
 
 /// Gradients of batch_norm_train on the device from its saved statistics (see the host
 /// batch_norm_backward; `layout` as batch_norm_train's).
@@ -605,27 +702,24 @@ void batch_norm_backward(cuda_context& ctx, const device_tensor<DY, N>& dy, cons
                          const device_tensor<S, 1>& save_rstd, device_tensor<DX, N>& dx,
                          device_tensor<DG, 1>& dgamma, device_tensor<DB, 1>& dbeta,
                          image_layout layout = image_layout::nchw) {
-  using M = detail::math_t<op::batch_norm, P, DY, X, G>;
-  using Acc = detail::accumulate_t<op::batch_norm, P>;
-  constexpr std::string_view name = "precis::batch_norm_backward";
-  const bool last = layout == image_layout::nhwc;
-  detail::check_batch_norm_backward<N>(name, dy, x, gamma, save_mean, save_rstd, dx, dgamma, dbeta, last);
-  const auto d = detail::batch_norm_dims(x, last);
-  const std::size_t count = d[0] * d[2];
-  if (count == 0 || d[1] == 0) return;
-  // dbeta = sum(dy) and dgamma = sum(dy xhat) per channel (a channel reduction), then
-  // dx = gamma rstd (dy - dbeta / count - xhat dgamma / count) elementwise.
-  device_tensor<M, 1> ab({2 * d[1]}, ctx.stream());
-  detail::cuda::channel_reduce_in<Acc, 2>(
-      ctx, layout, d[0], d[1], d[2],
-      detail::cuda::batch_norm_grad_terms<M, DY, X, S>{dy.data(), x.data(), save_mean.data(), save_rstd.data()},
-      detail::cuda::batch_norm_grad_sums<M, DG, DB>{dgamma.data(), dbeta.data(), ab.data(), static_cast<M>(count)},
-      name);
-  detail::cuda::plane_elements(ctx, d[0], d[1], d[2],
-                               detail::cuda::batch_norm_input_grad<M, DY, X, G, S, DX>{
-                                   dy.data(), x.data(), gamma.data(), save_mean.data(), save_rstd.data(), ab.data(),
-                                   dx.data()},
-                               name, layout);
+  detail::cuda::batch_norm_backward_of<P, void>("precis::batch_norm_backward", ctx, dy, nullptr, x, gamma, save_mean,
+                                                save_rstd, dx, dgamma, dbeta, layout);
+}
+
+/// Gradients of z = relu(batch_norm_train(x)) on the device from dz and z (see the host
+/// batch_norm_relu_backward; `layout` as batch_norm_train's).
+template <Policy P, kernel_element DZ, kernel_element Z, kernel_element X, kernel_element G, statistics_element S,
+          kernel_element DX, kernel_element DG, kernel_element DB, std::size_t N>
+  requires(N >= 2)
+void batch_norm_relu_backward(cuda_context& ctx, const device_tensor<DZ, N>& dz, const device_tensor<Z, N>& z,
+                              const device_tensor<X, N>& x, const device_tensor<G, 1>& gamma,
+                              const device_tensor<S, 1>& save_mean, const device_tensor<S, 1>& save_rstd,
+                              device_tensor<DX, N>& dx, device_tensor<DG, 1>& dgamma, device_tensor<DB, 1>& dbeta,
+                              image_layout layout = image_layout::nchw) {
+  constexpr std::string_view name = "precis::batch_norm_relu_backward";
+  check_same_shape(std::string(name) + ": z and x", z, x);
+  detail::cuda::batch_norm_backward_of<P, Z>(name, ctx, dz, z.data(), x, gamma, save_mean, save_rstd, dx, dgamma,
+                                             dbeta, layout);
 }
 
 }  // namespace precis
