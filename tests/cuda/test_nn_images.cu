@@ -13,6 +13,9 @@
 // norm, its moved pooling and upsampling, and the channel-axis concatenations against the
 // NCHW reference.
 //
+// A batch norm and the ReLU after it, which run as one pass on the device, against the same
+// layers run apart on the device: the same bits.
+//
 // One unit for both layouts: they build the same models (the layout is a run-time option),
 // so the device and host instantiations are compiled once.
 #include <precis/nn/cuda.hpp>  // first: the device kernels, then nn
@@ -20,7 +23,13 @@
 #include "../../examples/dbnet/model.hpp"
 #include "nn_compare.hpp"
 
+#include <array>
+#include <cstring>
+#include <map>
 #include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 namespace {
 
@@ -103,6 +112,58 @@ void check_channels_last(cuda_context& ctx, const std::string& tag) {
   compare_models<P, 4>(ctx, tag + " dbnet", nn::seq(dbnet::blueprint(c), nn::subtract()), {2, 64, 64, 3}, 16, nhwc);
 }
 
+// On the device a batch norm and the ReLU after it run as one pass (batch_norm_layer::
+// fuses_with, nn::sequence): the bits of the two layers run apart (an nn::identity between
+// them keeps them apart), in training (the output, the input gradient, every parameter
+// gradient) and then in evaluation (from the running statistics the training pass updated).
+template <class P>
+void check_fused_relu(cuda_context& ctx, const std::string& tag, image_layout layout) {
+  using S = typename P::storage_type;
+  using G = typename P::gradient_type;
+  const auto fused_blueprint = nn::seq(nn::conv2d(3, 6, 3, same, nn::no_bias), nn::batch_norm(6), nn::relu());
+  const auto apart_blueprint =
+      nn::seq(nn::conv2d(3, 6, 3, same, nn::no_bias), nn::batch_norm(6), nn::identity(), nn::relu());
+  const nn::build_options o{.seed = 7, .layout = layout};
+  auto host = nn::build<S, 4>(P{}, fused_blueprint, o);
+  auto fused = nn::build<S, 4, cuda_context>(P{}, fused_blueprint, o);
+  auto apart = nn::build<S, 4, cuda_context>(P{}, apart_blueprint, o);
+  // The pair fuses on the device and not on the host.
+  using root = typename decltype(fused)::root_type;
+  using norm = std::remove_reference_t<decltype(std::declval<root&>().template child<1>())>;
+  using relu = std::remove_reference_t<decltype(std::declval<root&>().template child<2>())>;
+  static_assert(norm::template fuses_with<relu>);
+  using host_root = typename decltype(host)::root_type;
+  using host_norm = std::remove_reference_t<decltype(std::declval<host_root&>().template child<1>())>;
+  using host_relu = std::remove_reference_t<decltype(std::declval<host_root&>().template child<2>())>;
+  static_assert(!host_norm::template fuses_with<host_relu>);
+  nn::copy_masters(ctx, host, fused);
+  nn::copy_masters(ctx, host, apart);
+  fused.zero_grad(ctx);
+  apart.zero_grad(ctx);
+  const std::array<std::size_t, 4> xs = layout == image_layout::nhwc ? std::array<std::size_t, 4>{3, 9, 11, 3}
+                                                                      : std::array<std::size_t, 4>{3, 3, 9, 11};
+  const auto x = to_device(random_tensor<S, 4>(xs));
+  const auto dy = to_device(random_tensor<G, 4>(host.output_shape(xs), 0.1F));
+  const std::string w = tag + " batch norm with a fused relu";
+  expect(same_bits(ctx, fused.forward(ctx, x), to_host(apart.forward(ctx, x), ctx.stream())), w + ": forward");
+  expect(same_bits(ctx, fused.backward(ctx, dy), to_host(apart.backward(ctx, dy), ctx.stream())),
+         w + ": input gradient");
+  std::map<std::string, std::vector<float>> apart_grads;
+  apart.for_each_parameter([&](const std::string& path, const auto& p) {
+    const auto g = to_host(p.grad(), ctx.stream());
+    apart_grads[path] = std::vector<float>(g.data(), g.data() + g.size());
+  });
+  fused.for_each_parameter([&](const std::string& path, const auto& p) {
+    const auto g = to_host(p.grad(), ctx.stream());
+    const auto& want = apart_grads.at(path);
+    expect(std::memcmp(g.data(), want.data(), want.size() * sizeof(float)) == 0 && g.size() == want.size(),
+           w + ": gradient of " + path);
+  });
+  expect(same_bits(ctx, fused.forward(ctx, x, nn::mode::eval),
+                   to_host(apart.forward(ctx, x, nn::mode::eval), ctx.stream())),
+         w + ": evaluation");
+}
+
 }  // namespace
 
 int main() {
@@ -114,6 +175,9 @@ int main() {
   check_channels_last<presets::fp32>(ctx, "nhwc fp32");
   check_channels_last<presets::bf16_mixed>(ctx, "nhwc bf16_mixed");
   check_channels_last<presets::fp16_mixed>(ctx, "nhwc fp16_mixed");
+  check_fused_relu<presets::fp32>(ctx, "fp32", image_layout::nchw);
+  check_fused_relu<presets::bf16_mixed>(ctx, "bf16_mixed", image_layout::nchw);
+  check_fused_relu<presets::fp16_mixed>(ctx, "nhwc fp16_mixed", nhwc);
   // Shapes that cannot be joined are refused, naming the join, before any launch.
   {
     auto model = nn::build<float, 4, cuda_context>(

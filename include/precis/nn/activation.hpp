@@ -134,6 +134,17 @@ class activation_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
     io::template unary_backward<P, Kernel::template grad>(kernel_name(), ctx, dy, x, dx_);
     return dx_;
   }
+  /// Its output buffer, sized to `shape`, for a layer before it that writes f of its own
+  /// output there in the same pass (batch norm's fused ReLU: see nn::sequence). That pass
+  /// replaces this layer's forward() and backward(); backward() until the next forward()
+  /// throws precis::error.
+  tensor<S>& fused_output(const shape_t<R>& shape) {
+    detail::ensure(y_, shape);
+    x_ = {};
+    return y_;
+  }
+  /// The buffer fused_output() gave, as the last fused pass left it.
+  const tensor<S>& fused_output() const { return y_; }
   /// Its shape column in nn::describe: "-" (it has no parameters).
   std::string shape() const { return "-"; }
   /// Bytes of its output and input-gradient buffers, and of the kept f'(x) where it keeps

@@ -424,9 +424,34 @@ class sequence {
   }
   // Children give a tensor by reference, or a multi-tensor edge (a tuple of pointers) by
   // value: decltype(auto) passes either on as it came.
+  // Whether children I and I + 1 run as one (a batch norm and the ReLU after it on the
+  // device: the first's fuses_with).
+  template <std::size_t I>
+  static constexpr bool fused_at() {
+    if constexpr (I >= count || I + 1 >= count) {
+      return false;
+    } else {
+      using A = std::tuple_element_t<I, children_type>;
+      using B = std::tuple_element_t<I + 1, children_type>;
+      if constexpr (requires { A::template fuses_with<B>; }) {
+        return A::template fuses_with<B>;
+      } else {
+        return false;
+      }
+    }
+  }
   template <std::size_t I, class X>
   decltype(auto) forward_from(context_ref_t<context_type> ctx, const X& x, mode m) {
-    if constexpr (I + 1 == count) {
+    if constexpr (fused_at<I>()) {
+      auto& next = std::get<I + 1>(children_);
+      auto& z = next.fused_output(detail::shape_of<std::tuple_element_t<I + 1, children_type>::input_rank>(x));
+      std::get<I>(children_).forward_relu(ctx, x, m, z);
+      if constexpr (I + 2 == count) {
+        return std::as_const(z);
+      } else {
+        return forward_from<I + 2>(ctx, std::as_const(z), m);
+      }
+    } else if constexpr (I + 1 == count) {
       return std::get<I>(children_).forward(ctx, x, m);
     } else {
       const auto& y = std::get<I>(children_).forward(ctx, x, m);
@@ -435,7 +460,17 @@ class sequence {
   }
   template <std::size_t I, bool ParametersOnly = false, class D>
   decltype(auto) backward_from(context_ref_t<context_type> ctx, const D& dy) {
-    if constexpr (I == 0 && ParametersOnly) {
+    if constexpr (fused_at<I - 1>()) {  // false for I = 0 (I - 1 wraps past the children)
+      // A fused pair ends at I: its first child's backward pass from the pair's output.
+      const auto& dx = std::get<I - 1>(children_).backward_relu(ctx, dy, std::get<I>(children_).fused_output());
+      if constexpr (I - 1 == 0 && ParametersOnly) {
+        return;
+      } else if constexpr (I - 1 == 0) {
+        return dx;
+      } else {
+        return backward_from<I - 2, ParametersOnly>(ctx, dx);
+      }
+    } else if constexpr (I == 0 && ParametersOnly) {
       nn::backward_parameters(std::get<I>(children_), ctx, dy);
     } else if constexpr (I == 0) {
       return std::get<I>(children_).backward(ctx, dy);

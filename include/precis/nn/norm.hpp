@@ -96,8 +96,10 @@ class affine_norm : public layer_base<Tag, P, Op, R, R, Ctx> {
       beta_.refresh();
     }
   }
-  void size_buffers(const shape_t<R>& shape) {
-    ensure(y_, shape);
+  /// The buffers of a pass of this shape; `own_output` false where the output goes to a
+  /// buffer of the next layer's (a fused ReLU: nn::sequence).
+  void size_buffers(const shape_t<R>& shape, bool own_output = true) {
+    if (own_output) ensure(y_, shape);
     ensure(dx_, shape);
     ensure(dgamma_, shape_t<1>{features_});
     ensure(dbeta_, shape_t<1>{features_});
@@ -275,6 +277,66 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
     }
     last_train_ = m == mode::train;
     return this->y_;
+  }
+  /// Whether nn::sequence runs this layer and `Next`, the layer after it, as one pass
+  /// (forward_relu, backward_relu): on the device, where Next is a ReLU (nn::relu) of this
+  /// layer's context that reads and gives this layer's output and gradient types and computes
+  /// in a type that holds them exactly, so that the pair gives the two layers' bits. The host
+  /// keeps the two layers apart, so that precis::diagnostics' monitor reads each one's
+  /// buffers.
+  template <class Next>
+  static constexpr bool fuses_with = [] {
+    if constexpr (std::is_same_v<Ctx, cpu_context>) {
+      return false;
+    } else if constexpr (requires {
+                           Next::kind;
+                           typename Next::policy_type;
+                           typename Next::context_type;
+                         }) {
+      using Np = typename Next::policy_type;
+      using Mf = precis::detail::math_t<op::elementwise, Np, S>;
+      using Mb = precis::detail::math_t<op::elementwise, Np, G, S>;
+      return Next::kind == std::string_view("relu") && std::is_same_v<typename Next::context_type, Ctx> &&
+             std::is_same_v<typename Next::input_type, S> && std::is_same_v<typename Next::output_type, S> &&
+             std::is_same_v<typename Next::input_grad_type, G> && std::is_same_v<typename Next::output_grad_type, G> &&
+             at_least_as_wide_v<Mf, S> && at_least_as_wide_v<Mb, S> && at_least_as_wide_v<Mb, G> &&
+             at_least_as_wide_v<precis::detail::math_t<op::batch_norm, P, S, S, S>, S> &&
+             at_least_as_wide_v<precis::detail::math_t<op::batch_norm, P, G, S, S>, G>;
+    } else {
+      return false;
+    }
+  }();
+  /// relu(forward(x, m)) into z (sized by the caller to x's shape), in the passes of forward()
+  /// (fused_activation::relu): what nn::sequence runs where fuses_with holds. Keeps what
+  /// backward_relu() needs; this layer's own output buffer is not written. Throws
+  /// precis::error as forward() does.
+  void forward_relu(context_ref_t<Ctx> ctx, const tensor<S>& x, mode m, tensor<S>& z) {
+    this->size_buffers(output_shape(detail::shape_of<R>(x), path_name<Tag>()), false);
+    if (m == mode::train) {
+      detail::ensure(save_mean_, shape_t<1>{this->features_});
+      detail::ensure(save_rstd_, shape_t<1>{this->features_});
+      batch_norm_train<P>(ctx, x, this->gamma_.value(), this->beta_.value(), running_mean_, running_var_, z,
+                          save_mean_, save_rstd_, momentum_, eps_, layout_, fused_activation::relu);
+      this->x_.set(x);
+    } else {
+      batch_norm_infer<P>(ctx, x, this->gamma_.value(), this->beta_.value(), running_mean_, running_var_, z, eps_,
+                          layout_, fused_activation::relu);
+    }
+    last_train_ = m == mode::train;
+  }
+  /// The input gradient of relu(forward(x)) from dz and z, the output of the last
+  /// forward_relu() (batch_norm_relu_backward): backward() of the ReLU's gradient, adding
+  /// dgamma and dbeta to the parameters' gradients. Throws precis::error as backward() does.
+  const tensor<G>& backward_relu(context_ref_t<Ctx> ctx, const tensor<G>& dz, const tensor<S>& z) {
+    if (!last_train_) {
+      throw error("precis::nn::batch_norm: backward() after an evaluation-mode forward(); the backward pass "
+                  "differentiates the batch statistics of a training-mode forward (mode::train)");
+    }
+    const auto& x = this->x_.get(kind);
+    batch_norm_relu_backward<P>(ctx, dz, z, x, this->gamma_.value(), save_mean_, save_rstd_, this->dx_,
+                                this->dgamma_, this->dbeta_, layout_);
+    this->accumulate_affine(ctx);
+    return this->dx_;
   }
   /// Backward of the last forward pass, which must have been in training mode (the batch
   /// statistics' gradient; evaluation mode's running statistics are not differentiated):
