@@ -632,11 +632,14 @@ struct channels_last_terms {
 /// [images * inner, channels] in slabs of up to channel_segment rows (fewer where that would
 /// leave the first pass few blocks: column_slab_rows_for), then each channel's slabs by a
 /// warp; its reads are coalesced along the channels. Either order depends on the shape alone; they
-/// differ from each other by at most the float bound of a sum of images * inner terms.
+/// differ from each other by at most the float bound of a sum of images * inner terms. One
+/// channel is laid out alike in both (element (i, q) at i * inner + q): it takes the NCHW
+/// order, whose first pass spreads each image over segments, where the columns' would give
+/// one lane in 32 a column to add.
 template <class Acc, int K, class Terms, class Finish>
 void channel_reduce_in(cuda_context& ctx, image_layout layout, std::size_t images, std::size_t channels,
                        std::size_t inner, const Terms& terms, const Finish& finish, std::string_view name) {
-  if (layout == image_layout::nhwc) {
+  if (layout == image_layout::nhwc && channels > 1) {
     column_reduce<Acc, K>(ctx, images * inner, channels, channels_last_terms<Terms>{terms, channels}, finish, name,
                           channel_segment);
   } else {
