@@ -182,16 +182,22 @@ TEST_CASE("the row kernels give a row group 1, 2 or 4 rows, leaving enough block
   CHECK(resident_rows_per_group(1023, 1) == 1);
 }
 
-TEST_CASE("nearest upsampling's 32-bit index arithmetic matches the 64-bit formulas and gathers every output once") {
-  using precis::detail::nearest_index;
-  struct sizes {
-    std::size_t h, w, ho, wo;
-  };
+namespace {
+
+// The planes the resampling indexers are checked on: each layout, 1 and 2 images, 1, 3 and 5
+// channels, and planes that grow (by whole and other factors), keep their size and shrink.
+struct resample_sizes {
+  std::size_t h, w, ho, wo;
+};
+template <class F>
+void for_each_resample(F f) {
   for (const bool last : {false, true}) {
     for (const std::size_t n : {1UL, 2UL}) {
       for (const std::size_t c : {1UL, 3UL, 5UL}) {
-        for (const sizes z : {sizes{4, 4, 8, 8}, sizes{3, 5, 7, 11}, sizes{5, 5, 5, 5}, sizes{2, 3, 16, 24},
-                              sizes{7, 6, 3, 4}, sizes{1, 1, 9, 2}, sizes{20, 20, 160, 160}}) {
+        for (const resample_sizes z :
+             {resample_sizes{4, 4, 8, 8}, resample_sizes{3, 5, 7, 11}, resample_sizes{5, 5, 5, 5},
+              resample_sizes{2, 3, 16, 24}, resample_sizes{7, 6, 3, 4}, resample_sizes{1, 1, 9, 2},
+              resample_sizes{20, 20, 160, 160}}) {
           CAPTURE(last);
           CAPTURE(n);
           CAPTURE(c);
@@ -199,45 +205,54 @@ TEST_CASE("nearest upsampling's 32-bit index arithmetic matches the 64-bit formu
           CAPTURE(z.w);
           CAPTURE(z.ho);
           CAPTURE(z.wo);
-          REQUIRE(nearest_index::fits(n * c, z.h, z.w, z.ho, z.wo, c));
-          const auto ix = nearest_index::make(z.h, z.w, z.ho, z.wo, c, last);
-          const std::size_t outs = n * c * z.ho * z.wo, ins = n * c * z.h * z.w, stride = last ? c : 1;
-          // The generic kernels' 64-bit arithmetic: output i's source.
-          std::vector<std::size_t> source(outs);
-          for (std::size_t i = 0; i < outs; ++i) {
-            std::size_t image = 0, ch = 0, o = 0;
-            if (last) {
-              ch = i % c;
-              image = (i / c) / (z.ho * z.wo);
-              o = (i / c) % (z.ho * z.wo);
-            } else {
-              image = i / (z.ho * z.wo);
-              o = i % (z.ho * z.wo);
-            }
-            const std::size_t first = last ? image * z.h * z.w * c + ch : image * z.h * z.w;
-            const std::size_t iy = (o / z.wo) * z.h / z.ho, ixx = (o % z.wo) * z.w / z.wo;
-            source[i] = first + (iy * z.w + ixx) * stride;
-            REQUIRE(ix.source(std::uint32_t(i)) == source[i]);
-          }
-          // Each input's outputs are exactly those whose source it is, each gathered once.
-          std::vector<int> gathered(outs, 0);
-          for (std::size_t i = 0; i < ins; ++i) {
-            std::uint32_t base = 0, oy0 = 0, oy1 = 0, ox0 = 0, ox1 = 0;
-            ix.outputs(std::uint32_t(i), base, oy0, oy1, ox0, ox1);
-            for (std::uint32_t oy = oy0; oy < oy1; ++oy) {
-              for (std::uint32_t ox = ox0; ox < ox1; ++ox) {
-                const std::size_t o = base + (std::size_t(oy) * z.wo + ox) * stride;
-                REQUIRE(o < outs);
-                REQUIRE(source[o] == i);
-                ++gathered[o];
-              }
-            }
-          }
-          REQUIRE(std::all_of(gathered.begin(), gathered.end(), [](int k) { return k == 1; }));
+          f(last, n, c, z);
         }
       }
     }
   }
+}
+
+}  // namespace
+
+TEST_CASE("nearest upsampling's 32-bit index arithmetic matches the 64-bit formulas and gathers every output once") {
+  using precis::detail::nearest_index;
+  for_each_resample([](bool last, std::size_t n, std::size_t c, const resample_sizes& z) {
+    REQUIRE(nearest_index::fits(n * c, z.h, z.w, z.ho, z.wo, c));
+    const auto ix = nearest_index::make(z.h, z.w, z.ho, z.wo, c, last);
+    const std::size_t outs = n * c * z.ho * z.wo, ins = n * c * z.h * z.w, stride = last ? c : 1;
+    // The generic kernels' 64-bit arithmetic: output i's source.
+    std::vector<std::size_t> source(outs);
+    for (std::size_t i = 0; i < outs; ++i) {
+      std::size_t image = 0, ch = 0, o = 0;
+      if (last) {
+        ch = i % c;
+        image = (i / c) / (z.ho * z.wo);
+        o = (i / c) % (z.ho * z.wo);
+      } else {
+        image = i / (z.ho * z.wo);
+        o = i % (z.ho * z.wo);
+      }
+      const std::size_t first = last ? image * z.h * z.w * c + ch : image * z.h * z.w;
+      const std::size_t iy = (o / z.wo) * z.h / z.ho, ixx = (o % z.wo) * z.w / z.wo;
+      source[i] = first + (iy * z.w + ixx) * stride;
+      REQUIRE(ix.source(std::uint32_t(i)) == source[i]);
+    }
+    // Each input's outputs are exactly those whose source it is, each gathered once.
+    std::vector<int> gathered(outs, 0);
+    for (std::size_t i = 0; i < ins; ++i) {
+      std::uint32_t base = 0, oy0 = 0, oy1 = 0, ox0 = 0, ox1 = 0;
+      ix.outputs(std::uint32_t(i), base, oy0, oy1, ox0, ox1);
+      for (std::uint32_t oy = oy0; oy < oy1; ++oy) {
+        for (std::uint32_t ox = ox0; ox < ox1; ++ox) {
+          const std::size_t o = base + (std::size_t(oy) * z.wo + ox) * stride;
+          REQUIRE(o < outs);
+          REQUIRE(source[o] == i);
+          ++gathered[o];
+        }
+      }
+    }
+    REQUIRE(std::all_of(gathered.begin(), gathered.end(), [](int k) { return k == 1; }));
+  });
   CHECK_FALSE(nearest_index::fits(1, 70000, 70000, 1, 1, 1));       // 2^32 input elements
   CHECK_FALSE(nearest_index::fits(1u << 20, 64, 64, 128, 128, 1));  // 2^34 output elements
   CHECK_FALSE(nearest_index::fits(0, 4, 4, 8, 8, 1));
@@ -325,62 +340,45 @@ TEST_CASE("pooling's 32-bit index arithmetic matches the 64-bit formulas and fin
 
 TEST_CASE("bilinear upsampling's 32-bit indices match the 64-bit formulas") {
   using precis::detail::resample_index;
-  struct sizes {
-    std::size_t h, w, ho, wo;
-  };
-  for (const bool last : {false, true}) {
-    for (const std::size_t n : {1UL, 3UL}) {
-      for (const std::size_t c : {1UL, 4UL}) {
-        for (const sizes z : {sizes{4, 4, 8, 8}, sizes{3, 5, 7, 11}, sizes{7, 6, 3, 4}, sizes{1, 1, 9, 2},
-                              sizes{20, 20, 160, 160}}) {
-          CAPTURE(last);
-          CAPTURE(n);
-          CAPTURE(c);
-          CAPTURE(z.h);
-          CAPTURE(z.w);
-          CAPTURE(z.ho);
-          CAPTURE(z.wo);
-          REQUIRE(resample_index::fits(n * c, z.h, z.w, z.ho, z.wo, c));
-          const auto ix = resample_index::make(z.h, z.w, z.ho, z.wo, c, last);
-          const std::size_t stride = last ? c : 1;
-          // The generic kernels' 64-bit arithmetic: element i of a tensor of planes of
-          // `pixels`, its image, channel and pixel.
-          const auto place = [&](std::size_t i, std::size_t pixels, std::size_t& image, std::size_t& ch,
-                                 std::size_t& at) {
-            ch = last ? i % c : 0;
-            const std::size_t rest = last ? i / c : i;
-            image = rest / pixels;
-            at = rest % pixels;
-          };
-          const auto first = [&](std::size_t image, std::size_t ch, std::size_t pixels) {
-            return last ? image * pixels * c + ch : image * pixels;
-          };
-          for (std::size_t i = 0; i < n * c * z.ho * z.wo; ++i) {
-            std::size_t image = 0, ch = 0, o = 0;
-            place(i, z.ho * z.wo, image, ch, o);
-            std::uint32_t x_first = 0, oy = 0, ox = 0;
-            ix.output(std::uint32_t(i), x_first, oy, ox);
-            REQUIRE(x_first == first(image, ch, z.h * z.w));
-            REQUIRE(oy == o / z.wo);
-            REQUIRE(ox == o % z.wo);
-            REQUIRE(first(image, ch, z.ho * z.wo) + ix.out_at(oy, ox) == i);
-          }
-          for (std::size_t i = 0; i < n * c * z.h * z.w; ++i) {
-            std::size_t image = 0, ch = 0, pixel = 0;
-            place(i, z.h * z.w, image, ch, pixel);
-            std::uint32_t x_first = 0, o_first = 0, at = 0, iy = 0, jx = 0;
-            ix.locate_input(std::uint32_t(i), x_first, o_first, at, iy, jx);
-            REQUIRE(x_first == first(image, ch, z.h * z.w));
-            REQUIRE(x_first + (std::size_t(iy) * z.w + jx) * stride == i);
-            REQUIRE(o_first == first(image, ch, z.ho * z.wo));
-            REQUIRE(at == pixel);
-            REQUIRE(iy == pixel / z.w);
-            REQUIRE(jx == pixel % z.w);
-          }
-        }
-      }
+  for_each_resample([](bool last, std::size_t n, std::size_t c, const resample_sizes& z) {
+    REQUIRE(resample_index::fits(n * c, z.h, z.w, z.ho, z.wo, c));
+    const auto ix = resample_index::make(z.h, z.w, z.ho, z.wo, c, last);
+    const std::size_t stride = last ? c : 1;
+    // The generic kernels' 64-bit arithmetic: element i of a tensor of planes of
+    // `pixels`, its image, channel and pixel.
+    const auto place = [&](std::size_t i, std::size_t pixels, std::size_t& image, std::size_t& ch,
+                           std::size_t& at) {
+      ch = last ? i % c : 0;
+      const std::size_t rest = last ? i / c : i;
+      image = rest / pixels;
+      at = rest % pixels;
+    };
+    const auto first = [&](std::size_t image, std::size_t ch, std::size_t pixels) {
+      return last ? image * pixels * c + ch : image * pixels;
+    };
+    for (std::size_t i = 0; i < n * c * z.ho * z.wo; ++i) {
+      std::size_t image = 0, ch = 0, o = 0;
+      place(i, z.ho * z.wo, image, ch, o);
+      std::uint32_t x_first = 0, oy = 0, ox = 0;
+      ix.output(std::uint32_t(i), x_first, oy, ox);
+      REQUIRE(x_first == first(image, ch, z.h * z.w));
+      REQUIRE(oy == o / z.wo);
+      REQUIRE(ox == o % z.wo);
+      REQUIRE(first(image, ch, z.ho * z.wo) + ix.out_at(oy, ox) == i);
     }
-  }
+    for (std::size_t i = 0; i < n * c * z.h * z.w; ++i) {
+      std::size_t image = 0, ch = 0, pixel = 0;
+      place(i, z.h * z.w, image, ch, pixel);
+      std::uint32_t x_first = 0, o_first = 0, at = 0, iy = 0, jx = 0;
+      ix.locate_input(std::uint32_t(i), x_first, o_first, at, iy, jx);
+      REQUIRE(x_first == first(image, ch, z.h * z.w));
+      REQUIRE(x_first + (std::size_t(iy) * z.w + jx) * stride == i);
+      REQUIRE(o_first == first(image, ch, z.ho * z.wo));
+      REQUIRE(at == pixel);
+      REQUIRE(iy == pixel / z.w);
+      REQUIRE(jx == pixel % z.w);
+    }
+  });
   CHECK_FALSE(resample_index::fits(1, 70000, 70000, 1, 1, 1));       // 2^32 input elements
   CHECK_FALSE(resample_index::fits(1u << 20, 64, 64, 128, 128, 1));  // 2^34 output elements
   CHECK(resample_index::fits(16 * 64, 160, 160, 640, 640, 64));
