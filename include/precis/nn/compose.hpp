@@ -322,7 +322,9 @@ constexpr seq_spec<Ss...> seq(Ss... nodes) {
 }
 
 /// Modules run in order; neighbours must fit (nn::edge_fits). Children are named by their
-/// own name in paths, or by their position.
+/// own name in paths, or by their position. A child and the next run as one pass where the
+/// first's `fuses_with<Next>` holds (a batch norm and its ReLU on the device:
+/// batch_norm_layer::fuses_with), with the bits of the two.
 template <class... Ms>
 class sequence {
   static_assert(sizeof...(Ms) > 0, "precis: a sequence needs at least one module");
@@ -422,8 +424,6 @@ class sequence {
       return shape_from<I + 1>(out, path);
     }
   }
-  // Children give a tensor by reference, or a multi-tensor edge (a tuple of pointers) by
-  // value: decltype(auto) passes either on as it came.
   // Whether children I and I + 1 run as one (a batch norm and the ReLU after it on the
   // device: the first's fuses_with).
   template <std::size_t I>
@@ -440,6 +440,8 @@ class sequence {
       }
     }
   }
+  // Children give a tensor by reference, or a multi-tensor edge (a tuple of pointers) by
+  // value: decltype(auto) passes either on as it came.
   template <std::size_t I, class X>
   decltype(auto) forward_from(context_ref_t<context_type> ctx, const X& x, mode m) {
     if constexpr (fused_at<I>()) {
