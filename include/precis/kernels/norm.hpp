@@ -640,8 +640,9 @@ void batch_norm_backward(const cpu_context& ctx, const host_tensor<DY, N>& dy, c
                          const host_tensor<S, 1>& save_rstd, host_tensor<DX, N>& dx,
                          host_tensor<DG, 1>& dgamma, host_tensor<DB, 1>& dbeta,
                          image_layout layout = image_layout::nchw) {
-  detail::batch_norm_backward_of<P>("precis::batch_norm_backward", ctx, dy, static_cast<const host_tensor<DY, N>*>(nullptr),
-                                    x, gamma, save_mean, save_rstd, dx, dgamma, dbeta, layout);
+  const host_tensor<DY, N>* no_relu = nullptr;
+  detail::batch_norm_backward_of<P>("precis::batch_norm_backward", ctx, dy, no_relu, x, gamma, save_mean, save_rstd,
+                                    dx, dgamma, dbeta, layout);
 }
 
 /// Gradients of z = relu(batch_norm_train(x)), the forward pass with fused_activation::relu,

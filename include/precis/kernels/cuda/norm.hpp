@@ -629,7 +629,7 @@ void batch_norm_train(cuda_context& ctx, const device_tensor<X, N>& x, const dev
       name);
   detail::cuda::with_relu(act, [&](auto relu) {
     detail::cuda::plane_elements(ctx, d[0], d[1], d[2],
-                                 detail::cuda::batch_norm_normalise<M, X, G, B, M, Y, false, relu.value>{
+                                 detail::cuda::batch_norm_normalise<M, X, G, B, M, Y, false, decltype(relu)::value>{
                                      x.data(), gamma.data(), beta.data(), mean, rstd, y.data(), M(0)},
                                  name, layout);
   });
@@ -652,7 +652,7 @@ void batch_norm_infer(cuda_context& ctx, const device_tensor<X, N>& x, const dev
   const auto d = detail::batch_norm_dims(x, last);
   detail::cuda::with_relu(act, [&](auto relu) {
     detail::cuda::plane_elements(ctx, d[0], d[1], d[2],
-                                 detail::cuda::batch_norm_normalise<M, X, G, B, R, Y, true, relu.value>{
+                                 detail::cuda::batch_norm_normalise<M, X, G, B, R, Y, true, decltype(relu)::value>{
                                      x.data(), gamma.data(), beta.data(), running_mean.data(), running_var.data(),
                                      y.data(), static_cast<M>(eps)},
                                  name, layout);
@@ -682,7 +682,8 @@ void batch_norm_backward_of(std::string_view name, cuda_context& ctx, const devi
   device_tensor<M, 1> ab({2 * d[1]}, ctx.stream());
   channel_reduce_in<Acc, 2>(ctx, layout, d[0], d[1], d[2],
                             batch_norm_grad_terms<M, DY, X, S, Z>{g, x.data(), save_mean.data(), save_rstd.data()},
-                            batch_norm_grad_sums<M, DG, DB>{dgamma.data(), dbeta.data(), ab.data(), static_cast<M>(count)},
+                            batch_norm_grad_sums<M, DG, DB>{dgamma.data(), dbeta.data(), ab.data(),
+                                                            static_cast<M>(count)},
                             name);
   plane_elements(ctx, d[0], d[1], d[2],
                  batch_norm_input_grad<M, DY, X, G, S, DX, Z>{g, x.data(), gamma.data(), save_mean.data(),
