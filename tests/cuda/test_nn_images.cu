@@ -136,6 +136,15 @@ void check_fused_relu(cuda_context& ctx, const std::string& tag, image_layout la
   using host_norm = std::remove_reference_t<decltype(std::declval<host_root&>().template child<1>())>;
   using host_relu = std::remove_reference_t<decltype(std::declval<host_root&>().template child<2>())>;
   static_assert(!host_norm::template fuses_with<host_relu>);
+  // nn::describe says so on the batch norm's row, on the device only.
+  const std::string note = "one pass with the next relu";
+  const std::string table = nn::describe(fused);
+  const std::size_t at = table.find(note);
+  const std::size_t line = table.rfind('\n', at == std::string::npos ? 0 : at);
+  expect(at != std::string::npos && table.find("batch_norm", line == std::string::npos ? 0 : line) < at,
+         tag + " describe notes the fused pair on the batch norm's row");
+  expect(nn::describe(apart).find(note) == std::string::npos && nn::describe(host).find(note) == std::string::npos,
+         tag + " describe notes no pair where none fuses");
   nn::copy_masters(ctx, host, fused);
   nn::copy_masters(ctx, host, apart);
   fused.zero_grad(ctx);

@@ -401,6 +401,9 @@ class sequence {
   }
   /// The number of children.
   static constexpr std::size_t size() { return count; }
+  /// Whether child i and child i + 1 run as one pass (see the class comment); nn::describe
+  /// notes it on the first.
+  static constexpr bool fuses_with_next(std::size_t i) { return i < count && fused_table()[i]; }
 
  private:
   template <class Spec, std::size_t... I>
@@ -423,6 +426,11 @@ class sequence {
     } else {
       return shape_from<I + 1>(out, path);
     }
+  }
+  static constexpr std::array<bool, count> fused_table() {
+    return []<std::size_t... I>(std::index_sequence<I...>) {
+      return std::array<bool, count>{fused_at<I>()...};
+    }(std::make_index_sequence<count>{});
   }
   // Whether children I and I + 1 run as one (a batch norm and the ReLU after it on the
   // device: the first's fuses_with).

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <set>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -51,7 +52,8 @@ inline std::string byte_string(std::size_t bytes) {
 /// precis::describe (tag, operation kind, storage / compute / accumulate / master /
 /// gradient, float8 recipe, the map entry that decided it, waived rules, notes such as
 /// "fp32 by rule", "hardware products", or on attention's pieces "fused (cuDNN flash
-/// attention)" where nn::attention_layer::fused), its parameter count and bytes; every cast build
+/// attention)" where nn::attention_layer::fused, or on a batch norm "one pass with the next
+/// relu" where nn::sequence fuses the two), its parameter count and bytes; every cast build
 /// inserted, with the conversion it makes; then totals, and, when a layer uses hardware
 /// products, the engine that runs them here (precis::cpu_products_engine(), and
 /// precis::cpu_float_products_engine() for float and float16 storage).
@@ -60,8 +62,16 @@ std::string describe(const model<Root, Map>& m) {
   std::vector<std::vector<std::string>> rows{{"path", "kind", "shape", "layer", "op", "storage", "compute",
                                               "accumulate", "master", "gradient", "fp8", "from", "waived", "notes",
                                               "params", "bytes"}};
+  std::set<std::string> fused_first;  // layers that run in one pass with the next (a sequence's)
   walk(m.root(), std::string(m.root().name()), [&](const std::string& path, const auto& node) {
     using N = std::remove_cvref_t<decltype(node)>;
+    if constexpr (requires { N::fuses_with_next(std::size_t(0)); }) {
+      std::size_t i = 0;
+      N::for_each_child(node, [&](std::string_view component, const auto&) {
+        if (N::fuses_with_next(i)) fused_first.insert(join_path(path, component));
+        ++i;
+      });
+    }
     if constexpr (leaf<N>) {
       std::size_t count = 0, bytes = 0;
       for_each_parameter_of(node, [&](std::string_view, const auto& p) {
@@ -98,6 +108,10 @@ std::string describe(const model<Root, Map>& m) {
       } else if constexpr (has_policy<N>) {
         static_assert(std::is_same_v<typename N::policy_type, policy_for_t<typename N::tag_type, Map>>);
         for (auto& c : precis::detail::describe_row<typename N::tag_type, Map>()) row.push_back(std::move(c));
+        if (fused_first.contains(path)) {
+          auto& notes = row.back();
+          notes = (notes.empty() || notes == "-" ? "" : notes + "; ") + "one pass with the next relu";
+        }
       } else {
         row.insert(row.end(), {std::string(precis::detail::layer_name<typename N::tag_type>()), "-",
                                std::string(type_name_v<typename N::output_type>), "-", "-", "-",
