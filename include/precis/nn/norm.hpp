@@ -265,17 +265,7 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
   /// fewer than two values per channel in training, or a negative or non-finite eps.
   const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode m = mode::train) {
     this->size_buffers(output_shape(detail::shape_of<R>(x), path_name<Tag>()));
-    if (m == mode::train) {
-      detail::ensure(save_mean_, shape_t<1>{this->features_});
-      detail::ensure(save_rstd_, shape_t<1>{this->features_});
-      batch_norm_train<P>(ctx, x, this->gamma_.value(), this->beta_.value(), running_mean_, running_var_, this->y_,
-                          save_mean_, save_rstd_, momentum_, eps_, layout_);
-      this->x_.set(x);
-    } else {
-      batch_norm_infer<P>(ctx, x, this->gamma_.value(), this->beta_.value(), running_mean_, running_var_, this->y_,
-                          eps_, layout_);
-    }
-    last_train_ = m == mode::train;
+    normalise(ctx, x, m, this->y_, fused_activation::none);
     return this->y_;
   }
   /// Whether nn::sequence runs this layer and `Next`, the layer after it, as one pass
@@ -312,28 +302,13 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
   /// precis::error as forward() does.
   void forward_relu(context_ref_t<Ctx> ctx, const tensor<S>& x, mode m, tensor<S>& z) {
     this->size_buffers(output_shape(detail::shape_of<R>(x), path_name<Tag>()), false);
-    if (m == mode::train) {
-      detail::ensure(save_mean_, shape_t<1>{this->features_});
-      detail::ensure(save_rstd_, shape_t<1>{this->features_});
-      batch_norm_train<P>(ctx, x, this->gamma_.value(), this->beta_.value(), running_mean_, running_var_, z,
-                          save_mean_, save_rstd_, momentum_, eps_, layout_, fused_activation::relu);
-      this->x_.set(x);
-    } else {
-      batch_norm_infer<P>(ctx, x, this->gamma_.value(), this->beta_.value(), running_mean_, running_var_, z, eps_,
-                          layout_, fused_activation::relu);
-    }
-    last_train_ = m == mode::train;
+    normalise(ctx, x, m, z, fused_activation::relu);
   }
   /// The input gradient of relu(forward(x)) from dz and z, the output of the last
   /// forward_relu() (batch_norm_relu_backward): backward() of the ReLU's gradient, adding
   /// dgamma and dbeta to the parameters' gradients. Throws precis::error as backward() does.
   const tensor<G>& backward_relu(context_ref_t<Ctx> ctx, const tensor<G>& dz, const tensor<S>& z) {
-    if (!last_train_) {
-      throw error("precis::nn::batch_norm: backward() after an evaluation-mode forward(); the backward pass "
-                  "differentiates the batch statistics of a training-mode forward (mode::train)");
-    }
-    const auto& x = this->x_.get(kind);
-    batch_norm_relu_backward<P>(ctx, dz, z, x, this->gamma_.value(), save_mean_, save_rstd_, this->dx_,
+    batch_norm_relu_backward<P>(ctx, dz, z, trained_input(), this->gamma_.value(), save_mean_, save_rstd_, this->dx_,
                                 this->dgamma_, this->dbeta_, layout_);
     this->accumulate_affine(ctx);
     return this->dx_;
@@ -343,13 +318,8 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
   /// adds dgamma and dbeta to the parameters' gradients and returns dx. Throws
   /// precis::error after an evaluation-mode forward pass or without a forward pass.
   const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
-    if (!last_train_) {
-      throw error("precis::nn::batch_norm: backward() after an evaluation-mode forward(); the backward pass "
-                  "differentiates the batch statistics of a training-mode forward (mode::train)");
-    }
-    const auto& x = this->x_.get(kind);
-    batch_norm_backward<P>(ctx, dy, x, this->gamma_.value(), save_mean_, save_rstd_, this->dx_, this->dgamma_,
-                           this->dbeta_, layout_);
+    batch_norm_backward<P>(ctx, dy, trained_input(), this->gamma_.value(), save_mean_, save_rstd_, this->dx_,
+                           this->dgamma_, this->dbeta_, layout_);
     this->accumulate_affine(ctx);
     return this->dx_;
   }
@@ -386,6 +356,30 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
  private:
   using io = context_traits<Ctx>;
   std::size_t channel_axis() const { return layout_ == image_layout::nhwc ? R - 1 : 1; }
+  // forward() and forward_relu(): the batch's statistics (kept, with the address of x) or
+  // the running ones, and the output in `out`.
+  void normalise(context_ref_t<Ctx> ctx, const tensor<S>& x, mode m, tensor<S>& out, fused_activation act) {
+    if (m == mode::train) {
+      detail::ensure(save_mean_, shape_t<1>{this->features_});
+      detail::ensure(save_rstd_, shape_t<1>{this->features_});
+      batch_norm_train<P>(ctx, x, this->gamma_.value(), this->beta_.value(), running_mean_, running_var_, out,
+                          save_mean_, save_rstd_, momentum_, eps_, layout_, act);
+      this->x_.set(x);
+    } else {
+      batch_norm_infer<P>(ctx, x, this->gamma_.value(), this->beta_.value(), running_mean_, running_var_, out, eps_,
+                          layout_, act);
+    }
+    last_train_ = m == mode::train;
+  }
+  // The input of the last forward pass, which backward() and backward_relu() differentiate;
+  // throws precis::error after an evaluation-mode pass or without one.
+  const tensor<S>& trained_input() const {
+    if (!last_train_) {
+      throw error("precis::nn::batch_norm: backward() after an evaluation-mode forward(); the backward pass "
+                  "differentiates the batch statistics of a training-mode forward (mode::train)");
+    }
+    return this->x_.get(kind);
+  }
   void reset_statistics() {
     io::fill(running_mean_, St(0));
     io::fill(running_var_, St(1));
