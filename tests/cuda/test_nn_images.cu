@@ -14,7 +14,8 @@
 // NCHW reference.
 //
 // A batch norm and the ReLU after it, which run as one pass on the device, against the same
-// layers run apart on the device: the same bits.
+// layers run apart on the device: the same bits; with the pair first, backward_parameters()
+// against backward(), and a refused batch that leaves the pair's last pass as it was.
 //
 // One unit for both layouts: they build the same models (the layout is a run-time option),
 // so the device and host instantiations are compiled once.
@@ -173,6 +174,46 @@ void check_fused_relu(cuda_context& ctx, const std::string& tag, image_layout la
          w + ": evaluation");
 }
 
+// A model that starts with the fused pair: nn::backward_parameters (what nn::trainer runs)
+// gives backward()'s parameter gradients, and a batch the batch norm refuses, given to the
+// root module (past the model's own shape check), leaves the pair as the last good pass
+// left it: the next backward() gives the same bits.
+template <class P>
+void check_fused_relu_first(cuda_context& ctx, const std::string& tag) {
+  using S = typename P::storage_type;
+  using G = typename P::gradient_type;
+  const nn::build_options o{.seed = 11};
+  auto model = nn::build<S, 4, cuda_context>(P{}, nn::seq(nn::batch_norm(6), nn::relu()), o);
+  using root = typename decltype(model)::root_type;
+  using norm = std::remove_reference_t<decltype(std::declval<root&>().template child<0>())>;
+  using relu = std::remove_reference_t<decltype(std::declval<root&>().template child<1>())>;
+  static_assert(norm::template fuses_with<relu>);
+  const std::string w = tag + " fused batch norm and relu first";
+  const std::array<std::size_t, 4> xs{4, 6, 5, 7};
+  const auto x = to_device(random_tensor<S, 4>(xs, 1.0F, 0.3F));
+  const auto dy = to_device(random_tensor<G, 4>(xs, 0.1F));
+  const auto gradients = [&] {
+    std::map<std::string, std::vector<float>> all;
+    model.for_each_parameter([&](const std::string& path, const auto& p) {
+      const auto g = to_host(p.grad(), ctx.stream());
+      all[path] = std::vector<float>(g.data(), g.data() + g.size());
+    });
+    return all;
+  };
+  model.zero_grad(ctx);
+  (void)model.forward(ctx, x);
+  const auto dx = to_host(model.backward(ctx, dy), ctx.stream());
+  const auto full = gradients();
+  model.zero_grad(ctx);
+  (void)model.forward(ctx, x);
+  model.backward_parameters(ctx, dy);
+  expect(gradients() == full, w + ": backward_parameters gives backward's parameter gradients");
+  (void)model.forward(ctx, x);
+  const auto bad = to_device(random_tensor<S, 4>({4, 5, 5, 7}));
+  expect_error(w + ": 5 channels", [&] { (void)model.root().forward(ctx, bad, nn::mode::train); }, "[N, 6, ...]");
+  expect(same_bits(ctx, model.backward(ctx, dy), dx), w + ": backward after the refused batch");
+}
+
 }  // namespace
 
 int main() {
@@ -187,6 +228,8 @@ int main() {
   check_fused_relu<presets::fp32>(ctx, "fp32", image_layout::nchw);
   check_fused_relu<presets::bf16_mixed>(ctx, "bf16_mixed", image_layout::nchw);
   check_fused_relu<presets::fp16_mixed>(ctx, "nhwc fp16_mixed", nhwc);
+  check_fused_relu_first<presets::fp32>(ctx, "fp32");
+  check_fused_relu_first<presets::bf16_mixed>(ctx, "bf16_mixed");
   // Shapes that cannot be joined are refused, naming the join, before any launch.
   {
     auto model = nn::build<float, 4, cuda_context>(

@@ -453,13 +453,13 @@ class sequence {
   template <std::size_t I, class X>
   decltype(auto) forward_from(context_ref_t<context_type> ctx, const X& x, mode m) {
     if constexpr (fused_at<I>()) {
-      auto& next = std::get<I + 1>(children_);
-      auto& z = next.fused_output(detail::shape_of<std::tuple_element_t<I + 1, children_type>::input_rank>(x));
-      std::get<I>(children_).forward_relu(ctx, x, m, z);
+      // The batch norm checks x before it sizes the ReLU's buffer: a bad batch leaves both
+      // layers as they were.
+      const auto& z = std::get<I>(children_).forward_relu(ctx, x, m, std::get<I + 1>(children_));
       if constexpr (I + 2 == count) {
-        return std::as_const(z);
+        return z;
       } else {
-        return forward_from<I + 2>(ctx, std::as_const(z), m);
+        return forward_from<I + 2>(ctx, z, m);
       }
     } else if constexpr (I + 1 == count) {
       return std::get<I>(children_).forward(ctx, x, m);

@@ -296,13 +296,17 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
       return false;
     }
   }();
-  /// relu(forward(x, m)) into z (sized by the caller to x's shape), in the passes of forward()
-  /// (fused_activation::relu): what nn::sequence runs where fuses_with holds. Keeps what
-  /// backward_relu() needs; this layer's own output buffer is not written. Throws
-  /// precis::error as forward() does.
-  void forward_relu(context_ref_t<Ctx> ctx, const tensor<S>& x, mode m, tensor<S>& z) {
-    this->size_buffers(output_shape(detail::shape_of<R>(x), path_name<Tag>()), false);
+  /// relu(forward(x, m)) into `next`'s output buffer (its fused_output(), sized to x's shape),
+  /// in the passes of forward() (fused_activation::relu): what nn::sequence runs where
+  /// fuses_with<Next> holds. Keeps what backward_relu() needs; this layer's own output buffer
+  /// is not written. Throws precis::error as forward() does, before `next` is touched.
+  template <class Next>
+  const tensor<S>& forward_relu(context_ref_t<Ctx> ctx, const tensor<S>& x, mode m, Next& next) {
+    const auto shape = output_shape(detail::shape_of<R>(x), path_name<Tag>());
+    this->size_buffers(shape, false);
+    auto& z = next.fused_output(shape);
     normalise(ctx, x, m, z, fused_activation::relu);
+    return z;
   }
   /// The input gradient of relu(forward(x)) from dz and z, the output of the last
   /// forward_relu() (batch_norm_relu_backward): backward() of the ReLU's gradient, adding
