@@ -34,6 +34,13 @@ using namespace precis;
 
 constexpr std::size_t batch = 96, features = 24, classes = 10, steps = 5;
 
+// n class targets on the device, every one class 0.
+device_tensor<std::int32_t, 1> class_zero(std::size_t n) {
+  auto t = host_tensor<std::int32_t, 1>::from_shape({n});
+  t.fill(0);
+  return to_device(t);
+}
+
 auto classifier() { return nn::seq(nn::linear<fc1>(features, 48), nn::gelu(), nn::linear<fc2>(48, classes)); }
 
 template <class S, std::size_t R>
@@ -365,7 +372,7 @@ void check_micro_batches(cuda_context& ctx, const std::string& tag) {
   expect_error(tag + " micro-batches: none", [&] { t1.step(ctx, std::span<const dev_batch>()); },
                "no micro-batches");
   const auto half = to_device(random_tensor<S, 2>({batch / 2, features}));
-  const auto half_t = to_device(host_tensor<std::int32_t, 1>::from_shape({batch / 2}));
+  const auto half_t = class_zero(batch / 2);
   const dev_batch mixed[2] = {{xf[0], tf[0]}, {half, half_t}};
   expect_error(tag + " micro-batches: two shapes under the graph option",
                [&] { t2.step(ctx, std::span<const dev_batch>(mixed)); }, "one shape");
@@ -481,7 +488,7 @@ int main() {
     no_scaling scaler;
     nn::trainer train(ctx, dev, loss, opt, scaler);
     const auto x = to_device(random_tensor<bfloat16, 2>({8, features}));
-    const auto t = to_device(host_tensor<std::int32_t, 1>::from_shape({8}));
+    const auto t = class_zero(8);
     train.step(ctx, x, t);
     expect_error("trainer: capture with a dropout", [&] { train.capture(ctx, x, t); }, "dropout");
   }
@@ -508,7 +515,7 @@ int main() {
     dynamic_scaler scaler;
     nn::trainer train(ctx, dev, loss, opt, scaler);
     const auto x = to_device(random_tensor<S, 2>({batch, features}));
-    const auto t = to_device(host_tensor<std::int32_t, 1>::from_shape({batch}));
+    const auto t = class_zero(batch);
     train.step(ctx, x, t);
     ctx.synchronize();
     const std::uint64_t before = reserved();
@@ -525,7 +532,7 @@ int main() {
     no_scaling scaler;
     nn::trainer train(ctx, dev, loss, opt, scaler);
     const auto x = to_device(random_tensor<bfloat16, 2>({4, features + 1}));
-    const auto t = to_device(host_tensor<std::int32_t, 1>::from_shape({4}));
+    const auto t = class_zero(4);
     expect_error("trainer: wrong width", [&] { train.step(ctx, x, t); }, "fc1");
   }
   return finish();
