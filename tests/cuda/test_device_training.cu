@@ -6,7 +6,8 @@
 // count is the host's. The same for a small ViT (the example's blueprint), and for steps of
 // two micro-batches (also replayed as a graph). Then a step
 // captured as a CUDA graph and replayed gives the bits of the same steps run eagerly (also
-// when train_options::max_graphs drops graphs), a smaller batch allocates nothing, a
+// when train_options::max_graphs drops graphs, and for an image model with a batch norm
+// and its fused ReLU), a smaller batch allocates nothing, a
 // device model's checkpoint goes through the host's file format and back with the same
 // bits, and the device's memory pool keeps what a step frees across synchronisations.
 // Exits 77 (skipped) where no GPU is present.
@@ -256,6 +257,63 @@ void check_graph_option(cuda_context& ctx, const std::string& tag) {
   expect(w.o2.steps_left() == 0, tag + " graph option: the table holds exactly the steps run");
 }
 
+// An image model, a convolution, a batch norm and its ReLU (one fused pass on the device),
+// pooling and a linear head, stepped eagerly and under train_options::graph: cuDNN's
+// convolutions, the batch statistics and running statistics, and the fused pair, captured and
+// replayed with the eager steps' bits (the records, the masters, and an evaluation pass that
+// reads the running statistics). Every batch is finite: an infinite input would leave NaN
+// running statistics on both sides, and the evaluation pass would compare NaN with NaN.
+template <class P, class Scaler>
+void check_graph_images(cuda_context& ctx, const std::string& tag) {
+  using S = typename P::storage_type;
+  const auto blueprint =
+      nn::seq(nn::conv2d(2, 8, 3, {.padding = {1, 1}}, nn::no_bias), nn::batch_norm(8), nn::relu(),
+              nn::max_pool2d({.kernel = {2, 2}}), nn::flatten(), nn::linear<fc2>(8 * 4 * 4, classes));
+  auto data = batches<S, 4>({16, 2, 8, 8});
+  data[2].x.data()[5] = S(0.5F);
+  std::vector<device_tensor<S, 4>> xs;
+  std::vector<device_tensor<std::int32_t, 1>> ts;
+  for (const auto& d : data) {
+    xs.push_back(to_device(d.x));
+    ts.push_back(to_device(d.t));
+  }
+  auto eager = nn::build<S, 4, cuda_context>(P{}, blueprint, {.seed = 5});
+  auto graph = nn::build<S, 4, cuda_context>(P{}, blueprint, {.seed = 5});
+  nn::softmax_cross_entropy<P, std::int32_t, cuda_context> l1, l2;
+  device_adamw o1(ctx, eager.masters(), eager.gradients(), {.lr = 3e-3}, eager.decay_mask(), steps);
+  device_adamw o2(ctx, graph.masters(), graph.gradients(), {.lr = 3e-3}, graph.decay_mask(), steps);
+  Scaler s1, s2;
+  nn::trainer t1(ctx, eager, l1, o1, s1, {.max_grad_norm = 0.5});
+  nn::trainer t2(ctx, graph, l2, o2, s2, {.max_grad_norm = 0.5, .graph = true});
+  auto xb = to_device(data[0].x);
+  auto tb = to_device(data[0].t);
+  for (std::size_t i = 0; i < steps; ++i) {
+    check(cudaMemcpyAsync(xb.data(), xs[i].data(), xb.size() * sizeof(S), cudaMemcpyDeviceToDevice, ctx.stream()),
+          "cudaMemcpyAsync");
+    check(cudaMemcpyAsync(tb.data(), ts[i].data(), tb.size() * sizeof(std::int32_t), cudaMemcpyDeviceToDevice,
+                          ctx.stream()),
+          "cudaMemcpyAsync");
+    t1.step(ctx, xb, tb);
+    t2.step(ctx, xb, tb);
+  }
+  const std::string w = tag + " image model under the graph option";
+  expect(t2.graphs() == 1, w + ": one graph");
+  const auto r1 = t1.records(ctx), r2 = t2.records(ctx);
+  bool same = r1.size() == steps && r2.size() == steps;
+  for (std::size_t i = 0; same && i < steps; ++i) {
+    same = std::memcmp(&r1[i].loss, &r2[i].loss, sizeof(double)) == 0 && r1[i].skipped == r2[i].skipped &&
+           r1[i].scale == r2[i].scale && std::memcmp(&r1[i].grad_norm, &r2[i].grad_norm, sizeof(double)) == 0 &&
+           !r1[i].skipped && std::isfinite(r1[i].loss);
+  }
+  expect(same, w + ": the records have the eager steps' bits, every step applied");
+  const auto a = masters_of(eager), b = masters_of(graph);
+  expect(a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0,
+         w + ": the masters have the eager steps' bits");
+  expect(same_bits(ctx, graph.forward(ctx, xs[0], nn::mode::eval),
+                   to_host(eager.forward(ctx, xs[0], nn::mode::eval), ctx.stream())),
+         w + ": the running statistics have the eager steps' bits");
+}
+
 // A smaller last batch, and the full batches after it, keep the layers' memory (a shape
 // change is still counted, so that a captured graph is refused after it).
 template <class P>
@@ -448,6 +506,8 @@ int main() {
   check_graph_option<presets::fp16_mixed, dynamic_scaler>(ctx, "fp16_mixed");
   check_graph_option<presets::bf16_mixed, no_scaling>(ctx, "bf16_mixed");
   check_graph_eviction<presets::fp16_mixed, dynamic_scaler>(ctx, "fp16_mixed");
+  check_graph_images<presets::bf16_mixed, no_scaling>(ctx, "bf16_mixed");
+  check_graph_images<presets::fp16_mixed, dynamic_scaler>(ctx, "fp16_mixed");
   check_smaller_batch<presets::bf16_mixed>(ctx, "bf16_mixed");
   check_micro_batches<presets::fp16_mixed, dynamic_scaler>(ctx, "fp16_mixed");
   check_checkpoint<presets::fp16_mixed>(ctx);
