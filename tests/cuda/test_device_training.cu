@@ -155,6 +155,18 @@ void check_training(cuda_context& ctx, const std::string& tag, const Blueprint& 
   expect(working_copies_follow_masters(dev), tag + ": the fused refresh wrote each working copy from its master");
 }
 
+// Two runs' step records have the same bits: losses and gradient norms compared as bits, not
+// with == (a skipped step's norm is NaN), the skips, scales and learning rates equal.
+bool same_record_bits(const std::vector<nn::step_record>& r1, const std::vector<nn::step_record>& r2) {
+  bool same = r1.size() == r2.size();
+  for (std::size_t i = 0; same && i < r1.size(); ++i) {
+    same = std::memcmp(&r1[i].loss, &r2[i].loss, sizeof(double)) == 0 && r1[i].skipped == r2[i].skipped &&
+           r1[i].scale == r2[i].scale && r1[i].lr == r2[i].lr &&
+           std::memcmp(&r1[i].grad_norm, &r2[i].grad_norm, sizeof(double)) == 0;
+  }
+  return same;
+}
+
 // A host model and two device models of classifier() with its masters, each device model
 // with its loss, AdamW (a table of `table` steps) and scaler: the graph tests run one eagerly
 // and one through CUDA graphs, side by side, on every batch of batches() uploaded (xs, ts).
@@ -194,14 +206,7 @@ struct twins {
   void expect_same_bits(const std::string& tag, cuda_context& ctx, const std::vector<nn::step_record>& r1,
                         const std::vector<nn::step_record>& r2, std::size_t count) {
     expect(r1.size() == count && r2.size() == count, tag + ": a record per step, replays included");
-    bool same = r1.size() == r2.size();
-    for (std::size_t i = 0; same && i < r1.size(); ++i) {
-      // Bits, not ==: the skipped step's norm is NaN (its input holds an infinity).
-      same = std::memcmp(&r1[i].loss, &r2[i].loss, sizeof(double)) == 0 && r1[i].skipped == r2[i].skipped &&
-             r1[i].scale == r2[i].scale && r1[i].lr == r2[i].lr &&
-             std::memcmp(&r1[i].grad_norm, &r2[i].grad_norm, sizeof(double)) == 0;
-    }
-    expect(same, tag + ": the records have the eager steps' bits");
+    expect(same_record_bits(r1, r2), tag + ": the records have the eager steps' bits");
     const auto a = masters_of(eager), b = masters_of(graph);
     expect(a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0,
            tag + ": the masters have the eager steps' bits");
@@ -299,13 +304,9 @@ void check_graph_images(cuda_context& ctx, const std::string& tag) {
   const std::string w = tag + " image model under the graph option";
   expect(t2.graphs() == 1, w + ": one graph");
   const auto r1 = t1.records(ctx), r2 = t2.records(ctx);
-  bool same = r1.size() == steps && r2.size() == steps;
-  for (std::size_t i = 0; same && i < steps; ++i) {
-    same = std::memcmp(&r1[i].loss, &r2[i].loss, sizeof(double)) == 0 && r1[i].skipped == r2[i].skipped &&
-           r1[i].scale == r2[i].scale && std::memcmp(&r1[i].grad_norm, &r2[i].grad_norm, sizeof(double)) == 0 &&
-           !r1[i].skipped && std::isfinite(r1[i].loss);
-  }
-  expect(same, w + ": the records have the eager steps' bits, every step applied");
+  expect(r1.size() == steps && same_record_bits(r1, r2), w + ": the records have the eager steps' bits");
+  const auto applied = [](const nn::step_record& r) { return !r.skipped && std::isfinite(r.loss); };
+  expect(std::all_of(r1.begin(), r1.end(), applied), w + ": every step applied, with a finite loss");
   const auto a = masters_of(eager), b = masters_of(graph);
   expect(a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0,
          w + ": the masters have the eager steps' bits");
