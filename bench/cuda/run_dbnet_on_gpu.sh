@@ -22,7 +22,9 @@
 #    its Lightning column the NCHW one.
 #
 # STAGES picks them (default "train step"); POLICIES the example's maps (default all);
-# COMPILE=0 leaves torch.compile out, LIGHTNING=0 Lightning; CONFIGS the step's configurations
+# COMPILE=0 leaves torch.compile out, LIGHTNING=0 Lightning; COMPILE_MODES and
+# COMPILE_PRECISIONS as run_vit_on_gpu.sh's (torch_compile_ms the fastest mode's, every mode's
+# time in dbnet_gpu_compile_modes.csv); CONFIGS the step's configurations
 # (default "dbnet-r18-640-b16 dbnet-w16-256-b8"); STEPS and WARMUP set the timed and untimed
 # steps of every side. PYTHON names an interpreter with torch (default: python3, else
 # /opt/torch/.venv/bin/python). Each program has a time limit (TRAIN_TIMEOUT, STEP_TIMEOUT
@@ -37,6 +39,8 @@ STAGES="${STAGES:-train step}"
 STEPS="${STEPS:-20}"
 WARMUP="${WARMUP:-5}"
 COMPILE="${COMPILE:-1}"
+COMPILE_MODES="${COMPILE_MODES:-default reduce-overhead}"
+COMPILE_PRECISIONS="${COMPILE_PRECISIONS:-fp32 tf32 bf16 fp16}"
 NHWC="${NHWC:-1}"
 LIGHTNING="${LIGHTNING:-1}"
 CONFIGS="${CONFIGS:-dbnet-r18-640-b16 dbnet-w16-256-b8}"
@@ -88,13 +92,19 @@ if [[ " $STAGES " == *" step "* ]]; then
       --warmup "$WARMUP" $(sizes_of "$config") 2>&1 | sed "s/^RESULT,/RESULT,$config,/" >> "$torch_log"
     [[ ${PIPESTATUS[0]} -eq 0 ]] || { echo "torch_reference.py ($config $*) failed" >> "$torch_log"; failed=1; }
   }
+  compiled() {  # config, then torch_reference.py's arguments: under each of COMPILE_MODES
+    local mode
+    for mode in $COMPILE_MODES; do run_python "$@" --compile "$mode"; done
+  }
   for config in $CONFIGS; do
     for p in fp32 tf32 bf16 fp16; do
+      compile_this=0
+      [[ "$COMPILE" != 0 && " $COMPILE_PRECISIONS " == *" $p "* ]] && compile_this=1
       run_python "$config" time --device cuda --precision "$p"
-      [[ "$COMPILE" != 0 ]] && run_python "$config" time --device cuda --precision "$p" --compile
+      [[ $compile_this == 1 ]] && compiled "$config" time --device cuda --precision "$p"
       if [[ "$NHWC" != 0 && ( "$p" == bf16 || "$p" == fp16 ) ]]; then
         run_python "$config" time --device cuda --precision "$p" --channels-last
-        [[ "$COMPILE" != 0 ]] && run_python "$config" time --device cuda --precision "$p" --channels-last --compile
+        [[ $compile_this == 1 ]] && compiled "$config" time --device cuda --precision "$p" --channels-last
       fi
     done
     if [[ "$LIGHTNING" != 0 ]]; then
@@ -102,32 +112,6 @@ if [[ " $STAGES " == *" step "* ]]; then
     fi
   done
   cat "$torch_log"
-  "$PYTHON" - "$precis_csv" "$torch_log" "$RESULTS_CUDA/dbnet_gpu.csv" <<'PY' || failed=1
-import csv, sys
-precis_csv, torch_log, out = sys.argv[1:]
-torch_name = {"fp32": "fp32", "tf32": "tf32", "bf16_mixed": "bf16", "fp16_mixed": "fp16", "fp16_fp32_head": "fp16"}
-lightning_name = {"fp32": "lightning-32-true", "bf16_mixed": "lightning-bf16-mixed", "fp16_mixed": "lightning-16-mixed",
-                  "fp16_fp32_head": "lightning-16-mixed"}
-torch = {}
-for line in open(torch_log):
-    if line.startswith("RESULT,"):
-        _, config, precision, compiled, ms, peak = line.strip().split(",")
-        torch[(config, precision, compiled)] = (ms, peak)
-with open(precis_csv) as f, open(out, "w", newline="") as g:
-    w = csv.writer(g)
-    w.writerow(["config", "policy", "precis_ms", "torch_ms", "torch_compile_ms", "lightning_ms", "precis_peak_mib",
-                "torch_peak_mib", "gpu"])
-    for r in csv.DictReader(f):
-        base = r["policy"].removesuffix("_graph")  # a captured step: torch's step under the same map
-        nhwc = base.endswith("_nhwc")  # channels-last: torch's channels_last step
-        base = base.removesuffix("_nhwc")
-        p = torch_name[base] + ("-nhwc" if nhwc else "")
-        eager = torch.get((r["config"], p, "0"), ("", ""))
-        compiled = torch.get((r["config"], p, "1"), ("", ""))
-        lightning = torch.get((r["config"], lightning_name.get(base, ""), "0"), ("", ""))
-        w.writerow([r["config"], r["policy"], r["precis_ms"], eager[0], compiled[0], lightning[0],
-                    r["precis_peak_mib"], eager[1], r["gpu"]])
-print(open(out).read())
-PY
+  "$PYTHON" bench/cuda/merge_steps.py dbnet "$precis_csv" "$torch_log" "$RESULTS_CUDA/dbnet_gpu.csv" || failed=1
 fi
 exit "$failed"

@@ -16,8 +16,12 @@
 #    attention is F.scaled_dot_product_attention (flash attention), SDPA=0 for the three
 #    steps written out.
 #
-# STAGES picks them (default "train step"); COMPILE=0 leaves torch.compile out; STEPS and
-# WARMUP set the timed and untimed steps of both sides. PYTHON names an interpreter with
+# STAGES picks them (default "train step"); COMPILE=0 leaves torch.compile out;
+# COMPILE_MODES lists torch.compile's modes to time (default "default reduce-overhead";
+# "max-autotune" tunes for minutes), COMPILE_PRECISIONS the precisions compiled (default
+# "fp32 tf32 bf16 fp16"; "bf16" is all the speed targets compare with); torch_compile_ms is the
+# fastest mode's, every mode's time in vit_gpu_compile_modes.csv (bench/cuda/merge_steps.py
+# merges the table). STEPS and WARMUP set the timed and untimed steps of both sides. PYTHON names an interpreter with
 # torch (default: python3, else /opt/torch/.venv/bin/python). Each program has a time limit
 # (TRAIN_TIMEOUT, STEP_TIMEOUT seconds); the exit status is 0 only when every stage passed.
 set -uo pipefail
@@ -32,6 +36,8 @@ STAGES="${STAGES:-train step}"
 STEPS="${STEPS:-20}"
 WARMUP="${WARMUP:-5}"
 COMPILE="${COMPILE:-1}"
+COMPILE_MODES="${COMPILE_MODES:-default reduce-overhead}"
+COMPILE_PRECISIONS="${COMPILE_PRECISIONS:-fp32 tf32 bf16 fp16}"
 SDPA="${SDPA:-1}"
 mkdir -p "$RESULTS" "$RESULTS_CUDA"
 if [[ -z "${PYTHON:-}" ]]; then
@@ -60,13 +66,15 @@ if [[ " $STAGES " == *" step "* ]]; then
   run_torch() {  # config name, then torch_reference.py's arguments
     local config="$1"
     shift
-    for compiled in 0 $([[ "$COMPILE" != 0 ]] && echo 1); do
-      local flag=()
-      [[ $compiled == 1 ]] && flag=(--compile)
+    local mode modes=(eager)
+    [[ "$COMPILE" != 0 ]] && read -r -a more <<< "$COMPILE_MODES" && modes+=("${more[@]}")
+    for mode in "${modes[@]}"; do
+      local flag=() precisions=fp32,tf32,bf16,fp16
+      [[ $mode != eager ]] && flag=(--compile "$mode") && precisions="${COMPILE_PRECISIONS// /,}"
       [[ $SDPA != 0 ]] && flag+=(--sdpa)
       echo "== $config${flag[*]:+ ${flag[*]}}" >> "$torch_log"
       timeout "${STEP_TIMEOUT:-300}" "$PYTHON" bench/vit/torch_reference.py time --device cuda \
-        --precision fp32,tf32,bf16,fp16 --steps "$STEPS" --warmup "$WARMUP" "$@" "${flag[@]}" \
+        --precision "$precisions" --steps "$STEPS" --warmup "$WARMUP" "$@" "${flag[@]}" \
         2>&1 | sed "s/^RESULT,/RESULT,$config,/" >> "$torch_log"
       [[ ${PIPESTATUS[0]} -eq 0 ]] || { echo "torch_reference.py ($config${flag[*]:+ ${flag[*]}}) failed" >> "$torch_log"; failed=1; }
     done
@@ -74,28 +82,6 @@ if [[ " $STAGES " == *" step "* ]]; then
   run_torch vit-w192-d6-p4-b128 --image 28 --channels 1 --patch 4 --width 192 --heads 3 --depth 6 --classes 10 --batch 128
   run_torch vit-b16-224-b64 --image 224 --channels 3 --patch 16 --width 768 --heads 12 --depth 12 --classes 1000 --batch 64
   cat "$torch_log"
-  "$PYTHON" - "$precis_csv" "$torch_log" "$RESULTS_CUDA/vit_gpu.csv" <<'PY' || failed=1
-import csv, sys
-precis_csv, torch_log, out = sys.argv[1:]
-torch_name = {"fp32": "fp32", "tf32": "tf32", "bf16_mixed": "bf16", "bf16_mixed_pieces": "bf16", "fp16_mixed": "fp16",
-              "fp8_hybrid": "bf16"}  # torch has no float8 step here: its bf16 AMP step
-torch = {}
-for line in open(torch_log):
-    if line.startswith("RESULT,"):
-        _, config, precision, compiled, ms, peak = line.strip().split(",")
-        torch[(config, precision, compiled)] = (ms, peak)
-with open(precis_csv) as f, open(out, "w", newline="") as g:
-    w = csv.writer(g)
-    w.writerow(["config", "policy", "precis_ms", "torch_eager_ms", "torch_compile_ms", "precis_peak_mib",
-                "torch_peak_mib", "gpu"])
-    for r in csv.DictReader(f):
-        base = r["policy"].removesuffix("_graph")  # a captured step: torch's step under the same map
-        p = torch_name[base]
-        eager = torch.get((r["config"], p, "0"), ("", ""))
-        compiled = torch.get((r["config"], p, "1"), ("", ""))
-        w.writerow([r["config"], r["policy"], r["precis_ms"], eager[0], compiled[0], r["precis_peak_mib"], eager[1],
-                    r["gpu"]])
-print(open(out).read())
-PY
+  "$PYTHON" bench/cuda/merge_steps.py vit "$precis_csv" "$torch_log" "$RESULTS_CUDA/vit_gpu.csv" || failed=1
 fi
 exit "$failed"

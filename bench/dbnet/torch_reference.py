@@ -3,7 +3,7 @@ comparison on the CPU and on a GPU.
 
     torch_reference.py time [--width 16 --inner 64 --size 256 --batch 8] [--threads 2]
                             [--steps 10] [--warmup 3] [--precision fp32|bf16|both|LIST]
-                            [--device cpu|cuda] [--compile] [--channels-last]
+                            [--device cpu|cuda] [--compile [MODE]] [--channels-last]
     torch_reference.py lightning [the same sizes] [--steps 20] [--warmup 5]
                                  [--precision 32-true|bf16-mixed|16-mixed|LIST]
 
@@ -26,8 +26,10 @@ without a host synchronisation (the negatives' terms sorted on the device and th
 min(negatives, 3 positives) summed, where the reference reads the counts on the host with
 int()); the device synchronised around each timed step; the peak of
 torch.cuda.max_memory_reserved() (run one precision per process for a per-precision
-figure: the caching allocator keeps what an earlier run reserved). `--compile` times the
-model under torch.compile; `--channels-last` puts the model and the images in
+figure: the caching allocator keeps what an earlier run reserved). `--compile [MODE]` times the
+model under torch.compile in MODE (default, reduce-overhead or max-autotune:
+bench/torch_compile.py; `compiled` in the RESULT line is the mode, or 0 for eager);
+`--channels-last` puts the model and the images in
 torch.channels_last (NHWC), PyTorch's layout for tensor-core convolutions, and names the
 precision with `-nhwc` appended in its lines. The inputs are random images and targets with a tenth of the
 pixels text (the step's time does not depend on the values). Prints one line per precision:
@@ -42,12 +44,17 @@ device synchronised, after the warm-up steps; it prints the same lines, the prec
 `lightning-<precision>`.
 """
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import torch_compile  # noqa: E402 (bench/torch_compile.py)
 
 
 class BasicBlock(nn.Module):
@@ -162,12 +169,13 @@ def time_steps(args, precision):
         model = model.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-4)
-    run = torch.compile(model) if args.compile else model
+    run = torch_compile.compiled(model, args.compile)
     loss_of = db_loss_device if cuda else db_loss
     autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
 
     def step():
+        torch_compile.begin_step(args.compile)
         opt.zero_grad(set_to_none=True)
         if autocast is not None:
             with torch.autocast(dev.type, dtype=autocast):
@@ -268,7 +276,7 @@ def main():
                     help="time: fp32, tf32, bf16, fp16, both (fp32,bf16) or a list; lightning: 32-true, "
                          "bf16-mixed, 16-mixed or a list")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    ap.add_argument("--compile", action="store_true", help="time: torch.compile the model")
+    torch_compile.add_option(ap)
     ap.add_argument("--channels-last", action="store_true",
                     help="time: the model and images in torch.channels_last (NHWC)")
     args = ap.parse_args()
@@ -293,13 +301,14 @@ def main():
     for precision in precisions:
         best, median, peak = time_steps(args, precision)
         memory = f", peak {peak:.0f} MiB" if peak is not None else ""
+        compiled_tag = f" compiled ({args.compile})" if args.compile else ""
         digits = 2 if args.device == "cuda" else 1
         if args.channels_last:
             precision += "-nhwc"
-        print(f"torch {torch.__version__} ({where}) {precision}{' compiled' if args.compile else ''}: width "
+        print(f"torch {torch.__version__} ({where}) {precision}{compiled_tag}: width "
               f"{args.width} inner {args.inner} size {args.size} batch {args.batch} threads {args.threads}: best "
               f"{best:.{digits}f} ms/step, median {median:.{digits}f} ms/step{memory}", flush=True)
-        print(f"RESULT,{precision},{int(args.compile)},{median:.4f},{'' if peak is None else f'{peak:.1f}'}",
+        print(f"RESULT,{precision},{args.compile or 0},{median:.4f},{'' if peak is None else f'{peak:.1f}'}",
               flush=True)
 
 

@@ -3,7 +3,7 @@ weights and logits that tests/examples/test_vit_torch.cpp checks precis against.
 
     torch_reference.py time [--width 64 --heads 4 --depth 4 --patch 4 --batch 128]
                             [--threads 2] [--steps 20] [--precision fp32|bf16|both|LIST]
-                            [--device cpu|cuda] [--compile] [--image 28 --channels 1 --classes 10]
+                            [--device cpu|cuda] [--compile [MODE]] [--image 28 --channels 1 --classes 10]
                             [--clip X] [--warmup 5]
     torch_reference.py export [--out tests/data/vit_torch] [--width 32 --heads 2 --depth 2]
                               [--steps 300] [--images 32] [--seed 1]
@@ -19,8 +19,9 @@ the CPU. Prints one line per precision: the best and the median ms per step of `
 timed steps after 5 warm-up steps, with the torch version and the ISA oneDNN reports, and a
 `RESULT,precision,compiled,median_ms,peak_mib` line for scripts. On `--device cuda`: autocast
 on the GPU (bf16; fp16 with a GradScaler), tf32 as TF32 matmuls, the device synchronised
-around each timed step, the peak of torch.cuda.max_memory_reserved(); `--compile` times the
-model under torch.compile.
+around each timed step, the peak of torch.cuda.max_memory_reserved(); `--compile [MODE]` times
+the model under torch.compile in MODE (default, reduce-overhead or max-autotune:
+bench/torch_compile.py), and `compiled` in the RESULT line is the mode, or 0 for eager.
 
 `export` trains a small ViT for `steps` AdamW steps on Fashion-MNIST (Debian's
 dataset-fashion-mnist, normalised with the training set's mean and standard deviation, as the
@@ -39,6 +40,7 @@ import argparse
 import gzip
 import os
 import statistics
+import sys
 import time
 
 import numpy as np
@@ -46,6 +48,9 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import torch_compile  # noqa: E402 (bench/torch_compile.py)
 
 
 class Block(nn.Module):
@@ -113,13 +118,14 @@ def time_steps(args, precision):
     model = ViT(image=args.image, patch=args.patch, channels=args.channels, width=args.width, heads=args.heads,
                 depth=args.depth, classes=args.classes).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
-    run = torch.compile(model) if args.compile else model
+    run = torch_compile.compiled(model, args.compile)
     x = torch.randn(args.batch, args.channels, args.image, args.image, device=dev)
     y = torch.randint(0, args.classes, (args.batch,), device=dev)
     autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
 
     def step():
+        torch_compile.begin_step(args.compile)
         opt.zero_grad(set_to_none=True)
         if autocast is not None:
             with torch.autocast(dev.type, dtype=autocast):
@@ -263,7 +269,7 @@ def main():
     ap.add_argument("--precision", default="both",
                     help="fp32, tf32, bf16, fp16, a comma-separated list of them, or both (fp32,bf16)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    ap.add_argument("--compile", action="store_true", help="time: torch.compile the model")
+    torch_compile.add_option(ap)
     ap.add_argument("--sdpa", action="store_true",
                     help="attention through F.scaled_dot_product_attention (fused on a GPU)")
     ap.add_argument("--image", type=int, default=28)
@@ -300,11 +306,12 @@ def main():
     for precision in precisions:
         best, median, peak = time_steps(args, precision)
         memory = f", peak {peak:.0f} MiB" if peak is not None else ""
-        print(f"torch {torch.__version__} ({where}) {precision}{' compiled' if args.compile else ''}: image "
+        compiled_tag = f" compiled ({args.compile})" if args.compile else ""
+        print(f"torch {torch.__version__} ({where}) {precision}{compiled_tag}: image "
               f"{args.image} width {args.width} heads {args.heads} depth {args.depth} patch {args.patch} batch "
               f"{args.batch} threads {args.threads}: best {best:.2f} ms/step, median {median:.2f} ms/step{memory}",
               flush=True)
-        print(f"RESULT,{precision},{int(args.compile)},{median:.4f},{'' if peak is None else f'{peak:.1f}'}", flush=True)
+        print(f"RESULT,{precision},{args.compile or 0},{median:.4f},{'' if peak is None else f'{peak:.1f}'}", flush=True)
 
 
 if __name__ == "__main__":
