@@ -1,7 +1,7 @@
 // What the GPU step benchmarks (bench_vit_gpu, bench_dbnet_gpu) share: the device memory in
 // use, the stream-ordered pool (which a cuda_context keeps) trimmed so that a map's figure
-// counts its own high-water mark, the median of synchronised steps, and the rows they print
-// and write.
+// counts its own high-water mark, the median of synchronised steps, and the table of rows
+// they print and write as each is timed.
 // CUDA code only.
 #pragma once
 
@@ -9,7 +9,9 @@
 
 #include <nvtx3/nvToolsExt.h>
 
+#include "../../examples/common.hpp"
 #include "../../examples/device.hpp"
+#include "../../examples/report.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -21,6 +23,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace bench {
@@ -86,26 +89,58 @@ struct row {
   double mib = 0;
 };
 
-/// Prints the rows and, with a file name, writes
-/// config,policy,precis_ms,precis_peak_mib,precis_enqueue_ms,precis_gpu_ms,gpu; false when
-/// the file cannot be written.
-inline bool report(const std::vector<row>& rows, const std::string& csv) {
-  std::printf("%-22s %-17s %12s %12s %12s %12s\n", "config", "policy", "ms/step", "memory MiB", "queue ms",
-              "device ms");
-  for (const auto& r : rows) {
-    std::printf("%-22s %-17s %12.3f %12.0f %12.3f %12.3f\n", r.config.c_str(), r.policy.c_str(), r.t.ms, r.mib,
-                r.t.enqueue_ms, r.t.gpu_ms);
+/// The rows a run has timed. With a file name, each row is written as it is timed
+/// (config,policy,precis_ms,precis_peak_mib,precis_enqueue_ms,precis_gpu_ms,gpu; the file
+/// rewritten whole, atomically), so that a row that throws, or a run stopped by its time
+/// limit, keeps every row timed before it.
+class table {
+ public:
+  explicit table(std::string csv) : csv_(std::move(csv)), gpu_(examples::csv_field(examples::gpu_name())) {}
+
+  /// Times one row: f() gives it. An exception is printed with the row's config and policy
+  /// and counted (failures()), and the run goes on with the next row. Throws precis::error
+  /// when the file cannot be written.
+  template <class F>
+  void add(const std::string& config, const std::string& policy, F&& f) {
+    try {
+      rows_.push_back(f());
+    } catch (const std::exception& ex) {
+      std::fprintf(stderr, "%s %s: %s\n", config.c_str(), policy.c_str(), ex.what());
+      ++failures_;
+      return;
+    }
+    const row& r = rows_.back();
+    std::printf("%-22s %-17s %9.3f ms/step %8.0f MiB (queue %.3f ms, device %.3f ms)\n", r.config.c_str(),
+                r.policy.c_str(), r.t.ms, r.mib, r.t.enqueue_ms, r.t.gpu_ms);
+    std::fflush(stdout);
+    if (csv_.empty()) return;
+    std::ostringstream out;
+    out << "config,policy,precis_ms,precis_peak_mib,precis_enqueue_ms,precis_gpu_ms,gpu\n";
+    for (const auto& w : rows_) {
+      out << w.config << "," << w.policy << "," << w.t.ms << "," << w.mib << "," << w.t.enqueue_ms << ","
+        << w.t.gpu_ms << "," << gpu_ << "\n";
+    }
+    examples::write_file(csv_, out.str());
   }
-  if (csv.empty()) return true;
-  std::ofstream f(csv);
-  f << "config,policy,precis_ms,precis_peak_mib,precis_enqueue_ms,precis_gpu_ms,gpu\n";
-  const std::string gpu = examples::gpu_name();
-  for (const auto& r : rows) {
-    f << r.config << "," << r.policy << "," << r.t.ms << "," << r.mib << "," << r.t.enqueue_ms << "," << r.t.gpu_ms
-      << "," << gpu << "\n";
+  /// Whether no row was timed or attempted.
+  bool empty() const { return rows_.empty() && failures_ == 0; }
+  /// Rows that threw.
+  std::size_t failures() const { return failures_; }
+  /// Prints every row timed.
+  void print() const {
+    std::printf("%-22s %-17s %12s %12s %12s %12s\n", "config", "policy", "ms/step", "memory MiB", "queue ms",
+                "device ms");
+    for (const auto& r : rows_) {
+      std::printf("%-22s %-17s %12.3f %12.0f %12.3f %12.3f\n", r.config.c_str(), r.policy.c_str(), r.t.ms, r.mib,
+                  r.t.enqueue_ms, r.t.gpu_ms);
+    }
   }
-  return bool(f);
-}
+
+ private:
+  std::string csv_, gpu_;
+  std::vector<row> rows_;
+  std::size_t failures_ = 0;
+};
 
 /// The configurations and rows a run times: --config names one configuration, --policy a
 /// comma-separated list of row names (a map's name, with `_graph` or `_nhwc` where the row
@@ -158,8 +193,9 @@ inline bool have_device() {
 
 /// A step benchmark's main: reads the options, exits 77 without a device, prints the GPU,
 /// calls add(rows, want, warmup, steps) to time the configurations and rows `want` (a
-/// selection) names, and reports; an empty result (a --config or --policy that
-/// names nothing) is an error. Returns the exit status.
+/// selection) names into `rows` (a table: rows.add(config, policy, f) for each), and prints
+/// them. Returns the exit status: 2 when --config and --policy name nothing, 1 when a row
+/// threw (the others timed and written all the same), else 0.
 template <class Add>
 int run(int argc, char** argv, const char* program, Add&& add) {
   std::size_t steps = 20, warmup = 5;
@@ -172,19 +208,20 @@ int run(int argc, char** argv, const char* program, Add&& add) {
   }
   if (!have_device()) return 77;
   std::printf("GPU: %s; %zu warm-up and %zu timed steps per map\n", examples::gpu_name().c_str(), warmup, steps);
-  std::vector<row> rows;
   try {
+    table rows(csv);
     add(rows, want, warmup, steps);
+    if (rows.empty()) {
+      std::fprintf(stderr, "%s: --config and --policy name no configuration and row it times\n", program);
+      return 2;
+    }
+    rows.print();
+    if (rows.failures() != 0) {
+      std::fprintf(stderr, "%s: %zu row(s) failed\n", program, rows.failures());
+      return 1;
+    }
   } catch (const std::exception& ex) {
     std::fprintf(stderr, "%s: %s\n", program, ex.what());
-    return 1;
-  }
-  if (rows.empty()) {
-    std::fprintf(stderr, "%s: --config and --policy name no configuration and row it times\n", program);
-    return 2;
-  }
-  if (!report(rows, csv)) {
-    std::fprintf(stderr, "%s: cannot write %s\n", program, csv.c_str());
     return 1;
   }
   return 0;

@@ -118,8 +118,9 @@ int main(int argc, char** argv) {
       for (const auto layout : {image_layout::nchw, image_layout::nhwc}) {
         for (const bool graph : {false, true}) {
           hana::for_each(maps, [&](const auto& e) {
-            if (!want.policy(row_name(e, graph, layout))) return;
-            rows.push_back(time_map(name, c, size, batch, e, warmup, steps, graph, layout));
+            const std::string policy = row_name(e, graph, layout);
+            if (!want.policy(policy)) return;
+            rows.add(name, policy, [&] { return time_map(name, c, size, batch, e, warmup, steps, graph, layout); });
           });
         }
       }

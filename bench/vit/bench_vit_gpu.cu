@@ -114,8 +114,9 @@ int main(int argc, char** argv) {
       const vit::config c{.image = 28, .patch = 4, .channels = 1, .width = 192, .heads = 3, .classes = 10};
       for (const bool graph : {false, true}) {
         hana::for_each(maps, [&](const auto& e) {
-          if (!want.policy(row_name(e, graph))) return;
-          rows.push_back(time_map<6>("vit-w192-d6-p4-b128", c, 128, e, warmup, steps, graph));
+          const std::string policy = row_name(e, graph);
+          if (!want.policy(policy)) return;
+          rows.add("vit-w192-d6-p4-b128", policy, [&] { return time_map<6>("vit-w192-d6-p4-b128", c, 128, e, warmup, steps, graph); });
         });
       }
     }
@@ -123,8 +124,9 @@ int main(int argc, char** argv) {
       const vit::config c{.image = 224, .patch = 16, .channels = 3, .width = 768, .heads = 12, .classes = 1000};
       for (const bool graph : {false, true}) {
         hana::for_each(maps, [&](const auto& e) {
-          if (!want.policy(row_name(e, graph))) return;
-          rows.push_back(time_map<12>("vit-b16-224-b64", c, 64, e, warmup, steps, graph));
+          const std::string policy = row_name(e, graph);
+          if (!want.policy(policy)) return;
+          rows.add("vit-b16-224-b64", policy, [&] { return time_map<12>("vit-b16-224-b64", c, 64, e, warmup, steps, graph); });
         });
       }
     }
