@@ -66,13 +66,18 @@ fi
 if [[ " $STAGES " == *" step "* ]]; then
   precis_csv="$RESULTS_CUDA/dbnet_gpu_precis.csv"
   : > "$precis_csv.part"
+  : > "$RESULTS_CUDA/bench_dbnet_gpu.txt"
   for config in $CONFIGS; do
+    rm -f "$precis_csv.one"
     timeout "${STEP_TIMEOUT:-300}" "$BUILD/bench/bench_dbnet_gpu" --steps "$STEPS" --warmup "$WARMUP" \
       --config "$config" --csv "$precis_csv.one" 2>&1 | tee -a "$RESULTS_CUDA/bench_dbnet_gpu.txt"
     rc=${PIPESTATUS[0]}
     echo "bench_dbnet_gpu ($config): exit $rc" | tee -a "$RESULTS_CUDA/bench_dbnet_gpu.txt"
     [[ $rc -eq 0 ]] || failed=1
-    [[ -s "$precis_csv.part" ]] && tail -n +2 "$precis_csv.one" >> "$precis_csv.part" || cat "$precis_csv.one" >> "$precis_csv.part"
+    # The rows it wrote (each as it was timed: a failed or stopped run keeps those before).
+    if [[ -s "$precis_csv.one" ]]; then
+      [[ -s "$precis_csv.part" ]] && tail -n +2 "$precis_csv.one" >> "$precis_csv.part" || cat "$precis_csv.one" >> "$precis_csv.part"
+    fi
   done
   mv "$precis_csv.part" "$precis_csv"
   rm -f "$precis_csv.one"
