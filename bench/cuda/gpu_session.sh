@@ -78,6 +78,32 @@ run_phase() {
   esac
 }
 
+# Runs phase $1 for at most $2 seconds, its output in $R/$1.log, in a session of its own
+# (setsid), and then stops every process left in that session: the scripts run their programs
+# under `timeout`, which gives each a process group of its own, out of reach of a timeout
+# around the phase; a program that outlived its phase would hold the GPU through the next
+# one. Exit status: the phase's, or 124 when it was stopped.
+run_limited() {
+  local phase="$1" limit="$2" waited=0 rc
+  setsid bash -c "$(declare -f run_phase); run_phase $phase $((limit - 10))" > "$R/$phase.log" 2>&1 &
+  local sid=$!  # a background job of a script is no group leader: setsid makes it a session's leader
+  while kill -0 "$sid" 2>/dev/null && ((waited < limit)); do
+    sleep 1
+    waited=$((waited + 1))
+  done
+  if kill -0 "$sid" 2>/dev/null; then
+    pkill -TERM -s "$sid"
+    sleep 5
+    pkill -KILL -s "$sid"
+    wait "$sid" 2>/dev/null
+    return 124
+  fi
+  wait "$sid"
+  rc=$?
+  pkill -KILL -s "$sid"  # anything the phase left running in the background
+  return "$rc"
+}
+
 for p in $PHASES; do
   [[ -n "${MIN[$p]:-}" ]] || { echo "gpu_session.sh: no phase named $p (phases: ${!MIN[*]})" >&2; exit 2; }
 done
@@ -100,8 +126,7 @@ for p in $PHASES; do
   ((limit > left)) && limit=$left
   echo "== $p (at most ${limit} s)"
   t0=$(date +%s)
-  timeout --kill-after=5 "$limit" bash -c "$(declare -f run_phase); run_phase $p $((limit - 10))" \
-    > "$R/$p.log" 2>&1
+  run_limited "$p" "$limit"
   rc=$?
   ((rc == 0)) || failed=1
   tail -n 20 "$R/$p.log"
