@@ -421,6 +421,29 @@ inline void write_outputs(const options& o, const std::vector<result>& results, 
   examples::draw_with_gnuplot(o.out / "curves.gp", g.str(), png);
 }
 
+/// Trains the maps of `sweep` that o.policies selects, in order (train(entry) gives each one's
+/// result), and writes the outputs (write_outputs: the last column `column`, holding
+/// `hardware`) after each, so that a run stopped by a time limit keeps the maps that finished.
+/// A map that throws is reported (`program`: the map: what) and counted in `failed`, and the
+/// next one runs.
+template <class Sweep, class Train>
+std::vector<result> train_each(const char* program, const Sweep& sweep, const options& o, const std::string& column,
+                               const std::string& hardware, std::size_t& failed, Train&& train) {
+  std::vector<result> results;
+  boost::hana::for_each(sweep, [&](const auto& e) {
+    if (!o.policies.empty() && !o.policies.contains(std::string(e.name))) return;
+    try {
+      results.push_back(train(e));
+    } catch (const std::exception& ex) {
+      std::fprintf(stderr, "%s: %s: %s\n", program, std::string(e.name).c_str(), ex.what());
+      ++failed;
+      return;
+    }
+    write_outputs(o, results, column, hardware);
+  });
+  return results;
+}
+
 /// --check: every policy but the waived one trained to the end with finite losses, lowered
 /// its training loss (the last epoch's mean below 0.85 of the first step's) and skipped at
 /// most a tenth of its steps (bf16_mixed none); the waived seed configuration met the

@@ -331,14 +331,14 @@ int main(int argc, char** argv) {
       });
       return 0;
     }
-    std::vector<result> results;
-    hana::for_each(sweep, [&](const auto& e) {
-      if (!o.policies.empty() && !o.policies.contains(std::string(e.name))) return;
-      results.push_back(train_one(e, o, dc, train, val));
-    });
-
+    std::size_t failed = 0;
+    const auto results = train_each("example_dbnet", sweep, o, "cpu", examples::cpu_line(), failed,
+                                    [&](const auto& e) { return train_one(e, o, dc, train, val); });
     print_results(results);
-    write_outputs(o, results, "cpu", examples::cpu_line());
+    if (failed != 0) {
+      std::fprintf(stderr, "example_dbnet: %zu map(s) failed\n", failed);
+      return 1;
+    }
     return o.check ? check(results) : 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "example_dbnet: %s\n", e.what());

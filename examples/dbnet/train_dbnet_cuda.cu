@@ -320,13 +320,14 @@ int main(int argc, char** argv) {
       });
       return 0;
     }
-    std::vector<result> results;
-    hana::for_each(sweep, [&](const auto& e) {
-      if (!o.policies.empty() && !o.policies.contains(std::string(e.name))) return;
-      results.push_back(train_one(e, o, dc, ctx, val, dtrain, dval));
-    });
+    std::size_t failed = 0;
+    const auto results = train_each("example_dbnet_cuda", sweep, o, "gpu", gpu, failed,
+                                    [&](const auto& e) { return train_one(e, o, dc, ctx, val, dtrain, dval); });
     print_results(results);
-    write_outputs(o, results, "gpu", gpu);
+    if (failed != 0) {
+      std::fprintf(stderr, "example_dbnet_cuda: %zu map(s) failed\n", failed);
+      return 1;
+    }
     return o.check ? check(results) : 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "example_dbnet_cuda: %s\n", e.what());

@@ -44,6 +44,7 @@
 #include "../monitor.hpp"
 #include "fashion_mnist.hpp"
 #include "model.hpp"
+#include "tables.hpp"
 // After the tags (model.hpp): the map the advisor wrote from a float run, and the ranges it
 // measured, which rule d checks for every map below.
 #include "advised_map.hpp"
@@ -367,28 +368,10 @@ result train_one(const Entry& e, const options& o, const vit::config& vc, const 
 
 void write_outputs(const options& o, const std::vector<result>& results) {
   std::filesystem::create_directories(o.out);
-  std::ostringstream summary, curves, steps;
-  summary << "policy,epochs,test_accuracy,skipped_steps,final_scale,ms_per_step,peak_rss_mib,cpu\n";
-  for (const auto& r : results) {
-    summary << r.name << "," << o.epochs << "," << r.accuracy << "," << r.skipped << "," << r.final_scale << ","
-            << r.ms_per_step << "," << r.peak_rss_mib << "," << examples::csv_field(examples::cpu_line()) << "\n";
-  }
-  curves << "epoch";
+  std::ostringstream steps;
   steps << "step";
-  for (const auto& r : results) {
-    curves << "," << r.name << "_train_loss," << r.name << "_test_accuracy," << r.name << "_scale";
-    steps << "," << r.name << "_loss," << r.name << "_scale," << r.name << "_skipped";
-  }
-  curves << "\n";
+  for (const auto& r : results) steps << "," << r.name << "_loss," << r.name << "_scale," << r.name << "_skipped";
   steps << "\n";
-  for (std::size_t ep = 0; ep < o.epochs; ++ep) {
-    curves << ep + 1;
-    for (const auto& r : results) {
-      const auto& er = r.epochs[ep];
-      curves << "," << er.train_loss << "," << er.test_accuracy << "," << er.scale;
-    }
-    curves << "\n";
-  }
   const std::size_t n = results.empty() ? 0 : results.front().records.size();
   for (std::size_t s = 0; s < n; ++s) {
     steps << s;
@@ -398,8 +381,8 @@ void write_outputs(const options& o, const std::vector<result>& results) {
     }
     steps << "\n";
   }
-  examples::write_file(o.out / "summary.csv", summary.str());
-  examples::write_file(o.out / "curves.csv", curves.str());
+  examples::write_file(o.out / "summary.csv", vit::summary_csv(results, o.epochs, "cpu", examples::cpu_line()));
+  examples::write_file(o.out / "curves.csv", vit::curves_csv(results, o.epochs));
   examples::write_file(o.out / "steps.csv", steps.str());
   std::printf("wrote %s, curves.csv and steps.csv\n", (o.out / "summary.csv").string().c_str());
 

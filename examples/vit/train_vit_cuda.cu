@@ -30,6 +30,7 @@
 #include "../report.hpp"
 #include "fashion_mnist.hpp"
 #include "model.hpp"
+#include "tables.hpp"
 
 #include <boost/hana.hpp>
 
@@ -261,6 +262,13 @@ void usage(const char* argv0) {
                argv0);
 }
 
+// summary.csv (its last column the GPU) and curves.csv under o.out, for the maps in `results`.
+void write_outputs(const options& o, const std::vector<result>& results, const std::string& gpu) {
+  examples::write_file(o.out / "summary.csv", vit::summary_csv(results, o.epochs, "gpu", gpu));
+  examples::write_file(o.out / "curves.csv", vit::curves_csv(results, o.epochs));
+  std::printf("wrote %s and curves.csv\n", (o.out / "summary.csv").string().c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -340,37 +348,30 @@ int main(int argc, char** argv) {
                 PRECIS_VERSION_MAJOR, PRECIS_VERSION_MINOR, vc.patch, vc.width, vc.heads, depth, train.count,
                 test.count, o.batch, o.epochs, o.lr);
     std::filesystem::create_directories(o.out);
+    // Each map's outputs are written as it ends, so that a run stopped by a time limit keeps
+    // the maps that finished; a map that throws is reported and the next one runs.
     std::vector<result> results;
+    std::size_t failed = 0;
     hana::for_each(sweep, [&](const auto& e) {
-      if (o.policies.empty() || o.policies.count(std::string(e.name))) {
+      if (!o.policies.empty() && !o.policies.count(std::string(e.name))) return;
+      try {
         results.push_back(train_one(e, o, ctx, train, test));
+      } catch (const std::exception& ex) {
+        std::fprintf(stderr, "example_vit_cuda: %s: %s\n", std::string(e.name).c_str(), ex.what());
+        ++failed;
+        return;
       }
+      write_outputs(o, results, gpu);
     });
-    std::ostringstream summary, curves;
-    summary << "policy,epochs,test_accuracy,skipped_steps,final_scale,ms_per_step,peak_rss_mib,gpu\n";
-    for (const auto& r : results) {
-      summary << r.name << "," << o.epochs << "," << r.accuracy << "," << r.skipped << "," << r.final_scale << ","
-              << r.ms_per_step << "," << r.peak_rss_mib << "," << examples::csv_field(gpu) << "\n";
-    }
-    curves << "epoch";
-    for (const auto& r : results) curves << "," << r.name << "_train_loss," << r.name << "_test_accuracy," << r.name << "_scale";
-    curves << "\n";
-    for (std::size_t ep = 0; ep < o.epochs; ++ep) {
-      curves << ep + 1;
-      for (const auto& r : results) {
-        const auto& er = r.epochs[ep];
-        curves << "," << er.train_loss << "," << er.test_accuracy << "," << er.scale;
-      }
-      curves << "\n";
-    }
-    examples::write_file(o.out / "summary.csv", summary.str());
-    examples::write_file(o.out / "curves.csv", curves.str());
     std::printf("\n%-17s %9s %8s %8s %12s\n", "policy", "accuracy", "skipped", "scale", "ms/step");
     for (const auto& r : results) {
       std::printf("%-17s %8.2f%% %8zu %8g %12.3f\n", r.name.c_str(), 100 * r.accuracy, r.skipped, r.final_scale,
                   r.ms_per_step);
     }
-    std::printf("wrote %s and curves.csv\n", (o.out / "summary.csv").string().c_str());
+    if (failed != 0) {
+      std::fprintf(stderr, "example_vit_cuda: %zu map(s) failed\n", failed);
+      return 1;
+    }
     if (o.check) {
       bool ok = true;
       double fp32 = -1;
