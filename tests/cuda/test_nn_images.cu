@@ -176,8 +176,9 @@ void check_fused_relu(cuda_context& ctx, const std::string& tag, image_layout la
 
 // A model that starts with the fused pair: nn::backward_parameters (what nn::trainer runs)
 // gives backward()'s parameter gradients, and a batch the batch norm refuses, given to the
-// root module (past the model's own shape check), leaves the pair as the last good pass
-// left it: the next backward() gives the same bits.
+// root module (past the model's own shape check; another channel count, or one value per
+// channel in training), leaves the pair as the last good pass left it: the next backward()
+// gives the same bits.
 template <class P>
 void check_fused_relu_first(cuda_context& ctx, const std::string& tag) {
   using S = typename P::storage_type;
@@ -212,6 +213,12 @@ void check_fused_relu_first(cuda_context& ctx, const std::string& tag) {
   const auto bad = to_device(random_tensor<S, 4>({4, 5, 5, 7}));
   expect_error(w + ": 5 channels", [&] { (void)model.root().forward(ctx, bad, nn::mode::train); }, "[N, 6, ...]");
   expect(same_bits(ctx, model.backward(ctx, dy), dx), w + ": backward after the refused batch");
+  // One value per channel passes the shape checks; training refuses it, before the pair's
+  // buffers change.
+  const auto one = to_device(random_tensor<S, 4>({1, 6, 1, 1}));
+  expect_error(w + ": one value per channel", [&] { (void)model.root().forward(ctx, one, nn::mode::train); },
+               "more than one value per channel");
+  expect(same_bits(ctx, model.backward(ctx, dy), dx), w + ": backward after the refused single values");
 }
 
 }  // namespace

@@ -15,8 +15,10 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <random>
 #include <string>
@@ -441,6 +443,28 @@ TEST_CASE("bad shapes are refused before anything runs, naming the layer's path 
                        doctest::Contains("layer gap (global_avg_pool)"), error);
 }
 
+TEST_CASE("a batch norm refuses one value per channel in training before any buffer changes") {
+  auto m = nn::build<float, 4>(presets::fp32{}, nn::seq(nn::batch_norm(6), nn::relu()), {.seed = 3});
+  const auto x = precis_test::random_tensor<float, 4>({4, 6, 5, 7});
+  const auto dy = precis_test::random_tensor<float, 4>({4, 6, 5, 7});
+  (void)m.forward(ctx, x);
+  const host_tensor<float, 4> dx = m.backward(ctx, dy);
+  (void)m.forward(ctx, x);
+  // One value per channel passes the shape checks: the batch norm refuses it when it runs.
+  const auto one = precis_test::random_tensor<float, 4>({1, 6, 1, 1});
+  CHECK_THROWS_WITH_AS(m.root().forward(ctx, one, nn::mode::train),
+                       doctest::Contains("(batch_norm) expects more than one value per channel in training mode, "
+                                         "got an input of shape [1, 6, 1, 1]"),
+                       error);
+  // The refusal left the layers as the good pass left them: backward gives that pass's bits.
+  const host_tensor<float, 4> again = m.backward(ctx, dy);
+  CHECK(std::equal(dx.begin(), dx.end(), again.begin(), [](float a, float b) {
+    return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b);
+  }));
+  // Evaluation takes the running statistics: one value per channel is a batch like any other.
+  CHECK(m.root().forward(ctx, one, nn::mode::eval).shape() == one.shape());
+}
+
 TEST_CASE("impossible layer arguments are refused when the model is built") {
   const auto build = [](auto blueprint) { return nn::build<float, 4>(presets::fp32{}, blueprint); };
   CHECK_THROWS_WITH_AS(build(nn::conv2d(3, 4, 3, {.groups = 2})),
@@ -457,6 +481,10 @@ TEST_CASE("impossible layer arguments are refused when the model is built") {
   CHECK_THROWS_WITH_AS(build(nn::max_pool2d({.kernel = {2, 2}, .padding = {2, 0}})),
                        doctest::Contains("padding at most half the kernel"), error);
   CHECK_THROWS_WITH_AS(build(nn::upsample_nearest(0)), doctest::Contains("scale >= 1"), error);
+  CHECK_THROWS_WITH_AS(build(nn::batch_norm(4, 0.1, -1e-5)), doctest::Contains("precis::nn::batch_norm: eps"),
+                       error);
+  CHECK_THROWS_WITH_AS(build(nn::batch_norm(4, 0.1, std::nan(""))), doctest::Contains("must be finite"), error);
+  CHECK_THROWS_WITH_AS(build(nn::layer_norm(4, -1.0)), doctest::Contains("precis::nn::layer_norm: eps"), error);
   // The image layout is the model's (build_options::layout), never one layer's.
   CHECK_THROWS_WITH_AS(build(nn::conv2d(3, 4, 3, {.layout = image_layout::nhwc})),
                        doctest::Contains("the image layout is the model's"), error);

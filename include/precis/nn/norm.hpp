@@ -155,8 +155,11 @@ class layer_norm_layer : public detail::affine_norm<Tag, P, op::layer_norm, R, C
   /// Its kind in nn::describe: "layer_norm".
   static constexpr std::string_view kind = "layer_norm";
 
-  /// The layer of a blueprint, gamma 1 and beta 0. Throws precis::error when features is 0.
-  explicit layer_norm_layer(const layer_norm_spec<Tag>& s) : base(kind, s.features), eps_(s.eps) {}
+  /// The layer of a blueprint, gamma 1 and beta 0. Throws precis::error when features is 0
+  /// or eps is negative or not finite.
+  explicit layer_norm_layer(const layer_norm_spec<Tag>& s) : base(kind, s.features), eps_(s.eps) {
+    precis::detail::check_eps("precis::nn::layer_norm", s.eps);
+  }
 
   /// Sets gamma back to 1 and beta to 0 (nothing is drawn: the seed is not used).
   void reset(std::uint64_t) { this->reset_affine(); }
@@ -173,7 +176,7 @@ class layer_norm_layer : public detail::affine_norm<Tag, P, op::layer_norm, R, C
   /// y = (x - mean) / sqrt(var + eps) * gamma + beta over each row of the last axis (var
   /// biased), computed in float or wider; keeps the address of x and each row's mean and
   /// 1 / sqrt(var + eps) for backward(). The mode makes no difference. Throws precis::error
-  /// for an input of another shape or a negative or non-finite eps.
+  /// for an input of another shape, before any buffer changes.
   const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode = mode::train) {
     const auto shape = output_shape(detail::shape_of<R>(x), path_name<Tag>());
     this->size_buffers(shape);
@@ -227,7 +230,8 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
   static constexpr std::string_view kind = "batch_norm";
 
   /// The layer of a blueprint, gamma 1, beta 0, running mean 0 and running variance 1.
-  /// Throws precis::error when channels is 0 or momentum is outside [0, 1].
+  /// Throws precis::error when channels is 0, momentum is outside [0, 1] or eps is negative
+  /// or not finite.
   explicit batch_norm_layer(const batch_norm_spec<Tag>& s)
       : base(kind, s.channels),
         momentum_(s.momentum),
@@ -235,6 +239,7 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
         running_mean_(shape_t<1>{s.channels}),
         running_var_(shape_t<1>{s.channels}) {
     if (!(s.momentum >= 0.0 && s.momentum <= 1.0)) throw error("precis::nn::batch_norm: momentum must be in [0, 1]");
+    precis::detail::check_eps("precis::nn::batch_norm", s.eps);
     reset_statistics();
   }
 
@@ -261,10 +266,10 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
   /// or wider. In mode::train the mean and biased variance are the batch's, over every axis
   /// but 1, and the running statistics are updated (see `momentum`); the address of x and
   /// the batch statistics are kept for backward(). In mode::eval the running statistics
-  /// are used and nothing is updated. Throws precis::error for an input of another shape,
-  /// fewer than two values per channel in training, or a negative or non-finite eps.
+  /// are used and nothing is updated. Throws precis::error for an input of another shape or
+  /// with fewer than two values per channel in training, before any buffer changes.
   const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode m = mode::train) {
-    this->size_buffers(output_shape(detail::shape_of<R>(x), path_name<Tag>()));
+    this->size_buffers(checked_batch(x, m));
     normalise(ctx, x, m, this->y_, fused_activation::none);
     return this->y_;
   }
@@ -302,7 +307,7 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
   /// is not written. Throws precis::error as forward() does, before `next` is touched.
   template <class Next>
   const tensor<S>& forward_relu(context_ref_t<Ctx> ctx, const tensor<S>& x, mode m, Next& next) {
-    const auto shape = output_shape(detail::shape_of<R>(x), path_name<Tag>());
+    const auto shape = checked_batch(x, m);
     this->size_buffers(shape, false);
     auto& z = next.fused_output(shape);
     normalise(ctx, x, m, z, fused_activation::relu);
@@ -360,6 +365,18 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
  private:
   using io = context_traits<Ctx>;
   std::size_t channel_axis() const { return layout_ == image_layout::nhwc ? R - 1 : 1; }
+  // x's shape, once every refusal of forward() and forward_relu() has been checked (the
+  // shape, and in training two values per channel), so that a refused batch resizes no
+  // buffer of this layer or of the ReLU it runs with.
+  shape_t<R> checked_batch(const tensor<S>& x, mode m) const {
+    const auto shape = output_shape(detail::shape_of<R>(x), path_name<Tag>());
+    if (m == mode::train && detail::elements(shape) / this->features_ < 2) {
+      throw error("precis::nn: layer " + path_or_root(path_name<Tag>()) + " (" + std::string(kind) +
+                  ") expects more than one value per channel in training mode, got an input of shape " +
+                  shape_string(shape));
+    }
+    return shape;
+  }
   // forward() and forward_relu(): the batch's statistics (kept, with the address of x) or
   // the running ones, and the output in `out`.
   void normalise(context_ref_t<Ctx> ctx, const tensor<S>& x, mode m, tensor<S>& out, fused_activation act) {
