@@ -154,10 +154,11 @@ void check_softmax(precis::cuda_context& ctx, const precis::cpu_context& cpu) {
   // 1030 and 4099 not), and read once per pass beyond (8200, 16390). Enough rows that each
   // row group takes several, the next one's reads in flight (resident_rows_per_group): 8200
   // rows of 96 (a warp 2 rows), 16400 of 96 (a warp 4), 1100 of 1030 (a block 2), 2051 of
-  // 1030 (a block 4, the last 3).
+  // 1030 (a block 4, the last 3), and the same in 16-byte packs: 1100 and 2051 of 2048.
   for (const auto& [rows, cols] : std::initializer_list<std::pair<std::size_t, std::size_t>>{
            {7, 1}, {7, 10}, {7, 256}, {300, 197}, {7, 1000}, {7, 1001}, {9, 1024}, {7, 1030}, {7, 4096},
-           {7, 4099}, {3, 8192}, {3, 8200}, {3, 16390}, {8200, 96}, {16400, 96}, {1100, 1030}, {2051, 1030}}) {
+           {7, 4099}, {3, 8192}, {3, 8200}, {3, 16390}, {8200, 96}, {16400, 96}, {1100, 1030}, {2051, 1030},
+           {1100, 2048}, {2051, 2048}}) {
     const std::array<std::size_t, 2> shape{rows, cols};
     const auto x = random_tensor<T, 2>(shape, 4.0F);
     const auto dy = random_tensor<T, 2>(shape);
@@ -195,11 +196,11 @@ void check_layer_norm(precis::cuda_context& ctx, const precis::cpu_context& cpu)
   // (3000 and 8192 in packs, 2050 not), read once per pass (8200). dgamma's and dbeta's
   // column sums read 16 bytes of columns per row and thread at 768, 3000 and 8192 (256
   // columns or more, a whole number of packs), one column otherwise. 8220 rows of 96 (a warp
-  // 2 rows), 16410 of 96 (a warp 4), 1050 of 2050 (a block 2) and 2100 of 2050 (a block 4):
-  // a row group's next row in flight.
+  // 2 rows), 16410 of 96 (a warp 4), 1050 of 2050 (a block 2) and 2100 of 2050 (a block 4),
+  // and in 16-byte packs 1050 and 2100 of 3000: a row group's next row in flight.
   for (const auto& [rows, cols] : std::initializer_list<std::pair<std::size_t, std::size_t>>{
            {5, 1}, {5, 96}, {5, 197}, {5, 768}, {5, 1001}, {5, 2050}, {5, 3000}, {2, 8192}, {2, 8200},
-           {700, 96}, {700, 768}, {2740, 96}, {5470, 96}, {350, 2050}, {700, 2050}}) {
+           {700, 96}, {700, 768}, {2740, 96}, {5470, 96}, {350, 2050}, {700, 2050}, {350, 3000}, {700, 3000}}) {
     const std::array<std::size_t, 3> shape{3, rows, cols};
     const auto x = random_tensor<T, 3>(shape, 2.0F);
     const auto dy = random_tensor<T, 3>(shape);

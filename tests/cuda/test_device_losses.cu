@@ -148,10 +148,11 @@ void check_losses(precis::cuda_context& ctx, const precis::cpu_context& cpu, con
   // 16-byte packs), by a block (4096 in packs, 2050 not), and read once per pass (20000), in
   // batches of 37; and batches large enough that a row group takes two or four rows, the
   // next one's reads in flight, forward and backward (8200 and 16400 of 10 classes: a warp 2
-  // and 4; 1100 and 2051 of 2050: a block 2 and 4).
+  // and 4; 1100 and 2051 of 2050: a block 2 and 4; 1100 and 2051 of 2048, the same in 16-byte
+  // packs).
   for (const auto& [B, C] : std::initializer_list<std::pair<std::size_t, std::size_t>>{
            {37, 10}, {37, 256}, {37, 1000}, {37, 1001}, {37, 2050}, {37, 4096}, {37, 20000}, {8200, 10},
-           {16400, 10}, {1100, 2050}, {2051, 2050}}) {
+           {16400, 10}, {1100, 2050}, {2051, 2050}, {1100, 2048}, {2051, 2048}}) {
     const std::string t = tag + " B=" + std::to_string(B) + " C=" + std::to_string(C);
     const auto logits = random_tensor<T, 2>({B, C}, 3.0F);
     auto targets = precis::host_tensor<std::int32_t, 1>::from_shape({B});
