@@ -22,6 +22,7 @@
 #include <precis/kernels/cuda_context.hpp>
 #include <precis/scaling/reducer.hpp>
 #include <precis/tensor/device_span.hpp>
+#include <precis/tensor/device_tensor.hpp>
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -55,8 +56,7 @@ class nccl_reducer {
     if (comm == nullptr) throw error("precis::nccl_reducer: the communicator is null");
     check(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
     check(ncclCommCount(comm_, &size_), "ncclCommCount");
-    float* p = nullptr;
-    check(cudaMalloc(reinterpret_cast<void**>(&p), scratch_floats * sizeof(float)), "cudaMalloc");
+    auto* p = static_cast<float*>(detail::device_malloc(scratch_floats * sizeof(float)));
     scratch_ = std::shared_ptr<float>(p, [](float* q) { cudaFree(q); });
   }
 

@@ -35,7 +35,9 @@ class cuda_context {
   /// threshold (cudaMemPoolAttrReleaseThreshold) to `pool_keep` bytes where it is lower:
   /// freed memory up to that amount stays in the pool for the next allocation, as a caching
   /// allocator keeps it. The pool is the device's, shared with the rest of the process; pass
-  /// 0 to leave it as it is (cudaMemPoolTrimTo still returns memory on request).
+  /// 0 to leave it as it is (cudaMemPoolTrimTo still returns memory on request). precis's own
+  /// cudaMalloc calls (device tensors made without a stream, convolution plans, the NCCL
+  /// reducer's scratch) trim the pool and try again when the device is out of memory.
   explicit cuda_context(int device = 0, std::uint64_t pool_keep = keep_all) : device_(device) {
     check(cudaSetDevice(device), "cudaSetDevice");
     if (pool_keep > 0) keep_freed_memory(device, pool_keep);

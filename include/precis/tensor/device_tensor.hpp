@@ -17,6 +17,33 @@
 
 namespace precis {
 
+namespace detail {
+
+/// cudaMalloc of `bytes`. Where the device is out of memory, it tries once more after handing
+/// back to the driver what the device's stream-ordered pool holds unused (cuda_context raises
+/// the pool's release threshold, so memory freed in stream order stays with the pool, out of
+/// cudaMalloc's reach): the device synchronised (frees still queued complete), then the pool
+/// trimmed (cudaMemPoolTrimTo 0). Throws precis::cuda_error, naming `where`, when that fails
+/// too.
+inline void* device_malloc(std::size_t bytes, const source_location& where = source_location::current()) {
+  void* p = nullptr;
+  cudaError_t status = cudaMalloc(&p, bytes);
+  if (status == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();  // not a sticky error: clear it before the calls below
+    int device = 0;
+    cudaMemPool_t pool = nullptr;
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize", where);
+    check(cudaGetDevice(&device), "cudaGetDevice", where);
+    check(cudaDeviceGetMemPool(&pool, device), "cudaDeviceGetMemPool", where);
+    check(cudaMemPoolTrimTo(pool, 0), "cudaMemPoolTrimTo", where);
+    status = cudaMalloc(&p, bytes);
+  }
+  check(status, "cudaMalloc", where);
+  return p;
+}
+
+}  // namespace detail
+
 /// A dense row-major tensor of rank N in device memory, owning its allocation (RAII,
 /// move-only). With a stream, memory is allocated and freed in stream order
 /// (cudaMallocAsync / cudaFreeAsync); without one, with cudaMalloc / cudaFree.
@@ -94,7 +121,7 @@ class device_tensor {
     if (stream_) {
       check(cudaMallocAsync(&p, n * sizeof(T), stream_), "cudaMallocAsync");
     } else {
-      check(cudaMalloc(&p, n * sizeof(T)), "cudaMalloc");
+      p = detail::device_malloc(n * sizeof(T));
     }
     data_ = static_cast<T*>(p);
     capacity_ = n;

@@ -155,9 +155,7 @@ inline conv_plan make_conv_plan(cuda_context& ctx, const conv_geometry& g, cudnn
   conv_plan plan{conv_descriptors(g, type, math)};
   if (g.channels_last()) {
     // Made with the plan, before any capture: the first call of a shape runs eagerly.
-    void* p = nullptr;
-    check(cudaMalloc(&p, g.co * g.cg() * g.kh * g.kw * element_bytes), "cudaMalloc");
-    plan.filter.reset(p);
+    plan.filter.reset(precis::detail::device_malloc(g.co * g.cg() * g.kh * g.kw * element_bytes));
     for (auto [view, format] : {std::pair{&plan.weight_nchw, CUDNN_TENSOR_NCHW}, std::pair{&plan.weight_nhwc, CUDNN_TENSOR_NHWC}}) {
       cudnnTensorDescriptor_t t = nullptr;
       check(cudnnCreateTensorDescriptor(&t), "cudnnCreateTensorDescriptor");
