@@ -19,7 +19,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
-#include <fstream>
 #include <sstream>
 #include <string>
 #include <string_view>
