@@ -258,6 +258,20 @@ void bandwidth_rows(precis::cuda_context& ctx, precis_bench::table& tab, std::mt
         time([&] { precis::layer_norm_backward<P>(ctx, dys, xs, gs, ms, rs, dxs, dgs, dbs); }));
   }
   {
+    // Rows of 768 (ViT-B's width; its layer norms' backward takes 8 warps a block, 6 at 1024).
+    const std::size_t vit_rows = n / 768;
+    const double vit_bytes = double(vit_rows * 768) * 2;
+    const auto xv = random_device<bf16, 2>({vit_rows, 768}, g), dyv = random_device<bf16, 2>({vit_rows, 768}, g);
+    precis::device_tensor<bf16, 2> yv({vit_rows, 768}), dxv({vit_rows, 768});
+    const auto gv = random_device<bf16, 1>({768}, g), bv = random_device<bf16, 1>({768}, g);
+    precis::device_tensor<bf16, 1> dgv({768}), dbv({768});
+    precis::device_tensor<float, 1> mv({vit_rows}), rv({vit_rows});
+    row("layer_norm rows of 768, bf16", 2 * vit_bytes,
+        time([&] { precis::layer_norm<P>(ctx, xv, gv, bv, yv, mv, rv); }));
+    row("layer_norm_backward rows of 768, bf16 (+ dgamma, dbeta)", 3 * vit_bytes,
+        time([&] { precis::layer_norm_backward<P>(ctx, dyv, xv, gv, mv, rv, dxv, dgv, dbv); }));
+  }
+  {
     // Rows of 197 (ViT-B's attention scores, unfused): a warp each, read an element at a time
     // (197 is no multiple of a 16-byte pack).
     const std::size_t odd_rows = n / 197;

@@ -159,6 +159,91 @@ TEST_CASE("the row kernels' threads and slots hold every column of a row exactly
   }
 }
 
+TEST_CASE("the fused layer norm backward's shared sums hold every column once, within the shared memory") {
+  using precis::detail::column_min_blocks;
+  using precis::detail::fused_norm_rows_for;
+  using precis::detail::resident_groups;
+  using precis::detail::resident_rows_for;
+  using precis::detail::slot_column;
+  std::vector<std::size_t> lengths;
+  for (std::size_t c = 1; c <= 1100; ++c) lengths.push_back(c);
+  for (std::size_t c = 1101; c <= precis::detail::resident_row_limit; c += 29) lengths.push_back(c);
+  for (const std::size_t c : {2047UL, 2048UL, 2049UL, 3072UL, 4095UL, 4096UL, 4097UL, 6144UL, 8192UL}) {
+    lengths.push_back(c);
+  }
+  std::vector<int> seen;
+  for (const std::size_t acc : {sizeof(float), sizeof(double)}) {
+    for (const int v : {1, 2, 4, 8, 16}) {
+      for (const std::size_t cols : lengths) {
+        const auto g = resident_rows_for(cols);
+        const auto f = fused_norm_rows_for(12608, cols, v, acc);
+        CAPTURE(acc);
+        CAPTURE(v);
+        CAPTURE(cols);
+        const std::size_t held = std::size_t(resident_groups(g.slots, v));
+        REQUIRE(f.used >= 1);
+        REQUIRE(f.used <= held);
+        // The slot groups a thread leaves out start at or past the row's end.
+        if (f.used < held) REQUIRE(slot_column(int(f.used), 0, g.threads, v) >= cols);
+        const std::size_t span = f.used * std::size_t(v) * g.threads;  // places per term and group
+        const std::size_t budget = g.per_warp ? precis::detail::fused_norm_warp_shared_bytes
+                                              : precis::detail::fused_norm_block_shared_bytes;
+        // Float sums fuse rows of up to 4096 columns, double sums up to 2048, at every width.
+        REQUIRE((f.groups != 0) == (cols * acc <= 16384));
+        if (f.groups == 0) {
+          // Only where one group's places, both terms, exceed the limit.
+          REQUIRE(2 * span * acc > budget);
+          continue;
+        }
+        REQUIRE(f.groups <= (g.per_warp ? precis::detail::fused_norm_max_groups : 1));
+        REQUIRE(f.shared_bytes == f.groups * 2 * span * acc);
+        REQUIRE(f.shared_bytes <= budget);
+        // As many warps as fit, up to the most.
+        if (g.per_warp && f.groups < precis::detail::fused_norm_max_groups) {
+          REQUIRE((f.groups + 1) * 2 * span * acc > budget);
+        }
+        // Place p = s * threads + rank (slot s of thread rank) below span holds column
+        // slot_column(s / v, rank) + s % v: every column below cols exactly once.
+        seen.assign(cols, 0);
+        for (std::size_t p = 0; p < span; ++p) {
+          const std::size_t s = p / g.threads;
+          const std::size_t col = slot_column(int(s / std::size_t(v)), unsigned(p % g.threads), g.threads, v) +
+                                  s % std::size_t(v);
+          if (col < cols) ++seen[col];
+        }
+        REQUIRE(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+      }
+    }
+  }
+  CHECK(fused_norm_rows_for(1, 4096, 8, 4).groups == 1);
+  CHECK(fused_norm_rows_for(1, 4097, 8, 4).groups == 0);
+  CHECK(fused_norm_rows_for(1, 2048, 8, 8).groups == 1);
+  CHECK(fused_norm_rows_for(1, 2049, 8, 8).groups == 0);
+  // Rows per block: 64, halved while fewer than column_min_blocks blocks, not below the groups.
+  for (std::size_t rows = 1; rows < 200000; rows += rows / 5 + 1) {
+    for (const std::size_t cols : {96UL, 768UL, 1024UL, 3000UL}) {
+      const auto f = fused_norm_rows_for(rows, cols, 8, sizeof(float));
+      CAPTURE(rows);
+      CAPTURE(cols);
+      const std::size_t blocks = (rows + f.block_rows - 1) / f.block_rows;
+      REQUIRE(f.block_rows >= f.groups);
+      REQUIRE(f.block_rows <= precis::detail::fused_norm_most_block_rows);
+      REQUIRE((f.block_rows & (f.block_rows - 1)) == 0);
+      if (f.block_rows < precis::detail::fused_norm_most_block_rows) {
+        REQUIRE((rows + 2 * f.block_rows - 1) / (2 * f.block_rows) < column_min_blocks);
+      }
+      if (f.block_rows / 2 >= f.groups) REQUIRE(blocks >= column_min_blocks);
+    }
+  }
+  // ViT-B at batch 64 (197 tokens of 768 bfloat16): 8 warps of 6 KiB, 32 rows a block.
+  const auto vit = fused_norm_rows_for(64 * 197, 768, 8, sizeof(float));
+  CHECK(vit.groups == 8);
+  CHECK(vit.block_rows == 32);
+  CHECK(vit.shared_bytes == 48 * 1024);
+  // 1024 columns: 8 KiB a warp, 6 warps.
+  CHECK(fused_norm_rows_for(64 * 197, 1024, 8, sizeof(float)).groups == 6);
+}
+
 TEST_CASE("the row kernels give a row group 1, 2 or 4 rows, leaving enough blocks") {
   using precis::detail::resident_min_blocks;
   using precis::detail::resident_rows_per_group;

@@ -492,6 +492,54 @@ PRECIS_HOST_DEVICE constexpr std::size_t slot_column(int i, unsigned rank, unsig
   return (std::size_t(i) * threads + rank) * std::size_t(v);
 }
 
+
+/// Layer norm's backward pass on the device sums dgamma's and dbeta's columns in the same
+/// pass that computes dx (kernels/cuda/norm.hpp's layer_norm_backward_fused), where the sums
+/// fit a block's shared memory: each thread adds its slots' two terms of each of its rows
+/// into its own shared-memory places, and the block then writes one partial sum per column
+/// for its rows. dy and x are read once in all, not once more for the column sums.
+/// Dynamic shared memory per block: for warp rows 48 KiB, what a kernel may take without
+/// opting in to more (they use no static shared memory); for a block per row 32 KiB, which
+/// leaves the block reductions' static arrays room below 48 KiB.
+inline constexpr std::size_t fused_norm_warp_shared_bytes = 48 * 1024;
+inline constexpr std::size_t fused_norm_block_shared_bytes = 32 * 1024;
+inline constexpr std::size_t fused_norm_max_groups = 8;        ///< warps per block for warp rows
+inline constexpr std::size_t fused_norm_most_block_rows = 64;  ///< rows per block at most
+
+/// The fused backward's geometry for `rows` rows of `cols` (1 .. resident_row_limit) columns,
+/// read `v` columns per access, sums of `acc_bytes` bytes.
+struct fused_norm_rows {
+  std::size_t groups;        ///< row groups per block (warps; 1 for a block per row); 0: the sums do not fit
+  std::size_t used;          ///< groups of v slots a thread fills: those that reach below the row's end
+  std::size_t block_rows;    ///< rows per block: one partial sum per column and block
+  std::size_t shared_bytes;  ///< dynamic shared memory per block
+};
+
+/// A row group's shared memory holds, for k = 0 (dgamma's term) and 1 (dbeta's), `used`
+/// groups of v slots of each of its threads: place (k * used * v + s) * threads + rank for
+/// slot s of thread `rank` (resident_rows_for's threads), so that a warp's 32 threads touch
+/// 32 consecutive places. A block holds as many warps as fit fused_norm_warp_shared_bytes, at
+/// most fused_norm_max_groups; a block per row, the one block where it fits
+/// fused_norm_block_shared_bytes. So float sums fuse rows of up to 4096 columns, double sums
+/// rows of up to 2048, whatever the width. Rows per block: from
+/// fused_norm_most_block_rows, halved while the grid would have fewer than column_min_blocks
+/// blocks, down to the block's groups. It depends on the arguments alone, and so the order of
+/// each column's additions depends on the shape and the types alone.
+constexpr fused_norm_rows fused_norm_rows_for(std::size_t rows, std::size_t cols, int v, std::size_t acc_bytes) {
+  const resident_rows g = resident_rows_for(cols);
+  const std::size_t held = std::size_t(resident_groups(g.slots, v));
+  const std::size_t per_group = std::size_t(g.threads) * std::size_t(v);  // columns of one slot group
+  const std::size_t reach = (cols + per_group - 1) / per_group;
+  const std::size_t used = reach < held ? reach : held;
+  const std::size_t group_bytes = 2 * used * per_group * acc_bytes;
+  const std::size_t most = g.per_warp ? fused_norm_max_groups : 1;
+  const std::size_t fit = (g.per_warp ? fused_norm_warp_shared_bytes : fused_norm_block_shared_bytes) / group_bytes;
+  const std::size_t groups = fit < most ? fit : most;
+  if (groups == 0) return {0, used, 0, 0};
+  std::size_t block_rows = fused_norm_most_block_rows;
+  while (block_rows / 2 >= groups && (rows + block_rows - 1) / block_rows < column_min_blocks) block_rows /= 2;
+  return {groups, used, block_rows, groups * group_bytes};
+}
 /// The device's reductions along an axis (x viewed as [outer, count, inner], each output
 /// element the reduction of its `count` values in k order, the host's order) stage their
 /// inputs through shared memory where count >= axis_stage_min_count: a block of

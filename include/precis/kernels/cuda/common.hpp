@@ -218,6 +218,8 @@ struct warp_per_row {
   __device__ static unsigned threads() { return 32; }
   __device__ static std::size_t first() { return blockIdx.x * std::size_t(blockDim.x / 32) + threadIdx.x / 32; }
   __device__ static std::size_t step() { return std::size_t(gridDim.x) * (blockDim.x / 32); }
+  __device__ static unsigned group() { return threadIdx.x / 32; }  ///< the row group within the block
+  __device__ static unsigned groups() { return blockDim.x / 32; }  ///< row groups per block
   template <class M, class Op>
   __device__ static M reduce(M v, Op op) {
     return warp_reduce(v, op);
@@ -231,6 +233,8 @@ struct block_per_row {
   __device__ static unsigned threads() { return blockDim.x; }
   __device__ static std::size_t first() { return blockIdx.x; }
   __device__ static std::size_t step() { return gridDim.x; }
+  __device__ static unsigned group() { return 0; }
+  __device__ static unsigned groups() { return 1; }
   template <class M, class Op>
   __device__ static M reduce(M v, Op op) {
     __shared__ M shared[32];
@@ -238,6 +242,8 @@ struct block_per_row {
   }
 };
 
+static_assert(fused_norm_max_groups * 32 <= warp_per_row::max_threads,
+              "precis: the fused layer norm backward's warps fit warp_per_row's launch bound");
 static_assert(resident_rows_for(resident_row_limit).threads <= block_per_row::max_threads &&
                   resident_rows_for(resident_row_limit).threads * 16 >= resident_row_limit,
               "precis: the longest resident row fits a block of block_per_row::max_threads threads of 16 slots");

@@ -4,10 +4,15 @@
 /// Statistics in at least float (the policy's accumulate type for the sums, two passes for the
 /// variance, as on the host). Layer norm: rows of up to 8192 columns are read once and held in
 /// registers (common.hpp's row_share: a warp per row up to 1024 columns, several rows per
-/// block; a block per row beyond), longer rows once per pass by a block each; dgamma and dbeta are column sums in
-/// two passes of a fixed order (slabs of 64 rows, each summed by 8 strided threads and then across
-/// them; then each column's slabs by a warp: reduce.hpp's column_reduce), the same bits on every run and
-/// device, within a float sum's bound of the host's row-order sums. Batch norm: the statistics
+/// block; a block per row beyond), longer rows once per pass by a block each. dgamma and dbeta
+/// are column sums in two passes of a fixed order. Where a block's share of the sums fits its
+/// shared memory (common.hpp's fused_norm_rows_for: float sums of rows up to 4096 columns,
+/// double up to 2048), the first pass is in the kernel that computes dx, so that dy and x are
+/// read once: each thread adds its columns' terms of its rows in row order, then a block's
+/// row groups are combined in group order, a partial sum per block of up to 64 rows. Longer
+/// rows take slabs of 64 rows, each summed by 8 strided threads and then across them. Then
+/// each column's partial sums are added by a warp (reduce.hpp's column_totals): the same bits
+/// on every run and device, within a float sum's bound of the host's row-order sums. Batch norm: the statistics
 /// and the backward sums are channel reductions in two passes of a fixed order (segments of 4096
 /// elements of each image's plane, then each channel's segments by a block: reduce.hpp's
 /// channel_reduce), the same bits on every run and device, within a float sum's bound of the
@@ -96,57 +101,110 @@ __global__ void __launch_bounds__(G::max_threads)
   });
 }
 
+/// Row r of layer norm's backward pass for the row group G, rows of at most
+/// resident_row_limit columns, dy and x read once (as layer_norm_resident): dx = rstd (g -
+/// mean_j(g) - xhat mean_j(g xhat)), g = dy gamma; and, for each of the thread's slots s
+/// below the row's end, terms(s, dy xhat, dy): dgamma's and dbeta's terms (as
+/// layer_norm_param_terms).
+template <class G, class M, class Acc, int V, int Slots, class DY, class X, class GA, class S, class DX, class Terms>
+__device__ __forceinline__ void layer_norm_backward_row(const DY* dy, const X* x, const GA* gamma, const S* mean,
+                                                        const S* rstd, DX* dx, std::size_t r, std::size_t cols,
+                                                        bool packed, Terms&& terms) {
+  using A = typename accumulator<Acc>::value_type;
+  row_raw<DY, V, Slots> raw_g;
+  row_raw<X, V, Slots> raw_x;
+  raw_g.template load<G>(dy + r * cols, cols, packed);
+  raw_x.template load<G>(x + r * cols, cols, packed);
+  const M mu = static_cast<M>(mean[r]), rs = static_cast<M>(rstd[r]);
+  auto g = raw_g.template share<M>();   // dy, then dy gamma
+  auto xh = raw_x.template share<M>();  // x, then (x - mean) rstd
+  accumulator<Acc> sg, sgx;
+#pragma unroll
+  for (int i = 0; i < g.groups; ++i) {
+    const std::size_t c = slot_column(i, G::rank(), G::threads(), V);
+    M w[V];
+    load_slots<V>(gamma, c, cols, packed, w);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      xh.v[i][k] = (xh.v[i][k] - mu) * rs;
+      if (c + k < cols) terms(i * V + k, g.v[i][k] * xh.v[i][k], g.v[i][k]);
+      g.v[i][k] = g.v[i][k] * w[k];
+      if (c + k < cols) {
+        sg.add(A(g.v[i][k]));
+        sgx.add(A(g.v[i][k] * xh.v[i][k]));
+      }
+    }
+  }
+  const M a = static_cast<M>(G::reduce(sg.value(), acc_add<Acc, A>{})) / M(cols);
+  const M b = static_cast<M>(G::reduce(sgx.value(), acc_add<Acc, A>{})) / M(cols);
+  DX* out = dx + r * cols;
+#pragma unroll
+  for (int i = 0; i < g.groups; ++i) {
+    M o[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) o[k] = rs * (g.v[i][k] - a - xh.v[i][k] * b);
+    store_slots<V>(out, slot_column(i, G::rank(), G::threads(), V), cols, packed, o);
+  }
+}
+
 /// layer_norm_backward_rows for rows of at most resident_row_limit columns, dy and x read once
-/// (as layer_norm_resident).
+/// (as layer_norm_resident); dgamma and dbeta are summed by a column_reduce after it.
 template <class G, class M, class Acc, int V, int Slots, class DY, class X, class GA, class S, class DX>
 __global__ void __launch_bounds__(G::max_threads)
     layer_norm_backward_resident(const DY* dy, const X* x, const GA* gamma, const S* mean, const S* rstd, DX* dx,
                                  std::size_t rows, std::size_t cols, bool packed) {
+  for (std::size_t r = G::first(); r < rows; r += G::step()) {
+    layer_norm_backward_row<G, M, Acc, V, Slots>(dy, x, gamma, mean, rstd, dx, r, cols, packed,
+                                                 [](int, M, M) {});
+  }
+}
+
+/// Dynamic shared memory of layer_norm_backward_fused (16-byte aligned; one name for every
+/// instantiation).
+extern __shared__ __align__(16) unsigned char fused_norm_shared[];
+
+/// layer_norm_backward_resident with dgamma's and dbeta's first pass in it
+/// (fused_norm_rows_for, kernels/common.hpp): block b takes rows [b block_rows, (b + 1)
+/// block_rows), row group g of its `groups` the rows b block_rows + g, + 2 g, .. in order.
+/// Each thread adds its slots' two terms of each of its rows, in row order, into its own
+/// places of its group's `used` slot groups in shared memory; the block then combines its
+/// groups in group order into partial[(b cols + col) * 2 + k] (k = 0: dgamma's sum, 1:
+/// dbeta's), which column_totals adds over the blocks.
+template <class G, class M, class Acc, int V, int Slots, class DY, class X, class GA, class S, class DX>
+__global__ void __launch_bounds__(G::max_threads)
+    layer_norm_backward_fused(const DY* dy, const X* x, const GA* gamma, const S* mean, const S* rstd, DX* dx,
+                              std::size_t rows, std::size_t cols, bool packed, unsigned used, std::size_t block_rows,
+                              typename accumulator<Acc>::value_type* partial) {
   using A = typename accumulator<Acc>::value_type;
-  struct shares {
-    S mu, rs;
-    row_raw<DY, V, Slots> g;
-    row_raw<X, V, Slots> x;
-  };
-  const auto load = [&](std::size_t r) {
-    shares s;
-    s.mu = mean[r];
-    s.rs = rstd[r];
-    s.g.template load<G>(dy + r * cols, cols, packed);
-    s.x.template load<G>(x + r * cols, cols, packed);
-    return s;
-  };
-  pipelined_rows<G, false>(rows, load, [&](std::size_t r, const shares& raw) {
-    const M mu = static_cast<M>(raw.mu), rs = static_cast<M>(raw.rs);
-    auto g = raw.g.template share<M>();   // dy, then dy gamma
-    auto xh = raw.x.template share<M>();  // x, then (x - mean) rstd
-    accumulator<Acc> sg, sgx;
+  A* const shared = reinterpret_cast<A*>(fused_norm_shared);
+  const unsigned threads = G::threads(), rank = G::rank();
+  const std::size_t span = std::size_t(used) * V * threads;  // places per term and group
+  A* const mine = shared + std::size_t(G::group()) * 2 * span;
+  for (std::size_t p = rank; p < 2 * span; p += threads) mine[p] = device_sum<Acc>::init();
+  const std::size_t first = blockIdx.x * block_rows;
+  const std::size_t end = first + block_rows < rows ? first + block_rows : rows;
+  for (std::size_t r = first + G::group(); r < end; r += G::groups()) {
+    layer_norm_backward_row<G, M, Acc, V, Slots>(dy, x, gamma, mean, rstd, dx, r, cols, packed,
+                                                 [&](int s, M gx, M gy) {
+                                                   A& dg = mine[std::size_t(s) * threads + rank];
+                                                   A& db = mine[span + std::size_t(s) * threads + rank];
+                                                   dg = device_sum<Acc>::add(dg, gx);
+                                                   db = device_sum<Acc>::add(db, gy);
+                                                 });
+  }
+  __syncthreads();
+  const unsigned groups = G::groups();
+  for (std::size_t p = threadIdx.x; p < span; p += blockDim.x) {
+    const std::size_t s = p / threads;
+    const std::size_t col = slot_column(int(s / V), unsigned(p % threads), threads, V) + s % V;
+    if (col >= cols) continue;
 #pragma unroll
-    for (int i = 0; i < g.groups; ++i) {
-      const std::size_t c = slot_column(i, G::rank(), G::threads(), V);
-      M w[V];
-      load_slots<V>(gamma, c, cols, packed, w);
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        g.v[i][k] = g.v[i][k] * w[k];
-        xh.v[i][k] = (xh.v[i][k] - mu) * rs;
-        if (c + k < cols) {
-          sg.add(A(g.v[i][k]));
-          sgx.add(A(g.v[i][k] * xh.v[i][k]));
-        }
-      }
+    for (int k = 0; k < 2; ++k) {
+      A t = shared[k * span + p];
+      for (unsigned h = 1; h < groups; ++h) t = device_sum<Acc>::combine(t, shared[(2 * h + k) * span + p]);
+      partial[(blockIdx.x * cols + col) * 2 + k] = t;
     }
-    const M a = static_cast<M>(G::reduce(sg.value(), acc_add<Acc, A>{})) / M(cols);
-    const M b = static_cast<M>(G::reduce(sgx.value(), acc_add<Acc, A>{})) / M(cols);
-    DX* out = dx + r * cols;
-#pragma unroll
-    for (int i = 0; i < g.groups; ++i) {
-      M o[V];
-#pragma unroll
-      for (int k = 0; k < V; ++k) o[k] = rs * (g.v[i][k] - a - xh.v[i][k] * b);
-      store_slots<V>(out, slot_column(i, G::rank(), G::threads(), V), cols, packed, o);
-    }
-  });
+  }
 }
 
 // dx = rstd (g - mean_j(g) - xhat mean_j(g xhat)), g = dy gamma.
@@ -559,11 +617,34 @@ void layer_norm_backward(cuda_context& ctx, const device_tensor<DY, N>& dy,
   check_shape("precis::layer_norm_backward: dbeta", dbeta, d);
   const std::size_t rows = mean.size(), cols = d[0];
   if (cols == 0) return;
+  const auto params = detail::cuda::store_layer_norm_params<DG, DB>{dgamma.data(), dbeta.data()};
+  constexpr std::string_view params_name = "precis::layer_norm_backward (dgamma, dbeta)";
   if (rows != 0) {
     if (cols <= detail::resident_row_limit) {
       constexpr int V = detail::cuda::pack_width<DY, X>;
       const bool packed =
           cols % V == 0 && detail::cuda::pack_aligned<V>(dy.data(), x.data(), gamma.data(), dx.data());
+      using A = typename accumulator<Acc>::value_type;
+      const auto fused = detail::fused_norm_rows_for(rows, cols, packed ? V : 1, sizeof(A));
+      if (fused.groups != 0) {
+        // dx and the column sums' first pass in one kernel (dy and x read once), then the
+        // blocks' partial sums added column by column.
+        const std::size_t blocks = (rows + fused.block_rows - 1) / fused.block_rows;
+        device_tensor<A, 1> partial({blocks * cols * 2}, ctx.stream());
+        detail::cuda::with_resident_rows<V>(rows, cols, packed, false, [&](auto group, auto slots, auto width,
+                                                                            unsigned, unsigned threads) {
+          using Group = decltype(group);
+          const unsigned block = std::is_same_v<Group, detail::cuda::warp_per_row> ? unsigned(32 * fused.groups)
+                                                                                   : threads;
+          detail::cuda::layer_norm_backward_fused<Group, M, Acc, decltype(width)::value, decltype(slots)::value>
+              <<<detail::cuda::row_blocks(blocks, "precis::layer_norm_backward"), block, fused.shared_bytes,
+                 ctx.stream()>>>(dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(), dx.data(), rows,
+                                 cols, packed, unsigned(fused.used), fused.block_rows, partial.data());
+        });
+        check(cudaGetLastError(), "precis::layer_norm_backward");
+        detail::cuda::launch_column_totals<Acc, 2>(ctx, partial.data(), blocks, cols, params, params_name);
+        return;
+      }
       detail::cuda::with_resident_rows<V>(rows, cols, packed, false, [&](auto group, auto slots, auto width,
                                                                           unsigned blocks, unsigned threads) {
         detail::cuda::layer_norm_backward_resident<decltype(group), M, Acc, decltype(width)::value,
@@ -586,8 +667,7 @@ void layer_norm_backward(cuda_context& ctx, const device_tensor<DY, N>& dy,
   detail::cuda::column_reduce<Acc, 2>(
       ctx, rows, cols,
       detail::cuda::layer_norm_param_terms<M, DY, X, S>{dy.data(), x.data(), mean.data(), rstd.data(), cols},
-      detail::cuda::store_layer_norm_params<DG, DB>{dgamma.data(), dbeta.data()},
-      "precis::layer_norm_backward (dgamma, dbeta)");
+      params, params_name);
 }
 
 /// Batch norm in training mode on the device (see the host batch_norm_train: channels on

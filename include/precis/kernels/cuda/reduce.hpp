@@ -388,6 +388,17 @@ __global__ void __launch_bounds__(column_total_threads)
   }
 }
 
+/// Launches column_totals on ctx's stream: `cols` columns' K sums over `slabs` partial sums
+/// each (partial[(slab * cols + col) * K + k]), handed to finish(col, sums).
+template <class Acc, int K, class Finish>
+void launch_column_totals(cuda_context& ctx, const typename accumulator<Acc>::value_type* partial,
+                          std::size_t slabs, std::size_t cols, const Finish& finish, std::string_view name) {
+  const std::size_t blocks = (cols + column_total_threads / 32 - 1) / (column_total_threads / 32);
+  column_totals<Acc, K><<<unsigned(std::min<std::size_t>(blocks, 65535)), column_total_threads, 0, ctx.stream()>>>(
+      partial, slabs, cols, finish);
+  check(cudaGetLastError(), name);
+}
+
 /// Runs both passes of a column reduction of terms(r, col) over `rows` rows of `cols`
 /// columns on ctx's stream, in slabs of up to `most_slab_rows` rows (a power of two of the
 /// caller, at least column_slab_rows): column_slab_rows_for halves it, down to
@@ -420,10 +431,7 @@ void column_reduce(cuda_context& ctx, std::size_t rows, std::size_t cols, const 
     launch(std::integral_constant<int, 1>{});
   }
   check(cudaGetLastError(), name);
-  const std::size_t total_blocks = (cols + column_total_threads / 32 - 1) / (column_total_threads / 32);
-  column_totals<Acc, K><<<unsigned(std::min<std::size_t>(total_blocks, 65535)), column_total_threads, 0,
-                          ctx.stream()>>>(partial.data(), slabs, cols, finish);
-  check(cudaGetLastError(), name);
+  launch_column_totals<Acc, K>(ctx, partial.data(), slabs, cols, finish, name);
 }
 
 /// column_sums' term: element (r, col) of a matrix with row stride ld.
