@@ -458,14 +458,16 @@ int main() {
   check_batch_norm<presets::fp16_mixed, float16, 4>(ctx, cpu, {4, 6, 9, 11}, " (fp16, rank 4)");
   check_batch_norm<presets::fp32, float, 4>(ctx, cpu, {4, 6, 9, 11}, " (fp32, rank 4)");
   check_batch_norm<presets::fp32, float, 2>(ctx, cpu, {300, 17}, " (fp32, rank 2)");
-  // Planes of more than 4096 elements: two segments of each channel's reduction; y and dx in
-  // 16-byte packs (planes of 99 and rows of 17 one element at a time).
+  // Planes of more than 4096 elements: two segments of each channel's reduction (and of its
+  // moments, in 16-byte packs); y and dx in 16-byte packs (planes of 99 and rows of 17 one
+  // element at a time). [N, C] takes the channels-last moments (planes of one element).
   check_batch_norm<presets::fp32, float, 4>(ctx, cpu, {2, 3, 80, 70}, " (fp32, planes of 5600)");
   check_batch_norm<presets::bf16_mixed, bfloat16, 4>(ctx, cpu, {3, 5, 64, 90}, " (bf16, planes of 5760)");
   // Channels-last: 16 channels in 16-byte packs (8 of 16-bit, 4 of float), 5 and 6 one
   // element at a time (6 floats are no whole number of packs), over more rows than one slab
   // of the column reduction (4096); 256 channels (bf16) and 128 (float) also summed in packs
-  // of channels.
+  // of channels. 67,600 rows of 8 channels: 1,057 slabs of 64 rows for the moments' 1,024
+  // blocks, the first 33 joining two slabs each.
   const auto nhwc = precis::image_layout::nhwc;
   check_batch_norm<presets::bf16_mixed, bfloat16, 4>(ctx, cpu, {3, 16, 40, 37}, " (bf16, nhwc, packs)", nhwc);
   check_batch_norm<presets::bf16_mixed, bfloat16, 4>(ctx, cpu, {2, 256, 9, 5}, " (bf16, nhwc, 256 channels)", nhwc);
@@ -473,6 +475,7 @@ int main() {
   check_batch_norm<presets::fp16_mixed, float16, 4>(ctx, cpu, {2, 5, 9, 11}, " (fp16, nhwc, 5 channels)", nhwc);
   check_batch_norm<presets::fp32, float, 4>(ctx, cpu, {3, 16, 40, 37}, " (fp32, nhwc, packs)", nhwc);
   check_batch_norm<presets::fp32, float, 4>(ctx, cpu, {2, 6, 50, 45}, " (fp32, nhwc, 6 channels)", nhwc);
+  check_batch_norm<presets::fp32, float, 4>(ctx, cpu, {4, 8, 130, 130}, " (fp32, nhwc, slabs joined)", nhwc);
   ctx.synchronize();
   return precis_test::finish();
 }

@@ -8,6 +8,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -538,5 +539,94 @@ TEST_CASE_TEMPLATE("batch norm with a fused ReLU gives batch norm then relu's bi
         precis::batch_norm_relu_backward<P>(ctx, dzi, wrong, xi, g, sm, sr, untouched, dgf, dbf, layout),
         doctest::Contains("z and x"), precis::error);
     CHECK(same_bits(untouched, poisoned<T, 4>(xi.shape())));
+  }
+}
+
+// ---- the device's batch norm statistics: shares' two-pass moments joined by combine_moments ----
+
+namespace {
+
+using precis::detail::combine_moments;
+using fmoments = precis::detail::moments<float>;
+
+// A share's moments as the device's first pass takes them: the float sum, the mean, then the
+// float sum of squared distances to it.
+fmoments two_pass(const std::vector<float>& v, std::size_t lo, std::size_t hi) {
+  float s = 0;
+  for (std::size_t i = lo; i < hi; ++i) s += v[i];
+  const float mean = s / float(hi - lo);
+  float q = 0;
+  for (std::size_t i = lo; i < hi; ++i) {
+    const float d = v[i] - mean;
+    q += d * d;
+  }
+  return {float(hi - lo), mean, q};
+}
+
+// The device's second pass: lane l joins shares l, l + 32, .. in order, then a butterfly
+// over the lanes, the lower lane's moments first.
+fmoments warp_join(const std::vector<fmoments>& shares) {
+  std::array<fmoments, 32> lane{};
+  for (std::size_t p = 0; p < shares.size(); ++p) lane[p % 32] = combine_moments(lane[p % 32], shares[p]);
+  for (std::size_t o = 16; o > 0; o /= 2) {
+    for (std::size_t l = 0; l < 32; ++l) {
+      if ((l & o) == 0) lane[l] = lane[l | o] = combine_moments(lane[l], lane[l | o]);
+    }
+  }
+  return lane[0];
+}
+
+}  // namespace
+
+TEST_CASE("combine_moments joins shares' moments to the exact mean and variance within float rounding") {
+  // An empty share changes nothing; two single values give their mean and half their
+  // squared distance.
+  const fmoments a{3, 1.5F, 2.0F}, none{0, 0, 0};
+  CHECK(combine_moments(a, none).mean == a.mean);
+  CHECK(combine_moments(none, a).m2 == a.m2);
+  const fmoments two = combine_moments(fmoments{1, 2.0F, 0}, fmoments{1, 6.0F, 0});
+  CHECK(two.count == 2);
+  CHECK(two.mean == 4.0F);
+  CHECK(two.m2 == 8.0F);
+  std::mt19937 g(11);
+  // Means far from zero against their spread: a sum of squares less n mean^2 in float loses
+  // every digit there; the shares' two passes and the joins keep them.
+  for (const float offset : {0.0F, 3.0F, 1e3F, 3e4F}) {
+    for (const std::size_t n : {std::size_t(5), std::size_t(4096), std::size_t(100000), std::size_t(250001)}) {
+      std::normal_distribution<float> d(offset, 0.7F);
+      std::vector<float> v(n);
+      for (auto& x : v) x = d(g);
+      long double sum = 0;
+      for (const float x : v) sum += x;
+      const long double mean = sum / n;
+      long double m2 = 0;
+      for (const float x : v) m2 += (x - mean) * (x - mean);
+      // Shares of 4096 (a plane's segments) and of 64 (channels-last slabs), joined as the
+      // device joins them.
+      for (const std::size_t share : {std::size_t(4096), std::size_t(64)}) {
+        std::vector<fmoments> shares;
+        for (std::size_t lo = 0; lo < n; lo += share) shares.push_back(two_pass(v, lo, std::min(n, lo + share)));
+        const fmoments m = warp_join(shares);
+        CAPTURE(offset);
+        CAPTURE(n);
+        CAPTURE(share);
+        CHECK(m.count == float(n));
+        CHECK(std::abs(m.mean - double(mean)) <= 1e-6 * (std::abs(double(mean)) + 1));
+        // Within float rounding of m2, plus what the float means themselves carry: a mean
+        // is known to 2^-24 |mean|, r of the spread, which moves m2 by the order of r^2.
+        const double r = std::ldexp(std::abs(double(mean)), -24) / std::sqrt(double(m2) / double(n));
+        CHECK(std::abs(double(m.m2) - double(m2)) <= double(m2) * (2e-5 + 64 * r * r));
+      }
+      // The one-pass float formula the joins avoid: no digit left at an offset of 3e4.
+      if (offset == 3e4F && n >= 4096) {
+        float s = 0, s2 = 0;
+        for (const float x : v) {
+          s += x;
+          s2 += x * x;
+        }
+        const double naive = double(s2) - double(s) * double(s) / double(n);
+        CHECK(std::abs(naive - double(m2)) > 0.5 * double(m2));
+      }
+    }
   }
 }

@@ -423,6 +423,33 @@ void run_copy_plan(const copy_plan<R>& p, const T* from, T* to) {
   }
 }
 
+/// The count, mean and sum of squared distances to the mean (m2) of a set of values: batch
+/// norm's statistics on the device (kernels/cuda/norm.hpp), x read once. Each block takes
+/// the moments of its share of a channel in two passes over values it holds (the sum, the
+/// mean, then the squared distances to that mean, as the host's two passes); the shares are
+/// then joined by combine_moments.
+template <class A>
+struct moments {
+  A count;  ///< values (a whole number; exact in float up to 2^24)
+  A mean;
+  A m2;  ///< the sum of (value - mean)^2
+};
+
+/// The moments of the union of two disjoint sets (Chan, Golub and LeVeque's update):
+/// n = na + nb, d = mean_b - mean_a, mean = mean_a + d nb / n, m2 = m2_a + m2_b + d^2 na nb / n.
+/// Its error stays of the order of the operands' rounding whatever the means' distance from
+/// zero, as the two-pass formula's, unlike a sum of squares less n mean^2. An empty operand
+/// gives the other one unchanged.
+template <class A>
+PRECIS_HOST_DEVICE constexpr moments<A> combine_moments(const moments<A>& a, const moments<A>& b) {
+  if (b.count == A(0)) return a;
+  if (a.count == A(0)) return b;
+  const A n = a.count + b.count;
+  const A d = b.mean - a.mean;
+  const A wb = b.count / n;
+  return {n, a.mean + d * wb, a.m2 + b.m2 + d * d * (a.count * wb)};
+}
+
 /// The first pass of the device's column reductions (column_sums, layer norm's dgamma and
 /// dbeta, channels-last channel sums: kernels/cuda/reduce.hpp) gives a block 32 threads
 /// across, each `width` columns wide, and a slab of rows; it aims at no fewer blocks than

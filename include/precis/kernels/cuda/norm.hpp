@@ -13,13 +13,16 @@
 /// rows take slabs of 64 rows, each summed by 8 strided threads and then across them. Then
 /// each column's partial sums are added by a warp (reduce.hpp's column_totals): the same bits
 /// on every run and device, within a float sum's bound of the host's row-order sums. Batch norm: the statistics
-/// and the backward sums are channel reductions in two passes of a fixed order (segments of 4096
-/// elements of each image's plane, then each channel's segments by a block: reduce.hpp's
-/// channel_reduce), the same bits on every run and device, within a float sum's bound of the
-/// host's; the running statistics take PyTorch's update (unbiased running variance); y and dx
-/// are elementwise over planes, with no division per element (16 bytes per access where a plane's
-/// length allows). Shapes and arguments are checked on the host before
-/// anything is launched. Compiled by nvcc only.
+/// read x once (reduce.hpp's channel_moments_in: each block takes its share's mean, then the
+/// squared distances to it, from values it holds, as the host's two passes; the shares, 4096
+/// elements of a plane or 64 rows of channels-last images, are joined with
+/// common.hpp's combine_moments); the backward sums are channel reductions in two passes
+/// (segments of 4096 elements of each image's plane, then each channel's segments by a block:
+/// reduce.hpp's channel_reduce). Both have a fixed order: the same bits on every run and
+/// device, within a float sum's bound of the host's. The running statistics take PyTorch's
+/// update (unbiased running variance); y and dx are elementwise over planes, with no division
+/// per element (16 bytes per access where a plane's length allows). Shapes and arguments are
+/// checked on the host before anything is launched. Compiled by nvcc only.
 #pragma once
 
 #include <precis/config.hpp>
@@ -278,72 +281,24 @@ struct store_layer_norm_params {
   }
 };
 
-/// Batch norm's statistics terms of element (i, c, q) of x [N, C, inner]: x itself (first
-/// pass), or its squared distance to the channel's mean `mean[c]` (second pass).
-template <class M, class X, bool Centred>
-struct batch_norm_stat_terms {
-  const X* x;
-  const M* mean;
-  static constexpr int pack_elements = pack_width<X>;
-  __device__ term_values<M, 1> operator()(std::size_t at, std::size_t c) const {
-    const M v = device_load<M>(x[at]);
-    if constexpr (Centred) {
-      const M d = v - mean[c];
-      return {{d * d}};
-    } else {
-      return {{v}};
-    }
-  }
-  /// The V elements from `at`, of channels c .. c + V - 1 (channels-last).
-  template <int V>
-  __device__ term_values<M, V> pack(std::size_t at, std::size_t c) const {
-    const auto in = load_pack<V>(x + at);
-    term_values<M, V> t;
-#pragma unroll
-    for (int e = 0; e < V; ++e) {
-      const M v = device_load<M>(in.v[e]);
-      if constexpr (Centred) {
-        const M d = v - mean[c + e];
-        t.v[e] = d * d;
-      } else {
-        t.v[e] = v;
-      }
-    }
-    return t;
-  }
-  template <int V>
-  bool aligned() const {
-    return pack_aligned<V>(x);
-  }
-};
-
-/// First pass's finish: mean[c] = sum / count.
-template <class M>
-struct batch_norm_mean {
-  M* mean;
-  M count;
-  template <class V>
-  __device__ void operator()(std::size_t c, const V* t) const {
-    mean[c] = M(t[0]) / count;
-  }
-};
-
-/// Second pass's finish: rstd[c], the saved statistics and PyTorch's running update (the
-/// unbiased variance), as the host's batch_norm_train.
+/// Batch norm's statistics from each channel's moments (reduce.hpp's channel_moments_in):
+/// mean[c] and rstd[c] in M for the normalisation, the saved statistics, and PyTorch's running
+/// update (the unbiased variance), as the host's batch_norm_train.
 template <class M, class R, class S>
-struct batch_norm_variance {
-  const M* mean;
+struct batch_norm_statistics {
+  M* mean;
   M* rstd;
   S* save_mean;
   S* save_rstd;
   R* running_mean;
   R* running_var;
   M count, eps, momentum;
-  template <class V>
-  __device__ void operator()(std::size_t c, const V* t) const {
-    const M mu = mean[c];
-    const M var = M(t[0]) / count;
+  template <class A>
+  __device__ void operator()(std::size_t c, const moments<A>& m) const {
+    const M mu = static_cast<M>(m.mean);
+    const M var = static_cast<M>(m.m2) / count;
     const M rs = M(1) / ::sqrt(var + eps);
+    mean[c] = mu;
     rstd[c] = rs;
     save_mean[c] = static_cast<S>(mu);
     save_rstd[c] = static_cast<S>(rs);
@@ -692,20 +647,17 @@ void batch_norm_train(cuda_context& ctx, const device_tensor<X, N>& x, const dev
                                     momentum, eps, last);
   const auto d = detail::batch_norm_dims(x, last);
   if (d[1] == 0) return;
-  // The mean, then the squared distances to it (two passes, as the host), each a channel
-  // reduction; then y elementwise.
+  // Each channel's moments, x read once (each share's in two passes over the values it
+  // holds, as the host's two passes; reduce.hpp's channel_moments_in); then y elementwise.
   const M count = static_cast<M>(d[0] * d[2]);
   device_tensor<M, 1> stats({2 * d[1]}, ctx.stream());  // mean, then rstd
   M* mean = stats.data();
   M* rstd = stats.data() + d[1];
-  detail::cuda::channel_reduce_in<Acc, 1>(ctx, layout, d[0], d[1], d[2],
-                                          detail::cuda::batch_norm_stat_terms<M, X, false>{x.data(), mean},
-                                          detail::cuda::batch_norm_mean<M>{mean, count}, name);
-  detail::cuda::channel_reduce_in<Acc, 1>(
-      ctx, layout, d[0], d[1], d[2], detail::cuda::batch_norm_stat_terms<M, X, true>{x.data(), mean},
-      detail::cuda::batch_norm_variance<M, R, S>{mean, rstd, save_mean.data(), save_rstd.data(), running_mean.data(),
-                                                 running_var.data(), count, static_cast<M>(eps),
-                                                 static_cast<M>(momentum)},
+  detail::cuda::channel_moments_in<Acc, M>(
+      ctx, layout, d[0], d[1], d[2], x.data(),
+      detail::cuda::batch_norm_statistics<M, R, S>{mean, rstd, save_mean.data(), save_rstd.data(),
+                                                   running_mean.data(), running_var.data(), count,
+                                                   static_cast<M>(eps), static_cast<M>(momentum)},
       name);
   detail::cuda::with_relu(act, [&](auto relu) {
     detail::cuda::plane_elements(ctx, d[0], d[1], d[2],

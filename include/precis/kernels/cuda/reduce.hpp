@@ -655,6 +655,287 @@ void channel_reduce_in(cuda_context& ctx, image_layout layout, std::size_t image
   }
 }
 
+// ---- moments: count, mean and m2 of each channel, x read once ----
+//
+// Batch norm's statistics (kernels/common.hpp's moments). A block holds its share of a
+// channel in registers, takes the share's sum, its mean, then the squared distances to that
+// mean (two passes over the registers, as the host's two passes over the channel), and writes
+// the share's moments; then a warp per channel joins its shares with combine_moments in a
+// fixed order. The order depends on the shape and on whether x allows 16-byte reads: the same
+// bits on every run and device.
+
+/// A share's moments in partial[3 p .. 3 p + 2] (count, mean, m2).
+template <class A>
+__device__ __forceinline__ void store_moments(A* partial, std::size_t p, const moments<A>& m) {
+  partial[3 * p] = m.count;
+  partial[3 * p + 1] = m.mean;
+  partial[3 * p + 2] = m.m2;
+}
+
+/// Values of a channel_moments_partials block per thread: a segment's channel_segment
+/// elements over its 256 threads.
+inline constexpr int channel_moment_threads = 256;
+inline constexpr int channel_moment_values = int(channel_segment) / channel_moment_threads;
+
+/// First pass, channels first (x [images, channels, inner]): block (i * segments + s, c)
+/// holds elements [s * channel_segment, ...) of plane (i, c), thread t those at (j * 256 + t)
+/// * V + e (16-byte reads of V elements where V > 1), and writes their moments at
+/// (c * images + i) * segments + s. Each thread adds its values in (j, e) order, then the
+/// block's tree (block_reduce), for the sum and again for the squared distances.
+template <class Acc, class M, int V, class X>
+__global__ void __launch_bounds__(channel_moment_threads)
+    channel_moments_partials(const X* x, std::size_t images, std::size_t channels, std::size_t inner,
+                             std::size_t segments, typename accumulator<Acc>::value_type* partial) {
+  using A = typename accumulator<Acc>::value_type;
+  constexpr int groups = channel_moment_values / V;
+  static_assert(groups >= 1 && channel_moment_values % V == 0, "precis: a thread holds whole packs");
+  __shared__ A shared[32];
+  const std::size_t i = blockIdx.x / segments, seg = blockIdx.x % segments;
+  const std::size_t lo = seg * channel_segment, hi = inner < lo + channel_segment ? inner : lo + channel_segment;
+  const A n = A(hi - lo);
+  for (std::size_t c = blockIdx.y; c < channels; c += gridDim.y) {
+    const X* plane = x + (i * channels + c) * inner;
+    M v[groups][V];
+#pragma unroll
+    for (int j = 0; j < groups; ++j) {
+      const std::size_t q = lo + (std::size_t(j) * channel_moment_threads + threadIdx.x) * V;
+      if constexpr (V > 1) {
+        // lo and hi are multiples of V here (inner is): a pack lies inside or past the end.
+        if (q < hi) {
+          const auto in = load_pack<V>(plane + q);
+#pragma unroll
+          for (int e = 0; e < V; ++e) v[j][e] = device_load<M>(in.v[e]);
+        } else {
+#pragma unroll
+          for (int e = 0; e < V; ++e) v[j][e] = M(0);
+        }
+      } else {
+        v[j][0] = q < hi ? device_load<M>(plane[q]) : M(0);
+      }
+    }
+    accumulator<Acc> sum;
+#pragma unroll
+    for (int j = 0; j < groups; ++j) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        if (lo + (std::size_t(j) * channel_moment_threads + threadIdx.x) * V + e < hi) sum.add(A(v[j][e]));
+      }
+    }
+    const A mean = block_reduce(sum.value(), combine_op<device_sum<Acc>>{}, shared) / n;
+    accumulator<Acc> sq;
+#pragma unroll
+    for (int j = 0; j < groups; ++j) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        if (lo + (std::size_t(j) * channel_moment_threads + threadIdx.x) * V + e < hi) {
+          const A d = A(v[j][e]) - mean;
+          sq.add(d * d);
+        }
+      }
+    }
+    const A m2 = block_reduce(sq.value(), combine_op<device_sum<Acc>>{}, shared);
+    if (threadIdx.x == 0) store_moments(partial, (c * images + i) * segments + seg, moments<A>{n, mean, m2});
+  }
+}
+
+/// Rows of a channels-last slab: 8 per thread of a (32, 8) block.
+inline constexpr std::size_t column_moment_rows = 64;
+/// Blocks of column_moments_partials the grid aims at (a constant, so that the shares, and so
+/// the order, depend on the shape alone).
+inline constexpr std::size_t column_moment_blocks = 1024;
+
+/// Row blocks (the grid's y) of column_moments_partials for `slabs` slabs and `across`
+/// blocks across the columns: enough for column_moment_blocks blocks, at most one per slab.
+inline std::size_t column_moment_shares(std::size_t slabs, std::size_t across) {
+  const std::size_t want = (column_moment_blocks + across - 1) / across;
+  return std::min<std::size_t>({slabs, want, 65535});
+}
+
+/// First pass, channels last (x [rows, cols], cols the channels): block (b, y) takes the
+/// slabs y, y + gridDim.y, .. of 64 rows, of columns (b * 32 + tx) * V + e, thread (tx, ty)
+/// a slab's rows ty, ty + 8, .. of its V columns (16 bytes a row where V > 1). A slab's
+/// column sum is each thread's rows in order, then the 8 threads' sums in ty order (every
+/// thread takes the same sum, so no broadcast is needed), and again for the squared
+/// distances; the block joins its slabs' moments in slab order (combine_moments) and writes
+/// them to y * cols + col.
+template <class Acc, class M, int V, class X>
+__global__ void __launch_bounds__(256)
+    column_moments_partials(const X* x, std::size_t rows, std::size_t cols, std::size_t slabs,
+                            typename accumulator<Acc>::value_type* partial) {
+  using A = typename accumulator<Acc>::value_type;
+  constexpr int R = int(column_moment_rows / 8);
+  __shared__ A shared[8][V][32];
+  const unsigned tx = threadIdx.x, ty = threadIdx.y;
+  const std::size_t col = (blockIdx.x * std::size_t(32) + tx) * V;  // the first of V
+  moments<A> joined[V];
+#pragma unroll
+  for (int e = 0; e < V; ++e) joined[e] = moments<A>{A(0), A(0), A(0)};
+  for (std::size_t slab = blockIdx.y; slab < slabs; slab += gridDim.y) {
+    const std::size_t first = slab * column_moment_rows;
+    const std::size_t end = first + column_moment_rows < rows ? first + column_moment_rows : rows;
+    const A n = A(end - first);
+    pack<X, V> raw[R];  // as read (half a float's registers for 16-bit x); rows past the end unused
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+      const std::size_t r = first + ty + 8 * std::size_t(j);
+      if constexpr (V > 1) {
+        // cols is a multiple of V here: a pack lies inside the row or past its end.
+        if (r < end && col < cols) raw[j] = load_pack<V>(x + r * cols + col);
+      } else {
+        if (r < end && col < cols) raw[j].v[0] = x[r * cols + col];
+      }
+    }
+    const auto v = [&](int j, int e) { return A(device_load<M>(raw[j].v[e])); };
+    const auto column_totals_of = [&](const accumulator<Acc> (&own)[V], A (&total)[V]) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) shared[ty][e][tx] = own[e].value();
+      __syncthreads();
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        accumulator<Acc> t(shared[0][e][tx]);
+        for (int y = 1; y < 8; ++y) t.add(shared[y][e][tx]);
+        total[e] = t.value();
+      }
+      __syncthreads();  // shared is written again
+    };
+    accumulator<Acc> sum[V];
+    const bool inside = col < cols;  // columns past the end add nothing (their sums are never stored)
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+      if (inside && first + ty + 8 * std::size_t(j) < end) {
+#pragma unroll
+        for (int e = 0; e < V; ++e) sum[e].add(v(j, e));
+      }
+    }
+    A mean[V];
+    column_totals_of(sum, mean);
+#pragma unroll
+    for (int e = 0; e < V; ++e) mean[e] /= n;
+    accumulator<Acc> sq[V];
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+      if (inside && first + ty + 8 * std::size_t(j) < end) {
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          const A d = v(j, e) - mean[e];
+          sq[e].add(d * d);
+        }
+      }
+    }
+    A m2[V];
+    column_totals_of(sq, m2);
+#pragma unroll
+    for (int e = 0; e < V; ++e) joined[e] = combine_moments(joined[e], moments<A>{n, mean[e], m2[e]});
+  }
+  if (ty == 0 && col < cols) {
+#pragma unroll
+    for (int e = 0; e < V; ++e) store_moments(partial, blockIdx.y * cols + col + e, joined[e]);
+  }
+}
+
+/// combine_moments over a warp's lanes: a butterfly (lane l with lane l ^ o, o = 16, .., 1),
+/// the lower lane's moments always the first operand, so that both lanes of a pair take the
+/// same bits; every lane ends with the same result.
+template <class A>
+__device__ moments<A> warp_combine_moments(moments<A> m) {
+  const unsigned lane = threadIdx.x % 32;
+  for (int o = 16; o > 0; o /= 2) {
+    const moments<A> other{__shfl_xor_sync(0xFFFFFFFFU, m.count, o), __shfl_xor_sync(0xFFFFFFFFU, m.mean, o),
+                           __shfl_xor_sync(0xFFFFFFFFU, m.m2, o)};
+    m = (lane & unsigned(o)) == 0 ? combine_moments(m, other) : combine_moments(other, m);
+  }
+  return m;
+}
+
+/// Second pass: a warp per channel c joins its `shares` moments, share p at
+/// partial[3 (c * channel_stride + p * share_stride)]: lane l those at l, l + 32, .. in
+/// order (four read before they are joined), then the lanes' (warp_combine_moments); lane 0
+/// hands them to finish(c, moments).
+template <class Acc, class Finish>
+__global__ void __launch_bounds__(column_total_threads)
+    moment_totals(const typename accumulator<Acc>::value_type* partial, std::size_t shares, std::size_t channels,
+                  std::size_t channel_stride, std::size_t share_stride, Finish finish) {
+  using A = typename accumulator<Acc>::value_type;
+  constexpr unsigned warps = column_total_threads / 32;
+  const unsigned lane = threadIdx.x % 32;
+  for (std::size_t c = blockIdx.x * std::size_t(warps) + threadIdx.x / 32; c < channels;
+       c += std::size_t(gridDim.x) * warps) {  // the same c for the whole warp
+    const auto share = [&](std::size_t p) {
+      const A* at = partial + 3 * (c * channel_stride + p * share_stride);
+      return moments<A>{at[0], at[1], at[2]};
+    };
+    moments<A> m{A(0), A(0), A(0)};
+    std::size_t p = lane;
+    for (; p + 3 * 32 < shares; p += 4 * 32) {
+      moments<A> t[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) t[u] = share(p + std::size_t(u) * 32);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) m = combine_moments(m, t[u]);
+    }
+    for (; p < shares; p += 32) m = combine_moments(m, share(p));
+    m = warp_combine_moments(m);
+    if (lane == 0) finish(c, m);
+  }
+}
+
+/// The moments of each channel of images [images, channels, inner] in `layout` (channels-last:
+/// [images, inner, channels]; images, channels and inner not 0), x read once, handed to
+/// finish(c, moments<A>) (A the accumulate type's value type) on ctx's stream: channels
+/// first, channel_moments_partials over segments of each plane; channels last (or planes of
+/// one element), column_moments_partials over slabs of 64 rows of [images * inner, channels]
+/// (one channel takes the first: it is laid out alike); then moment_totals. The shares' moments are in
+/// stream-ordered scratch.
+template <class Acc, class M, class X, class Finish>
+void channel_moments_in(cuda_context& ctx, image_layout layout, std::size_t images, std::size_t channels,
+                        std::size_t inner, const X* x, const Finish& finish, std::string_view name) {
+  using A = typename accumulator<Acc>::value_type;
+  constexpr int V = pack_width<X> < channel_moment_values ? pack_width<X> : channel_moment_values;
+  const std::size_t total_blocks = (channels + column_total_threads / 32 - 1) / (column_total_threads / 32);
+  const unsigned totals = unsigned(std::min<std::size_t>(total_blocks, 65535));
+  // Planes of one element ([N, C] batch norm) lie as channels-last ones do.
+  if ((layout == image_layout::nhwc || inner == 1) && channels > 1) {
+    const std::size_t rows = images * inner;
+    const std::size_t slabs = (rows + column_moment_rows - 1) / column_moment_rows;
+    // The shares depend on the widest pack (not the one x allows this call), so that they
+    // do not depend on the alignment.
+    const std::size_t shares = column_moment_shares(slabs, (channels / V + 31) / 32);
+    device_tensor<A, 1> partial({3 * shares * channels}, ctx.stream());
+    const auto launch = [&](auto width) {
+      constexpr int W = decltype(width)::value;
+      const dim3 grid(unsigned((channels / W + 31) / 32), unsigned(shares));
+      column_moments_partials<Acc, M, W><<<grid, dim3(32, 8), 0, ctx.stream()>>>(x, rows, channels, slabs,
+                                                                                 partial.data());
+    };
+    // 16 bytes of channels a row and thread where the channels and x allow it, and there are
+    // channels for a warp's 32 threads; else one channel each.
+    if (channels % V == 0 && channels >= 32 * std::size_t(V) && pack_aligned<V>(x)) {
+      launch(std::integral_constant<int, V>{});
+    } else {
+      launch(std::integral_constant<int, 1>{});
+    }
+    check(cudaGetLastError(), name);
+    moment_totals<Acc><<<totals, column_total_threads, 0, ctx.stream()>>>(partial.data(), shares, channels, 1,
+                                                                           channels, finish);
+  } else {
+    const std::size_t segments = (inner + channel_segment - 1) / channel_segment;
+    if (images * segments > 0x7fffffffU) throw error(std::string(name) + ": too many images on the device");
+    device_tensor<A, 1> partial({3 * channels * images * segments}, ctx.stream());
+    const dim3 grid(unsigned(images * segments), unsigned(std::min<std::size_t>(channels, 65535)));
+    if (inner % V == 0 && pack_aligned<V>(x)) {
+      channel_moments_partials<Acc, M, V><<<grid, channel_moment_threads, 0, ctx.stream()>>>(
+          x, images, channels, inner, segments, partial.data());
+    } else {
+      channel_moments_partials<Acc, M, 1><<<grid, channel_moment_threads, 0, ctx.stream()>>>(
+          x, images, channels, inner, segments, partial.data());
+    }
+    check(cudaGetLastError(), name);
+    moment_totals<Acc><<<totals, column_total_threads, 0, ctx.stream()>>>(
+        partial.data(), images * segments, channels, images * segments, 1, finish);
+  }
+  check(cudaGetLastError(), name);
+}
+
 /// Runs f.apply<V> over every V-th element at = (i * channels + c) * inner + q of a tensor
 /// [images, channels, inner] (inner a multiple of V): the planes on the grid's y axis, their
 /// packs on x, with no division per element; a thread reads its plane's channel constants
