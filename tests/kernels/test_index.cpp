@@ -117,14 +117,27 @@ TEST_CASE("transpose_plan moves each matrix to its transpose, every element once
   }
 }
 
+namespace {
+
+// Row lengths for the row kernels' geometry: every one up to `dense`, then every `step`-th
+// up to resident_row_limit, and the edges of the warp and block sizes.
+std::vector<std::size_t> row_lengths(std::size_t dense, std::size_t step) {
+  std::vector<std::size_t> lengths;
+  for (std::size_t c = 1; c <= dense; ++c) lengths.push_back(c);
+  for (std::size_t c = dense + 1; c <= precis::detail::resident_row_limit; c += step) lengths.push_back(c);
+  for (const std::size_t c : {2047UL, 2048UL, 2049UL, 3072UL, 4095UL, 4096UL, 4097UL, 6144UL, 8184UL, 8191UL, 8192UL}) {
+    lengths.push_back(c);
+  }
+  return lengths;
+}
+
+}  // namespace
+
 TEST_CASE("the row kernels' threads and slots hold every column of a row exactly once") {
   using precis::detail::resident_groups;
   using precis::detail::resident_rows_for;
   using precis::detail::slot_column;
-  std::vector<std::size_t> lengths;
-  for (std::size_t c = 1; c <= 2100; ++c) lengths.push_back(c);
-  for (std::size_t c = 2101; c <= precis::detail::resident_row_limit; c += 37) lengths.push_back(c);
-  for (const std::size_t c : {4095UL, 4096UL, 4097UL, 8184UL, 8191UL, 8192UL}) lengths.push_back(c);
+  const std::vector<std::size_t> lengths = row_lengths(2100, 37);
   std::vector<int> seen;
   for (const int v : {1, 2, 4, 8, 16}) {  // unpacked rows; 16 bytes of double, float, 16-bit and 8-bit elements
     for (const std::size_t cols : lengths) {
@@ -165,12 +178,7 @@ TEST_CASE("the fused layer norm backward's shared sums hold every column once, w
   using precis::detail::resident_groups;
   using precis::detail::resident_rows_for;
   using precis::detail::slot_column;
-  std::vector<std::size_t> lengths;
-  for (std::size_t c = 1; c <= 1100; ++c) lengths.push_back(c);
-  for (std::size_t c = 1101; c <= precis::detail::resident_row_limit; c += 29) lengths.push_back(c);
-  for (const std::size_t c : {2047UL, 2048UL, 2049UL, 3072UL, 4095UL, 4096UL, 4097UL, 6144UL, 8192UL}) {
-    lengths.push_back(c);
-  }
+  const std::vector<std::size_t> lengths = row_lengths(1100, 29);
   std::vector<int> seen;
   for (const std::size_t acc : {sizeof(float), sizeof(double)}) {
     for (const int v : {1, 2, 4, 8, 16}) {
