@@ -194,11 +194,13 @@ void check_layer_norm(precis::cuda_context& ctx, const precis::cpu_context& cpu)
   // Columns: held by a warp (96, 768 and 1024 in 16-byte packs; 1, 197 and 1001 not), by a
   // block (3000 and 8192 in packs, 2050 not), read once per pass (8200). Up to 3000 columns
   // the backward pass sums dgamma's and dbeta's columns in the kernel that computes dx
-  // (fused_norm_rows_for): blocks of 8 warps, 6 at 1024 columns, or one block per row, of 8
-  // rows for 15 rows (the second block cut short), 8 for 2,100 (a warp one row, or two of 6
-  // warps at 1024), 32 for 8,220 rows of 96 (a warp 4 rows), 64 for 16,410 (a warp 8), 4 for
-  // 1,050 rows of 2050 or 3000 and 8 for 2,100 (a block 4 or 8 rows). At 8192 and 8200 a
-  // block's sums exceed its shared memory: column sums after the rows, in slabs of 64 rows.
+  // (fused_norm_rows_for): blocks of 8 warps, 6 from 769 to 1024 columns (1001 and 1024
+  // here), or one block per row, of 8 rows for 15 rows (the second block cut short), 8 for
+  // 2,100 (a warp one row, or two of 6 warps at 1024), 32 for 8,220 rows of 96 (a warp 4
+  // rows), 64 for 16,410 (a warp 8), 4 for 1,050 rows of 2050 or 3000 and 8 for 2,100 (a
+  // block 4 or 8 rows); the same blocks whether a row is read in 16-byte packs or not. At
+  // 8192 and 8200 a block's sums exceed its shared memory: column sums after the rows, in
+  // slabs of 64 rows.
   for (const auto& [rows, cols] : std::initializer_list<std::pair<std::size_t, std::size_t>>{
            {5, 1}, {5, 96}, {5, 197}, {5, 768}, {5, 1001}, {5, 2050}, {5, 3000}, {2, 8192}, {2, 8200},
            {700, 96}, {700, 768}, {700, 1024}, {2740, 96}, {5470, 96}, {350, 2050}, {700, 2050}, {350, 3000},
@@ -373,6 +375,9 @@ int main() {
   check_layer_norm<presets::bf16_mixed, bfloat16>(ctx, cpu);
   check_layer_norm<presets::fp16_mixed, float16>(ctx, cpu);
   check_layer_norm<presets::fp32, float>(ctx, cpu);
+  // Double sums: the fused backward's blocks up to 2048 columns (3000 and beyond take the
+  // column sums after the rows).
+  check_layer_norm<precis::policy<float, float, double, float>, float>(ctx, cpu);
   check_conv<presets::bf16_mixed, bfloat16>(ctx, cpu);
   check_conv<presets::fp16_mixed, float16>(ctx, cpu);
   check_conv<presets::fp32, float>(ctx, cpu);

@@ -210,6 +210,9 @@ TEST_CASE("the fused layer norm backward's shared sums hold every column once, w
         if (g.per_warp && f.groups < precis::detail::fused_norm_max_groups) {
           REQUIRE((f.groups + 1) * 2 * span * acc > budget);
         }
+        // Read one column at a time, the rows use no more places than with v per access
+        // (the launch sizes shared memory from the widest pack).
+        REQUIRE(fused_norm_rows_for(12608, cols, 1, acc).used * g.threads <= span);
         // Place p = s * threads + rank (slot s of thread rank) below span holds column
         // slot_column(s / v, rank) + s % v: every column below cols exactly once.
         seen.assign(cols, 0);

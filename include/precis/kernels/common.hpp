@@ -450,6 +450,17 @@ PRECIS_HOST_DEVICE constexpr moments<A> combine_moments(const moments<A>& a, con
   return {n, a.mean + d * wb, a.m2 + b.m2 + d * d * (a.count * wb)};
 }
 
+/// combine_moments under the accumulate type Acc: the joined mean and m2 rounded to Acc, as
+/// every addition of a sum in Acc is (nothing for float and double).
+template <class Acc>
+PRECIS_HOST_DEVICE constexpr moments<typename accumulator<Acc>::value_type> combine_moments_in(
+    const moments<typename accumulator<Acc>::value_type>& a, const moments<typename accumulator<Acc>::value_type>& b) {
+  auto m = combine_moments(a, b);
+  m.mean = accumulator<Acc>(m.mean).value();
+  m.m2 = accumulator<Acc>(m.m2).value();
+  return m;
+}
+
 /// The first pass of the device's column reductions (column_sums, layer norm's dgamma and
 /// dbeta, channels-last channel sums: kernels/cuda/reduce.hpp) gives a block 32 threads
 /// across, each `width` columns wide, and a slab of rows; it aims at no fewer blocks than
@@ -534,7 +545,11 @@ inline constexpr std::size_t fused_norm_max_groups = 8;        ///< warps per bl
 inline constexpr std::size_t fused_norm_most_block_rows = 64;  ///< rows per block at most
 
 /// The fused backward's geometry for `rows` rows of `cols` (1 .. resident_row_limit) columns,
-/// read `v` columns per access, sums of `acc_bytes` bytes.
+/// read `v` columns per access, sums of `acc_bytes` bytes. The launch takes the blocks from
+/// the widest pack, so that the order of the additions does not depend on whether a call's
+/// pointers allow 16-byte reads, and `used` from the width it reads: one column per access
+/// needs no more places than the widest pack's (the columns rounded up to threads, not to
+/// threads times v).
 struct fused_norm_rows {
   std::size_t groups;        ///< row groups per block (warps; 1 for a block per row); 0: the sums do not fit
   std::size_t used;          ///< groups of v slots a thread fills: those that reach below the row's end
@@ -551,7 +566,8 @@ struct fused_norm_rows {
 /// rows of up to 2048, whatever the width. Rows per block: from
 /// fused_norm_most_block_rows, halved while the grid would have fewer than column_min_blocks
 /// blocks, down to the block's groups. It depends on the arguments alone, and so the order of
-/// each column's additions depends on the shape and the types alone.
+/// each column's additions (a group's rows in order, then the groups in order, then the
+/// blocks) on the shape and the types alone.
 constexpr fused_norm_rows fused_norm_rows_for(std::size_t rows, std::size_t cols, int v, std::size_t acc_bytes) {
   const resident_rows g = resident_rows_for(cols);
   const std::size_t held = std::size_t(resident_groups(g.slots, v));

@@ -168,7 +168,8 @@ extern __shared__ __align__(16) unsigned char fused_norm_shared[];
 
 /// layer_norm_backward_resident with dgamma's and dbeta's first pass in it
 /// (fused_norm_rows_for, kernels/common.hpp): block b takes rows [b block_rows, (b + 1)
-/// block_rows), row group g of its `groups` the rows b block_rows + g, + 2 g, .. in order.
+/// block_rows), row group g of its `groups` the rows b block_rows + g, + groups, + 2 groups,
+/// .. in order.
 /// Each thread adds its slots' two terms of each of its rows, in row order, into its own
 /// places of its group's `used` slot groups in shared memory; the block then combines its
 /// groups in group order into partial[(b cols + col) * 2 + k] (k = 0: dgamma's sum, 1:
@@ -580,7 +581,11 @@ void layer_norm_backward(cuda_context& ctx, const device_tensor<DY, N>& dy,
       const bool packed =
           cols % V == 0 && detail::cuda::pack_aligned<V>(dy.data(), x.data(), gamma.data(), dx.data());
       using A = typename accumulator<Acc>::value_type;
-      const auto fused = detail::fused_norm_rows_for(rows, cols, packed ? V : 1, sizeof(A));
+      // The blocks, and so the order of each column's additions, from the widest pack, so
+      // that the sums do not depend on the alignment; the slot groups a thread fills from the
+      // width it reads (unpacked rows need no more shared memory: fused_norm_rows_for).
+      const auto fused = detail::fused_norm_rows_for(rows, cols, V, sizeof(A));
+      const std::size_t used = packed ? fused.used : detail::fused_norm_rows_for(rows, cols, 1, sizeof(A)).used;
       if (fused.groups != 0) {
         // dx and the column sums' first pass in one kernel (dy and x read once), then the
         // blocks' partial sums added column by column.
@@ -594,7 +599,7 @@ void layer_norm_backward(cuda_context& ctx, const device_tensor<DY, N>& dy,
           detail::cuda::layer_norm_backward_fused<Group, M, Acc, decltype(width)::value, decltype(slots)::value>
               <<<detail::cuda::row_blocks(blocks, "precis::layer_norm_backward"), block, fused.shared_bytes,
                  ctx.stream()>>>(dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(), dx.data(), rows,
-                                 cols, packed, unsigned(fused.used), fused.block_rows, partial.data());
+                                 cols, packed, unsigned(used), fused.block_rows, partial.data());
         });
         check(cudaGetLastError(), "precis::layer_norm_backward");
         detail::cuda::launch_column_totals<Acc, 2>(ctx, partial.data(), blocks, cols, params, params_name);

@@ -660,7 +660,7 @@ void channel_reduce_in(cuda_context& ctx, image_layout layout, std::size_t image
 // Batch norm's statistics (kernels/common.hpp's moments). A block holds its share of a
 // channel in registers, takes the share's sum, its mean, then the squared distances to that
 // mean (two passes over the registers, as the host's two passes over the channel), and writes
-// the share's moments; then a warp per channel joins its shares with combine_moments in a
+// the share's moments; then a warp per channel joins its shares with combine_moments_in in a
 // fixed order. The order depends on the shape and on whether x allows 16-byte reads: the same
 // bits on every run and device.
 
@@ -747,6 +747,7 @@ inline constexpr std::size_t column_moment_blocks = 1024;
 /// Row blocks (the grid's y) of column_moments_partials for `slabs` slabs and `across`
 /// blocks across the columns: enough for column_moment_blocks blocks, at most one per slab.
 inline std::size_t column_moment_shares(std::size_t slabs, std::size_t across) {
+  across = std::max<std::size_t>(across, 1);
   const std::size_t want = (column_moment_blocks + across - 1) / across;
   return std::min<std::size_t>({slabs, want, 65535});
 }
@@ -756,7 +757,7 @@ inline std::size_t column_moment_shares(std::size_t slabs, std::size_t across) {
 /// a slab's rows ty, ty + 8, .. of its V columns (16 bytes a row where V > 1). A slab's
 /// column sum is each thread's rows in order, then the 8 threads' sums in ty order (every
 /// thread takes the same sum, so no broadcast is needed), and again for the squared
-/// distances; the block joins its slabs' moments in slab order (combine_moments) and writes
+/// distances; the block joins its slabs' moments in slab order (combine_moments_in) and writes
 /// them to y * cols + col.
 template <class Acc, class M, int V, class X>
 __global__ void __launch_bounds__(256)
@@ -825,7 +826,7 @@ __global__ void __launch_bounds__(256)
     A m2[V];
     column_totals_of(sq, m2);
 #pragma unroll
-    for (int e = 0; e < V; ++e) joined[e] = combine_moments(joined[e], moments<A>{n, mean[e], m2[e]});
+    for (int e = 0; e < V; ++e) joined[e] = combine_moments_in<Acc>(joined[e], moments<A>{n, mean[e], m2[e]});
   }
   if (ty == 0 && col < cols) {
 #pragma unroll
@@ -833,16 +834,16 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-/// combine_moments over a warp's lanes: a butterfly (lane l with lane l ^ o, o = 16, .., 1),
-/// the lower lane's moments always the first operand, so that both lanes of a pair take the
-/// same bits; every lane ends with the same result.
-template <class A>
+/// combine_moments_in<Acc> over a warp's lanes: a butterfly (lane l with lane l ^ o, o = 16,
+/// .., 1), the lower lane's moments always the first operand, so that both lanes of a pair
+/// take the same bits; every lane ends with the same result.
+template <class Acc, class A>
 __device__ moments<A> warp_combine_moments(moments<A> m) {
   const unsigned lane = threadIdx.x % 32;
   for (int o = 16; o > 0; o /= 2) {
     const moments<A> other{__shfl_xor_sync(0xFFFFFFFFU, m.count, o), __shfl_xor_sync(0xFFFFFFFFU, m.mean, o),
                            __shfl_xor_sync(0xFFFFFFFFU, m.m2, o)};
-    m = (lane & unsigned(o)) == 0 ? combine_moments(m, other) : combine_moments(other, m);
+    m = (lane & unsigned(o)) == 0 ? combine_moments_in<Acc>(m, other) : combine_moments_in<Acc>(other, m);
   }
   return m;
 }
@@ -871,10 +872,10 @@ __global__ void __launch_bounds__(column_total_threads)
 #pragma unroll
       for (int u = 0; u < 4; ++u) t[u] = share(p + std::size_t(u) * 32);
 #pragma unroll
-      for (int u = 0; u < 4; ++u) m = combine_moments(m, t[u]);
+      for (int u = 0; u < 4; ++u) m = combine_moments_in<Acc>(m, t[u]);
     }
-    for (; p < shares; p += 32) m = combine_moments(m, share(p));
-    m = warp_combine_moments(m);
+    for (; p < shares; p += 32) m = combine_moments_in<Acc>(m, share(p));
+    m = warp_combine_moments<Acc>(m);
     if (lane == 0) finish(c, m);
   }
 }
@@ -899,7 +900,7 @@ void channel_moments_in(cuda_context& ctx, image_layout layout, std::size_t imag
     const std::size_t slabs = (rows + column_moment_rows - 1) / column_moment_rows;
     // The shares depend on the widest pack (not the one x allows this call), so that they
     // do not depend on the alignment.
-    const std::size_t shares = column_moment_shares(slabs, (channels / V + 31) / 32);
+    const std::size_t shares = column_moment_shares(slabs, (channels + 32 * V - 1) / (32 * V));
     device_tensor<A, 1> partial({3 * shares * channels}, ctx.stream());
     const auto launch = [&](auto width) {
       constexpr int W = decltype(width)::value;
