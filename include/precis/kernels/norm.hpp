@@ -400,6 +400,11 @@ std::pair<std::string_view, const T*> named(std::string_view name, const T& t) {
   return {name, &t};
 }
 
+/// Whether batch norm can train on `values` values per channel: more than one (the running
+/// variance is the unbiased one, which divides by the count less one). The kernels' checks
+/// and nn::batch_norm's, which refuses a batch before it sizes any buffer, both ask this.
+constexpr bool batch_norm_trains_on(std::size_t values) { return values > 1; }
+
 /// The checks of batch_norm_train (host and device tensors): channel tensors of shape [C],
 /// y of x's shape, two values per channel, momentum in [0, 1], a valid eps.
 template <std::size_t N, class XT, class GT, class BT, class RT, class YT, class ST>
@@ -411,7 +416,7 @@ void check_batch_norm_train(std::string_view name, const XT& x, const GT& gamma,
                         named("save_rstd", save_rstd));
   check_shape(std::string(name) + ": y", y, shape_array<N>(x));
   const auto d = batch_norm_dims(x, last);
-  if (d[0] * d[2] < 2 && d[1] > 0) {
+  if (!batch_norm_trains_on(d[0] * d[2]) && d[1] > 0) {
     throw error(std::string(name) + ": x has shape " + shape_string(x.shape()) +
                 ", expected more than one value per channel in training mode");
   }

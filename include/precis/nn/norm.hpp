@@ -370,7 +370,7 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
   // buffer of this layer or of the ReLU it runs with.
   shape_t<R> checked_batch(const tensor<S>& x, mode m) const {
     const auto shape = output_shape(detail::shape_of<R>(x), path_name<Tag>());
-    if (m == mode::train && detail::elements(shape) / this->features_ < 2) {
+    if (m == mode::train && !precis::detail::batch_norm_trains_on(detail::elements(shape) / this->features_)) {
       throw error("precis::nn: layer " + path_or_root(path_name<Tag>()) + " (" + std::string(kind) +
                   ") expects more than one value per channel in training mode, got an input of shape " +
                   shape_string(shape));
