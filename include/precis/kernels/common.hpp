@@ -530,7 +530,6 @@ PRECIS_HOST_DEVICE constexpr std::size_t slot_column(int i, unsigned rank, unsig
   return (std::size_t(i) * threads + rank) * std::size_t(v);
 }
 
-
 /// Layer norm's backward pass on the device sums dgamma's and dbeta's columns in the same
 /// pass that computes dx (kernels/cuda/norm.hpp's layer_norm_backward_fused), where the sums
 /// fit a block's shared memory: each thread adds its slots' two terms of each of its rows
@@ -557,6 +556,15 @@ struct fused_norm_rows {
   std::size_t shared_bytes;  ///< dynamic shared memory per block
 };
 
+/// Groups of v slots of a row's `threads` threads, `slots` values each, that reach below
+/// column `cols` (fused_norm_rows::used; the kernel takes it from here too).
+PRECIS_HOST_DEVICE constexpr std::size_t fused_norm_used(std::size_t cols, unsigned threads, int slots, int v) {
+  const std::size_t held = std::size_t(resident_groups(slots, v));
+  const std::size_t per_group = std::size_t(threads) * std::size_t(v);  // columns of one slot group
+  const std::size_t reach = (cols + per_group - 1) / per_group;
+  return reach < held ? reach : held;
+}
+
 /// A row group's shared memory holds, for k = 0 (dgamma's term) and 1 (dbeta's), `used`
 /// groups of v slots of each of its threads: place (k * used * v + s) * threads + rank for
 /// slot s of thread `rank` (resident_rows_for's threads), so that a warp's 32 threads touch
@@ -570,10 +578,8 @@ struct fused_norm_rows {
 /// blocks) on the shape and the types alone.
 constexpr fused_norm_rows fused_norm_rows_for(std::size_t rows, std::size_t cols, int v, std::size_t acc_bytes) {
   const resident_rows g = resident_rows_for(cols);
-  const std::size_t held = std::size_t(resident_groups(g.slots, v));
-  const std::size_t per_group = std::size_t(g.threads) * std::size_t(v);  // columns of one slot group
-  const std::size_t reach = (cols + per_group - 1) / per_group;
-  const std::size_t used = reach < held ? reach : held;
+  const std::size_t per_group = std::size_t(g.threads) * std::size_t(v);
+  const std::size_t used = fused_norm_used(cols, g.threads, g.slots, v);
   const std::size_t group_bytes = 2 * used * per_group * acc_bytes;
   const std::size_t most = g.per_warp ? fused_norm_max_groups : 1;
   const std::size_t fit = (g.per_warp ? fused_norm_warp_shared_bytes : fused_norm_block_shared_bytes) / group_bytes;
@@ -583,6 +589,7 @@ constexpr fused_norm_rows fused_norm_rows_for(std::size_t rows, std::size_t cols
   while (block_rows / 2 >= groups && (rows + block_rows - 1) / block_rows < column_min_blocks) block_rows /= 2;
   return {groups, used, block_rows, groups * group_bytes};
 }
+
 /// The device's reductions along an axis (x viewed as [outer, count, inner], each output
 /// element the reduction of its `count` values in k order, the host's order) stage their
 /// inputs through shared memory where count >= axis_stage_min_count: a block of

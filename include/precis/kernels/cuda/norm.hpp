@@ -12,11 +12,11 @@
 /// row groups are combined in group order, a partial sum per block of up to 64 rows. Longer
 /// rows take slabs of 64 rows, each summed by 8 strided threads and then across them. Then
 /// each column's partial sums are added by a warp (reduce.hpp's column_totals): the same bits
-/// on every run and device, within a float sum's bound of the host's row-order sums. Batch norm: the statistics
-/// read x once (reduce.hpp's channel_moments_in: each block takes its share's mean, then the
-/// squared distances to it, from values it holds, as the host's two passes; the shares, 4096
-/// elements of a plane or 64 rows of channels-last images, are joined with
-/// common.hpp's combine_moments); the backward sums are channel reductions in two passes
+/// on every run and device, within a float sum's bound of the host's row-order sums. Batch
+/// norm: the statistics read x once (reduce.hpp's channel_moments_in: each block takes its
+/// share's mean, then the squared distances to it, from values it holds, as the host's two
+/// passes; the shares, 4096 elements of a plane or 64 rows of channels-last images, are
+/// joined with common.hpp's combine_moments); the backward sums are channel reductions in two passes
 /// (segments of 4096 elements of each image's plane, then each channel's segments by a block:
 /// reduce.hpp's channel_reduce). Both have a fixed order: the same bits on every run and
 /// device, within a float sum's bound of the host's. The running statistics take PyTorch's
@@ -171,18 +171,20 @@ extern __shared__ __align__(16) unsigned char fused_norm_shared[];
 /// block_rows), row group g of its `groups` the rows b block_rows + g, + groups, + 2 groups,
 /// .. in order.
 /// Each thread adds its slots' two terms of each of its rows, in row order, into its own
-/// places of its group's `used` slot groups in shared memory; the block then combines its
-/// groups in group order into partial[(b cols + col) * 2 + k] (k = 0: dgamma's sum, 1:
-/// dbeta's), which column_totals adds over the blocks.
+/// places of its group's slot groups below the row's end (fused_norm_used) in shared memory;
+/// the block then combines its groups in group order into partial[(b cols + col) * 2 + k]
+/// (k = 0: dgamma's sum, 1: dbeta's), which column_totals adds over the blocks.
+/// At most 128 registers a thread (two blocks of 8 warps an SM): left to itself, ptxas gave
+/// unpacked rows of 32 values a lane 158, one block an SM.
 template <class G, class M, class Acc, int V, int Slots, class DY, class X, class GA, class S, class DX>
-__global__ void __launch_bounds__(G::max_threads)
+__global__ void __launch_bounds__(G::max_threads, 65536 / (G::max_threads * 128))
     layer_norm_backward_fused(const DY* dy, const X* x, const GA* gamma, const S* mean, const S* rstd, DX* dx,
-                              std::size_t rows, std::size_t cols, bool packed, unsigned used, std::size_t block_rows,
+                              std::size_t rows, std::size_t cols, bool packed, std::size_t block_rows,
                               typename accumulator<Acc>::value_type* partial) {
   using A = typename accumulator<Acc>::value_type;
   A* const shared = reinterpret_cast<A*>(fused_norm_shared);
   const unsigned threads = G::threads(), rank = G::rank();
-  const std::size_t span = std::size_t(used) * V * threads;  // places per term and group
+  const std::size_t span = fused_norm_used(cols, threads, Slots, V) * V * threads;  // places per term and group
   A* const mine = shared + std::size_t(G::group()) * 2 * span;
   for (std::size_t p = rank; p < 2 * span; p += threads) mine[p] = device_sum<Acc>::init();
   const std::size_t first = blockIdx.x * block_rows;
@@ -582,10 +584,9 @@ void layer_norm_backward(cuda_context& ctx, const device_tensor<DY, N>& dy,
           cols % V == 0 && detail::cuda::pack_aligned<V>(dy.data(), x.data(), gamma.data(), dx.data());
       using A = typename accumulator<Acc>::value_type;
       // The blocks, and so the order of each column's additions, from the widest pack, so
-      // that the sums do not depend on the alignment; the slot groups a thread fills from the
-      // width it reads (unpacked rows need no more shared memory: fused_norm_rows_for).
+      // that the sums do not depend on the alignment (unpacked rows need no more shared
+      // memory: fused_norm_rows_for).
       const auto fused = detail::fused_norm_rows_for(rows, cols, V, sizeof(A));
-      const std::size_t used = packed ? fused.used : detail::fused_norm_rows_for(rows, cols, 1, sizeof(A)).used;
       if (fused.groups != 0) {
         // dx and the column sums' first pass in one kernel (dy and x read once), then the
         // blocks' partial sums added column by column.
@@ -599,7 +600,7 @@ void layer_norm_backward(cuda_context& ctx, const device_tensor<DY, N>& dy,
           detail::cuda::layer_norm_backward_fused<Group, M, Acc, decltype(width)::value, decltype(slots)::value>
               <<<detail::cuda::row_blocks(blocks, "precis::layer_norm_backward"), block, fused.shared_bytes,
                  ctx.stream()>>>(dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(), dx.data(), rows,
-                                 cols, packed, unsigned(used), fused.block_rows, partial.data());
+                                 cols, packed, fused.block_rows, partial.data());
         });
         check(cudaGetLastError(), "precis::layer_norm_backward");
         detail::cuda::launch_column_totals<Acc, 2>(ctx, partial.data(), blocks, cols, params, params_name);

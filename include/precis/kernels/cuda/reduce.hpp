@@ -695,30 +695,18 @@ __global__ void __launch_bounds__(channel_moment_threads)
   const A n = A(hi - lo);
   for (std::size_t c = blockIdx.y; c < channels; c += gridDim.y) {
     const X* plane = x + (i * channels + c) * inner;
+    // The first of element j's V values (lo and hi are multiples of V where V > 1, as inner
+    // is: a pack lies inside the segment or past its end).
+    const auto at = [&](int j) { return lo + (std::size_t(j) * channel_moment_threads + threadIdx.x) * V; };
     M v[groups][V];
 #pragma unroll
-    for (int j = 0; j < groups; ++j) {
-      const std::size_t q = lo + (std::size_t(j) * channel_moment_threads + threadIdx.x) * V;
-      if constexpr (V > 1) {
-        // lo and hi are multiples of V here (inner is): a pack lies inside or past the end.
-        if (q < hi) {
-          const auto in = load_pack<V>(plane + q);
-#pragma unroll
-          for (int e = 0; e < V; ++e) v[j][e] = device_load<M>(in.v[e]);
-        } else {
-#pragma unroll
-          for (int e = 0; e < V; ++e) v[j][e] = M(0);
-        }
-      } else {
-        v[j][0] = q < hi ? device_load<M>(plane[q]) : M(0);
-      }
-    }
+    for (int j = 0; j < groups; ++j) load_slots<V>(plane, at(j), hi, V > 1, v[j]);
     accumulator<Acc> sum;
 #pragma unroll
     for (int j = 0; j < groups; ++j) {
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        if (lo + (std::size_t(j) * channel_moment_threads + threadIdx.x) * V + e < hi) sum.add(A(v[j][e]));
+        if (at(j) + e < hi) sum.add(A(v[j][e]));
       }
     }
     const A mean = block_reduce(sum.value(), combine_op<device_sum<Acc>>{}, shared) / n;
@@ -727,7 +715,7 @@ __global__ void __launch_bounds__(channel_moment_threads)
     for (int j = 0; j < groups; ++j) {
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        if (lo + (std::size_t(j) * channel_moment_threads + threadIdx.x) * V + e < hi) {
+        if (at(j) + e < hi) {
           const A d = A(v[j][e]) - mean;
           sq.add(d * d);
         }
