@@ -375,7 +375,7 @@ int main() {
   check_layer_norm<presets::bf16_mixed, bfloat16>(ctx, cpu);
   check_layer_norm<presets::fp16_mixed, float16>(ctx, cpu);
   check_layer_norm<presets::fp32, float>(ctx, cpu);
-  // Double sums: the fused backward's blocks up to 2048 columns (3000 and beyond take the
+  // Double sums: the fused backward's blocks up to 2048 columns (2050 and beyond take the
   // column sums after the rows).
   check_layer_norm<precis::policy<float, float, double, float>, float>(ctx, cpu);
   check_conv<presets::bf16_mixed, bfloat16>(ctx, cpu);
