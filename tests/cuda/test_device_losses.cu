@@ -1,6 +1,6 @@
 // The device reductions, losses and tensor casts against the CPU kernels on the same
-// random inputs. Axis sums, means and maxima add in the host's order and must give the
-// host's bits; whole-tensor reductions are held to the exact (double) result and to the
+// random inputs. Axis sums, means and maxima, and global average pooling (both layouts,
+// both directions), add in the host's order and must give the host's bits; whole-tensor reductions are held to the exact (double) result and to the
 // host's, losses to the host's within a bound (another order of additions, the device's
 // libm), and must give the same bits on every call. Losses are checked with dloss given on the host
 // and read from device memory; cross-entropy with an out-of-range target gives NaN, not a read out
@@ -12,6 +12,7 @@
 #include "device_test.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -121,6 +122,35 @@ void check_reductions(precis::cuda_context& ctx, const precis::cpu_context& cpu,
     const auto h = precis::to_host(got, ctx.stream());
     expect(std::isnan(h(1, 2)) && std::isfinite(h(1, 1)) && std::isfinite(h(0, 2)),
            "a staged max along an axis with a NaN is NaN in its row only" + tag);
+  }
+  // Global average pooling: the host's bits in both layouts, forward (one thread per plane,
+  // pixels in order; 4096 pixels stage the axis) and backward (an element a thread), with
+  // planes of 1, 63 and 4096 pixels.
+  for (const auto& s : std::array<std::array<std::size_t, 4>, 3>{{{3, 5, 7, 9}, {2, 7, 1, 1}, {2, 3, 64, 64}}}) {
+    for (const auto layout : {precis::image_layout::nchw, precis::image_layout::nhwc}) {
+      const bool last = layout == precis::image_layout::nhwc;
+      const std::array<std::size_t, 4> in = last ? std::array<std::size_t, 4>{s[0], s[2], s[3], s[1]} : s;
+      const std::string w = tag + " " + precis::shape_string(in) + (last ? " nhwc" : " nchw");
+      const auto x = random_tensor<T, 4>(in);
+      auto want = precis::host_tensor<T, 2>::from_shape({s[0], s[1]});
+      precis::global_avg_pool<P>(cpu, x, want, layout);
+      auto got = poisoned<T, 2>({s[0], s[1]});
+      precis::global_avg_pool<P>(ctx, precis::to_device(x), got, layout);
+      expect(same_bits(ctx, got, want), "global_avg_pool" + w);
+      const auto dy = random_tensor<T, 2>({s[0], s[1]});
+      auto dx_want = precis::host_tensor<T, 4>::from_shape(in);
+      precis::global_avg_pool_backward<P>(cpu, dy, dx_want, layout);
+      auto dx_got = poisoned<T, 4>(in);
+      precis::global_avg_pool_backward<P>(ctx, precis::to_device(dy), dx_got, layout);
+      expect(same_bits(ctx, dx_got, dx_want), "global_avg_pool_backward" + w);
+    }
+  }
+  {
+    auto y = poisoned<T, 2>({3, 9});  // [N, W]: not [N, C]
+    expect_error(
+        "global_avg_pool y shape",
+        [&] { precis::global_avg_pool<P>(ctx, precis::to_device(random_tensor<T, 4>({3, 5, 7, 9})), y); },
+        "precis::global_avg_pool: y");
   }
   auto wrong = poisoned<float, 2>({7, 34});
   expect_error(

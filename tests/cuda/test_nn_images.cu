@@ -4,7 +4,8 @@
 // types' bounds. Exits 77 (skipped) where no GPU is present.
 //
 // NCHW: the multi-tensor nodes (nn::fork, taps, each, top_down, add_all, concat_all,
-// subtract), nn::concat, convolutions with a bias and a DBNet at width 8.
+// subtract), nn::concat, convolutions with a bias, global average pooling and a DBNet at
+// width 8.
 //
 // Channels-last (nn/layout.hpp): every spatial layer and the DBNet built with
 // image_layout::nhwc on both sides, on [N, H, W, C] data. The host's channels-last model
@@ -75,6 +76,9 @@ void check_nodes(cuda_context& ctx, const std::string& tag) {
   compare_models<P, 4>(ctx, tag + " concat",
                        nn::concat(1, nn::conv2d(3, 2, 3, same), nn::identity(), nn::conv2d(3, 5, 1, {})),
                        {2, 3, 6, 7});
+  // A classifier's end: global average pooling (the host's bits) into a linear layer.
+  compare_models<P, 4>(ctx, tag + " global_avg_pool",
+                       nn::seq(nn::conv2d(3, 6, 3, same), nn::global_avg_pool(), nn::linear(6, 4)), {3, 3, 9, 11});
   // Every DBNet layer at width 8 (P - T, so that one tensor leaves the model).
   const dbnet::config c{.width = 8, .inner = 16};
   compare_models<P, 4>(ctx, tag + " dbnet", nn::seq(dbnet::blueprint(c), nn::subtract()), {2, 3, 64, 64}, 16);
@@ -104,6 +108,9 @@ void check_channels_last(cuda_context& ctx, const std::string& tag) {
                        nn::seq(nn::conv2d(3, 6, 1, {}), nn::max_pool2d({.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}}),
                                nn::avg_pool2d({.kernel = {2, 2}}), nn::upsample_nearest(2), nn::upsample_bilinear(2)),
                        {2, 16, 12, 3}, 4, nhwc);
+  compare_models<P, 4>(ctx, tag + " global_avg_pool",
+                       nn::seq(nn::conv2d(3, 6, 3, same), nn::global_avg_pool(), nn::linear(6, 4)), {3, 9, 11, 3}, 4,
+                       nhwc);
   compare_models<P, 4>(ctx, tag + " concat along the channels",
                        nn::seq(nn::concat(nn::channel_axis, nn::conv2d(3, 2, 3, same), nn::identity(), nn::conv2d(3, 5, 1, {})),
                                nn::fork(nn::conv2d(10, 2, 1, {}), nn::conv2d(10, 3, 1, {})),

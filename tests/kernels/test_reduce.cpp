@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 namespace {
 
@@ -34,6 +35,16 @@ reference reduce_reference(const host_tensor<T, N>& x) {
     r.max = std::max(r.max, v);
   }
   return r;
+}
+
+// Whether a and b have the same bits (float, bfloat16).
+template <class T>
+bool same_value_bits(T a, T b) {
+  if constexpr (std::is_same_v<T, float>) {
+    return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b);
+  } else {
+    return a.bits() == b.bits();
+  }
 }
 
 }  // namespace
@@ -197,4 +208,73 @@ TEST_CASE("float axis sums and means add each output's terms in k order, one flo
     }
     CHECK(differ == 0);
   }
+}
+
+TEST_CASE_TEMPLATE(
+    "global_avg_pool: each plane's float sum in pixel order, divided once, in either layout", C,
+    fp32_config, bf16_config) {
+  // The reference: one float running sum per (image, channel) over its pixels in row-major
+  // order, divided once by the pixel count and rounded once; backward, dy / count in float,
+  // rounded once, at every pixel of the plane. (float: a multiplication by 1 / count in
+  // place of the division differs from it for some dy.)
+  using T = typename C::T;
+  using P = typename C::P;
+  const std::size_t n = 2, c = 5, h = 7, w = 9;
+  const auto x = random_tensor<T, 4>({n, c, h, w}, -2, 2);
+  auto x_last = host_tensor<T, 4>::from_shape({n, h, w, c});
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t ch = 0; ch < c; ++ch)
+      for (std::size_t y = 0; y < h; ++y)
+        for (std::size_t z = 0; z < w; ++z) x_last(i, y, z, ch) = x(i, ch, y, z);
+  const auto dy = random_tensor<T, 2>({n, c}, -2, 2);
+  for (unsigned threads : {1U, 2U}) {
+    INFO("threads=" << threads);
+    const cpu_context ctx{threads};
+    auto y = poisoned<T, 2>(std::array<std::size_t, 2>{n, c}), y_last = y;
+    precis::global_avg_pool<P>(ctx, x, y);
+    precis::global_avg_pool<P>(ctx, x_last, y_last, precis::image_layout::nhwc);
+    auto dx = poisoned<T, 4>(std::array<std::size_t, 4>{n, c, h, w});
+    auto dx_last = poisoned<T, 4>(std::array<std::size_t, 4>{n, h, w, c});
+    precis::global_avg_pool_backward<P>(ctx, dy, dx);
+    precis::global_avg_pool_backward<P>(ctx, dy, dx_last, precis::image_layout::nhwc);
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      for (std::size_t ch = 0; ch < c; ++ch) {
+        float s = 0.0F;
+        for (std::size_t y0 = 0; y0 < h; ++y0)
+          for (std::size_t z = 0; z < w; ++z) s += float(x(i, ch, y0, z));
+        const T mean = T(s / float(h * w));
+        differ += !same_value_bits(mean, y(i, ch));
+        differ += !same_value_bits(mean, y_last(i, ch));
+        const T share = T(float(dy(i, ch)) / float(h * w));
+        for (std::size_t y0 = 0; y0 < h; ++y0) {
+          for (std::size_t z = 0; z < w; ++z) {
+            differ += !same_value_bits(share, dx(i, ch, y0, z));
+            differ += !same_value_bits(share, dx_last(i, y0, z, ch));
+          }
+        }
+      }
+    }
+    CHECK(differ == 0);
+  }
+}
+
+TEST_CASE("global_avg_pool errors: planes of no pixel, a pooled tensor of another shape") {
+  const cpu_context ctx{1};
+  using P = precis::presets::fp32;
+  const auto x = random_tensor<float, 4>({2, 3, 4, 5});
+  auto y = poisoned<float, 2>(std::array<std::size_t, 2>{2, 5});  // [N, W]: not [N, C]
+  check_error([&] { precis::global_avg_pool<P>(ctx, x, y); }, "precis::global_avg_pool: y",
+              "[2, 3]", "[2, 5]");
+  // Read channels-last, the same x is [N, H, W, C] = [2, 3, 4, 5]: y [2, 5] fits.
+  CHECK_NOTHROW(precis::global_avg_pool<P>(ctx, x, y, precis::image_layout::nhwc));
+  auto y3 = poisoned<float, 2>(std::array<std::size_t, 2>{2, 3});
+  const auto empty = host_tensor<float, 4>::from_shape({2, 3, 0, 5});
+  check_error([&] { precis::global_avg_pool<P>(ctx, empty, y3); }, "precis::global_avg_pool",
+              "no pixel", "[2, 3, 0, 5]");
+  for (float v : y3) CHECK(std::isnan(v));
+  auto dx = poisoned<float, 4>(std::array<std::size_t, 4>{2, 3, 4, 5});
+  check_error([&] { precis::global_avg_pool_backward<P>(ctx, y, dx); },
+              "precis::global_avg_pool_backward: dy", "[2, 3]", "[2, 5]");
+  for (float v : dx) CHECK(std::isnan(v));
 }

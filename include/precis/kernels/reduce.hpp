@@ -167,6 +167,107 @@ void reduce_axis_of(std::string_view name, const cpu_context& ctx, const host_te
                                                             out.data());
 }
 
+/// An image tensor's planes (image n, channel c) as an axis reduction's [outer, count,
+/// inner], the axis being the plane's pixels: [N C, H W, 1] for NCHW, [N, H W, C] for
+/// channels-last. Output o * inner + i is then plane n * C + c in either layout, and each is
+/// reduced over its pixels in pixel order.
+struct plane_axes {
+  std::size_t outer;  ///< N C, or N
+  std::size_t count;  ///< H W
+  std::size_t inner;  ///< 1, or C
+};
+/// The plane_axes of images of shape `s` in `layout`.
+inline plane_axes plane_axes_of(const std::array<std::size_t, 4>& s, image_layout layout) {
+  if (layout == image_layout::nhwc) return {s[0], s[1] * s[2], s[3]};
+  return {s[0] * s[1], s[2] * s[3], 1};
+}
+/// The shape of a rank-4 tensor (host or device) as an array.
+template <class X>
+std::array<std::size_t, 4> image_shape(const X& x) {
+  std::array<std::size_t, 4> s{};
+  for (std::size_t i = 0; i < 4; ++i) s[i] = std::size_t(x.shape()[i]);
+  return s;
+}
+/// The images' shape read as [N, C, H, W] (channels-last [N, H, W, C] reordered).
+inline std::array<std::size_t, 4> images_as_nchw(const std::array<std::size_t, 4>& s,
+                                                 image_layout layout) {
+  if (layout == image_layout::nhwc) return {s[0], s[3], s[1], s[2]};
+  return s;
+}
+
+/// The checks of global_avg_pool and its backward pass (host and device tensors): planes with
+/// at least one pixel, and the pooled tensor [N, C] of the images'. `images` names the image
+/// tensor (x, or dx), `pooled` the other. Throws precis::error naming both shapes.
+template <class Images, class Pooled>
+void check_global_avg_pool(std::string_view name, std::string_view images, const Images& x,
+                           std::string_view pooled, const Pooled& y, image_layout layout) {
+  const auto nchw = images_as_nchw(image_shape(x), layout);
+  if (nchw[2] * nchw[3] == 0) {
+    throw error(std::string(name) + ": " + std::string(images) + " has planes of no pixel (shape " +
+                shape_string(x.shape()) + ")");
+  }
+  check_shape(std::string(name) + ": " + std::string(pooled), y,
+              std::array<std::size_t, 2>{nchw[0], nchw[1]});
+}
+
+/// What each pixel of a plane receives in the gradient of the plane's mean: dy / count in
+/// the math type M, rounded once to U. Host and device (global_avg_pool_backward).
+template <class U, class M>
+PRECIS_HOST_DEVICE U mean_share(M dy, std::size_t count) {
+  return round_to<U>(dy / static_cast<M>(count));
+}
+
+}  // namespace detail
+
+/// y[n, c] = the mean of image n's channel c over its H x W pixels, for images x [N, C, H, W]
+/// or, with image_layout::nhwc, channels-last [N, H, W, C]: one running sum in pixel order
+/// under op::reduction's rules (see the file comment), divided once by the pixel count,
+/// rounded once. Both layouts give the same bits. Throws precis::error, before writing, for
+/// planes of no pixel or a y that is not [N, C].
+template <Policy P, kernel_element T, kernel_element U>
+void global_avg_pool(const cpu_context& ctx, const host_tensor<T, 4>& x, host_tensor<U, 2>& y,
+                     image_layout layout = image_layout::nchw) {
+  detail::check_global_avg_pool("precis::global_avg_pool", "x", x, "y", y, layout);
+  const auto a = detail::plane_axes_of(detail::image_shape(x), layout);
+  using M = detail::math_t<op::reduction, P, T>;
+  using Red = detail::mean_reducer<M, detail::accumulate_t<op::reduction, P>,
+                                   detail::reduce_result_t<P, T>>;
+  detail::reduce_axis<Red, M>(ctx, x.data(), a.outer, a.count, a.inner, y.data());
+}
+
+/// dx [N, C, H, W] (or channels-last) from dy [N, C]: every pixel of plane (n, c) gets
+/// dy[n, c] / (H W), computed in op::reduction's math type and rounded once (the gradient of
+/// global_avg_pool). Throws precis::error, before writing, for planes of no pixel or a dy
+/// that is not [N, C].
+template <Policy P, kernel_element G, kernel_element U>
+void global_avg_pool_backward(const cpu_context& ctx, const host_tensor<G, 2>& dy,
+                              host_tensor<U, 4>& dx, image_layout layout = image_layout::nchw) {
+  detail::check_global_avg_pool("precis::global_avg_pool_backward", "dx", dx, "dy", dy, layout);
+  const auto a = detail::plane_axes_of(detail::image_shape(dx), layout);
+  using M = detail::math_t<op::reduction, P, G>;
+  const G* g = dy.data();
+  U* out = dx.data();
+  if (layout == image_layout::nchw) {  // a plane's pixels, one share each
+    detail::for_rows(ctx, a.outer, a.count, [&](std::size_t begin, std::size_t end) {
+      for (std::size_t plane = begin; plane < end; ++plane) {
+        std::fill_n(out + plane * a.count, a.count,
+                    detail::mean_share<U>(detail::load<M>(g[plane]), a.count));
+      }
+    });
+    return;
+  }
+  // Channels-last: rows of one pixel's channels, image n's shares.
+  detail::for_rows(ctx, a.outer * a.count, a.inner, [&](std::size_t begin, std::size_t end) {
+    for (std::size_t r = begin; r < end; ++r) {
+      const G* shares = g + r / a.count * a.inner;
+      for (std::size_t i = 0; i < a.inner; ++i)
+        out[r * a.inner + i] = detail::mean_share<U>(detail::load<M>(shares[i]), a.count);
+    }
+  });
+}
+
+namespace detail {
+
 /// out[j] = the sum over the rows of x[r * cols + j] (x: rows x cols, packed), under P's
 /// reduction rules, each column's additions in row order: a layer's bias gradient. The
 /// device overload (kernels/cuda/reduce.hpp) sums in another fixed order.

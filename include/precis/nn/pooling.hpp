@@ -1,7 +1,8 @@
 /// @file
 /// Pooling and upsampling layers on [N, C, H, W] images, or [N, H, W, C] in a model built
 /// channels-last (nn/layout.hpp: on the host their kernels then read NCHW copies, moved back
-/// after; the device kernels read channels-last themselves).
+/// after; the device kernels read channels-last themselves, and global average pooling does
+/// on both).
 ///
 ///     nn::max_pool2d({.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}})
 ///     nn::avg_pool2d<pool>({.kernel = {2, 2}})
@@ -15,10 +16,10 @@
 /// training forward pass keeps (4 bytes per output) so that the backward pass neither reads x
 /// nor searches the windows again (after an evaluation-mode forward it searches them in x).
 /// Global average pooling runs under op::reduction (the rule set makes its sums float or
-/// wider): each channel's mean is one running sum over H * W in element order, divided once
+/// wider): each channel's mean is one running sum over H * W in pixel order, divided once
 /// and rounded once; backward gives every input element dy / (H * W), computed in the math
-/// type and rounded once to the gradient type (host only so far). None of these layers has
-/// parameters.
+/// type and rounded once to the gradient type. It reads channels-last images in place, on
+/// the host and the device alike. None of these layers has parameters.
 #pragma once
 
 #include <precis/kernels/pooling.hpp>
@@ -499,16 +500,16 @@ class upsample_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
 };
 
 /// Global average pooling built for tag Tag under the resolved policy P (op::reduction):
-/// [N, C, H, W] -> [N, C].
+/// [N, C, H, W] -> [N, C], or channels-last [N, H, W, C] -> [N, C], on any context (the
+/// kernels are kernels/reduce.hpp's global_avg_pool and its device overload, which read
+/// either layout in place with the same bits).
 template <Layer Tag, Policy P, class Ctx>
 class global_avg_pool_layer : public layer_base<Tag, P, op::reduction, 4, 2, Ctx> {
-  static_assert(std::is_same_v<Ctx, cpu_context>,
-                "precis: nn::global_avg_pool runs on the host (cpu_context) only so far; on the "
-                "device use nn::avg_pool2d with a window of the whole image ([N, C, 1, 1]) and a "
-                "reshape");
   using base = layer_base<Tag, P, op::reduction, 4, 2, Ctx>;
   using S = typename base::input_type;
   using G = typename base::input_grad_type;
+  template <class T, std::size_t N>
+  using tensor = tensor_t<Ctx, T, N>;
 
  public:
   /// Its kind in nn::describe: "global_avg_pool".
@@ -521,57 +522,39 @@ class global_avg_pool_layer : public layer_base<Tag, P, op::reduction, 4, 2, Ctx
   /// The shape of the output: [N, C]. Throws precis::error (naming the layer's `path`) for
   /// an empty axis.
   shape_t<2> output_shape(const shape_t<4>& in, std::string_view path) const {
-    const auto layout = bridge_.layout();
     if (!detail::no_empty_axis(in)) {
-      detail::bad_shape(path, kind, detail::any_image_string(1, 1, layout), shape_string(in));
+      detail::bad_shape(path, kind, detail::any_image_string(1, 1, layout_), shape_string(in));
     }
-    return {in[0], detail::nchw_shape(in, layout)[1]};
+    return {in[0], detail::nchw_shape(in, layout_)[1]};
   }
 
-  /// The mean of each channel of each image: one running sum over H * W in element order,
+  /// The mean of each channel of each image: one running sum over H * W in pixel order,
   /// divided once and rounded once (see the file comment); keeps the address of x for
   /// backward(). Throws precis::error for an empty axis.
-  const host_tensor<S, 2>& forward(const cpu_context& ctx, const host_tensor<S, 4>& x,
-                                   mode = mode::train) {
+  const tensor<S, 2>& forward(context_ref_t<Ctx> ctx, const tensor<S, 4>& x, mode = mode::train) {
     detail::ensure(y_, output_shape(detail::shape_of<4>(x), path_name<Tag>()));
-    const auto& xn = bridge_.to_nchw(ctx, x, xn_);
-    const auto in = detail::shape_of<4>(xn);
-    using Mt = precis::detail::math_t<op::reduction, P, S>;
-    using Red = precis::detail::mean_reducer<Mt, precis::detail::accumulate_t<op::reduction, P>,
-                                             precis::detail::reduce_result_t<P, S>>;
-    // x as [N * C, H * W, 1]: one mean per (image, channel), over its plane in element order.
-    precis::detail::reduce_axis<Red, Mt>(ctx, xn.data(), in[0] * in[1], in[2] * in[3], 1, y_.data());
-    x_.set(xn);
+    precis::global_avg_pool<P>(ctx, x, y_, layout_);
+    x_.set(x);
     return y_;
   }
-  /// dx [N, C, H, W]: every element of a plane gets that plane's dy / (H * W), computed in
-  /// the math type and rounded once. Throws precis::error without a forward pass or when
-  /// dy's shape is not the last output's.
-  const host_tensor<G, 4>& backward(const cpu_context& ctx, const host_tensor<G, 2>& dy) {
+  /// dx [N, C, H, W] (or channels-last): every element of a plane gets that plane's
+  /// dy / (H * W), computed in the math type and rounded once. Throws precis::error without
+  /// a forward pass or when dy's shape is not the last output's.
+  const tensor<G, 4>& backward(context_ref_t<Ctx> ctx, const tensor<G, 2>& dy) {
     const auto& x = x_.get(kind);
     check_same_shape("precis::nn::global_avg_pool: dy and the output", dy, y_);
-    const auto in = detail::shape_of<4>(x);
-    detail::ensure(dx_, in);
-    using Mt = precis::detail::math_t<op::reduction, P, G>;
-    const std::size_t pixels = in[2] * in[3];
-    precis::detail::for_rows(ctx, in[0] * in[1], pixels, [&](std::size_t b, std::size_t e) {
-      for (std::size_t plane = b; plane < e; ++plane) {
-        const G share = round_to<G>(precis::detail::load<Mt>(dy.data()[plane]) / Mt(pixels));
-        std::fill_n(dx_.data() + plane * pixels, pixels, share);
-      }
-    });
-    return bridge_.to_layout(ctx, dx_, moved_dx_);
+    detail::ensure(dx_, detail::shape_of<4>(x));
+    precis::global_avg_pool_backward<P>(ctx, dy, dx_, layout_);
+    return dx_;
   }
-  /// Takes images in `layout` (nn::build calls it with build_options::layout).
-  void set_layout(image_layout layout, std::string_view) { bridge_.set(layout); }
+  /// Takes images in `layout` (nn::build calls it with build_options::layout); both layouts
+  /// are read in place.
+  void set_layout(image_layout layout, std::string_view) { layout_ = layout; }
 
   /// Its shape column in nn::describe: "HxW->1".
   std::string shape() const { return "HxW->1"; }
-  /// Bytes of its output and input-gradient buffers, and in a channels-last model of its
-  /// images moved to and from NCHW.
-  std::size_t own_bytes() const {
-    return detail::bytes_of(y_) + detail::bytes_of(dx_) + detail::bytes_of(xn_) + detail::bytes_of(moved_dx_);
-  }
+  /// Bytes of its output and input-gradient buffers.
+  std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
   /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
   template <class Self, class F>
   static void for_each_observed(Self& self, F&& f) {
@@ -579,12 +562,10 @@ class global_avg_pool_layer : public layer_base<Tag, P, op::reduction, 4, 2, Ctx
   }
 
  private:
-  host_tensor<S, 2> y_;
-  host_tensor<G, 4> dx_;
-  detail::saved<host_tensor<S, 4>> x_;
-  detail::nchw_bridge<cpu_context> bridge_;
-  host_tensor<S, 4> xn_;         // channels-last: x moved to NCHW
-  host_tensor<G, 4> moved_dx_;   // and dx moved back
+  tensor<S, 2> y_;
+  tensor<G, 4> dx_;
+  detail::saved<tensor<S, 4>> x_;
+  image_layout layout_ = image_layout::nchw;
 };
 
 }  // namespace precis::nn

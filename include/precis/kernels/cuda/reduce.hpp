@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -478,6 +479,40 @@ void reduce_all_to(std::string_view name, cuda_context& ctx, const device_tensor
                                                   name);
 }
 
+/// The launch of an axis reduction of x viewed as [outer, count, inner] into out [outer,
+/// inner] under P (op::reduction): reduce_axis_kernel for short axes, reduce_axis_staged
+/// for long ones, the same additions in the same order either way.
+template <reduce_kind Kind, Policy P, class T, class U>
+void launch_reduce_axis(std::string_view name, cuda_context& ctx, const T* x, std::size_t outer,
+                        std::size_t count, std::size_t inner, U* out) {
+  if (outer * inner == 0) return;
+  using M = math_t<op::reduction, P, T>;
+  using Acc = accumulate_t<op::reduction, P>;
+  using R = reduce_result_t<P, T>;
+  const std::size_t total = outer * inner;
+  if (count < axis_stage_min_count) {
+    reduce_axis_kernel<Kind, M, Acc, R>
+        <<<grid_for(total), 256, 0, ctx.stream()>>>(x, outer, count, inner, out);
+  } else {
+    const auto launch = [&](auto rows, auto outputs) {
+      constexpr unsigned O = decltype(outputs)::value;
+      const std::size_t tiles = (total + O - 1) / O;
+      reduce_axis_staged<Kind, M, Acc, R, decltype(rows)::value, O>
+          <<<unsigned(std::min<std::size_t>(tiles, 1U << 20)), axis_stage_threads, 0,
+             ctx.stream()>>>(x, count, inner, total, out);
+    };
+    using wide = std::integral_constant<unsigned, 32>;
+    using narrow = std::integral_constant<unsigned, 16>;
+    const bool wide_tiles = axis_tile_outputs(total) == wide::value;
+    if (inner == 1) {
+      wide_tiles ? launch(std::true_type{}, wide{}) : launch(std::true_type{}, narrow{});
+    } else {
+      wide_tiles ? launch(std::false_type{}, wide{}) : launch(std::false_type{}, narrow{});
+    }
+  }
+  check(cudaGetLastError(), name);
+}
+
 template <reduce_kind Kind, Policy P, class T, std::size_t N, class U>
 void reduce_axis_to(std::string_view name, cuda_context& ctx, const device_tensor<T, N>& x,
                     std::size_t axis, device_tensor<U, N - 1>& out) {
@@ -493,32 +528,7 @@ void reduce_axis_to(std::string_view name, cuda_context& ctx, const device_tenso
   std::size_t outer = 1, inner = 1;
   for (std::size_t i = 0; i < axis; ++i) outer *= x.shape()[i];
   for (std::size_t i = axis + 1; i < N; ++i) inner *= x.shape()[i];
-  if (outer * inner == 0) return;
-  using M = math_t<op::reduction, P, T>;
-  using Acc = accumulate_t<op::reduction, P>;
-  using R = reduce_result_t<P, T>;
-  const std::size_t total = outer * inner;
-  if (count < axis_stage_min_count) {
-    reduce_axis_kernel<Kind, M, Acc, R><<<grid_for(total), 256, 0, ctx.stream()>>>(x.data(), outer, count, inner,
-                                                                                   out.data());
-  } else {
-    const auto launch = [&](auto rows, auto outputs) {
-      constexpr unsigned O = decltype(outputs)::value;
-      const std::size_t tiles = (total + O - 1) / O;
-      reduce_axis_staged<Kind, M, Acc, R, decltype(rows)::value, O>
-          <<<unsigned(std::min<std::size_t>(tiles, 1U << 20)), axis_stage_threads, 0, ctx.stream()>>>(
-              x.data(), count, inner, total, out.data());
-    };
-    using wide = std::integral_constant<unsigned, 32>;
-    using narrow = std::integral_constant<unsigned, 16>;
-    const bool wide_tiles = axis_tile_outputs(total) == wide::value;
-    if (inner == 1) {
-      wide_tiles ? launch(std::true_type{}, wide{}) : launch(std::true_type{}, narrow{});
-    } else {
-      wide_tiles ? launch(std::false_type{}, wide{}) : launch(std::false_type{}, narrow{});
-    }
-  }
-  check(cudaGetLastError(), name);
+  launch_reduce_axis<Kind, P>(name, ctx, x.data(), outer, count, inner, out.data());
 }
 
 /// Pixels summed per partial sum of conv2d_backward_bias: a constant, so that the order of
@@ -1112,6 +1122,83 @@ requires(N >= 1) void l2_norm(cuda_context& ctx, const device_tensor<T, N>& x, s
                               device_tensor<U, N - 1>& out) {
   detail::cuda::reduce_axis_to<detail::cuda::reduce_kind::l2, P>("precis::l2_norm", ctx, x, axis,
                                                                  out);
+}
+
+namespace detail::cuda {
+
+/// The plane (n C + c) that element i of an image tensor lies in, by multiplications, for
+/// tensors of fewer than 2^32 elements: NCHW i / (H W); channels-last (i / (H W C)) C + i % C.
+struct mean_plane_index {
+  using index_type = std::uint32_t;
+  fast_divmod by_image;     ///< H W (NCHW), H W C (channels-last)
+  fast_divmod by_channels;  ///< C (channels-last)
+  bool last = false;        ///< channels-last
+  __device__ std::size_t plane(std::uint32_t i) const {
+    if (!last) return by_image.div(i);
+    return std::size_t(by_image.div(i)) * by_channels.divisor + by_channels.mod(i);
+  }
+};
+/// mean_plane_index in 64 bits, by divisions: for larger tensors, the same planes.
+struct wide_mean_plane_index {
+  using index_type = std::size_t;
+  std::size_t image;     ///< H W (NCHW), H W C (channels-last)
+  std::size_t channels;  ///< C (channels-last)
+  bool last = false;     ///< channels-last
+  __device__ std::size_t plane(std::size_t i) const {
+    return last ? i / image * channels + i % channels : i / image;
+  }
+};
+
+/// dx[i] = mean_share(dy[plane of i], pixels): global_avg_pool's backward pass, an element a
+/// thread, in the host's arithmetic.
+template <class M, class G, class U, class Ix>
+__global__ void global_avg_pool_backward_kernel(const G* dy, U* dx, std::size_t n,
+                                                std::size_t pixels, Ix ix) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    dx[i] = mean_share<U>(device_load<M>(dy[ix.plane(typename Ix::index_type(i))]), pixels);
+  }
+}
+
+}  // namespace detail::cuda
+
+/// y[n, c] = the mean of each plane of images x ([N, C, H, W], or channels-last [N, H, W, C]
+/// with image_layout::nhwc), on the device: each output's pixels added in pixel order by one
+/// thread, so the host's order and result (see the host global_avg_pool). Throws
+/// precis::error, before anything is queued, for planes of no pixel or a y that is not [N, C].
+template <Policy P, kernel_element T, kernel_element U>
+void global_avg_pool(cuda_context& ctx, const device_tensor<T, 4>& x, device_tensor<U, 2>& y,
+                     image_layout layout = image_layout::nchw) {
+  detail::check_global_avg_pool("precis::global_avg_pool", "x", x, "y", y, layout);
+  const auto a = detail::plane_axes_of(detail::image_shape(x), layout);
+  detail::cuda::launch_reduce_axis<detail::cuda::reduce_kind::mean, P>(
+      "precis::global_avg_pool", ctx, x.data(), a.outer, a.count, a.inner, y.data());
+}
+
+/// dx (images, in `layout`) from dy [N, C] on the device: every pixel of plane (n, c) gets
+/// dy[n, c] / (H W) in the math type, rounded once: the host's bits. Throws precis::error,
+/// before anything is queued, for planes of no pixel or a dy that is not [N, C].
+template <Policy P, kernel_element G, kernel_element U>
+void global_avg_pool_backward(cuda_context& ctx, const device_tensor<G, 2>& dy,
+                              device_tensor<U, 4>& dx, image_layout layout = image_layout::nchw) {
+  detail::check_global_avg_pool("precis::global_avg_pool_backward", "dx", dx, "dy", dy, layout);
+  const auto a = detail::plane_axes_of(detail::image_shape(dx), layout);
+  const std::size_t n = dx.size();
+  if (n == 0) return;
+  using M = detail::math_t<op::reduction, P, G>;
+  const bool last = layout == image_layout::nhwc;
+  const std::size_t image = a.count * a.inner;  // pixels (NCHW: inner = 1), or pixels x channels
+  const auto launch = [&](auto ix) {
+    detail::cuda::global_avg_pool_backward_kernel<M>
+        <<<detail::cuda::grid_for(n), 256, 0, ctx.stream()>>>(dy.data(), dx.data(), n, a.count, ix);
+  };
+  if (n <= std::size_t(UINT32_MAX) && detail::fast_divmod::fits(image)) {
+    launch(detail::cuda::mean_plane_index{detail::fast_divmod(std::uint32_t(image)),
+                                          detail::fast_divmod(std::uint32_t(a.inner)), last});
+  } else {
+    launch(detail::cuda::wide_mean_plane_index{image, a.inner, last});
+  }
+  check(cudaGetLastError(), "precis::global_avg_pool_backward");
 }
 
 }  // namespace precis
