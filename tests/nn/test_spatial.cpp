@@ -465,6 +465,43 @@ TEST_CASE("a batch norm refuses one value per channel in training before any buf
   CHECK(m.root().forward(ctx, one, nn::mode::eval).shape() == one.shape());
 }
 
+TEST_CASE(
+    "a model refuses a batch that a deeper batch norm cannot train on before any layer runs") {
+  // The pooling leaves one pixel a channel: two images train the batch norm, one does not.
+  auto m =
+      nn::build<float, 4>(presets::fp32{},
+                          nn::seq(nn::conv2d(3, 6, 3, {.padding = {1, 1}}), nn::relu(),
+                                  nn::named("down", nn::seq(nn::avg_pool2d({.kernel = {4, 4}}),
+                                                            nn::named("norm", nn::batch_norm(6)))),
+                                  nn::flatten(), nn::linear(6, 2)),
+                          {.seed = 5});
+  const auto x = precis_test::random_tensor<float, 4>({2, 3, 4, 4});
+  const auto dy = precis_test::random_tensor<float, 2>({2, 2});
+  const auto same_bits = [](const auto& a, const auto& b) {
+    return a.shape() == b.shape() &&
+           std::equal(a.begin(), a.end(), b.begin(), [](float u, float v) {
+             return std::bit_cast<std::uint32_t>(u) == std::bit_cast<std::uint32_t>(v);
+           });
+  };
+  const host_tensor<float, 2> y = m.forward(ctx, x);
+  const host_tensor<float, 4> dx = m.backward(ctx, dy);
+  (void)m.forward(ctx, x);
+  const auto one = precis_test::random_tensor<float, 4>({1, 3, 4, 4});
+  CHECK_THROWS_WITH_AS(
+      m.output_shape({1, 3, 4, 4}, nn::mode::train),
+      doctest::Contains("layer down.norm (batch_norm) expects more than one value per channel"),
+      error);
+  CHECK_THROWS_WITH_AS(m.forward(ctx, one), doctest::Contains("layer down.norm (batch_norm)"),
+                       error);
+  // Nothing ran: every layer still holds the good pass, so backward gives its bits (the
+  // convolution would otherwise have kept the one image as its input).
+  CHECK(same_bits(host_tensor<float, 4>(m.backward(ctx, dy)), dx));
+  CHECK(same_bits(host_tensor<float, 2>(m.forward(ctx, x)), y));
+  // The plain shape query and evaluation take it.
+  CHECK(m.output_shape({1, 3, 4, 4}) == std::array<std::size_t, 2>{1, 2});
+  CHECK(m.forward(ctx, one, nn::mode::eval).shape()[0] == 1);
+}
+
 TEST_CASE("impossible layer arguments are refused when the model is built") {
   const auto build = [](auto blueprint) { return nn::build<float, 4>(presets::fp32{}, blueprint); };
   CHECK_THROWS_WITH_AS(build(nn::conv2d(3, 4, 3, {.groups = 2})),

@@ -102,6 +102,33 @@ TEST_CASE("two micro-batches give the step one batch of both gives") {
   for (std::size_t i = 0; i < wa.size(); ++i) CHECK(wb[i] == doctest::Approx(wa[i]).epsilon(1e-5));
 }
 
+TEST_CASE("a micro-batch the model refuses changes nothing: the step checks every shape first") {
+  using P = presets::fp32;
+  auto m = small_model<P>(5);
+  nn::softmax_cross_entropy<P> loss;
+  sgd opt(m.masters(), {.lr = 0.5f});
+  no_scaling scaler;
+  nn::trainer tr(m, loss, opt, scaler);
+  const auto good = make_batch<float>(32, 2);
+  (void)tr.step(ctx, good.x, good.t);
+  std::vector<float> grads;
+  m.for_each_parameter([&](const std::string&, const auto& p) {
+    grads.insert(grads.end(), p.grad().begin(), p.grad().end());
+  });
+  const auto masters = masters_of(m);
+  // The second micro-batch has 15 features where the first layer takes 16.
+  const host_tensor<float, 2> narrow(std::array<std::size_t, 2>{32, 15});
+  const std::array<batch_of<float>, 2> parts{{{good.x, good.t}, {narrow, good.t}}};
+  CHECK_THROWS_AS(tr.step(ctx, parts), error);
+  std::vector<float> after;
+  m.for_each_parameter([&](const std::string&, const auto& p) {
+    after.insert(after.end(), p.grad().begin(), p.grad().end());
+  });
+  CHECK(std::memcmp(after.data(), grads.data(), grads.size() * sizeof(float)) ==
+        0);  // not zeroed, not added to
+  CHECK(masters_of(m) == masters);
+}
+
 TEST_CASE("clipping acts on unscaled gradients; the record has the norm before clipping") {
   // The same model under float16 with a static scale of 1024 and under float without one:
   // the norms agree to float16's precision, so the float16 norm was taken after unscaling.

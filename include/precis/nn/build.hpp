@@ -132,12 +132,18 @@ class model {
   /// The output shape for an input of shape `in`; throws precis::error naming the first
   /// layer (by path) that cannot take what reaches it, with both shapes.
   output_shape_type output_shape(const input_shape& in) const { return root_.output_shape(in, root_path()); }
+  /// output_shape(in) with the rules of mode m as well: in mode::train a batch norm refuses
+  /// an input with one value per channel (what forward() checks before any layer runs).
+  output_shape_type output_shape(const input_shape& in, mode m) const {
+    return detail::output_shape_in(root_, in, root_path(), m);
+  }
 
   /// The model's output for x (a reference to the model's buffer, or for several outputs a
-  /// tuple of pointers to them). Every layer's shape is checked before any runs. x must
-  /// stay alive and unchanged until backward().
+  /// tuple of pointers to them). Every layer's shape is checked before any runs, with the
+  /// rules of mode m (in training, a batch norm refuses one value per channel). x must stay
+  /// alive and unchanged until backward().
   decltype(auto) forward(context_ref_t<context_type> ctx, const input_tensor& x, mode m = mode::train) {
-    out_shape_ = output_shape(detail::edge_shape_of<input_rank>(x));
+    out_shape_ = output_shape(detail::edge_shape_of<input_rank>(x), m);
     return root_.forward(ctx, x, m);
   }
   /// Backpropagates dy (the loss's gradient with respect to the output(s)), adding the

@@ -138,8 +138,9 @@ class cast_in {
   std::string_view name() const { return m_.name(); }
   /// M's output shape for an input of shape `in` (the cast keeps shapes); M throws precis::error
   /// where it cannot take `in`.
-  auto output_shape(const edge_shape_t<input_type, input_rank>& in, std::string_view path) const {
-    return m_.output_shape(in, path);
+  auto output_shape(const edge_shape_t<input_type, input_rank>& in, std::string_view path,
+                    mode m = mode::eval) const {
+    return detail::output_shape_in(m_, in, path, m);
   }
   /// Converts x to M's input type (each value rounded once), then runs M on it; returns M's output.
   template <class X>
@@ -203,8 +204,9 @@ class cast_out {
   std::string_view name() const { return m_.name(); }
   /// M's output shape for an input of shape `in` (the cast keeps shapes); M throws precis::error
   /// where it cannot take `in`.
-  auto output_shape(const edge_shape_t<input_type, input_rank>& in, std::string_view path) const {
-    return m_.output_shape(in, path);
+  auto output_shape(const edge_shape_t<input_type, input_rank>& in, std::string_view path,
+                    mode m = mode::eval) const {
+    return detail::output_shape_in(m_, in, path, m);
   }
   /// Runs M on x, then converts its output to `output_type` (each value rounded once); returns the
   /// cast's buffer.
@@ -363,9 +365,10 @@ class sequence {
   /// The shape the last child gives for an input of shape `in`, each child reading the shape the
   /// one before gives; the first child that cannot take what reaches it throws precis::error naming
   /// its path under `path`.
-  edge_shape_t<output_type, output_rank> output_shape(const edge_shape_t<input_type, input_rank>& in,
-                                                      std::string_view path) const {
-    return shape_from<0>(in, path);
+  edge_shape_t<output_type, output_rank> output_shape(
+      const edge_shape_t<input_type, input_rank>& in, std::string_view path,
+      mode m = mode::eval) const {
+    return shape_from<0>(in, path, m);
   }
   /// Runs the children in order on x; returns the last child's output (a reference to its buffer,
   /// or the tuple of pointers of a multi-tensor edge).
@@ -418,13 +421,13 @@ class sequence {
     return c.name().empty() ? std::to_string(I) : std::string(c.name());
   }
   template <std::size_t I, class S>
-  auto shape_from(const S& in, std::string_view path) const {
+  auto shape_from(const S& in, std::string_view path, mode m) const {
     const auto& c = std::get<I>(children_);
-    const auto out = c.output_shape(in, join_path(path, component<I>(c)));
+    const auto out = detail::output_shape_in(c, in, join_path(path, component<I>(c)), m);
     if constexpr (I + 1 == count) {
       return out;
     } else {
-      return shape_from<I + 1>(out, path);
+      return shape_from<I + 1>(out, path, m);
     }
   }
   static constexpr std::array<bool, count> fused_table() {
@@ -615,12 +618,16 @@ class branches {
   /// concatenation, their shape with the extents along the axis summed. Throws precis::error where
   /// a branch cannot take `in`, or where the branches' shapes cannot be added (or differ outside
   /// the concatenation axis).
-  shape_t<output_rank> output_shape(const shape_t<input_rank>& in, std::string_view path) const {
+  shape_t<output_rank> output_shape(const shape_t<input_rank>& in, std::string_view path,
+                                    mode m = mode::eval) const {
     shape_t<output_rank> out{};
     std::size_t i = 0;
     std::apply(
         [&](const auto&... c) {
-          ((joined_shape(out, c.output_shape(in, join_path(path, component(i, c))), i, path), ++i), ...);
+          ((joined_shape(out, detail::output_shape_in(c, in, join_path(path, component(i, c)), m),
+                         i, path),
+            ++i),
+           ...);
         },
         children_);
     return out;
@@ -866,10 +873,13 @@ class repeat_block {
   /// The shape the last block gives for an input of shape `in`, each block reading the shape the
   /// one before gives; the first block that cannot take what reaches it throws precis::error naming
   /// its path (blocks are 0 to N-1 under `path`).
-  shape_t<output_rank> output_shape(const shape_t<input_rank>& in, std::string_view path) const {
-    auto s = first_.output_shape(in, join_path(path, "0"));
+  shape_t<output_rank> output_shape(const shape_t<input_rank>& in, std::string_view path,
+                                    mode m = mode::eval) const {
+    auto s = detail::output_shape_in(first_, in, join_path(path, "0"), m);
     if constexpr (N > 1) {
-      for (std::size_t i = 0; i + 1 < N; ++i) s = rest_[i].output_shape(s, join_path(path, std::to_string(i + 1)));
+      for (std::size_t i = 0; i + 1 < N; ++i) {
+        s = detail::output_shape_in(rest_[i], s, join_path(path, std::to_string(i + 1)), m);
+      }
     }
     return s;
   }
@@ -992,9 +1002,10 @@ class named_module {
   /// The name given to nn::named: this module's component in paths.
   std::string_view name() const { return name_; }
   /// M's output shape for an input of shape `in`; M throws precis::error where it cannot take `in`.
-  edge_shape_t<output_type, output_rank> output_shape(const edge_shape_t<input_type, input_rank>& in,
-                                                      std::string_view path) const {
-    return m_.output_shape(in, path);
+  edge_shape_t<output_type, output_rank> output_shape(
+      const edge_shape_t<input_type, input_rank>& in, std::string_view path,
+      mode m = mode::eval) const {
+    return detail::output_shape_in(m_, in, path, m);
   }
   /// M's forward pass; returns M's output.
   template <class X>

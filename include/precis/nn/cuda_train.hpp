@@ -540,9 +540,10 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
     extents(b.inputs);
     extents(b.targets);
   }
-  // Throws precis::error for inputs the model refuses or targets the loss refuses.
+  // Throws precis::error for inputs the model refuses in training or targets the loss refuses.
   void check_batch(const input_tensor& inputs, const target_tensor& targets) const {
-    const auto out = model_->output_shape(detail::edge_shape_of<Model::input_rank>(inputs));
+    const auto out =
+        model_->output_shape(detail::edge_shape_of<Model::input_rank>(inputs), mode::train);
     if constexpr (requires { loss_->check_targets(out, targets); }) {
       loss_->check_targets(out, targets);  // a loss of several outputs checks its own targets
     } else {

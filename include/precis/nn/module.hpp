@@ -16,7 +16,11 @@
 ///     backward(context_ref_t<context_type>, const tensor<output_grad_type, output_rank>&)
 ///         -> const tensor<input_grad_type, input_rank>&
 ///     backward_parameters(ctx, dy) (optional)   backward() without the input gradient
-///     output_shape(const shape_t<input_rank>&, std::string_view path) const -> shape_t<output_rank>
+///     output_shape(const shape_t<input_rank>&, std::string_view path) const ->
+///     shape_t<output_rank> output_shape(in, path, mode) (optional)   the same, with the rules of
+///     that mode as well
+///         (composites pass it to their children; batch norm refuses one value per channel in
+///         training): nn::model::forward checks every layer's shape so before any layer runs
 ///     std::string_view name() const          its component of a path ("": its position)
 ///     std::size_t own_bytes() const          bytes of the buffers it holds itself
 ///
@@ -346,6 +350,17 @@ class saved {
  private:
   const Tensor* p_ = nullptr;
 };
+
+/// node's output shape for an input of shape `in` under mode m: node.output_shape(in, path, m)
+/// where the node takes a mode (see the file comment), else node.output_shape(in, path).
+template <class Node, class Shape>
+auto output_shape_in(const Node& node, const Shape& in, std::string_view path, mode m) {
+  if constexpr (requires { node.output_shape(in, path, m); }) {
+    return node.output_shape(in, path, m);
+  } else {
+    return node.output_shape(in, path);
+  }
+}
 
 /// The shape of a tensor as an array of its rank.
 template <std::size_t N, class X>

@@ -120,10 +120,12 @@ class fork_module {
   std::string_view name() const { return ""; }
   /// The tuple of the branches' output shapes for an input of shape `in`; a branch that cannot take
   /// `in` throws precis::error naming its path.
-  edge_shape_t<output_type, 0> output_shape(const shape_t<input_rank>& in, std::string_view path) const {
+  edge_shape_t<output_type, 0> output_shape(const shape_t<input_rank>& in, std::string_view path,
+                                            mode m = mode::eval) const {
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
-      return edge_shape_t<output_type, 0>{std::get<I>(children_).output_shape(
-          in, join_path(path, detail::component_of(I, std::get<I>(children_))))...};
+      return edge_shape_t<output_type, 0>{detail::output_shape_in(
+          std::get<I>(children_), in,
+          join_path(path, detail::component_of(I, std::get<I>(children_))), m)...};
     }(std::make_index_sequence<count>{});
   }
   /// Runs each branch on x, in order; returns a tuple of pointers to their outputs (the branches'
@@ -248,9 +250,10 @@ class taps_module {
   /// The tuple of every stage's output shape for an input of shape `in`, each stage reading the
   /// shape the one before gives; a stage that cannot take what reaches it throws precis::error
   /// naming its path.
-  edge_shape_t<output_type, 0> output_shape(const shape_t<input_rank>& in, std::string_view path) const {
+  edge_shape_t<output_type, 0> output_shape(const shape_t<input_rank>& in, std::string_view path,
+                                            mode m = mode::eval) const {
     edge_shape_t<output_type, 0> out{};
-    shapes_from<0>(in, path, out);
+    shapes_from<0>(in, path, m, out);
     return out;
   }
   /// Runs the stages in order on x; returns a tuple of pointers to every stage's output (the
@@ -297,10 +300,11 @@ class taps_module {
   taps_module(const Spec& s, std::index_sequence<I...>) : children_(Ms(std::get<I>(s.children))...) {}
 
   template <std::size_t I, class S, class Out>
-  void shapes_from(const S& in, std::string_view path, Out& out) const {
+  void shapes_from(const S& in, std::string_view path, mode m, Out& out) const {
     const auto& c = std::get<I>(children_);
-    std::get<I>(out) = c.output_shape(in, join_path(path, detail::component_of(I, c)));
-    if constexpr (I + 1 < count) shapes_from<I + 1>(std::get<I>(out), path, out);
+    std::get<I>(out) =
+        detail::output_shape_in(c, in, join_path(path, detail::component_of(I, c)), m);
+    if constexpr (I + 1 < count) shapes_from<I + 1>(std::get<I>(out), path, m, out);
   }
   template <std::size_t I, class X, class Out>
   void forward_from(context_ref_t<context_type> ctx, const X& x, mode m, Out& out) {
@@ -406,10 +410,12 @@ class each_module {
   std::string_view name() const { return ""; }
   /// The tuple of node i's output shape for shape i of `in`; a node that cannot take its shape
   /// throws precis::error naming its path.
-  edge_shape_t<output_type, 0> output_shape(const edge_shape_t<input_type, 0>& in, std::string_view path) const {
+  edge_shape_t<output_type, 0> output_shape(const edge_shape_t<input_type, 0>& in,
+                                            std::string_view path, mode m = mode::eval) const {
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
-      return edge_shape_t<output_type, 0>{std::get<I>(children_).output_shape(
-          std::get<I>(in), join_path(path, detail::component_of(I, std::get<I>(children_))))...};
+      return edge_shape_t<output_type, 0>{detail::output_shape_in(
+          std::get<I>(children_), std::get<I>(in),
+          join_path(path, detail::component_of(I, std::get<I>(children_))), m)...};
     }(std::make_index_sequence<count>{});
   }
   /// Runs node i on tensor i of x, in order; returns a tuple of pointers to their outputs (the
@@ -531,10 +537,12 @@ class top_down_module<values<S0, Sigs...>, M> {
   /// `in` itself, once checked: node i must turn level i + 1's shape into level i's. Throws
   /// precis::error naming both levels and their shapes where it does not, or where node i cannot
   /// take the shape.
-  edge_shape_t<input_type, 0> output_shape(const edge_shape_t<input_type, 0>& in, std::string_view path) const {
+  edge_shape_t<input_type, 0> output_shape(const edge_shape_t<input_type, 0>& in,
+                                           std::string_view path, mode m = mode::eval) const {
     const auto shapes = to_array(in);
     for (std::size_t i = 0; i + 1 < levels; ++i) {
-      const auto up = nodes_[i].output_shape(shapes[i + 1], join_path(path, std::to_string(i)));
+      const auto up =
+          detail::output_shape_in(nodes_[i], shapes[i + 1], join_path(path, std::to_string(i)), m);
       if (up != shapes[i]) {
         throw error("precis::nn::top_down at " + path_or_root(path) + ": level " + std::to_string(i + 1) + " of shape " +
                     shape_string(shapes[i + 1]) + " becomes " + shape_string(up) + ", but level " + std::to_string(i) +

@@ -251,13 +251,22 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
   }
 
   /// The shape of the output: the input's. Throws precis::error (naming the layer's `path`)
-  /// when axis 1 is not `channels` long or an axis is empty.
-  shape_t<R> output_shape(const shape_t<R>& in, std::string_view path) const {
+  /// when axis 1 is not `channels` long or an axis is empty, and in mode::train when a channel
+  /// would have one value (no batch variance): nn::model::forward asks so for every batch norm
+  /// before any layer runs.
+  shape_t<R> output_shape(const shape_t<R>& in, std::string_view path, mode m = mode::eval) const {
     if (in[channel_axis()] != this->features_ || detail::elements(in) == 0) {
       const std::string c = std::to_string(this->features_);
       detail::bad_shape(path, kind,
                         (channel_axis() == 1 ? "[N, " + c + ", ...]" : "[N, H, W, " + c + "]") + " with no empty axis",
                         shape_string(in));
+    }
+    if (m == mode::train &&
+        !precis::detail::batch_norm_trains_on(detail::elements(in) / this->features_)) {
+      throw error(
+          "precis::nn: layer " + path_or_root(path) + " (" + std::string(kind) +
+          ") expects more than one value per channel in training mode, got an input of shape " +
+          shape_string(in));
     }
     return in;
   }
@@ -369,13 +378,7 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
   // shape, and in training two values per channel), so that a refused batch resizes no
   // buffer of this layer or of the ReLU it runs with.
   shape_t<R> checked_batch(const tensor<S>& x, mode m) const {
-    const auto shape = output_shape(detail::shape_of<R>(x), path_name<Tag>());
-    if (m == mode::train && !precis::detail::batch_norm_trains_on(detail::elements(shape) / this->features_)) {
-      throw error("precis::nn: layer " + path_or_root(path_name<Tag>()) + " (" + std::string(kind) +
-                  ") expects more than one value per channel in training mode, got an input of shape " +
-                  shape_string(shape));
-    }
-    return shape;
+    return output_shape(detail::shape_of<R>(x), path_name<Tag>(), m);
   }
   // forward() and forward_relu(): the batch's statistics (kept, with the address of x) or
   // the running ones, and the output in `out`.

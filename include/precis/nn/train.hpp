@@ -178,6 +178,10 @@ class trainer {
   step_record run(const cpu_context& ctx, std::span<const batch_type> batches, Monitor& monitor) {
     constexpr bool monitored = !std::is_same_v<Monitor, no_monitor>;
     if (batches.empty()) throw error("precis::nn::trainer::step: no micro-batches were given");
+    // Every micro-batch's shapes first, under training's rules, so that a bad one changes
+    // nothing (the gradients are not zeroed, no layer runs).
+    for (const auto& b : batches)
+      (void)model_->output_shape(detail::edge_shape_of<Model::input_rank>(b.inputs), mode::train);
     step_record r;
     r.step = scaler_->steps();
     if constexpr (!std::is_same_v<Schedule, no_schedule>) opt_->set_lr(schedule_->lr());
