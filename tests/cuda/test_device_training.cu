@@ -596,5 +596,21 @@ int main() {
     const auto t = class_zero(4);
     expect_error("trainer: wrong width", [&] { train.step(ctx, x, t); }, "fc1");
   }
+  // A batch that leaves a batch norm deep in the model one value per channel is refused by the
+  // shape check, under training's rules, before any launch, naming the layer.
+  {
+    using P = presets::bf16_mixed;
+    auto dev = nn::build<bfloat16, 4, cuda_context>(
+        P{}, nn::seq(nn::conv2d(2, 4, 3, {.padding = {1, 1}}), nn::avg_pool2d({.kernel = {4, 4}}),
+                     nn::named("norm", nn::batch_norm(4)), nn::flatten(), nn::linear(4, 3)));
+    nn::softmax_cross_entropy<P, std::int32_t, cuda_context> loss;
+    device_adamw opt(ctx, dev.masters(), dev.gradients(), {}, dev.decay_mask(), 4);
+    no_scaling scaler;
+    nn::trainer train(ctx, dev, loss, opt, scaler);
+    const auto x = to_device(random_tensor<bfloat16, 4>({1, 2, 4, 4}));
+    const auto t = class_zero(1);
+    expect_error("trainer: one value per channel", [&] { train.step(ctx, x, t); }, "layer norm (batch_norm)");
+    expect(train.queued() == 0, "trainer: the refused batch queued no step");
+  }
   return finish();
 }

@@ -102,7 +102,8 @@ TEST_CASE("two micro-batches give the step one batch of both gives") {
   for (std::size_t i = 0; i < wa.size(); ++i) CHECK(wb[i] == doctest::Approx(wa[i]).epsilon(1e-5));
 }
 
-TEST_CASE("a micro-batch the model refuses changes nothing: the step checks every shape first") {
+TEST_CASE(
+    "a micro-batch the model or the loss refuses changes nothing: the step checks them all first") {
   using P = presets::fp32;
   auto m = small_model<P>(5);
   nn::softmax_cross_entropy<P> loss;
@@ -120,6 +121,11 @@ TEST_CASE("a micro-batch the model refuses changes nothing: the step checks ever
   const host_tensor<float, 2> narrow(std::array<std::size_t, 2>{32, 15});
   const std::array<batch_of<float>, 2> parts{{{good.x, good.t}, {narrow, good.t}}};
   CHECK_THROWS_AS(tr.step(ctx, parts), error);
+  // And a second micro-batch with fewer targets than rows.
+  const host_tensor<std::int32_t, 1> few(std::array<std::size_t, 1>{31});
+  const std::array<batch_of<float>, 2> short_targets{{{good.x, good.t}, {good.x, few}}};
+  CHECK_THROWS_WITH_AS(tr.step(ctx, short_targets),
+                       "precis::nn::trainer::step: 31 targets for a batch of 32", error);
   std::vector<float> after;
   m.for_each_parameter([&](const std::string&, const auto& p) {
     after.insert(after.end(), p.grad().begin(), p.grad().end());

@@ -542,16 +542,7 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
   }
   // Throws precis::error for inputs the model refuses in training or targets the loss refuses.
   void check_batch(const input_tensor& inputs, const target_tensor& targets) const {
-    const auto out =
-        model_->output_shape(detail::edge_shape_of<Model::input_rank>(inputs), mode::train);
-    if constexpr (requires { loss_->check_targets(out, targets); }) {
-      loss_->check_targets(out, targets);  // a loss of several outputs checks its own targets
-    } else {
-      if (targets.shape()[0] != out[0]) {
-        throw error("precis::nn::trainer::step: " + std::to_string(targets.shape()[0]) + " targets for a batch of " +
-                    std::to_string(out[0]));
-      }
-    }
+    detail::check_micro_batch(*model_, *loss_, inputs, targets);
   }
   // Where the optimizer can write the working copies in its update (fuse_refresh) and every
   // working copy is of a type it writes, it does: the step needs no refresh launches.

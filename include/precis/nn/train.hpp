@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -93,6 +94,27 @@ constexpr bool trainer_parts_fit() {
   static_assert(Model::output_rank == Loss::input_rank,
                 "precis: the loss reads tensors of another rank than the model gives");
   return check_scaler<typename Loss::policy_type, Scaler>();
+}
+
+/// What every trainer (host or device) checks of each micro-batch before a step changes
+/// anything: the model's shapes under training's rules (nn::model::output_shape(in,
+/// mode::train)), then the targets, by the loss's check_targets(out, targets) where it has
+/// one (a loss of several outputs), else a first axis as long as the output's. Throws
+/// precis::error naming what it refuses.
+template <class Model, class Loss, class X, class T>
+void check_micro_batch(const Model& model, const Loss& loss, const X& inputs, const T& targets) {
+  const auto out = model.output_shape(edge_shape_of<Model::input_rank>(inputs), mode::train);
+  if constexpr (requires { loss.check_targets(out, targets); }) {
+    loss.check_targets(out, targets);
+  } else if constexpr (requires {
+                         targets.shape()[0];
+                         out[0];
+                       }) {
+    if (std::size_t(targets.shape()[0]) != out[0]) {
+      throw error("precis::nn::trainer::step: " + std::to_string(targets.shape()[0]) +
+                  " targets for a batch of " + std::to_string(out[0]));
+    }
+  }
 }
 
 }  // namespace detail
@@ -178,10 +200,9 @@ class trainer {
   step_record run(const cpu_context& ctx, std::span<const batch_type> batches, Monitor& monitor) {
     constexpr bool monitored = !std::is_same_v<Monitor, no_monitor>;
     if (batches.empty()) throw error("precis::nn::trainer::step: no micro-batches were given");
-    // Every micro-batch's shapes first, under training's rules, so that a bad one changes
-    // nothing (the gradients are not zeroed, no layer runs).
-    for (const auto& b : batches)
-      (void)model_->output_shape(detail::edge_shape_of<Model::input_rank>(b.inputs), mode::train);
+    // Every micro-batch's shapes and targets first, so that a bad one changes nothing (the
+    // gradients are not zeroed, no layer runs).
+    for (const auto& b : batches) detail::check_micro_batch(*model_, *loss_, b.inputs, b.targets);
     step_record r;
     r.step = scaler_->steps();
     if constexpr (!std::is_same_v<Schedule, no_schedule>) opt_->set_lr(schedule_->lr());
