@@ -98,7 +98,34 @@ void check_gemm(precis::cuda_context& ctx, const precis::cpu_context& cpu) {
     precis::gemm<P>(ctx, precis::to_device(a0), precis::to_device(b0), precis::to_device(bias), dc0, o0);
     compare("gemm K = 0", ctx, dc0, c0);
   }
+  // gemm_backward: both gradients, in every transposition, against the host's.
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      const precis::gemm_options o{.trans_a = ta, .trans_b = tb, .alpha = 0.75F};
+      const std::array<std::size_t, 2> as = ta ? std::array<std::size_t, 2>{K, M} : std::array<std::size_t, 2>{M, K};
+      const std::array<std::size_t, 2> bs = tb ? std::array<std::size_t, 2>{N, K} : std::array<std::size_t, 2>{K, N};
+      const auto a = random_tensor<T, 2>(as), b = random_tensor<T, 2>(bs), g = random_tensor<T, 2>({M, N});
+      auto ga = precis::host_tensor<T, 2>::from_shape(as);
+      auto gb = precis::host_tensor<T, 2>::from_shape(bs);
+      precis::gemm_backward<P>(cpu, a, b, g, ga, gb, o);
+      auto dga = poisoned<T, 2>(as), dgb = poisoned<T, 2>(bs);
+      precis::gemm_backward<P>(ctx, precis::to_device(a), precis::to_device(b), precis::to_device(g), dga, dgb, o);
+      const std::string w = " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb);
+      compare("gemm_backward da" + w, ctx, dga, ga);
+      compare("gemm_backward db" + w, ctx, dgb, gb);
+    }
+  }
   // Shapes are checked before any launch.
+  {
+    auto ga = poisoned<T, 2>({M, K}), gb = poisoned<T, 2>({K, N + 1});
+    expect_error("gemm_backward shape",
+                 [&] {
+                   precis::gemm_backward<P>(ctx, precis::to_device(random_tensor<T, 2>({M, K})),
+                                            precis::to_device(random_tensor<T, 2>({K, N})),
+                                            precis::to_device(random_tensor<T, 2>({M, N})), ga, gb);
+                 },
+                 "precis::gemm_backward: db");
+  }
   auto wrong = poisoned<T, 2>({M, N + 1});
   expect_error("gemm shape", [&] { precis::gemm<P>(ctx, precis::to_device(random_tensor<T, 2>({M, K})),
                                                    precis::to_device(random_tensor<T, 2>({K, N})), wrong); },
@@ -291,6 +318,12 @@ void check_conv(precis::cuda_context& ctx, const precis::cpu_context& cpu) {
     auto dgw = poisoned<T, 4>(ws);
     precis::conv2d_backward_weights<P>(ctx, dx_, ddy, dgw, p);
     compare("conv2d_backward_weights" + n, ctx, dgw, gw, conv_bound);
+    // Both in one call: the bits of the two calls above.
+    auto both_x = poisoned<T, 4>(xs), both_w = poisoned<T, 4>(ws);
+    precis::conv2d_backward<P>(ctx, dx_, ddy, dw_, both_x, both_w, p);
+    expect(same_bits(ctx, both_x, precis::to_host(dgx, ctx.stream())) &&
+               same_bits(ctx, both_w, precis::to_host(dgw, ctx.stream())),
+           "conv2d_backward: the bits of backward_data and backward_weights" + n);
   }
   // Transposed convolutions (DBNet's upsampling head), with output_padding, in all passes.
   for (const case_& k : {case_{2, 16, 8, 9, 8, 2, 2, 0, 1, 1}, case_{2, 12, 7, 7, 6, 3, 2, 1, 1, 3}}) {
@@ -321,6 +354,11 @@ void check_conv(precis::cuda_context& ctx, const precis::cpu_context& cpu) {
     auto dgw = poisoned<T, 4>(ws);
     precis::conv_transpose2d_backward_weights<P>(ctx, dx_, ddy, dgw, p);
     compare("conv_transpose2d_backward_weights" + n, ctx, dgw, gw, conv_bound);
+    auto both_x = poisoned<T, 4>(xs), both_w = poisoned<T, 4>(ws);
+    precis::conv_transpose2d_backward<P>(ctx, dx_, ddy, dw_, both_x, both_w, p);
+    expect(same_bits(ctx, both_x, precis::to_host(dgx, ctx.stream())) &&
+               same_bits(ctx, both_w, precis::to_host(dgw, ctx.stream())),
+           "conv_transpose2d_backward: the bits of its two passes" + n);
   }
   // Empty sums: no images (the weight gradient is zero) and no input channels (y is zero).
   {

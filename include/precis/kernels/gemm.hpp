@@ -441,6 +441,49 @@ inline std::string cpu_float_products_engine() {
 #endif
 }
 
+namespace detail {
+
+/// gemm_backward's two products for c = alpha op(a) op(b) (M x N, inner K; options `o`),
+/// each one call raw(m, n, k, left, left_rs, left_cs, right, right_rs, right_cs, out, ldo) of
+/// a gemm_raw (host or device): dA = alpha dC op(B)^T and dB = alpha op(A)^T dC, each written
+/// in its operand's layout (stored transposed where the operand is). Host and device
+/// gemm_backward share it.
+template <class TA, class TB, class TG, class TDA, class TDB, class Raw>
+void gemm_backward_products(std::size_t M, std::size_t N, std::size_t K, const gemm_options& o,
+                            const TA* a, const TB* b, const TG* dc, TDA* da, TDB* db, Raw&& raw) {
+  // Element (i, k) of the logical product; strides say where operands and result live.
+  const std::size_t brs = o.trans_b ? 1 : N, bcs = o.trans_b ? K : 1;  // B(k, j)
+  const std::size_t ars = o.trans_a ? 1 : K, acs = o.trans_a ? M : 1;  // A(i, k)
+  if (!o.trans_a) {
+    // da[i][k] = sum_j dc[i][j] * B(k, j): left dc (M x N), right B^T (N x K).
+    raw(M, K, N, dc, N, 1, b, bcs, brs, da, K);
+  } else {
+    // da[k][i] = sum_j B(k, j) * dc[i][j]: left B (K x N), right dc^T (N x M).
+    raw(K, M, N, b, brs, bcs, dc, 1, N, da, M);
+  }
+  if (!o.trans_b) {
+    // db[k][j] = sum_i A(i, k) * dc[i][j]: left A^T (K x M), right dc (M x N).
+    raw(K, N, M, a, acs, ars, dc, N, 1, db, N);
+  } else {
+    // db[j][k] = sum_i dc[i][j] * A(i, k): left dc^T (N x M), right A (M x K).
+    raw(N, K, M, dc, 1, N, a, ars, acs, db, K);
+  }
+}
+
+/// gemm_backward's checks (host and device tensors): the forward product's shapes, and dc,
+/// da and db shaped as c, a and b. Returns (M, N, K).
+template <class A, class B, class G, class DA, class DB>
+std::array<std::size_t, 3> check_gemm_backward(const A& a, const B& b, const G& dc, const DA& da,
+                                               const DB& db, const gemm_options& o) {
+  const auto mnk = check_gemm("precis::gemm_backward", a, b, o, 0);
+  check_shape("precis::gemm_backward: dc", dc, dims2(mnk[0], mnk[1]));
+  check_shape("precis::gemm_backward: da", da, shape_array<2>(a));
+  check_shape("precis::gemm_backward: db", db, shape_array<2>(b));
+  return mnk;
+}
+
+}  // namespace detail
+
 /// The backward pass of c = alpha * op(a) op(b) (options `o` as in the forward call; the
 /// epilogue's derivative and the bias gradient are the caller's, e.g. precis::relu_backward
 /// and a column sum): da = dL/da and db = dL/db, each shaped as its operand and rounded
@@ -451,35 +494,18 @@ void gemm_backward(const cpu_context& ctx, const host_tensor<TA, 2>& a, const ho
                    const gemm_options& o = {}) {
   detail::check_gemm_types<op::matmul, P, TA, TG, TDA>();
   detail::check_gemm_types<op::matmul, P, TB, TG, TDB>();
-  const auto mnk = detail::check_gemm("precis::gemm_backward", a, b, o, 0);
-  const std::size_t M = mnk[0], N = mnk[1], K = mnk[2];
-  check_shape("precis::gemm_backward: dc", dc, detail::dims2(M, N));
-  check_shape("precis::gemm_backward: da", da, detail::shape_array<2>(a));
-  check_shape("precis::gemm_backward: db", db, detail::shape_array<2>(b));
+  const auto mnk = detail::check_gemm_backward(a, b, dc, da, db, o);
   gemm_options g;
   g.alpha = o.alpha;
-  // dA(M x K) = dC B^T; stored transposed (K x M) when trans_a: dA^T = B dC^T.
-  // Element (i, k) of the logical product; strides say where operands and result live.
-  const std::size_t brs = o.trans_b ? 1 : N, bcs = o.trans_b ? K : 1;  // B(k, j)
-  const std::size_t ars = o.trans_a ? 1 : K, acs = o.trans_a ? M : 1;  // A(i, k)
-  if (!o.trans_a) {
-    // da[i][k] = sum_j dc[i][j] * B(k, j): left dc (M x N), right B^T (N x K).
-    detail::gemm_raw<op::matmul, P>(ctx, M, K, N, dc.data(), N, 1, b.data(), bcs, brs, da.data(),
-                                    K, static_cast<const TDA*>(nullptr), g);
-  } else {
-    // da[k][i] = sum_j B(k, j) * dc[i][j]: left B (K x N), right dc^T (N x M).
-    detail::gemm_raw<op::matmul, P>(ctx, K, M, N, b.data(), brs, bcs, dc.data(), 1, N, da.data(),
-                                    M, static_cast<const TDA*>(nullptr), g);
-  }
-  if (!o.trans_b) {
-    // db[k][j] = sum_i A(i, k) * dc[i][j]: left A^T (K x M), right dc (M x N).
-    detail::gemm_raw<op::matmul, P>(ctx, K, N, M, a.data(), acs, ars, dc.data(), N, 1, db.data(),
-                                    N, static_cast<const TDB*>(nullptr), g);
-  } else {
-    // db[j][k] = sum_i dc[i][j] * A(i, k): left dc^T (N x M), right A (M x K).
-    detail::gemm_raw<op::matmul, P>(ctx, N, K, M, dc.data(), 1, N, a.data(), ars, acs, db.data(),
-                                    K, static_cast<const TDB*>(nullptr), g);
-  }
+  detail::gemm_backward_products(
+      mnk[0], mnk[1], mnk[2], o, a.data(), b.data(), dc.data(), da.data(), db.data(),
+      [&](std::size_t m, std::size_t n, std::size_t k, const auto* l, std::size_t lrs,
+          std::size_t lcs, const auto* r, std::size_t rrs, std::size_t rcs, auto* out,
+          std::size_t ldo) {
+        using TO = std::remove_pointer_t<decltype(out)>;
+        detail::gemm_raw<op::matmul, P>(ctx, m, n, k, l, lrs, lcs, r, rrs, rcs, out, ldo,
+                                        static_cast<const TO*>(nullptr), g);
+      });
 }
 
 }  // namespace precis

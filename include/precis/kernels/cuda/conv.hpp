@@ -323,6 +323,39 @@ void conv_transpose2d_backward_weights(cuda_context& ctx, const device_tensor<T,
   conv2d_backward_weights<P>(ctx, dy, x, dw, detail::adjoint_params(p));
 }
 
+/// dx and dw of y = conv2d(x, w) from dy in one call, on the device: conv2d_backward_data's
+/// dx and conv2d_backward_weights's dw (see the host conv2d_backward). Every shape is checked
+/// before anything is queued.
+template <Policy P, class T>
+void conv2d_backward(cuda_context& ctx, const device_tensor<T, 4>& x, const device_tensor<T, 4>& dy,
+                     const device_tensor<T, 4>& w, device_tensor<T, 4>& dx, device_tensor<T, 4>& dw,
+                     const conv2d_params& p = {}) {
+  detail::check_conv_types<P, T, T, T>();
+  const auto g = detail::conv_geometry_of("precis::conv2d_backward", x, w, p);
+  check_shape("precis::conv2d_backward: dy", dy, g.y_shape());
+  check_shape("precis::conv2d_backward: dx", dx, g.x_shape());
+  check_shape("precis::conv2d_backward: dw", dw, detail::shape_array<4>(w));
+  conv2d_backward_data<P>(ctx, dy, w, dx, p);
+  conv2d_backward_weights<P>(ctx, x, dy, dw, p);
+}
+
+/// dx and dw of y = conv_transpose2d(x, w) (same `p`) in one call, on the device:
+/// conv_transpose2d_backward_data's dx and conv_transpose2d_backward_weights's dw. Every
+/// shape is checked before anything is queued.
+template <Policy P, class T>
+void conv_transpose2d_backward(cuda_context& ctx, const device_tensor<T, 4>& x,
+                               const device_tensor<T, 4>& dy, const device_tensor<T, 4>& w,
+                               device_tensor<T, 4>& dx, device_tensor<T, 4>& dw,
+                               const conv2d_params& p = {}) {
+  detail::check_conv_types<P, T, T, T>();
+  // The convolution dy -> x (transpose_geometry checks x, w, p and dy's shape).
+  (void)detail::transpose_geometry("precis::conv_transpose2d_backward", x, w, dy, p);
+  check_shape("precis::conv_transpose2d_backward: dx", dx, detail::shape_array<4>(x));
+  check_shape("precis::conv_transpose2d_backward: dw", dw, detail::shape_array<4>(w));
+  conv_transpose2d_backward_data<P>(ctx, dy, w, dx, p);
+  conv_transpose2d_backward_weights<P>(ctx, x, dy, dw, p);
+}
+
 }  // namespace precis
 
 #endif

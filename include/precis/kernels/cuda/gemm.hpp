@@ -189,6 +189,29 @@ void gemm(cuda_context& ctx, const device_tensor<TA, 3>& a, const device_tensor<
       ctx, batch, M, N, K, a.data(), b.data(), static_cast<const TC*>(nullptr), c.data(), o);
 }
 
+/// The backward pass of c = alpha op(a) op(b) on the device (see the host gemm_backward):
+/// da and db, each shaped as its operand, by two cuBLASLt products, each rounded once. Every
+/// shape is checked before anything is queued.
+template <Policy P, class TA, class TB, class TG, class TDA, class TDB>
+void gemm_backward(cuda_context& ctx, const device_tensor<TA, 2>& a, const device_tensor<TB, 2>& b,
+                   const device_tensor<TG, 2>& dc, device_tensor<TDA, 2>& da,
+                   device_tensor<TDB, 2>& db, const gemm_options& o = {}) {
+  detail::check_gemm_types<op::matmul, P, TA, TG, TDA>();
+  detail::check_gemm_types<op::matmul, P, TB, TG, TDB>();
+  const auto mnk = detail::check_gemm_backward(a, b, dc, da, db, o);
+  gemm_options g;
+  g.alpha = o.alpha;
+  detail::gemm_backward_products(
+      mnk[0], mnk[1], mnk[2], o, a.data(), b.data(), dc.data(), da.data(), db.data(),
+      [&](std::size_t m, std::size_t n, std::size_t k, const auto* l, std::size_t lrs,
+          std::size_t lcs, const auto* r, std::size_t rrs, std::size_t rcs, auto* out,
+          std::size_t ldo) {
+        using TO = std::remove_pointer_t<decltype(out)>;
+        detail::gemm_raw<op::matmul, P>(ctx, m, n, k, l, lrs, lcs, r, rrs, rcs, out, ldo,
+                                        static_cast<const TO*>(nullptr), g);
+      });
+}
+
 }  // namespace precis
 
 #endif
