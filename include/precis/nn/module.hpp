@@ -16,11 +16,10 @@
 ///     backward(context_ref_t<context_type>, const tensor<output_grad_type, output_rank>&)
 ///         -> const tensor<input_grad_type, input_rank>&
 ///     backward_parameters(ctx, dy) (optional)   backward() without the input gradient
-///     output_shape(const shape_t<input_rank>&, std::string_view path) const ->
-///     shape_t<output_rank> output_shape(in, path, mode) (optional)   the same, with the rules of
-///     that mode as well
-///         (composites pass it to their children; batch norm refuses one value per channel in
-///         training): nn::model::forward checks every layer's shape so before any layer runs
+///     output_shape(const shape_t<input_rank>&, std::string_view path) const -> shape_t<output_rank>
+///     output_shape(in, path, mode) (optional)   the same, with that mode's rules as well
+///         (composites pass the mode to their children; batch norm refuses one value per
+///         channel in training): nn::model::forward checks every layer so before any runs
 ///     std::string_view name() const          its component of a path ("": its position)
 ///     std::size_t own_bytes() const          bytes of the buffers it holds itself
 ///
