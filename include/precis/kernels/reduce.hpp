@@ -181,13 +181,6 @@ inline plane_axes plane_axes_of(const std::array<std::size_t, 4>& s, image_layou
   if (layout == image_layout::nhwc) return {s[0], s[1] * s[2], s[3]};
   return {s[0] * s[1], s[2] * s[3], 1};
 }
-/// The shape of a rank-4 tensor (host or device) as an array.
-template <class X>
-std::array<std::size_t, 4> image_shape(const X& x) {
-  std::array<std::size_t, 4> s{};
-  for (std::size_t i = 0; i < 4; ++i) s[i] = std::size_t(x.shape()[i]);
-  return s;
-}
 /// The images' shape read as [N, C, H, W] (channels-last [N, H, W, C] reordered).
 inline std::array<std::size_t, 4> images_as_nchw(const std::array<std::size_t, 4>& s,
                                                  image_layout layout) {
@@ -201,7 +194,7 @@ inline std::array<std::size_t, 4> images_as_nchw(const std::array<std::size_t, 4
 template <class Images, class Pooled>
 void check_global_avg_pool(std::string_view name, std::string_view images, const Images& x,
                            std::string_view pooled, const Pooled& y, image_layout layout) {
-  const auto nchw = images_as_nchw(image_shape(x), layout);
+  const auto nchw = images_as_nchw(shape_array<4>(x), layout);
   if (nchw[2] * nchw[3] == 0) {
     throw error(std::string(name) + ": " + std::string(images) + " has planes of no pixel (shape " +
                 shape_string(x.shape()) + ")");
@@ -228,7 +221,7 @@ template <Policy P, kernel_element T, kernel_element U>
 void global_avg_pool(const cpu_context& ctx, const host_tensor<T, 4>& x, host_tensor<U, 2>& y,
                      image_layout layout = image_layout::nchw) {
   detail::check_global_avg_pool("precis::global_avg_pool", "x", x, "y", y, layout);
-  const auto a = detail::plane_axes_of(detail::image_shape(x), layout);
+  const auto a = detail::plane_axes_of(detail::shape_array<4>(x), layout);
   using M = detail::math_t<op::reduction, P, T>;
   using Red = detail::mean_reducer<M, detail::accumulate_t<op::reduction, P>,
                                    detail::reduce_result_t<P, T>>;
@@ -243,7 +236,7 @@ template <Policy P, kernel_element G, kernel_element U>
 void global_avg_pool_backward(const cpu_context& ctx, const host_tensor<G, 2>& dy,
                               host_tensor<U, 4>& dx, image_layout layout = image_layout::nchw) {
   detail::check_global_avg_pool("precis::global_avg_pool_backward", "dx", dx, "dy", dy, layout);
-  const auto a = detail::plane_axes_of(detail::image_shape(dx), layout);
+  const auto a = detail::plane_axes_of(detail::shape_array<4>(dx), layout);
   using M = detail::math_t<op::reduction, P, G>;
   const G* g = dy.data();
   U* out = dx.data();

@@ -1126,27 +1126,23 @@ requires(N >= 1) void l2_norm(cuda_context& ctx, const device_tensor<T, N>& x, s
 
 namespace detail::cuda {
 
-/// The plane (n C + c) that element i of an image tensor lies in, by multiplications, for
-/// tensors of fewer than 2^32 elements: NCHW i / (H W); channels-last (i / (H W C)) C + i % C.
+/// The plane (n C + c) that element i of an image tensor lies in, (i / image) C + i % C, by
+/// multiplications, for tensors of fewer than 2^32 elements: image = H W C channels-last; for
+/// NCHW image = H W and C is taken as 1 (plane_axes' inner), which gives i / (H W).
 struct mean_plane_index {
   using index_type = std::uint32_t;
-  fast_divmod by_image;     ///< H W (NCHW), H W C (channels-last)
-  fast_divmod by_channels;  ///< C (channels-last)
-  bool last = false;        ///< channels-last
+  fast_divmod by_image;     ///< H W C (channels-last), H W (NCHW)
+  fast_divmod by_channels;  ///< C (channels-last), 1 (NCHW)
   __device__ std::size_t plane(std::uint32_t i) const {
-    if (!last) return by_image.div(i);
     return std::size_t(by_image.div(i)) * by_channels.divisor + by_channels.mod(i);
   }
 };
 /// mean_plane_index in 64 bits, by divisions: for larger tensors, the same planes.
 struct wide_mean_plane_index {
   using index_type = std::size_t;
-  std::size_t image;     ///< H W (NCHW), H W C (channels-last)
-  std::size_t channels;  ///< C (channels-last)
-  bool last = false;     ///< channels-last
-  __device__ std::size_t plane(std::size_t i) const {
-    return last ? i / image * channels + i % channels : i / image;
-  }
+  std::size_t image;     ///< H W C (channels-last), H W (NCHW)
+  std::size_t channels;  ///< C (channels-last), 1 (NCHW)
+  __device__ std::size_t plane(std::size_t i) const { return i / image * channels + i % channels; }
 };
 
 /// dx[i] = mean_share(dy[plane of i], pixels): global_avg_pool's backward pass, an element a
@@ -1170,7 +1166,7 @@ template <Policy P, kernel_element T, kernel_element U>
 void global_avg_pool(cuda_context& ctx, const device_tensor<T, 4>& x, device_tensor<U, 2>& y,
                      image_layout layout = image_layout::nchw) {
   detail::check_global_avg_pool("precis::global_avg_pool", "x", x, "y", y, layout);
-  const auto a = detail::plane_axes_of(detail::image_shape(x), layout);
+  const auto a = detail::plane_axes_of(detail::shape_array<4>(x), layout);
   detail::cuda::launch_reduce_axis<detail::cuda::reduce_kind::mean, P>(
       "precis::global_avg_pool", ctx, x.data(), a.outer, a.count, a.inner, y.data());
 }
@@ -1182,11 +1178,10 @@ template <Policy P, kernel_element G, kernel_element U>
 void global_avg_pool_backward(cuda_context& ctx, const device_tensor<G, 2>& dy,
                               device_tensor<U, 4>& dx, image_layout layout = image_layout::nchw) {
   detail::check_global_avg_pool("precis::global_avg_pool_backward", "dx", dx, "dy", dy, layout);
-  const auto a = detail::plane_axes_of(detail::image_shape(dx), layout);
+  const auto a = detail::plane_axes_of(detail::shape_array<4>(dx), layout);
   const std::size_t n = dx.size();
   if (n == 0) return;
   using M = detail::math_t<op::reduction, P, G>;
-  const bool last = layout == image_layout::nhwc;
   const std::size_t image = a.count * a.inner;  // pixels (NCHW: inner = 1), or pixels x channels
   const auto launch = [&](auto ix) {
     detail::cuda::global_avg_pool_backward_kernel<M>
@@ -1194,9 +1189,9 @@ void global_avg_pool_backward(cuda_context& ctx, const device_tensor<G, 2>& dy,
   };
   if (n <= std::size_t(UINT32_MAX) && detail::fast_divmod::fits(image)) {
     launch(detail::cuda::mean_plane_index{detail::fast_divmod(std::uint32_t(image)),
-                                          detail::fast_divmod(std::uint32_t(a.inner)), last});
+                                          detail::fast_divmod(std::uint32_t(a.inner))});
   } else {
-    launch(detail::cuda::wide_mean_plane_index{image, a.inner, last});
+    launch(detail::cuda::wide_mean_plane_index{image, a.inner});
   }
   check(cudaGetLastError(), "precis::global_avg_pool_backward");
 }
