@@ -1,5 +1,7 @@
 // The device kernels with the CPU kernels' calls (gemm with every transpose and epilogue,
-// batched; elementwise, softmax, layer norm, convolution and transposed convolution) against the CPU kernels on the same random inputs: max |device -
+// batched; elementwise with the broadcast gradients and gelu_with_derivative; softmax,
+// log-softmax and logsumexp; layer norm, convolution and transposed convolution) against
+// the CPU kernels on the same random inputs: max |device -
 // host| / max |host| within the output type's bound (one rounding of each, plus float
 // arithmetic in another order and the device's libm). Outputs are poisoned with NaN before
 // each call. Shape errors are thrown before anything is launched. Exits 77 (skipped) where
@@ -19,6 +21,8 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <utility>
 
 namespace {
@@ -132,6 +136,82 @@ void check_gemm(precis::cuda_context& ctx, const precis::cpu_context& cpu) {
                "precis::gemm: c");
 }
 
+// add_backward and mul_backward: da has the host's bits (one product or copy an element);
+// db of a broadcast b is a column sum over a's leading axes, in another order than the
+// host's (within bounds), for b of rank 1 and 2; db of a b of a's shape has the host's bits.
+template <class P, class T>
+void check_broadcast_backward(precis::cuda_context& ctx, const precis::cpu_context& cpu,
+                              const std::array<std::size_t, 3> shape) {
+  const auto a = random_tensor<T, 3>(shape, 3.0F);
+  const auto dy = random_tensor<T, 3>(shape);
+  const auto b1 = random_tensor<T, 1>({shape[2]});
+  const auto b2 = random_tensor<T, 2>({shape[1], shape[2]});
+  const auto d_a = precis::to_device(a), d_dy = precis::to_device(dy);
+  auto da = precis::host_tensor<T, 3>::from_shape(shape);
+  const auto run = [&](const std::string& what, const auto& b) {
+    constexpr std::size_t K = std::tuple_size_v<std::remove_cvref_t<decltype(b.shape())>>;
+    std::array<std::size_t, K> bs{};
+    for (std::size_t i = 0; i < K; ++i) bs[i] = b.shape()[i];
+    auto db = precis::host_tensor<T, K>::from_shape(bs);
+    const auto d_b = precis::to_device(b);
+    auto d_da = poisoned<T, 3>(shape);
+    auto d_db = poisoned<T, K>(bs);
+    precis::add_backward<P>(cpu, dy, da, db);
+    precis::add_backward<P>(ctx, d_dy, d_da, d_db);
+    expect(same_bits(ctx, d_da, da), "add_backward da, " + what);
+    if constexpr (K == 3) {
+      expect(same_bits(ctx, d_db, db), "add_backward db, " + what);
+    } else {
+      compare("add_backward db, " + what, ctx, d_db, db);
+    }
+    precis::mul_backward<P>(cpu, dy, a, b, da, db);
+    d_da = poisoned<T, 3>(shape);
+    d_db = poisoned<T, K>(bs);
+    precis::mul_backward<P>(ctx, d_dy, d_a, d_b, d_da, d_db);
+    expect(same_bits(ctx, d_da, da), "mul_backward da, " + what);
+    if constexpr (K == 3) {
+      expect(same_bits(ctx, d_db, db), "mul_backward db, " + what);
+    } else {
+      compare("mul_backward db, " + what, ctx, d_db, db);
+    }
+  };
+  run("b of rank 1", b1);
+  run("b of rank 2", b2);
+  run("b of a's shape", random_tensor<T, 3>(shape));
+  auto d_da = poisoned<T, 3>(shape);
+  auto wrong = poisoned<T, 1>({shape[2] - 1});
+  expect_error("add_backward shape", [&] { precis::add_backward<P>(ctx, d_dy, d_da, wrong); }, "suffix");
+  expect_error("mul_backward shape",
+               [&] { precis::mul_backward<P>(ctx, d_dy, d_a, precis::to_device(b1), d_da, wrong); },
+               "precis::mul_backward: db");
+}
+
+// gelu_with_derivative on the device: y has the device gelu's bits, dy * d (precis::mul)
+// the device gelu_backward's, and d is within bounds of the host's factor.
+template <class P, class T>
+void check_gelu_with_derivative(precis::cuda_context& ctx, const precis::cpu_context& cpu,
+                                const std::array<std::size_t, 3> shape) {
+  const auto x = random_tensor<T, 3>(shape, 3.0F);
+  const auto dy = random_tensor<T, 3>(shape);
+  const auto d_x = precis::to_device(x), d_dy = precis::to_device(dy);
+  auto y = poisoned<T, 3>(shape), ref = poisoned<T, 3>(shape);
+  auto d = poisoned<float, 3>(shape);
+  precis::gelu_with_derivative<P>(ctx, d_x, y, d);
+  precis::gelu<P>(ctx, d_x, ref);
+  expect(same_bits(ctx, y, precis::to_host(ref, ctx.stream())), "gelu_with_derivative: gelu's bits");
+  precis::mul<P>(ctx, d_dy, d, y);
+  precis::gelu_backward<P>(ctx, d_dy, d_x, ref);
+  expect(same_bits(ctx, y, precis::to_host(ref, ctx.stream())),
+         "gelu_with_derivative: dy * d is gelu_backward's bits");
+  auto hy = precis::host_tensor<T, 3>::from_shape(shape);
+  auto hd = precis::host_tensor<float, 3>::from_shape(shape);
+  precis::gelu_with_derivative<P>(cpu, x, hy, hd);
+  compare("gelu_with_derivative d", ctx, d, hd);
+  auto wrong = poisoned<float, 3>({shape[0], shape[1], shape[2] + 1});
+  expect_error("gelu_with_derivative shape", [&] { precis::gelu_with_derivative<P>(ctx, d_x, y, wrong); },
+               "precis::gelu_with_derivative: d");
+}
+
 // Packed (16-byte) accesses: {5, 37, 29} ends in a partial pack and broadcasts b an element at
 // a time (29 is no multiple of a pack); {6, 7, 64} is whole packs, b's packs read whole.
 template <class P, class T>
@@ -171,6 +251,8 @@ void check_elementwise(precis::cuda_context& ctx, const precis::cpu_context& cpu
   compare("mul", ctx, dy_out, y);
   const auto wrong_b = precis::to_device(random_tensor<T, 1>({shape[2] - 1}));
   expect_error("add shape", [&] { precis::add<P>(ctx, dx_, wrong_b, dy_out); }, "suffix");
+  check_broadcast_backward<P, T>(ctx, cpu, shape);
+  check_gelu_with_derivative<P, T>(ctx, cpu, shape);
 }
 
 template <class P, class T>
@@ -209,7 +291,49 @@ void check_softmax(precis::cuda_context& ctx, const precis::cpu_context& cpu) {
     dg = poisoned<T, 2>(shape);
     precis::log_softmax_backward<P>(ctx, ddy, precis::to_device(y), dg);
     compare("log_softmax_backward" + n, ctx, dg, g);
+    auto l = precis::host_tensor<T, 1>::from_shape({rows});
+    precis::logsumexp<P>(cpu, x, l);
+    auto dl = poisoned<T, 1>({rows});
+    precis::logsumexp<P>(ctx, dx_, dl);
+    compare("logsumexp" + n, ctx, dl, l);
+    const auto gl = random_tensor<T, 1>({rows});
+    precis::logsumexp_backward<P>(cpu, gl, x, l, g);
+    dg = poisoned<T, 2>(shape);
+    precis::logsumexp_backward<P>(ctx, precis::to_device(gl), dx_, precis::to_device(l), dg);
+    compare("logsumexp_backward" + n, ctx, dg, g);
   }
+  // logsumexp's special rows, against the host's values: an infinite maximum (+inf, and a
+  // row all -inf) is the row's value, NaN wins over +inf, and rows of no column are -inf
+  // (the block kernel beyond 8192 columns, as every row of no column takes).
+  for (const std::size_t cols : {std::size_t(5), std::size_t(8200)}) {
+    auto x = precis::host_tensor<T, 2>::from_shape({3, cols});
+    for (auto& v : x) v = T(1.0F);
+    x(0, 2) = T(INFINITY);
+    for (std::size_t j = 0; j < cols; ++j) x(1, j) = T(-INFINITY);
+    x(2, 1) = T(INFINITY);
+    x(2, 3) = T(NAN);
+    auto l = precis::host_tensor<T, 1>::from_shape({3});
+    precis::logsumexp<P>(cpu, x, l);
+    auto dl = poisoned<T, 1>({3});
+    precis::logsumexp<P>(ctx, precis::to_device(x), dl);
+    const auto got = precis::to_host(dl, ctx.stream());
+    const double g0 = double(got(0)), g1 = double(got(1)), g2 = double(got(2));
+    expect(g0 == INFINITY && double(l(0)) == INFINITY, "logsumexp of a row holding +inf");
+    expect(g1 == -INFINITY && double(l(1)) == -INFINITY, "logsumexp of a row of -inf");
+    expect(std::isnan(g2) && std::isnan(double(l(2))), "logsumexp of a row holding NaN and +inf");
+  }
+  {
+    auto dl = poisoned<T, 1>({4});
+    precis::logsumexp<P>(ctx, poisoned<T, 2>({4, 0}), dl);
+    const auto got = precis::to_host(dl, ctx.stream());
+    bool ok = true;
+    for (const auto v : got) ok &= double(v) == -INFINITY;
+    expect(ok, "logsumexp of rows of no column is -inf");
+  }
+  auto short_l = poisoned<T, 1>({6});
+  expect_error("logsumexp shape",
+               [&] { precis::logsumexp<P>(ctx, precis::to_device(random_tensor<T, 2>({7, 10})), short_l); },
+               "precis::logsumexp: out");
   auto small = poisoned<T, 2>({7, 9});
   expect_error("softmax shape",
                [&] { precis::softmax<P>(ctx, precis::to_device(random_tensor<T, 2>({7, 10})), small); },

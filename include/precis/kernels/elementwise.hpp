@@ -29,6 +29,7 @@
 #include <numbers>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -44,13 +45,17 @@ enum class gelu_approximation { none, tanh };
 namespace detail {
 
 /// Throws precis::error unless `b`'s shape is `a`'s shape or a suffix of it (b broadcast
-/// over a's leading axes, as a bias is).
-template <class A, std::size_t N, class B, std::size_t M>
-void check_suffix_shape(std::string_view what, const host_tensor<A, N>& a,
-                        const host_tensor<B, M>& b, std::string_view operand = "b") {
+/// over a's leading axes, as a bias is). Host or device tensors alike: the device's
+/// broadcasting kernels (kernels/cuda/elementwise.hpp) check with it too.
+template <class TA, class TB>
+void check_suffix_shape(std::string_view what, const TA& a, const TB& b,
+                        std::string_view operand = "b") {
+  constexpr std::size_t N = std::tuple_size_v<std::remove_cvref_t<decltype(a.shape())>>;
+  constexpr std::size_t M = std::tuple_size_v<std::remove_cvref_t<decltype(b.shape())>>;
   static_assert(M <= N, "precis: the broadcast operand b must not have a higher rank than a");
   bool ok = true;
-  for (std::size_t i = 0; ok && i < M; ++i) ok = b.shape()[i] == a.shape()[N - M + i];
+  for (std::size_t i = 0; ok && i < M; ++i)
+    ok = std::size_t(b.shape()[i]) == std::size_t(a.shape()[N - M + i]);
   if (!ok) {
     throw error(std::string(what) + ": " + std::string(operand) + " has shape " + shape_string(b.shape()) +
                 ", expected a's shape " + shape_string(a.shape()) + " or a suffix of it");

@@ -127,30 +127,66 @@ void unary_backward(std::string_view name, cuda_context& ctx, const device_tenso
                    pack_aligned<V>(dy.data(), x.data(), dx.data()), name);
 }
 
+/// Launches out[i] = Op(a[i], b[i % nb]) in M for i < n on ctx's stream (binary_body), n a
+/// multiple of nb; shapes are the caller's to check.
+template <class M, template <class> class Op, class A, class B, class Out>
+void launch_binary(std::string_view name, cuda_context& ctx, const A* a, std::size_t n, const B* b,
+                   std::size_t nb, Out* out) {
+  if (n == 0) return;
+  // fast_divmod takes divisors up to 2^31; a b that large is a's own size (nb == n).
+  const fast_divmod fb(fast_divmod::fits(nb) ? std::uint32_t(nb) : 1U);
+  constexpr int V = pack_width<A, B, Out>;
+  // b's packs never wrap: nb is a multiple of the pack, or b is a's size (a pack of b at i).
+  const bool b_packed = (nb == n || nb % V == 0) && pack_aligned<V>(b);
+  launch_packed<V>(ctx.stream(), binary_body<M, Op<M>, A, B, Out>{a, b, out, n, nb, fb, b_packed},
+                   n, pack_aligned<V>(a, out), name);
+}
+
 template <Policy P, template <class> class Op, class A, std::size_t N, class B, std::size_t K,
           class Out>
 void binary(std::string_view name, cuda_context& ctx, const device_tensor<A, N>& a,
             const device_tensor<B, K>& b, device_tensor<Out, N>& out) {
-  static_assert(K <= N, "precis: a broadcast operand has at most the other's rank");
-  using M = math_t<op::elementwise, P, A, B>;
-  // b's shape must be a suffix of a's (as on the host).
-  bool suffix = true;
-  for (std::size_t i = 0; i < K; ++i) suffix &= b.shape()[i] == a.shape()[N - K + i];
-  if (!suffix) {
-    throw error(std::string(name) + ": b has shape " + shape_string(b.shape()) +
-                ", expected a's shape " + shape_string(a.shape()) + " or a suffix of it");
-  }
+  check_suffix_shape(name, a, b);
   check_shape(std::string(name) + ": out", out, a.shape());
-  const std::size_t n = a.size(), nb = b.size();
-  if (n == 0) return;
-  // fast_divmod takes divisors up to 2^31; a b that large is a's own shape (nb == n).
-  const fast_divmod fb(fast_divmod::fits(nb) ? std::uint32_t(nb) : 1U);
-  constexpr int V = pack_width<A, B, Out>;
-  // b's packs never wrap: nb is a multiple of the pack, or b is a's size (a pack of b at i).
-  const bool b_packed = (nb == n || nb % V == 0) && pack_aligned<V>(b.data());
-  launch_packed<V>(ctx.stream(), binary_body<M, Op<M>, A, B, Out>{a.data(), b.data(), out.data(), n, nb, fb, b_packed},
-                   n, pack_aligned<V>(a.data(), out.data()), name);
+  launch_binary<math_t<op::elementwise, P, A, B>, Op>(name, ctx, a.data(), a.size(), b.data(),
+                                                      b.size(), out.data());
 }
+
+template <class M>
+struct identity_op {
+  __device__ M operator()(M x) const { return x; }
+};
+
+/// y = x rounded once to Y through M: the copies of add_backward.
+template <class M, class X, class Y>
+void launch_copy(std::string_view name, cuda_context& ctx, const X* x, std::size_t n, Y* y) {
+  constexpr int V = pack_width<X, Y>;
+  launch_packed<V>(ctx.stream(), unary_body<M, identity_op<M>, X, Y>{x, y}, n,
+                   pack_aligned<V>(x, y), name);
+}
+
+/// y = f(x) rounded once to Y, and d = the factor grad(1, x) that the backward functor
+/// multiplies dy by, in float (unary_with_derivative's device form).
+template <class Fn, class Grad, class X, class Y>
+struct with_derivative_body {
+  const X* x;
+  Y* y;
+  float* d;
+  template <int V>
+  __device__ void at(std::size_t i) const {
+    const auto in = load_pack<V>(x + i);
+    pack<Y, V> out;
+    pack<float, V> factor;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float v = device_load<float>(in.v[k]);
+      out.v[k] = round_to<Y>(Fn{}(v));
+      factor.v[k] = Grad{}(1.0F, v);
+    }
+    store_pack<V>(y + i, out);
+    store_pack<V>(d + i, factor);
+  }
+};
 
 }  // namespace detail::cuda
 
@@ -192,6 +228,28 @@ void gelu(cuda_context& ctx, const device_tensor<X, N>& x, device_tensor<Y, N>& 
   } else {
     detail::cuda::unary<P, detail::gelu_erf_fn>("precis::gelu", ctx, x, y);
   }
+}
+
+/// y = gelu(x) (the exact, erf form) and d = gelu'(x) in one pass on the device (see the
+/// host gelu_with_derivative): y has gelu's bits, and dy * d rounded once (precis::mul
+/// under P) has gelu_backward's, both on the device. Needs float math under P (a compile
+/// error otherwise); d must not be y; shapes are checked before anything is launched.
+template <Policy P, kernel_element X, kernel_element Y, std::size_t N>
+void gelu_with_derivative(cuda_context& ctx, const device_tensor<X, N>& x, device_tensor<Y, N>& y,
+                          device_tensor<float, N>& d) {
+  static_assert(std::is_same_v<detail::math_t<op::elementwise, P, X>, float>,
+                "precis: this function has no one-pass form with its derivative under this policy "
+                "(it needs float math and a vector form that gives the factor)");
+  check_shape("precis::gelu_with_derivative: y", y, x.shape());
+  check_shape("precis::gelu_with_derivative: d", d, x.shape());
+  constexpr int V = detail::cuda::pack_width<X, Y, float>;
+  detail::cuda::launch_packed<V>(
+      ctx.stream(),
+      detail::cuda::with_derivative_body<detail::gelu_erf_fn<float>,
+                                         detail::gelu_erf_grad_fn<float>, X, Y>{x.data(), y.data(),
+                                                                                d.data()},
+      x.size(), detail::cuda::pack_aligned<V>(x.data(), y.data(), d.data()),
+      "precis::gelu_with_derivative");
 }
 
 /// dx = dy * gelu'(x) on the device, for the same approximation as the forward pass.

@@ -1,7 +1,9 @@
 /// @file
 /// Sum, mean, max and L2 norm of device tensors, over all elements or along one axis, with the
 /// calls of kernels/reduce.hpp (a cuda_context in place of the cpu_context), and the
-/// per-channel sums of a convolution's bias gradient (conv2d_backward_bias).
+/// per-channel sums of a convolution's bias gradient (conv2d_backward_bias), and the gradients of
+/// a broadcast add and mul (add_backward, mul_backward: the broadcast operand's gradient is a
+/// column sum, so they are here rather than in kernels/cuda/elementwise.hpp).
 ///
 /// A whole-tensor reduction cannot return its value without the host waiting for the
 /// device, so on the device it writes it to a one-element device tensor (`out`, shape {1},
@@ -461,6 +463,32 @@ struct store_sums {
   template <class S>
   __device__ void operator()(std::size_t col, const S* t) const {
     out[col] = round_to<U>(R(t[0]));
+  }
+};
+
+/// mul_backward's column term: a[r * ld + col] * b[r * ld + col] in M, as the host's
+/// mul_backward forms it before adding.
+template <class M, class A, class B>
+struct product_terms {
+  const A* a;
+  const B* b;
+  std::size_t ld;
+  static constexpr int pack_elements = pack_width<A, B>;
+  __device__ term_values<M, 1> operator()(std::size_t r, std::size_t col) const {
+    return {{device_load<M>(a[r * ld + col]) * device_load<M>(b[r * ld + col])}};
+  }
+  template <int V>
+  __device__ term_values<M, V> pack(std::size_t r, std::size_t col) const {
+    const auto x = load_pack<V>(a + r * ld + col);
+    const auto y = load_pack<V>(b + r * ld + col);
+    term_values<M, V> t;
+#pragma unroll
+    for (int e = 0; e < V; ++e) t.v[e] = device_load<M>(x.v[e]) * device_load<M>(y.v[e]);
+    return t;
+  }
+  template <int V>
+  bool aligned() const {
+    return ld % V == 0 && pack_aligned<V>(a, b);
   }
 };
 
@@ -1194,6 +1222,64 @@ void global_avg_pool_backward(cuda_context& ctx, const device_tensor<G, 2>& dy,
     launch(detail::cuda::wide_mean_plane_index{image, a.inner});
   }
   check(cudaGetLastError(), "precis::global_avg_pool_backward");
+}
+
+/// Gradients of out = a + b on the device (see the host add_backward): da = dy, and db =
+/// dy where b had a's shape, else dy summed over the axes b was broadcast along: a column
+/// sum in the reduction rule's accumulate type, in column_sums' fixed order (within the
+/// float bound of a sum of that many terms of the host's row-order sum), rounded once to
+/// db's type. Shapes are checked before anything is queued.
+template <Policy P, kernel_element DY, std::size_t N, kernel_element DA, kernel_element DB,
+          std::size_t K>
+void add_backward(cuda_context& ctx, const device_tensor<DY, N>& dy, device_tensor<DA, N>& da,
+                  device_tensor<DB, K>& db) {
+  using M = detail::math_t<op::elementwise, P, DY>;
+  check_shape("precis::add_backward: da", da, dy.shape());
+  detail::check_suffix_shape("precis::add_backward", dy, db, "db");
+  const std::size_t n = dy.size(), bn = db.size();
+  if (n == 0) return;
+  if (n == bn) {
+    detail::cuda::launch_copy<M>("precis::add_backward", ctx, dy.data(), n, db.data());
+  } else {
+    using MR = detail::math_t<op::reduction, P, DY>;
+    using Acc = detail::accumulate_t<op::reduction, P>;
+    detail::cuda::column_reduce<Acc, 1>(
+        ctx, n / bn, bn, detail::cuda::matrix_terms<MR, DY>{dy.data(), bn},
+        detail::cuda::store_sums<typename accumulator<Acc>::value_type, DB>{db.data()},
+        "precis::add_backward");
+  }
+  detail::cuda::launch_copy<M>("precis::add_backward", ctx, dy.data(), n, da.data());
+}
+
+/// Gradients of out = a * b on the device (see the host mul_backward): da = dy * b (b
+/// broadcast), and db = dy * a, summed over the axes b was broadcast along as in
+/// add_backward, each product formed in the reduction's math type before it is added.
+/// Shapes are checked before anything is queued.
+template <Policy P, kernel_element DY, std::size_t N, kernel_element A, kernel_element B,
+          std::size_t K, kernel_element DA, kernel_element DB>
+void mul_backward(cuda_context& ctx, const device_tensor<DY, N>& dy, const device_tensor<A, N>& a,
+                  const device_tensor<B, K>& b, device_tensor<DA, N>& da,
+                  device_tensor<DB, K>& db) {
+  using M = detail::math_t<op::elementwise, P, DY, A, B>;
+  check_same_shape("precis::mul_backward: dy and a", dy, a);
+  detail::check_suffix_shape("precis::mul_backward", a, b);
+  check_shape("precis::mul_backward: da", da, a.shape());
+  check_shape("precis::mul_backward: db", db, b.shape());
+  const std::size_t n = a.size(), bn = b.size();
+  if (n == 0) return;
+  if (n == bn) {
+    detail::cuda::launch_binary<M, detail::cuda::mul_op>("precis::mul_backward", ctx, dy.data(), n,
+                                                         a.data(), n, db.data());
+  } else {
+    using MR = detail::math_t<op::reduction, P, DY, A>;
+    using Acc = detail::accumulate_t<op::reduction, P>;
+    detail::cuda::column_reduce<Acc, 1>(
+        ctx, n / bn, bn, detail::cuda::product_terms<MR, DY, A>{dy.data(), a.data(), bn},
+        detail::cuda::store_sums<typename accumulator<Acc>::value_type, DB>{db.data()},
+        "precis::mul_backward");
+  }
+  detail::cuda::launch_binary<M, detail::cuda::mul_op>("precis::mul_backward", ctx, dy.data(), n,
+                                                       b.data(), bn, da.data());
 }
 
 }  // namespace precis

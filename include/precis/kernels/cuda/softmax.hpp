@@ -3,10 +3,10 @@
 /// calls of kernels/softmax.hpp (a cuda_context in place of the cpu_context). Rows of up to
 /// 8192 columns are read once and held in registers (common.hpp's row_share: a warp per row
 /// up to 1024 columns, several rows per block; a block per row beyond), longer rows are read
-/// once per pass by a block each: the row's maximum is subtracted before exp (NaN wins, as on the host), the sum of exp(x - max)
-/// is kept in the policy's accumulate type (each thread's running sum, then the partial sums
-/// added in a fixed tree order), and each output is rounded once. Compiled by nvcc only (include from a
-/// .cu file).
+/// once per pass by a block each: the row's maximum is subtracted before exp (NaN wins, as on the
+/// host), the sum of exp(x - max) is kept in the policy's accumulate type (each thread's running
+/// sum, then the partial sums added in a fixed tree order), and each output is rounded once.
+/// Compiled by nvcc only (include from a .cu file). logsumexp and its backward pass are here too.
 #pragma once
 
 #include <precis/config.hpp>
@@ -17,6 +17,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace precis {
@@ -145,6 +146,75 @@ __global__ void softmax_backward_rows(const DY* dy, const Y* y, DX* dx, std::siz
   }
 }
 
+/// logsumexp's value of a row from its maximum m and the sum of exp(x - m): m itself where
+/// it is infinite (as on the host), else m + log(total).
+template <class M>
+__device__ __forceinline__ M logsumexp_of(M m, M total) {
+  return ::isinf(m) ? m : m + math::log(total);
+}
+
+/// logsumexp along rows of at most resident_row_limit columns, each read once into the row
+/// group G's registers (as softmax_resident); the group's first thread writes out[r].
+template <class G, class M, class Acc, int V, int S, class X, class Y>
+__global__ void __launch_bounds__(G::max_threads)
+    logsumexp_resident(const X* x, Y* out, std::size_t rows, std::size_t cols, bool packed) {
+  using A = typename accumulator<Acc>::value_type;
+  for_each_row_share<G, M, V, S>(x, rows, cols, packed, [&](std::size_t r, row_share<M, V, S>& s) {
+    const M m = s.template row_max<G>(cols);
+    accumulator<Acc> sum;
+    s.template each<G>(cols, [&](M& v, std::size_t) { sum.add(static_cast<A>(math::exp(v - m))); });
+    const M total = static_cast<M>(G::reduce(sum.value(), acc_add<Acc, A>{}));
+    if (G::rank() == 0) out[r] = round_to<Y>(logsumexp_of(m, total));
+  });
+}
+
+/// logsumexp along longer rows: a block per row, which reads it twice (its maximum, then
+/// the sum of exp(x - max)).
+template <class M, class Acc, class X, class Y>
+__global__ void logsumexp_rows(const X* x, Y* out, std::size_t cols) {
+  __shared__ M shared[32];
+  const X* row = x + blockIdx.x * cols;
+  M m = -static_cast<M>(INFINITY);
+  for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x)
+    m = max_nan(m, device_load<M>(row[j]));
+  m = block_reduce(m, max_nan_op<M>{}, shared);
+  accumulator<Acc> s;
+  for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    s.add(
+        static_cast<typename accumulator<Acc>::value_type>(math::exp(device_load<M>(row[j]) - m)));
+  }
+  const M total = block_sum<M>(s);
+  if (threadIdx.x == 0) out[blockIdx.x] = round_to<Y>(logsumexp_of(m, total));
+}
+
+/// dx[i] = dy[r] exp(x[i] - l[r]) in M, r the row of element i (cols a row): by fast_divmod
+/// where the element count fits 32 bits and cols fast_divmod, else by a 64-bit division.
+template <class M, class DY, class X, class L, class DX>
+struct logsumexp_backward_body {
+  const DY* dy;
+  const X* x;
+  const L* l;
+  DX* dx;
+  std::size_t cols;
+  fast_divmod fc;
+  bool fast;
+  __device__ std::size_t row(std::size_t i) const {
+    return fast ? std::size_t(fc.div(std::uint32_t(i))) : i / cols;
+  }
+  template <int V>
+  __device__ void at(std::size_t i) const {
+    const auto in = load_pack<V>(x + i);
+    pack<DX, V> out;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const std::size_t r = row(i + k);
+      out.v[k] = round_to<DX>(device_load<M>(dy[r]) *
+                              math::exp(device_load<M>(in.v[k]) - device_load<M>(l[r])));
+    }
+    store_pack<V>(dx + i, out);
+  }
+};
+
 template <op_kind Op, Policy P, bool Log, class X, class Y, std::size_t N>
 void softmax_forward(std::string_view name, cuda_context& ctx, const device_tensor<X, N>& x,
                      device_tensor<Y, N>& y) {
@@ -224,6 +294,64 @@ void log_softmax_backward(cuda_context& ctx, const device_tensor<DY, N>& dy,
                           const device_tensor<Y, N>& y, device_tensor<DX, N>& dx) {
   detail::cuda::softmax_backward<op::log_softmax, P, true>("precis::log_softmax_backward", ctx,
                                                            dy, y, dx);
+}
+
+/// out = log(sum(exp(x))) along the last axis on the device (see the host logsumexp):
+/// max + log(sum(exp(x - max))), the sum in the policy's accumulate type as softmax keeps
+/// it; a row whose maximum is infinite gives that maximum, and NaN wins. Rows of up to
+/// 8192 columns are read once (as softmax's).
+template <Policy P, kernel_element X, kernel_element Y, std::size_t N>
+requires(N >= 1) void logsumexp(cuda_context& ctx, const device_tensor<X, N>& x,
+                                device_tensor<Y, N - 1>& out) {
+  using M = detail::math_t<op::logsumexp, P, X>;
+  using Acc = detail::accumulate_t<op::logsumexp, P>;
+  detail::check_row_shape<N>("precis::logsumexp: out", x, out);
+  const auto [rows, cols] = detail::rows_and_cols(x);
+  if (rows == 0) return;
+  const auto name = "precis::logsumexp";
+  // Rows of no column take the block kernel: a maximum of -inf, which is their value (the
+  // host's).
+  if (cols != 0 && cols <= detail::resident_row_limit) {
+    constexpr int V = detail::cuda::pack_width<X>;
+    const bool packed = cols % V == 0 && detail::cuda::pack_aligned<V>(x.data());
+    detail::cuda::with_resident_rows<V>(
+        rows, cols, packed, true,
+        [&](auto group, auto slots, auto width, unsigned blocks, unsigned threads) {
+          detail::cuda::logsumexp_resident<decltype(group), M, Acc, decltype(width)::value,
+                                           decltype(slots)::value>
+              <<<blocks, threads, 0, ctx.stream()>>>(x.data(), out.data(), rows, cols, packed);
+        });
+  } else {
+    detail::cuda::logsumexp_rows<M, Acc>
+        <<<detail::cuda::row_blocks(rows, name), detail::cuda::row_threads, 0, ctx.stream()>>>(
+            x.data(), out.data(), cols);
+  }
+  check(cudaGetLastError(), name);
+}
+
+/// dx = dy * exp(x - out) along the last axis on the device (the softmax of x), from the
+/// forward input x and output out = logsumexp(x); dy has out's shape. Each element is the
+/// host's expression in the same math type, rounded once.
+template <Policy P, kernel_element DY, kernel_element X, kernel_element L, kernel_element DX,
+          std::size_t N>
+requires(N >= 1) void logsumexp_backward(cuda_context& ctx, const device_tensor<DY, N - 1>& dy,
+                                         const device_tensor<X, N>& x,
+                                         const device_tensor<L, N - 1>& out,
+                                         device_tensor<DX, N>& dx) {
+  using M = detail::math_t<op::logsumexp, P, DY, X, L>;
+  detail::check_row_shape<N>("precis::logsumexp_backward: dy", x, dy);
+  detail::check_row_shape<N>("precis::logsumexp_backward: out", x, out);
+  check_shape("precis::logsumexp_backward: dx", dx, x.shape());
+  const std::size_t n = x.size(), cols = detail::rows_and_cols(x).second;
+  if (n == 0) return;
+  const bool fast = n <= std::size_t(UINT32_MAX) && detail::fast_divmod::fits(cols);
+  constexpr int V = detail::cuda::pack_width<X, DX>;
+  detail::cuda::launch_packed<V>(ctx.stream(),
+                                 detail::cuda::logsumexp_backward_body<M, DY, X, L, DX>{
+                                     dy.data(), x.data(), out.data(), dx.data(), cols,
+                                     detail::fast_divmod(fast ? std::uint32_t(cols) : 1U), fast},
+                                 n, detail::cuda::pack_aligned<V>(x.data(), dx.data()),
+                                 "precis::logsumexp_backward");
 }
 
 }  // namespace precis
