@@ -1,7 +1,7 @@
 // The device kernels with the CPU kernels' calls (gemm with every transpose and epilogue,
 // batched; elementwise with the broadcast gradients and gelu_with_derivative; softmax,
-// log-softmax and logsumexp; layer norm, convolution and transposed convolution) against
-// the CPU kernels on the same random inputs: max |device -
+// log-softmax and logsumexp; layer norm; convolution with and without a bias, and the
+// transposed convolution) against the CPU kernels on the same random inputs: max |device -
 // host| / max |host| within the output type's bound (one rounding of each, plus float
 // arithmetic in another order and the device's libm). Outputs are poisoned with NaN before
 // each call. Shape errors are thrown before anything is launched. Exits 77 (skipped) where
@@ -432,6 +432,13 @@ void check_conv(precis::cuda_context& ctx, const precis::cpu_context& cpu) {
     auto d = poisoned<T, 4>(ys);
     precis::conv2d<P>(ctx, dx_, dw_, d, p);
     compare("conv2d" + n, ctx, d, y, conv_bound);
+    // With a bias, added to the float sums before the one rounding (float copies of x and w
+    // for 16-bit tensors).
+    const auto bias = random_tensor<T, 1>({k.co});
+    precis::conv2d<P>(cpu, x, w, bias, y, p);
+    d = poisoned<T, 4>(ys);
+    precis::conv2d<P>(ctx, dx_, dw_, precis::to_device(bias), d, p);
+    compare("conv2d with a bias" + n, ctx, d, y, conv_bound);
     auto gx = precis::host_tensor<T, 4>::from_shape(xs);
     precis::conv2d_backward_data<P>(cpu, dy, w, gx, p);
     auto dgx = poisoned<T, 4>(xs);
@@ -499,6 +506,29 @@ void check_conv(precis::cuda_context& ctx, const precis::cpu_context& cpu) {
     auto dyc = poisoned<T, 4>({2, 8, 4, 4});
     precis::conv2d<P>(ctx, precis::to_device(xc), precis::to_device(wc), dyc, p);
     compare("conv2d of no input channels", ctx, dyc, yc);
+    // With a bias, an empty sum leaves each channel's bias, rounded once: the host's bits.
+    const auto bc = random_tensor<T, 1>({8});
+    precis::conv2d<P>(cpu, xc, wc, bc, yc, p);
+    dyc = poisoned<T, 4>({2, 8, 4, 4});
+    precis::conv2d<P>(ctx, precis::to_device(xc), precis::to_device(wc), precis::to_device(bc), dyc, p);
+    expect(same_bits(ctx, dyc, yc), "conv2d with a bias of no input channels: the bias");
+  }
+  // A bias on channels-last images (each element's channel is its last index).
+  {
+    precis::conv2d_params p;
+    p.padding = {1, 1};
+    p.layout = precis::image_layout::nhwc;
+    const auto x = random_tensor<T, 4>({2, 9, 7, 8}), w = random_tensor<T, 4>({12, 8, 3, 3});
+    const auto bias = random_tensor<T, 1>({12});
+    auto y = precis::host_tensor<T, 4>::from_shape({2, 9, 7, 12});
+    precis::conv2d<P>(cpu, x, w, bias, y, p);
+    auto d = poisoned<T, 4>({2, 9, 7, 12});
+    precis::conv2d<P>(ctx, precis::to_device(x), precis::to_device(w), precis::to_device(bias), d, p);
+    compare("conv2d with a bias, channels-last", ctx, d, y, conv_bound);
+    const auto short_bias = precis::to_device(random_tensor<T, 1>({11}));
+    expect_error("conv2d bias shape",
+                 [&] { precis::conv2d<P>(ctx, precis::to_device(x), precis::to_device(w), short_bias, d, p); },
+                 "precis::conv2d: bias");
   }
   // y must be 1 x 4 x 5 x 5 (7 - 3 + 1 = 5); one row too many is refused before any work.
   auto bad = poisoned<T, 4>({1, 4, 6, 5});

@@ -190,32 +190,6 @@ struct negate_body {
   }
 };
 
-/// y[i] = round(sums[i] + bias[(i / inner) % channels]): a convolution's bias added to its
-/// float sums, one rounding (the host's add_channel_bias). The channel comes from two
-/// fast_divmods where the tensor has fewer than 2^32 elements (`fast`), else from 64-bit
-/// division.
-template <class M, class S>
-struct channel_bias_body {
-  const M* sums;
-  const S* bias;
-  S* y;
-  std::size_t channels, inner;
-  precis::detail::fast_divmod by_inner, by_channels;
-  bool fast;
-  __device__ std::size_t channel(std::size_t i) const {
-    if (fast) return by_channels.mod(by_inner.div(std::uint32_t(i)));
-    return (i / inner) % channels;
-  }
-  template <int V>
-  __device__ void at(std::size_t i) const {
-    const auto s = precis::detail::cuda::load_pack<V>(sums + i);
-    precis::detail::cuda::pack<S, V> r;
-#pragma unroll
-    for (int k = 0; k < V; ++k) r.v[k] = round_to<S>(s.v[k] + precis::detail::cuda::device_load<M>(bias[channel(i + k)]));
-    precis::detail::cuda::store_pack<V>(y + i, r);
-  }
-};
-
 }  // namespace detail::cuda
 
 /// What nn needs of cuda_context: device tensors, passed the context by non-const
@@ -342,24 +316,13 @@ struct context_traits<cuda_context> {
   static void add_channel_bias(ref ctx, const device_tensor<M, N>& sums, const device_tensor<S, 1>& bias,
                                device_tensor<S, N>& y, image_layout layout = image_layout::nchw) {
     const std::size_t channels = bias.size(), n = sums.size();
-    const std::size_t planes = std::size_t(sums.shape()[0]) * channels;
     if (y.size() != n) throw error("precis::nn: a convolution's sums and output differ in size");
     if (sums.shape()[layout == image_layout::nhwc ? N - 1 : 1] != channels) {
       throw error("precis::nn: a convolution's sums " + shape_string(sums.shape()) + " do not have the bias's " +
                   std::to_string(channels) + " channels");
     }
-    if (n == 0 || planes == 0) return;
-    // Element i's channel is (i / inner) % channels: inner is a plane's pixels in NCHW, 1
-    // channels-last.
-    const std::size_t inner = layout == image_layout::nhwc ? 1 : n / planes;
-    const bool fast = n <= 0xffffffffULL && precis::detail::fast_divmod::fits(inner) &&
-                      precis::detail::fast_divmod::fits(channels);
-    const detail::cuda::channel_bias_body<M, S> body{
-        sums.data(), bias.data(), y.data(), channels, inner,
-        precis::detail::fast_divmod(fast ? std::uint32_t(inner) : 1U),
-        precis::detail::fast_divmod(fast ? std::uint32_t(channels) : 1U), fast};
-    constexpr int V = precis::detail::cuda::pack_width<M, S>;
-    precis::detail::cuda::launch_packed<V>(ctx.stream(), body, n, precis::detail::cuda::pack_aligned<V>(sums.data(), y.data()),
+    precis::detail::cuda::add_channel_bias(ctx, sums.data(), bias.data(), y.data(), n,
+                                           std::size_t(sums.shape()[0]), channels, layout,
                                            "precis::nn: convolution bias");
   }
   /// out = -in elementwise (exact), on the context's stream.

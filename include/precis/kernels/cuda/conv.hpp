@@ -16,13 +16,15 @@
 /// checked on the host, with the host's messages, before anything is launched. Host code: usable
 /// from .cpp files with PRECIS_CUDA=1 or from .cu files.
 ///
-/// Not here: the bias overload. cuDNN's convolutions round their output before a separate
-/// bias addition could happen, where the host conv2d rounds once after the bias; a device
-/// bias would need a float output and a finishing kernel, as the gelu epilogue of gemm has.
+/// The bias overload of conv2d (compiled by nvcc only) keeps the host's one rounding: cuDNN
+/// rounds a convolution's output to its type, so the product runs on float copies of x and
+/// w (exact: the 16-bit formats' products fit a float) into float sums, and a finishing
+/// kernel adds the bias and rounds once, as the gelu epilogue of gemm does.
 #pragma once
 
 #include <precis/config.hpp>
 #include <precis/kernels/conv.hpp>
+#include <precis/kernels/cuda/cast.hpp>
 #include <precis/kernels/cuda_context.hpp>
 #include <precis/tensor/device_tensor.hpp>
 
@@ -355,6 +357,97 @@ void conv_transpose2d_backward(cuda_context& ctx, const device_tensor<T, 4>& x,
   conv_transpose2d_backward_data<P>(ctx, dy, w, dx, p);
   conv_transpose2d_backward_weights<P>(ctx, x, dy, dw, p);
 }
+
+#if defined(__CUDACC__)
+
+namespace detail::cuda {
+
+/// y[i] = round(sums[i] + bias[(i / inner) % channels]) in M: a convolution's bias added to
+/// its float sums, one rounding (the host's). The channel comes from two fast_divmods where
+/// the tensor has fewer than 2^32 elements (`fast`), else from 64-bit division.
+template <class M, class B, class S>
+struct channel_bias_body {
+  const M* sums;
+  const B* bias;
+  S* y;
+  std::size_t channels, inner;
+  fast_divmod by_inner, by_channels;
+  bool fast;
+  __device__ std::size_t channel(std::size_t i) const {
+    if (fast) return by_channels.mod(by_inner.div(std::uint32_t(i)));
+    return (i / inner) % channels;
+  }
+  template <int V>
+  __device__ void at(std::size_t i) const {
+    const auto s = load_pack<V>(sums + i);
+    pack<S, V> r;
+#pragma unroll
+    for (int k = 0; k < V; ++k) r.v[k] = round_to<S>(s.v[k] + device_load<M>(bias[channel(i + k)]));
+    store_pack<V>(y + i, r);
+  }
+};
+
+/// y = round(sums + bias[channel]) on ctx's stream for n elements of `images` images of
+/// bias's `channels` channels, NCHW or channels-last (y may be sums).
+template <class M, class B, class S>
+void add_channel_bias(cuda_context& ctx, const M* sums, const B* bias, S* y, std::size_t n,
+                      std::size_t images, std::size_t channels, image_layout layout,
+                      std::string_view name) {
+  const std::size_t planes = images * channels;
+  if (n == 0 || planes == 0) return;
+  // Element i's channel is (i / inner) % channels: inner is a plane's pixels in NCHW, 1
+  // channels-last.
+  const std::size_t inner = layout == image_layout::nhwc ? 1 : n / planes;
+  const bool fast = n <= 0xffffffffULL && fast_divmod::fits(inner) && fast_divmod::fits(channels);
+  const channel_bias_body<M, B, S> body{sums,
+                                        bias,
+                                        y,
+                                        channels,
+                                        inner,
+                                        fast_divmod(fast ? std::uint32_t(inner) : 1U),
+                                        fast_divmod(fast ? std::uint32_t(channels) : 1U),
+                                        fast};
+  constexpr int V = pack_width<M, S>;
+  launch_packed<V>(ctx.stream(), body, n, pack_aligned<V>(sums, y), name);
+}
+
+}  // namespace detail::cuda
+
+/// y = conv2d(x, w) plus bias [Co] on every pixel of its channel, rounded once, on the
+/// device (see the host overload). cuDNN rounds its output to its type, so for 16-bit
+/// tensors the product runs on float copies of x and w (exact products) into float sums
+/// (all three stream-ordered scratch of this call), then one kernel adds the bias in float
+/// and rounds to y's type; for float tensors the sums are y itself. Every shape is checked
+/// before anything is queued.
+template <Policy P, class T, class TBias>
+void conv2d(cuda_context& ctx, const device_tensor<T, 4>& x, const device_tensor<T, 4>& w,
+            const device_tensor<TBias, 1>& bias, device_tensor<T, 4>& y,
+            const conv2d_params& p = {}) {
+  detail::check_conv_types<P, T, T, T>();
+  static_assert(kernel_element<TBias>,
+                "precis: conv element types are float, double or precis number formats");
+  const auto g = detail::conv_geometry_of("precis::conv2d", x, w, p);
+  check_shape("precis::conv2d: bias", bias, detail::dims<1>({g.co}));
+  check_shape("precis::conv2d: y", y, g.y_shape());
+  if (y.size() == 0) return;
+  const auto finish = [&](const float* sums) {
+    detail::cuda::add_channel_bias(ctx, sums, bias.data(), y.data(), y.size(), g.n, g.co, p.layout,
+                                   "precis::conv2d");
+  };
+  if constexpr (std::is_same_v<T, float>) {
+    conv2d<P>(ctx, x, w, y, p);
+    finish(y.data());
+  } else {
+    device_tensor<float, 4> xf(detail::shape_array<4>(x), ctx.stream()),
+        wf(detail::shape_array<4>(w), ctx.stream()), sums(detail::shape_array<4>(y), ctx.stream());
+    cast(ctx, x, xf);
+    cast(ctx, w, wf);
+    conv2d<P>(ctx, xf, wf, sums, p);
+    finish(sums.data());
+  }
+}
+
+#endif  // __CUDACC__
 
 }  // namespace precis
 
