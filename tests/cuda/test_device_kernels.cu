@@ -154,26 +154,25 @@ void check_broadcast_backward(precis::cuda_context& ctx, const precis::cpu_conte
     for (std::size_t i = 0; i < K; ++i) bs[i] = b.shape()[i];
     auto db = precis::host_tensor<T, K>::from_shape(bs);
     const auto d_b = precis::to_device(b);
+    // da: the host's bits; db: the host's bits where b has a's shape, else within bounds.
+    const auto check = [&](const std::string& name, const auto& d_da, const auto& d_db) {
+      expect(same_bits(ctx, d_da, da), name + " da, " + what);
+      if constexpr (K == 3) {
+        expect(same_bits(ctx, d_db, db), name + " db, " + what);
+      } else {
+        compare(name + " db, " + what, ctx, d_db, db);
+      }
+    };
     auto d_da = poisoned<T, 3>(shape);
     auto d_db = poisoned<T, K>(bs);
     precis::add_backward<P>(cpu, dy, da, db);
     precis::add_backward<P>(ctx, d_dy, d_da, d_db);
-    expect(same_bits(ctx, d_da, da), "add_backward da, " + what);
-    if constexpr (K == 3) {
-      expect(same_bits(ctx, d_db, db), "add_backward db, " + what);
-    } else {
-      compare("add_backward db, " + what, ctx, d_db, db);
-    }
+    check("add_backward", d_da, d_db);
     precis::mul_backward<P>(cpu, dy, a, b, da, db);
     d_da = poisoned<T, 3>(shape);
     d_db = poisoned<T, K>(bs);
     precis::mul_backward<P>(ctx, d_dy, d_a, d_b, d_da, d_db);
-    expect(same_bits(ctx, d_da, da), "mul_backward da, " + what);
-    if constexpr (K == 3) {
-      expect(same_bits(ctx, d_db, db), "mul_backward db, " + what);
-    } else {
-      compare("mul_backward db, " + what, ctx, d_db, db);
-    }
+    check("mul_backward", d_da, d_db);
   };
   run("b of rank 1", b1);
   run("b of rank 2", b2);

@@ -23,6 +23,7 @@
 
 #include <precis/config.hpp>
 #include <precis/kernels/cuda/reduce.hpp>
+#include <precis/kernels/cuda/softmax.hpp>
 #include <precis/kernels/loss.hpp>
 
 #if defined(__CUDACC__)
@@ -222,21 +223,6 @@ struct dice_grads {
 };
 
 // ---- cross-entropy ----
-
-/// The row's maximum and sum of exp(x - max) (Acc), with every thread of the block.
-template <class M, class Acc, class X>
-__device__ inline void row_max_and_sum(const X* row, std::size_t cols, M* shared, M& m, M& s) {
-  m = -static_cast<M>(INFINITY);
-  for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x)
-    m = max_nan(m, device_load<M>(row[j]));
-  m = block_reduce(m, max_nan_op<M>{}, shared);
-  accumulator<Acc> acc;
-  for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x) {
-    acc.add(
-        static_cast<typename accumulator<Acc>::value_type>(math::exp(device_load<M>(row[j]) - m)));
-  }
-  s = block_sum<M>(acc);
-}
 
 /// The target of row r as an index, or cols when it is outside [0, cols).
 template <class I>

@@ -37,19 +37,29 @@ __device__ __forceinline__ M probability(M e, M total, M inv) {
   }
 }
 
+/// The row's maximum and sum of exp(x - max) (Acc), with every thread of the block (the long
+/// rows of softmax, logsumexp and cross-entropy, kernels/cuda/loss.hpp).
+template <class M, class Acc, class X>
+__device__ inline void row_max_and_sum(const X* row, std::size_t cols, M* shared, M& m, M& s) {
+  m = -static_cast<M>(INFINITY);
+  for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x)
+    m = max_nan(m, device_load<M>(row[j]));
+  m = block_reduce(m, max_nan_op<M>{}, shared);
+  accumulator<Acc> acc;
+  for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    acc.add(
+        static_cast<typename accumulator<Acc>::value_type>(math::exp(device_load<M>(row[j]) - m)));
+  }
+  s = block_sum<M>(acc);
+}
+
 template <class M, class Acc, bool Log, class X, class Y>
 __global__ void softmax_rows(const X* x, Y* y, std::size_t cols) {
   __shared__ M shared[32];
   const X* row = x + blockIdx.x * cols;
   Y* out = y + blockIdx.x * cols;
-  M m = -static_cast<M>(INFINITY);
-  for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x) m = max_nan(m, device_load<M>(row[j]));
-  m = block_reduce(m, max_nan_op<M>{}, shared);
-  accumulator<Acc> s;
-  for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x) {
-    s.add(static_cast<typename accumulator<Acc>::value_type>(math::exp(device_load<M>(row[j]) - m)));
-  }
-  const M total = block_sum<M>(s);
+  M m, total;
+  row_max_and_sum<M, Acc>(row, cols, shared, m, total);
   const M lse = math::log(total);
   const M inv = M(1) / total;
   for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x) {
@@ -173,17 +183,8 @@ __global__ void __launch_bounds__(G::max_threads)
 template <class M, class Acc, class X, class Y>
 __global__ void logsumexp_rows(const X* x, Y* out, std::size_t cols) {
   __shared__ M shared[32];
-  const X* row = x + blockIdx.x * cols;
-  M m = -static_cast<M>(INFINITY);
-  for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x)
-    m = max_nan(m, device_load<M>(row[j]));
-  m = block_reduce(m, max_nan_op<M>{}, shared);
-  accumulator<Acc> s;
-  for (std::size_t j = threadIdx.x; j < cols; j += blockDim.x) {
-    s.add(
-        static_cast<typename accumulator<Acc>::value_type>(math::exp(device_load<M>(row[j]) - m)));
-  }
-  const M total = block_sum<M>(s);
+  M m, total;
+  row_max_and_sum<M, Acc>(x + blockIdx.x * cols, cols, shared, m, total);
   if (threadIdx.x == 0) out[blockIdx.x] = round_to<Y>(logsumexp_of(m, total));
 }
 
