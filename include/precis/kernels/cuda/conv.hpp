@@ -419,13 +419,11 @@ void add_channel_bias(cuda_context& ctx, const M* sums, const B* bias, S* y, std
 /// (all three stream-ordered scratch of this call), then one kernel adds the bias in float
 /// and rounds to y's type; for float tensors the sums are y itself. Every shape is checked
 /// before anything is queued.
-template <Policy P, class T, class TBias>
+template <Policy P, class T, kernel_element TBias>
 void conv2d(cuda_context& ctx, const device_tensor<T, 4>& x, const device_tensor<T, 4>& w,
             const device_tensor<TBias, 1>& bias, device_tensor<T, 4>& y,
             const conv2d_params& p = {}) {
   detail::check_conv_types<P, T, T, T>();
-  static_assert(kernel_element<TBias>,
-                "precis: conv element types are float, double or precis number formats");
   const auto g = detail::conv_geometry_of("precis::conv2d", x, w, p);
   check_shape("precis::conv2d: bias", bias, detail::dims<1>({g.co}));
   check_shape("precis::conv2d: y", y, g.y_shape());
