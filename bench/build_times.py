@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Where the CI test stage's build time goes: seconds per translation unit.
 
-Configures a build tree with the flags `./run.sh test` uses under CI (g++, -O2, warnings as
-errors, CUDA off, benchmarks only checked), with a compiler launcher that logs each
+Configures a build tree with the flags `./run.sh test` uses under CI (g++, -O2, the unit tests
+at -O1, warnings as errors, CUDA off, benchmarks only checked), with a compiler launcher that logs each
 compilation's wall time, builds it with 2 jobs, and prints the CPU model, the total, the
 seconds by group (tests, examples, header checks, bits_probe, bench) and the slowest units.
 Run it on an otherwise idle machine: the figures are wall times of single compilations.
 
     python3 bench/build_times.py [--build build/build-times] [--jobs 2] [--top 20]
+                                 [--test-optimization -O1]
 
 The build tree is new or reused; a reused tree is rebuilt from clean so that every unit is
 timed.
@@ -21,6 +22,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -69,6 +71,8 @@ def main():
     ap.add_argument("--build", default=os.path.join(ROOT, "build", "build-times"))
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--top", type=int, default=20)
+    ap.add_argument("--test-optimization", default="-O1",
+                    help="PRECIS_TEST_OPTIMIZATION, the unit tests' -O flag (CI's: -O1; '' for -O2)")
     args = ap.parse_args()
     if shutil.which("bc") is None:
         sys.exit("bench/build_times.py: needs bc (apt-get install bc)")
@@ -82,14 +86,17 @@ def main():
     subprocess.run(["cmake", "-S", ROOT, "-B", build, "-DCMAKE_CXX_COMPILER=g++",
                     "-DCMAKE_BUILD_TYPE=Release", "-DCMAKE_CXX_FLAGS_RELEASE=-O2 -DNDEBUG",
                     "-DPRECIS_WERROR=ON", "-DPRECIS_CUDA=OFF", "-DPRECIS_BENCH_CHECK_ONLY=ON",
+                    f"-DPRECIS_TEST_OPTIMIZATION={args.test_optimization}",
                     f"-DCMAKE_CXX_COMPILER_LAUNCHER={launcher}"],
                    check=True, stdout=subprocess.DEVNULL)
     subprocess.run(["cmake", "--build", build, "--target", "clean"], check=True,
                    stdout=subprocess.DEVNULL)
     if os.path.exists(log):
         os.remove(log)
+    start = time.monotonic()
     subprocess.run(["cmake", "--build", build, "--parallel", str(args.jobs)], check=True,
                    stdout=subprocess.DEVNULL)
+    wall = time.monotonic() - start
     units = []
     with open(log) as f:
         for line in f:
@@ -102,8 +109,10 @@ def main():
         g = groups[group_of(target)]
         g[0] += seconds
         g[1] += 1
-    print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; {args.jobs} jobs")
-    print(f"total: {sum(u[0] for u in units):.0f} s of compilation in {len(units)} units")
+    print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; {args.jobs} jobs; "
+          f"unit tests at {args.test_optimization or '-O2'}")
+    print(f"total: {sum(u[0] for u in units):.0f} s of compilation in {len(units)} units; "
+          f"the build took {wall:.0f} s")
     print("seconds,units,group")
     for name, (seconds, n) in sorted(groups.items(), key=lambda kv: -kv[1][0]):
         print(f"{seconds:.0f},{n},{name}")
