@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """Where the CI test stage's build time goes: seconds per translation unit.
 
-Configures a build tree with the flags `./run.sh test` uses under CI (g++, -O2, the unit tests
-at -O1, warnings as errors, CUDA off, benchmarks only checked), with a compiler launcher that logs each
-compilation's wall time, builds it with 2 jobs, and prints the CPU model, the total, the
-seconds by group (tests, examples, header checks, bits_probe, bench) and the slowest units.
+Configures a build tree with the flags `./run.sh test` uses under CI (g++, -O2, the unit
+tests at -Og, warnings as errors, CUDA off, benchmarks only checked), with a compiler launcher
+that logs each compilation's wall time, builds it with 2 jobs, and prints the CPU model, the
+total, the build's wall time, the seconds by group (tests, examples, header checks,
+bits_probe, bench) and the slowest units.
 Run it on an otherwise idle machine: the figures are wall times of single compilations.
 
     python3 bench/build_times.py [--build build/build-times] [--jobs 2] [--top 20]
-                                 [--test-optimization -O1]
+                                 [--test-optimization=-Og]
+
+(--test-optimization takes its value after "=", since the value starts with a dash.)
 
 The build tree is new or reused; a reused tree is rebuilt from clean so that every unit is
 timed.
@@ -71,8 +74,8 @@ def main():
     ap.add_argument("--build", default=os.path.join(ROOT, "build", "build-times"))
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--top", type=int, default=20)
-    ap.add_argument("--test-optimization", default="-O1",
-                    help="PRECIS_TEST_OPTIMIZATION, the unit tests' -O flag (CI's: -O1; '' for -O2)")
+    ap.add_argument("--test-optimization", default="-Og",
+                    help="PRECIS_TEST_OPTIMIZATION, the unit tests' -O flag (CI's: -Og; '' for -O2)")
     args = ap.parse_args()
     if shutil.which("bc") is None:
         sys.exit("bench/build_times.py: needs bc (apt-get install bc)")

@@ -15,7 +15,7 @@ option(PRECIS_CUDA_CHECK_ONLY
 
 # An optimisation flag for the unit tests alone (precis_add_test's executables and the MPI
 # test), placed after the build type's flags so that it wins: CI's test stage builds them at
-# -O1 while the training examples and the bits probe keep the build type's -O2 (see run.sh's
+# -Og while the training examples and the bits probe keep the build type's -O2 (see run.sh's
 # configure_gcc). Empty (the default): the build type's flags for every target.
 set(PRECIS_TEST_OPTIMIZATION "" CACHE STRING
   "An -O flag for the unit tests that overrides the build type's (empty: the build type's)")
