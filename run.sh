@@ -116,27 +116,30 @@ run_ctest() {
 }
 
 # The host stages leave CUDA off so that only the cuda stage spends time in nvcc.
-# Under CI the test stage compiles at -O2 instead of Release's -O3, and the unit tests (not
-# the training examples or the bits probe) at -Og (PRECIS_TEST_OPTIMIZATION): they run in
-# seconds, and their compilation is most of the stage. On a two-core EPYC test_layout.cpp
-# compiles in 74 s at -O2, 51 s at -O1 and 36 s at -Og, and the slowest unit tests run about
-# as fast at -Og as at -O1 (test_numeric_rounding 3.1 s, test_kernels_conv 1.1 s against
-# 0.9). -Og keeps GCC's flow-based warnings (-Wmaybe-uninitialized and the like), the
-# examples, which train, and the bits probe stay at -O2, and precis gives the same bits
-# under any flags (tests/flags). And it checks the benchmarks,
-# which CI never runs, with -fsyntax-only (PRECIS_BENCH_CHECK_ONLY): every compile error, and
-# the front-end warnings of those that carry the project's warning set (the step
-# benchmarks), under -Werror, in about a fifth of the time that building them at -O2
-# takes (bench_vit_step: 11 s against 62; 160 s of compilation in all). Outside CI build/gcc
-# keeps -O3 everywhere and builds the benchmarks, as their recorded figures were measured.
-# The settings are always passed, so that a tree configured once under CI does not keep them
-# in its cache.
+# Under CI the test stage compiles at -O2 instead of Release's -O3, the unit tests at -Og
+# (PRECIS_TEST_OPTIMIZATION) and the examples at -O1 (PRECIS_EXAMPLE_OPTIMIZATION): they are
+# built to run once, and their compilation is most of the stage. On a two-core EPYC:
+# - test_layout.cpp compiles in 74 s at -O2, 51 s at -O1 and 36 s at -Og, and the slowest
+#   unit tests run about as fast at -Og as at -O1 (test_numeric_rounding 3.1 s,
+#   test_kernels_conv 1.1 s against 0.9);
+# - train_vit.cpp compiles in 121 s at -O2, 93 s at -O1 and 70 s at -Og, and `example_vit
+#   --check` runs in 56 s, 58 s and 97 s: -O1 is the examples' level;
+# - -Og and -O1 keep GCC's flow-based warnings (-Wmaybe-uninitialized and the like);
+# - the bits probe stays at -O2, as users build, and precis gives the same bits under any
+#   flags (tests/flags).
+# And it checks the benchmarks, which CI never runs, with -fsyntax-only
+# (PRECIS_BENCH_CHECK_ONLY): every compile error, and the front-end warnings of those that
+# carry the project's warning set (the step benchmarks), under -Werror, in about a fifth of
+# the time that building them at -O2 takes (bench_vit_step: 11 s against 62; 160 s of
+# compilation in all). Outside CI build/gcc keeps -O3 everywhere and builds the benchmarks,
+# as their recorded figures were measured. The settings are always passed, so that a tree
+# configured once under CI does not keep them in its cache.
 configure_gcc() {
-  local level=3 bench_check_only=OFF test_level=""
-  [[ -n "${CI:-}" ]] && level=2 bench_check_only=ON test_level=-Og
+  local level=3 bench_check_only=OFF test_level="" example_level=""
+  [[ -n "${CI:-}" ]] && level=2 bench_check_only=ON test_level=-Og example_level=-O1
   configure build/gcc g++ Release -DCMAKE_CXX_FLAGS_RELEASE="-O$level -DNDEBUG" \
     -DPRECIS_WERROR=ON -DPRECIS_CUDA=OFF -DPRECIS_BENCH_CHECK_ONLY=$bench_check_only \
-    -DPRECIS_TEST_OPTIMIZATION="$test_level"
+    -DPRECIS_TEST_OPTIMIZATION="$test_level" -DPRECIS_EXAMPLE_OPTIMIZATION="$example_level"
 }
 
 cmd_test() {

@@ -2,16 +2,16 @@
 """Where the CI test stage's build time goes: seconds per translation unit.
 
 Configures a build tree with the flags `./run.sh test` uses under CI (g++, -O2, the unit
-tests at -Og, warnings as errors, CUDA off, benchmarks only checked), with a compiler launcher
+tests at -Og, the examples at -O1, warnings as errors, CUDA off, benchmarks only checked), with a compiler launcher
 that logs each compilation's wall time, builds it with 2 jobs, and prints the CPU model, the
 total, the build's wall time, the seconds by group (tests, examples, header checks,
 bits_probe, bench) and the slowest units.
 Run it on an otherwise idle machine: the figures are wall times of single compilations.
 
     python3 bench/build_times.py [--build build/build-times] [--jobs 2] [--top 20]
-                                 [--test-optimization=-Og]
+                                 [--test-optimization=-Og] [--example-optimization=-O1]
 
-(--test-optimization takes its value after "=", since the value starts with a dash.)
+(The two optimisation options take their values after "=", since a value starts with a dash.)
 
 The build tree is new or reused; a reused tree is rebuilt from clean so that every unit is
 timed.
@@ -76,6 +76,8 @@ def main():
     ap.add_argument("--top", type=int, default=20)
     ap.add_argument("--test-optimization", default="-Og",
                     help="PRECIS_TEST_OPTIMIZATION, the unit tests' -O flag (CI's: -Og; '' for -O2)")
+    ap.add_argument("--example-optimization", default="-O1",
+                    help="PRECIS_EXAMPLE_OPTIMIZATION, the examples' -O flag (CI's: -O1; '' for -O2)")
     args = ap.parse_args()
     if shutil.which("bc") is None:
         sys.exit("bench/build_times.py: needs bc (apt-get install bc)")
@@ -90,6 +92,7 @@ def main():
                     "-DCMAKE_BUILD_TYPE=Release", "-DCMAKE_CXX_FLAGS_RELEASE=-O2 -DNDEBUG",
                     "-DPRECIS_WERROR=ON", "-DPRECIS_CUDA=OFF", "-DPRECIS_BENCH_CHECK_ONLY=ON",
                     f"-DPRECIS_TEST_OPTIMIZATION={args.test_optimization}",
+                    f"-DPRECIS_EXAMPLE_OPTIMIZATION={args.example_optimization}",
                     f"-DCMAKE_CXX_COMPILER_LAUNCHER={launcher}"],
                    check=True, stdout=subprocess.DEVNULL)
     subprocess.run(["cmake", "--build", build, "--target", "clean"], check=True,
@@ -113,7 +116,8 @@ def main():
         g[0] += seconds
         g[1] += 1
     print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; {args.jobs} jobs; "
-          f"unit tests at {args.test_optimization or '-O2'}")
+          f"unit tests at {args.test_optimization or '-O2'}, "
+          f"examples at {args.example_optimization or '-O2'}")
     print(f"total: {sum(u[0] for u in units):.0f} s of compilation in {len(units)} units; "
           f"the build took {wall:.0f} s")
     print("seconds,units,group")

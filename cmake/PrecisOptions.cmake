@@ -13,23 +13,32 @@ option(PRECIS_BENCH_CHECK_ONLY "Check the benchmarks' code with -fsyntax-only in
 option(PRECIS_CUDA_CHECK_ONLY
   "Check the device tests', benchmarks' and training examples' code instead of building them (machines without a GPU)" OFF)
 
-# An optimisation flag for the unit tests alone (precis_add_test's executables and the MPI
-# test), placed after the build type's flags so that it wins: CI's test stage builds them at
-# -Og while the training examples and the bits probe keep the build type's -O2 (see run.sh's
-# configure_gcc). Empty (the default): the build type's flags for every target.
-set(PRECIS_TEST_OPTIMIZATION "" CACHE STRING
-  "An -O flag for the unit tests that overrides the build type's (empty: the build type's)")
-if(NOT PRECIS_TEST_OPTIMIZATION MATCHES "^(|-O[0-3sg]?)$")
-  message(FATAL_ERROR "precis: PRECIS_TEST_OPTIMIZATION must be empty or one -O flag "
-                      "(-O0, -O1, -O2, -O3, -Os, -Og), not '${PRECIS_TEST_OPTIMIZATION}'")
-endif()
+# Optimisation flags for the targets CI builds only to run once: PRECIS_TEST_OPTIMIZATION for
+# the unit tests (precis_add_test's executables and the MPI test), PRECIS_EXAMPLE_OPTIMIZATION
+# for the examples that ctest runs. Each is placed after the build type's flags so that it
+# wins. CI's test stage builds the unit tests at -Og and the examples at -O1, while the bits
+# probe keeps the build type's -O2 (see run.sh's configure_gcc). Empty (the default): the
+# build type's flags.
+foreach(kind TEST EXAMPLE)
+  string(TOLOWER "${kind}" what)
+  set(PRECIS_${kind}_OPTIMIZATION "" CACHE STRING
+    "An -O flag for the ${what}s that overrides the build type's (empty: the build type's)")
+  if(NOT PRECIS_${kind}_OPTIMIZATION MATCHES "^(|-O[0-3sg]?)$")
+    message(FATAL_ERROR "precis: PRECIS_${kind}_OPTIMIZATION must be empty or one -O flag "
+                        "(-O0, -O1, -O2, -O3, -Os, -Og), not '${PRECIS_${kind}_OPTIMIZATION}'")
+  endif()
+endforeach()
 
-# precis_set_test_optimization(<target>)
-# PRECIS_TEST_OPTIMIZATION for the C++ sources of <target>, where it is set.
-function(precis_set_test_optimization target)
-  if(PRECIS_TEST_OPTIMIZATION)
+# precis_set_optimization(<target> TEST|EXAMPLE)
+# PRECIS_TEST_OPTIMIZATION or PRECIS_EXAMPLE_OPTIMIZATION for the C++ sources of <target>,
+# where it is set.
+function(precis_set_optimization target kind)
+  if(NOT kind MATCHES "^(TEST|EXAMPLE)$")
+    message(FATAL_ERROR "precis_set_optimization: TEST or EXAMPLE, not '${kind}'")
+  endif()
+  if(PRECIS_${kind}_OPTIMIZATION)
     target_compile_options(${target} PRIVATE
-      "$<$<COMPILE_LANG_AND_ID:CXX,GNU,Clang,AppleClang>:${PRECIS_TEST_OPTIMIZATION}>")
+      "$<$<COMPILE_LANG_AND_ID:CXX,GNU,Clang,AppleClang>:${PRECIS_${kind}_OPTIMIZATION}>")
   endif()
 endfunction()
 
