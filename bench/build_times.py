@@ -2,10 +2,10 @@
 """Where the CI test stage's build time goes: seconds per translation unit.
 
 Configures a build tree with the flags `./run.sh test` uses under CI (g++, -O2, the unit
-tests at -Og, the examples at -O1, warnings as errors, CUDA off, benchmarks only checked), with a compiler launcher
-that logs each compilation's wall time, builds it with 2 jobs, and prints the CPU model, the
-total, the build's wall time, the seconds by group (tests, examples, header checks,
-bits_probe, bench) and the slowest units.
+tests at -Og, the examples at -O1, warnings as errors, CUDA off, benchmarks only checked),
+with a compiler launcher that logs each compilation's wall time, builds it with 2 jobs, and
+prints the CPU model, the total, the build's wall time, the seconds by group (tests,
+examples, header checks, bits_probe, bench) and the slowest units.
 Run it on an otherwise idle machine: the figures are wall times of single compilations.
 
     python3 bench/build_times.py [--build build/build-times] [--jobs 2] [--top 20]
