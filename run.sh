@@ -207,7 +207,9 @@ cmd_cuda() {
   install_cudnn_frontend
   local archs="80;90" level=3 check_only=OFF device_level=""
   [[ -n "${CI:-}" ]] && archs=90 level=0 check_only=ON device_level="-Xcicc -O0 -Xptxas -O0"
+  # PRECIS_TEST_PCH off: the one C++ test unit built here (test_cuda_host) would not repay it.
   configure build/cuda g++ Release -DPRECIS_WERROR=ON -DPRECIS_CUDA=ON -DPRECIS_BITS_PROBE=OFF \
+    -DPRECIS_TEST_PCH=OFF \
     -DPRECIS_CUDA_CHECK_ONLY=$check_only \
     -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHITECTURES:-$archs}" \
     -DCMAKE_CXX_FLAGS_RELEASE="-O$level -DNDEBUG" \

@@ -4,12 +4,14 @@
 Configures a build tree with the flags `./run.sh test` uses under CI (g++, -O2, the unit
 tests at -Og, the examples at -O1, warnings as errors, CUDA off, benchmarks only checked),
 with a compiler launcher that logs each compilation's wall time, builds it with 2 jobs, and
-prints the CPU model, the total, the build's wall time, the seconds by group (tests,
-examples, header checks, bits_probe, bench) and the slowest units.
+prints the CPU model, the total, the build's wall time, the seconds by group (tests, with
+their precompiled headers; examples, header checks, bits_probe, bench) and the slowest units
+(a precompiled header's unit is its .gch).
 Run it on an otherwise idle machine: the figures are wall times of single compilations.
 
     python3 bench/build_times.py [--build build/build-times] [--jobs 2] [--top 20]
                                  [--test-optimization=-Og] [--example-optimization=-O1]
+                                 [--test-pch ON|OFF]
 
 (The two optimisation options take their values after "=", since a value starts with a dash.)
 
@@ -64,7 +66,7 @@ def group_of(target):
         return "bits_probe"
     if target.startswith("test_headers_standalone"):
         return "header checks"
-    if target.startswith("test_"):
+    if target.startswith(("test_", "precis_test_pch")):
         return "tests"
     return "other"
 
@@ -78,6 +80,8 @@ def main():
                     help="PRECIS_TEST_OPTIMIZATION, the unit tests' -O flag (CI's: -Og; '' for -O2)")
     ap.add_argument("--example-optimization", default="-O1",
                     help="PRECIS_EXAMPLE_OPTIMIZATION, the examples' -O flag (CI's: -O1; '' for -O2)")
+    ap.add_argument("--test-pch", choices=["ON", "OFF"], default="ON",
+                    help="PRECIS_TEST_PCH, the unit tests' precompiled headers (CI's: ON)")
     args = ap.parse_args()
     if shutil.which("bc") is None:
         sys.exit("bench/build_times.py: needs bc (apt-get install bc)")
@@ -93,6 +97,7 @@ def main():
                     "-DPRECIS_WERROR=ON", "-DPRECIS_CUDA=OFF", "-DPRECIS_BENCH_CHECK_ONLY=ON",
                     f"-DPRECIS_TEST_OPTIMIZATION={args.test_optimization}",
                     f"-DPRECIS_EXAMPLE_OPTIMIZATION={args.example_optimization}",
+                    f"-DPRECIS_TEST_PCH={args.test_pch}",
                     f"-DCMAKE_CXX_COMPILER_LAUNCHER={launcher}"],
                    check=True, stdout=subprocess.DEVNULL)
     subprocess.run(["cmake", "--build", build, "--target", "clean"], check=True,
@@ -107,7 +112,7 @@ def main():
     with open(log) as f:
         for line in f:
             seconds, obj = line.split(maxsplit=1)
-            m = re.search(r"CMakeFiles/([^/]+)\.dir/(.*)\.o$", obj.strip())
+            m = re.search(r"CMakeFiles/([^/]+)\.dir/(.*?)(\.o)?$", obj.strip())
             target, source = (m.group(1), m.group(2)) if m else ("?", obj.strip())
             units.append((float(seconds), target, source))
     groups = collections.defaultdict(lambda: [0.0, 0])
@@ -117,7 +122,8 @@ def main():
         g[1] += 1
     print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; {args.jobs} jobs; "
           f"unit tests at {args.test_optimization or '-O2'}, "
-          f"examples at {args.example_optimization or '-O2'}")
+          f"examples at {args.example_optimization or '-O2'}, "
+          f"precompiled headers {args.test_pch}")
     print(f"total: {sum(u[0] for u in units):.0f} s of compilation in {len(units)} units; "
           f"the build took {wall:.0f} s")
     print("seconds,units,group")
