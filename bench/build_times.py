@@ -81,7 +81,7 @@ def main():
     ap.add_argument("--example-optimization", default="-O1",
                     help="PRECIS_EXAMPLE_OPTIMIZATION, the examples' -O flag (CI's: -O1; '' for -O2)")
     ap.add_argument("--test-pch", choices=["ON", "OFF"], default="ON",
-                    help="PRECIS_TEST_PCH, the unit tests' precompiled headers (CI's: ON)")
+                    help="PRECIS_TEST_PCH, the unit and compile-fail tests' precompiled headers (CI's: ON)")
     args = ap.parse_args()
     if shutil.which("bc") is None:
         sys.exit("bench/build_times.py: needs bc (apt-get install bc)")

@@ -1,2 +1,3 @@
-// The unit tests' precompiled header is compiled as part of this target
-// (precis_test_pch, tests/CMakeLists.txt); this unit has nothing of its own.
+// The unit tests' precompiled headers are compiled as part of the targets
+// precis_test_pch_<n> (precis_use_test_pch, tests/CMakeLists.txt), which build this
+// otherwise empty unit.
