@@ -13,10 +13,15 @@
 //     the host's where the terms have the host's bits; the device's exp and log1p may differ
 //     from the host's libm in the last place, so where two candidates at the cut are within
 //     an ulp of each other the other one may be kept (a term of the same loss to an ulp);
-//   - the five sums (the kept BCE terms, B y m, B m, y m and the L1 terms) are taken in two
-//     passes of a fixed order (precis's reduce_terms), in the loss policy's accumulate type:
-//     the same bits on every run and device, within a float sum's bound of the host's
-//     index-order sums.
+//   - the five sums (the kept BCE terms, B y m, B m, y m and the L1 terms) in float or
+//     double are taken in two passes of a fixed order (precis's reduce_terms): the same bits
+//     on every run and device, within a float sum's bound of the host's index-order sums.
+//     In an accumulate type narrower than float (a map that waives rule fp32_operation, as
+//     the seed's does) a sum in another order is not near the host's: a float16 sum of
+//     terms below 1 stops growing at 2048 in index order, while a tree of partial sums keeps
+//     growing and can overflow. There one thread adds every pixel in index order, rounding
+//     each addition as the host does (sums_in_order): the host's sums, at a single thread's
+//     speed, on a configuration kept only to show its failure.
 // The loss, its terms and the scalars backward() reads stay in device memory: a step reads
 // nothing on the host. terms(ctx) and kept(ctx) wait and download, for logs and tests.
 // CUDA code only: include after <precis/nn/cuda.hpp> and loss.hpp.
@@ -34,6 +39,7 @@
 #include <limits>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace dbnet {
@@ -148,6 +154,20 @@ struct finish_sums {
   }
 };
 
+/// The five sums of terms(i) in index order by one thread, each addition rounded to Acc
+/// (the host's loop), then finish(totals): for an accumulate type narrower than float.
+template <class Acc, class Terms, class Finish>
+__global__ void sums_in_order(Terms terms, std::size_t n, Finish finish) {
+  using sum = precis::detail::cuda::device_sum<Acc>;
+  typename sum::state totals[5];
+  for (auto& t : totals) t = sum::init();
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto t = terms(i);
+    for (int k = 0; k < 5; ++k) totals[k] = sum::add(totals[k], t.v[k]);
+  }
+  finish(totals);
+}
+
 /// Backward, per pixel (pixel_backward), dloss read when the kernel runs.
 template <class CB, class CL, class M, class SP, class ST, class GP, class GT>
 __global__ void backward_kernel(const SP* x, const ST* th, const float* gt, const float* gm, const float* tm,
@@ -245,8 +265,14 @@ class basic_loss<LossPolicy, BinPolicy, nn::values<nn::sig<SP, GP, 4>, nn::sig<S
     const detail::cuda::sum_terms<CL, M, ST> terms{term_.data(),       b_.data(),      keep_.data(),
                                                    th_->data(),        t.shrink.data(), t.shrink_mask.data(),
                                                    t.thresh.data(),    t.thresh_mask.data()};
-    precis::detail::cuda::reduce_terms<precis::detail::cuda::device_sum<AL>, 5>(
-        ctx, n, terms, detail::cuda::finish_sums<CL, M>{state_.data(), loss_.data(), o_}, "dbnet::loss (sums)");
+    const detail::cuda::finish_sums<CL, M> finish{state_.data(), loss_.data(), o_};
+    if constexpr (std::is_same_v<AL, float> || std::is_same_v<AL, double>) {
+      precis::detail::cuda::reduce_terms<precis::detail::cuda::device_sum<AL>, 5>(ctx, n, terms, finish,
+                                                                                 "dbnet::loss (sums)");
+    } else {
+      detail::cuda::sums_in_order<AL><<<1, 1, 0, ctx.stream()>>>(terms, n, finish);
+      precis::check(cudaGetLastError(), "dbnet::loss (sums in index order)");
+    }
     return loss_;
   }
 

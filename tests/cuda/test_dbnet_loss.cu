@@ -1,7 +1,9 @@
 // DBNet's loss and training step on the device against the host (examples/dbnet): the
 // device loss on the same inputs (the value and its three terms within a float sum's bound,
 // the same hard negatives, ties and NaN terms included, and at the selection's edges: no
-// positives, no negatives, every negative kept; the gradients within their types' bounds), the waived float16 binarization's NaN gradients, and a DBNet at width 8 trained
+// positives, no negatives, every negative kept; the gradients within their types' bounds),
+// the waived float16 binarization's NaN gradients, the waived float16 sums in the host's
+// index order, and a DBNet at width 8 trained
 // for three steps on both sides under fp32, bf16_mixed and fp16_mixed. Exits 77 (skipped)
 // where no GPU is present.
 #include <precis/nn/cuda.hpp>  // first: the device kernels, then nn
@@ -125,6 +127,37 @@ void check_waived(cuda_context& ctx) {
   expect(same == gx.size(), "waived float16: NaN where the host has NaN");
 }
 
+// The seed's configuration sums in float16: in index order on the host, where a sum of
+// terms below 1 stops growing (0.5 added to 1024 rounds back to 1024; log 2 added to 2048
+// rounds back to 2048). Every pixel is a positive with logit 0 and threshold 0.5, so that
+// each pixel's terms are the same values on both sides (BCE log 2, B 0.5): 8192 pixels give
+// the host a BCE sum of 2048, not 5678, and B y m of 1024, not 4096. The device must give the
+// host's sums, not a tree's.
+void check_waived_sums(cuda_context& ctx) {
+  using half_waived = unsafe<policy<float16, float16, float16, float, float16>, rule::fp32_operation>;
+  using sig16 = nn::values<nn::sig<float16, float16, 4>, nn::sig<float16, float16, 4>>;
+  auto b = make_batch<float16>(2, 64, 64, 9);
+  for (std::size_t i = 0; i < b.x.size(); ++i) {
+    b.x.data()[i] = float16(0.0F);
+    b.t.data()[i] = float16(0.5F);
+    b.y.shrink.data()[i] = 1.0F;
+    b.y.shrink_mask.data()[i] = 1.0F;
+  }
+  const cpu_context cpu{1};
+  dbnet::basic_loss<half_waived, half_waived, sig16> host;
+  dbnet::basic_loss<half_waived, half_waived, sig16, cuda_context> device;
+  const double want = double(host.forward(cpu, std::tuple{&b.x, &b.t}, b.y));
+  const auto x = to_device(b.x), t = to_device(b.t);
+  const auto y = upload(b.y);
+  const double got = double(to_host(device.forward(ctx, std::tuple{&x, &t}, y), ctx.stream()).data()[0]);
+  const auto h = host.terms(), d = device.terms(ctx);
+  expect(std::abs(h.bce - 0.25) < 1e-3, "waived float16 sums: the host's BCE sum stops at 2048 (the test's premise)");
+  expect(d.bce == h.bce, "waived float16 sums: the host's BCE term");
+  expect(d.dice == h.dice, "waived float16 sums: the host's dice term");
+  expect(d.l1 == h.l1, "waived float16 sums: the host's L1 term");
+  expect(got == want, "waived float16 sums: the host's loss");
+}
+
 // A DBNet at width 8 trained three steps on each side from the same masters (SGD with
 // momentum, the example's optimizer family): the same losses within the storage type's
 // bounds over a deep model, the same skipped steps.
@@ -205,6 +238,7 @@ int main() {
   using b_bin = kernel_policy_t<op::exp, presets::bf16_mixed>;
   check_loss<b_loss, b_bin>(ctx, "bf16_mixed", make_batch<bfloat16>(2, 32, 32, 6));
   check_waived(ctx);
+  check_waived_sums(ctx);
   check_step<presets::fp32, no_scaling>(ctx, "dbnet step fp32");
   check_step<presets::bf16_mixed, no_scaling>(ctx, "dbnet step bf16_mixed");
   check_step<presets::fp16_mixed, dynamic_scaler>(ctx, "dbnet step fp16_mixed");
