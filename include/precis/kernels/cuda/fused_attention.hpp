@@ -41,14 +41,17 @@
 // The frontend calls std::strlen without including <cstring> when built without its JSON
 // library (CUDNN_FRONTEND_SKIP_JSON_LIB, which precis::cudnn_frontend sets).
 #include <cstring>
+#include <exception>
 #include <unordered_map>
 
 #include <cudnn_frontend.h>
 
 // SDPA_attributes::set_generate_stats, with which the forward pass keeps the statistics
-// backward reads, came with frontend 1.13.
-static_assert(CUDNN_FRONTEND_VERSION >= 11300,
-              "precis: fused attention needs the cuDNN frontend 1.13 or later (pip install nvidia-cudnn-frontend)");
+// backward reads, came with frontend 1.13. Frontend 1.15 masks the backward pass's padding
+// itself where cuDNN 9.15 or older needs it (sequences that are not a multiple of 128
+// tokens, as ViT's 65 and 197: without the mask that cuDNN gives NaN or wrong gradients).
+static_assert(CUDNN_FRONTEND_VERSION >= 11500,
+              "precis: fused attention needs the cuDNN frontend 1.15 or later (pip install nvidia-cudnn-frontend)");
 #endif
 
 namespace precis {
@@ -127,6 +130,19 @@ inline void check(fe::error_t e, const char* stage) {  // by value: get_message(
   }
 }
 
+/// f(), with an exception the frontend throws (some of its builders throw rather than
+/// return an error) given as precis::error naming the stage.
+template <class F>
+decltype(auto) translated(const char* stage, F&& f) {
+  try {
+    return f();
+  } catch (const error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw error(std::string("precis::nn::attention (cuDNN fused attention): ") + stage + ": " + e.what());
+  }
+}
+
 /// The strides of q, k, v (and their gradients) in qkv's rows, of o in the merged rows, and of
 /// the stats, over [N, H, T, dh] (stats [N, H, T, 1]).
 struct layouts {
@@ -185,8 +201,8 @@ inline std::shared_ptr<fe::graph::Graph> make_graph(cudnnHandle_t handle, const 
   check(g->validate(), "validate");
   check(g->build_operation_graph(handle), "build_operation_graph");
   check(g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), "create_execution_plans");
-  check(g->check_support(handle), "check_support");
-  check(g->build_plans(handle), "build_plans");
+  check(g->check_support(), "check_support");
+  check(g->build_plans(), "build_plans");
   return g;
 }
 
@@ -205,11 +221,19 @@ inline fused_attention_engine::plan& fused_attention_engine::plan_for(cuda_conte
   for (const auto& p : plans_) {
     if (p->shape == s && p->backward == backward && p->handle == ctx.dnn()) return *p;
   }
+  // Building a plan loads kernels and may allocate and wait: not inside a CUDA graph's capture.
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  precis::check(cudaStreamIsCapturing(ctx.stream(), &capturing), "cudaStreamIsCapturing");
+  if (capturing != cudaStreamCaptureStatusNone) {
+    throw error("precis::nn::attention (cuDNN fused attention): a geometry without a plan while the stream is "
+                "captured into a CUDA graph; run one step on tensors of these shapes before capturing it");
+  }
   auto p = std::make_shared<plan>();
   p->shape = s;
   p->backward = backward;
   p->handle = ctx.dnn();
-  p->graph = detail::fused::make_graph(ctx.dnn(), s, backward);
+  p->graph = detail::fused::translated("building the plan",
+                                       [&] { return detail::fused::make_graph(ctx.dnn(), s, backward); });
   detail::fused::check(p->graph->get_workspace_size(p->workspace), "get_workspace_size");
   plans_.push_back(p);
   return *p;
@@ -224,7 +248,7 @@ inline void fused_attention_engine::forward(cuda_context& ctx, const fused_atten
   std::unordered_map<std::int64_t, void*> pack{
       {q_uid, base}, {k_uid, base + width}, {v_uid, base + 2 * width}, {o_uid, o}, {stats_uid, stats}};
   void* ws = p.workspace > 0 ? ctx.workspace(std::size_t(p.workspace)) : nullptr;
-  check(p.graph->execute(ctx.dnn(), pack, ws), "execute");
+  check(translated("execute", [&] { return p.graph->execute(ctx.dnn(), pack, ws); }), "execute");
 }
 
 inline void fused_attention_engine::backward(cuda_context& ctx, const fused_attention_shape& s, const void* qkv,
@@ -244,7 +268,7 @@ inline void fused_attention_engine::backward(cuda_context& ctx, const fused_atte
                                                {dk_uid, dbase + width},
                                                {dv_uid, dbase + 2 * width}};
   void* ws = p.workspace > 0 ? ctx.workspace(std::size_t(p.workspace)) : nullptr;
-  check(p.graph->execute(ctx.dnn(), pack, ws), "execute");
+  check(translated("execute", [&] { return p.graph->execute(ctx.dnn(), pack, ws); }), "execute");
 }
 
 #endif
