@@ -7,7 +7,8 @@
 // two micro-batches (also replayed as a graph). Then a step
 // captured as a CUDA graph and replayed gives the bits of the same steps run eagerly (also
 // when train_options::max_graphs drops graphs, and for an image model with a batch norm
-// and its fused ReLU), a smaller batch allocates nothing, a
+// and its fused ReLU), a capture on a shape no step has run is refused and training goes on
+// eagerly, a smaller batch allocates nothing, a
 // device model's checkpoint goes through the host's file format and back with the same
 // bits, and the device's memory pool keeps what a step frees across synchronisations.
 // Exits 77 (skipped) where no GPU is present.
@@ -240,6 +241,16 @@ void check_graph(cuda_context& ctx, const std::string& tag) {
   // A pass on a batch of another size gives the model's buffers another shape: the graph is stale.
   (void)w.graph.forward(ctx, to_device(random_tensor<S, 2>({batch / 2, features})), nn::mode::eval);
   expect_error(tag + " graph: replay after a reallocation", [&] { t2.replay(ctx); }, "capture the step again");
+  // A capture on a batch larger than any step so far would allocate the model's buffers
+  // inside the capture: refused, naming the remedy. The trainer then runs an eager step on
+  // it (the failed capture's CUDA error does not reach that step's launch checks).
+  const auto xl = to_device(random_tensor<S, 2>({2 * batch, features}));
+  const auto tl = class_zero(2 * batch);
+  expect_error(tag + " graph: a capture before an eager step of its shape", [&] { t2.capture(ctx, xl, tl); },
+               "run one step() on tensors of these shapes first");
+  t2.step(ctx, xl, tl);
+  const auto r3 = t2.records(ctx);
+  expect(r3.size() == 1 && std::isfinite(r3[0].loss), tag + " graph: an eager step after a failed capture");
 }
 
 // train_options::graph: step() runs the first step on a pair of batch buffers eagerly,

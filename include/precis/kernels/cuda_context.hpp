@@ -79,8 +79,19 @@ class cuda_context {
   /// captured work using it is stale once this changes (the old one was freed).
   const void* workspace_address() const { return workspace_; }
   /// A device workspace of at least `bytes`, kept and grown across calls (stream-ordered).
+  /// Throws precis::error where it would grow while the stream is captured into a CUDA graph:
+  /// the graph would own the new workspace and free the old one, and the context would keep
+  /// an address valid only inside the graph (run the work once before capturing it).
   void* workspace(std::size_t bytes) {
     if (bytes > workspace_bytes_) {
+      cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+      check(cudaStreamIsCapturing(stream_, &capturing), "cudaStreamIsCapturing");
+      if (capturing != cudaStreamCaptureStatusNone) {
+        throw error("precis::cuda_context::workspace: " + std::to_string(bytes) + " bytes, more than the " +
+                    std::to_string(workspace_bytes_) +
+                    " it holds, asked for while its stream is captured into a CUDA graph; run the work once "
+                    "before capturing it");
+      }
       if (workspace_) check(cudaFreeAsync(workspace_, stream_), "cudaFreeAsync");
       workspace_ = nullptr;
       workspace_bytes_ = 0;

@@ -580,23 +580,42 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
       }
     });
     make_room(ctx);
+    const std::uint64_t before = detail::device_reallocations.load(std::memory_order_relaxed);
     cudaGraph_t g = nullptr;
     check(cudaStreamBeginCapture(ctx.stream(), cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
     try {
       queue(ctx, batches);
-    } catch (...) {
+    } catch (const std::exception& e) {
       (void)cudaStreamEndCapture(ctx.stream(), &g);
-      if (g != nullptr) (void)cudaGraphDestroy(g);
-      throw;
+      capture_failed(g, before, e.what());
     }
-    check(cudaStreamEndCapture(ctx.stream(), &g), "cudaStreamEndCapture (a step queued something "
-          "that cannot be captured)");
+    if (const cudaError_t e = cudaStreamEndCapture(ctx.stream(), &g); e != cudaSuccess) {
+      capture_failed(g, before,
+                     std::string("cudaStreamEndCapture: ") + cudaGetErrorString(e) +
+                         " (a step queued something that cannot be captured)");
+    }
     opt_->release_capture();  // the captured step ran nothing: each replay takes its place
     cudaGraphExec_t exec = nullptr;
     const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
     (void)cudaGraphDestroy(g);
-    check(e, "cudaGraphInstantiate");
+    if (e != cudaSuccess) {
+      capture_failed(nullptr, before, std::string("cudaGraphInstantiate: ") + cudaGetErrorString(e));
+    }
     return exec;
+  }
+  // Throws for a capture that failed (`what`), after destroying what it recorded. A failed
+  // capture leaves its error as the thread's last CUDA error, which the next launch's check
+  // would report as its own: it is cleared first. Where the step made or resized device
+  // buffers while captured (`before`: the count when the capture began), the message says so:
+  // the step was not run eagerly on these shapes first.
+  [[noreturn]] static void capture_failed(cudaGraph_t partial, std::uint64_t before, const std::string& what) {
+    if (partial != nullptr) (void)cudaGraphDestroy(partial);
+    (void)cudaGetLastError();
+    if (detail::device_reallocations.load(std::memory_order_relaxed) != before) {
+      throw error("precis::nn::trainer::capture: the step made or resized device buffers while it was captured (" +
+                  what + "); run one step() on tensors of these shapes first");
+    }
+    throw error("precis::nn::trainer::capture: " + what);
   }
   // Whether a graph captured when the reallocation count and workspace were these may run.
   static bool still_valid(cuda_context& ctx, std::uint64_t reallocations, const void* workspace) {

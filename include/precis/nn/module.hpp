@@ -415,6 +415,9 @@ void ensure(Tensor& t, const shape_t<N>& shape, const Make&... make) {
   if constexpr (requires { t.resize(shape); }) {
     t.resize(shape);
   } else {
+    // Counted first, so that an allocation that fails (inside a CUDA graph's capture, say)
+    // is counted too.
+    device_reallocations.fetch_add(1, std::memory_order_relaxed);
     std::size_t n = 1;
     for (const std::size_t e : shape) n *= e;
     if constexpr (requires { t.fit(shape); }) {
@@ -426,7 +429,6 @@ void ensure(Tensor& t, const shape_t<N>& shape, const Make&... make) {
     } else {
       t = Tensor(shape, make...);
     }
-    device_reallocations.fetch_add(1, std::memory_order_relaxed);
   }
 }
 
