@@ -28,11 +28,12 @@
 # A phase starts only when at least its minimum time (MIN_<phase>, seconds) is left of BUDGET
 # (default 540: the lease's command limit less the unpacking and the transfers), and runs for
 # at most its maximum (MAX_<phase>) or what is left; each script's own per-program limits are
-# set to fit. Results go to $OUT/results.tar.xz (one folder per phase, repacked after each
-# phase, so a call stopped by its limit still returns what had finished) and a summary, one
-# line per phase with its exit status and seconds, to $OUT/session.txt. Exit status 0 when
-# every phase that ran passed. Unpack here with
-#   mkdir -p bench/results/cuda/<name> && tar xJf results.tar.xz -C bench/results/cuda/<name>
+# set to fit. Results go to $OUT/results.tar.xz (results.tar.gz on a machine without xz; one
+# folder per phase, repacked after each phase, and on a TERM, INT or HUP, which also stops
+# the running phase, so a call stopped by its limit still returns what had finished) and a
+# summary, one line per phase with its exit status and seconds, to $OUT/session.txt. Exit
+# status 0 when every phase that ran passed. Unpack here with
+#   mkdir -p bench/results/cuda/<name> && tar xf results.tar.xz -C bench/results/cuda/<name>
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 BUILD="${BUILD:-.gpu}"
@@ -82,11 +83,13 @@ run_phase() {
 # (setsid), and then stops every process left in that session: the scripts run their programs
 # under `timeout`, which gives each a process group of its own, out of reach of a timeout
 # around the phase; a program that outlived its phase would hold the GPU through the next
-# one. Exit status: the phase's, or 124 when it was stopped.
+# one. Exit status: the phase's, or 124 when it was stopped. `sid` (the running phase's
+# session) is global: a signal to this script stops that session too (see the trap below).
+sid=""
 run_limited() {
   local phase="$1" limit="$2" waited=0 rc
   setsid bash -c "$(declare -f run_phase); run_phase $phase $((limit - 10))" > "$R/$phase.log" 2>&1 &
-  local sid=$!  # a background job of a script is no group leader: setsid makes it a session's leader
+  sid=$!  # a background job of a script is no group leader: setsid makes it a session's leader
   while kill -0 "$sid" 2>/dev/null && ((waited < limit)); do
     sleep 1
     waited=$((waited + 1))
@@ -101,6 +104,7 @@ run_limited() {
   wait "$sid"
   rc=$?
   pkill -KILL -s "$sid"  # anything the phase left running in the background
+  sid=""
   return "$rc"
 }
 
@@ -108,7 +112,19 @@ for p in $PHASES; do
   [[ -n "${MIN[$p]:-}" ]] || { echo "gpu_session.sh: no phase named $p (phases: ${!MIN[*]})" >&2; exit 2; }
 done
 
-pack() { tar cJf "$OUT/results.tar.xz.part" -C "$R" . && mv "$OUT/results.tar.xz.part" "$OUT/results.tar.xz"; }
+# The archive: xz where the machine has it, else gzip (results.tar.gz), so that a missing xz
+# never costs the results.
+if command -v xz > /dev/null; then
+  archive=results.tar.xz pack_flag=J
+else
+  archive=results.tar.gz pack_flag=z
+  echo "gpu_session.sh: no xz here, the results go to $archive" >&2
+fi
+pack() { tar "c${pack_flag}f" "$OUT/$archive.part" -C "$R" . && mv "$OUT/$archive.part" "$OUT/$archive"; }
+# Stopped from outside (the lease's command limit, an interrupt): the running phase's session
+# is stopped, not left holding the GPU, and what has finished is packed.
+trap '[[ -n "$sid" ]] && pkill -KILL -s "$sid"; echo "gpu_session.sh: stopped by a signal" >> "$OUT/session.txt"; \
+  cp "$OUT/session.txt" "$R/session.txt"; pack; exit 124' TERM INT HUP
 
 {
   echo "gpu_session.sh at $(git rev-parse --short HEAD 2>/dev/null || echo '?'), budget ${BUDGET} s, phases: $PHASES"
@@ -117,12 +133,12 @@ pack() { tar cJf "$OUT/results.tar.xz.part" -C "$R" . && mv "$OUT/results.tar.xz
 failed=0
 for p in $PHASES; do
   left=$((BUDGET - ($(date +%s) - start)))
-  need="${MIN[$p]}"
+  v="MIN_$p" && need="${!v:-${MIN[$p]}}"
   if ((left < need)); then
     echo "$p: not started (${left} s left, needs ${need})" | tee -a "$OUT/session.txt"
     continue
   fi
-  limit="${MAX[$p]}"
+  v="MAX_$p" && limit="${!v:-${MAX[$p]}}"
   ((limit > left)) && limit=$left
   echo "== $p (at most ${limit} s)"
   t0=$(date +%s)

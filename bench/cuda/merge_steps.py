@@ -47,8 +47,10 @@ def read_torch(lines):
         if not line.startswith("RESULT,"):
             continue
         fields = line.strip().split(",")
-        if len(fields) != 6:
-            raise SystemExit(f"merge_steps.py: a RESULT line of {len(fields)} fields, not 6: {line.strip()}")
+        if len(fields) != 6:  # a run cut off mid-line: its other lines still count
+            print(f"merge_steps.py: skipped a RESULT line of {len(fields)} fields, not 6: {line.strip()}",
+                  file=sys.stderr)
+            continue
         _, config, precision, compiled, ms, peak = fields
         entry = found.setdefault((config, precision), {"eager": None, "modes": {}})
         if compiled == "0":
@@ -90,10 +92,22 @@ def merge(kind, precis_rows, torch):
 
 
 def write(kind, precis_csv, torch_log, out):
-    with open(precis_csv) as f:
-        precis_rows = list(csv.DictReader(f))
-    with open(torch_log) as f:
-        torch = read_torch(f)
+    precis_rows, torch, complete = [], {}, True
+    # A side whose run failed or was cut off leaves its file missing: the other side's rows
+    # are still worth writing (a missing precis CSV gives the table no rows, a missing torch
+    # log empty torch columns), and the exit status says so.
+    try:
+        with open(precis_csv) as f:
+            precis_rows = list(csv.DictReader(f))
+    except OSError as e:
+        print(f"merge_steps.py: no precis rows ({e})", file=sys.stderr)
+        complete = False
+    try:
+        with open(torch_log) as f:
+            torch = read_torch(f)
+    except OSError as e:
+        print(f"merge_steps.py: no torch results ({e})", file=sys.stderr)
+        complete = False
     rows, chosen = merge(kind, precis_rows, torch)
     with open(out, "w", newline="") as g:
         w = csv.writer(g)
@@ -111,6 +125,7 @@ def write(kind, precis_csv, torch_log, out):
     for row, mode in zip(rows, chosen):
         if mode:
             print(f"{row[0]} {row[1]}: torch_compile_ms is torch.compile mode {mode}")
+    return complete
 
 
 def self_test():
@@ -164,12 +179,9 @@ def self_test():
                         "H"], drows[0]
     assert drows[1][3:6] == ["60.0", "50.0", "65.0"], drows[1]
     assert drows[2][3:6] == ["", "", "66.0"], drows[2]
-    for bad in (["RESULT,a,b,0,1"], ):
-        try:
-            read_torch(bad)
-        except SystemExit:
-            continue
-        raise AssertionError("a short RESULT line was accepted")
+    # A line cut off mid-run is skipped; the complete lines around it still count.
+    cut = read_torch(["RESULT,a,b,0,1", "RESULT,vit-b16-224-b64,bf16,0,42.0,9000.0"])
+    assert cut == {("vit-b16-224-b64", "bf16"): {"eager": ("42.0", "9000.0"), "modes": {}}}, cut
     try:
         merge("vit", [dict(precis[0], policy="fp64")], torch)
     except SystemExit:
@@ -185,13 +197,18 @@ def self_test():
             w.writerows(precis)
         with open(t, "w") as f:
             f.write("\n".join(log) + "\n")
-        write("vit", p, t, o)
+        assert write("vit", p, t, o)
         with open(o) as f:
             table = list(csv.reader(f))
         assert table[0] == HEADERS["vit"] and len(table) == 1 + len(precis), table
         with open(os.path.join(d, "vit_gpu_compile_modes.csv")) as f:
             modes = list(csv.reader(f))
         assert modes[0] == ["config", "precision", "mode", "median_ms"] and len(modes) == 5, modes
+        # torch's run failed: precis's rows with empty torch columns, and an incomplete merge.
+        assert not write("vit", p, os.path.join(d, "missing.txt"), o)
+        with open(o) as f:
+            table = list(csv.reader(f))
+        assert len(table) == 1 + len(precis) and table[1][3:5] == ["", ""], table
     print("merge_steps.py: self-test passed")
 
 
@@ -201,7 +218,7 @@ def main():
         return
     if len(sys.argv) != 5 or sys.argv[1] not in HEADERS:
         raise SystemExit("usage: merge_steps.py vit|dbnet PRECIS_CSV TORCH_LOG OUT, or merge_steps.py --self-test")
-    write(*sys.argv[1:])
+    sys.exit(0 if write(*sys.argv[1:]) else 1)
 
 
 if __name__ == "__main__":

@@ -2,11 +2,20 @@
 # stage_for_gpu.sh holds its binaries packed (bin.tar.xz), and with DBNET=1 the libraries
 # example_dbnet_cuda needs (lib.tar.xz). The binaries are unpacked into BUILD once; the
 # libraries into a temporary folder put first on LD_LIBRARY_PATH.
+# Without an xz program, Python's tarfile unpacks them (its lzma module). A failure to unpack
+# is said, not left to show as missing binaries.
+staged_untar() {  # archive, folder
+  if command -v xz > /dev/null; then
+    tar xJf "$1" -C "$2"
+  else
+    "${PYTHON:-python3}" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$1" "$2"
+  fi || { echo "staged.sh: could not unpack $1" >&2; return 1; }
+}
 if [[ -f "$BUILD/bin.tar.xz" && ! -e "$BUILD/.unpacked" ]]; then
-  tar xJf "$BUILD/bin.tar.xz" -C "$BUILD" && touch "$BUILD/.unpacked"
+  staged_untar "$BUILD/bin.tar.xz" "$BUILD" && touch "$BUILD/.unpacked"
 fi
 if [[ -f "$BUILD/lib.tar.xz" ]]; then
   staged_lib="$(mktemp -d)"
-  tar xJf "$BUILD/lib.tar.xz" -C "$staged_lib"
+  staged_untar "$BUILD/lib.tar.xz" "$staged_lib"
   export LD_LIBRARY_PATH="$staged_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
