@@ -311,6 +311,10 @@ inline bool parse(int argc, char** argv, options& o, const std::set<std::string>
     }
     if (!ok) return false;
   }
+  if (o.check && o.time_steps > 0) {
+    std::fprintf(stderr, "example_dbnet: --check and --time exclude each other (a timing run checks nothing)\n");
+    return false;
+  }
   if (o.check) {
     o.epochs = 3;
     o.train = 48;

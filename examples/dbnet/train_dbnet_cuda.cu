@@ -294,8 +294,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::fprintf(stderr, "example_dbnet_cuda: no CUDA device\n");
+  if (const cudaError_t status = cudaGetDeviceCount(&devices); status != cudaSuccess || devices == 0) {
+    std::fprintf(stderr, "example_dbnet_cuda: no CUDA device (%s)\n",
+                 status != cudaSuccess ? cudaGetErrorString(status) : "none found");
     return 77;  // what CTest reports as skipped
   }
   try {

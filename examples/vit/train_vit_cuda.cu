@@ -325,8 +325,9 @@ int main(int argc, char** argv) {
     o.test_size = o.test_size ? o.test_size : 1000;
   }
   int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::fprintf(stderr, "example_vit_cuda: no CUDA device\n");
+  if (const cudaError_t status = cudaGetDeviceCount(&devices); status != cudaSuccess || devices == 0) {
+    std::fprintf(stderr, "example_vit_cuda: no CUDA device (%s)\n",
+                 status != cudaSuccess ? cudaGetErrorString(status) : "none found");
     return 77;  // what CTest reports as skipped
   }
   try {

@@ -22,7 +22,7 @@
 namespace precis_test {
 
 inline int failures = 0;
-inline std::mt19937 rng(std::random_device{}());
+inline std::mt19937 rng(test_seed());
 
 /// The relative error a device result of type T may have against the host's: one
 /// rounding of each plus float arithmetic in another order and the device's libm.
@@ -65,7 +65,18 @@ precis::device_tensor<T, N> poisoned(const std::array<std::size_t, N>& shape) {
   return d;
 }
 
-/// max |device - host| / max(max |host|, scale) < limit; any non-finite value fails.
+/// Whether two tensors of rank N have one shape.
+template <class A, class B>
+bool equal_shapes(const A& a, const B& b) {
+  if (a.shape().size() != b.shape().size()) return false;
+  for (std::size_t k = 0; k < a.shape().size(); ++k) {
+    if (std::size_t(a.shape()[k]) != std::size_t(b.shape()[k])) return false;
+  }
+  return true;
+}
+
+/// max |device - host| / max(max |host|, scale) < limit; any non-finite value, or a shape
+/// that is not the host's, fails.
 /// `scale` is the size of the terms a result is the difference of, where that difference
 /// can cancel to (near) zero: there the error is measured against the terms, not the result.
 template <class T, std::size_t N>
@@ -73,6 +84,11 @@ void compare(const std::string& what, precis::cuda_context& ctx,
              const precis::device_tensor<T, N>& got, const precis::host_tensor<T, N>& want,
              double limit = bound<T>(), double scale = 0) {
   const auto g = precis::to_host(got, ctx.stream());
+  if (!precis_test::equal_shapes(g, want)) {
+    std::printf("FAILED: %s: the device result's shape is not the host's\n", what.c_str());
+    ++failures;
+    return;
+  }
   double err = 0, norm = 0;
   for (std::size_t i = 0; i < g.size(); ++i) {
     const double a = double(g.data()[i]), b = double(want.data()[i]);
@@ -96,7 +112,7 @@ template <class T, std::size_t N>
 bool same_bits(precis::cuda_context& ctx, const precis::device_tensor<T, N>& got,
                const precis::host_tensor<T, N>& want) {
   const auto g = precis::to_host(got, ctx.stream());
-  return std::memcmp(g.data(), want.data(), g.size() * sizeof(T)) == 0;
+  return precis_test::equal_shapes(g, want) && std::memcmp(g.data(), want.data(), g.size() * sizeof(T)) == 0;
 }
 
 /// f() throws precis::error whose message holds `needle`.

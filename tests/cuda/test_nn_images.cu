@@ -17,6 +17,7 @@
 // A batch norm and the ReLU after it, which run as one pass on the device, against the same
 // layers run apart on the device: the same bits; with the pair first, backward_parameters()
 // against backward(), and a refused batch that leaves the pair's last pass as it was.
+// backward_parameters() against backward() through the pyramid and the DBNet as well.
 //
 // One unit for both layouts: they build the same models (the layout is a run-time option),
 // so the device and host instantiations are compiled once.
@@ -181,6 +182,39 @@ void check_fused_relu(cuda_context& ctx, const std::string& tag, image_layout la
          w + ": evaluation");
 }
 
+// Every parameter gradient of a device model, by path.
+template <class Model>
+std::map<std::string, std::vector<float>> parameter_gradients(cuda_context& ctx, Model& model) {
+  std::map<std::string, std::vector<float>> all;
+  model.for_each_parameter([&](const std::string& path, const auto& p) {
+    const auto g = to_host(p.grad(), ctx.stream());
+    all[path] = std::vector<float>(g.data(), g.data() + g.size());
+  });
+  return all;
+}
+
+// nn::backward_parameters, what nn::trainer runs (the layers that read the model's input
+// compute no input gradient), through the multi-tensor nodes: backward()'s parameter
+// gradients, bit for bit.
+template <class P, class Blueprint>
+void check_parameters_only(cuda_context& ctx, const std::string& tag, const Blueprint& blueprint,
+                           const std::array<std::size_t, 4>& xs, image_layout layout = image_layout::nchw) {
+  using S = typename P::storage_type;
+  using G = typename P::gradient_type;
+  auto model = nn::build<S, 4, cuda_context>(P{}, blueprint, {.seed = 7, .layout = layout});
+  const auto ys = model.output_shape(xs);
+  const auto x = to_device(random_tensor<S, 4>(xs));
+  const auto dy = to_device(random_tensor<G, std::tuple_size_v<decltype(ys)>>(ys, 0.1F));
+  model.zero_grad(ctx);
+  (void)model.forward(ctx, x);
+  (void)model.backward(ctx, dy);
+  const auto full = parameter_gradients(ctx, model);
+  model.zero_grad(ctx);
+  (void)model.forward(ctx, x);
+  model.backward_parameters(ctx, dy);
+  expect(parameter_gradients(ctx, model) == full, tag + ": backward_parameters gives backward's parameter gradients");
+}
+
 // A model that starts with the fused pair: nn::backward_parameters (what nn::trainer runs)
 // gives backward()'s parameter gradients, and a batch the batch norm refuses, given to the
 // root module (past the model's own shape check; another channel count, or one value per
@@ -200,22 +234,14 @@ void check_fused_relu_first(cuda_context& ctx, const std::string& tag) {
   const std::array<std::size_t, 4> xs{4, 6, 5, 7};
   const auto x = to_device(random_tensor<S, 4>(xs, 1.0F, 0.3F));
   const auto dy = to_device(random_tensor<G, 4>(xs, 0.1F));
-  const auto gradients = [&] {
-    std::map<std::string, std::vector<float>> all;
-    model.for_each_parameter([&](const std::string& path, const auto& p) {
-      const auto g = to_host(p.grad(), ctx.stream());
-      all[path] = std::vector<float>(g.data(), g.data() + g.size());
-    });
-    return all;
-  };
   model.zero_grad(ctx);
   (void)model.forward(ctx, x);
   const auto dx = to_host(model.backward(ctx, dy), ctx.stream());
-  const auto full = gradients();
+  const auto full = parameter_gradients(ctx, model);
   model.zero_grad(ctx);
   (void)model.forward(ctx, x);
   model.backward_parameters(ctx, dy);
-  expect(gradients() == full, w + ": backward_parameters gives backward's parameter gradients");
+  expect(parameter_gradients(ctx, model) == full, w + ": backward_parameters gives backward's parameter gradients");
   (void)model.forward(ctx, x);
   const auto bad = to_device(random_tensor<S, 4>({4, 5, 5, 7}));
   expect_error(w + ": 5 channels", [&] { (void)model.root().forward(ctx, bad, nn::mode::train); }, "[N, 6, ...]");
@@ -244,6 +270,14 @@ int main() {
   check_fused_relu<presets::fp16_mixed>(ctx, "nhwc fp16_mixed", nhwc);
   check_fused_relu_first<presets::fp32>(ctx, "fp32");
   check_fused_relu_first<presets::bf16_mixed>(ctx, "bf16_mixed");
+  {
+    const dbnet::config c{.width = 8, .inner = 16};
+    check_parameters_only<presets::bf16_mixed>(ctx, "bf16_mixed pyramid", pyramid(), {2, 3, 16, 12});
+    check_parameters_only<presets::fp32>(ctx, "fp32 dbnet", nn::seq(dbnet::blueprint(c), nn::subtract()),
+                                         {2, 3, 64, 64});
+    check_parameters_only<presets::bf16_mixed>(ctx, "nhwc bf16_mixed dbnet",
+                                               nn::seq(dbnet::blueprint(c), nn::subtract()), {2, 64, 64, 3}, nhwc);
+  }
   // Shapes that cannot be joined are refused, naming the join, before any launch.
   {
     auto model = nn::build<float, 4, cuda_context>(
