@@ -16,7 +16,7 @@
 #   vit_step     the ViT steps against torch eager (run_vit_on_gpu.sh STAGES=step;
 #                COMPILE=1 adds torch.compile, in COMPILE_MODES for COMPILE_PRECISIONS as
 #                there: COMPILE=1 COMPILE_PRECISIONS=bf16 times what the speed targets
-#                compare with)
+#                compare with; STEP_POLICIES picks precis's rows, in this phase and the next)
 #   dbnet_step   the DBNet step at ResNet-18 width against torch eager (run_dbnet_on_gpu.sh
 #                STAGES=step; COMPILE, LIGHTNING, NHWC and CONFIGS as there, default off and
 #                dbnet-r18-640-b16)

@@ -21,7 +21,9 @@
 #    channels_last step (--channels-last) where it was run (NHWC=0 leaves those runs out),
 #    its Lightning column the NCHW one.
 #
-# STAGES picks them (default "train step"); POLICIES the example's maps (default all);
+# STAGES picks them (default "train step"); POLICIES the example's maps (default all),
+# STEP_POLICIES the step's rows (bench_dbnet_gpu --policy: e.g. "bf16_mixed,bf16_mixed_graph";
+# default all, 20 rows a configuration);
 # COMPILE=0 leaves torch.compile out, LIGHTNING=0 Lightning; COMPILE_MODES and
 # COMPILE_PRECISIONS as run_vit_on_gpu.sh's (torch_compile_ms the fastest mode's, every mode's
 # time in dbnet_gpu_compile_modes.csv); CONFIGS the step's configurations
@@ -67,10 +69,12 @@ if [[ " $STAGES " == *" step "* ]]; then
   precis_csv="$RESULTS_CUDA/dbnet_gpu_precis.csv"
   : > "$precis_csv.part"
   : > "$RESULTS_CUDA/bench_dbnet_gpu.txt"
+  rows=()
+  [[ -n "${STEP_POLICIES:-}" ]] && rows=(--policy "$STEP_POLICIES")
   for config in $CONFIGS; do
     rm -f "$precis_csv.one"
     timeout "${STEP_TIMEOUT:-300}" "$BUILD/bench/bench_dbnet_gpu" --steps "$STEPS" --warmup "$WARMUP" \
-      --config "$config" --csv "$precis_csv.one" 2>&1 | tee -a "$RESULTS_CUDA/bench_dbnet_gpu.txt"
+      --config "$config" "${rows[@]}" --csv "$precis_csv.one" 2>&1 | tee -a "$RESULTS_CUDA/bench_dbnet_gpu.txt"
     rc=${PIPESTATUS[0]}
     echo "bench_dbnet_gpu ($config): exit $rc" | tee -a "$RESULTS_CUDA/bench_dbnet_gpu.txt"
     [[ $rc -eq 0 ]] || failed=1

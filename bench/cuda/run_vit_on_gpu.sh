@@ -16,7 +16,8 @@
 #    attention is F.scaled_dot_product_attention (flash attention), SDPA=0 for the three
 #    steps written out.
 #
-# STAGES picks them (default "train step"); COMPILE=0 leaves torch.compile out;
+# STAGES picks them (default "train step"); STEP_POLICIES the step's rows (bench_vit_gpu
+# --policy, e.g. "bf16_mixed,bf16_mixed_graph"; default all); COMPILE=0 leaves torch.compile out;
 # COMPILE_MODES lists torch.compile's modes to time (default "default reduce-overhead";
 # "max-autotune" tunes for minutes), COMPILE_PRECISIONS the precisions compiled (default
 # "fp32 tf32 bf16 fp16"; "bf16" is all the speed targets compare with); torch_compile_ms is the
@@ -56,8 +57,10 @@ fi
 
 if [[ " $STAGES " == *" step "* ]]; then
   precis_csv="$RESULTS_CUDA/vit_gpu_precis.csv"
+  rows=()
+  [[ -n "${STEP_POLICIES:-}" ]] && rows=(--policy "$STEP_POLICIES")
   timeout "${STEP_TIMEOUT:-300}" "$BUILD/bench/bench_vit_gpu" --steps "$STEPS" --warmup "$WARMUP" \
-    --csv "$precis_csv" 2>&1 | tee "$RESULTS_CUDA/bench_vit_gpu.txt"
+    "${rows[@]}" --csv "$precis_csv" 2>&1 | tee "$RESULTS_CUDA/bench_vit_gpu.txt"
   rc=${PIPESTATUS[0]}
   echo "bench_vit_gpu: exit $rc" | tee -a "$RESULTS_CUDA/bench_vit_gpu.txt"
   [[ $rc -eq 0 ]] || failed=1
