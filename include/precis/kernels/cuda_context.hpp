@@ -75,6 +75,14 @@ class cuda_context {
   /// Its cuDNN handle, bound to stream().
   cudnnHandle_t dnn() const { return dnn_; }
 
+  /// Whether the stream is being captured into a CUDA graph (an invalidated capture counts):
+  /// what must not allocate, wait or build plans then asks.
+  bool capturing() const {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    check(cudaStreamIsCapturing(stream_, &status), "cudaStreamIsCapturing");
+    return status != cudaStreamCaptureStatusNone;
+  }
+
   /// The workspace's current address (null before the first request): a CUDA graph that
   /// captured work using it is stale once this changes (the old one was freed).
   const void* workspace_address() const { return workspace_; }
@@ -84,9 +92,7 @@ class cuda_context {
   /// an address valid only inside the graph (run the work once before capturing it).
   void* workspace(std::size_t bytes) {
     if (bytes > workspace_bytes_) {
-      cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-      check(cudaStreamIsCapturing(stream_, &capturing), "cudaStreamIsCapturing");
-      if (capturing != cudaStreamCaptureStatusNone) {
+      if (capturing()) {
         throw error("precis::cuda_context::workspace: " + std::to_string(bytes) + " bytes, more than the " +
                     std::to_string(workspace_bytes_) +
                     " it holds, asked for while its stream is captured into a CUDA graph; run the work once "

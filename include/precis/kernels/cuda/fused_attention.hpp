@@ -47,11 +47,9 @@
 #include <cudnn_frontend.h>
 
 // SDPA_attributes::set_generate_stats, with which the forward pass keeps the statistics
-// backward reads, came with frontend 1.13. Frontend 1.15 masks the backward pass's padding
-// itself where cuDNN 9.15 or older needs it (sequences that are not a multiple of 128
-// tokens, as ViT's 65 and 197: without the mask that cuDNN gives NaN or wrong gradients).
-static_assert(CUDNN_FRONTEND_VERSION >= 11500,
-              "precis: fused attention needs the cuDNN frontend 1.15 or later (pip install nvidia-cudnn-frontend)");
+// backward reads, came with frontend 1.13.
+static_assert(CUDNN_FRONTEND_VERSION >= 11300,
+              "precis: fused attention needs the cuDNN frontend 1.13 or later (pip install nvidia-cudnn-frontend)");
 #endif
 
 namespace precis {
@@ -122,7 +120,29 @@ namespace detail::fused {
 namespace fe = cudnn_frontend;
 
 // The variant pack's tensor ids.
-enum uid : std::int64_t { q_uid = 1, k_uid, v_uid, o_uid, stats_uid, do_uid, dq_uid, dk_uid, dv_uid };
+enum uid : std::int64_t {
+  q_uid = 1,
+  k_uid,
+  v_uid,
+  o_uid,
+  stats_uid,
+  do_uid,
+  dq_uid,
+  dk_uid,
+  dv_uid,
+  seq_len_q_uid,
+  seq_len_kv_uid
+};
+
+/// Whether the backward pass of geometry s masks its padding with sequence lengths of its
+/// own (every length T). cuDNN 9.15 and older give NaN or wrong gradients in the backward pass
+/// where T is not a multiple of 128 (ViT's 65 and 197 tokens) unless it is masked. Frontend
+/// 1.16 and later add that mask then, and 1.15 whenever T is not a multiple of 128, each with
+/// lengths it copies from host memory on every call, which a captured step must not do;
+/// given here, in device memory made with the plan, they leave the frontend nothing to add.
+inline bool own_padding_mask(const fused_attention_shape& s) {
+  return s.tokens % 128 != 0 && (cudnnGetVersion() <= 91500 || CUDNN_FRONTEND_VERSION < 11600);
+}
 
 inline void check(fe::error_t e, const char* stage) {  // by value: get_message() is not const
   if (e.is_bad()) {
@@ -193,6 +213,19 @@ inline std::shared_ptr<fe::graph::Graph> make_graph(cudnnHandle_t handle, const 
                           .set_name("attention_backward")
                           .set_attn_scale(s.scale)
                           .set_deterministic_algorithm(true);
+    if (own_padding_mask(s)) {
+      const auto lengths = [&](const char* name, uid id) {
+        return g->tensor(fe::graph::Tensor_attributes()
+                             .set_name(name)
+                             .set_uid(id)
+                             .set_dim({s.batch, 1, 1, 1})
+                             .set_stride({1, 1, 1, 1})
+                             .set_data_type(fe::DataType_t::INT32));
+      };
+      attributes.set_padding_mask(true)
+          .set_seq_len_q(lengths("seq_len_q", seq_len_q_uid))
+          .set_seq_len_kv(lengths("seq_len_kv", seq_len_kv_uid));
+    }
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, attributes);
     dq->set_output(true).set_uid(dq_uid).set_dim(l.dims).set_stride(l.qkv);
     dk->set_output(true).set_uid(dk_uid).set_dim(l.dims).set_stride(l.qkv);
@@ -214,6 +247,10 @@ struct fused_attention_engine::plan {
   cudnnHandle_t handle = nullptr;  // the context's handle the plan was built on
   std::shared_ptr<detail::fused::fe::graph::Graph> graph;
   std::int64_t workspace = 0;
+  // A backward plan's sequence lengths where it masks its padding (own_padding_mask): every
+  // one T, for q and kv alike, on the device, and their host source until the copy is done.
+  std::vector<std::int32_t> lengths;
+  std::shared_ptr<void> device_lengths;
 };
 
 inline fused_attention_engine::plan& fused_attention_engine::plan_for(cuda_context& ctx, const fused_attention_shape& s,
@@ -222,9 +259,7 @@ inline fused_attention_engine::plan& fused_attention_engine::plan_for(cuda_conte
     if (p->shape == s && p->backward == backward && p->handle == ctx.dnn()) return *p;
   }
   // Building a plan loads kernels and may allocate and wait: not inside a CUDA graph's capture.
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  precis::check(cudaStreamIsCapturing(ctx.stream(), &capturing), "cudaStreamIsCapturing");
-  if (capturing != cudaStreamCaptureStatusNone) {
+  if (ctx.capturing()) {
     throw error("precis::nn::attention (cuDNN fused attention): a geometry without a plan while the stream is "
                 "captured into a CUDA graph; run one step on tensors of these shapes before capturing it");
   }
@@ -235,6 +270,15 @@ inline fused_attention_engine::plan& fused_attention_engine::plan_for(cuda_conte
   p->graph = detail::fused::translated("building the plan",
                                        [&] { return detail::fused::make_graph(ctx.dnn(), s, backward); });
   detail::fused::check(p->graph->get_workspace_size(p->workspace), "get_workspace_size");
+  if (backward && detail::fused::own_padding_mask(s)) {
+    p->lengths.assign(std::size_t(s.batch), std::int32_t(s.tokens));
+    const std::size_t bytes = p->lengths.size() * sizeof(std::int32_t);
+    void* d = nullptr;
+    precis::check(cudaMalloc(&d, bytes), "cudaMalloc (fused attention's sequence lengths)");
+    p->device_lengths.reset(d, [](void* q) { (void)cudaFree(q); });
+    precis::check(cudaMemcpyAsync(d, p->lengths.data(), bytes, cudaMemcpyHostToDevice, ctx.stream()),
+                  "cudaMemcpyAsync (fused attention's sequence lengths)");
+  }
   plans_.push_back(p);
   return *p;
 }
@@ -267,6 +311,10 @@ inline void fused_attention_engine::backward(cuda_context& ctx, const fused_atte
                                                {dq_uid, dbase},
                                                {dk_uid, dbase + width},
                                                {dv_uid, dbase + 2 * width}};
+  if (p.device_lengths != nullptr) {
+    pack.emplace(seq_len_q_uid, p.device_lengths.get());
+    pack.emplace(seq_len_kv_uid, p.device_lengths.get());
+  }
   void* ws = p.workspace > 0 ? ctx.workspace(std::size_t(p.workspace)) : nullptr;
   check(translated("execute", [&] { return p.graph->execute(ctx.dnn(), pack, ws); }), "execute");
 }
