@@ -246,8 +246,10 @@ void check_graph(cuda_context& ctx, const std::string& tag) {
   // it (the failed capture's CUDA error does not reach that step's launch checks).
   const auto xl = to_device(random_tensor<S, 2>({2 * batch, features}));
   const auto tl = class_zero(2 * batch);
+  const auto places = w.o2.steps_left();
   expect_error(tag + " graph: a capture before an eager step of its shape", [&] { t2.capture(ctx, xl, tl); },
                "run one step() on tensors of these shapes first");
+  expect(w.o2.steps_left() == places, tag + " graph: a failed capture keeps the optimizer's table places");
   t2.step(ctx, xl, tl);
   const auto r3 = t2.records(ctx);
   expect(r3.size() == 1 && std::isfinite(r3[0].loss), tag + " graph: an eager step after a failed capture");

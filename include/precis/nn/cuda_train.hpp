@@ -581,16 +581,21 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
     });
     make_room(ctx);
     const std::uint64_t before = detail::device_reallocations.load(std::memory_order_relaxed);
+    const std::uint64_t places = opt_->steps_left();
     cudaGraph_t g = nullptr;
     check(cudaStreamBeginCapture(ctx.stream(), cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
     try {
       queue(ctx, batches);
     } catch (const std::exception& e) {
       (void)cudaStreamEndCapture(ctx.stream(), &g);
-      capture_failed(g, before, e.what());
+      capture_failed(g, before, places, e.what());
+    } catch (...) {
+      (void)cudaStreamEndCapture(ctx.stream(), &g);
+      abandon_capture(g, places);
+      throw;
     }
     if (const cudaError_t e = cudaStreamEndCapture(ctx.stream(), &g); e != cudaSuccess) {
-      capture_failed(g, before,
+      capture_failed(g, before, places,
                      std::string("cudaStreamEndCapture: ") + cudaGetErrorString(e) +
                          " (a step queued something that cannot be captured)");
     }
@@ -599,18 +604,27 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
     const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
     (void)cudaGraphDestroy(g);
     if (e != cudaSuccess) {
-      capture_failed(nullptr, before, std::string("cudaGraphInstantiate: ") + cudaGetErrorString(e));
+      // The captured update's place was given back above.
+      capture_failed(nullptr, before, opt_->steps_left(),
+                     std::string("cudaGraphInstantiate: ") + cudaGetErrorString(e));
     }
     return exec;
   }
-  // Throws for a capture that failed (`what`), after destroying what it recorded. A failed
-  // capture leaves its error as the thread's last CUDA error, which the next launch's check
-  // would report as its own: it is cleared first. Where the step made or resized device
-  // buffers while captured (`before`: the count when the capture began), the message says so:
-  // the step was not run eagerly on these shapes first.
-  [[noreturn]] static void capture_failed(cudaGraph_t partial, std::uint64_t before, const std::string& what) {
+  // Undoes what a failed capture left: destroys what it recorded (`partial`), clears its error
+  // (a failed capture leaves it as the thread's last CUDA error, which the next launch's check
+  // would report as its own), and gives back the place in the optimizer's table that the
+  // captured update took, if it took one (`places`: the places left when the capture began).
+  void abandon_capture(cudaGraph_t partial, std::uint64_t places) {
     if (partial != nullptr) (void)cudaGraphDestroy(partial);
     (void)cudaGetLastError();
+    if (opt_->steps_left() < places) opt_->release_capture();
+  }
+  // Throws for a capture that failed (`what`), after abandon_capture. Where the step made or
+  // resized device buffers while captured (`before`: the count when the capture began), the
+  // message says so: the step was not run eagerly on these shapes first.
+  [[noreturn]] void capture_failed(cudaGraph_t partial, std::uint64_t before, std::uint64_t places,
+                                   const std::string& what) {
+    abandon_capture(partial, places);
     if (detail::device_reallocations.load(std::memory_order_relaxed) != before) {
       throw error("precis::nn::trainer::capture: the step made or resized device buffers while it was captured (" +
                   what + "); run one step() on tensors of these shapes first");
