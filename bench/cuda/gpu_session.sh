@@ -99,6 +99,7 @@ run_limited() {
     sleep 5
     pkill -KILL -s "$sid"
     wait "$sid" 2>/dev/null
+    sid=""
     return 124
   fi
   wait "$sid"
@@ -124,7 +125,7 @@ pack() { tar "c${pack_flag}f" "$OUT/$archive.part" -C "$R" . && mv "$OUT/$archiv
 # Stopped from outside (the lease's command limit, an interrupt): the running phase's session
 # is stopped, not left holding the GPU, and what has finished is packed.
 trap '[[ -n "$sid" ]] && pkill -KILL -s "$sid"; echo "gpu_session.sh: stopped by a signal" >> "$OUT/session.txt"; \
-  cp "$OUT/session.txt" "$R/session.txt"; pack; exit 124' TERM INT HUP
+  cp "$OUT/session.txt" "$R/session.txt"; pack; rm -rf "$work"; exit 124' TERM INT HUP
 
 {
   echo "gpu_session.sh at $(git rev-parse --short HEAD 2>/dev/null || echo '?'), budget ${BUDGET} s, phases: $PHASES"

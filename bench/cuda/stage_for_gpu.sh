@@ -11,7 +11,7 @@
 # the working tree and carried folders up to 64 MiB in all; DATA=1 DBNET=1 together is about
 # 50 MB.
 #
-#   bench/cuda/stage_for_gpu.sh [FOLDER]      default .gpu (ignore it: .git/info/exclude)
+#   bench/cuda/stage_for_gpu.sh [FOLDER]      default .gpu (.gitignore ignores it: carry it)
 #
 # Then, on the GPU machine, from the repository root:
 #   BUILD=.gpu bash bench/cuda/run_on_gpu.sh

@@ -8,7 +8,9 @@ staged_untar() {  # archive, folder
   if command -v xz > /dev/null; then
     tar xJf "$1" -C "$2"
   else
-    "${PYTHON:-python3}" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$1" "$2"
+    "${PYTHON:-python3}" -c 'import sys, tarfile
+with tarfile.open(sys.argv[1]) as t:  # the tar filter where Python has filters: links kept as packed
+    t.extractall(sys.argv[2], **({"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}))' "$1" "$2"
   fi || { echo "staged.sh: could not unpack $1" >&2; return 1; }
 }
 if [[ -f "$BUILD/bin.tar.xz" && ! -e "$BUILD/.unpacked" ]]; then

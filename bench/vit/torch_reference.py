@@ -117,7 +117,8 @@ def time_steps(args, precision):
         torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
         torch.backends.cudnn.allow_tf32 = precision == "tf32"
         # The caching allocator keeps what the previous precision's run reserved: released
-        # here, each precision's peak is its own.
+        # here, each eager precision's peak is its own (the private pools of torch.compile's
+        # CUDA graphs, mode reduce-overhead, outlive this).
         gc.collect()
         torch.cuda.empty_cache()
     model = ViT(image=args.image, patch=args.patch, channels=args.channels, width=args.width, heads=args.heads,
