@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
-#include <string>
 
 namespace precis_test {
 
@@ -17,7 +16,13 @@ namespace precis_test {
 /// runs again on the same data).
 inline std::uint32_t test_seed() {
   const char* given = std::getenv("PRECIS_TEST_SEED");
-  const auto seed = given != nullptr ? std::uint32_t(std::stoul(given)) : std::uint32_t(std::random_device{}());
+  char* end = nullptr;
+  const auto seed =
+      given != nullptr ? std::uint32_t(std::strtoul(given, &end, 10)) : std::uint32_t(std::random_device{}());
+  if (given != nullptr && (end == given || *end != '\0')) {
+    std::fprintf(stderr, "PRECIS_TEST_SEED must be a number, got '%s'\n", given);
+    std::exit(2);
+  }
   std::printf("random seed %u\n", unsigned(seed));
   return seed;
 }

@@ -9,7 +9,7 @@ staged_untar() {  # archive, folder
     tar xJf "$1" -C "$2"
   else
     "${PYTHON:-python3}" -c 'import sys, tarfile
-with tarfile.open(sys.argv[1]) as t:  # the tar filter where Python has filters: links kept as packed
+with tarfile.open(sys.argv[1]) as t:  # the tar filter where Python has filters (modes kept)
     t.extractall(sys.argv[2], **({"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}))' "$1" "$2"
   fi || { echo "staged.sh: could not unpack $1" >&2; return 1; }
 }

@@ -7,7 +7,8 @@
 // two micro-batches (also replayed as a graph). Then a step
 // captured as a CUDA graph and replayed gives the bits of the same steps run eagerly (also
 // when train_options::max_graphs drops graphs, and for an image model with a batch norm
-// and its fused ReLU), a capture on a shape no step has run is refused and training goes on
+// and its fused ReLU, and for the small ViT, whose attention runs fused where the build has the
+// cuDNN frontend), a capture on a shape no step has run is refused and training goes on
 // eagerly, a smaller batch allocates nothing, a
 // device model's checkpoint goes through the host's file format and back with the same
 // bits, and the device's memory pool keeps what a step frees across synchronisations.
@@ -273,6 +274,49 @@ void check_graph_option(cuda_context& ctx, const std::string& tag) {
   expect(t2.graphs() == 1, tag + " graph option: one graph for the one pair of buffers");
   w.expect_same_bits(tag + " graph option", ctx, t1.records(ctx), t2.records(ctx), steps);
   expect(w.o2.steps_left() == 0, tag + " graph option: the table holds exactly the steps run");
+}
+
+// The small ViT stepped eagerly and under train_options::graph from the same masters: the
+// eager steps' bits. Under bf16_mixed, where the build has the cuDNN frontend, its attention
+// runs fused, on 17 tokens (not a multiple of 128, where an older cuDNN's backward pass needs
+// its padding masked): the fused kernels, forward and backward, captured and replayed.
+template <class P, class Scaler, class Blueprint>
+void check_graph_blueprint(cuda_context& ctx, const std::string& tag, const Blueprint& blueprint,
+                           const std::array<std::size_t, 4>& x_shape) {
+  using S = typename P::storage_type;
+  const auto data = batches<S, 4>(x_shape);
+  auto host = nn::build<S, 4>(P{}, blueprint, {.seed = 13});
+  auto eager = nn::build<S, 4, cuda_context>(P{}, blueprint, {.seed = 13});
+  auto graph = nn::build<S, 4, cuda_context>(P{}, blueprint, {.seed = 13});
+  nn::copy_masters(ctx, host, eager);
+  nn::copy_masters(ctx, host, graph);
+  const adamw_options o{.lr = 3e-3};
+  nn::softmax_cross_entropy<P, std::int32_t, cuda_context> l1, l2;
+  device_adamw o1(ctx, eager.masters(), eager.gradients(), o, eager.decay_mask(), steps);
+  device_adamw o2(ctx, graph.masters(), graph.gradients(), o, graph.decay_mask(), steps);
+  Scaler s1, s2;
+  nn::trainer t1(ctx, eager, l1, o1, s1, {.max_grad_norm = 0.5});
+  nn::trainer t2(ctx, graph, l2, o2, s2, {.max_grad_norm = 0.5, .graph = true});
+  auto xb = to_device(data[0].x);
+  auto tb = to_device(data[0].t);
+  for (std::size_t i = 0; i < steps; ++i) {
+    const auto x = to_device(data[i].x);
+    const auto t = to_device(data[i].t);
+    check(cudaMemcpyAsync(xb.data(), x.data(), x.size() * sizeof(S), cudaMemcpyDeviceToDevice, ctx.stream()),
+          "cudaMemcpyAsync");
+    check(cudaMemcpyAsync(tb.data(), t.data(), t.size() * sizeof(std::int32_t), cudaMemcpyDeviceToDevice,
+                          ctx.stream()),
+          "cudaMemcpyAsync");
+    t1.step(ctx, xb, tb);
+    t2.step(ctx, xb, tb);
+    ctx.synchronize();  // x and t go at the end of the iteration
+  }
+  expect(t2.graphs() == 1, tag + " graph: one graph for the one pair of buffers");
+  const auto r1 = t1.records(ctx), r2 = t2.records(ctx);
+  expect(r1.size() == steps && same_record_bits(r1, r2), tag + " graph: the records have the eager steps' bits");
+  const auto a = masters_of(eager), b = masters_of(graph);
+  expect(a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0,
+         tag + " graph: the masters have the eager steps' bits");
 }
 
 // An image model, a convolution, a batch norm and its ReLU (one fused pass on the device),
@@ -552,6 +596,7 @@ int main() {
   check_training<presets::bf16_mixed, no_scaling, 4>(ctx, "vit bf16_mixed", vit::blueprint<2>(c), {32, 1, 16, 16});
   check_training<presets::fp16_mixed, dynamic_scaler, 4>(ctx, "vit fp16_mixed", vit::blueprint<2>(c),
                                                          {32, 1, 16, 16});
+  check_graph_blueprint<presets::bf16_mixed, no_scaling>(ctx, "vit bf16_mixed", vit::blueprint<2>(c), {32, 1, 16, 16});
   // A model with a dropout cannot be captured: a replay would repeat its mask.
   {
     using P = presets::bf16_mixed;

@@ -140,8 +140,10 @@ enum uid : std::int64_t {
 /// 1.16 and later add that mask then, and 1.15 whenever T is not a multiple of 128, each with
 /// lengths it copies from host memory on every call, which a captured step must not do;
 /// given here, in device memory made with the plan, they leave the frontend nothing to add.
+/// Elsewhere (a newer cuDNN with frontend 1.13, 1.14 or 1.16 on) nothing is masked.
 inline bool own_padding_mask(const fused_attention_shape& s) {
-  return s.tokens % 128 != 0 && (cudnnGetVersion() <= 91500 || CUDNN_FRONTEND_VERSION < 11600);
+  constexpr bool frontend_masks_always = CUDNN_FRONTEND_VERSION >= 11500 && CUDNN_FRONTEND_VERSION < 11600;
+  return s.tokens % 128 != 0 && (cudnnGetVersion() <= 91500 || frontend_masks_always);
 }
 
 inline void check(fe::error_t e, const char* stage) {  // by value: get_message() is not const
@@ -248,7 +250,7 @@ struct fused_attention_engine::plan {
   std::shared_ptr<detail::fused::fe::graph::Graph> graph;
   std::int64_t workspace = 0;
   // A backward plan's sequence lengths where it masks its padding (own_padding_mask): every
-  // one T, for q and kv alike, on the device, and their host source until the copy is done.
+  // one T, for q and kv alike, on the device (copied from `lengths`, kept with the plan).
   std::vector<std::int32_t> lengths;
   std::shared_ptr<void> device_lengths;
 };
@@ -274,7 +276,8 @@ inline fused_attention_engine::plan& fused_attention_engine::plan_for(cuda_conte
     p->lengths.assign(std::size_t(s.batch), std::int32_t(s.tokens));
     const std::size_t bytes = p->lengths.size() * sizeof(std::int32_t);
     void* d = nullptr;
-    precis::check(cudaMalloc(&d, bytes), "cudaMalloc (fused attention's sequence lengths)");
+    // On the context's stream, and so on its device.
+    precis::check(cudaMallocAsync(&d, bytes, ctx.stream()), "cudaMallocAsync (fused attention's sequence lengths)");
     p->device_lengths.reset(d, [](void* q) { (void)cudaFree(q); });
     precis::check(cudaMemcpyAsync(d, p->lengths.data(), bytes, cudaMemcpyHostToDevice, ctx.stream()),
                   "cudaMemcpyAsync (fused attention's sequence lengths)");
