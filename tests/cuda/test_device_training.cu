@@ -276,63 +276,14 @@ void check_graph_option(cuda_context& ctx, const std::string& tag) {
   expect(w.o2.steps_left() == 0, tag + " graph option: the table holds exactly the steps run");
 }
 
-// The small ViT stepped eagerly and under train_options::graph from the same masters: the
-// eager steps' bits. Under bf16_mixed, where the build has the cuDNN frontend, its attention
-// runs fused, on 17 tokens (not a multiple of 128, where an older cuDNN's backward pass needs
-// its padding masked): the fused kernels, forward and backward, captured and replayed.
-template <class P, class Scaler, class Blueprint>
-void check_graph_blueprint(cuda_context& ctx, const std::string& tag, const Blueprint& blueprint,
-                           const std::array<std::size_t, 4>& x_shape) {
-  using S = typename P::storage_type;
-  const auto data = batches<S, 4>(x_shape);
-  auto host = nn::build<S, 4>(P{}, blueprint, {.seed = 13});
-  auto eager = nn::build<S, 4, cuda_context>(P{}, blueprint, {.seed = 13});
-  auto graph = nn::build<S, 4, cuda_context>(P{}, blueprint, {.seed = 13});
-  nn::copy_masters(ctx, host, eager);
-  nn::copy_masters(ctx, host, graph);
-  const adamw_options o{.lr = 3e-3};
-  nn::softmax_cross_entropy<P, std::int32_t, cuda_context> l1, l2;
-  device_adamw o1(ctx, eager.masters(), eager.gradients(), o, eager.decay_mask(), steps);
-  device_adamw o2(ctx, graph.masters(), graph.gradients(), o, graph.decay_mask(), steps);
-  Scaler s1, s2;
-  nn::trainer t1(ctx, eager, l1, o1, s1, {.max_grad_norm = 0.5});
-  nn::trainer t2(ctx, graph, l2, o2, s2, {.max_grad_norm = 0.5, .graph = true});
-  auto xb = to_device(data[0].x);
-  auto tb = to_device(data[0].t);
-  for (std::size_t i = 0; i < steps; ++i) {
-    const auto x = to_device(data[i].x);
-    const auto t = to_device(data[i].t);
-    check(cudaMemcpyAsync(xb.data(), x.data(), x.size() * sizeof(S), cudaMemcpyDeviceToDevice, ctx.stream()),
-          "cudaMemcpyAsync");
-    check(cudaMemcpyAsync(tb.data(), t.data(), t.size() * sizeof(std::int32_t), cudaMemcpyDeviceToDevice,
-                          ctx.stream()),
-          "cudaMemcpyAsync");
-    t1.step(ctx, xb, tb);
-    t2.step(ctx, xb, tb);
-    ctx.synchronize();  // x and t go at the end of the iteration
-  }
-  expect(t2.graphs() == 1, tag + " graph: one graph for the one pair of buffers");
-  const auto r1 = t1.records(ctx), r2 = t2.records(ctx);
-  expect(r1.size() == steps && same_record_bits(r1, r2), tag + " graph: the records have the eager steps' bits");
-  const auto a = masters_of(eager), b = masters_of(graph);
-  expect(a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0,
-         tag + " graph: the masters have the eager steps' bits");
-}
-
-// An image model, a convolution, a batch norm and its ReLU (one fused pass on the device),
-// pooling and a linear head, stepped eagerly and under train_options::graph: cuDNN's
-// convolutions, the batch statistics and running statistics, and the fused pair, captured and
-// replayed with the eager steps' bits (the records, the masters, and an evaluation pass that
-// reads the running statistics). Every batch is finite: an infinite input would leave NaN
-// running statistics on both sides, and the evaluation pass would compare NaN with NaN.
-template <class P, class Scaler>
-void check_graph_images(cuda_context& ctx, const std::string& tag) {
-  using S = typename P::storage_type;
-  const auto blueprint =
-      nn::seq(nn::conv2d(2, 8, 3, {.padding = {1, 1}}, nn::no_bias), nn::batch_norm(8), nn::relu(),
-              nn::max_pool2d({.kernel = {2, 2}}), nn::flatten(), nn::linear<fc2>(8 * 4 * 4, classes));
-  auto data = batches<S, 4>({16, 2, 8, 8});
-  data[2].x.data()[5] = S(0.5F);
+// `blueprint` stepped eagerly and under train_options::graph (two device models of one seed),
+// on the batches `data` gathered into one pair of buffers: one graph; the records and the
+// masters with the eager steps' bits; and an evaluation pass after them (reading batch norm's
+// running statistics, where the model has one) with the eager model's. `w` names the checks;
+// with `all_applied`, every step must be applied with a finite loss.
+template <class P, class Scaler, class Blueprint, class S = typename P::storage_type>
+void check_graph_replay(cuda_context& ctx, const std::string& w, const Blueprint& blueprint,
+                        const std::vector<batch_data_r<S, 4>>& data, bool all_applied) {
   std::vector<device_tensor<S, 4>> xs;
   std::vector<device_tensor<std::int32_t, 1>> ts;
   for (const auto& d : data) {
@@ -358,18 +309,36 @@ void check_graph_images(cuda_context& ctx, const std::string& tag) {
     t1.step(ctx, xb, tb);
     t2.step(ctx, xb, tb);
   }
-  const std::string w = tag + " image model under the graph option";
   expect(t2.graphs() == 1, w + ": one graph");
   const auto r1 = t1.records(ctx), r2 = t2.records(ctx);
   expect(r1.size() == steps && same_record_bits(r1, r2), w + ": the records have the eager steps' bits");
-  const auto applied = [](const nn::step_record& r) { return !r.skipped && std::isfinite(r.loss); };
-  expect(std::all_of(r1.begin(), r1.end(), applied), w + ": every step applied, with a finite loss");
+  if (all_applied) {
+    const auto applied = [](const nn::step_record& r) { return !r.skipped && std::isfinite(r.loss); };
+    expect(std::all_of(r1.begin(), r1.end(), applied), w + ": every step applied, with a finite loss");
+  }
   const auto a = masters_of(eager), b = masters_of(graph);
   expect(a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0,
          w + ": the masters have the eager steps' bits");
   expect(same_bits(ctx, graph.forward(ctx, xs[0], nn::mode::eval),
                    to_host(eager.forward(ctx, xs[0], nn::mode::eval), ctx.stream())),
-         w + ": the running statistics have the eager steps' bits");
+         w + ": an evaluation pass after the steps has the eager model's bits");
+}
+
+// An image model, a convolution, a batch norm and its ReLU (one fused pass on the device),
+// pooling and a linear head, stepped eagerly and under train_options::graph: cuDNN's
+// convolutions, the batch statistics and running statistics, and the fused pair, captured and
+// replayed with the eager steps' bits (the records, the masters, and an evaluation pass that
+// reads the running statistics). Every batch is finite: an infinite input would leave NaN
+// running statistics on both sides, and the evaluation pass would compare NaN with NaN.
+template <class P, class Scaler>
+void check_graph_images(cuda_context& ctx, const std::string& tag) {
+  using S = typename P::storage_type;
+  const auto blueprint =
+      nn::seq(nn::conv2d(2, 8, 3, {.padding = {1, 1}}, nn::no_bias), nn::batch_norm(8), nn::relu(),
+              nn::max_pool2d({.kernel = {2, 2}}), nn::flatten(), nn::linear<fc2>(8 * 4 * 4, classes));
+  auto data = batches<S, 4>({16, 2, 8, 8});
+  data[2].x.data()[5] = S(0.5F);
+  check_graph_replay<P, Scaler>(ctx, tag + " image model under the graph option", blueprint, data, true);
 }
 
 // A smaller last batch, and the full batches after it, keep the layers' memory (a shape
@@ -596,7 +565,12 @@ int main() {
   check_training<presets::bf16_mixed, no_scaling, 4>(ctx, "vit bf16_mixed", vit::blueprint<2>(c), {32, 1, 16, 16});
   check_training<presets::fp16_mixed, dynamic_scaler, 4>(ctx, "vit fp16_mixed", vit::blueprint<2>(c),
                                                          {32, 1, 16, 16});
-  check_graph_blueprint<presets::bf16_mixed, no_scaling>(ctx, "vit bf16_mixed", vit::blueprint<2>(c), {32, 1, 16, 16});
+  // The small ViT under the graph option: under bf16_mixed, where the build has the cuDNN
+  // frontend, its attention runs fused on 17 tokens (not a multiple of 128, where an older
+  // cuDNN's backward pass needs its padding masked), forward and backward captured and replayed.
+  check_graph_replay<presets::bf16_mixed, no_scaling>(ctx, "vit bf16_mixed under the graph option",
+                                                      vit::blueprint<2>(c), batches<bfloat16, 4>({32, 1, 16, 16}),
+                                                      false);
   // A model with a dropout cannot be captured: a replay would repeat its mask.
   {
     using P = presets::bf16_mixed;
