@@ -29,6 +29,7 @@
 #include <precis/config.hpp>
 #include <precis/cuda_error.hpp>
 #include <precis/kernels/cuda_context.hpp>
+#include <precis/tensor/device_tensor.hpp>
 
 #if PRECIS_CUDA
 
@@ -250,9 +251,10 @@ struct fused_attention_engine::plan {
   std::shared_ptr<detail::fused::fe::graph::Graph> graph;
   std::int64_t workspace = 0;
   // A backward plan's sequence lengths where it masks its padding (own_padding_mask): every
-  // one T, for q and kv alike, on the device (copied from `lengths`, kept with the plan).
+  // one T, for q and kv alike, on the device (copied from `lengths`, kept with the plan);
+  // empty elsewhere. Allocated as the layers' buffers are (the plan may outlive the stream).
   std::vector<std::int32_t> lengths;
-  std::shared_ptr<void> device_lengths;
+  device_tensor<std::int32_t, 1> device_lengths;
 };
 
 inline fused_attention_engine::plan& fused_attention_engine::plan_for(cuda_context& ctx, const fused_attention_shape& s,
@@ -274,12 +276,9 @@ inline fused_attention_engine::plan& fused_attention_engine::plan_for(cuda_conte
   detail::fused::check(p->graph->get_workspace_size(p->workspace), "get_workspace_size");
   if (backward && detail::fused::own_padding_mask(s)) {
     p->lengths.assign(std::size_t(s.batch), std::int32_t(s.tokens));
-    const std::size_t bytes = p->lengths.size() * sizeof(std::int32_t);
-    void* d = nullptr;
-    // On the context's stream, and so on its device.
-    precis::check(cudaMallocAsync(&d, bytes, ctx.stream()), "cudaMallocAsync (fused attention's sequence lengths)");
-    p->device_lengths.reset(d, [](void* q) { (void)cudaFree(q); });
-    precis::check(cudaMemcpyAsync(d, p->lengths.data(), bytes, cudaMemcpyHostToDevice, ctx.stream()),
+    p->device_lengths = device_tensor<std::int32_t, 1>({p->lengths.size()});
+    precis::check(cudaMemcpyAsync(p->device_lengths.data(), p->lengths.data(), p->lengths.size() * sizeof(std::int32_t),
+                                  cudaMemcpyHostToDevice, ctx.stream()),
                   "cudaMemcpyAsync (fused attention's sequence lengths)");
   }
   plans_.push_back(p);
@@ -314,9 +313,9 @@ inline void fused_attention_engine::backward(cuda_context& ctx, const fused_atte
                                                {dq_uid, dbase},
                                                {dk_uid, dbase + width},
                                                {dv_uid, dbase + 2 * width}};
-  if (p.device_lengths != nullptr) {
-    pack.emplace(seq_len_q_uid, p.device_lengths.get());
-    pack.emplace(seq_len_kv_uid, p.device_lengths.get());
+  if (p.device_lengths.size() != 0) {
+    pack.emplace(seq_len_q_uid, p.device_lengths.data());
+    pack.emplace(seq_len_kv_uid, p.device_lengths.data());
   }
   void* ws = p.workspace > 0 ? ctx.workspace(std::size_t(p.workspace)) : nullptr;
   check(translated("execute", [&] { return p.graph->execute(ctx.dnn(), pack, ws); }), "execute");
