@@ -4,10 +4,10 @@
 
 #include <cuda_runtime.h>
 
+#include "seed.hpp"
+
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <random>
 
 namespace precis_test {
 
@@ -15,14 +15,7 @@ namespace precis_test {
 /// and printed ("random seed N"), PRECIS_TEST_SEED=N replays a run (a failure seen on a GPU
 /// runs again on the same data).
 inline std::uint32_t test_seed() {
-  const char* given = std::getenv("PRECIS_TEST_SEED");
-  char* end = nullptr;
-  const auto seed =
-      given != nullptr ? std::uint32_t(std::strtoul(given, &end, 10)) : std::uint32_t(std::random_device{}());
-  if (given != nullptr && (end == given || *end != '\0')) {
-    std::fprintf(stderr, "PRECIS_TEST_SEED must be a number, got '%s'\n", given);
-    std::exit(2);
-  }
+  const auto seed = std::uint32_t(seed_from_environment());
   std::printf("random seed %u\n", unsigned(seed));
   return seed;
 }

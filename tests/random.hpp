@@ -4,7 +4,8 @@
 
 #include <doctest/doctest.h>
 
-#include <cstdlib>
+#include "seed.hpp"
+
 #include <random>
 #include <string>
 
@@ -12,9 +13,7 @@ namespace precis_test {
 
 inline std::mt19937_64& rng() {
   static std::mt19937_64 g = [] {
-    const char* given = std::getenv("PRECIS_TEST_SEED");
-    const auto seed = given != nullptr ? std::random_device::result_type(std::stoul(given))
-                                       : std::random_device{}();
+    const auto seed = std::random_device::result_type(seed_from_environment());
     MESSAGE("random seed " << seed);
     return std::mt19937_64(seed);
   }();
