@@ -266,7 +266,7 @@ class basic_loss<LossPolicy, BinPolicy, nn::values<nn::sig<SP, GP, 4>, nn::sig<S
                                                    th_->data(),        t.shrink.data(), t.shrink_mask.data(),
                                                    t.thresh.data(),    t.thresh_mask.data()};
     const detail::cuda::finish_sums<CL, M> finish{state_.data(), loss_.data(), o_};
-    if constexpr (std::is_same_v<AL, float> || std::is_same_v<AL, double>) {
+    if constexpr (std::is_floating_point_v<AL>) {  // float or double; precis's narrow formats are classes
       precis::detail::cuda::reduce_terms<precis::detail::cuda::device_sum<AL>, 5>(ctx, n, terms, finish,
                                                                                  "dbnet::loss (sums)");
     } else {

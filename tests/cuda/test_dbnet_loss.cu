@@ -98,11 +98,13 @@ void check_loss(cuda_context& ctx, const std::string& tag, const batch<T>& b, do
   compare(tag + " dT", ctx, *dt, *ht, 8 * bound<T>() + 4 * sum_bound);
 }
 
-// The seed's configuration (float16 everywhere, rule fp32_operation waived): the same
-// overflow of B's exp on the background, and the same NaN gradients, as on the host.
+// The seed's loss configuration (float16 everywhere, rule fp32_operation waived) and its edge.
+using half_waived = unsafe<policy<float16, float16, float16, float, float16>, rule::fp32_operation>;
+using sig16 = nn::values<nn::sig<float16, float16, 4>, nn::sig<float16, float16, 4>>;
+
+// Under half_waived: the same overflow of B's exp on the background, and the same NaN
+// gradients, as on the host.
 void check_waived(cuda_context& ctx) {
-  using half_waived = unsafe<policy<float16, float16, float16, float, float16>, rule::fp32_operation>;
-  using sig16 = nn::values<nn::sig<float16, float16, 4>, nn::sig<float16, float16, 4>>;
   auto b = make_batch<float16>(1, 4, 4, 5);
   b.x.data()[0] = float16(-4.0F);  // P ~ 0.018, T = 0.5: -50 (P - T) = 24 > log(65504)
   b.t.data()[0] = float16(0.5F);
@@ -134,8 +136,6 @@ void check_waived(cuda_context& ctx) {
 // the host a BCE sum of 2048, not 5678, and B y m of 1024, not 4096. The device must give the
 // host's sums, not a tree's.
 void check_waived_sums(cuda_context& ctx) {
-  using half_waived = unsafe<policy<float16, float16, float16, float, float16>, rule::fp32_operation>;
-  using sig16 = nn::values<nn::sig<float16, float16, 4>, nn::sig<float16, float16, 4>>;
   auto b = make_batch<float16>(2, 64, 64, 9);
   for (std::size_t i = 0; i < b.x.size(); ++i) {
     b.x.data()[i] = float16(0.0F);
