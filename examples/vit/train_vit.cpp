@@ -44,6 +44,7 @@
 #include "../monitor.hpp"
 #include "fashion_mnist.hpp"
 #include "model.hpp"
+#include "options.hpp"
 #include "tables.hpp"
 // After the tags (model.hpp): the map the advisor wrote from a float run, and the ranges it
 // measured, which rule d checks for every map below.
@@ -87,20 +88,10 @@ namespace {
 /// The blocks of the example's model (compile time: they are one array of one type).
 inline constexpr std::size_t depth = 4;
 
-struct options {
-  std::size_t epochs = 10;
-  std::size_t batch = 128;
-  std::size_t train_size = 0;  // 0: all 60,000
-  std::size_t test_size = 0;   // 0: all 10,000
-  std::size_t seed = 0;
+struct options : vit::run_options {
+  options() { out = "vit_output"; }
   unsigned threads = 0;
-  double lr = 2e-3;
-  double weight_decay = 0.05;
   bool augment = false;
-  bool check = false;
-  std::set<std::string> policies;  // empty: all
-  std::filesystem::path data = vit::fashion_mnist_dir;
-  std::filesystem::path out = "vit_output";
   std::optional<safetensors::file> init;  // --init: the starting weights
   bool distributed = false;               // --distributed: data-parallel over MPI's processes
   int rank = 0, processes = 1;
@@ -455,48 +446,21 @@ int main(int argc, char** argv) {
   options o;
   o.command = examples::command_line(argc, argv);
   std::filesystem::path init_path;
+  const auto known = policy_names();
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     auto number = [&](long long min, auto& out) { return examples::next_count(argc, argv, i, min, out); };
     bool ok = true;
-    if (a == "--epochs") {
-      ok = number(1, o.epochs);
-    } else if (a == "--batch") {
-      ok = number(1, o.batch);
-    } else if (a == "--train") {
-      ok = number(1, o.train_size);
-    } else if (a == "--test") {
-      ok = number(1, o.test_size);
-    } else if (a == "--seed") {
-      ok = number(0, o.seed);
+    if (const auto shared = vit::read_shared_option(argc, argv, i, o, known, "example_vit")) {
+      ok = *shared;
     } else if (a == "--threads") {
       ok = number(0, o.threads);
-    } else if (a == "--lr" && i + 1 < argc) {
-      char* end = nullptr;
-      o.lr = std::strtod(argv[++i], &end);
-      ok = *end == '\0' && o.lr > 0 && std::isfinite(o.lr);
-    } else if (a == "--policy" && i + 1 < argc) {
-      std::stringstream list(argv[++i]);
-      const auto known = policy_names();
-      for (std::string name; std::getline(list, name, ',');) {
-        if (!known.contains(name)) {
-          std::fprintf(stderr, "example_vit: unknown policy '%s'\n", name.c_str());
-          ok = false;
-        }
-        o.policies.insert(name);
-      }
     } else if (a == "--augment") {
       o.augment = true;
-    } else if (a == "--data" && i + 1 < argc) {
-      o.data = argv[++i];
-    } else if (a == "--out" && i + 1 < argc) {
-      o.out = argv[++i];
     } else if (a == "--init" && i + 1 < argc) {
       init_path = argv[++i];
     } else if (a == "--device" && i + 1 < argc) {
       ++i;  // cpu (cuda went to run_on_device)
-    } else if (a == "--check") {
-      o.check = true;
     } else if (a == "--distributed") {
       o.distributed = true;
     } else if (a == "--monitor") {
@@ -543,11 +507,7 @@ int main(int argc, char** argv) {
     }
     if (o.monitor_every == 0) o.monitor_every = 10;
   }
-  if (o.check) {
-    o.epochs = 1;
-    o.train_size = o.train_size ? o.train_size : 4096;
-    o.test_size = o.test_size ? o.test_size : 1000;
-  }
+  o.apply_check();
   try {
     const vit::config vc;
     vc.validate();

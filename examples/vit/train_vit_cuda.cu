@@ -30,6 +30,7 @@
 #include "../report.hpp"
 #include "fashion_mnist.hpp"
 #include "model.hpp"
+#include "options.hpp"
 #include "tables.hpp"
 
 #include <boost/hana.hpp>
@@ -54,12 +55,9 @@ namespace {
 
 inline constexpr std::size_t depth = 4;  // the CPU example's
 
-struct options {
-  std::size_t epochs = 10, batch = 128, train_size = 0, test_size = 0, seed = 0;
-  double lr = 2e-3, weight_decay = 0.05;
-  bool check = false, graph = false;
-  std::set<std::string> policies;
-  std::filesystem::path data = vit::fashion_mnist_dir, out = "vit_gpu_output";
+struct options : vit::run_options {
+  options() { out = "vit_gpu_output"; }
+  bool graph = false;
 };
 
 // Images normalised as the CPU run does ((p / 255 - mean) / sd, the training set's).
@@ -273,57 +271,27 @@ void write_outputs(const options& o, const std::vector<result>& results, const s
 
 int main(int argc, char** argv) {
   options o;
+  std::set<std::string> known;
+  hana::for_each(sweep, [&](const auto& e) { known.insert(std::string(e.name)); });
+  const std::set<std::string_view> cpu_only{"--threads", "--augment", "--init", "--distributed", "--monitor",
+                                            "--advise"};
   for (int i = 1; i < argc; ++i) {
-    const std::string_view a = argv[i];
-    auto number = [&](long long min, auto& out) { return examples::next_count(argc, argv, i, min, out); };
-    bool ok = true;
-    if (a == "--epochs") {
-      ok = number(1, o.epochs);
-    } else if (a == "--batch") {
-      ok = number(1, o.batch);
-    } else if (a == "--train") {
-      ok = number(1, o.train_size);
-    } else if (a == "--test") {
-      ok = number(1, o.test_size);
-    } else if (a == "--seed") {
-      ok = number(0, o.seed);
-    } else if (a == "--lr" && i + 1 < argc) {
-      char* end = nullptr;
-      o.lr = std::strtod(argv[++i], &end);
-      ok = end != argv[i] && *end == '\0' && o.lr > 0;
-    } else if (a == "--policy" && i + 1 < argc) {
-      std::stringstream list(argv[++i]);
-      for (std::string p; std::getline(list, p, ',');) o.policies.insert(p);
-    } else if (a == "--data" && i + 1 < argc) {
-      o.data = argv[++i];
-    } else if (a == "--out" && i + 1 < argc) {
-      o.out = argv[++i];
-    } else if (a == "--check") {
-      o.check = true;
-    } else if (a == "--graph") {
-      o.graph = true;
-    } else {
-      ok = false;
+    bool ok = false;
+    if (const auto shared = vit::read_shared_option(argc, argv, i, o, known, "example_vit_cuda")) {
+      ok = *shared;
+    } else if (std::string_view(argv[i]) == "--graph") {
+      o.graph = ok = true;
+    } else if (cpu_only.contains(argv[i])) {
+      std::fprintf(stderr, "example_vit_cuda: %s is an option of the CPU run only (example_vit without --device cuda)\n",
+                   argv[i]);
+      return 2;
     }
     if (!ok) {
       usage(argv[0]);
       return 2;
     }
   }
-  std::set<std::string> known;
-  hana::for_each(sweep, [&](const auto& e) { known.insert(std::string(e.name)); });
-  for (const auto& p : o.policies) {
-    if (!known.count(p)) {
-      std::fprintf(stderr, "example_vit_cuda: unknown policy '%s'\n", p.c_str());
-      usage(argv[0]);
-      return 2;
-    }
-  }
-  if (o.check) {
-    o.epochs = 1;
-    o.train_size = o.train_size ? o.train_size : 4096;
-    o.test_size = o.test_size ? o.test_size : 1000;
-  }
+  o.apply_check();
   int devices = 0;
   if (const cudaError_t status = cudaGetDeviceCount(&devices); status != cudaSuccess || devices == 0) {
     std::fprintf(stderr, "example_vit_cuda: no CUDA device (%s)\n",
