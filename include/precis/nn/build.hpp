@@ -146,11 +146,30 @@ class model {
     out_shape_ = output_shape(detail::edge_shape_of<input_rank>(x), m);
     return root_.forward(ctx, x, m);
   }
+  /// Any other argument does not compile (see nn::binds_edge_v): another element type, rank,
+  /// allocator or an xtensor expression would be copied into a temporary that backward()
+  /// reads after it is gone.
+  template <class X>
+    requires(!binds_edge_v<X, input_tensor>)
+  void forward(context_ref_t<context_type>, const X&, mode = mode::train) {
+    static_assert(refused_v<X>,
+                  "precis: nn::model::forward takes the model's input_tensor (nn::model's input_tensor type: "
+                  "its element type and rank, a precis host_tensor or device_tensor, not an xtensor expression "
+                  "or another element type, which would be copied into a temporary)");
+  }
   /// Backpropagates dy (the loss's gradient with respect to the output(s)), adding the
   /// parameters' gradients to what they hold; returns the gradient with respect to x.
   decltype(auto) backward(context_ref_t<context_type> ctx, const output_grad_tensor& dy) {
     check_output_gradient(dy);
     return root_.backward(ctx, dy);
+  }
+  /// Any other argument does not compile, as for forward().
+  template <class D>
+    requires(!binds_edge_v<D, output_grad_tensor>)
+  void backward(context_ref_t<context_type>, const D&) {
+    static_assert(refused_v<D>,
+                  "precis: nn::model::backward takes the model's output_grad_tensor (its output gradient "
+                  "type and rank), not another tensor type, which would be copied into a temporary");
   }
   /// backward() for training, where the gradient with respect to x is not wanted: the same
   /// parameter gradients, but the layers that read x compute no input gradient (a network's

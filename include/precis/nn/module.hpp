@@ -127,6 +127,27 @@ using edge_grad_t = std::conditional_t<is_values_v<G>, typename detail::edge_typ
 template <class T, std::size_t R>
 using edge_shape_t = typename detail::edge_types<cpu_context, T, R>::shape;
 
+namespace detail {
+template <class A, class E>
+struct binds_edge : std::is_same<A, E> {};
+template <class... A, class... B>
+struct binds_edge<std::tuple<A*...>, std::tuple<const B*...>>
+    : std::is_same<std::tuple<std::remove_const_t<A>...>, std::tuple<B...>> {};
+}  // namespace detail
+
+/// Whether an argument of type A reaches a parameter `const E&` (E an edge's tensor, or
+/// tuple of pointers to tensors) without a tensor being copied: A is E, or a tuple of
+/// pointers to E's tensors, const or not. Anything else would reach it through a converting
+/// constructor (xtensor's take other element types, ranks and expressions), as a temporary
+/// copy that a layer's saved address would outlive, or as a conversion that fails at run
+/// time; the model's and the trainer's entry points refuse it at compile time.
+template <class A, class E>
+inline constexpr bool binds_edge_v = detail::binds_edge<std::remove_cvref_t<A>, E>::value;
+
+/// false for every T: a static_assert that fires only where a template is instantiated.
+template <class T>
+inline constexpr bool refused_v = false;
+
 /// The layer tags nn's blueprint functions use when given none: a map can override them by
 /// operation kind, not one by one. Their layers are named by position in paths.
 namespace tags {

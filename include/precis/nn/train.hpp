@@ -50,9 +50,17 @@ struct step_record {
   double lr = 0.0;          ///< the optimizer's learning rate for this step
 };
 
-/// One micro-batch: the model's inputs and the loss's targets (tensors the caller owns).
+/// One micro-batch: the model's inputs and the loss's targets (tensors the caller owns; the
+/// batch refers to them).
 template <class X, class T>
 struct micro_batch {
+  /// Refers to x and t, which must outlive the batch.
+  micro_batch(const X& x, const T& t) : inputs(x), targets(t) {}
+  /// Tensors of other types do not bind: they would be converted into temporaries that the
+  /// batch would outlive.
+  template <class A, class B>
+    requires(!(std::is_same_v<std::remove_cvref_t<A>, X> && std::is_same_v<std::remove_cvref_t<B>, T>))
+  micro_batch(const A&, const B&) = delete;
   const X& inputs;   ///< what the model's forward() reads
   const T& targets;  ///< what the loss's forward() compares the output with
 };
@@ -192,6 +200,18 @@ class trainer {
     const batch_type b{inputs, targets};
     return step(ctx, std::span<const batch_type>(&b, 1), monitor);
   }
+  /// Any other inputs or targets do not compile (see nn::binds_edge_v): they would be
+  /// converted into temporary copies, or fail at run time (swapped arguments).
+  template <class X, class Y, class... Monitor>
+    requires(sizeof...(Monitor) <= 1 && !std::is_convertible_v<const X&, std::span<const batch_type>> &&
+             !(binds_edge_v<X, input_tensor> && binds_edge_v<Y, target_tensor>))
+  step_record step(const cpu_context&, const X&, const Y&, Monitor&...) {
+    static_assert(refused_v<X>,
+                  "precis: nn::trainer::step(ctx, inputs, targets) takes the model's input_tensor and the "
+                  "loss's target_tensor (the trainer's input_tensor and target_tensor types), inputs first; another "
+                  "element type, rank or an xtensor expression would be copied into a temporary");
+    return {};
+  }
 
  private:
   struct no_monitor {};
@@ -276,6 +296,17 @@ evaluation evaluate(const cpu_context& ctx, Model& model, Loss& loss, const type
   e.loss = double(loss.forward(ctx, y, targets));
   e.accuracy = double(count_correct(y, targets)) / double(x.shape()[0]);
   return e;
+}
+
+/// Any other inputs or targets do not compile, as for nn::trainer::step.
+template <class Model, class Loss, class X, class Y>
+  requires(!(binds_edge_v<X, typename Model::input_tensor> && binds_edge_v<Y, typename Loss::target_tensor>))
+evaluation evaluate(const cpu_context&, Model&, Loss&, const X&, const Y&) {
+  static_assert(refused_v<X>,
+                "precis: nn::evaluate(ctx, model, loss, x, targets) takes the model's input_tensor and the "
+                "loss's target_tensor, x first; another element type, rank or an xtensor expression would be "
+                "copied into a temporary");
+  return {};
 }
 
 }  // namespace precis::nn
