@@ -29,9 +29,10 @@ class PrecisConan(ConanFile):
         basic_layout(self)
 
     def requirements(self):
-        # Hana is header-only; xtensor brings xtl.
+        # Hana is header-only; xtensor brings xtl. xtensor 0.26 moved its headers into
+        # subfolders (<xtensor/containers/xtensor.hpp>), which precis does not include.
         self.requires("boost/[>=1.74]")
-        self.requires("xtensor/[>=0.24]")
+        self.requires("xtensor/[>=0.24 <0.26]")
 
     def package_id(self):
         self.info.clear()

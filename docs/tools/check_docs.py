@@ -284,7 +284,7 @@ def check_tables(errors: list[str], fix: bool) -> None:
                               "<!-- end generated -->")
                 return
             try:
-                want = perf_tables.render(m.group(1)).rstrip("\n").split("\n")
+                want = perf_tables.render(m.group(1), page).rstrip("\n").split("\n")
             except perf_tables.TableError as e:
                 errors.append(f"{where}: {e}")
                 want = lines[i + 1:j]

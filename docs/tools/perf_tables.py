@@ -61,8 +61,14 @@ def markdown(header: list[str], rows: list[list[str]], right: set[int] | None = 
     return "\n".join(lines)
 
 
+# What links to bench/results/ start with: the way from the page being rendered to the
+# repository's root (render() sets it), so that they resolve in a local checkout as on a
+# forge.
+_to_root = ""
+
+
 def source(paths: list[str], machine: str | None = None) -> str:
-    files = ", ".join(f"[`bench/results/{p}`](/bench/results/{p})" for p in paths)
+    files = ", ".join(f"[`bench/results/{p}`]({_to_root}bench/results/{p})" for p in paths)
     return f"From {files}" + (f"; {machine}." if machine else ".")
 
 
@@ -295,10 +301,15 @@ TABLES = {f.__name__: f for f in [
     cuda_unscale]}
 
 
-def render(name: str) -> str:
+def render(name: str, page: Path | None = None) -> str:
+    """Table `name` as Markdown, its links relative to `page` (a file in the repository;
+    None: relative to the repository's root)."""
+    global _to_root
     if name not in TABLES:
         raise TableError(f"no table '{name}' (docs/tools/perf_tables.py has: "
                          f"{', '.join(TABLES)})")
+    up = len(page.resolve().parent.relative_to(ROOT).parts) if page is not None else 0
+    _to_root = "../" * up
     return TABLES[name]() + "\n"
 
 
