@@ -1,13 +1,17 @@
 // Time per training step (forward, cross-entropy, backward, AdamW) of the ViT example's
 // model, for the side-by-side comparison with PyTorch (bench/vit/compare.py runs both).
 //
-//   bench_vit_step [--config small|ti] [--precision fp32|fp32_hardware|bf16|both|all]
+//   bench_vit_step [--config small|ti|b16] [--precision fp32|fp32_hardware|bf16|both|all]
 //                  [--threads N] [--batch N] [--patch N] [--steps N] [--monitor-cost ROUNDS]
 //
 // small: width 64, 4 heads, depth 4 (the example's model); ti: width 192, 3 heads, depth 6
-// (ViT-Ti's width). Patch 4 and batch 128 unless given; 28 x 28 one-channel inputs, 10
-// classes, random data (the time does not depend on the values). Prints one line per
-// precision with the best and the median of `steps` timed steps after 5 warm-up steps.
+// (ViT-Ti's width); both on 28 x 28 one-channel inputs, 10 classes, patch 4 unless given.
+// b16: ViT-B/16 (width 768, 12 heads, depth 12, patch 16 unless given, 224 x 224 x 3
+// inputs, 1000 classes). Batch 128 unless given; random data (the time does not depend on
+// the values). Prints one line per precision with the best and the median of `steps` timed
+// steps after 5 warm-up steps, and one with the bytes of the layers' buffers after a step:
+// as built (nn::repeat's blocks lending their backward buffers) and with every layer's kept
+// (nn::model::keep_gradient_buffers, one more step).
 // --precision: fp32 (exact products), fp32_hardware (oneDNN's float products), bf16
 // (bf16_mixed); both = fp32 and bf16 (the default), all = the three.
 //
@@ -86,6 +90,14 @@ void time_steps(const options& o, const vit::config& c, const char* name) {
       "median %.1f ms/step\n",
       name, c.width, c.heads, Depth, c.patch, o.batch, b.ctx.thread_count(), ms.front(),
       ms[ms.size() / 2]);
+  const double lent = double(b.model.activation_bytes());
+  b.model.keep_gradient_buffers(true);
+  b.tr.step(b.ctx, b.x, b.y);
+  const double kept = double(b.model.activation_bytes());
+  std::printf("precis %s: the layers' buffers after a step: %.1f MiB (%.1f MiB an image); %.1f MiB (%.1f) with "
+              "every block's backward buffers kept\n",
+              name, lent / 1048576.0, lent / 1048576.0 / double(o.batch), kept / 1048576.0,
+              kept / 1048576.0 / double(o.batch));
   std::fflush(stdout);
 }
 
@@ -148,7 +160,7 @@ void run(const options& o, const vit::config& c) {
 
 int usage(const char* self) {
   std::fprintf(stderr,
-               "usage: %s [--config small|ti] [--precision fp32|fp32_hardware|bf16|both|all]\n"
+               "usage: %s [--config small|ti|b16] [--precision fp32|fp32_hardware|bf16|both|all]\n"
                "       [--threads N] [--batch N] [--patch N] [--steps N] [--monitor-cost ROUNDS]\n",
                self);
   return 2;
@@ -158,6 +170,7 @@ int usage(const char* self) {
 
 int main(int argc, char** argv) {
   options o;
+  bool patch_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     if (i + 1 >= argc) return usage(argv[0]);
@@ -172,7 +185,7 @@ int main(int argc, char** argv) {
     bool ok = true;
     if (a == "--config") {
       o.config = v;
-      ok = v == "small" || v == "ti";
+      ok = v == "small" || v == "ti" || v == "b16";
     } else if (a == "--precision") {
       o.precision = v;
       ok = v == "fp32" || v == "fp32_hardware" || v == "bf16" || v == "both" || v == "all";
@@ -182,6 +195,7 @@ int main(int argc, char** argv) {
       ok = number(o.batch);
     } else if (a == "--patch") {
       ok = number(o.patch);
+      patch_given = true;
     } else if (a == "--steps") {
       ok = number(o.steps);
     } else if (a == "--monitor-cost") {
@@ -199,10 +213,19 @@ int main(int argc, char** argv) {
     if (o.config == "ti") {
       c.width = 192;
       c.heads = 3;
+    } else if (o.config == "b16") {
+      c.image = 224;
+      c.channels = 3;
+      c.classes = 1000;
+      c.width = 768;
+      c.heads = 12;
+      c.patch = patch_given ? o.patch : 16;
     }
     c.validate();
     if (o.config == "ti") {
       run<6>(o, c);
+    } else if (o.config == "b16") {
+      run<12>(o, c);
     } else {
       run<4>(o, c);
     }

@@ -553,3 +553,61 @@ TEST_CASE("batch_norm's backward needs a training-mode forward; repeat<1> may ch
   t.fill(0.5f);
   CHECK(once.forward(ctx, t).shape() == std::array<std::size_t, 2>{2, 4});
 }
+
+TEST_CASE("nn::repeat's blocks lend each other their gradient buffers: the bits of blocks with their own, in "
+          "two sets of buffers; a monitored step keeps every block's") {
+  // Six blocks: the five after the first lend (attention, layer norms, linear layers, GELU
+  // and the residual sums all name their buffers).
+  const auto block = nn::seq(nn::residual(nn::seq(nn::layer_norm(16), nn::attention(16, 2))), mlp_block(16));
+  const auto blueprint =
+      nn::seq(nn::linear(8, 16), nn::named("encoder", nn::repeat<6>(block)), nn::select_token(0), nn::linear(16, 3));
+  auto lend = nn::build<float, 3>(presets::fp32{}, blueprint, {.seed = 7});
+  auto keep = nn::build<float, 3>(presets::fp32{}, blueprint, {.seed = 7});
+  keep.keep_gradient_buffers(true);
+  host_tensor<float, 3> x(std::array<std::size_t, 3>{4, 5, 8});
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  for (auto& v : x) v = d(precis_test::rng());
+  host_tensor<std::int32_t, 1> y(std::array<std::size_t, 1>{4});
+  for (std::size_t i = 0; i < 4; ++i) y(i) = std::int32_t(i % 3);
+
+  // The input gradient of a whole backward pass, twice (the second pass starts from the
+  // buffers the first one moved).
+  for (int pass = 0; pass < 2; ++pass) {
+    const host_tensor<float, 2> out = lend.forward(ctx, x);
+    CHECK(precis_test::same_bits(out, keep.forward(ctx, x)));
+    host_tensor<float, 2> dy(out.shape());
+    for (auto& v : dy) v = d(precis_test::rng());
+    const host_tensor<float, 3> dx = lend.backward(ctx, dy);
+    CHECK(precis_test::same_bits(dx, keep.backward(ctx, dy)));
+  }
+  CHECK(lend.activation_bytes() < keep.activation_bytes());
+
+  nn::softmax_cross_entropy<presets::fp32> loss_l, loss_k;
+  adamw opt_l(lend.masters(), {.lr = 1e-2}), opt_k(keep.masters(), {.lr = 1e-2});
+  no_scaling scale_l, scale_k;
+  nn::trainer train_l(lend, loss_l, opt_l, scale_l), train_k(keep, loss_k, opt_k, scale_k);
+  diagnostics::monitor monitor({.every = 1});
+  const auto same_parameters = [&] {
+    const auto ml = lend.masters(), mk = keep.masters();
+    bool same = ml.size() == mk.size();
+    for (std::size_t i = 0; same && i < ml.size(); ++i) {
+      same = ml[i].size() == mk[i].size() &&
+             std::equal(ml[i].begin(), ml[i].end(), mk[i].begin(),
+                        [](float a, float b) { return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b); });
+    }
+    return same;
+  };
+  for (int step = 0; step < 4; ++step) {
+    // Step 2 under a monitor: every block keeps its buffers for it to read.
+    const nn::step_record rl = step == 2 ? train_l.step(ctx, x, y, monitor) : train_l.step(ctx, x, y);
+    const nn::step_record rk = train_k.step(ctx, x, y);
+    CHECK(std::bit_cast<std::uint64_t>(rl.loss) == std::bit_cast<std::uint64_t>(rk.loss));
+    CHECK(std::bit_cast<std::uint64_t>(rl.grad_norm) == std::bit_cast<std::uint64_t>(rk.grad_norm));
+    CHECK(same_parameters());
+    if (step == 2) {
+      CHECK(lend.activation_bytes() == keep.activation_bytes());
+    } else {
+      CHECK(lend.activation_bytes() < keep.activation_bytes());
+    }
+  }
+}

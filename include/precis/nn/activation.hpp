@@ -159,6 +159,11 @@ class activation_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
   static void for_each_observed(Self& self, F&& f) {
     f("", std::type_identity<Tag>{}, self.x_.peek(), self.y_, self.dx_);
   }
+  /// Its backward pass's buffer (see nn/module.hpp): dx.
+  template <class Self, class F>
+  static void for_each_gradient_buffer(Self& self, F&& f) {
+    f(self.dx_);
+  }
 
  private:
   /// On the host, where f's float math gives f'(x) in the same pass as f(x) for less than

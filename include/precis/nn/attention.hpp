@@ -146,6 +146,11 @@ class softmax_layer : public layer_base<Tag, P, op::softmax, R, R, Ctx> {
   static void for_each_observed(Self& self, F&& f) {
     f("", std::type_identity<Tag>{}, self.x_.peek(), self.y_, self.dx_);
   }
+  /// Its backward pass's buffer (see nn/module.hpp): dx.
+  template <class Self, class F>
+  static void for_each_gradient_buffer(Self& self, F&& f) {
+    f(self.dx_);
+  }
 
  private:
   tensor<S> y_;
@@ -581,6 +586,17 @@ class attention_layer
         self.out_, [&](std::string_view, auto tag, const auto* x, const auto& y, const auto& dx) {
           f("out", tag, x, y, dx);
         });
+  }
+
+  /// Its backward pass's buffers (see nn/module.hpp): every piece's gradients and their
+  /// casts, and the projections'.
+  template <class Self, class F>
+  static void for_each_gradient_buffer(Self& self, F&& f) {
+    qkv_linear::for_each_gradient_buffer(self.qkv_, f);
+    out_linear::for_each_gradient_buffer(self.out_, f);
+    const auto each = [&f](auto&... t) { (f(t), ...); };
+    each(self.dcontext_, self.dcontext_c_, self.dprobs_, self.dprobs_m_, self.dv_, self.dscores_, self.dscores_s_,
+         self.dq_, self.dk_, self.dq_q_, self.dk_q_, self.dv_q_, self.dqkv_);
   }
 
   /// Calls f(name, parameter) for "qkv.weight", "qkv.bias", "out.weight" and "out.bias".

@@ -239,6 +239,17 @@ class model {
     });
   }
 
+  /// Whether every layer keeps its own gradient buffers after a backward pass (true), or the
+  /// repeated blocks of an nn::repeat lend theirs to each other (false, as built: see
+  /// repeat_block), which leaves the buffers of all but two blocks empty between passes.
+  /// precis::diagnostics reads every layer's: nn::trainer keeps them in the steps it runs
+  /// under a monitor. Takes effect from the next backward pass.
+  void keep_gradient_buffers(bool keep) {
+    walk(root_, root_path(), [&](const std::string&, auto& node) {
+      if constexpr (requires { node.share_gradient_buffers(true); }) node.share_gradient_buffers(!keep);
+    });
+  }
+
   /// Zeroes every parameter's gradient (before a step's first micro-batch).
   void zero_grad() {
     for_each_parameter([](const std::string&, auto& p) { p.zero_grad(); });

@@ -55,6 +55,11 @@ class cast_layer {
   std::string shape() const { return std::string(type_name_v<In>) + "->" + std::string(type_name_v<Out>); }
   /// Bytes of its output and input-gradient buffers.
   std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
+  /// Its backward pass's buffer (see nn/module.hpp): dx.
+  template <class Self, class F>
+  static void for_each_gradient_buffer(Self& self, F&& f) {
+    f(self.dx_);
+  }
 
  private:
   tensor_t<Ctx, Out, R> y_;

@@ -697,6 +697,11 @@ class branches {
     for (const auto& s : slices_) n += detail::bytes_of(s);
     return n;
   }
+  /// Its backward pass's buffer (see nn/module.hpp): the summed input gradient.
+  template <class Self, class F>
+  static void for_each_gradient_buffer(Self& self, F&& f) {
+    f(self.dx_);
+  }
   /// Calls `f(component, branch)` for each branch in order; the component is the branch's name, or
   /// its position where it has none. In a residual the body keeps its own name (usually "", so its
   /// layers sit at the residual's path) and the shortcut is "shortcut".
@@ -838,6 +843,20 @@ constexpr repeat_spec<N, S> repeat(S block) {
 
 /// N modules: the first of type First, the others of one type Rest, held in an array, so
 /// twelve encoder blocks are at most two instantiations.
+///
+/// The blocks after the first lend each other their gradient buffers (those their modules
+/// name through for_each_gradient_buffer, see nn/module.hpp): block i's are dead once block
+/// i - 1 has read block i's input gradient, so block i - 2 takes them. Two sets of them
+/// circulate, whatever N, instead of one per block: in a ViT-B's twelve blocks most of the
+/// memory a backward pass adds. Before each backward pass the two sets move back to the last
+/// two blocks, and blocks below those hold none between passes. Moving a set exchanges
+/// tensors (no copy, no allocation), in the same order every pass, so each block computes
+/// into the same memory at the same point of every pass, as a captured CUDA graph requires,
+/// and the bits are those of blocks with buffers of their own. It applies where there are at
+/// least three such blocks, they read one tensor and every one of them read the same shape in
+/// the last forward pass. share_gradient_buffers(false) gives every block its own set (what
+/// precis::diagnostics reads after a pass; nn::trainer does so in the steps it runs under a
+/// monitor).
 template <std::size_t N, class First, class Rest>
 class repeat_block {
   static_assert(N == 1 || (std::is_same_v<typename Rest::output_type, typename Rest::input_type> &&
@@ -892,7 +911,13 @@ class repeat_block {
       return y0;
     } else {
       const auto* y = &rest_[0].forward(ctx, y0, m);
-      for (std::size_t i = 1; i + 1 < N; ++i) y = &rest_[i].forward(ctx, *y, m);
+      if constexpr (lends) uniform_ = true;
+      for (std::size_t i = 1; i + 1 < N; ++i) {
+        if constexpr (lends) {
+          uniform_ = uniform_ && detail::shape_of<Rest::input_rank>(*y) == detail::shape_of<Rest::input_rank>(y0);
+        }
+        y = &rest_[i].forward(ctx, *y, m);
+      }
       return *y;
     }
   }
@@ -903,9 +928,7 @@ class repeat_block {
     if constexpr (N == 1) {
       return first_.backward(ctx, dy);
     } else {
-      const auto* d = &rest_[N - 2].backward(ctx, dy);
-      for (std::size_t i = N - 2; i-- > 0;) d = &rest_[i].backward(ctx, *d);
-      return first_.backward(ctx, *d);
+      return first_.backward(ctx, backward_rest(ctx, dy));
     }
   }
   /// backward() without the input gradient: the first block leaves its own out (see
@@ -915,11 +938,12 @@ class repeat_block {
     if constexpr (N == 1) {
       nn::backward_parameters(first_, ctx, dy);
     } else {
-      const auto* d = &rest_[N - 2].backward(ctx, dy);
-      for (std::size_t i = N - 2; i-- > 0;) d = &rest_[i].backward(ctx, *d);
-      nn::backward_parameters(first_, ctx, *d);
+      nn::backward_parameters(first_, ctx, backward_rest(ctx, dy));
     }
   }
+  /// Whether the blocks after the first lend each other their gradient buffers (see the class
+  /// comment; on when built). Off, each keeps its own from its next backward pass on.
+  void share_gradient_buffers(bool on) { share_ = on; }
   /// 0: the buffers belong to the blocks.
   std::size_t own_bytes() const { return 0; }
   /// Calls `f("0", first())`, then `f("i", block i)` for i = 1 to N-1.
@@ -941,8 +965,56 @@ class repeat_block {
     return {((void)I, Rest(s))...};
   }
 
+  // At least three blocks after the first, reading one tensor: enough for two sets to serve
+  // fewer blocks than there are.
+  static constexpr bool lends = N >= 4 && !is_values_v<typename Rest::input_type>;
+
+  // The blocks after the first, last to first (lending their buffers where they may);
+  // returns rest_[0]'s input gradient.
+  const auto& backward_rest(context_ref_t<context_type> ctx,
+                            const tensor_t<context_type, output_grad_type, output_rank>& dy) {
+    const bool lend = lends && share_ && uniform_;
+    if (lend) lift_buffers();
+    const auto* d = &rest_[N - 2].backward(ctx, dy);
+    for (std::size_t i = N - 2; i-- > 0;) {
+      // rest_[i + 1]'s input gradient is *d; rest_[i + 2]'s buffers are dead.
+      if (lend && i + 4 <= N) exchange_buffers(i, i + 2);
+      d = &rest_[i].backward(ctx, *d);
+    }
+    return *d;
+  }
+  // The buffer lists of the blocks after the first (made again where the module has moved or
+  // been copied since they were made).
+  void list_buffers() {
+    if (listed_for_ == this) return;
+    for (std::size_t i = 0; i + 1 < N; ++i) buffers_[i] = gradient_buffers(rest_[i]);
+    listed_for_ = this;
+  }
+  // Block a takes block b's gradient buffers and b takes a's (a != b).
+  void exchange_buffers(std::size_t a, std::size_t b) {
+    list_buffers();
+    for (std::size_t k = 0; k < buffers_[a].size(); ++k) {
+      buffers_[a][k].exchange(buffers_[a][k].tensor, buffers_[b][k].tensor);
+    }
+  }
+  // Before a backward pass: the two sets the last pass left with rest_[0] and rest_[1] go to
+  // the last two blocks, rest_[0]'s to the one of its parity; blocks below those keep none
+  // (a pass without lending may have given every block a set).
+  void lift_buffers() {
+    constexpr std::size_t top = N - 2, even = top % 2 == 0 ? top : top - 1, odd = even == top ? top - 1 : top;
+    exchange_buffers(0, even);
+    if (odd != 1) exchange_buffers(1, odd);
+    for (std::size_t j = 0; j + 2 <= top; ++j) {
+      for (auto& b : buffers_[j]) b.release(b.tensor);
+    }
+  }
+
   First first_;
   std::array<Rest, N - 1> rest_;
+  bool share_ = true;
+  bool uniform_ = false;  // every block after the first read one shape in the last forward pass
+  std::array<std::vector<detail::gradient_buffer>, N - 1> buffers_{};
+  const repeat_block* listed_for_ = nullptr;
 };
 
 // ---------------------------------------------------------------------------------------

@@ -333,6 +333,14 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
   static void for_each_observed(Self& self, F&& f) {
     f("", std::type_identity<Tag>{}, self.x_.peek(), self.y_, self.dx_);
   }
+  /// Its backward pass's buffers (see nn/module.hpp): dx, and the weight's and bias's
+  /// gradients before they are added to the parameters'.
+  template <class Self, class F>
+  static void for_each_gradient_buffer(Self& self, F&& f) {
+    f(self.dx_);
+    f(self.dw_);
+    f(self.db_);
+  }
 
   /// Calls f(name, parameter) for "weight" and, where the layer has one, "bias".
   template <class Self, class F>

@@ -40,6 +40,13 @@
 /// Buffers: a module owns its outputs and its input gradient and keeps the address of its
 /// last input for the backward pass, so the input must stay alive and unchanged until
 /// backward() (the enclosing model arranges that).
+///
+/// A module may also name, through the static `for_each_gradient_buffer(self, f)`, the
+/// buffers that only its backward pass writes and that nothing reads once the module before
+/// it has read its input gradient: the input gradient itself, and the intermediate gradients
+/// and parameter-gradient products of the pass (not the parameters' gradients, not what the
+/// forward pass keeps). nn::repeat lends such buffers from block to block (see
+/// repeat_block), so that N blocks of one type hold two sets of them instead of N.
 #pragma once
 
 /// Defined by this header, which every nn layer header includes: lets precis/nn/cuda.hpp
@@ -61,6 +68,7 @@
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace precis::nn {
 
@@ -332,6 +340,53 @@ void backward_parameters(M& m, Ctx&& ctx, const D& dy) {
   } else {
     (void)m.backward(ctx, dy);
   }
+}
+
+namespace detail {
+
+/// A visitor that accepts any buffer (see `any_child`: a named type for requires-expressions).
+struct any_buffer {
+  template <class T>
+  void operator()(T&) const {}
+};
+
+/// One gradient buffer of a module, its type erased: two modules of one type exchange theirs
+/// pairwise, or a module frees one (nn::repeat's blocks).
+struct gradient_buffer {
+  void* tensor;
+  void (*exchange)(void*, void*);
+  void (*release)(void*);
+};
+
+template <class T>
+gradient_buffer gradient_buffer_of(T& t) {
+  return {&t,
+          [](void* a, void* b) {
+            using std::swap;
+            swap(*static_cast<T*>(a), *static_cast<T*>(b));
+          },
+          [](void* a) {
+            T empty;
+            using std::swap;
+            swap(*static_cast<T*>(a), empty);
+          }};
+}
+
+}  // namespace detail
+
+/// The gradient buffers of module m and every module below it, in walk order: what each
+/// module's optional static `for_each_gradient_buffer(self, f)` names (see the file comment).
+/// Two modules of one type give lists of one length and order.
+template <class M>
+std::vector<detail::gradient_buffer> gradient_buffers(M& m) {
+  std::vector<detail::gradient_buffer> out;
+  walk(m, std::string(), [&](const std::string&, auto& node) {
+    using N = std::remove_cvref_t<decltype(node)>;
+    if constexpr (requires { N::for_each_gradient_buffer(node, detail::any_buffer{}); }) {
+      N::for_each_gradient_buffer(node, [&](auto& t) { out.push_back(detail::gradient_buffer_of(t)); });
+    }
+  });
+  return out;
 }
 
 /// Calls f(name, parameter) for each parameter of a leaf (none for other modules).

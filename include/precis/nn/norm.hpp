@@ -100,6 +100,10 @@ class affine_norm : public layer_base<Tag, P, Op, R, R, Ctx> {
   /// buffer of the next layer's (a fused ReLU: nn::sequence).
   void size_buffers(const shape_t<R>& shape, bool own_output = true) {
     if (own_output) ensure(y_, shape);
+  }
+  /// The backward pass's buffers for an input of this shape, sized by backward(): nn::repeat
+  /// lends them from block to block between backward passes (for_each_gradient_buffer).
+  void size_gradients(const shape_t<R>& shape) {
     ensure(dx_, shape);
     ensure(dgamma_, shape_t<1>{features_});
     ensure(dbeta_, shape_t<1>{features_});
@@ -117,6 +121,14 @@ class affine_norm : public layer_base<Tag, P, Op, R, R, Ctx> {
   template <class Self, class F>
   static void for_each_observed(Self& self, F&& f) {
     f("", std::type_identity<Tag>{}, self.x_.peek(), self.y_, self.dx_);
+  }
+  /// Its backward pass's buffers (see nn/module.hpp): dx, and gamma's and beta's gradients
+  /// before they are added to the parameters'.
+  template <class Self, class F>
+  static void for_each_gradient_buffer(Self& self, F&& f) {
+    f(self.dx_);
+    f(self.dgamma_);
+    f(self.dbeta_);
   }
   parameter<S, M, 1, Ctx>& gamma() { return gamma_; }
   parameter<S, M, 1, Ctx>& beta() { return beta_; }
@@ -193,6 +205,7 @@ class layer_norm_layer : public detail::affine_norm<Tag, P, op::layer_norm, R, C
   /// when dy's shape is not x's.
   const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
     const auto& x = this->x_.get(kind);
+    this->size_gradients(detail::shape_of<R>(x));
     layer_norm_backward<P>(ctx, dy, x, this->gamma_.value(), mean_, rstd_, this->dx_, this->dgamma_, this->dbeta_);
     this->accumulate_affine(ctx);
     return this->dx_;
@@ -326,6 +339,7 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
   /// forward_relu() (batch_norm_relu_backward): backward() of the ReLU's gradient, adding
   /// dgamma and dbeta to the parameters' gradients. Throws precis::error as backward() does.
   const tensor<G>& backward_relu(context_ref_t<Ctx> ctx, const tensor<G>& dz, const tensor<S>& z) {
+    this->size_gradients(detail::shape_of<R>(trained_input()));
     batch_norm_relu_backward<P>(ctx, dz, z, trained_input(), this->gamma_.value(), save_mean_, save_rstd_, this->dx_,
                                 this->dgamma_, this->dbeta_, layout_);
     this->accumulate_affine(ctx);
@@ -336,6 +350,7 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
   /// adds dgamma and dbeta to the parameters' gradients and returns dx. Throws
   /// precis::error after an evaluation-mode forward pass or without a forward pass.
   const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
+    this->size_gradients(detail::shape_of<R>(trained_input()));
     batch_norm_backward<P>(ctx, dy, trained_input(), this->gamma_.value(), save_mean_, save_rstd_, this->dx_,
                            this->dgamma_, this->dbeta_, layout_);
     this->accumulate_affine(ctx);

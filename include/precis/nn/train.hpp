@@ -227,6 +227,9 @@ class trainer {
     r.step = scaler_->steps();
     if constexpr (!std::is_same_v<Schedule, no_schedule>) opt_->set_lr(schedule_->lr());
     r.lr = opt_->lr();
+    // Under a monitor every layer keeps its gradient buffers: the monitor reads them on the
+    // steps it observes, and on any step that is skipped, to find the first non-finite value.
+    if constexpr (monitored) model_->keep_gradient_buffers(true);
     model_->zero_grad();
     const float scale = scaler_->scale();
     const double dloss = double(scale) / double(batches.size());
@@ -258,6 +261,7 @@ class trainer {
     }
     if (s.applied) model_->refresh(ctx);
     if constexpr (!std::is_same_v<Schedule, no_schedule>) schedule_->advance(s.applied);
+    if constexpr (monitored) model_->keep_gradient_buffers(false);
     return r;
   }
 
