@@ -610,4 +610,12 @@ TEST_CASE("nn::repeat's blocks lend each other their gradient buffers: the bits 
       CHECK(lend.activation_bytes() < keep.activation_bytes());
     }
   }
+  // A monitored step puts the model's own setting back.
+  CHECK(!lend.keeps_gradient_buffers());
+  lend.keep_gradient_buffers(true);
+  (void)train_l.step(ctx, x, y, monitor);
+  CHECK(lend.keeps_gradient_buffers());
+  lend.keep_gradient_buffers(false);
+  (void)train_l.step(ctx, x, y, monitor);
+  CHECK(!lend.keeps_gradient_buffers());
 }

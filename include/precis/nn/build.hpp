@@ -241,14 +241,19 @@ class model {
 
   /// Whether every layer keeps its own gradient buffers after a backward pass (true), or the
   /// repeated blocks of an nn::repeat lend theirs to each other (false, as built: see
-  /// repeat_block), which leaves the buffers of all but two blocks empty between passes.
-  /// precis::diagnostics reads every layer's: nn::trainer keeps them in the steps it runs
-  /// under a monitor. Takes effect from the next backward pass.
+  /// repeat_block), which leaves the backward buffers of an nn::repeat's blocks 3 to N - 1
+  /// empty between passes. precis::diagnostics reads every layer's: nn::trainer keeps them in
+  /// the steps it runs under a monitor. Takes effect from the next backward pass that runs
+  /// (a step replayed from a CUDA graph repeats the passes it captured: see
+  /// nn::trainer::forget_graphs).
   void keep_gradient_buffers(bool keep) {
+    keep_ = keep;
     walk(root_, root_path(), [&](const std::string&, auto& node) {
       if constexpr (requires { node.share_gradient_buffers(true); }) node.share_gradient_buffers(!keep);
     });
   }
+  /// What keep_gradient_buffers last set (false as built).
+  bool keeps_gradient_buffers() const { return keep_; }
 
   /// Zeroes every parameter's gradient (before a step's first micro-batch).
   void zero_grad() {
@@ -428,6 +433,7 @@ class model {
   Root root_;
   output_shape_type out_shape_{};
   image_layout layout_ = image_layout::nchw;
+  bool keep_ = false;
 };
 
 /// The model `blueprint` builds into under `map` (or a single policy) for inputs of

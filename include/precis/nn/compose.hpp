@@ -848,8 +848,9 @@ constexpr repeat_spec<N, S> repeat(S block) {
 /// name through for_each_gradient_buffer, see nn/module.hpp): block i's are dead once block
 /// i - 1 has read block i's input gradient, so block i - 2 takes them. Two sets of them
 /// circulate, whatever N, instead of one per block: in a ViT-B's twelve blocks most of the
-/// memory a backward pass adds. Before each backward pass the two sets move back to the last
-/// two blocks, and blocks below those hold none between passes. Moving a set exchanges
+/// memory a backward pass adds. A pass leaves them with blocks 1 and 2 (the first two after
+/// the first block, which keeps its own); before the next backward pass they move back to the
+/// last two blocks, and blocks 3 to N - 1 hold none between passes. Moving a set exchanges
 /// tensors (no copy, no allocation), in the same order every pass, so each block computes
 /// into the same memory at the same point of every pass, as a captured CUDA graph requires,
 /// and the bits are those of blocks with buffers of their own. It applies where there are at
@@ -974,7 +975,14 @@ class repeat_block {
   const auto& backward_rest(context_ref_t<context_type> ctx,
                             const tensor_t<context_type, output_grad_type, output_rank>& dy) {
     const bool lend = lends && share_ && uniform_;
-    if (lend) lift_buffers();
+    if (lend) {
+      // Inside a CUDA graph's capture nothing is freed (a free there would fail, or become
+      // part of the graph): a set a pass without lending left below the last two blocks
+      // stays until an eager pass.
+      bool capturing = false;
+      if constexpr (requires { ctx.capturing(); }) capturing = ctx.capturing();
+      lift_buffers(!capturing);
+    }
     const auto* d = &rest_[N - 2].backward(ctx, dy);
     for (std::size_t i = N - 2; i-- > 0;) {
       // rest_[i + 1]'s input gradient is *d; rest_[i + 2]'s buffers are dead.
@@ -998,12 +1006,13 @@ class repeat_block {
     }
   }
   // Before a backward pass: the two sets the last pass left with rest_[0] and rest_[1] go to
-  // the last two blocks, rest_[0]'s to the one of its parity; blocks below those keep none
-  // (a pass without lending may have given every block a set).
-  void lift_buffers() {
+  // the last two blocks, rest_[0]'s to the one of its parity; with `release`, blocks below
+  // those keep none (a pass without lending may have given every block a set).
+  void lift_buffers(bool release) {
     constexpr std::size_t top = N - 2, even = top % 2 == 0 ? top : top - 1, odd = even == top ? top - 1 : top;
     exchange_buffers(0, even);
     if (odd != 1) exchange_buffers(1, odd);
+    if (!release) return;
     for (std::size_t j = 0; j + 2 <= top; ++j) {
       for (auto& b : buffers_[j]) b.release(b.tensor);
     }

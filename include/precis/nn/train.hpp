@@ -51,13 +51,17 @@ struct step_record {
 };
 
 /// One micro-batch: the model's inputs and the loss's targets (tensors the caller owns; the
-/// batch refers to them).
+/// batch refers to them). Made as `{inputs, targets}` from tensors of exactly these types.
 template <class X, class T>
 struct micro_batch {
   /// Refers to x and t, which must outlive the batch.
   micro_batch(const X& x, const T& t) : inputs(x), targets(t) {}
-  /// Tensors of other types do not bind: they would be converted into temporaries that the
-  /// batch would outlive.
+  /// Temporaries do not bind: the batch would outlive them.
+  micro_batch(X&&, const T&) = delete;
+  micro_batch(const X&, T&&) = delete;
+  micro_batch(X&&, T&&) = delete;
+  /// Nor do tensors of other types (a multi-input model's tuple of pointers included): they
+  /// would be converted into temporaries that the batch would outlive.
   template <class A, class B>
     requires(!(std::is_same_v<std::remove_cvref_t<A>, X> && std::is_same_v<std::remove_cvref_t<B>, T>))
   micro_batch(const A&, const B&) = delete;
@@ -229,6 +233,18 @@ class trainer {
     r.lr = opt_->lr();
     // Under a monitor every layer keeps its gradient buffers: the monitor reads them on the
     // steps it observes, and on any step that is skipped, to find the first non-finite value.
+    // The model's own setting comes back when the step ends, by any way out.
+    struct keeping {
+      Model* model;  // null: nothing to put back
+      bool before;
+      keeping(Model* m, bool b) : model(m), before(b) {}
+      keeping(const keeping&) = delete;
+      keeping& operator=(const keeping&) = delete;
+      ~keeping() {
+        if (model != nullptr) model->keep_gradient_buffers(before);
+      }
+    };
+    const keeping keep{monitored ? model_ : nullptr, model_->keeps_gradient_buffers()};
     if constexpr (monitored) model_->keep_gradient_buffers(true);
     model_->zero_grad();
     const float scale = scaler_->scale();
@@ -261,7 +277,6 @@ class trainer {
     }
     if (s.applied) model_->refresh(ctx);
     if constexpr (!std::is_same_v<Schedule, no_schedule>) schedule_->advance(s.applied);
-    if constexpr (monitored) model_->keep_gradient_buffers(false);
     return r;
   }
 
