@@ -61,14 +61,9 @@ def markdown(header: list[str], rows: list[list[str]], right: set[int] | None = 
     return "\n".join(lines)
 
 
-# What links to bench/results/ start with: the way from the page being rendered to the
-# repository's root (render() sets it), so that they resolve in a local checkout as on a
-# forge.
-_to_root = ""
-
-
 def source(paths: list[str], machine: str | None = None) -> str:
-    files = ", ".join(f"[`bench/results/{p}`]({_to_root}bench/results/{p})" for p in paths)
+    # Relative to the repository's root; render() makes them relative to the page.
+    files = ", ".join(f"[`bench/results/{p}`](bench/results/{p})" for p in paths)
     return f"From {files}" + (f"; {machine}." if machine else ".")
 
 
@@ -304,13 +299,11 @@ TABLES = {f.__name__: f for f in [
 def render(name: str, page: Path | None = None) -> str:
     """Table `name` as Markdown, its links relative to `page` (a file in the repository;
     None: relative to the repository's root)."""
-    global _to_root
     if name not in TABLES:
         raise TableError(f"no table '{name}' (docs/tools/perf_tables.py has: "
                          f"{', '.join(TABLES)})")
     up = len(page.resolve().parent.relative_to(ROOT).parts) if page is not None else 0
-    _to_root = "../" * up
-    return TABLES[name]() + "\n"
+    return TABLES[name]().replace("](bench/results/", "](" + "../" * up + "bench/results/") + "\n"
 
 
 if __name__ == "__main__":

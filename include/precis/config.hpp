@@ -59,4 +59,11 @@ class error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+namespace detail {
+/// false for every T: the condition of a static_assert that fires only where the template
+/// holding it is instantiated (a refused overload's body).
+template <class T>
+inline constexpr bool dependent_false_v = false;
+}  // namespace detail
+
 }  // namespace precis

@@ -152,7 +152,7 @@ class model {
   template <class X>
     requires(!binds_edge_v<X, input_tensor>)
   void forward(context_ref_t<context_type>, const X&, mode = mode::train) {
-    static_assert(refused_v<X>,
+    static_assert(precis::detail::dependent_false_v<X>,
                   "precis: nn::model::forward takes the model's input_tensor (nn::model's input_tensor type: "
                   "its element type and rank, a precis host_tensor or device_tensor, not an xtensor expression "
                   "or another element type, which would be copied into a temporary)");
@@ -167,7 +167,7 @@ class model {
   template <class D>
     requires(!binds_edge_v<D, output_grad_tensor>)
   void backward(context_ref_t<context_type>, const D&) {
-    static_assert(refused_v<D>,
+    static_assert(precis::detail::dependent_false_v<D>,
                   "precis: nn::model::backward takes the model's output_grad_tensor (its output gradient "
                   "type and rank), not another tensor type, which would be copied into a temporary");
   }

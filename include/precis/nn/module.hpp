@@ -152,10 +152,6 @@ struct binds_edge<std::tuple<A*...>, std::tuple<const B*...>>
 template <class A, class E>
 inline constexpr bool binds_edge_v = detail::binds_edge<std::remove_cvref_t<A>, E>::value;
 
-/// false for every T: a static_assert that fires only where a template is instantiated.
-template <class T>
-inline constexpr bool refused_v = false;
-
 /// The layer tags nn's blueprint functions use when given none: a map can override them by
 /// operation kind, not one by one. Their layers are named by position in paths.
 namespace tags {

@@ -56,17 +56,26 @@ template <class X, class T>
 struct micro_batch {
   /// Refers to x and t, which must outlive the batch.
   micro_batch(const X& x, const T& t) : inputs(x), targets(t) {}
-  /// Temporaries do not bind: the batch would outlive them.
-  micro_batch(X&&, const T&) = delete;
-  micro_batch(const X&, T&&) = delete;
-  micro_batch(X&&, T&&) = delete;
-  /// Nor do tensors of other types (a multi-input model's tuple of pointers included): they
-  /// would be converted into temporaries that the batch would outlive.
+  /// Anything but lvalues of exactly these types does not compile: a temporary, or a tensor
+  /// of another type (a multi-input model's tuple of pointers included) converted into one,
+  /// would be gone before the batch is used.
   template <class A, class B>
-    requires(!(std::is_same_v<std::remove_cvref_t<A>, X> && std::is_same_v<std::remove_cvref_t<B>, T>))
-  micro_batch(const A&, const B&) = delete;
+    requires(!(std::is_lvalue_reference_v<A> && std::is_lvalue_reference_v<B> &&
+               std::is_same_v<std::remove_cvref_t<A>, X> && std::is_same_v<std::remove_cvref_t<B>, T>))
+  micro_batch(A&&, B&&) : inputs(unbound<X>()), targets(unbound<T>()) {
+    static_assert(precis::detail::dependent_false_v<A>,
+                  "precis: nn::micro_batch refers to its inputs and targets: give it tensors of exactly its "
+                  "types (the trainer's input_tensor and target_tensor) that outlive it, not temporaries or "
+                  "tensors of other types, which would be gone before the batch is used");
+  }
   const X& inputs;   ///< what the model's forward() reads
   const T& targets;  ///< what the loss's forward() compares the output with
+
+ private:
+  // Declared, never defined: what the refused constructor's references name (it does not
+  // compile, so nothing calls this).
+  template <class U>
+  static const U& unbound();
 };
 
 /// The schedule of a trainer without one: the optimizer's learning rate is left alone.
@@ -210,7 +219,7 @@ class trainer {
     requires(sizeof...(Monitor) <= 1 && !std::is_convertible_v<const X&, std::span<const batch_type>> &&
              !(binds_edge_v<X, input_tensor> && binds_edge_v<Y, target_tensor>))
   step_record step(const cpu_context&, const X&, const Y&, Monitor&...) {
-    static_assert(refused_v<X>,
+    static_assert(precis::detail::dependent_false_v<X>,
                   "precis: nn::trainer::step(ctx, inputs, targets) takes the model's input_tensor and the "
                   "loss's target_tensor (the trainer's input_tensor and target_tensor types), inputs first; another "
                   "element type, rank or an xtensor expression would be copied into a temporary");
@@ -321,7 +330,7 @@ evaluation evaluate(const cpu_context& ctx, Model& model, Loss& loss, const type
 template <class Model, class Loss, class X, class Y>
   requires(!(binds_edge_v<X, typename Model::input_tensor> && binds_edge_v<Y, typename Loss::target_tensor>))
 evaluation evaluate(const cpu_context&, Model&, Loss&, const X&, const Y&) {
-  static_assert(refused_v<X>,
+  static_assert(precis::detail::dependent_false_v<X>,
                 "precis: nn::evaluate(ctx, model, loss, x, targets) takes the model's input_tensor and the "
                 "loss's target_tensor, x first; another element type, rank or an xtensor expression would be "
                 "copied into a temporary");

@@ -223,11 +223,6 @@ class unscaled {
   bool consumed_ = false;
 };
 
-namespace detail {
-template <class T>
-inline constexpr bool dependent_false_v = false;
-}  // namespace detail
-
 /// Multiplies the gradients by 1 / scale (rounded to float once; exact when the scale is a
 /// power of two, as the dynamic scaler's are) in one fused pass per tensor and records
 /// whether any result is infinite or NaN. Consumes the scaled gradients: they cannot be
