@@ -590,11 +590,7 @@ TEST_CASE("nn::repeat's blocks lend each other their gradient buffers: the bits 
   const auto same_parameters = [&] {
     const auto ml = lend.masters(), mk = keep.masters();
     bool same = ml.size() == mk.size();
-    for (std::size_t i = 0; same && i < ml.size(); ++i) {
-      same = ml[i].size() == mk[i].size() &&
-             std::equal(ml[i].begin(), ml[i].end(), mk[i].begin(),
-                        [](float a, float b) { return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b); });
-    }
+    for (std::size_t i = 0; same && i < ml.size(); ++i) same = precis_test::same_bits(ml[i], mk[i]);
     return same;
   };
   for (int step = 0; step < 4; ++step) {
