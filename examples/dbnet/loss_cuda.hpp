@@ -233,21 +233,21 @@ class basic_loss<LossPolicy, BinPolicy, nn::values<nn::sig<SP, GP, 4>, nn::sig<S
       throw error("dbnet::loss: more than 2^31 - 1 pixels in a batch on the device");
     }
     const nn::shape_t<1> s{n};
-    nn::detail::ensure(p_, s);
-    nn::detail::ensure(e_, s);
-    nn::detail::ensure(b_, s);
-    nn::detail::ensure(term_, s);
-    nn::detail::ensure(keys_, s);
-    nn::detail::ensure(sorted_keys_, s);
-    nn::detail::ensure(index_, s);
-    nn::detail::ensure(sorted_, s);
-    nn::detail::ensure(keep_, s);
+    nn::ensure(p_, s);
+    nn::ensure(e_, s);
+    nn::ensure(b_, s);
+    nn::ensure(term_, s);
+    nn::ensure(keys_, s);
+    nn::ensure(sorted_keys_, s);
+    nn::ensure(index_, s);
+    nn::ensure(sorted_, s);
+    nn::ensure(keep_, s);
     std::size_t temp = 0;
     precis::check(cub::DeviceRadixSort::SortPairsDescending(nullptr, temp, keys_.data(), sorted_keys_.data(),
                                                             index_.data(), sorted_.data(), int(n), 0,
                                                             int(sizeof(M) * 8), ctx.stream()),
                   "cub::DeviceRadixSort (size)");
-    if (temp_.size() < temp) nn::detail::ensure(temp_, nn::shape_t<1>{temp});
+    if (temp_.size() < temp) nn::ensure(temp_, nn::shape_t<1>{temp});
     precis::check(cudaMemsetAsync(state_.data(), 0, sizeof(state_type), ctx.stream()), "cudaMemsetAsync");
     const unsigned grid = precis::detail::cuda::grid_for(n);
     detail::cuda::pixel_kernel<CB, CL><<<grid, 256, 0, ctx.stream()>>>(
@@ -281,8 +281,8 @@ class basic_loss<LossPolicy, BinPolicy, nn::values<nn::sig<SP, GP, 4>, nn::sig<S
   /// types. Throws precis::error without a forward pass.
   grad_tuple backward(cuda_context& ctx, precis::device_dloss dloss = 1.0) {
     if (x_ == nullptr) throw error("dbnet::loss::backward: no forward pass to differentiate");
-    nn::detail::ensure(dx_, x_->shape());
-    nn::detail::ensure(dt_, th_->shape());
+    nn::ensure(dx_, x_->shape());
+    nn::ensure(dt_, th_->shape());
     const std::size_t n = x_->size();
     detail::cuda::backward_kernel<CB, CL><<<precis::detail::cuda::grid_for(n), 256, 0, ctx.stream()>>>(
         x_->data(), th_->data(), t_->shrink.data(), t_->shrink_mask.data(), t_->thresh.data(), t_->thresh_mask.data(),
@@ -315,10 +315,10 @@ class basic_loss<LossPolicy, BinPolicy, nn::values<nn::sig<SP, GP, 4>, nn::sig<S
   std::string shape() const { return "-"; }
   /// Bytes of the buffers it keeps between forward and backward and of the sort's.
   std::size_t own_bytes() const {
-    return nn::detail::bytes_of(p_) + nn::detail::bytes_of(e_) + nn::detail::bytes_of(b_) +
-           nn::detail::bytes_of(term_) + nn::detail::bytes_of(keys_) + nn::detail::bytes_of(sorted_keys_) +
-           nn::detail::bytes_of(index_) + nn::detail::bytes_of(sorted_) + nn::detail::bytes_of(keep_) +
-           nn::detail::bytes_of(temp_) + nn::detail::bytes_of(dx_) + nn::detail::bytes_of(dt_);
+    return nn::bytes_of(p_) + nn::bytes_of(e_) + nn::bytes_of(b_) +
+           nn::bytes_of(term_) + nn::bytes_of(keys_) + nn::bytes_of(sorted_keys_) +
+           nn::bytes_of(index_) + nn::bytes_of(sorted_) + nn::bytes_of(keep_) +
+           nn::bytes_of(temp_) + nn::bytes_of(dx_) + nn::bytes_of(dt_);
   }
 
  private:

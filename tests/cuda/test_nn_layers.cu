@@ -5,6 +5,7 @@
 #include <precis/nn/cuda.hpp>  // first: the device kernels, then nn
 
 #include "../../examples/vit/model.hpp"
+#include "../nn/layer_scale.hpp"
 #include "nn_compare.hpp"
 
 #include <string>
@@ -47,6 +48,9 @@ void check_vit_layers(cuda_context& ctx, const std::string& tag) {
   compare_models<P, 2>(ctx, tag + " dropout", nn::seq(nn::linear<fc1>(16, 64), nn::dropout(0.25)), {9, 16});
   compare_models<P, 2>(ctx, tag + " dropout, a partial pack",
                        nn::seq(nn::linear<fc1>(16, 61), nn::dropout(0.25), nn::scale(0.5)), {9, 16});
+  // A layer written outside the library (tests/nn/layer_scale.hpp): the same class on both.
+  compare_models<P, 3>(ctx, tag + " a user layer (layer_scale)",
+                       nn::seq(nn::linear<fc1>(24, 40), user::layer_scale(40, 0.5), nn::gelu()), {3, 70, 24});
   const vit::config c{.image = 16, .patch = 4, .channels = 1, .width = 32, .heads = 2, .classes = 10};
   compare_models<P, 4>(ctx, tag + " vit", vit::blueprint<2>(c), {6, 1, 16, 16}, 8);
 }

@@ -62,7 +62,7 @@ inline bool derivative_matches(double analytic, double at, double up, double dow
 template <class Model, std::size_t N>
 void check_gradients(Model& m, precis::host_tensor<double, N> x, double tol = 1e-6, double h = 1e-6) {
   const precis::cpu_context ctx{1};
-  const auto out = m.output_shape(precis::nn::detail::shape_of<N>(x));
+  const auto out = m.output_shape(precis::nn::shape_of<N>(x));
   const auto w = random_tensor(out);
   const double at = objective(ctx, m, x, w);
   m.zero_grad();

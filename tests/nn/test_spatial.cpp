@@ -124,7 +124,7 @@ void check_float_path_matches_double(const Spec& blueprint, const shape4& in) {
   const auto xd = precis_test::to_double(x);  // alive until backward
   const auto& yd = d.forward(ctx, xd);
   CHECK(precis_test::rel_error(yf, yd) <= precis_test::bound<float>());
-  const auto dy = precis_test::random_tensor<float, 4>(precis::nn::detail::shape_of<4>(yf));
+  const auto dy = precis_test::random_tensor<float, 4>(precis::nn::shape_of<4>(yf));
   f.zero_grad();
   d.zero_grad();
   const auto& dxf = f.backward(ctx, dy);

@@ -103,11 +103,11 @@ class activation_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
   /// y = f(x) elementwise, rounded once to the storage type; keeps the address of x for
   /// backward() (and, for GELU on float gradients on the host, f'(x) of a training pass).
   const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode m = mode::train) {
-    detail::ensure(y_, detail::shape_of<R>(x));
+    ensure(y_, shape_of<R>(x));
     derivative_of_input_ = false;
     if constexpr (keeps_derivative) {
       if (m == mode::train) {
-        detail::ensure(d_, detail::shape_of<R>(x));
+        ensure(d_, shape_of<R>(x));
         precis::detail::unary_with_derivative<P, Kernel::template fn>(kernel_name(), ctx, x, y_,
                                                                       d_);
         derivative_of_input_ = true;
@@ -123,7 +123,7 @@ class activation_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
   /// type. Throws precis::error without a forward pass or when dy's shape is not x's.
   const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
     const auto& x = x_.get(kind);
-    detail::ensure(dx_, detail::shape_of<R>(x));
+    ensure(dx_, shape_of<R>(x));
     if constexpr (keeps_derivative) {
       if (derivative_of_input_) {
         precis::check_same_shape(kernel_name() + ": dy and x", dy, x);
@@ -139,7 +139,7 @@ class activation_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
   /// replaces this layer's forward() and backward(); backward() until the next forward()
   /// throws precis::error.
   tensor<S>& fused_output(const shape_t<R>& shape) {
-    detail::ensure(y_, shape);
+    ensure(y_, shape);
     x_ = {};
     return y_;
   }
@@ -150,8 +150,8 @@ class activation_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
   /// Bytes of its output and input-gradient buffers, and of the kept f'(x) where it keeps
   /// one.
   std::size_t own_bytes() const {
-    std::size_t bytes = detail::bytes_of(y_) + detail::bytes_of(dx_);
-    if constexpr (keeps_derivative) bytes += detail::bytes_of(d_);
+    std::size_t bytes = bytes_of(y_) + bytes_of(dx_);
+    if constexpr (keeps_derivative) bytes += bytes_of(d_);
     return bytes;
   }
   /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
@@ -184,7 +184,7 @@ class activation_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
   tensor<S> y_;
   tensor<G> dx_;
   [[no_unique_address]] derivative_tensor d_{};  // f'(x) of the last training forward pass
-  detail::saved<tensor<S>> x_;
+  saved<tensor<S>> x_;
   bool derivative_of_input_ = false;  // d_ holds f' of the last forward pass's input
 };
 

@@ -117,13 +117,13 @@ class softmax_layer : public layer_base<Tag, P, op::softmax, R, R, Ctx> {
   /// The shape of the output: the input's. Throws precis::error (naming the layer's `path`)
   /// when the last axis is empty.
   shape_t<R> output_shape(const shape_t<R>& in, std::string_view path) const {
-    if (in[R - 1] == 0) detail::bad_shape(path, kind, "[..., K] with K > 0", shape_string(in));
+    if (in[R - 1] == 0) bad_shape(path, kind, "[..., K] with K > 0", shape_string(in));
     return in;
   }
   /// The softmax of each row of x's last axis (see the class comment), kept for backward().
   /// Throws precis::error when the last axis is empty.
   const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode = mode::train) {
-    detail::ensure(y_, output_shape(detail::shape_of<R>(x), path_name<Tag>()));
+    ensure(y_, output_shape(shape_of<R>(x), path_name<Tag>()));
     precis::softmax<P>(ctx, x, y_);
     x_.set(x);
     return y_;
@@ -133,14 +133,14 @@ class softmax_layer : public layer_base<Tag, P, op::softmax, R, R, Ctx> {
   /// output's.
   const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
     check_same_shape("precis::nn::softmax: dy and the output", dy, y_);
-    detail::ensure(dx_, detail::shape_of<R>(dy));
+    ensure(dx_, shape_of<R>(dy));
     precis::softmax_backward<P>(ctx, dy, y_, dx_);
     return dx_;
   }
   /// Its shape column in nn::describe: "-" (it has no parameters).
   std::string shape() const { return "-"; }
   /// Bytes of its output and input-gradient buffers.
-  std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
+  std::size_t own_bytes() const { return bytes_of(y_) + bytes_of(dx_); }
   /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
   template <class Self, class F>
   static void for_each_observed(Self& self, F&& f) {
@@ -155,7 +155,7 @@ class softmax_layer : public layer_base<Tag, P, op::softmax, R, R, Ctx> {
  private:
   tensor<S> y_;
   tensor<G> dx_;
-  detail::saved<tensor<S>> x_;
+  saved<tensor<S>> x_;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -437,7 +437,7 @@ class attention_layer
   /// layer's `path`) for another last axis or an empty axis.
   shape_t<3> output_shape(const shape_t<3>& in, std::string_view path) const {
     if (in[2] != dim_ || detail::elements(in) == 0) {
-      detail::bad_shape(path, kind, "[N, T, " + std::to_string(dim_) + "] with no empty axis",
+      bad_shape(path, kind, "[N, T, " + std::to_string(dim_) + "] with no empty axis",
                         shape_string(in));
     }
     return in;
@@ -448,7 +448,7 @@ class attention_layer
   /// evaluation pass leaves their float8 recipes unchanged). Throws precis::error for an
   /// input of another shape.
   const tensor<So>& forward(context_ref_t<Ctx> ctx, const tensor<Sq>& x, mode m = mode::train) {
-    const auto in = output_shape(detail::shape_of<3>(x), kind);
+    const auto in = output_shape(shape_of<3>(x), kind);
     if constexpr (fused) {  // before anything runs
       context_traits<Ctx>::fused_attention_engine::check_geometry(std::int64_t(dim_ / heads_), std::int64_t(in[1]),
                                                                   m == mode::train, "precis::nn::attention");
@@ -459,30 +459,30 @@ class attention_layer
       // Scores, softmax and context in one kernel, reading q, k and v in qkv's rows and
       // writing the context with its heads merged; each row's log-sum-exp kept for backward.
       qkv_out_ = &qkv;
-      detail::ensure(merged_, in);
-      detail::ensure(stats_, shape_t<3>{g_.n * g_.h, g_.t, 1});
+      ensure(merged_, in);
+      ensure(stats_, shape_t<3>{g_.n * g_.h, g_.t, 1});
       engine_.forward(ctx, fused_shape(), qkv.data(), merged_.data(), stats_.data());
       return out_.forward(ctx, detail::as_type(ctx, merged_, merged_o_), m);
     }
-    detail::ensure(q_, g_.per_head());
-    detail::ensure(k_, g_.per_head());
-    detail::ensure(v_, g_.per_head());
+    ensure(q_, g_.per_head());
+    ensure(k_, g_.per_head());
+    ensure(v_, g_.per_head());
     split(ctx, qkv.data(), q_.data(), k_.data(), v_.data());
     const auto& q = detail::as_type(ctx, q_, q_s_);
     const auto& k = detail::as_type(ctx, k_, k_s_);
-    detail::ensure(scores_, g_.square());
+    ensure(scores_, g_.square());
     gemm_options o;
     o.trans_b = true;
     o.alpha = alpha();
     gemm<scores_policy>(ctx, q, k, scores_, o);
     const auto& s = detail::as_type(ctx, scores_, scores_m_);
-    detail::ensure(probs_, g_.square());
+    ensure(probs_, g_.square());
     precis::softmax<softmax_policy>(ctx, s, probs_);
     const auto& p = detail::as_type(ctx, probs_, probs_c_);
     const auto& v = detail::as_type(ctx, v_, v_c_);
-    detail::ensure(context_, g_.per_head());
+    ensure(context_, g_.per_head());
     gemm<context_policy>(ctx, p, v, context_);
-    detail::ensure(merged_, in);
+    ensure(merged_, in);
     merge(ctx, merged_.data(), context_.data());
     return out_.forward(ctx, detail::as_type(ctx, merged_, merged_o_), m);
   }
@@ -501,42 +501,42 @@ class attention_layer
     if constexpr (fused) {
       // dq, dk and dv straight into qkv's gradient rows.
       const auto& dout = detail::as_type(ctx, dmerged, dcontext_c_);
-      detail::ensure(dqkv_, shape_t<3>{g_.n, g_.t, 3 * dim_});
+      ensure(dqkv_, shape_t<3>{g_.n, g_.t, 3 * dim_});
       engine_.backward(ctx, fused_shape(), qkv_out_->data(), merged_.data(), dout.data(), stats_.data(),
                        dqkv_.data());
       return qkv_.backward(ctx, dqkv_);
     }
     // Context: dp = dc v^T, dv = p^T dc.
-    detail::ensure(dcontext_, g_.per_head());
+    ensure(dcontext_, g_.per_head());
     split(ctx, dmerged.data(), dcontext_.data());
     const auto& dc = detail::as_type(ctx, dcontext_, dcontext_c_);
     const auto& p = detail::as_cast(probs_, probs_c_);
     const auto& v = detail::as_cast(v_, v_c_);
-    detail::ensure(dprobs_, g_.square());
+    ensure(dprobs_, g_.square());
     gemm_options o;
     o.trans_b = true;
     gemm<context_policy>(ctx, dc, v, dprobs_, o);
-    detail::ensure(dv_, g_.per_head());
+    ensure(dv_, g_.per_head());
     o = {};
     o.trans_a = true;
     gemm<context_policy>(ctx, p, dc, dv_, o);
     // Softmax.
     const auto& dp = detail::as_type(ctx, dprobs_, dprobs_m_);
-    detail::ensure(dscores_, g_.square());
+    ensure(dscores_, g_.square());
     precis::softmax_backward<softmax_policy>(ctx, dp, probs_, dscores_);
     // Scores: dq = alpha ds k, dk = alpha ds^T q.
     const auto& ds = detail::as_type(ctx, dscores_, dscores_s_);
     const auto& q = detail::as_cast(q_, q_s_);
     const auto& k = detail::as_cast(k_, k_s_);
-    detail::ensure(dq_, g_.per_head());
-    detail::ensure(dk_, g_.per_head());
+    ensure(dq_, g_.per_head());
+    ensure(dk_, g_.per_head());
     o = {};
     o.alpha = alpha();
     gemm<scores_policy>(ctx, ds, k, dq_, o);
     o.trans_a = true;
     gemm<scores_policy>(ctx, ds, q, dk_, o);
     // Back into qkv's rows, in its gradient type.
-    detail::ensure(dqkv_, shape_t<3>{g_.n, g_.t, 3 * dim_});
+    ensure(dqkv_, shape_t<3>{g_.n, g_.t, 3 * dim_});
     const auto& dq = detail::as_type(ctx, dq_, dq_q_);
     const auto& dk = detail::as_type(ctx, dk_, dk_q_);
     const auto& dv = detail::as_type(ctx, dv_, dv_q_);
@@ -562,7 +562,7 @@ class attention_layer
   /// gradients and casts between types.
   std::size_t own_bytes() const {
     std::size_t n = qkv_.own_bytes() + out_.own_bytes();
-    const auto add = [&n](const auto&... t) { ((n += detail::bytes_of(t)), ...); };
+    const auto add = [&n](const auto&... t) { ((n += bytes_of(t)), ...); };
     add(q_, k_, v_, q_s_, k_s_, v_c_, scores_, scores_m_, probs_, probs_c_, context_, merged_,
         merged_o_, stats_);
     add(dcontext_, dcontext_c_, dprobs_, dprobs_m_, dv_, dscores_, dscores_s_, dq_, dk_, dq_q_,
@@ -613,13 +613,6 @@ class attention_layer
   static constexpr bool decays(std::string_view parameter) {
     return parameter == "qkv.weight" || parameter == "out.weight";
   }
-  /// Saves or loads its four parameters under `prefix` (see precis::save_checkpoint).
-  template <class Archive>
-  void visit_state(Archive& a, const std::string& prefix) {
-    detail::visit_parameters(a, prefix, *this);
-  }
-  /// Empty, or what loading its parameters found wrong.
-  std::string validate() const { return detail::parameter_problems(*this); }
 
  private:
   static linear_spec<QkvTag> check(

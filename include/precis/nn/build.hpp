@@ -122,11 +122,14 @@ class model {
   /// How its images lie (build_options::layout).
   image_layout layout() const { return layout_; }
 
-  /// Draws every parameter again from `seed` (each layer from the seed and its path).
+  /// Draws every parameter again from `seed` (each layer's reset(), from the seed and its
+  /// path). On the host the working copies are then rounded from the new masters (refresh());
+  /// a model on the device needs refresh(ctx) before its first pass.
   void reset(std::uint64_t seed) {
     walk(root_, root_path(), [&](const std::string& path, auto& node) {
       if constexpr (leaf<std::remove_cvref_t<decltype(node)>>) node.reset(detail::seed_for(seed, path));
     });
+    if constexpr (std::is_same_v<context_type, cpu_context>) refresh();
   }
 
   /// The output shape for an input of shape `in`; throws precis::error naming the first
@@ -353,18 +356,28 @@ class model {
     return ok;
   }
 
-  /// Checkpoint fields: every layer's state under its path.
+  /// Checkpoint fields, under each layer's path: its parameters (those its
+  /// for_each_parameter names, under their names), then the layer's other state, through its
+  /// own visit_state (batch norm's running statistics, a float8 layer's recipes, dropout's
+  /// seed; nothing for most layers).
   template <class Archive>
   void visit_state(Archive& a) {
-    for_each_layer([&](const std::string& path, auto& l) { l.visit_state(a, path.empty() ? path : path + "."); });
+    for_each_layer([&](const std::string& path, auto& l) {
+      const std::string prefix = path.empty() ? path : path + ".";
+      detail::visit_parameters(a, prefix, l);
+      l.visit_state(a, prefix);
+    });
   }
-  /// What went wrong loading a checkpoint: every layer's problems, joined by "; " ("" when
-  /// nothing; see precis::load_checkpoint).
+  /// What went wrong loading a checkpoint: every layer's problems (its parameters', then its
+  /// own validate()'s), joined by "; " ("" when nothing; see precis::load_checkpoint).
   std::string validate() const {
     std::string out;
-    for_each_layer([&](const std::string&, const auto& l) {
-      const std::string p = l.validate();
+    const auto add = [&](const std::string& p) {
       if (!p.empty()) out += (out.empty() ? "" : "; ") + p;
+    };
+    for_each_layer([&](const std::string&, const auto& l) {
+      add(detail::parameter_problems(l));
+      add(l.validate());
     });
     return out;
   }

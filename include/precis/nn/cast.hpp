@@ -41,20 +41,20 @@ class cast_layer {
 
   /// x converted to Out, each value rounded once (nearest-even).
   const tensor_t<Ctx, Out, R>& forward(context_ref_t<Ctx> ctx, const tensor_t<Ctx, In, R>& x, mode = mode::train) {
-    detail::ensure(y_, detail::shape_of<R>(x));
+    ensure(y_, shape_of<R>(x));
     context_traits<Ctx>::cast(ctx, x, y_);
     return y_;
   }
   /// dy converted to GIn, each value rounded once (nearest-even).
   const tensor_t<Ctx, GIn, R>& backward(context_ref_t<Ctx> ctx, const tensor_t<Ctx, GOut, R>& dy) {
-    detail::ensure(dx_, detail::shape_of<R>(dy));
+    ensure(dx_, shape_of<R>(dy));
     context_traits<Ctx>::cast(ctx, dy, dx_);
     return dx_;
   }
   /// Its shape for describe: the conversion, as "float->bfloat16".
   std::string shape() const { return std::string(type_name_v<In>) + "->" + std::string(type_name_v<Out>); }
   /// Bytes of its output and input-gradient buffers.
-  std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
+  std::size_t own_bytes() const { return bytes_of(y_) + bytes_of(dx_); }
   /// Its backward pass's buffer (see nn/module.hpp): dx.
   template <class Self, class F>
   static void for_each_gradient_buffer(Self& self, F&& f) {

@@ -642,13 +642,13 @@ class branches {
         [&](auto&... c) { return std::tuple<decltype(&c.forward(ctx, x, m))...>{&c.forward(ctx, x, m)...}; },
         children_);
     if constexpr (Join == join_kind::add) {
-      detail::ensure(y_, detail::shape_of<output_rank>(*std::get<0>(outs)));
+      ensure(y_, shape_of<output_rank>(*std::get<0>(outs)));
       std::apply([&](auto... o) { io::add_rounded(ctx, y_, *o...); }, outs);
     } else {
-      shape_t<output_rank> shape = detail::shape_of<output_rank>(*std::get<0>(outs));
+      shape_t<output_rank> shape = shape_of<output_rank>(*std::get<0>(outs));
       shape[axis_] = 0;
       std::apply([&](auto... o) { ((shape[axis_] += std::size_t(o->shape()[axis_])), ...); }, outs);
-      detail::ensure(y_, shape);
+      ensure(y_, shape);
       std::size_t offset = 0, i = 0;
       std::apply([&](auto... o) { ((widths_[i++] = std::size_t(o->shape()[axis_])), ...); }, outs);
       std::apply([&](auto... o) { (copy_into(ctx, *o, offset), ...); }, outs);
@@ -666,7 +666,7 @@ class branches {
       return std::tuple<decltype(&std::get<I>(children_).backward(ctx, dy))...>{
           &std::get<I>(children_).backward(ctx, slice_for(ctx, dy, I, offset))...};
     }(std::make_index_sequence<count>{});
-    detail::ensure(dx_, detail::shape_of<input_rank>(*std::get<0>(dxs)));
+    ensure(dx_, shape_of<input_rank>(*std::get<0>(dxs)));
     std::apply([&](auto... d) { io::add_rounded(ctx, dx_, *d...); }, dxs);
     return dx_;
   }
@@ -693,8 +693,8 @@ class branches {
   /// Bytes of the joined output and the input gradient and, for a concatenation, of each branch's
   /// part of dy.
   std::size_t own_bytes() const {
-    std::size_t n = detail::bytes_of(y_) + detail::bytes_of(dx_);
-    for (const auto& s : slices_) n += detail::bytes_of(s);
+    std::size_t n = bytes_of(y_) + bytes_of(dx_);
+    for (const auto& s : slices_) n += bytes_of(s);
     return n;
   }
   /// Its backward pass's buffer (see nn/module.hpp): the summed input gradient.
@@ -761,7 +761,7 @@ class branches {
 
   template <class Part>
   void copy_into(context_ref_t<context_type> ctx, const Part& part, std::size_t& offset) {
-    const auto d = detail::split_at<output_rank>(detail::shape_of<output_rank>(part), axis_);
+    const auto d = detail::split_at<output_rank>(shape_of<output_rank>(part), axis_);
     io::copy_rows("precis::nn::concat", ctx, part.data(), y_.data() + offset * d[2],
                   detail::concat_part_plan(d, std::size_t(y_.shape()[axis_]), false));
     offset += d[1];
@@ -775,9 +775,9 @@ class branches {
     } else {
       const std::size_t width = widths_[i];
       auto& s = slices_[i];
-      shape_t<output_rank> shape = detail::shape_of<output_rank>(dy);
+      shape_t<output_rank> shape = shape_of<output_rank>(dy);
       shape[axis_] = width;
-      detail::ensure(s, shape);
+      ensure(s, shape);
       const auto d = detail::split_at<output_rank>(shape, axis_);
       io::copy_rows("precis::nn::concat", ctx, dy.data() + offset * d[2], s.data(),
                     detail::concat_part_plan(d, std::size_t(dy.shape()[axis_]), true));
@@ -915,7 +915,7 @@ class repeat_block {
       if constexpr (lends) uniform_ = true;
       for (std::size_t i = 1; i + 1 < N; ++i) {
         if constexpr (lends) {
-          uniform_ = uniform_ && detail::shape_of<Rest::input_rank>(*y) == detail::shape_of<Rest::input_rank>(y0);
+          uniform_ = uniform_ && shape_of<Rest::input_rank>(*y) == shape_of<Rest::input_rank>(y0);
         }
         y = &rest_[i].forward(ctx, *y, m);
       }

@@ -356,11 +356,6 @@ class conv_base : public layer_base<Tag, P, op::conv, 4, 4, Ctx> {
   }
   /// Weight decay applies to the weight, not the bias.
   static constexpr bool decays(std::string_view parameter) { return parameter == "weight"; }
-  template <class Archive>
-  void visit_state(Archive& a, const std::string& prefix) {
-    visit_parameters(a, prefix, *this);
-  }
-  std::string validate() const { return parameter_problems(*this); }
 
  protected:
   std::size_t in_, out_;
@@ -417,7 +412,7 @@ class conv2d_layer : public detail::conv_base<Tag, P, Ctx> {
   /// of its own may reuse it until the weight changes. Throws precis::error for an input of
   /// another shape.
   const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode m = mode::train) {
-    detail::ensure(this->y_, output_shape(detail::shape_of<4>(x), path_name<Tag>()));
+    ensure(this->y_, output_shape(shape_of<4>(x), path_name<Tag>()));
     const auto& w = this->weight_.value();
     const conv2d_params p = this->forward_params(m);
     if (!this->bias_on_) {
@@ -425,7 +420,7 @@ class conv2d_layer : public detail::conv_base<Tag, P, Ctx> {
     } else if constexpr (base::on_host) {
       precis::conv2d<P>(ctx, x, w, this->bias_.value(), this->y_, p);  // the bias fused
     } else {
-      this->forward_biased(ctx, x, detail::shape_of<4>(this->y_),
+      this->forward_biased(ctx, x, shape_of<4>(this->y_),
                            [&](const auto& xs, const auto& ws, auto& sums) { precis::conv2d<P>(ctx, xs, ws, sums, p); });
     }
     this->x_.set(x);
@@ -517,8 +512,8 @@ class conv_transpose2d_layer : public detail::conv_base<Tag, P, Ctx> {
   /// before their one rounding); keeps the address of x for backward(). Throws
   /// precis::error for an input of another shape.
   const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode m = mode::train) {
-    const auto out = output_shape(detail::shape_of<4>(x), path_name<Tag>());
-    detail::ensure(this->y_, out);
+    const auto out = output_shape(shape_of<4>(x), path_name<Tag>());
+    ensure(this->y_, out);
     const auto& w = this->weight_.value();
     const conv2d_params p = this->forward_params(m);
     if (this->bias_on_) {

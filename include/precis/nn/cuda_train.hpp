@@ -89,7 +89,7 @@ class basic_softmax_cross_entropy<P, Target, cuda_context>
   /// precis::error without a forward pass.
   const device_tensor<G, 2>& backward(cuda_context& ctx, device_dloss dloss = 1.0) {
     const auto& logits = logits_.get(types::name);
-    detail::ensure(dx_, detail::shape_of<2>(logits));
+    ensure(dx_, shape_of<2>(logits));
     precis::cross_entropy_backward<P>(ctx, logits, *targets_, dx_, dloss);
     return dx_;
   }
@@ -98,10 +98,10 @@ class basic_softmax_cross_entropy<P, Target, cuda_context>
   /// "-": the loss has no parameters.
   std::string shape() const { return "-"; }
   /// Bytes of its gradient buffer and value.
-  std::size_t own_bytes() const { return detail::bytes_of(dx_) + detail::bytes_of(loss_); }
+  std::size_t own_bytes() const { return bytes_of(dx_) + bytes_of(loss_); }
 
  private:
-  detail::saved<device_tensor<S, 2>> logits_;
+  saved<device_tensor<S, 2>> logits_;
   const target_tensor* targets_ = nullptr;
   device_tensor<G, 2> dx_;
   device_tensor<value_type, 1> loss_{{1}};

@@ -133,15 +133,15 @@ class class_token_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> 
   /// precis::error (naming the layer's `path`) when the last axis is not `dim` long.
   shape_t<3> output_shape(const shape_t<3>& in, std::string_view path) const {
     if (in[2] != dim_)
-      detail::bad_shape(path, kind, "[N, T, " + std::to_string(dim_) + "]", shape_string(in));
+      bad_shape(path, kind, "[N, T, " + std::to_string(dim_) + "]", shape_string(in));
     return {in[0], in[1] + 1, in[2]};
   }
 
   /// Each item's tokens with the learned token (its working copy) put first: a copy, no
   /// arithmetic. Throws precis::error for an input of another shape.
   const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode = mode::train) {
-    const auto out = output_shape(detail::shape_of<3>(x), path_name<Tag>());
-    detail::ensure(y_, out);
+    const auto out = output_shape(shape_of<3>(x), path_name<Tag>());
+    ensure(y_, out);
     const std::size_t t = out[1] - 1, d = dim_;
     const S* tok = token_.value().data();
     if constexpr (on_host) {
@@ -163,8 +163,8 @@ class class_token_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> 
     check_same_shape("precis::nn::class_token: dy and the output", dy, y_);
     const std::size_t items = std::size_t(dy.shape()[0]), t = std::size_t(dy.shape()[1]) - 1,
                       d = dim_;
-    detail::ensure(dx_, shape_t<3>{items, t, d});
-    detail::ensure(dtoken_, shape_t<1>{d});
+    ensure(dx_, shape_t<3>{items, t, d});
+    ensure(dtoken_, shape_t<1>{d});
     const G* g = dy.data();
     if constexpr (on_host) {
       for (std::size_t n = 0; n < items; ++n) {
@@ -187,7 +187,7 @@ class class_token_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> 
   std::string shape() const { return std::to_string(dim_); }
   /// Bytes of its output, input-gradient and token-gradient buffers.
   std::size_t own_bytes() const {
-    return detail::bytes_of(y_) + detail::bytes_of(dx_) + detail::bytes_of(dtoken_);
+    return bytes_of(y_) + bytes_of(dx_) + bytes_of(dtoken_);
   }
   /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
   template <class Self, class F>
@@ -201,20 +201,13 @@ class class_token_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> 
   }
   /// Embeddings take no weight decay.
   static constexpr bool decays(std::string_view) { return false; }
-  /// Saves or loads the token under `prefix` (see precis::save_checkpoint).
-  template <class Archive>
-  void visit_state(Archive& a, const std::string& prefix) {
-    detail::visit_parameters(a, prefix, *this);
-  }
-  /// Empty, or what loading the token found wrong.
-  std::string validate() const { return detail::parameter_problems(*this); }
 
  private:
   std::size_t dim_;
   parameter<S, M, 1, Ctx> token_;
   tensor<S> y_;
   tensor<G> dx_;
-  detail::saved<tensor<S>> x_;
+  saved<tensor<S>> x_;
   tensor<G, 1> dtoken_;
 };
 
@@ -251,7 +244,7 @@ class position_embedding_layer : public layer_base<Tag, P, op::elementwise, R, R
   /// the layer's `path`) for other token or width axes.
   shape_t<3> output_shape(const shape_t<3>& in, std::string_view path) const {
     if (in[1] != tokens_ || in[2] != dim_) {
-      detail::bad_shape(path, kind,
+      bad_shape(path, kind,
                         "[N, " + std::to_string(tokens_) + ", " + std::to_string(dim_) + "]",
                         shape_string(in));
     }
@@ -261,7 +254,7 @@ class position_embedding_layer : public layer_base<Tag, P, op::elementwise, R, R
   /// y = x + the table (its working copy) for every item, added in the policy's opmath type
   /// and rounded once. Throws precis::error for an input of another shape.
   const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode = mode::train) {
-    detail::ensure(y_, output_shape(detail::shape_of<3>(x), path_name<Tag>()));
+    ensure(y_, output_shape(shape_of<3>(x), path_name<Tag>()));
     precis::add<P>(ctx, x, table_.value(), y_);
     x_.set(x);
     return y_;
@@ -270,7 +263,7 @@ class position_embedding_layer : public layer_base<Tag, P, op::elementwise, R, R
   /// caller's tensor). Throws precis::error when dy's shape is not the last output's.
   const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
     check_same_shape("precis::nn::position_embedding: dy and the output", dy, y_);
-    detail::ensure(dtable_, shape_t<2>{tokens_, dim_});
+    ensure(dtable_, shape_t<2>{tokens_, dim_});
     const std::size_t width = tokens_ * dim_;
     const G* g = dy.data();
     if constexpr (std::is_same_v<Ctx, cpu_context>) {
@@ -289,7 +282,7 @@ class position_embedding_layer : public layer_base<Tag, P, op::elementwise, R, R
   /// Its shape column in nn::describe: tokens x dim, as "197x768".
   std::string shape() const { return std::to_string(tokens_) + "x" + std::to_string(dim_); }
   /// Bytes of its output and table-gradient buffers (it keeps no input gradient).
-  std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dtable_); }
+  std::size_t own_bytes() const { return bytes_of(y_) + bytes_of(dtable_); }
   /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
   template <class Self, class F>
   static void for_each_observed(Self& self, F&& f) {
@@ -302,20 +295,13 @@ class position_embedding_layer : public layer_base<Tag, P, op::elementwise, R, R
   }
   /// Embeddings take no weight decay.
   static constexpr bool decays(std::string_view) { return false; }
-  /// Saves or loads the table under `prefix` (see precis::save_checkpoint).
-  template <class Archive>
-  void visit_state(Archive& a, const std::string& prefix) {
-    detail::visit_parameters(a, prefix, *this);
-  }
-  /// Empty, or what loading the table found wrong.
-  std::string validate() const { return detail::parameter_problems(*this); }
 
  private:
   std::size_t tokens_, dim_;
   parameter<S, M, 2, Ctx> table_;
   tensor<S> y_;
   tensor<G, 2> dtable_;
-  detail::saved<tensor<S>> x_;
+  saved<tensor<S>> x_;
 };
 
 }  // namespace precis::nn

@@ -235,7 +235,7 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
   /// precis::error (naming the layer's `path`) for another last axis or an empty axis.
   shape_t<R> output_shape(const shape_t<R>& in, std::string_view path) const {
     if (in[R - 1] != in_ || detail::elements(in) == 0) {
-      detail::bad_shape(path, kind, "[..., " + std::to_string(in_) + "] with no empty axis", shape_string(in));
+      bad_shape(path, kind, "[..., " + std::to_string(in_) + "] with no empty axis", shape_string(in));
     }
     shape_t<R> out = in;
     out[R - 1] = out_;
@@ -247,8 +247,8 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
   /// pass (`m`) records their amaxes in delayed recipes. Throws precis::error for an input
   /// of another shape.
   const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode m = mode::train) {
-    const auto out = output_shape(detail::shape_of<R>(x), name_for_errors());
-    detail::ensure(y_, out);
+    const auto out = output_shape(shape_of<R>(x), name_for_errors());
+    ensure(y_, out);
     const std::size_t rows = x.size() / in_;
     const S* bias = bias_on_ ? bias_.value().data() : nullptr;  // cuBLASLt's epilogue on the device
     if constexpr (float8 && !std::is_same_v<Ctx, cpu_context>) {
@@ -290,8 +290,8 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
     if constexpr (float8 && !std::is_same_v<Ctx, cpu_context>) {
       check_same_shape("precis::nn::linear: dy and the output", dy, y_);
       const std::size_t rows = dy.size() / out_;
-      detail::ensure(dx_, input_gradient ? detail::shape_of<R>(x_.get(kind)) : shape_t<R>{});
-      detail::ensure(dw_, shape_t<2>{out_, in_});
+      ensure(dx_, input_gradient ? shape_of<R>(x_.get(kind)) : shape_t<R>{});
+      ensure(dw_, shape_t<2>{out_, in_});
       fp8_.backward(ctx, dy.data(), input_gradient ? dx_.data() : static_cast<G*>(nullptr), dw_.data(), rows, in_,
                     out_);
       weight_.accumulate(ctx, dw_);
@@ -301,7 +301,7 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
       backward_exact(ctx, dy, input_gradient);
     }
     if (bias_on_) {
-      detail::ensure(db_, shape_t<1>{out_});
+      ensure(db_, shape_t<1>{out_});
       // The column sums of dy: in row order on the host, in a fixed two-pass order on the
       // device (kernels/cuda/reduce.hpp), never one thread per column over every row.
       precis::detail::column_sums<P>(ctx, dy.data(), dy.size() / out_, out_, db_.data());
@@ -325,7 +325,7 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
   /// Bytes of its output, input-gradient and parameter-gradient buffers, and of the float8
   /// tensors it keeps (not the parameters: see nn::parameter::bytes).
   std::size_t own_bytes() const {
-    return detail::bytes_of(y_) + detail::bytes_of(dx_) + detail::bytes_of(dw_) + detail::bytes_of(db_) +
+    return bytes_of(y_) + bytes_of(dx_) + bytes_of(dw_) + bytes_of(db_) +
            fp8_.own_bytes();
   }
   /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
@@ -350,21 +350,20 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
   }
   /// Weight decay applies to the weight, not the bias.
   static constexpr bool decays(std::string_view parameter) { return parameter == "weight"; }
-  /// Saves or loads its parameters under `prefix` (see precis::save_checkpoint), and under
-  /// a float8 policy its recipes' state ("fp8.input.", "fp8.weight.", "fp8.grad_output.").
+  /// Under a float8 policy, saves or loads its recipes' state under `prefix` ("fp8.input.",
+  /// "fp8.weight.", "fp8.grad_output."; see precis::save_checkpoint; nn::model saves the
+  /// parameters before it); nothing otherwise.
   template <class Archive>
   void visit_state(Archive& a, const std::string& prefix) {
-    detail::visit_parameters(a, prefix, *this);
     if constexpr (float8) fp8_.visit_state(a, prefix);
   }
-  /// Empty, or what loading its parameters (and float8 recipes) found wrong.
+  /// Empty, or what loading its float8 recipes found wrong.
   std::string validate() const {
-    std::string out = detail::parameter_problems(*this);
     if constexpr (float8) {
-      const std::string f = fp8_.validate();
-      if (!f.empty()) out += (out.empty() ? "" : "; ") + f;
+      return fp8_.validate();
+    } else {
+      return {};
     }
-    return out;
   }
 
  private:
@@ -375,16 +374,16 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
     check_same_shape("precis::nn::linear: dy and the output", dy, y_);
     const std::size_t rows = x.size() / in_;
     if (input_gradient) {
-      detail::ensure(dx_, detail::shape_of<R>(x));
+      ensure(dx_, shape_of<R>(x));
       // dx (rows x in) = dy (rows x out) W (out x in).
       precis::detail::gemm_raw<op::matmul, P>(ctx, rows, in_, out_, dy.data(), out_, 1,
                                               weight_.value().data(), in_, 1, dx_.data(), in_,
                                               static_cast<const G*>(nullptr), gemm_options{});
     } else {
-      detail::ensure(dx_, shape_t<R>{});
+      ensure(dx_, shape_t<R>{});
     }
     // dW (out x in) = dy^T (out x rows) x (rows x in).
-    detail::ensure(dw_, shape_t<2>{out_, in_});
+    ensure(dw_, shape_t<2>{out_, in_});
     precis::detail::gemm_raw<op::matmul, P>(ctx, out_, in_, rows, dy.data(), 1, out_, x.data(), in_, 1, dw_.data(), in_,
                                             static_cast<const G*>(nullptr), gemm_options{});
     weight_.accumulate(ctx, dw_);
@@ -400,17 +399,17 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
     const float sg = detail::quantize(ctx, f.grad_output, dy, f.dyq, true);
     gemm_options o;
     if (input_gradient) {
-      detail::ensure(dx_, detail::shape_of<R>(f.xq));
+      ensure(dx_, shape_of<R>(f.xq));
       // dx (rows x in) = dy_q (rows x out) W_q (out x in) / (s_dy s_w).
       o.alpha = detail::inverse_scales(sg, f.weight_scale);
       precis::detail::gemm_raw<op::matmul, P>(ctx, rows, in_, out_, f.dyq.data(), out_, 1,
                                               f.wq.data(), in_, 1, dx_.data(), in_,
                                               static_cast<const G*>(nullptr), o);
     } else {
-      detail::ensure(dx_, shape_t<R>{});
+      ensure(dx_, shape_t<R>{});
     }
     // dW (out x in) = dy_q^T (out x rows) x_q (rows x in) / (s_dy s_x).
-    detail::ensure(dw_, shape_t<2>{out_, in_});
+    ensure(dw_, shape_t<2>{out_, in_});
     o.alpha = detail::inverse_scales(sg, f.input_scale);
     precis::detail::gemm_raw<op::matmul, P>(ctx, out_, in_, rows, f.dyq.data(), 1, out_, f.xq.data(), in_, 1,
                                             dw_.data(), in_, static_cast<const G*>(nullptr), o);
@@ -425,7 +424,7 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
   tensor<G> dx_;
   tensor<G, 2> dw_;
   tensor<G, 1> db_;
-  detail::saved<tensor<S>> x_;
+  saved<tensor<S>> x_;
   float8_state fp8_;
 };
 

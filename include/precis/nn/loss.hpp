@@ -72,17 +72,17 @@ class basic_softmax_cross_entropy : public softmax_cross_entropy_types<P, Target
   /// without a forward pass.
   const host_tensor<G, 2>& backward(const cpu_context& ctx, double dloss = 1.0) {
     const auto& logits = logits_.get(this->name);
-    detail::ensure(dx_, detail::shape_of<2>(logits));
+    ensure(dx_, shape_of<2>(logits));
     cross_entropy_backward<P>(ctx, logits, *targets_, dx_, dloss);
     return dx_;
   }
   /// "-": the loss has no parameters (what a layer's shape() gives nn::describe).
   std::string shape() const { return "-"; }
   /// Bytes of its gradient buffer.
-  std::size_t own_bytes() const { return detail::bytes_of(dx_); }
+  std::size_t own_bytes() const { return bytes_of(dx_); }
 
  private:
-  detail::saved<host_tensor<S, 2>> logits_;
+  saved<host_tensor<S, 2>> logits_;
   const host_tensor<Target, 1>* targets_ = nullptr;
   host_tensor<G, 2> dx_;
 };

@@ -25,8 +25,9 @@
 ///
 /// Layers (leaves) also name their tag (`tag_type`), the resolved policy (`policy_type`),
 /// `kind` and `shape()` for describe, their parameters through the static
-/// `for_each_parameter(self, f)`, `decays(name)` for weight decay, `reset(seed)`, and
-/// `visit_state` / `validate` for checkpoints. Layers that only move data (reshape, cast)
+/// `for_each_parameter(self, f)` (which nn::model saves in checkpoints, under their names),
+/// `decays(name)` for weight decay, `reset(seed)`, and `visit_state` / `validate` for any
+/// checkpoint state other than parameters. Layers that only move data (reshape, cast)
 /// have no tag or policy. Combinators expose their children through
 /// `for_each_child(self, f)`; nn::walk visits a whole model with each node's path.
 ///
@@ -393,23 +394,36 @@ void for_each_parameter_of(Self& node, F&& f) {
   }
 }
 
-namespace detail {
+/// @name Writing a layer
+/// The pieces nn's own layers are written with, for a layer of your own
+/// (docs/writing-layers.md).
+/// @{
 
-/// The address of the input a module saw in its last forward pass (the producer owns it).
-/// A copied module has seen no input.
+/// The address of the input a layer saw in its last forward pass, for its backward pass
+/// (the module before it owns the tensor, and the caller of nn::model::forward keeps the
+/// model's input alive until backward()). A copied layer has seen no input.
+///
+///     nn::saved<tensor<S>> x_;
+///     x_.set(x);                        // in forward()
+///     const auto& x = x_.get(kind);     // in backward(): throws without a forward pass
 template <class Tensor>
 class saved {
  public:
+  /// Nothing seen yet.
   saved() = default;
+  /// A copy has seen nothing: the address belongs to the original's last pass.
   saved(const saved&) {}
+  /// Forgets the address, as the copy constructor does.
   saved& operator=(const saved&) {
     p_ = nullptr;
     return *this;
   }
   ~saved() = default;
+  /// Keeps the address of x (forward()).
   void set(const Tensor& x) { p_ = &x; }
   /// The input, or null before the first forward pass.
   const Tensor* peek() const { return p_; }
+  /// The input; throws precis::error naming `layer` before any forward pass.
   const Tensor& get(std::string_view layer) const {
     if (p_ == nullptr) {
       throw error("precis::nn::" + std::string(layer) +
@@ -422,6 +436,78 @@ class saved {
   const Tensor* p_ = nullptr;
 };
 
+/// The shape of a tensor as an array of its rank.
+template <std::size_t N, class X>
+shape_t<N> shape_of(const X& x) {
+  shape_t<N> s{};
+  for (std::size_t i = 0; i < N; ++i) s[i] = std::size_t(x.shape()[i]);
+  return s;
+}
+
+namespace detail {
+
+/// How many times a layer's device buffer (its outputs, saved tensors, a float8 layer's
+/// quantised copies, a loss's scratch) took another shape (a batch of another size),
+/// reallocated or within its memory: a captured CUDA graph holds the old addresses and sizes,
+/// so nn::trainer::replay() refuses to run one captured before the count last changed.
+inline std::atomic<std::uint64_t> device_reallocations{0};
+
+}  // namespace detail
+
+/// Resizes `t` to `shape` unless it already has it (buffers are reused across steps). A
+/// device tensor keeps its memory where it holds the new shape (device_tensor::fit: a
+/// smaller last batch, and the full ones after it, allocate nothing), else is made again as
+/// Tensor(shape, make...) (a stream after the shape: memory in that stream's order); either
+/// way the change is counted in detail::device_reallocations (so that nn::trainer's CUDA
+/// graphs are captured again). A layer sizes every buffer it owns through it.
+template <class Tensor, std::size_t N, class... Make>
+void ensure(Tensor& t, const shape_t<N>& shape, const Make&... make) {
+  bool same = true;
+  for (std::size_t i = 0; i < N; ++i) same = same && std::size_t(t.shape()[i]) == shape[i];
+  if (same) return;
+  if constexpr (requires { t.resize(shape); }) {
+    t.resize(shape);
+  } else {
+    // Counted first, so that an allocation that fails (inside a CUDA graph's capture, say)
+    // is counted too.
+    detail::device_reallocations.fetch_add(1, std::memory_order_relaxed);
+    std::size_t n = 1;
+    for (const std::size_t e : shape) n *= e;
+    if constexpr (requires { t.fit(shape); }) {
+      if (n <= t.capacity()) {
+        (void)t.fit(shape);
+      } else {
+        t = Tensor(shape, make...);  // a first allocation, or a larger one: in make's stream
+      }
+    } else {
+      t = Tensor(shape, make...);
+    }
+  }
+}
+
+/// Throws the error a layer gives for a shape it cannot take: "precis::nn: layer <path>
+/// (<layer>) expects an input of shape <expected>, got <got>".
+[[noreturn]] inline void bad_shape(std::string_view path, std::string_view layer, std::string_view expected,
+                                   const std::string& got) {
+  throw error("precis::nn: layer " + path_or_root(path) + " (" + std::string(layer) + ") expects an input of shape " +
+              std::string(expected) + ", got " + got);
+}
+
+/// Bytes a buffer holds: its memory (a device tensor's capacity, which a smaller batch
+/// keeps), else its elements'.
+template <class Tensor>
+std::size_t bytes_of(const Tensor& t) {
+  if constexpr (requires { t.capacity(); }) {
+    return t.capacity() * sizeof(*t.data());
+  } else {
+    return t.size() * sizeof(*t.data());
+  }
+}
+
+/// @}
+
+namespace detail {
+
 /// node's output shape for an input of shape `in` under mode m: node.output_shape(in, path, m)
 /// where the node takes a mode (see the file comment), else node.output_shape(in, path).
 template <class Node, class Shape>
@@ -431,14 +517,6 @@ auto output_shape_in(const Node& node, const Shape& in, std::string_view path, m
   } else {
     return node.output_shape(in, path);
   }
-}
-
-/// The shape of a tensor as an array of its rank.
-template <std::size_t N, class X>
-shape_t<N> shape_of(const X& x) {
-  shape_t<N> s{};
-  for (std::size_t i = 0; i < N; ++i) s[i] = std::size_t(x.shape()[i]);
-  return s;
 }
 
 /// The shape of what an edge passes: a tensor's shape, or the tuple of shapes of a
@@ -468,66 +546,12 @@ std::string edge_shape_string(const S& s) {
 }
 
 
-/// How many times a layer's device buffer (its outputs, saved tensors, a float8 layer's
-/// quantised copies, a loss's scratch) took another shape (a batch of another size),
-/// reallocated or within its memory: a captured CUDA graph holds the old addresses and sizes,
-/// so nn::trainer::replay() refuses to run one captured before the count last changed.
-inline std::atomic<std::uint64_t> device_reallocations{0};
-
-/// Resizes `t` to `shape` unless it already has it (buffers are reused across steps). A
-/// device tensor keeps its memory where it holds the new shape (device_tensor::fit: a
-/// smaller last batch, and the full ones after it, allocate nothing), else is made again as
-/// Tensor(shape, make...) (a stream after the shape: memory in that stream's order); either
-/// way the change is counted in device_reallocations.
-template <class Tensor, std::size_t N, class... Make>
-void ensure(Tensor& t, const shape_t<N>& shape, const Make&... make) {
-  bool same = true;
-  for (std::size_t i = 0; i < N; ++i) same = same && std::size_t(t.shape()[i]) == shape[i];
-  if (same) return;
-  if constexpr (requires { t.resize(shape); }) {
-    t.resize(shape);
-  } else {
-    // Counted first, so that an allocation that fails (inside a CUDA graph's capture, say)
-    // is counted too.
-    device_reallocations.fetch_add(1, std::memory_order_relaxed);
-    std::size_t n = 1;
-    for (const std::size_t e : shape) n *= e;
-    if constexpr (requires { t.fit(shape); }) {
-      if (n <= t.capacity()) {
-        (void)t.fit(shape);
-      } else {
-        t = Tensor(shape, make...);  // a first allocation, or a larger one: in make's stream
-      }
-    } else {
-      t = Tensor(shape, make...);
-    }
-  }
-}
-
-/// The error a module throws when the shape it is given is not one it can take.
-[[noreturn]] inline void bad_shape(std::string_view path, std::string_view layer, std::string_view expected,
-                                   const std::string& got) {
-  throw error("precis::nn: layer " + path_or_root(path) + " (" + std::string(layer) + ") expects an input of shape " +
-              std::string(expected) + ", got " + got);
-}
-
 /// Elements of a shape.
 template <std::size_t N>
 std::size_t elements(const shape_t<N>& s) {
   std::size_t n = 1;
   for (auto d : s) n *= d;
   return n;
-}
-
-/// Bytes a buffer holds: its memory (a device tensor's capacity, which a smaller batch
-/// keeps), else its elements'.
-template <class Tensor>
-std::size_t bytes_of(const Tensor& t) {
-  if constexpr (requires { t.capacity(); }) {
-    return t.capacity() * sizeof(*t.data());
-  } else {
-    return t.size() * sizeof(*t.data());
-  }
 }
 
 /// The seed of the parameters at `path` in a model built with `seed`: every layer draws its
@@ -610,11 +634,12 @@ struct layer_base {
   std::string_view name() const { return path_name<Tag>(); }
   /// Draws the parameters (and random state) from `seed`; nothing for most layers.
   void reset(std::uint64_t) {}
-  /// Saves or loads its checkpoint fields under `prefix`; none for layers without
-  /// parameters or state.
+  /// Saves or loads its checkpoint fields other than its parameters under `prefix` (nn::model
+  /// saves those itself, from for_each_parameter); none here. A layer with other state
+  /// (running statistics, a random stream) defines its own.
   template <class Archive>
   void visit_state(Archive&, const std::string&) {}
-  /// What went wrong loading its checkpoint fields ("" when nothing; always "" here).
+  /// What went wrong loading those fields ("" when nothing; always "" here).
   std::string validate() const { return {}; }
 };
 

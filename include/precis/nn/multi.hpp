@@ -143,7 +143,7 @@ class fork_module {
     const auto dxs = [&]<std::size_t... I>(std::index_sequence<I...>) {
       return std::tuple{&std::get<I>(children_).backward(ctx, *std::get<I>(dy))...};
     }(std::make_index_sequence<count>{});
-    detail::ensure(dx_, detail::shape_of<input_rank>(*std::get<0>(dxs)));
+    ensure(dx_, shape_of<input_rank>(*std::get<0>(dxs)));
     std::apply([&](auto... d) { context_traits<context_type>::add_rounded(ctx, dx_, *d...); }, dxs);
     return dx_;
   }
@@ -157,7 +157,7 @@ class fork_module {
     (std::make_index_sequence<count>{});
   }
   /// Bytes of the input-gradient buffer.
-  std::size_t own_bytes() const { return detail::bytes_of(dx_); }
+  std::size_t own_bytes() const { return bytes_of(dx_); }
   /// Calls `f(component, branch)` for each branch in order; the component is the branch's name, or
   /// its position where it has none.
   template <class Self, class F>
@@ -280,7 +280,7 @@ class taps_module {
   }
   /// Bytes of the summed output gradients (one buffer per stage but the last).
   std::size_t own_bytes() const {
-    return std::apply([](const auto&... g) { return (std::size_t(0) + ... + detail::bytes_of(g)); }, sums_);
+    return std::apply([](const auto&... g) { return (std::size_t(0) + ... + bytes_of(g)); }, sums_);
   }
   /// Calls `f(component, stage)` for each stage in order; the component is the stage's name, or its
   /// position where it has none.
@@ -324,7 +324,7 @@ class taps_module {
       const auto& dx = std::get<I>(children_).backward(ctx, d);
       auto& sum = std::get<I - 1>(sums_);
       const auto& outside = *std::get<I - 1>(dy);
-      detail::ensure(sum, detail::shape_of<detail::rank_of_v<std::remove_cvref_t<decltype(outside)>>>(outside));
+      ensure(sum, shape_of<detail::rank_of_v<std::remove_cvref_t<decltype(outside)>>>(outside));
       context_traits<context_type>::add_rounded(ctx, sum, outside, dx);
       return backward_from<I - 1, ParametersOnly>(ctx, dy, sum);
     }
@@ -562,7 +562,7 @@ class top_down_module<values<S0, Sigs...>, M> {
     p[levels - 1] = xs[levels - 1];
     for (std::size_t i = levels - 1; i-- > 0;) {
       const auto& u = nodes_[i].forward(ctx, *p[i + 1], m);
-      detail::ensure(sums_[i], detail::shape_of<R>(*xs[i]));
+      ensure(sums_[i], shape_of<R>(*xs[i]));
       context_traits<context_type>::add_rounded(ctx, sums_[i], *xs[i], u);
       p[i] = &sums_[i];
     }
@@ -579,7 +579,7 @@ class top_down_module<values<S0, Sigs...>, M> {
     g[0] = ds[0];
     for (std::size_t i = 1; i < levels; ++i) {
       const auto& d = nodes_[i - 1].backward(ctx, *g[i - 1]);
-      detail::ensure(grads_[i - 1], detail::shape_of<R>(*ds[i]));
+      ensure(grads_[i - 1], shape_of<R>(*ds[i]));
       context_traits<context_type>::add_rounded(ctx, grads_[i - 1], *ds[i], d);
       g[i] = &grads_[i - 1];
     }
@@ -588,8 +588,8 @@ class top_down_module<values<S0, Sigs...>, M> {
   /// Bytes of the sums `p[i]` for i < n - 1 and of the gradients of `x[i]` for i > 0.
   std::size_t own_bytes() const {
     std::size_t n = 0;
-    for (const auto& t : sums_) n += detail::bytes_of(t);
-    for (const auto& t : grads_) n += detail::bytes_of(t);
+    for (const auto& t : sums_) n += bytes_of(t);
+    for (const auto& t : grads_) n += bytes_of(t);
     return n;
   }
   /// Calls `f("i", node i)` for i = 0 to n-2; node i gives level i's addend.
@@ -723,7 +723,7 @@ class join_module<Join, values<S0, Sigs...>, Ctx> {
   /// does.
   const tensor_t<Ctx, T, R>& forward(context_ref_t<Ctx> ctx, const edge_value_t<Ctx, input_type, 0>& x, mode = mode::train) {
     const auto shape = output_shape(detail::edge_shape_of<0>(x), "");
-    detail::ensure(y_, shape);
+    ensure(y_, shape);
     if constexpr (Join == join_kind::add) {
       std::apply([&](auto... t) { context_traits<Ctx>::add_rounded(ctx, y_, *t...); }, x);
     } else if constexpr (Join == join_kind::subtract) {
@@ -747,15 +747,15 @@ class join_module<Join, values<S0, Sigs...>, Ctx> {
       }(std::make_index_sequence<count>{});
     } else if constexpr (Join == join_kind::subtract) {
       // da = dy, db = -dy (negation is exact in every format).
-      detail::ensure(parts_[1], detail::shape_of<R>(dy));
+      ensure(parts_[1], shape_of<R>(dy));
       context_traits<Ctx>::negate(ctx, dy, parts_[1]);
       return edge_grad_t<Ctx, input_type, 0>{&dy, &parts_[1]};
     } else {
       std::size_t offset = 0;
       for (std::size_t i = 0; i < count; ++i) {
-        shape_t<R> s = detail::shape_of<R>(dy);
+        shape_t<R> s = shape_of<R>(dy);
         s[axis_] = widths_[i];
-        detail::ensure(parts_[i], s);
+        ensure(parts_[i], s);
         const auto d = detail::split_at<R>(s, axis_);
         context_traits<Ctx>::copy_rows("precis::nn::concat_all", ctx, dy.data() + offset * d[2], parts_[i].data(),
                                        detail::concat_part_plan(d, std::size_t(dy.shape()[axis_]), true));
@@ -768,14 +768,14 @@ class join_module<Join, values<S0, Sigs...>, Ctx> {
   }
   /// Bytes of the output and of the gradient buffers (nn::subtract and nn::concat_all).
   std::size_t own_bytes() const {
-    std::size_t n = detail::bytes_of(y_);
-    for (const auto& p : parts_) n += detail::bytes_of(p);
+    std::size_t n = bytes_of(y_);
+    for (const auto& p : parts_) n += bytes_of(p);
     return n;
   }
 
  private:
   void copy_part(context_ref_t<Ctx> ctx, const tensor_t<Ctx, T, R>& part, std::size_t& offset) {
-    const auto d = detail::split_at<R>(detail::shape_of<R>(part), axis_);
+    const auto d = detail::split_at<R>(shape_of<R>(part), axis_);
     context_traits<Ctx>::copy_rows("precis::nn::concat_all", ctx, part.data(), y_.data() + offset * d[2],
                                    detail::concat_part_plan(d, std::size_t(y_.shape()[axis_]), false));
     offset += d[1];

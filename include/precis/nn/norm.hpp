@@ -180,7 +180,7 @@ class layer_norm_layer : public detail::affine_norm<Tag, P, op::layer_norm, R, C
   /// when the last axis is not `features` long.
   shape_t<R> output_shape(const shape_t<R>& in, std::string_view path) const {
     if (in[R - 1] != this->features_) {
-      detail::bad_shape(path, kind, "[..., " + std::to_string(this->features_) + "]", shape_string(in));
+      bad_shape(path, kind, "[..., " + std::to_string(this->features_) + "]", shape_string(in));
     }
     return in;
   }
@@ -190,12 +190,12 @@ class layer_norm_layer : public detail::affine_norm<Tag, P, op::layer_norm, R, C
   /// 1 / sqrt(var + eps) for backward(). The mode makes no difference. Throws precis::error
   /// for an input of another shape, before any buffer changes.
   const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode = mode::train) {
-    const auto shape = output_shape(detail::shape_of<R>(x), path_name<Tag>());
+    const auto shape = output_shape(shape_of<R>(x), path_name<Tag>());
     this->size_buffers(shape);
     shape_t<R - 1> rows{};
     for (std::size_t i = 0; i + 1 < R; ++i) rows[i] = shape[i];
-    detail::ensure(mean_, rows);
-    detail::ensure(rstd_, rows);
+    ensure(mean_, rows);
+    ensure(rstd_, rows);
     precis::layer_norm<P>(ctx, x, this->gamma_.value(), this->beta_.value(), this->y_, mean_, rstd_, eps_);
     this->x_.set(x);
     return this->y_;
@@ -205,20 +205,13 @@ class layer_norm_layer : public detail::affine_norm<Tag, P, op::layer_norm, R, C
   /// when dy's shape is not x's.
   const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
     const auto& x = this->x_.get(kind);
-    this->size_gradients(detail::shape_of<R>(x));
+    this->size_gradients(shape_of<R>(x));
     layer_norm_backward<P>(ctx, dy, x, this->gamma_.value(), mean_, rstd_, this->dx_, this->dgamma_, this->dbeta_);
     this->accumulate_affine(ctx);
     return this->dx_;
   }
   /// Bytes of its output, gradient and per-row statistics buffers.
-  std::size_t own_bytes() const { return this->buffer_bytes() + detail::bytes_of(mean_) + detail::bytes_of(rstd_); }
-  /// Saves or loads gamma and beta under `prefix` (see precis::save_checkpoint).
-  template <class Archive>
-  void visit_state(Archive& a, const std::string& prefix) {
-    detail::visit_parameters(a, prefix, *this);
-  }
-  /// Empty, or what loading its parameters found wrong.
-  std::string validate() const { return detail::parameter_problems(*this); }
+  std::size_t own_bytes() const { return this->buffer_bytes() + bytes_of(mean_) + bytes_of(rstd_); }
 
  private:
   double eps_;
@@ -270,7 +263,7 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
   shape_t<R> output_shape(const shape_t<R>& in, std::string_view path, mode m = mode::eval) const {
     if (in[channel_axis()] != this->features_ || detail::elements(in) == 0) {
       const std::string c = std::to_string(this->features_);
-      detail::bad_shape(path, kind,
+      bad_shape(path, kind,
                         (channel_axis() == 1 ? "[N, " + c + ", ...]" : "[N, H, W, " + c + "]") + " with no empty axis",
                         shape_string(in));
     }
@@ -339,7 +332,7 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
   /// forward_relu() (batch_norm_relu_backward): backward() of the ReLU's gradient, adding
   /// dgamma and dbeta to the parameters' gradients. Throws precis::error as backward() does.
   const tensor<G>& backward_relu(context_ref_t<Ctx> ctx, const tensor<G>& dz, const tensor<S>& z) {
-    this->size_gradients(detail::shape_of<R>(trained_input()));
+    this->size_gradients(shape_of<R>(trained_input()));
     batch_norm_relu_backward<P>(ctx, dz, z, trained_input(), this->gamma_.value(), save_mean_, save_rstd_, this->dx_,
                                 this->dgamma_, this->dbeta_, layout_);
     this->accumulate_affine(ctx);
@@ -350,7 +343,7 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
   /// adds dgamma and dbeta to the parameters' gradients and returns dx. Throws
   /// precis::error after an evaluation-mode forward pass or without a forward pass.
   const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
-    this->size_gradients(detail::shape_of<R>(trained_input()));
+    this->size_gradients(shape_of<R>(trained_input()));
     batch_norm_backward<P>(ctx, dy, trained_input(), this->gamma_.value(), save_mean_, save_rstd_, this->dx_,
                            this->dgamma_, this->dbeta_, layout_);
     this->accumulate_affine(ctx);
@@ -370,21 +363,17 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
   /// Bytes of its output, gradient and batch-statistics buffers (not the running
   /// statistics).
   std::size_t own_bytes() const {
-    return this->buffer_bytes() + detail::bytes_of(save_mean_) + detail::bytes_of(save_rstd_);
+    return this->buffer_bytes() + bytes_of(save_mean_) + bytes_of(save_rstd_);
   }
-  /// Saves or loads gamma, beta and the running statistics ("running_mean",
-  /// "running_var") under `prefix` (see precis::save_checkpoint).
+  /// Saves or loads the running statistics ("running_mean", "running_var") under `prefix`
+  /// (see precis::save_checkpoint; nn::model saves gamma and beta before them).
   template <class Archive>
   void visit_state(Archive& a, const std::string& prefix) {
-    detail::visit_parameters(a, prefix, *this);
     visit_statistics(a, prefix + "running_mean", running_mean_);
     visit_statistics(a, prefix + "running_var", running_var_);
   }
-  /// Empty, or what loading its parameters and running statistics found wrong.
-  std::string validate() const {
-    const std::string p = detail::parameter_problems(*this);
-    return problem_.empty() ? p : p.empty() ? problem_ : p + "; " + problem_;
-  }
+  /// Empty, or what loading its running statistics found wrong.
+  std::string validate() const { return problem_; }
 
  private:
   using io = context_traits<Ctx>;
@@ -393,14 +382,14 @@ class batch_norm_layer : public detail::affine_norm<Tag, P, op::batch_norm, R, C
   // shape, and in training two values per channel), so that a refused batch resizes no
   // buffer of this layer or of the ReLU it runs with.
   shape_t<R> checked_batch(const tensor<S>& x, mode m) const {
-    return output_shape(detail::shape_of<R>(x), path_name<Tag>(), m);
+    return output_shape(shape_of<R>(x), path_name<Tag>(), m);
   }
   // forward() and forward_relu(): the batch's statistics (kept, with the address of x) or
   // the running ones, and the output in `out`.
   void normalise(context_ref_t<Ctx> ctx, const tensor<S>& x, mode m, tensor<S>& out, fused_activation act) {
     if (m == mode::train) {
-      detail::ensure(save_mean_, shape_t<1>{this->features_});
-      detail::ensure(save_rstd_, shape_t<1>{this->features_});
+      ensure(save_mean_, shape_t<1>{this->features_});
+      ensure(save_rstd_, shape_t<1>{this->features_});
       batch_norm_train<P>(ctx, x, this->gamma_.value(), this->beta_.value(), running_mean_, running_var_, out,
                           save_mean_, save_rstd_, momentum_, eps_, layout_, act);
       this->x_.set(x);

@@ -67,7 +67,7 @@ struct max_pool_kernel {
   template <Policy P, class C, class X, class Y, class K>
   static void forward(C& ctx, const X& x, Y& y, K& indices, const pool2d_params& p, mode m) {
     if (m == mode::train) {
-      detail::ensure(indices, shape_of<4>(y));
+      ensure(indices, shape_of<4>(y));
       precis::max_pool2d<P>(ctx, x, y, indices, p);
     } else {
       precis::max_pool2d<P>(ctx, x, y, p);
@@ -89,7 +89,7 @@ struct max_pool_kernel {
   template <Policy P, class C, class X, class Y, class K>
   static void forward_in(C& ctx, const X& x, Y& y, K& indices, const pool2d_params& p, mode m, image_layout layout) {
     if (m == mode::train) {
-      detail::ensure(indices, shape_of<4>(y));
+      ensure(indices, shape_of<4>(y));
       precis::max_pool2d<P>(ctx, x, y, indices, p, layout);
     } else {
       precis::max_pool2d<P>(ctx, x, y, p, layout);
@@ -295,7 +295,7 @@ class pool2d_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
     const auto s = detail::nchw_shape(in, layout);
     const std::size_t ho = out_size(s[2], 0), wo = out_size(s[3], 1);
     if (!detail::no_empty_axis(in) || ho == 0 || wo == 0) {
-      detail::bad_shape(path, kind, detail::any_image_string(min_in(0), min_in(1), layout), shape_string(in));
+      bad_shape(path, kind, detail::any_image_string(min_in(0), min_in(1), layout), shape_string(in));
     }
     return detail::layout_shape({s[0], s[1], ho, wo}, layout);
   }
@@ -304,10 +304,10 @@ class pool2d_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
   /// copy) for backward(), and in mode::train max pooling keeps each window's maximum's
   /// index too. Throws precis::error for an input of another shape.
   const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode m = mode::train) {
-    const auto out = output_shape(detail::shape_of<4>(x), path_name<Tag>());
+    const auto out = output_shape(shape_of<4>(x), path_name<Tag>());
     if constexpr (native) {
       if (bridge_.moves()) {  // channels-last, in place
-        detail::ensure(y_, out);
+        ensure(y_, out);
         Kernel::template forward_in<P>(ctx, x, y_, kept_, p_, m, bridge_.layout());
         x_.set(x);
         last_train_ = m == mode::train;
@@ -315,7 +315,7 @@ class pool2d_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
       }
     }
     const auto& xn = bridge_.to_nchw(ctx, x, xn_);
-    detail::ensure(y_, detail::nchw_shape(out, bridge_.layout()));
+    ensure(y_, detail::nchw_shape(out, bridge_.layout()));
     Kernel::template forward<P>(ctx, xn, y_, kept_, p_, m);
     x_.set(xn);
     last_train_ = m == mode::train;
@@ -331,7 +331,7 @@ class pool2d_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
     if constexpr (native) {
       if (bridge_.moves()) {
         check_same_shape("precis::nn::" + std::string(kind) + ": dy and the output", dy, y_);
-        detail::ensure(dx_, detail::shape_of<4>(x));
+        ensure(dx_, shape_of<4>(x));
         Kernel::template backward_in<P>(ctx, kept_, last_train_, x, dy, dx_, p_, bridge_.layout());
         return dx_;
       }
@@ -339,7 +339,7 @@ class pool2d_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
     check_same_shape("precis::nn::" + std::string(kind) + ": dy and the output", dy,
                      bridge_.moves() ? moved_y_ : y_);
     const auto& dyn = bridge_.to_nchw(ctx, dy, moved_dy_);
-    detail::ensure(dx_, detail::shape_of<4>(x));
+    ensure(dx_, shape_of<4>(x));
     Kernel::template backward<P>(ctx, kept_, last_train_, x, dyn, dx_, p_);
     return bridge_.to_layout(ctx, dx_, moved_dx_);
   }
@@ -361,8 +361,8 @@ class pool2d_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
   /// Bytes of its output and input-gradient buffers, of max pooling's kept indices, and
   /// in a channels-last model of its images moved to and from NCHW.
   std::size_t own_bytes() const {
-    return detail::bytes_of(y_) + detail::bytes_of(dx_) + Kernel::kept_bytes(kept_) + detail::bytes_of(xn_) +
-           detail::bytes_of(moved_y_) + detail::bytes_of(moved_dy_) + detail::bytes_of(moved_dx_);
+    return bytes_of(y_) + bytes_of(dx_) + Kernel::kept_bytes(kept_) + bytes_of(xn_) +
+           bytes_of(moved_y_) + bytes_of(moved_dy_) + bytes_of(moved_dx_);
   }
   /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
   template <class Self, class F>
@@ -386,7 +386,7 @@ class pool2d_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
   tensor<S> y_;
   tensor<G> dx_;
   typename Kernel::template kept<Ctx> kept_;
-  detail::saved<tensor<S>> x_;
+  saved<tensor<S>> x_;
   bool last_train_ = false;
   detail::nchw_bridge<Ctx> bridge_;
   tensor<S> xn_, moved_y_;  // channels-last: x moved to NCHW, y moved back
@@ -420,7 +420,7 @@ class upsample_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
   shape_t<4> output_shape(const shape_t<4>& in, std::string_view path) const {
     const auto layout = bridge_.layout();
     if (!detail::no_empty_axis(in)) {
-      detail::bad_shape(path, kind, detail::any_image_string(1, 1, layout), shape_string(in));
+      bad_shape(path, kind, detail::any_image_string(1, 1, layout), shape_string(in));
     }
     const auto s = detail::nchw_shape(in, layout);
     return detail::layout_shape({s[0], s[1], s[2] * scale_, s[3] * scale_}, layout);
@@ -430,17 +430,17 @@ class upsample_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
   /// sum of its four neighbours in the math type, rounded once); keeps the address of x (or
   /// of its NCHW copy) for backward(). Throws precis::error for an input of another shape.
   const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode = mode::train) {
-    const auto out = output_shape(detail::shape_of<4>(x), path_name<Tag>());
+    const auto out = output_shape(shape_of<4>(x), path_name<Tag>());
     if constexpr (native) {
       if (bridge_.moves()) {  // channels-last, in place
-        detail::ensure(y_, out);
+        ensure(y_, out);
         Kernel::template forward_in<P>(ctx, x, y_, align_corners_, bridge_.layout());
         x_.set(x);
         return y_;
       }
     }
     const auto& xn = bridge_.to_nchw(ctx, x, xn_);
-    detail::ensure(y_, detail::nchw_shape(out, bridge_.layout()));
+    ensure(y_, detail::nchw_shape(out, bridge_.layout()));
     Kernel::template forward<P>(ctx, xn, y_, align_corners_);
     x_.set(xn);
     return bridge_.to_layout(ctx, y_, moved_y_);
@@ -454,7 +454,7 @@ class upsample_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
     if constexpr (native) {
       if (bridge_.moves()) {
         check_same_shape("precis::nn::" + std::string(kind) + ": dy and the output", dy, y_);
-        detail::ensure(dx_, detail::shape_of<4>(x));
+        ensure(dx_, shape_of<4>(x));
         Kernel::template backward_in<P>(ctx, dy, dx_, align_corners_, bridge_.layout());
         return dx_;
       }
@@ -462,7 +462,7 @@ class upsample_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
     check_same_shape("precis::nn::" + std::string(kind) + ": dy and the output", dy,
                      bridge_.moves() ? moved_y_ : y_);
     const auto& dyn = bridge_.to_nchw(ctx, dy, moved_dy_);
-    detail::ensure(dx_, detail::shape_of<4>(x));
+    ensure(dx_, shape_of<4>(x));
     Kernel::template backward<P>(ctx, dyn, dx_, align_corners_);
     return bridge_.to_layout(ctx, dx_, moved_dx_);
   }
@@ -479,8 +479,8 @@ class upsample_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
   /// Bytes of its output and input-gradient buffers, and in a channels-last model of its
   /// images moved to and from NCHW.
   std::size_t own_bytes() const {
-    return detail::bytes_of(y_) + detail::bytes_of(dx_) + detail::bytes_of(xn_) + detail::bytes_of(moved_y_) +
-           detail::bytes_of(moved_dy_) + detail::bytes_of(moved_dx_);
+    return bytes_of(y_) + bytes_of(dx_) + bytes_of(xn_) + bytes_of(moved_y_) +
+           bytes_of(moved_dy_) + bytes_of(moved_dx_);
   }
   /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
   template <class Self, class F>
@@ -493,7 +493,7 @@ class upsample_layer : public layer_base<Tag, P, op::pooling, 4, 4, Ctx> {
   bool align_corners_;
   tensor<S> y_;
   tensor<G> dx_;
-  detail::saved<tensor<S>> x_;
+  saved<tensor<S>> x_;
   detail::nchw_bridge<Ctx> bridge_;
   tensor<S> xn_, moved_y_;  // channels-last: x moved to NCHW, y moved back
   tensor<G> moved_dy_, moved_dx_;
@@ -523,7 +523,7 @@ class global_avg_pool_layer : public layer_base<Tag, P, op::reduction, 4, 2, Ctx
   /// an empty axis.
   shape_t<2> output_shape(const shape_t<4>& in, std::string_view path) const {
     if (!detail::no_empty_axis(in)) {
-      detail::bad_shape(path, kind, detail::any_image_string(1, 1, layout_), shape_string(in));
+      bad_shape(path, kind, detail::any_image_string(1, 1, layout_), shape_string(in));
     }
     return {in[0], detail::nchw_shape(in, layout_)[1]};
   }
@@ -532,7 +532,7 @@ class global_avg_pool_layer : public layer_base<Tag, P, op::reduction, 4, 2, Ctx
   /// divided once and rounded once (see the file comment); keeps the address of x for
   /// backward(). Throws precis::error for an empty axis.
   const tensor<S, 2>& forward(context_ref_t<Ctx> ctx, const tensor<S, 4>& x, mode = mode::train) {
-    detail::ensure(y_, output_shape(detail::shape_of<4>(x), path_name<Tag>()));
+    ensure(y_, output_shape(shape_of<4>(x), path_name<Tag>()));
     precis::global_avg_pool<P>(ctx, x, y_, layout_);
     x_.set(x);
     return y_;
@@ -543,7 +543,7 @@ class global_avg_pool_layer : public layer_base<Tag, P, op::reduction, 4, 2, Ctx
   const tensor<G, 4>& backward(context_ref_t<Ctx> ctx, const tensor<G, 2>& dy) {
     const auto& x = x_.get(kind);
     check_same_shape("precis::nn::global_avg_pool: dy and the output", dy, y_);
-    detail::ensure(dx_, detail::shape_of<4>(x));
+    ensure(dx_, shape_of<4>(x));
     precis::global_avg_pool_backward<P>(ctx, dy, dx_, layout_);
     return dx_;
   }
@@ -554,7 +554,7 @@ class global_avg_pool_layer : public layer_base<Tag, P, op::reduction, 4, 2, Ctx
   /// Its shape column in nn::describe: "HxW->1".
   std::string shape() const { return "HxW->1"; }
   /// Bytes of its output and input-gradient buffers.
-  std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
+  std::size_t own_bytes() const { return bytes_of(y_) + bytes_of(dx_); }
   /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
   template <class Self, class F>
   static void for_each_observed(Self& self, F&& f) {
@@ -564,7 +564,7 @@ class global_avg_pool_layer : public layer_base<Tag, P, op::reduction, 4, 2, Ctx
  private:
   tensor<S, 2> y_;
   tensor<G, 4> dx_;
-  detail::saved<tensor<S, 4>> x_;
+  saved<tensor<S, 4>> x_;
   image_layout layout_ = image_layout::nchw;
 };
 

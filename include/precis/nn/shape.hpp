@@ -148,23 +148,23 @@ class flatten_layer : public data_layer_base<T, G, R, 2, Ctx> {
   }
   /// x with every axis after the first flattened (a copy, in row-major order).
   const tensor<T, 2>& forward(context_ref_t<Ctx> ctx, const tensor<T, R>& x, mode = mode::train) {
-    in_shape_ = detail::shape_of<R>(x);
-    detail::ensure(y_, output_shape(in_shape_, kind));
+    in_shape_ = shape_of<R>(x);
+    ensure(y_, output_shape(in_shape_, kind));
     context_traits<Ctx>::copy(ctx, x.data(), y_.data(), x.size());
     return y_;
   }
   /// dy in the last input's shape (a copy); throws precis::error when dy's shape is not
   /// the last output's.
   const tensor<G, R>& backward(context_ref_t<Ctx> ctx, const tensor<G, 2>& dy) {
-    check_shape("precis::nn::flatten: dy", dy, detail::shape_of<2>(y_));
-    detail::ensure(dx_, in_shape_);
+    check_shape("precis::nn::flatten: dy", dy, shape_of<2>(y_));
+    ensure(dx_, in_shape_);
     context_traits<Ctx>::copy(ctx, dy.data(), dx_.data(), dy.size());
     return dx_;
   }
   /// Its shape for describe: "-" (no settings).
   std::string shape() const { return "-"; }
   /// Bytes of its output and input-gradient buffers.
-  std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
+  std::size_t own_bytes() const { return bytes_of(y_) + bytes_of(dx_); }
 
  private:
   shape_t<R> in_shape_{};
@@ -218,7 +218,7 @@ class reshape_layer : public data_layer_base<T, G, R, ItemRank + 1, Ctx> {
     std::size_t per_item = 1;
     for (std::size_t i = 1; i < R; ++i) per_item *= in[i];
     if (per_item != detail::elements(item_)) {
-      detail::bad_shape(path, kind,
+      bad_shape(path, kind,
                         "[N, ...] with " + std::to_string(detail::elements(item_)) +
                             " values per item (to reshape to " + shape_string(item_) + ")",
                         shape_string(in));
@@ -231,23 +231,23 @@ class reshape_layer : public data_layer_base<T, G, R, ItemRank + 1, Ctx> {
   /// x with each item in the shape `item` (a copy; the values keep their order). Throws
   /// precis::error as output_shape() does.
   const tensor<T, out_rank>& forward(context_ref_t<Ctx> ctx, const tensor<T, R>& x, mode = mode::train) {
-    in_shape_ = detail::shape_of<R>(x);
-    detail::ensure(y_, output_shape(in_shape_, kind));
+    in_shape_ = shape_of<R>(x);
+    ensure(y_, output_shape(in_shape_, kind));
     context_traits<Ctx>::copy(ctx, x.data(), y_.data(), x.size());
     return y_;
   }
   /// dy in the last input's shape (a copy); throws precis::error when dy's shape is not
   /// the last output's.
   const tensor<G, R>& backward(context_ref_t<Ctx> ctx, const tensor<G, out_rank>& dy) {
-    check_shape("precis::nn::reshape: dy", dy, detail::shape_of<out_rank>(y_));
-    detail::ensure(dx_, in_shape_);
+    check_shape("precis::nn::reshape: dy", dy, shape_of<out_rank>(y_));
+    ensure(dx_, in_shape_);
     context_traits<Ctx>::copy(ctx, dy.data(), dx_.data(), dy.size());
     return dx_;
   }
   /// Its shape for describe: the item shape, as "N x [4, 8]".
   std::string shape() const { return "N x " + shape_string(item_); }
   /// Bytes of its output and input-gradient buffers.
-  std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
+  std::size_t own_bytes() const { return bytes_of(y_) + bytes_of(dx_); }
 
  private:
   shape_t<ItemRank> item_;
@@ -320,23 +320,23 @@ class permute_layer : public data_layer_base<T, G, R, R, Ctx> {
   }
   /// x with its axes reordered (a copy in the new row-major order).
   const tensor<T>& forward(context_ref_t<Ctx> ctx, const tensor<T>& x, mode = mode::train) {
-    in_shape_ = detail::shape_of<R>(x);
-    detail::ensure(y_, output_shape(in_shape_, kind));
+    in_shape_ = shape_of<R>(x);
+    ensure(y_, output_shape(in_shape_, kind));
     move(ctx, x.data(), y_.data(), false);
     return y_;
   }
   /// dy moved back to the input's axis order; throws precis::error when dy's shape is not
   /// the last output's.
   const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
-    check_shape("precis::nn::permute: dy", dy, detail::shape_of<R>(y_));
-    detail::ensure(dx_, in_shape_);
+    check_shape("precis::nn::permute: dy", dy, shape_of<R>(y_));
+    ensure(dx_, in_shape_);
     move(ctx, dy.data(), dx_.data(), true);
     return dx_;
   }
   /// Its shape for describe: the order, as "[0, 2, 1]".
   std::string shape() const { return shape_string(order_); }
   /// Bytes of its output and input-gradient buffers.
-  std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
+  std::size_t own_bytes() const { return bytes_of(y_) + bytes_of(dx_); }
 
  private:
   // Walks the output in row-major order with the input offset alongside; `back` writes to
@@ -420,7 +420,7 @@ class patchify_layer : public data_layer_base<T, G, R, 3, Ctx> {
   /// W is not a multiple of p or an axis is empty.
   shape_t<3> output_shape(const shape_t<4>& in, std::string_view path) const {
     if (in[2] % p_ != 0 || in[3] % p_ != 0 || detail::elements(in) == 0) {
-      detail::bad_shape(
+      bad_shape(
           path, kind,
           "[N, C, H, W] with H and W multiples of " + std::to_string(p_) + " and no empty axis",
           shape_string(in));
@@ -430,23 +430,23 @@ class patchify_layer : public data_layer_base<T, G, R, 3, Ctx> {
   /// The patches of x, laid out as nn::patchify describes (a copy, split across ctx's
   /// threads). Throws precis::error as output_shape() does.
   const tensor<T, 3>& forward(context_ref_t<Ctx> ctx, const tensor<T, 4>& x, mode = mode::train) {
-    in_shape_ = detail::shape_of<4>(x);
-    detail::ensure(y_, output_shape(in_shape_, kind));
+    in_shape_ = shape_of<4>(x);
+    ensure(y_, output_shape(in_shape_, kind));
     move(ctx, x.data(), y_.data(), false);
     return y_;
   }
   /// dy moved back from patches to pixels; throws precis::error when dy's shape is not
   /// the last output's.
   const tensor<G, 4>& backward(context_ref_t<Ctx> ctx, const tensor<G, 3>& dy) {
-    check_shape("precis::nn::patchify: dy", dy, detail::shape_of<3>(y_));
-    detail::ensure(dx_, in_shape_);
+    check_shape("precis::nn::patchify: dy", dy, shape_of<3>(y_));
+    ensure(dx_, in_shape_);
     move(ctx, dy.data(), dx_.data(), true);
     return dx_;
   }
   /// Its shape for describe: the patch size, as "16x16".
   std::string shape() const { return std::to_string(p_) + "x" + std::to_string(p_); }
   /// Bytes of its output and input-gradient buffers.
-  std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
+  std::size_t own_bytes() const { return bytes_of(y_) + bytes_of(dx_); }
 
  private:
   // One (image, patch row) at a time; `back` moves from patches to pixels. A bijection:
@@ -528,15 +528,15 @@ class select_token_layer : public data_layer_base<T, G, R, 2, Ctx> {
   /// [N, D] for [N, T, D]; throws precis::error naming `path` when T <= index.
   shape_t<2> output_shape(const shape_t<3>& in, std::string_view path) const {
     if (in[1] <= index_) {
-      detail::bad_shape(path, kind, "[N, T, D] with T > " + std::to_string(index_),
+      bad_shape(path, kind, "[N, T, D] with T > " + std::to_string(index_),
                         shape_string(in));
     }
     return {in[0], in[2]};
   }
   /// Token `index` of each item of x (a copy). Throws precis::error as output_shape() does.
   const tensor<T, 2>& forward(context_ref_t<Ctx> ctx, const tensor<T, 3>& x, mode = mode::train) {
-    in_shape_ = detail::shape_of<3>(x);
-    detail::ensure(y_, output_shape(in_shape_, kind));
+    in_shape_ = shape_of<3>(x);
+    ensure(y_, output_shape(in_shape_, kind));
     const std::size_t t = in_shape_[1], d = in_shape_[2];
     if constexpr (on_host) {
       for (std::size_t n = 0; n < in_shape_[0]; ++n) {
@@ -551,8 +551,8 @@ class select_token_layer : public data_layer_base<T, G, R, 2, Ctx> {
   /// dy at token `index` of each item, zeros at the others; throws precis::error when dy's
   /// shape is not the last output's.
   const tensor<G, 3>& backward(context_ref_t<Ctx> ctx, const tensor<G, 2>& dy) {
-    check_shape("precis::nn::select_token: dy", dy, detail::shape_of<2>(y_));
-    detail::ensure(dx_, in_shape_);
+    check_shape("precis::nn::select_token: dy", dy, shape_of<2>(y_));
+    ensure(dx_, in_shape_);
     const std::size_t t = in_shape_[1], d = in_shape_[2];
     if constexpr (on_host) {
       std::fill(dx_.begin(), dx_.end(), G{});
@@ -569,7 +569,7 @@ class select_token_layer : public data_layer_base<T, G, R, 2, Ctx> {
   /// Its shape for describe: the token, as "token 0".
   std::string shape() const { return "token " + std::to_string(index_); }
   /// Bytes of its output and input-gradient buffers.
-  std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
+  std::size_t own_bytes() const { return bytes_of(y_) + bytes_of(dx_); }
 
  private:
   std::size_t index_;
@@ -643,8 +643,8 @@ class dropout_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
     if (!train_) return x;
     using M = precis::detail::math_t<op::elementwise, P, S>;
     const std::size_t n = x.size();
-    detail::ensure(y_, detail::shape_of<R>(x));
-    detail::ensure(mask_, shape_t<1>{n});
+    ensure(y_, shape_of<R>(x));
+    ensure(mask_, shape_t<1>{n});
     const M keep = M(1) / (M(1) - M(p_));
     const std::uint64_t seed = seed_, call = calls_;
     const double p = p_;
@@ -672,7 +672,7 @@ class dropout_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
     if (!train_) return dy;
     check_same_shape("precis::nn::dropout: dy and the output", dy, y_);
     using M = precis::detail::math_t<op::elementwise, P, G>;
-    detail::ensure(dx_, detail::shape_of<R>(dy));
+    ensure(dx_, shape_of<R>(dy));
     const M keep = M(1) / (M(1) - M(p_));
     const std::uint8_t* mask = mask_.data();
     if constexpr (!on_host) {
@@ -698,7 +698,7 @@ class dropout_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
   std::string shape() const { return "p=" + detail::number_string(p_); }
   /// Bytes of its output, input-gradient and mask buffers.
   std::size_t own_bytes() const {
-    return detail::bytes_of(y_) + detail::bytes_of(dx_) + detail::bytes_of(mask_);
+    return bytes_of(y_) + bytes_of(dx_) + bytes_of(mask_);
   }
   /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
   template <class Self, class F>
@@ -720,7 +720,7 @@ class dropout_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
   tensor<std::uint8_t, 1> mask_;  // 1 where the element was kept
   tensor<S> y_;
   tensor<G> dx_;
-  detail::saved<tensor<S>> x_;
+  saved<tensor<S>> x_;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -766,14 +766,14 @@ class scale_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
 
   /// x * factor, each product rounded once to the storage type.
   const tensor<S>& forward(context_ref_t<Ctx> ctx, const tensor<S>& x, mode = mode::train) {
-    detail::ensure(y_, detail::shape_of<R>(x));
+    ensure(y_, shape_of<R>(x));
     multiply(ctx, x, y_);
     x_.set(x);
     return y_;
   }
   /// dy * factor, each product rounded once to the gradient type.
   const tensor<G>& backward(context_ref_t<Ctx> ctx, const tensor<G>& dy) {
-    detail::ensure(dx_, detail::shape_of<R>(dy));
+    ensure(dx_, shape_of<R>(dy));
     multiply(ctx, dy, dx_);
     return dx_;
   }
@@ -782,7 +782,7 @@ class scale_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
   /// Its shape for describe: the factor, as "x0.5".
   std::string shape() const { return "x" + detail::number_string(factor_); }
   /// Bytes of its output and input-gradient buffers.
-  std::size_t own_bytes() const { return detail::bytes_of(y_) + detail::bytes_of(dx_); }
+  std::size_t own_bytes() const { return bytes_of(y_) + bytes_of(dx_); }
   /// The buffers of the last passes, for precis::diagnostics (see nn/module.hpp).
   template <class Self, class F>
   static void for_each_observed(Self& self, F&& f) {
@@ -809,7 +809,7 @@ class scale_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> {
   double factor_;
   tensor<S> y_;
   tensor<G> dx_;
-  detail::saved<tensor<S>> x_;
+  saved<tensor<S>> x_;
 };
 
 }  // namespace precis::nn
