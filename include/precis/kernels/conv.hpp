@@ -90,6 +90,15 @@ struct conv2d_params {
 
 namespace detail {
 
+/// The policy of a convolution on float copies of narrower values: a 16-bit convolution
+/// with a bias on the device, whose sums stay in float until the bias is added. Float
+/// tensors with TF32 products (tensor cores), and exact: every value of the 8- and 16-bit
+/// formats is a TF32 value (at most 10 fraction bits, float's exponent range), so the
+/// conversion to TF32 changes none, and the product of two fits a float's 24 bits. The
+/// device takes no FFT or Winograd algorithm under it (their transformed operands would be
+/// rounded to TF32).
+using widened_conv_policy = policy<float, tfloat32, float, float>;
+
 /// All sizes of one convolution, from x [N, C, H, W] (or [N, H, W, C]) and w [Co, C / groups,
 /// KH, KW].
 struct conv_geometry {

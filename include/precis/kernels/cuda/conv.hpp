@@ -18,8 +18,9 @@
 ///
 /// The bias overload of conv2d (compiled by nvcc only) keeps the host's one rounding: cuDNN
 /// rounds a convolution's output to its type, so the product runs on float copies of x and
-/// w (exact: the 16-bit formats' products fit a float) into float sums, and a finishing
-/// kernel adds the bias and rounds once, as the gelu epilogue of gemm does.
+/// w into float sums, and a finishing kernel adds the bias and rounds once, as the gelu
+/// epilogue of gemm does. The copies' product runs on TF32 tensor cores
+/// (detail::widened_conv_policy), exact for values of the 16-bit formats.
 #pragma once
 
 #include <precis/config.hpp>
@@ -118,13 +119,32 @@ inline bool math_allowed(cudnnMathType_t math, cudnnMathType_t algo) {
   return math != CUDNN_FMA_MATH || algo == CUDNN_FMA_MATH || algo == CUDNN_DEFAULT_MATH;
 }
 
+/// Whether cuDNN's algorithm transforms its operands (FFT, Winograd) and multiplies the
+/// transformed values, which the math's precision rounds: such products are not exact
+/// where TF32 is allowed.
+inline bool transforms(cudnnConvolutionFwdAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_FWD_ALGO_FFT || a == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
+         a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD || a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
+}
+/// @copydoc transforms(cudnnConvolutionFwdAlgo_t)
+inline bool transforms(cudnnConvolutionBwdDataAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING ||
+         a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
+}
+/// @copydoc transforms(cudnnConvolutionFwdAlgo_t)
+inline bool transforms(cudnnConvolutionBwdFilterAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING ||
+         a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
+}
+
 /// The first deterministic algorithm of cuDNN's ranked list that ran its checks and keeps
-/// to the policy's math.
+/// to the policy's math; where the products must be exact (`exact`: the float copies of
+/// detail::widened_conv_policy), none that transforms its operands.
 template <class Perf>
-auto pick_algorithm(const Perf* perf, int count, cudnnMathType_t math, std::string_view what) {
+auto pick_algorithm(const Perf* perf, int count, cudnnMathType_t math, bool exact, std::string_view what) {
   for (int i = 0; i < count; ++i) {
     if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].determinism == CUDNN_DETERMINISTIC &&
-        math_allowed(math, perf[i].mathType)) {
+        math_allowed(math, perf[i].mathType) && !(exact && transforms(perf[i].algo))) {
       return perf[i];
     }
   }
@@ -152,7 +172,7 @@ struct conv_plan {
 };
 
 inline conv_plan make_conv_plan(cuda_context& ctx, const conv_geometry& g, cudnnDataType_t type,
-                                cudnnMathType_t math, conv_pass pass, std::string_view name,
+                                cudnnMathType_t math, bool exact, conv_pass pass, std::string_view name,
                                 std::size_t element_bytes) {
   conv_plan plan{conv_descriptors(g, type, math)};
   if (g.channels_last()) {
@@ -173,14 +193,14 @@ inline conv_plan make_conv_plan(cuda_context& ctx, const conv_geometry& g, cudnn
     check(cudnnGetConvolutionForwardAlgorithm_v7(ctx.dnn(), d.x.get(), d.w.get(), d.conv.get(), d.y.get(),
                                                  CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf),
           "cudnnGetConvolutionForwardAlgorithm_v7");
-    const auto a = pick_algorithm(perf, count, math, name);
+    const auto a = pick_algorithm(perf, count, math, exact, name);
     plan.algo = int(a.algo), plan.workspace = a.memory;
   } else if (pass == conv_pass::backward_data) {
     cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     check(cudnnGetConvolutionBackwardDataAlgorithm_v7(ctx.dnn(), d.w.get(), d.y.get(), d.conv.get(), d.x.get(),
                                                       CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perf),
           "cudnnGetConvolutionBackwardDataAlgorithm_v7");
-    const auto a = pick_algorithm(perf, count, math, name);
+    const auto a = pick_algorithm(perf, count, math, exact, name);
     plan.algo = int(a.algo), plan.workspace = a.memory;
   } else {
     cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
@@ -188,7 +208,7 @@ inline conv_plan make_conv_plan(cuda_context& ctx, const conv_geometry& g, cudnn
                                                         d.w.get(), CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
                                                         &count, perf),
           "cudnnGetConvolutionBackwardFilterAlgorithm_v7");
-    const auto a = pick_algorithm(perf, count, math, name);
+    const auto a = pick_algorithm(perf, count, math, exact, name);
     plan.algo = int(a.algo), plan.workspace = a.memory;
   }
   return plan;
@@ -201,15 +221,16 @@ template <Policy P, class T>
 void run_conv(cuda_context& ctx, conv_pass pass, const conv_geometry& g, const T* in0, const T* in1,
               T* out, std::string_view name) {
   constexpr cudnnMathType_t math = dnn_math<P, T>();
-  const std::array<std::int64_t, 20> key{
-      std::int64_t(pass), std::int64_t(dnn_type<T>()), std::int64_t(math), std::int64_t(g.channels_last()),
+  constexpr bool exact = std::is_same_v<P, widened_conv_policy>;
+  const std::array<std::int64_t, 21> key{
+      std::int64_t(pass), std::int64_t(dnn_type<T>()), std::int64_t(math), std::int64_t(exact), std::int64_t(g.channels_last()),
       std::int64_t(g.n),
       std::int64_t(g.c), std::int64_t(g.h), std::int64_t(g.w), std::int64_t(g.co), std::int64_t(g.kh),
       std::int64_t(g.kw), std::int64_t(g.ho), std::int64_t(g.wo), std::int64_t(g.p.stride[0]),
       std::int64_t(g.p.stride[1]), std::int64_t(g.p.padding[0]), std::int64_t(g.p.padding[1]),
       std::int64_t(g.p.dilation[0]), std::int64_t(g.p.dilation[1]), std::int64_t(g.groups)};
   const conv_plan& plan = ctx.plan<conv_plan>(
-      key, [&] { return make_conv_plan(ctx, g, dnn_type<T>(), math, pass, name, sizeof(T)); });
+      key, [&] { return make_conv_plan(ctx, g, dnn_type<T>(), math, exact, pass, name, sizeof(T)); });
   const conv_descriptors& d = plan.d;
   void* ws = plan.workspace != 0 ? ctx.workspace(plan.workspace) : nullptr;
   const float one = 1.0F, zero = 0.0F;
@@ -415,10 +436,11 @@ void add_channel_bias(cuda_context& ctx, const M* sums, const B* bias, S* y, std
 
 /// y = conv2d(x, w) plus bias [Co] on every pixel of its channel, rounded once, on the
 /// device (see the host overload). cuDNN rounds its output to its type, so for 16-bit
-/// tensors the product runs on float copies of x and w (exact products) into float sums
-/// (all three stream-ordered scratch of this call), then one kernel adds the bias in float
-/// and rounds to y's type; for float tensors the sums are y itself. Every shape is checked
-/// before anything is queued.
+/// tensors the product runs on float copies of x and w into float sums (all three
+/// stream-ordered scratch of this call), on TF32 tensor cores with exact products
+/// (detail::widened_conv_policy), then one kernel adds the bias in float and rounds to y's
+/// type; for float tensors the sums are y itself, under P. Every shape is checked before
+/// anything is queued.
 template <Policy P, class T, kernel_element TBias>
 void conv2d(cuda_context& ctx, const device_tensor<T, 4>& x, const device_tensor<T, 4>& w,
             const device_tensor<TBias, 1>& bias, device_tensor<T, 4>& y,
@@ -440,7 +462,7 @@ void conv2d(cuda_context& ctx, const device_tensor<T, 4>& x, const device_tensor
         wf(detail::shape_array<4>(w), ctx.stream()), sums(detail::shape_array<4>(y), ctx.stream());
     cast(ctx, x, xf);
     cast(ctx, w, wf);
-    conv2d<P>(ctx, xf, wf, sums, p);
+    conv2d<detail::widened_conv_policy>(ctx, xf, wf, sums, p);
     finish(sums.data());
   }
 }
