@@ -26,6 +26,7 @@
 #include <precis/nn/module.hpp>
 
 #include <array>
+#include <concepts>
 #include <cstddef>
 #include <string>
 #include <string_view>
@@ -241,11 +242,58 @@ class cast_out {
 
 namespace detail {
 
+/// What a model calls on a layer M (a leaf module reading and giving one tensor each way)
+/// built from the blueprint node Spec, checked when nn::build resolves the node: each piece
+/// missing or of another signature is named by a precis: message, rather than found by an
+/// error deep inside a model's pass (a layer written outside the library:
+/// docs/writing-layers.md).
+template <class M, class Spec>
+struct layer_contract {
+  using Ctx = typename M::context_type;
+  using X = tensor_t<Ctx, typename M::input_type, M::input_rank>;
+  using Y = tensor_t<Ctx, typename M::output_type, M::output_rank>;
+  using DX = tensor_t<Ctx, typename M::input_grad_type, M::input_rank>;
+  using DY = tensor_t<Ctx, typename M::output_grad_type, M::output_rank>;
+  using in_shape = shape_t<M::input_rank>;
+  using out_shape = shape_t<M::output_rank>;
+  static_assert(std::is_constructible_v<M, const Spec&>,
+                "precis: a layer is made from its blueprint node: it needs a constructor taking the node "
+                "(const Spec&); see docs/writing-layers.md");
+  static_assert(requires(M& m, context_ref_t<Ctx> c, const X& x) {
+    { m.forward(c, x, mode::train) } -> std::same_as<const Y&>;
+  }, "precis: a layer needs forward(ctx, const tensor<input_type, input_rank>&, nn::mode) returning a const "
+     "reference to its own output, a tensor<output_type, output_rank>; see docs/writing-layers.md");
+  static_assert(requires(M& m, context_ref_t<Ctx> c, const DY& dy) {
+    { m.backward(c, dy) } -> std::same_as<const DX&>;
+  }, "precis: a layer needs backward(ctx, const tensor<output_grad_type, output_rank>&) returning a const "
+     "reference to the input gradient, a tensor<input_grad_type, input_rank>; see docs/writing-layers.md");
+  static_assert(requires(const M& m, const in_shape& in, std::string_view path) {
+    { m.output_shape(in, path) } -> std::same_as<out_shape>;
+  } || requires(const M& m, const in_shape& in, std::string_view path) {
+    { m.output_shape(in, path, mode::train) } -> std::same_as<out_shape>;
+  }, "precis: a layer needs output_shape(const shape_t<input_rank>&, std::string_view path) const (with or "
+     "without a third argument, the nn::mode) returning its shape_t<output_rank>; see docs/writing-layers.md");
+  static_assert(requires(const M& m) {
+    { m.own_bytes() } -> std::convertible_to<std::size_t>;
+    { m.shape() } -> std::convertible_to<std::string>;
+    { M::kind } -> std::convertible_to<std::string_view>;
+  }, "precis: a layer needs own_bytes() const (the bytes of its buffers), shape() const and a static "
+     "kind (its shape and kind in nn::describe); see docs/writing-layers.md");
+  static constexpr bool value = true;
+};
+
 /// The module `Spec` builds into when (In, G, R) reach it, with a cast in front where it
 /// reads another type.
 template <class Spec, class Map, class Ctx, class In, class G, std::size_t R>
 struct resolve_spec {
+  static_assert(requires { typename Spec::template module_type<Map, Ctx, In, G, R>; },
+                "precis: a blueprint node needs a member template module_type<Map, Ctx, In, G, R> naming "
+                "the module it builds into (nn's layer functions and combinators return such nodes; a "
+                "layer of your own: docs/writing-layers.md)");
   using raw = typename Spec::template module_type<Map, Ctx, In, G, R>;
+  static_assert(std::conditional_t<leaf<raw> && !is_values_v<typename raw::input_type> &&
+                                       !is_values_v<typename raw::output_type>,
+                                   layer_contract<raw, Spec>, std::true_type>::value);
   static_assert(raw::input_rank == R,
                 "precis: a layer reads tensors of another rank than the one before it gives; put "
                 "a reshape (nn::flatten, nn::reshape) between them");

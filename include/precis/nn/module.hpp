@@ -27,7 +27,10 @@
 /// `kind` and `shape()` for describe, their parameters through the static
 /// `for_each_parameter(self, f)` (which nn::model saves in checkpoints, under their names),
 /// `decays(name)` for weight decay, `reset(seed)`, and `visit_state` / `validate` for any
-/// checkpoint state other than parameters. Layers that only move data (reshape, cast)
+/// checkpoint state other than parameters. nn::build checks a layer's constructor from its
+/// blueprint node, forward, backward, output_shape, own_bytes, kind and shape() when it
+/// resolves the node (nn::detail::layer_contract), each with a precis: message; a layer of
+/// your own: docs/writing-layers.md. Layers that only move data (reshape, cast)
 /// have no tag or policy. Combinators expose their children through
 /// `for_each_child(self, f)`; nn::walk visits a whole model with each node's path.
 ///
