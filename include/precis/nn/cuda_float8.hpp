@@ -152,10 +152,10 @@ struct device_float8_linear_state {
     }
   }
   // Another shape within its memory, or new memory in the stream's order, counted as every
-  // layer buffer is (ensure): a captured step from before is then refused.
+  // layer buffer is (nn::ensure): a captured step from before is then refused.
   template <class T>
   static void ensure(device_tensor<T, 2>& t, std::size_t a, std::size_t b, cuda_context& ctx) {
-    ensure(t, shape_t<2>{a, b}, ctx.stream());
+    nn::ensure(t, shape_t<2>{a, b}, ctx.stream());
   }
   // q = saturate(v * scale) under recipe r, its inverse scale saved to `slot`; then the
   // recipe records the amax and updates (training), or forgets the amax (evaluation).
