@@ -522,6 +522,34 @@ TEST_CASE("bad input is refused before anything runs, naming the layer's path an
   CHECK_THROWS_WITH_AS(far_axis(), doctest::Contains("axis 2 is out of range"), error);
 }
 
+TEST_CASE("a temporary input evaluates, but a backward pass after it is refused: the input it would read is gone") {
+  auto m = nn::build<float, 2>(presets::fp32{}, mlp_block(4), {.seed = 2});
+  const auto make_x = [] {
+    host_tensor<float, 2> x(std::array<std::size_t, 2>{3, 4});
+    for (std::size_t i = 0; i < x.size(); ++i) x.data()[i] = 0.25f * float(i % 7) - 0.5f;
+    return x;
+  };
+  const auto x = make_x();
+  const host_tensor<float, 2> y = m.forward(ctx, x, nn::mode::eval);
+  const host_tensor<float, 2> y_temporary = m.forward(ctx, make_x(), nn::mode::eval);
+  CHECK(precis_test::same_bits(y, y_temporary));
+  host_tensor<float, 2> dy(y.shape());
+  dy.fill(0.5f);
+  m.zero_grad();
+  CHECK_THROWS_WITH_AS(m.backward(ctx, dy), doctest::Contains("forward() was given a temporary"), error);
+  CHECK_THROWS_WITH_AS(m.backward_parameters(ctx, dy), doctest::Contains("forward() was given a temporary"), error);
+  m.for_each_parameter([](const std::string& path, const auto& p) {
+    INFO(path);
+    for (float g : p.grad()) CHECK(g == 0.0f);  // nothing was written
+  });
+  // A refused forward pass keeps the refusal; a forward pass of a kept input ends it.
+  host_tensor<float, 2> wrong(std::array<std::size_t, 2>{3, 5});
+  CHECK_THROWS_AS(m.forward(ctx, wrong), error);
+  CHECK_THROWS_AS(m.backward(ctx, dy), error);
+  (void)m.forward(ctx, x);
+  CHECK(m.backward(ctx, dy).shape() == x.shape());
+}
+
 TEST_CASE("same bits on 1 and 2 threads for every layer and block") {
   using bf = presets::bf16_mixed;
   host_tensor<bfloat16, 3> x(std::array<std::size_t, 3>{4, 33, 16});

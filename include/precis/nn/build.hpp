@@ -147,7 +147,19 @@ class model {
   /// alive and unchanged until backward().
   decltype(auto) forward(context_ref_t<context_type> ctx, const input_tensor& x, mode m = mode::train) {
     out_shape_ = output_shape(detail::edge_shape_of<input_rank>(x), m);
-    return root_.forward(ctx, x, m);
+    decltype(auto) y = root_.forward(ctx, x, m);
+    input_gone_ = false;
+    return y;
+  }
+  /// forward() of a temporary input (`model.forward(ctx, to_device(x), nn::mode::eval)`): the
+  /// same output, but the input is gone once the call returns, so a backward pass after it
+  /// throws precis::error instead of reading it. A pass of a kept input ends that refusal.
+  decltype(auto) forward(context_ref_t<context_type> ctx, input_tensor&& x, mode m = mode::train)
+    requires(!is_values_v<input_type>)
+  {
+    decltype(auto) y = forward(ctx, std::as_const(x), m);
+    input_gone_ = true;
+    return y;
   }
   /// Any other argument does not compile (see nn::binds_edge_v): another element type, rank,
   /// allocator or an xtensor expression would be copied into a temporary that backward()
@@ -384,6 +396,10 @@ class model {
 
  private:
   void check_output_gradient(const output_grad_tensor& dy) const {
+    if (input_gone_) {
+      throw error("precis::nn::model::backward: the last forward() was given a temporary input, gone since, "
+                  "which the backward pass would read; pass forward() a tensor that stays alive until backward()");
+    }
     if (detail::edge_shape_of<output_rank>(dy) != out_shape_) {
       throw error("precis::nn::model::backward: dy has shape " +
                   detail::edge_shape_string(detail::edge_shape_of<output_rank>(dy)) +
@@ -446,6 +462,7 @@ class model {
   Root root_;
   output_shape_type out_shape_{};
   image_layout layout_ = image_layout::nchw;
+  bool input_gone_ = false;  // the last forward pass read a temporary (forward(ctx, input_tensor&&))
   bool keep_ = false;
 };
 
