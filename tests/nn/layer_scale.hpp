@@ -1,6 +1,6 @@
 // A layer written outside the library with nn's public pieces only: a learned per-feature
 // scale (LayerScale), y = x * gamma. docs/writing-layers.md quotes it; test_user_layer.cpp
-// checks it on the host and test_cuda_nn_block on the device against the host.
+// checks it on the host and test_cuda_nn_layers on the device against the host.
 #pragma once
 
 #include <precis/nn/nn.hpp>

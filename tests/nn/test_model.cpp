@@ -538,6 +538,9 @@ TEST_CASE("a temporary input evaluates, but a backward pass after it is refused:
   m.zero_grad();
   CHECK_THROWS_WITH_AS(m.backward(ctx, dy), doctest::Contains("forward() was given a temporary"), error);
   CHECK_THROWS_WITH_AS(m.backward_parameters(ctx, dy), doctest::Contains("forward() was given a temporary"), error);
+  // The monitor's view of the layers would read it too.
+  CHECK_THROWS_WITH_AS(m.for_each_observed([](const std::string&, auto, const auto*, const auto&, const auto&...) {}),
+                       doctest::Contains("forward() was given a temporary"), error);
   m.for_each_parameter([](const std::string& path, const auto& p) {
     INFO(path);
     for (float g : p.grad()) CHECK(g == 0.0f);  // nothing was written

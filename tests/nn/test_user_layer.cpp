@@ -183,6 +183,9 @@ TEST_CASE("a user layer trains under nn::trainer, and checkpoints keep its param
 }
 
 TEST_CASE("nn::repeat lends a user layer's backward buffers: the same bits as keeping them, in less memory") {
+  // The layer names its input gradient and gamma's gradient product, in that order.
+  auto alone = nn::build<float, 2>(presets::fp32{}, user::layer_scale(8), {.seed = 1});
+  CHECK(nn::gradient_buffers(alone.root()).size() == 2);
   const auto block = [] {
     return nn::residual(nn::seq(nn::linear(8, 8), user::layer_scale(8, 0.5), nn::gelu()));
   };

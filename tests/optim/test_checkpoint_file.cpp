@@ -98,6 +98,33 @@ TEST_CASE("a failure while saving leaves the previous checkpoint and no temporar
   fs::remove_all(dir);
 }
 
+namespace {
+// Writes one field twice, as a layer whose visit_state still saves the parameters that
+// nn::model saves did.
+struct twice_written {
+  static constexpr std::string_view kind = "test_twice";
+  std::vector<float> w{1.0f};
+  template <class Archive>
+  void visit_state(Archive& a) {
+    a.floats("layer.weight", w);
+    a.floats("layer.weight", w);
+  }
+  std::string validate() const { return {}; }
+};
+}  // namespace
+
+TEST_CASE("a field written twice is refused when saving, before the file is touched") {
+  const auto dir = scratch_dir();
+  weights model{{1.0f}};
+  precis::save_checkpoint(dir / "ckpt", model);
+  const std::string before = read_file(dir / "ckpt");
+  CHECK_THROWS_WITH_AS(precis::save_checkpoint(dir / "ckpt", twice_written{}),
+                       doctest::Contains("field named 'layer.weight' is written twice"), precis::error);
+  CHECK(read_file(dir / "ckpt") == before);
+  CHECK(count_temporaries(dir) == 0);
+  fs::remove_all(dir);
+}
+
 TEST_CASE("damaged checkpoints are refused and nothing is loaded") {
   const auto dir = scratch_dir();
   weights model{{1.0f, 2.0f}};

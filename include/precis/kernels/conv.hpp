@@ -86,17 +86,23 @@ struct conv2d_params {
   /// default): moved in every call. nn's convolutions pass their weight's
   /// parameter::version() when evaluating (mode::eval).
   std::uint64_t weights_version = 0;
+  /// On the device: take only algorithms whose products are exact for inputs that are
+  /// values of the 8- and 16-bit formats, refusing FFT and Winograd ones, whose transformed
+  /// operands a TF32 product would round. Set for the float copies of a 16-bit convolution
+  /// with a bias (detail::widened_conv_policy); the host's algorithms transform nothing.
+  bool exact_products = false;
 };
 
 namespace detail {
 
 /// The policy of a convolution on float copies of narrower values: a 16-bit convolution
 /// with a bias on the device, whose sums stay in float until the bias is added. Float
-/// tensors with TF32 products (tensor cores), and exact: every value of the 8- and 16-bit
-/// formats is a TF32 value (at most 10 fraction bits, float's exponent range), so the
-/// conversion to TF32 changes none, and the product of two fits a float's 24 bits. The
-/// device takes no FFT or Winograd algorithm under it (their transformed operands would be
-/// rounded to TF32).
+/// tensors with TF32 products (tensor cores, where the GPU has them: sm_80 on), which are
+/// exact here: every value of the 8- and 16-bit formats is a TF32 value (at most 10
+/// fraction bits, float's exponent range), so the conversion to TF32 changes none, and the
+/// product of two fits a float's 24 bits. It is presets::tf32's policy; the calls that use
+/// it for such copies also set conv2d_params::exact_products, which refuses the algorithms
+/// that transform their operands.
 using widened_conv_policy = policy<float, tfloat32, float, float>;
 
 /// All sizes of one convolution, from x [N, C, H, W] (or [N, H, W, C]) and w [Co, C / groups,

@@ -146,20 +146,18 @@ class model {
   /// rules of mode m (in training, a batch norm refuses one value per channel). x must stay
   /// alive and unchanged until backward().
   decltype(auto) forward(context_ref_t<context_type> ctx, const input_tensor& x, mode m = mode::train) {
-    out_shape_ = output_shape(detail::edge_shape_of<input_rank>(x), m);
-    decltype(auto) y = root_.forward(ctx, x, m);
-    input_gone_ = false;
-    return y;
+    return run_forward(ctx, x, m, false);
   }
   /// forward() of a temporary input (`model.forward(ctx, to_device(x), nn::mode::eval)`): the
-  /// same output, but the input is gone once the call returns, so a backward pass after it
-  /// throws precis::error instead of reading it. A pass of a kept input ends that refusal.
+  /// same output, but the input is gone once the call returns, so a backward pass or a
+  /// monitor's look at the layers after it throws precis::error instead of reading it (from
+  /// the moment any layer runs, even if a later one throws). A pass of a kept input ends that
+  /// refusal. A model whose output is its input (an evaluation pass through dropout alone)
+  /// returns a reference to the temporary: keep such an input.
   decltype(auto) forward(context_ref_t<context_type> ctx, input_tensor&& x, mode m = mode::train)
     requires(!is_values_v<input_type>)
   {
-    decltype(auto) y = forward(ctx, std::as_const(x), m);
-    input_gone_ = true;
-    return y;
+    return run_forward(ctx, std::as_const(x), m, true);
   }
   /// Any other argument does not compile (see nn::binds_edge_v): another element type, rank,
   /// allocator or an xtensor expression would be copied into a temporary that backward()
@@ -219,9 +217,11 @@ class model {
   /// with the buffers of the last forward and backward passes (see nn/module.hpp): what
   /// precis::diagnostics::monitor reads. The sum of branches (nn::residual, nn::add) is
   /// stored in its first branch's output type, so it is passed, after the branches, as one
-  /// more output of that branch's last layer (input null, no gradients).
+  /// more output of that branch's last layer (input null, no gradients). Throws
+  /// precis::error after a forward pass of a temporary input (see forward()).
   template <class F>
   void for_each_observed(F&& f) const {
+    check_input_kept("for_each_observed");
     observe_node(root_, root_path(), f);
   }
   /// Calls f(path, parameter) for every parameter ("encoder.3.1.mlp.fc2.weight"), in order.
@@ -395,11 +395,24 @@ class model {
   }
 
  private:
-  void check_output_gradient(const output_grad_tensor& dy) const {
+  // forward(): every layer's shape checked before any runs (a refusal changes nothing), then
+  // the passes; `temporary` records that x is gone when the call returns.
+  decltype(auto) run_forward(context_ref_t<context_type> ctx, const input_tensor& x, mode m, bool temporary) {
+    const auto out = output_shape(detail::edge_shape_of<input_rank>(x), m);
+    out_shape_ = out;
+    input_gone_ = temporary;
+    return root_.forward(ctx, x, m);
+  }
+  // Throws where the last forward pass read a temporary input, which `what` would read.
+  void check_input_kept(std::string_view what) const {
     if (input_gone_) {
-      throw error("precis::nn::model::backward: the last forward() was given a temporary input, gone since, "
-                  "which the backward pass would read; pass forward() a tensor that stays alive until backward()");
+      throw error("precis::nn::model::" + std::string(what) +
+                  ": the last forward() was given a temporary input, gone since, which it would read; pass "
+                  "forward() a tensor that stays alive until backward()");
     }
+  }
+  void check_output_gradient(const output_grad_tensor& dy) const {
+    check_input_kept("backward");
     if (detail::edge_shape_of<output_rank>(dy) != out_shape_) {
       throw error("precis::nn::model::backward: dy has shape " +
                   detail::edge_shape_string(detail::edge_shape_of<output_rank>(dy)) +

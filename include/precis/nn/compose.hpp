@@ -24,6 +24,7 @@
 #include <precis/nn/cast.hpp>
 #include <precis/nn/layout.hpp>
 #include <precis/nn/module.hpp>
+#include <precis/policy/map.hpp>
 
 #include <array>
 #include <concepts>
@@ -282,6 +283,10 @@ struct layer_contract {
   static constexpr bool value = true;
 };
 
+/// Whether layer M runs under the policy the map gives its tag.
+template <class M, class Map>
+struct policy_from_map : std::is_same<typename M::policy_type, policy_for_t<typename M::tag_type, Map>> {};
+
 /// The module `Spec` builds into when (In, G, R) reach it, with a cast in front where it
 /// reads another type.
 template <class Spec, class Map, class Ctx, class In, class G, std::size_t R>
@@ -294,6 +299,9 @@ struct resolve_spec {
   static_assert(std::conditional_t<leaf<raw> && !is_values_v<typename raw::input_type> &&
                                        !is_values_v<typename raw::output_type>,
                                    layer_contract<raw, Spec>, std::true_type>::value);
+  static_assert(std::conditional_t<has_policy<raw>, policy_from_map<raw, Map>, std::true_type>::value,
+                "precis: a layer runs under the policy the map gives its tag: its policy_type must be "
+                "policy_for_t<tag_type, Map> (module_type passes it to the layer); see docs/writing-layers.md");
   static_assert(raw::input_rank == R,
                 "precis: a layer reads tensors of another rank than the one before it gives; put "
                 "a reshape (nn::flatten, nn::reshape) between them");

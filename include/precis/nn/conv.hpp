@@ -17,10 +17,11 @@
 /// element is one sum in a fixed order, so results do not depend on the thread count. On a
 /// device context (precis/nn/cuda.hpp) the layers call the device kernels of the same
 /// names. cuDNN rounds a convolution's output to its type, so on the device a layer with a
-/// bias runs its product on float copies of x and the weight, on TF32 tensor cores (exact:
-/// the 8- and 16-bit formats' values are TF32 values and their products fit a float; see
-/// precis::detail::widened_conv_policy), adds the bias to the float sums and rounds once, as
-/// the host does; its bias gradient is the device's deterministic per-channel sum.
+/// bias runs its product on float copies of x and the weight, on TF32 tensor cores where
+/// the GPU has them (exact products: the 8- and 16-bit formats' values are TF32 values and
+/// their products fit a float; see precis::detail::widened_conv_policy), adds the bias to
+/// the float sums and rounds once, as the host does; its bias gradient is the device's
+/// deterministic per-channel sum.
 ///
 /// Layouts are PyTorch's: conv2d's weight is [out, in / groups, kh, kw], conv_transpose2d's
 /// [in, out / groups, kh, kw]. Parameters start uniform in +-1/sqrt(fan_in), with fan_in =
@@ -276,24 +277,28 @@ class conv_base : public layer_base<Tag, P, op::conv, 4, 4, Ctx> {
       bias_.accumulate(ctx, db_);
     }
   }
-  /// y = round(sums + bias) with sums = run(policy, x, w, sums) in the math type: the
+  /// y = round(sums + bias) with sums = run(policy, x, w, sums, p) in the math type: the
   /// product without rounding, then the bias and one rounding. `policy` is a
-  /// std::type_identity of the policy the product runs under: P, or off the host, where x
-  /// and the weight are first converted to float copies (cuDNN's output has the inputs'
-  /// type), precis::detail::widened_conv_policy (TF32 tensor cores, exact on those values).
+  /// std::type_identity of the policy the product runs under: P with the parameters p, or
+  /// off the host, where x and the weight are first converted to float copies (cuDNN's
+  /// output has the inputs' type), precis::detail::widened_conv_policy with
+  /// exact_products set (TF32 tensor cores, exact products on those values).
   template <class Run>
-  void forward_biased(context_ref_t<Ctx> ctx, const tensor<S>& x, const shape_t<4>& out, Run&& run) {
+  void forward_biased(context_ref_t<Ctx> ctx, const tensor<S>& x, const shape_t<4>& out, const conv2d_params& p,
+                      Run&& run) {
     using io = context_traits<Ctx>;
     const auto& w = weight_.value();
     ensure(sums_, out);
     if constexpr (on_host || std::is_same_v<S, math_type>) {
-      run(std::type_identity<P>{}, x, w, sums_);
+      run(std::type_identity<P>{}, x, w, sums_, p);
     } else {
       ensure(xf_, shape_of<4>(x));
       ensure(wf_, shape_of<4>(w));
       io::cast(ctx, x, xf_);
       io::cast(ctx, w, wf_);
-      run(std::type_identity<precis::detail::widened_conv_policy>{}, xf_, wf_, sums_);
+      conv2d_params exact = p;
+      exact.exact_products = true;
+      run(std::type_identity<precis::detail::widened_conv_policy>{}, xf_, wf_, sums_, exact);
     }
     io::add_channel_bias(ctx, sums_, bias_.value(), y_, params_.layout);
   }
@@ -423,9 +428,10 @@ class conv2d_layer : public detail::conv_base<Tag, P, Ctx> {
     } else if constexpr (base::on_host) {
       precis::conv2d<P>(ctx, x, w, this->bias_.value(), this->y_, p);  // the bias fused
     } else {
-      this->forward_biased(ctx, x, shape_of<4>(this->y_), [&](auto q, const auto& xs, const auto& ws, auto& sums) {
-        precis::conv2d<typename decltype(q)::type>(ctx, xs, ws, sums, p);
-      });
+      this->forward_biased(ctx, x, shape_of<4>(this->y_), p,
+                           [&](auto q, const auto& xs, const auto& ws, auto& sums, const conv2d_params& pq) {
+                             precis::conv2d<typename decltype(q)::type>(ctx, xs, ws, sums, pq);
+                           });
     }
     this->x_.set(x);
     return this->y_;
@@ -523,8 +529,8 @@ class conv_transpose2d_layer : public detail::conv_base<Tag, P, Ctx> {
     if (this->bias_on_) {
       // The kernel has no bias: its sums are kept in its math type (float, or double under
       // a double policy), the bias added, then one rounding.
-      this->forward_biased(ctx, x, out, [&](auto q, const auto& xs, const auto& ws, auto& sums) {
-        precis::conv_transpose2d<typename decltype(q)::type>(ctx, xs, ws, sums, p);
+      this->forward_biased(ctx, x, out, p, [&](auto q, const auto& xs, const auto& ws, auto& sums, const conv2d_params& pq) {
+        precis::conv_transpose2d<typename decltype(q)::type>(ctx, xs, ws, sums, pq);
       });
     } else {
       precis::conv_transpose2d<P>(ctx, x, w, this->y_, p);

@@ -126,7 +126,7 @@ class class_token_layer : public layer_base<Tag, P, op::elementwise, R, R, Ctx> 
 
   /// Draws the token uniformly in +-0.02 from `seed`.
   void reset(std::uint64_t seed) {
-    detail::fill_uniform(token_, seed, 0, detail::embedding_init_bound);
+    fill_uniform(token_, seed, 0, detail::embedding_init_bound);
   }
 
   /// The shape of the output: [N, T + 1, dim] for an input [N, T, dim]. Throws
@@ -237,7 +237,7 @@ class position_embedding_layer : public layer_base<Tag, P, op::elementwise, R, R
 
   /// Draws the table uniformly in +-0.02 from `seed`.
   void reset(std::uint64_t seed) {
-    detail::fill_uniform(table_, seed, 0, detail::embedding_init_bound);
+    fill_uniform(table_, seed, 0, detail::embedding_init_bound);
   }
 
   /// The shape of the output: the input's, [N, tokens, dim]. Throws precis::error (naming

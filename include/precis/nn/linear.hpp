@@ -227,8 +227,8 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
   /// own stream).
   void reset(std::uint64_t seed) {
     const double bound = 1.0 / std::sqrt(double(in_));
-    detail::fill_uniform(weight_, seed, 0, bound);
-    detail::fill_uniform(bias_, seed, 1, bound);
+    fill_uniform(weight_, seed, 0, bound);
+    fill_uniform(bias_, seed, 1, bound);
   }
 
   /// The shape of the output: the input's with `out` in the last axis. Throws

@@ -29,8 +29,9 @@
 /// `decays(name)` for weight decay, `reset(seed)`, and `visit_state` / `validate` for any
 /// checkpoint state other than parameters. nn::build checks a layer's constructor from its
 /// blueprint node, forward, backward, output_shape, own_bytes, kind and shape() when it
-/// resolves the node (nn::detail::layer_contract), each with a precis: message; a layer of
-/// your own: docs/writing-layers.md. Layers that only move data (reshape, cast)
+/// resolves the node (nn::detail::layer_contract), and that its policy_type is the one the
+/// map gives its tag, each with a precis: message; a layer of your own:
+/// docs/writing-layers.md. Layers that only move data (reshape, cast)
 /// have no tag or policy. Combinators expose their children through
 /// `for_each_child(self, f)`; nn::walk visits a whole model with each node's path.
 ///

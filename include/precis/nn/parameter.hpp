@@ -390,20 +390,22 @@ PRECIS_HOST_DEVICE constexpr double unit_random(std::uint64_t seed, std::uint64_
   return double(h >> 11) * 0x1.0p-53;
 }
 
-/// Fills the master weights uniformly in [-bound, bound] from (seed, stream) and rounds
-/// them to the working copy.
+}  // namespace detail
+
+/// Sets the master weights of `p` uniformly in [-bound, bound], drawn from (seed, stream): the
+/// same values on every machine and thread count. A layer's reset(seed) calls it with the seed
+/// it is given (nn::model derives one per layer from its path) and one stream per parameter.
+/// On the host the working copy is rounded at once; on the device at the model's refresh(ctx).
 template <class S, class M, std::size_t N, class Ctx>
 void fill_uniform(parameter<S, M, N, Ctx>& p, std::uint64_t seed, std::uint64_t stream, double bound) {
   std::vector<M> v(p.size());
   for (std::size_t i = 0; i < v.size(); ++i)
-    v[i] = static_cast<M>((precis::detail::mul(2.0, unit_random(seed, stream, i)) - 1.0) * bound);
+    v[i] = static_cast<M>((precis::detail::mul(2.0, detail::unit_random(seed, stream, i)) - 1.0) * bound);
   if constexpr (std::is_same_v<Ctx, cpu_context>) {
     p.set(cpu_context{1}, v);
   } else {
     context_traits<Ctx>::upload(p.master(), v);  // the working copy follows at the model's refresh
   }
 }
-
-}  // namespace detail
 
 }  // namespace precis::nn

@@ -24,10 +24,12 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <istream>
 #include <iterator>
 #include <map>
 #include <ostream>
+#include <set>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -71,7 +73,14 @@ class checkpoint_writer {
     put(static_cast<std::uint16_t>(s.size()));
     out_.append(s);
   }
+  // Two fields of one name would save, then fail to load: refused here, before any file is
+  // written.
   void begin_field(std::string_view name, field_type t) {
+    if (!names_.emplace(name).second) {
+      throw error("precis: a checkpoint field named '" + std::string(name) +
+                  "' is written twice (nn::model saves every layer's parameters itself: a layer's "
+                  "visit_state writes only its other state)");
+    }
     put_string(name);
     put(static_cast<std::uint8_t>(t));
     ++count_;
@@ -111,6 +120,7 @@ class checkpoint_writer {
  private:
   std::string out_;
   std::uint32_t count_ = 0;
+  std::set<std::string, std::less<>> names_;
 };
 
 // Parses and verifies the whole input first; fields are then handed out by name.

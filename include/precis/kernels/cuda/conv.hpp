@@ -19,8 +19,9 @@
 /// The bias overload of conv2d (compiled by nvcc only) keeps the host's one rounding: cuDNN
 /// rounds a convolution's output to its type, so the product runs on float copies of x and
 /// w into float sums, and a finishing kernel adds the bias and rounds once, as the gelu
-/// epilogue of gemm does. The copies' product runs on TF32 tensor cores
-/// (detail::widened_conv_policy), exact for values of the 16-bit formats.
+/// epilogue of gemm does. The copies' product may run on TF32 tensor cores
+/// (detail::widened_conv_policy, conv2d_params::exact_products): exact products for values
+/// of the 16-bit formats, sums in the tensor cores' float accumulation.
 #pragma once
 
 #include <precis/config.hpp>
@@ -138,8 +139,8 @@ inline bool transforms(cudnnConvolutionBwdFilterAlgo_t a) {
 }
 
 /// The first deterministic algorithm of cuDNN's ranked list that ran its checks and keeps
-/// to the policy's math; where the products must be exact (`exact`: the float copies of
-/// detail::widened_conv_policy), none that transforms its operands.
+/// to the policy's math; where the products must be exact (conv2d_params::exact_products),
+/// none that transforms its operands.
 template <class Perf>
 auto pick_algorithm(const Perf* perf, int count, cudnnMathType_t math, bool exact, std::string_view what) {
   for (int i = 0; i < count; ++i) {
@@ -221,7 +222,7 @@ template <Policy P, class T>
 void run_conv(cuda_context& ctx, conv_pass pass, const conv_geometry& g, const T* in0, const T* in1,
               T* out, std::string_view name) {
   constexpr cudnnMathType_t math = dnn_math<P, T>();
-  constexpr bool exact = std::is_same_v<P, widened_conv_policy>;
+  const bool exact = g.p.exact_products;
   const std::array<std::int64_t, 21> key{
       std::int64_t(pass), std::int64_t(dnn_type<T>()), std::int64_t(math), std::int64_t(exact), std::int64_t(g.channels_last()),
       std::int64_t(g.n),
@@ -437,10 +438,10 @@ void add_channel_bias(cuda_context& ctx, const M* sums, const B* bias, S* y, std
 /// y = conv2d(x, w) plus bias [Co] on every pixel of its channel, rounded once, on the
 /// device (see the host overload). cuDNN rounds its output to its type, so for 16-bit
 /// tensors the product runs on float copies of x and w into float sums (all three
-/// stream-ordered scratch of this call), on TF32 tensor cores with exact products
-/// (detail::widened_conv_policy), then one kernel adds the bias in float and rounds to y's
-/// type; for float tensors the sums are y itself, under P. Every shape is checked before
-/// anything is queued.
+/// stream-ordered scratch of this call), on TF32 tensor cores where the GPU has them, with
+/// exact products (detail::widened_conv_policy, conv2d_params::exact_products), then one
+/// kernel adds the bias in float and rounds to y's type; for float tensors the sums are y
+/// itself, under P. Every shape is checked before anything is queued.
 template <Policy P, class T, kernel_element TBias>
 void conv2d(cuda_context& ctx, const device_tensor<T, 4>& x, const device_tensor<T, 4>& w,
             const device_tensor<TBias, 1>& bias, device_tensor<T, 4>& y,
@@ -462,7 +463,9 @@ void conv2d(cuda_context& ctx, const device_tensor<T, 4>& x, const device_tensor
         wf(detail::shape_array<4>(w), ctx.stream()), sums(detail::shape_array<4>(y), ctx.stream());
     cast(ctx, x, xf);
     cast(ctx, w, wf);
-    conv2d<detail::widened_conv_policy>(ctx, xf, wf, sums, p);
+    conv2d_params exact = p;
+    exact.exact_products = true;
+    conv2d<detail::widened_conv_policy>(ctx, xf, wf, sums, exact);
     finish(sums.data());
   }
 }
