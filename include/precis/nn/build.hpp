@@ -398,8 +398,7 @@ class model {
   // forward(): every layer's shape checked before any runs (a refusal changes nothing), then
   // the passes; `temporary` records that x is gone when the call returns.
   decltype(auto) run_forward(context_ref_t<context_type> ctx, const input_tensor& x, mode m, bool temporary) {
-    const auto out = output_shape(detail::edge_shape_of<input_rank>(x), m);
-    out_shape_ = out;
+    out_shape_ = output_shape(detail::edge_shape_of<input_rank>(x), m);
     input_gone_ = temporary;
     return root_.forward(ctx, x, m);
   }
