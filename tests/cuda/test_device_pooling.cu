@@ -458,9 +458,11 @@ int main() {
   check_batch_norm<presets::fp16_mixed, float16, 4>(ctx, cpu, {4, 6, 9, 11}, " (fp16, rank 4)");
   check_batch_norm<presets::fp32, float, 4>(ctx, cpu, {4, 6, 9, 11}, " (fp32, rank 4)");
   check_batch_norm<presets::fp32, float, 2>(ctx, cpu, {300, 17}, " (fp32, rank 2)");
+  // [N, C] runs every pass as channels-last rows: 64 channels of bf16 in packs of 8.
+  check_batch_norm<presets::bf16_mixed, bfloat16, 2>(ctx, cpu, {300, 64}, " (bf16, rank 2, packs)");
   // Planes of more than 4096 elements: two segments of each channel's reduction (and of its
   // moments, in 16-byte packs); y and dx in 16-byte packs (planes of 99 and rows of 17 one
-  // element at a time). [N, C] takes the channels-last moments (planes of one element).
+  // element at a time).
   check_batch_norm<presets::fp32, float, 4>(ctx, cpu, {2, 3, 80, 70}, " (fp32, planes of 5600)");
   check_batch_norm<presets::bf16_mixed, bfloat16, 4>(ctx, cpu, {3, 5, 64, 90}, " (bf16, planes of 5760)");
   // Channels-last: 16 channels in 16-byte packs (8 of 16-bit, 4 of float), 5 and 6 one

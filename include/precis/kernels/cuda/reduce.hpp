@@ -685,7 +685,9 @@ struct channels_last_terms {
 template <class Acc, int K, class Terms, class Finish>
 void channel_reduce_in(cuda_context& ctx, image_layout layout, std::size_t images, std::size_t channels,
                        std::size_t inner, const Terms& terms, const Finish& finish, std::string_view name) {
-  if (layout == image_layout::nhwc && channels > 1) {
+  // Planes of one element ([N, C] batch norm) lie as channels-last ones do: the columns'
+  // order reads them coalesced, where the planes' would give each block one element.
+  if ((layout == image_layout::nhwc || inner == 1) && channels > 1) {
     column_reduce<Acc, K>(ctx, images * inner, channels, channels_last_terms<Terms>{terms, channels}, finish, name,
                           channel_segment);
   } else {
@@ -1007,7 +1009,9 @@ void plane_elements(cuda_context& ctx, std::size_t images, std::size_t channels,
   const std::size_t planes = images * channels;
   if (planes == 0 || inner == 0) return;
   constexpr int V = F::pack_elements;
-  if (layout == image_layout::nhwc) {
+  // Planes of one element ([N, C] batch norm) lie as channels-last ones do; each element's
+  // value does not depend on the launch.
+  if (layout == image_layout::nhwc || inner == 1) {
     const std::size_t rows = images * inner;
     const auto launch = [&](auto width) {
       constexpr int W = decltype(width)::value;
