@@ -53,20 +53,28 @@ void compare_gradients(const std::string& tag, precis::cuda_context& ctx, Host& 
   });
 }
 
+/// compare_models' default `prepare`: the masters as the seed draws them.
+struct no_prepare {
+  template <class Model>
+  void operator()(Model&) const {}
+};
+
 /// Builds `blueprint` under P on both sides (input rank R), copies the masters, and
 /// compares one forward and backward pass on random data (the input of shape x_shape, the
 /// output gradient of the model's output shape), within `factor` times the storage
 /// (output) and gradient types' bounds. Both models are built in image layout `layout`
-/// (x_shape is given in it).
-template <class P, std::size_t R, class Blueprint>
+/// (x_shape is given in it). `prepare(host)` may set the host model's masters first (they
+/// are copied to the device after it).
+template <class P, std::size_t R, class Blueprint, class Prepare = no_prepare>
 void compare_models(precis::cuda_context& ctx, const std::string& tag, const Blueprint& blueprint,
                     const std::array<std::size_t, R>& x_shape, double factor = 4,
-                    precis::image_layout layout = precis::image_layout::nchw) {
+                    precis::image_layout layout = precis::image_layout::nchw, Prepare prepare = {}) {
   using S = typename P::storage_type;
   using G = typename P::gradient_type;
   const precis::cpu_context cpu{2};
   auto host = precis::nn::build<S, R>(P{}, blueprint, {.seed = 7, .layout = layout});
   auto device = precis::nn::build<S, R, precis::cuda_context>(P{}, blueprint, {.seed = 7, .layout = layout});
+  prepare(host);
   precis::nn::copy_masters(ctx, host, device);
   device.zero_grad(ctx);
   host.zero_grad();

@@ -48,9 +48,19 @@ void check_vit_layers(cuda_context& ctx, const std::string& tag) {
   compare_models<P, 2>(ctx, tag + " dropout", nn::seq(nn::linear<fc1>(16, 64), nn::dropout(0.25)), {9, 16});
   compare_models<P, 2>(ctx, tag + " dropout, a partial pack",
                        nn::seq(nn::linear<fc1>(16, 61), nn::dropout(0.25), nn::scale(0.5)), {9, 16});
-  // A layer written outside the library (tests/nn/layer_scale.hpp): the same class on both.
+  // A layer written outside the library (tests/nn/layer_scale.hpp): the same class on both,
+  // its scales drawn per feature (one common value would hide a wrong broadcast axis).
   compare_models<P, 3>(ctx, tag + " a user layer (layer_scale)",
-                       nn::seq(nn::linear<fc1>(24, 40), user::layer_scale(40, 0.5), nn::gelu()), {3, 70, 24});
+                       nn::seq(nn::linear<fc1>(24, 40), user::layer_scale(40, 0.5), nn::gelu()), {3, 70, 24}, 4,
+                       precis::image_layout::nchw, [](auto& host) {
+                         host.for_each_parameter([](const std::string& path, auto& p) {
+                           if (path.ends_with("gamma")) {
+                             std::uniform_real_distribution<float> d(0.25F, 1.75F);
+                             for (auto& v : p.master()) v = d(precis_test::rng);
+                             p.refresh();
+                           }
+                         });
+                       });
   const vit::config c{.image = 16, .patch = 4, .channels = 1, .width = 32, .heads = 2, .classes = 10};
   compare_models<P, 4>(ctx, tag + " vit", vit::blueprint<2>(c), {6, 1, 16, 16}, 8);
 }

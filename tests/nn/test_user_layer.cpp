@@ -3,8 +3,8 @@
 // that nn::build gives it its policy from the map and casts around it, that its gradients are
 // the central differences', that its outputs are the policy's one rounding of x * gamma, that
 // it trains under nn::trainer and the monitor reads it, that checkpoints keep its parameter
-// with no code of its own, and that nn::repeat lends its backward buffers with the same bits
-// as keeping them.
+// with no code of its own, that nn::repeat lends its backward buffers with the same bits
+// as keeping them, and what nn::saved says without a forward pass.
 #include <precis/precis.hpp>
 
 #include <doctest/doctest.h>
@@ -212,4 +212,23 @@ TEST_CASE("nn::repeat lends a user layer's backward buffers: the same bits as ke
     CHECK(std::memcmp(gl.data(), gk.data(), gl.size() * sizeof(float)) == 0);
   }
   CHECK(lend.activation_bytes() < keep.activation_bytes());
+}
+
+TEST_CASE("nn::saved gives the input back, and names the layer's kind without a forward pass or after a copy") {
+  const auto x = host_tensor<float, 1>::from_shape({3});
+  nn::saved<host_tensor<float, 1>> s;
+  CHECK(s.peek() == nullptr);
+  CHECK_THROWS_WITH_AS(s.get("layer_scale"),
+                       "precis::nn: backward() of layer_scale called without a forward() since the layer was made "
+                       "or copied",
+                       error);
+  s.set(x);
+  CHECK(&s.get("layer_scale") == &x);
+  const auto copy = s;  // a copied layer has seen no input
+  CHECK(copy.peek() == nullptr);
+  CHECK_THROWS_WITH_AS(copy.get("layer_scale"), doctest::Contains("backward() of layer_scale"), error);
+  auto assigned = nn::saved<host_tensor<float, 1>>{};
+  assigned.set(x);
+  assigned = s;
+  CHECK(assigned.peek() == nullptr);
 }

@@ -427,11 +427,12 @@ class saved {
   void set(const Tensor& x) { p_ = &x; }
   /// The input, or null before the first forward pass.
   const Tensor* peek() const { return p_; }
-  /// The input; throws precis::error naming `layer` before any forward pass.
+  /// The input; throws precis::error naming `layer` (the layer's kind) before any forward
+  /// pass.
   const Tensor& get(std::string_view layer) const {
     if (p_ == nullptr) {
-      throw error("precis::nn::" + std::string(layer) +
-                  ": backward() called without a forward() since the layer was made or copied");
+      throw error("precis::nn: backward() of " + std::string(layer) +
+                  " called without a forward() since the layer was made or copied");
     }
     return *p_;
   }
