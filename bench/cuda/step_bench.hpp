@@ -86,10 +86,11 @@ struct row {
   std::string config, policy;
   step_times t;
   double mib = 0;
+  double workspace_mib = 0;  ///< the context's shared workspace at the end (cuda_context::workspace_size)
 };
 
 /// The rows a run has timed. With a file name, each row is written as it is timed
-/// (config,policy,precis_ms,precis_peak_mib,precis_enqueue_ms,precis_gpu_ms,gpu; the file
+/// (config,policy,precis_ms,precis_peak_mib,precis_enqueue_ms,precis_gpu_ms,precis_workspace_mib,gpu; the file
 /// rewritten whole, atomically), so that a row that throws, or a run stopped by its time
 /// limit, keeps every row timed before it.
 class table {
@@ -109,15 +110,15 @@ class table {
       return;
     }
     const row& r = rows_.back();
-    std::printf("%-22s %-17s %9.3f ms/step %8.0f MiB (queue %.3f ms, device %.3f ms)\n", r.config.c_str(),
-                r.policy.c_str(), r.t.ms, r.mib, r.t.enqueue_ms, r.t.gpu_ms);
+    std::printf("%-22s %-17s %9.3f ms/step %8.0f MiB (queue %.3f ms, device %.3f ms, workspace %.0f MiB)\n",
+                r.config.c_str(), r.policy.c_str(), r.t.ms, r.mib, r.t.enqueue_ms, r.t.gpu_ms, r.workspace_mib);
     std::fflush(stdout);
     if (csv_.empty()) return;
     std::ostringstream out;
-    out << "config,policy,precis_ms,precis_peak_mib,precis_enqueue_ms,precis_gpu_ms,gpu\n";
+    out << "config,policy,precis_ms,precis_peak_mib,precis_enqueue_ms,precis_gpu_ms,precis_workspace_mib,gpu\n";
     for (const auto& w : rows_) {
       out << w.config << "," << w.policy << "," << w.t.ms << "," << w.mib << "," << w.t.enqueue_ms << ","
-        << w.t.gpu_ms << "," << gpu_ << "\n";
+        << w.t.gpu_ms << "," << w.workspace_mib << "," << gpu_ << "\n";
     }
     examples::write_file(csv_, out.str());
   }
@@ -127,11 +128,11 @@ class table {
   std::size_t failures() const { return failures_; }
   /// Prints every row timed.
   void print() const {
-    std::printf("%-22s %-17s %12s %12s %12s %12s\n", "config", "policy", "ms/step", "memory MiB", "queue ms",
-                "device ms");
+    std::printf("%-22s %-17s %12s %12s %12s %12s %14s\n", "config", "policy", "ms/step", "memory MiB", "queue ms",
+                "device ms", "workspace MiB");
     for (const auto& r : rows_) {
-      std::printf("%-22s %-17s %12.3f %12.0f %12.3f %12.3f\n", r.config.c_str(), r.policy.c_str(), r.t.ms, r.mib,
-                  r.t.enqueue_ms, r.t.gpu_ms);
+      std::printf("%-22s %-17s %12.3f %12.0f %12.3f %12.3f %14.0f\n", r.config.c_str(), r.policy.c_str(), r.t.ms,
+                  r.mib, r.t.enqueue_ms, r.t.gpu_ms, r.workspace_mib);
     }
   }
 

@@ -17,7 +17,7 @@
 // (build_options::layout = image_layout::nhwc, the policy named with `_nhwc` before any
 // `_graph`). Memory: as bench_vit_gpu
 // (bench/cuda/step_bench.hpp). Prints a table and, with --csv, writes
-// config,policy,precis_ms,precis_peak_mib,precis_enqueue_ms,precis_gpu_ms,gpu. Exits 77
+// config,policy,precis_ms,precis_peak_mib,precis_enqueue_ms,precis_gpu_ms,precis_workspace_mib,gpu. Exits 77
 // without a GPU.
 #include <precis/nn/cuda.hpp>  // first: the device kernels, then nn
 
@@ -80,7 +80,7 @@ bench::row time_map(const std::string& config, const dbnet::config& c, std::size
   bench::trim_pool();
   const double before = bench::used_mib();
   bench::step_times st;
-  double mib = 0;
+  double mib = 0, workspace = 0;
   {
     auto model = nn::build<S, 4, cuda_context>(Map{}, dbnet::blueprint(c), {.seed = 1, .layout = layout});
     model.refresh(ctx);
@@ -102,10 +102,11 @@ bench::row time_map(const std::string& config, const dbnet::config& c, std::size
                                   random_map(rng, m, 0.3)};
     st = bench::median_step(ctx, [&] { tr.step(ctx, x, t); }, warmup, steps);
     mib = bench::used_mib() - before;
+    workspace = double(ctx.workspace_size()) / double(1 << 20);
     (void)tr.records(ctx);
   }
   ctx.synchronize();
-  return {config, row_name(e, graph, layout), st, mib};
+  return {config, row_name(e, graph, layout), st, mib, workspace};
 }
 
 }  // namespace

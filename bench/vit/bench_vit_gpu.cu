@@ -20,7 +20,7 @@
 // timed twice: eagerly, and as a CUDA graph (train_options::graph: the policy named with
 // `_graph` appended; the warm-up steps include the eager step and the capture). Prints a
 // table and, with --csv, writes
-// config,policy,precis_ms,precis_peak_mib,precis_enqueue_ms,precis_gpu_ms,gpu. Built with
+// config,policy,precis_ms,precis_peak_mib,precis_enqueue_ms,precis_gpu_ms,precis_workspace_mib,gpu. Built with
 // precis::cudnn_frontend, bf16_mixed's attention is fused (docs/cuda.md, "Fused attention");
 // bf16_mixed_pieces is the same map with the attention products exact, unfused. Exits 77
 // without a GPU.
@@ -80,7 +80,7 @@ bench::row time_map(const std::string& config, const vit::config& c, std::size_t
   bench::trim_pool();  // what earlier maps left: this map's figure counts its own high-water mark
   const double before = bench::used_mib();
   bench::step_times st;
-  double mib = 0;
+  double mib = 0, workspace = 0;
   {
     auto model = nn::build<S, 4, cuda_context>(Map{}, vit::blueprint<Depth>(c), {.seed = 1});
     model.refresh(ctx);
@@ -99,10 +99,11 @@ bench::row time_map(const std::string& config, const vit::config& c, std::size_t
     const auto t = to_device(th);
     st = bench::median_step(ctx, [&] { tr.step(ctx, x, t); }, warmup, steps);
     mib = bench::used_mib() - before;
+    workspace = double(ctx.workspace_size()) / double(1 << 20);
     (void)tr.records(ctx);
   }
   ctx.synchronize();
-  return {config, row_name(e, graph), st, mib};
+  return {config, row_name(e, graph), st, mib, workspace};
 }
 
 }  // namespace

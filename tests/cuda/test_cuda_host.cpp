@@ -1,7 +1,8 @@
 // The CUDA backend's host side, which runs without a GPU: a failing CUDA call throws
 // precis::cuda_error naming the call, the status and the source line (checked through the
 // failure a machine without a usable device gives: making a context); the alignment
-// cuBLASLt's heuristic is told; which cuDNN math types each policy accepts; the checks of a
+// cuBLASLt's heuristic is told; which cuDNN math types each policy accepts, and which of
+// cuDNN's algorithms a convolution takes (exact products, the workspace limit); the checks of a
 // transposed convolution's geometry; fused attention's head widths and plan keys; a device
 // tensor's fit to another shape (its memory kept where it holds it; without a GPU, a failed
 // allocation leaves it empty). Built as C++ with PRECIS_CUDA=1 (precis::cuda).
@@ -74,6 +75,75 @@ TEST_CASE("cuDNN algorithms are taken only within the policy's math") {
   CHECK(precis::detail::cuda::dnn_math<presets::tf32, float>() == CUDNN_DEFAULT_MATH);
   CHECK(precis::detail::cuda::dnn_math<presets::bf16_mixed, precis::bfloat16>() ==
         CUDNN_TENSOR_OP_MATH);
+}
+
+TEST_CASE("a convolution's algorithm is cuDNN's first that is deterministic, within the math, exact where asked "
+          "and within the workspace limit") {
+  using precis::detail::cuda::pick_algorithm;
+  using precis::detail::cuda::transforms;
+  // The transforming algorithms of each pass, and the direct ones.
+  CHECK(transforms(CUDNN_CONVOLUTION_FWD_ALGO_FFT));
+  CHECK(transforms(CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING));
+  CHECK(transforms(CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD));
+  CHECK(transforms(CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED));
+  CHECK_FALSE(transforms(CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM));
+  CHECK_FALSE(transforms(CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM));
+  CHECK_FALSE(transforms(CUDNN_CONVOLUTION_FWD_ALGO_GEMM));
+  CHECK_FALSE(transforms(CUDNN_CONVOLUTION_FWD_ALGO_DIRECT));
+  CHECK(transforms(CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT));
+  CHECK(transforms(CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING));
+  CHECK(transforms(CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD));
+  CHECK(transforms(CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED));
+  CHECK_FALSE(transforms(CUDNN_CONVOLUTION_BWD_DATA_ALGO_0));
+  CHECK_FALSE(transforms(CUDNN_CONVOLUTION_BWD_DATA_ALGO_1));
+  CHECK(transforms(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT));
+  CHECK(transforms(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING));
+  CHECK(transforms(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED));
+  CHECK_FALSE(transforms(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0));
+  CHECK_FALSE(transforms(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1));
+  CHECK_FALSE(transforms(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3));
+
+  // A ranked list as cuDNN's heuristic gives it: each entry passed over for one reason.
+  const auto entry = [](cudnnConvolutionFwdAlgo_t algo, cudnnMathType_t math, std::size_t memory,
+                        cudnnStatus_t status = CUDNN_STATUS_SUCCESS,
+                        cudnnDeterminism_t det = CUDNN_DETERMINISTIC) {
+    cudnnConvolutionFwdAlgoPerf_t p{};
+    p.algo = algo;
+    p.status = status;
+    p.time = -1;
+    p.memory = memory;
+    p.determinism = det;
+    p.mathType = math;
+    return p;
+  };
+  constexpr std::size_t MiB = std::size_t(1) << 20;
+  constexpr auto none = precis::cuda_context::no_workspace_limit;
+  const std::array<cudnnConvolutionFwdAlgoPerf_t, 6> list{
+      entry(CUDNN_CONVOLUTION_FWD_ALGO_GEMM, CUDNN_TENSOR_OP_MATH, 0, CUDNN_STATUS_NOT_SUPPORTED),
+      entry(CUDNN_CONVOLUTION_FWD_ALGO_DIRECT, CUDNN_TENSOR_OP_MATH, 0, CUDNN_STATUS_SUCCESS,
+            CUDNN_NON_DETERMINISTIC),
+      entry(CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION, 0),
+      entry(CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING, CUDNN_TENSOR_OP_MATH, 900 * MiB),
+      entry(CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED, CUDNN_TENSOR_OP_MATH, 40 * MiB),
+      entry(CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, CUDNN_TENSOR_OP_MATH, 2 * MiB)};
+  const auto pick = [&](int count, cudnnMathType_t math, bool exact, std::size_t limit) {
+    return pick_algorithm(list.data(), count, math, exact, limit, "precis::conv2d").algo;
+  };
+  CHECK(pick(6, CUDNN_TENSOR_OP_MATH, false, none) == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING);
+  CHECK(pick(6, CUDNN_TENSOR_OP_MATH, true, none) == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM);
+  CHECK(pick(6, CUDNN_TENSOR_OP_MATH, false, 512 * MiB) == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED);
+  CHECK(pick(6, CUDNN_TENSOR_OP_MATH, false, 40 * MiB) == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED);
+  CHECK(pick(6, CUDNN_TENSOR_OP_MATH, false, 40 * MiB - 1) == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM);
+  // Exact float takes none of the tensor-core entries.
+  CHECK_THROWS_WITH_AS(pick(6, CUDNN_FMA_MATH, false, none),
+                       doctest::Contains("precis::conv2d: cuDNN offers no deterministic algorithm"), precis::error);
+  // Nothing fits the limit: the error names it and the least workspace asked for.
+  CHECK_THROWS_WITH_AS(pick(6, CUDNN_TENSOR_OP_MATH, false, MiB),
+                       doctest::Contains("limit of 1048576 bytes (the least is 2097152)"), precis::error);
+  CHECK_THROWS_WITH_AS(pick(3, CUDNN_TENSOR_OP_MATH, false, none), doctest::Contains("no deterministic algorithm"),
+                       precis::error);
+  CHECK_THROWS_WITH_AS(pick(0, CUDNN_TENSOR_OP_MATH, false, none), doctest::Contains("no deterministic algorithm"),
+                       precis::error);
 }
 
 TEST_CASE("the transposed convolution's geometry is the adjoint convolution's, and checked") {

@@ -431,6 +431,18 @@ void check_conv(precis::cuda_context& ctx, const precis::cpu_context& cpu) {
     auto d = poisoned<T, 4>(ys);
     precis::conv2d<P>(ctx, dx_, dw_, d, p);
     compare("conv2d" + n, ctx, d, y, conv_bound);
+    // The workspace limit is part of a plan's key: a changed limit makes a new plan, and one
+    // above every algorithm's need takes the same algorithm (the same bits).
+    {
+      const std::size_t plans = ctx.plan_count();
+      auto limited = poisoned<T, 4>(ys);
+      ctx.set_conv_workspace_limit(std::size_t(1) << 50);
+      precis::conv2d<P>(ctx, dx_, dw_, limited, p);
+      ctx.set_conv_workspace_limit(precis::cuda_context::no_workspace_limit);
+      expect(ctx.plan_count() == plans + 1, "conv2d under a workspace limit makes its own plan" + n);
+      expect(same_bits(ctx, limited, precis::to_host(d, ctx.stream())),
+             "conv2d under a workspace limit no algorithm reaches gives the same bits" + n);
+    }
     // With a bias, added to the float sums before the one rounding (float copies of x and w
     // for 16-bit tensors).
     const auto bias = random_tensor<T, 1>({k.co});

@@ -83,6 +83,24 @@ class cuda_context {
     return status != cudaStreamCaptureStatusNone;
   }
 
+  /// conv_workspace_limit's default: no limit, cuDNN's first fitting algorithm whatever its
+  /// workspace.
+  static constexpr std::size_t no_workspace_limit = ~std::size_t(0);
+  /// The most workspace, in bytes, a convolution's algorithm may ask for: an algorithm of
+  /// cuDNN's ranked list that needs more is passed over for the next (implicit-GEMM ones need
+  /// little or none). Read when a convolution's plan is made; plans are kept per limit, so a
+  /// changed limit applies to every call after it. The choice depends on the shape, the
+  /// device and this limit alone, never on the memory free at the time, so that a run gives
+  /// the same bits every time.
+  std::size_t conv_workspace_limit() const { return conv_workspace_limit_; }
+  /// Sets conv_workspace_limit() (no_workspace_limit: none). A convolution for which no
+  /// algorithm fits then throws precis::error naming the limit.
+  void set_conv_workspace_limit(std::size_t bytes) { conv_workspace_limit_ = bytes; }
+  /// The bytes the shared workspace holds now (0 before the first request): the largest any
+  /// call has asked for (cuBLASLt's products, convolutions, fused attention, the multi-tensor
+  /// kernels' chunk tables).
+  std::size_t workspace_size() const { return workspace_bytes_; }
+
   /// The workspace's current address (null before the first request): a CUDA graph that
   /// captured work using it is stale once this changes (the old one was freed).
   const void* workspace_address() const { return workspace_; }
@@ -150,6 +168,7 @@ class cuda_context {
     std::swap(dnn_, o.dnn_);
     std::swap(workspace_, o.workspace_);
     std::swap(workspace_bytes_, o.workspace_bytes_);
+    std::swap(conv_workspace_limit_, o.conv_workspace_limit_);
     std::swap(plans_, o.plans_);
   }
   // Destruction cannot throw: statuses are ignored here, the stream is drained first.
@@ -173,6 +192,7 @@ class cuda_context {
   cudnnHandle_t dnn_ = nullptr;
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = 0;
+  std::size_t conv_workspace_limit_ = no_workspace_limit;
   std::unordered_map<std::string, std::shared_ptr<void>> plans_;
 };
 

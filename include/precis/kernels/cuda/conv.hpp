@@ -138,16 +138,26 @@ inline bool transforms(cudnnConvolutionBwdFilterAlgo_t a) {
          a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
 }
 
-/// The first deterministic algorithm of cuDNN's ranked list that ran its checks and keeps
-/// to the policy's math; where the products must be exact (conv2d_params::exact_products),
-/// none that transforms its operands.
+/// The first deterministic algorithm of cuDNN's ranked list that ran its checks, keeps to
+/// the policy's math and needs at most `workspace_limit` bytes of workspace
+/// (cuda_context::conv_workspace_limit); where the products must be exact
+/// (conv2d_params::exact_products), none that transforms its operands.
 template <class Perf>
-auto pick_algorithm(const Perf* perf, int count, cudnnMathType_t math, bool exact, std::string_view what) {
+auto pick_algorithm(const Perf* perf, int count, cudnnMathType_t math, bool exact, std::size_t workspace_limit,
+                    std::string_view what) {
+  std::size_t smallest_over = 0;  // the least workspace of those passed over for the limit alone
   for (int i = 0; i < count; ++i) {
     if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].determinism == CUDNN_DETERMINISTIC &&
         math_allowed(math, perf[i].mathType) && !(exact && transforms(perf[i].algo))) {
-      return perf[i];
+      if (perf[i].memory <= workspace_limit) return perf[i];
+      if (smallest_over == 0 || perf[i].memory < smallest_over) smallest_over = perf[i].memory;
     }
+  }
+  if (smallest_over != 0) {
+    throw error(std::string(what) + ": every deterministic algorithm cuDNN offers for this convolution within the "
+                "policy's math needs more workspace than the context's limit of " +
+                std::to_string(workspace_limit) + " bytes (the least is " + std::to_string(smallest_over) +
+                "); raise cuda_context::set_conv_workspace_limit");
   }
   throw error(std::string(what) + ": cuDNN offers no deterministic algorithm for this convolution "
               "within the policy's math");
@@ -194,14 +204,14 @@ inline conv_plan make_conv_plan(cuda_context& ctx, const conv_geometry& g, cudnn
     check(cudnnGetConvolutionForwardAlgorithm_v7(ctx.dnn(), d.x.get(), d.w.get(), d.conv.get(), d.y.get(),
                                                  CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf),
           "cudnnGetConvolutionForwardAlgorithm_v7");
-    const auto a = pick_algorithm(perf, count, math, exact, name);
+    const auto a = pick_algorithm(perf, count, math, exact, ctx.conv_workspace_limit(), name);
     plan.algo = int(a.algo), plan.workspace = a.memory;
   } else if (pass == conv_pass::backward_data) {
     cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     check(cudnnGetConvolutionBackwardDataAlgorithm_v7(ctx.dnn(), d.w.get(), d.y.get(), d.conv.get(), d.x.get(),
                                                       CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perf),
           "cudnnGetConvolutionBackwardDataAlgorithm_v7");
-    const auto a = pick_algorithm(perf, count, math, exact, name);
+    const auto a = pick_algorithm(perf, count, math, exact, ctx.conv_workspace_limit(), name);
     plan.algo = int(a.algo), plan.workspace = a.memory;
   } else {
     cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
@@ -209,7 +219,7 @@ inline conv_plan make_conv_plan(cuda_context& ctx, const conv_geometry& g, cudnn
                                                         d.w.get(), CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
                                                         &count, perf),
           "cudnnGetConvolutionBackwardFilterAlgorithm_v7");
-    const auto a = pick_algorithm(perf, count, math, exact, name);
+    const auto a = pick_algorithm(perf, count, math, exact, ctx.conv_workspace_limit(), name);
     plan.algo = int(a.algo), plan.workspace = a.memory;
   }
   return plan;
@@ -223,8 +233,9 @@ void run_conv(cuda_context& ctx, conv_pass pass, const conv_geometry& g, const T
               T* out, std::string_view name) {
   constexpr cudnnMathType_t math = dnn_math<P, T>();
   const bool exact = g.p.exact_products;
-  const std::array<std::int64_t, 21> key{
+  const std::array<std::int64_t, 22> key{
       std::int64_t(pass), std::int64_t(dnn_type<T>()), std::int64_t(math), std::int64_t(exact), std::int64_t(g.channels_last()),
+      std::int64_t(ctx.conv_workspace_limit()),
       std::int64_t(g.n),
       std::int64_t(g.c), std::int64_t(g.h), std::int64_t(g.w), std::int64_t(g.co), std::int64_t(g.kh),
       std::int64_t(g.kw), std::int64_t(g.ho), std::int64_t(g.wo), std::int64_t(g.p.stride[0]),
