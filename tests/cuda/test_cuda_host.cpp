@@ -64,10 +64,13 @@ TEST_CASE("cuDNN algorithms are taken only within the policy's math") {
   CHECK(math_allowed(CUDNN_FMA_MATH, CUDNN_FMA_MATH));
   CHECK_FALSE(math_allowed(CUDNN_FMA_MATH, CUDNN_TENSOR_OP_MATH));
   CHECK_FALSE(math_allowed(CUDNN_FMA_MATH, CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION));
+  CHECK_FALSE(math_allowed(CUDNN_FMA_MATH, CUDNN_DEFAULT_MATH));  // TF32 on float data from sm_80 on
   // TF32 and half: tensor cores, never a down-conversion.
   CHECK(math_allowed(CUDNN_DEFAULT_MATH, CUDNN_TENSOR_OP_MATH));
   CHECK(math_allowed(CUDNN_TENSOR_OP_MATH, CUDNN_TENSOR_OP_MATH));
   CHECK(math_allowed(CUDNN_TENSOR_OP_MATH, CUDNN_FMA_MATH));
+  CHECK(math_allowed(CUDNN_TENSOR_OP_MATH, CUDNN_DEFAULT_MATH));
+  CHECK(math_allowed(CUDNN_DEFAULT_MATH, CUDNN_FMA_MATH));
   CHECK_FALSE(math_allowed(CUDNN_TENSOR_OP_MATH, CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION));
   // The policies' descriptor math.
   namespace presets = precis::presets;

@@ -113,11 +113,12 @@ constexpr cudnnMathType_t dnn_math() {
 }
 
 /// Whether an algorithm reported with math type `algo` keeps to the policy's `math`: never
-/// a down-conversion of the data, and no tensor cores (TF32) where the policy asks for
-/// exact float.
+/// a down-conversion of the data, and, where the policy asks for exact float, FMA math
+/// alone (CUDNN_DEFAULT_MATH lets float data take TF32 tensor cores from sm_80 on). The
+/// plan then runs the algorithm under the math it was reported with (make_conv_plan).
 inline bool math_allowed(cudnnMathType_t math, cudnnMathType_t algo) {
   if (algo == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return false;
-  return math != CUDNN_FMA_MATH || algo == CUDNN_FMA_MATH || algo == CUDNN_DEFAULT_MATH;
+  return math != CUDNN_FMA_MATH || algo == CUDNN_FMA_MATH;
 }
 
 /// Whether cuDNN's algorithm transforms its operands (FFT, Winograd) and multiplies the
@@ -199,20 +200,21 @@ inline conv_plan make_conv_plan(cuda_context& ctx, const conv_geometry& g, cudnn
   }
   const conv_descriptors& d = plan.d;
   int count = 0;
+  cudnnMathType_t chosen = math;
   if (pass == conv_pass::forward) {
     cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
     check(cudnnGetConvolutionForwardAlgorithm_v7(ctx.dnn(), d.x.get(), d.w.get(), d.conv.get(), d.y.get(),
                                                  CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf),
           "cudnnGetConvolutionForwardAlgorithm_v7");
     const auto a = pick_algorithm(perf, count, math, exact, ctx.conv_workspace_limit(), name);
-    plan.algo = int(a.algo), plan.workspace = a.memory;
+    plan.algo = int(a.algo), plan.workspace = a.memory, chosen = a.mathType;
   } else if (pass == conv_pass::backward_data) {
     cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     check(cudnnGetConvolutionBackwardDataAlgorithm_v7(ctx.dnn(), d.w.get(), d.y.get(), d.conv.get(), d.x.get(),
                                                       CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perf),
           "cudnnGetConvolutionBackwardDataAlgorithm_v7");
     const auto a = pick_algorithm(perf, count, math, exact, ctx.conv_workspace_limit(), name);
-    plan.algo = int(a.algo), plan.workspace = a.memory;
+    plan.algo = int(a.algo), plan.workspace = a.memory, chosen = a.mathType;
   } else {
     cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     check(cudnnGetConvolutionBackwardFilterAlgorithm_v7(ctx.dnn(), d.x.get(), d.y.get(), d.conv.get(),
@@ -220,8 +222,13 @@ inline conv_plan make_conv_plan(cuda_context& ctx, const conv_geometry& g, cudnn
                                                         &count, perf),
           "cudnnGetConvolutionBackwardFilterAlgorithm_v7");
     const auto a = pick_algorithm(perf, count, math, exact, ctx.conv_workspace_limit(), name);
-    plan.algo = int(a.algo), plan.workspace = a.memory;
+    plan.algo = int(a.algo), plan.workspace = a.memory, chosen = a.mathType;
   }
+  // The heuristic ranks each algorithm under the descriptor's math and under the default
+  // math; its workspace size and determinism are those of the math it was reported with, so
+  // the descriptor takes that math (under a 16-bit policy the default math is tensor-core
+  // math too; under exact float only FMA entries are taken: math_allowed).
+  if (chosen != math) check(cudnnSetConvolutionMathType(d.conv.get(), chosen), "cudnnSetConvolutionMathType");
   return plan;
 }
 
