@@ -47,6 +47,8 @@ namespace dbnet {
 /// A batch's targets in device memory (targets' four maps, each [N, 1, H, W]).
 struct device_targets {
   device_tensor<float, 4> shrink, shrink_mask, thresh, thresh_mask;
+  /// The four maps, for the key of a step captured as a CUDA graph (nn::trainer).
+  auto tensors() const { return std::tie(shrink, shrink_mask, thresh, thresh_mask); }
 };
 
 namespace detail::cuda {

@@ -186,7 +186,9 @@ struct twins {
   std::vector<device_tensor<S, 2>> xs;
   std::vector<device_tensor<std::int32_t, 1>> ts;
 
-  twins(cuda_context& ctx, const adamw_options& o, std::size_t table)
+  // `table`: the number of steps at the options' learning rate, or each step's rate.
+  template <class Table>
+  twins(cuda_context& ctx, const adamw_options& o, const Table& table)
       : o1(ctx, eager.masters(), eager.gradients(), o, eager.decay_mask(), table),
         o2(ctx, graph.masters(), graph.gradients(), o, graph.decay_mask(), table) {
     nn::copy_masters(ctx, host, eager);
@@ -215,11 +217,15 @@ struct twins {
   }
 };
 
-// The same steps eagerly and through a captured graph: the same bits.
+// The same steps eagerly and through a captured graph: the same bits. The learning rate
+// rises step by step (a warm-up's table), so that a replay that kept the captured step's
+// rate would move the masters otherwise.
 template <class P, class Scaler>
 void check_graph(cuda_context& ctx, const std::string& tag) {
   using S = typename P::storage_type;
-  twins<P, Scaler> w(ctx, {.lr = 3e-3}, 16);
+  std::vector<double> warmup(16);
+  for (std::size_t i = 0; i < warmup.size(); ++i) warmup[i] = 3e-3 * double(i + 1) / double(warmup.size());
+  twins<P, Scaler> w(ctx, {.lr = 3e-3}, warmup);
   nn::trainer t1(ctx, w.eager, w.l1, w.o1, w.s1, {.max_grad_norm = 0.5});
   nn::trainer t2(ctx, w.graph, w.l2, w.o2, w.s2, {.max_grad_norm = 0.5});
   auto xb = to_device(w.data[0].x);
@@ -234,6 +240,7 @@ void check_graph(cuda_context& ctx, const std::string& tag) {
   const auto r2 = t2.records(ctx);
   w.expect_same_bits(tag + " graph", ctx, t1.records(ctx), r2, steps);
   expect(r2.size() == steps && r2[2].skipped, tag + " graph: the replayed infinite batch is skipped");
+  expect(r2.size() == steps && r2[1].lr != r2[3].lr, tag + " graph: replayed steps take the table's rates");
   // The captured inputs fitted to another shape in place (the same buffer): refused, never
   // replayed on the old sizes; fitted back, the graph replays again.
   xb.fit({batch / 2, features});
@@ -281,9 +288,14 @@ void check_graph_option(cuda_context& ctx, const std::string& tag) {
 // masters with the eager steps' bits; and an evaluation pass after them (reading batch norm's
 // running statistics, where the model has one) with the eager model's. `w` names the checks;
 // with `all_applied`, every step must be applied with a finite loss.
+// With `toggle_keep`, the captured model's blocks keep their buffers for the first two steps
+// (on a pair of tensors A: eager, then captured) and lend them from the third on, stepping a
+// pair B and A in turn: B's eager step frees the buffers A's graph was captured with, so A's
+// next step must run eagerly, not replay into freed memory; the fifth step (B) is captured,
+// so one graph is left there too.
 template <class P, class Scaler, class Blueprint, class S = typename P::storage_type>
 void check_graph_replay(cuda_context& ctx, const std::string& w, const Blueprint& blueprint,
-                        const std::vector<batch_data_r<S, 4>>& data, bool all_applied) {
+                        const std::vector<batch_data_r<S, 4>>& data, bool all_applied, bool toggle_keep = false) {
   std::vector<device_tensor<S, 4>> xs;
   std::vector<device_tensor<std::int32_t, 1>> ts;
   for (const auto& d : data) {
@@ -301,9 +313,14 @@ void check_graph_replay(cuda_context& ctx, const std::string& w, const Blueprint
   Scaler s1, s2;
   nn::trainer t1(ctx, eager, l1, o1, s1, {.max_grad_norm = 0.5});
   nn::trainer t2(ctx, graph, l2, o2, s2, {.max_grad_norm = 0.5, .graph = true});
-  auto xb = to_device(data[0].x);
-  auto tb = to_device(data[0].t);
+  auto xa = to_device(data[0].x), xb2 = to_device(data[0].x);
+  auto ta = to_device(data[0].t), tb2 = to_device(data[0].t);
+  if (toggle_keep) graph.keep_gradient_buffers(true);
   for (std::size_t i = 0; i < steps; ++i) {
+    if (toggle_keep && i == 2) graph.keep_gradient_buffers(false);
+    const bool second = toggle_keep && i >= 2 && i % 2 == 0;
+    auto& xb = second ? xb2 : xa;
+    auto& tb = second ? tb2 : ta;
     check(cudaMemcpyAsync(xb.data(), xs[i].data(), xb.size() * sizeof(S), cudaMemcpyDeviceToDevice, ctx.stream()),
           "cudaMemcpyAsync");
     check(cudaMemcpyAsync(tb.data(), ts[i].data(), tb.size() * sizeof(std::int32_t), cudaMemcpyDeviceToDevice,
@@ -576,6 +593,11 @@ int main() {
   check_graph_replay<presets::bf16_mixed, no_scaling>(ctx, "vit bf16_mixed under the graph option",
                                                       vit::blueprint<4>(c), batches<bfloat16, 4>({32, 1, 16, 16}),
                                                       false);
+  // The same with the captured model's blocks keeping their buffers for a first graph, then
+  // lending them on two pairs of tensors.
+  check_graph_replay<presets::bf16_mixed, no_scaling>(ctx, "vit bf16_mixed, graphs across keep and lend",
+                                                      vit::blueprint<4>(c), batches<bfloat16, 4>({32, 1, 16, 16}),
+                                                      false, true);
   // A model with a dropout cannot be captured: a replay would repeat its mask.
   {
     using P = presets::bf16_mixed;

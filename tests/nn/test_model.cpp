@@ -1,19 +1,24 @@
 // nn blueprints and models: every layer's and block's backward against central differences
 // in float64, the types nn::build resolves from policy maps (static_asserts), the casts it
 // inserts, paths, describe's table, the join semantics (added in float, rounded once), bad
-// input refused before anything runs, and the same bits on 1 and 2 threads.
+// input refused before anything runs, the same bits on 1 and 2 threads, and what a captured
+// CUDA graph's validity and key depend on (reallocations counted, the tensors a batch holds).
 #include <precis/precis.hpp>
 
 #include <doctest/doctest.h>
 
 #include "gradcheck.hpp"
 
+#include <array>
 #include <bit>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <random>
 #include <string>
+#include <tuple>
 #include <type_traits>
+#include <vector>
 
 using namespace precis;
 using precis_test::check_gradients;
@@ -645,4 +650,93 @@ TEST_CASE("nn::repeat's blocks lend each other their gradient buffers: the bits 
   lend.keep_gradient_buffers(false);
   (void)train_l.step(ctx, x, y, monitor);
   CHECK(!lend.keeps_gradient_buffers());
+}
+
+namespace {
+
+// A device buffer as gradient_buffer sees one: a capacity (device_tensor's), no resize.
+struct fake_device_buffer {
+  std::size_t held = 0;
+  std::size_t capacity() const { return held; }
+};
+
+// Targets of two tensors: one struct naming them (visible to a graph's key), one not.
+struct named_targets {
+  host_tensor<float, 2> a;
+  host_tensor<std::int32_t, 1> b;
+  auto tensors() const { return std::tie(a, b); }
+};
+struct unnamed_targets {
+  host_tensor<float, 2> a;
+};
+
+}  // namespace
+
+TEST_CASE("what invalidates a captured step: a changed keep setting and a freed device buffer count as "
+          "reallocations; keeping the setting or freeing nothing does not") {
+  const auto count = [] { return nn::detail::device_reallocations.load(); };
+  auto m = nn::build<float, 2>(presets::fp32{}, nn::seq(nn::linear(4, 4), nn::relu()), {.seed = 1});
+  auto before = count();
+  m.keep_gradient_buffers(false);  // as built
+  CHECK(count() == before);
+  m.keep_gradient_buffers(true);
+  CHECK(count() == before + 1);
+  m.keep_gradient_buffers(true);
+  CHECK(count() == before + 1);
+  m.keep_gradient_buffers(false);
+  CHECK(count() == before + 2);
+
+  fake_device_buffer held{64}, empty{};
+  const auto release_held = nn::detail::gradient_buffer_of(held);
+  const auto release_empty = nn::detail::gradient_buffer_of(empty);
+  before = count();
+  release_empty.release(release_empty.tensor);
+  CHECK(count() == before);
+  release_held.release(release_held.tensor);
+  CHECK(count() == before + 1);
+  CHECK(held.capacity() == 0);
+  release_held.release(release_held.tensor);  // freed already
+  CHECK(count() == before + 1);
+  // A host tensor (resizable) frees host memory: no graph holds it.
+  host_tensor<float, 1> host(std::array<std::size_t, 1>{8});
+  const auto release_host = nn::detail::gradient_buffer_of(host);
+  release_host.release(release_host.tensor);
+  CHECK(count() == before + 1);
+  CHECK(host.size() == 0);
+}
+
+TEST_CASE("a captured step's key holds every tensor its inputs and targets hold: each input of several, a "
+          "targets struct's tensors(); another buffer or shape gives another key") {
+  using nn::detail::graph_key_append;
+  using nn::detail::graph_key_visible;
+  static_assert(graph_key_visible<host_tensor<float, 2>>());
+  static_assert(graph_key_visible<std::tuple<const host_tensor<float, 2>*, const host_tensor<float, 3>*>>());
+  static_assert(graph_key_visible<named_targets>());
+  static_assert(!graph_key_visible<unnamed_targets>());
+  static_assert(!graph_key_visible<std::tuple<host_tensor<float, 2>>>());  // values, not pointers
+  static_assert(!graph_key_visible<std::array<float, 4>>());
+
+  host_tensor<float, 2> x(std::array<std::size_t, 2>{2, 3});
+  host_tensor<float, 3> z(std::array<std::size_t, 3>{2, 1, 5});
+  const auto key_of = [](const auto& v) {
+    std::vector<const void*> k;
+    graph_key_append(k, v);
+    return k;
+  };
+  const auto word = [](std::size_t e) { return reinterpret_cast<const void*>(static_cast<std::uintptr_t>(e)); };
+  CHECK(key_of(x) == std::vector<const void*>{&x, x.data(), word(2), word(3)});
+  // Several inputs: each pointee, in order.
+  const std::tuple<const host_tensor<float, 2>*, const host_tensor<float, 3>*> both{&x, &z};
+  CHECK(key_of(both) ==
+        std::vector<const void*>{&x, x.data(), word(2), word(3), &z, z.data(), word(2), word(1), word(5)});
+  const auto before = key_of(both);
+  z = host_tensor<float, 3>(std::array<std::size_t, 3>{2, 1, 6});  // made again at the same address
+  CHECK(key_of(both) != before);
+  // A struct of targets: its tensors'.
+  named_targets t{host_tensor<float, 2>(std::array<std::size_t, 2>{2, 2}),
+                  host_tensor<std::int32_t, 1>(std::array<std::size_t, 1>{2})};
+  const auto tk = key_of(t);
+  CHECK(tk == std::vector<const void*>{&t.a, t.a.data(), word(2), word(2), &t.b, t.b.data(), word(2)});
+  t.b = host_tensor<std::int32_t, 1>(std::array<std::size_t, 1>{3});
+  CHECK(key_of(t) != tk);
 }

@@ -258,10 +258,12 @@ class model {
   /// repeated blocks of an nn::repeat lend theirs to each other (false, as built: see
   /// repeat_block), which leaves the backward buffers of an nn::repeat's blocks 3 to N - 1
   /// empty between passes. precis::diagnostics reads every layer's: nn::trainer keeps them in
-  /// the steps it runs under a monitor. Takes effect from the next backward pass that runs
-  /// (a step replayed from a CUDA graph repeats the passes it captured: see
-  /// nn::trainer::forget_graphs).
+  /// the steps it runs under a monitor. Takes effect from the next backward pass. A change
+  /// of the setting counts as a reallocation of device buffers
+  /// (detail::device_reallocations): nn::trainer's CUDA graphs captured before it run one
+  /// eager step, which gives the blocks the buffers the setting says, and are captured again.
   void keep_gradient_buffers(bool keep) {
+    if (keep != keep_) detail::device_reallocations.fetch_add(1, std::memory_order_relaxed);
     keep_ = keep;
     walk(root_, root_path(), [&](const std::string&, auto& node) {
       if constexpr (requires { node.share_gradient_buffers(true); }) node.share_gradient_buffers(!keep);

@@ -429,13 +429,14 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
       throw error("precis::nn::trainer::capture: run one step() on tensors of these shapes first");
     }
     const batch_type b{inputs, targets};
+    std::vector<const void*> key;
+    append_key(key, b);  // before the capture: it may refuse the targets
     cudaGraphExec_t exec = capture_graph(ctx, std::span<const batch_type>(&b, 1));
     if (graph_ != nullptr) (void)cudaGraphExecDestroy(graph_);
     graph_ = exec;
     graph_reallocations_ = detail::device_reallocations.load(std::memory_order_relaxed);
     graph_workspace_ = ctx.workspace_address();
-    graph_key_.clear();
-    append_key(graph_key_, b);
+    graph_key_ = std::move(key);
   }
   /// Runs the captured step once more, on ctx's stream. Throws precis::error without a
   /// capture, when a device buffer of any model took another shape or ctx's workspace was
@@ -519,26 +520,21 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
       model_->refresh(ctx);
     }
   }
-  // A tensor's buffer (a struct of tensors: none).
-  template <class T>
-  static const void* buffer_of(const T& t) {
-    if constexpr (requires { t.data(); }) {
-      return t.data();
-    } else {
-      return nullptr;
-    }
-  }
-  // Appends what a graph of micro-batch b depends on to `key`: its objects, their buffers and
-  // their extents (a tensor fitted to another shape in place keeps its buffer), as words.
+  // Appends what a graph of micro-batch b depends on to `key`: the inputs' and targets'
+  // objects (what replay() reads them back from), then each tensor they hold, its address,
+  // buffer and extents (detail::graph_key_append: a tuple of pointers, several inputs, gives
+  // each pointee's; a struct of targets its tensors()'). Throws precis::error for targets
+  // whose tensors the key cannot see (a struct without tensors()): a graph keyed on the
+  // struct's address alone would replay on the tensors it held at the capture.
   static void append_key(std::vector<const void*>& key, const batch_type& b) {
-    key.insert(key.end(), {&b.inputs, &b.targets, buffer_of(b.inputs), buffer_of(b.targets)});
-    const auto extents = [&](const auto& t) {
-      if constexpr (requires { t.shape(); }) {
-        for (const auto e : t.shape()) key.push_back(reinterpret_cast<const void*>(static_cast<std::uintptr_t>(e)));
-      }
-    };
-    extents(b.inputs);
-    extents(b.targets);
+    key.insert(key.end(), {&b.inputs, &b.targets});
+    if constexpr (detail::graph_key_visible<input_tensor>() && detail::graph_key_visible<target_tensor>()) {
+      detail::graph_key_append(key, b.inputs);
+      detail::graph_key_append(key, b.targets);
+    } else {
+      throw error("precis::nn::trainer: a step captured as a CUDA graph is keyed on the tensors its inputs and "
+                  "targets hold; give the targets' type a tensors() member returning std::tie of its tensors");
+    }
   }
   // Throws precis::error for inputs the model refuses in training or targets the loss refuses.
   void check_batch(const input_tensor& inputs, const target_tensor& targets) const {

@@ -359,6 +359,14 @@ struct gradient_buffer {
   void (*release)(void*);
 };
 
+/// How many times a layer's device buffer (its outputs, saved tensors, a float8 layer's
+/// quantised copies, a loss's scratch) took another shape (a batch of another size),
+/// reallocated or within its memory, or was freed (a lent gradient buffer released,
+/// gradient_buffer::release), and how many times a model's keep_gradient_buffers setting
+/// changed (which buffers its next pass holds): a captured CUDA graph holds the old addresses
+/// and sizes, so nn::trainer replays none captured before the count last changed.
+inline std::atomic<std::uint64_t> device_reallocations{0};
+
 template <class T>
 gradient_buffer gradient_buffer_of(T& t) {
   return {&t,
@@ -367,9 +375,14 @@ gradient_buffer gradient_buffer_of(T& t) {
             swap(*static_cast<T*>(a), *static_cast<T*>(b));
           },
           [](void* a) {
+            T& held = *static_cast<T*>(a);
+            if constexpr (requires { held.capacity(); }) {
+              // A device buffer freed: a graph captured while it was there would write into it.
+              if (held.capacity() != 0) device_reallocations.fetch_add(1, std::memory_order_relaxed);
+            }
             T empty;
             using std::swap;
-            swap(*static_cast<T*>(a), empty);
+            swap(held, empty);
           }};
 }
 
@@ -448,16 +461,6 @@ shape_t<N> shape_of(const X& x) {
   for (std::size_t i = 0; i < N; ++i) s[i] = std::size_t(x.shape()[i]);
   return s;
 }
-
-namespace detail {
-
-/// How many times a layer's device buffer (its outputs, saved tensors, a float8 layer's
-/// quantised copies, a loss's scratch) took another shape (a batch of another size),
-/// reallocated or within its memory: a captured CUDA graph holds the old addresses and sizes,
-/// so nn::trainer::replay() refuses to run one captured before the count last changed.
-inline std::atomic<std::uint64_t> device_reallocations{0};
-
-}  // namespace detail
 
 /// Resizes `t` to `shape` unless it already has it (buffers are reused across steps). A
 /// device tensor keeps its memory where it holds the new shape (device_tensor::fit: a

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -115,6 +116,59 @@ constexpr bool trainer_parts_fit() {
   static_assert(Model::output_rank == Loss::input_rank,
                 "precis: the loss reads tensors of another rank than the model gives");
   return check_scaler<typename Loss::policy_type, Scaler>();
+}
+
+/// Whether T is a std::tuple.
+template <class T>
+struct is_std_tuple : std::false_type {};
+template <class... U>
+struct is_std_tuple<std::tuple<U...>> : std::true_type {};
+
+/// Whether a CUDA graph's key can see every buffer that value v of type T reads
+/// (graph_key_append): a tensor; a tuple of pointers to tensors (a model of several
+/// inputs); a struct that names its tensors with tensors() (a tuple of references, as
+/// std::tie gives).
+template <class T>
+constexpr bool graph_key_visible() {
+  if constexpr (requires(const T& v) {
+                  v.data();
+                  v.shape();
+                }) {
+    return true;
+  } else if constexpr (requires(const T& v) { v.tensors(); }) {
+    return []<class... U>(std::type_identity<std::tuple<U...>>) {
+      return (graph_key_visible<std::remove_cvref_t<U>>() && ...);
+    }(std::type_identity<decltype(std::declval<const T&>().tensors())>{});
+  } else if constexpr (is_std_tuple<T>::value) {
+    return []<class... U>(std::type_identity<std::tuple<U...>>) {
+      return ((std::is_pointer_v<U> && graph_key_visible<std::remove_cvref_t<std::remove_pointer_t<U>>>()) && ...);
+    }(std::type_identity<T>{});
+  } else {
+    return false;
+  }
+}
+
+/// Appends to `key` what a CUDA graph captured with value v reads through it: for each
+/// tensor it holds (itself; each pointee of a tuple of pointers; each of a struct's
+/// tensors()), the tensor's address, its buffer and its extents, as words. A tensor made
+/// again at an old one's address holds another buffer, and one fitted to another shape in
+/// place other extents: either gives another key. Only for graph_key_visible types.
+template <class T>
+void graph_key_append(std::vector<const void*>& key, const T& v) {
+  static_assert(graph_key_visible<T>(), "precis: graph_key_append reads tensors, tuples of pointers to them, and "
+                                        "structs whose tensors() names theirs");
+  if constexpr (requires {
+                  v.data();
+                  v.shape();
+                }) {
+    key.push_back(&v);
+    key.push_back(v.data());
+    for (const auto e : v.shape()) key.push_back(reinterpret_cast<const void*>(static_cast<std::uintptr_t>(e)));
+  } else if constexpr (requires { v.tensors(); }) {
+    std::apply([&](const auto&... t) { (graph_key_append(key, t), ...); }, v.tensors());
+  } else {
+    std::apply([&](const auto*... p) { (graph_key_append(key, *p), ...); }, v);
+  }
 }
 
 /// What every trainer (host or device) checks of each micro-batch before a step changes
