@@ -632,11 +632,16 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
     return detail::device_reallocations.load(std::memory_order_relaxed) == reallocations &&
            ctx.workspace_address() == workspace;
   }
-  // Runs a captured step on ctx's stream.
+  // Runs a captured step on ctx's stream. The step's place in the optimizer's table is taken
+  // just before the launch and given back when the launch fails (nothing ran).
   void launch(cuda_context& ctx, cudaGraphExec_t exec) {
-    opt_->reserve_replay();  // the captured step's place in the optimizer's table
     make_room(ctx);
-    check(cudaGraphLaunch(exec, ctx.stream()), "cudaGraphLaunch");
+    opt_->reserve_replay();
+    const cudaError_t e = cudaGraphLaunch(exec, ctx.stream());
+    if (e != cudaSuccess) {
+      opt_->release_capture();
+      check(e, "cudaGraphLaunch");
+    }
     ++queued_;
   }
   // Reads the ring when the next step would overwrite a record not yet read.
