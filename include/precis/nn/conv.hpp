@@ -279,28 +279,31 @@ class conv_base : public layer_base<Tag, P, op::conv, 4, 4, Ctx> {
   }
   /// y = round(sums + bias) with sums = run(policy, x, w, sums, p) in the math type: the
   /// product without rounding, then the bias and one rounding. `policy` is a
-  /// std::type_identity of the policy the product runs under: P with the parameters p, or
-  /// off the host, where x and the weight are first converted to float copies (cuDNN's
-  /// output has the inputs' type), precis::detail::widened_conv_policy with
-  /// exact_products set (TF32 tensor cores, exact products on those values).
+  /// std::type_identity of the policy the product runs under: P with the parameters p (the
+  /// sums in the layer's buffer), or off the host with 16-bit x, where x and the weight are
+  /// first converted to float copies (cuDNN's output has the inputs' type), under
+  /// precis::detail::widened_conv_policy with exact_products set (TF32 tensor cores, exact
+  /// products on those values). The copies and the sums are then stream-ordered scratch of
+  /// the call: held as buffers they would keep three float images per layer between steps
+  /// (over 400 MiB for each of DBNet's heads' transposed convolutions at 640 x 640, batch 16).
   template <class Run>
   void forward_biased(context_ref_t<Ctx> ctx, const tensor<S>& x, const shape_t<4>& out, const conv2d_params& p,
                       Run&& run) {
     using io = context_traits<Ctx>;
     const auto& w = weight_.value();
-    ensure(sums_, out);
     if constexpr (on_host || std::is_same_v<S, math_type>) {
+      ensure(sums_, out);
       run(std::type_identity<P>{}, x, w, sums_, p);
+      io::add_channel_bias(ctx, sums_, bias_.value(), y_, params_.layout);
     } else {
-      ensure(xf_, shape_of<4>(x));
-      ensure(wf_, shape_of<4>(w));
-      io::cast(ctx, x, xf_);
-      io::cast(ctx, w, wf_);
+      tensor<float> xf(shape_of<4>(x), ctx.stream()), wf(shape_of<4>(w), ctx.stream()), sums(out, ctx.stream());
+      io::cast(ctx, x, xf);
+      io::cast(ctx, w, wf);
       conv2d_params exact = p;
       exact.exact_products = true;
-      run(std::type_identity<precis::detail::widened_conv_policy>{}, xf_, wf_, sums_, exact);
+      run(std::type_identity<precis::detail::widened_conv_policy>{}, xf, wf, sums, exact);
+      io::add_channel_bias(ctx, sums, bias_.value(), y_, params_.layout);
     }
-    io::add_channel_bias(ctx, sums_, bias_.value(), y_, params_.layout);
   }
   /// backward() of the layer named `kind`: dx and dw = both(x, dy, w, dx, dw), or, where
   /// !input_gradient, dw = weights(x, dy, dw) alone (the input-gradient buffer is then
@@ -336,8 +339,7 @@ class conv_base : public layer_base<Tag, P, op::conv, 4, 4, Ctx> {
            (bias_on_ ? "" : " no bias") + (params_.layout == image_layout::nhwc ? " nhwc" : "");
   }
   std::size_t buffer_bytes() const {
-    return bytes_of(y_) + bytes_of(dx_) + bytes_of(dw_) + bytes_of(db_) + bytes_of(sums_) + bytes_of(xf_) +
-           bytes_of(wf_);
+    return bytes_of(y_) + bytes_of(dx_) + bytes_of(dw_) + bytes_of(db_) + bytes_of(sums_);
   }
   // The kernels' math type: float, or double under a double policy.
   using math_type = precis::detail::math_t<op::conv, P, S, S>;
@@ -378,8 +380,7 @@ class conv_base : public layer_base<Tag, P, op::conv, 4, 4, Ctx> {
   tensor<G> dw_;
   tensor<G, 1> db_;
   saved<tensor<S>> x_;
-  tensor<math_type> sums_;  // with a bias where no kernel fuses it: the sums before the bias
-  tensor<float> xf_, wf_;   // with a bias on the device: float copies of x and the weight
+  tensor<math_type> sums_;  // with a bias where no kernel fuses it (but 16-bit on the device): the sums before the bias
 };
 
 }  // namespace detail

@@ -32,9 +32,11 @@
 
 #if PRECIS_CUDA
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -186,6 +188,13 @@ struct conv_plan {
 inline conv_plan make_conv_plan(cuda_context& ctx, const conv_geometry& g, cudnnDataType_t type,
                                 cudnnMathType_t math, bool exact, conv_pass pass, std::string_view name,
                                 std::size_t element_bytes) {
+  // cuDNN's convolution descriptors count elements in 32 bits.
+  for (const auto& [what, count] : {std::pair{"x", g.n * g.c * g.h * g.w}, std::pair{"y", g.n * g.co * g.ho * g.wo}}) {
+    if (count > std::size_t(std::numeric_limits<std::int32_t>::max())) {
+      throw error(std::string(name) + ": " + what + " has " + std::to_string(count) +
+                  " elements; cuDNN's convolutions take fewer than 2^31 (split the batch)");
+    }
+  }
   conv_plan plan{conv_descriptors(g, type, math)};
   if (g.channels_last()) {
     // Made with the plan, before any capture: the first call of a shape runs eagerly.
@@ -229,6 +238,23 @@ inline conv_plan make_conv_plan(cuda_context& ctx, const conv_geometry& g, cudnn
   // the descriptor takes that math (under a 16-bit policy the default math is tensor-core
   // math too; under exact float only FMA entries are taken: math_allowed).
   if (chosen != math) check(cudnnSetConvolutionMathType(d.conv.get(), chosen), "cudnnSetConvolutionMathType");
+  // The workspace cuDNN asks for the algorithm under that math, where it says more than the
+  // ranking did.
+  std::size_t asked = 0;
+  if (pass == conv_pass::forward) {
+    check(cudnnGetConvolutionForwardWorkspaceSize(ctx.dnn(), d.x.get(), d.w.get(), d.conv.get(), d.y.get(),
+                                                  cudnnConvolutionFwdAlgo_t(plan.algo), &asked),
+          "cudnnGetConvolutionForwardWorkspaceSize");
+  } else if (pass == conv_pass::backward_data) {
+    check(cudnnGetConvolutionBackwardDataWorkspaceSize(ctx.dnn(), d.w.get(), d.y.get(), d.conv.get(), d.x.get(),
+                                                       cudnnConvolutionBwdDataAlgo_t(plan.algo), &asked),
+          "cudnnGetConvolutionBackwardDataWorkspaceSize");
+  } else {
+    check(cudnnGetConvolutionBackwardFilterWorkspaceSize(ctx.dnn(), d.x.get(), d.y.get(), d.conv.get(), d.w.get(),
+                                                         cudnnConvolutionBwdFilterAlgo_t(plan.algo), &asked),
+          "cudnnGetConvolutionBackwardFilterWorkspaceSize");
+  }
+  plan.workspace = std::max(plan.workspace, asked);
   return plan;
 }
 
@@ -248,8 +274,16 @@ void run_conv(cuda_context& ctx, conv_pass pass, const conv_geometry& g, const T
       std::int64_t(g.kw), std::int64_t(g.ho), std::int64_t(g.wo), std::int64_t(g.p.stride[0]),
       std::int64_t(g.p.stride[1]), std::int64_t(g.p.padding[0]), std::int64_t(g.p.padding[1]),
       std::int64_t(g.p.dilation[0]), std::int64_t(g.p.dilation[1]), std::int64_t(g.groups)};
-  const conv_plan& plan = ctx.plan<conv_plan>(
-      key, [&] { return make_conv_plan(ctx, g, dnn_type<T>(), math, exact, pass, name, sizeof(T)); });
+  const conv_plan& plan = ctx.plan<conv_plan>(key, [&] {
+    // A plan allocates (the channels-last filter) and asks cuDNN, which a stream being
+    // captured into a CUDA graph must not see.
+    if (ctx.capturing()) {
+      throw error(std::string(name) +
+                  ": a convolution of a geometry without a plan while the stream is captured into a CUDA graph; "
+                  "run it once before capturing it");
+    }
+    return make_conv_plan(ctx, g, dnn_type<T>(), math, exact, pass, name, sizeof(T));
+  });
   const conv_descriptors& d = plan.d;
   void* ws = plan.workspace != 0 ? ctx.workspace(plan.workspace) : nullptr;
   const float one = 1.0F, zero = 0.0F;
