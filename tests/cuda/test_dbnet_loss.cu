@@ -1,7 +1,8 @@
 // DBNet's loss and training step on the device against the host (examples/dbnet): the
 // device loss on the same inputs (the value and its three terms within a float sum's bound,
 // the same hard negatives, ties and NaN terms included, and at the selection's edges: no
-// positives, no negatives, every negative kept; the gradients within their types' bounds),
+// positives, no negatives, every negative kept, none kept; past one tile of CUB's sort; one
+// loss reused across batch sizes; the gradients within their types' bounds),
 // the waived float16 binarization's NaN gradients, the waived float16 sums in the host's
 // index order, and a DBNet at width 8 trained
 // for three steps on both sides under fp32, bf16_mixed and fp16_mixed. Exits 77 (skipped)
@@ -64,12 +65,15 @@ dbnet::device_targets upload(const dbnet::targets& t) {
 }
 
 template <class LP, class BP, class T>
-void check_loss(cuda_context& ctx, const std::string& tag, const batch<T>& b, double dloss = 1.0,
-                bool finite = true, const dbnet::loss_options& o = {}) {
+using device_loss = dbnet::basic_loss<LP, BP, nn::values<nn::sig<T, T, 4>, nn::sig<T, T, 4>>, cuda_context>;
+
+// The device loss `device` (made with `o`) against a host loss on batch b.
+template <class LP, class BP, class T>
+void check_loss_on(cuda_context& ctx, const std::string& tag, const batch<T>& b, device_loss<LP, BP, T>& device,
+                   double dloss = 1.0, bool finite = true, const dbnet::loss_options& o = {}) {
   using sig = nn::values<nn::sig<T, T, 4>, nn::sig<T, T, 4>>;
   const cpu_context cpu{2};
   dbnet::basic_loss<LP, BP, sig> host(o);
-  dbnet::basic_loss<LP, BP, sig, cuda_context> device(o);
   const double want = double(host.forward(cpu, std::tuple{&b.x, &b.t}, b.y));
   const auto [hx, ht] = host.backward(cpu, dloss);
   const auto x = to_device(b.x), t = to_device(b.t);
@@ -96,6 +100,13 @@ void check_loss(cuda_context& ctx, const std::string& tag, const batch<T>& b, do
   // scalars (a float sum's bound apart) in it.
   compare(tag + " dP", ctx, *dx, *hx, 8 * bound<T>() + 4 * sum_bound);
   compare(tag + " dT", ctx, *dt, *ht, 8 * bound<T>() + 4 * sum_bound);
+}
+// A device loss of its own against the host's on batch b.
+template <class LP, class BP, class T>
+void check_loss(cuda_context& ctx, const std::string& tag, const batch<T>& b, double dloss = 1.0,
+                bool finite = true, const dbnet::loss_options& o = {}) {
+  device_loss<LP, BP, T> device(o);
+  check_loss_on<LP, BP>(ctx, tag, b, device, dloss, finite, o);
 }
 
 // The seed's loss configuration (float16 everywhere, rule fp32_operation waived) and its edge.
@@ -230,10 +241,28 @@ int main() {
     auto no_l1 = make_batch<float>(1, 20, 24, 11);
     for (auto& v : no_l1.y.thresh_mask) v = 0.0F;
     check_loss<f32_loss, f32_bin>(ctx, "fp32 with an empty threshold mask", no_l1);
+    check_loss<f32_loss, f32_bin>(ctx, "fp32 keeping no negative", make_batch<float>(1, 20, 24, 13), 1.0, true,
+                                  {.negative_ratio = 0});
+  }
+  {
+    // Past one tile of CUB's radix sort (its multi-block passes, ties at the cut across
+    // tiles), the launch caps of the grid-stride loops (2^20 elements) and of the sums' blocks
+    // (2^22): 4.2M pixels whose logits take four values.
+    check_loss<f32_loss, f32_bin>(ctx, "fp32 with ties, 4 x 1024 x 1024", make_batch<float>(4, 1024, 1024, 14, true));
+    // One device loss given a batch larger than its last and then a smaller one: its buffers
+    // grow and are reused, its counts start afresh.
+    device_loss<f32_loss, f32_bin, float> reused;
+    check_loss_on<f32_loss, f32_bin>(ctx, "fp32 reused, 1 x 20 x 24", make_batch<float>(1, 20, 24, 15), reused);
+    check_loss_on<f32_loss, f32_bin>(ctx, "fp32 reused, 2 x 256 x 256 with ties",
+                                     make_batch<float>(2, 256, 256, 16, true), reused);
+    check_loss_on<f32_loss, f32_bin>(ctx, "fp32 reused, 1 x 40 x 56", make_batch<float>(1, 40, 56, 17), reused);
   }
   using h_loss = kernel_policy_t<op::loss, presets::fp16_mixed>;
   using h_bin = kernel_policy_t<op::exp, presets::fp16_mixed>;
   check_loss<h_loss, h_bin>(ctx, "fp16_mixed", make_batch<float16>(2, 32, 32, 4), 65536.0);
+  // Random float16 logits over a million pixels: many terms equal (float16's grid), distinct
+  // ones far more than the device's exp and log1p ulps apart, so the kept set is exact.
+  check_loss<h_loss, h_bin>(ctx, "fp16_mixed, 4 x 512 x 512", make_batch<float16>(4, 512, 512, 12), 65536.0);
   using b_loss = kernel_policy_t<op::loss, presets::bf16_mixed>;
   using b_bin = kernel_policy_t<op::exp, presets::bf16_mixed>;
   check_loss<b_loss, b_bin>(ctx, "bf16_mixed", make_batch<bfloat16>(2, 32, 32, 6));
