@@ -56,6 +56,9 @@ export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 tests=()
 for t in "$BUILD"/tests/cuda/test_cuda_* "$BUILD"/tests/numeric/test_numeric_device; do
+  # The fused-attention test built without the cuDNN frontend is a build check: it only
+  # reports itself skipped, which here would read as a failure.
+  [[ "$t" == *_without_frontend ]] && continue
   # shellcheck disable=SC2053
   [[ "$(basename "$t")" == $TESTS ]] && tests+=("$t")
 done
