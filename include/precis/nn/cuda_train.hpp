@@ -419,7 +419,8 @@ class trainer<Model, Loss, Optimizer, Scaler, Schedule, cuda_context> {
   std::uint64_t graph_evictions() const { return graph_evictions_; }
 
   /// Records the step on `inputs` and `targets` as a CUDA graph instead of running it
-  /// (replacing one captured before); replay() runs it on whatever those tensors hold then.
+  /// (replacing one captured before); replay() runs it on whatever those tensors hold then,
+  /// so both objects must outlive the replays (replay() reads them to check their buffers).
   /// Needs an eager step() on tensors of the same shapes first (the buffers and cuBLASLt's
   /// plans are made there); throws precis::error otherwise, for a model with a dropout
   /// layer, or when capture fails. Each replay, not the capture, takes one step of the
