@@ -484,7 +484,7 @@ void check_micro_batches(cuda_context& ctx, const std::string& tag) {
 }
 
 // A device model's checkpoint in the host's format: trained two steps on the device, its
-// masters copied into a host model, its optimizer stored into a host AdamW and its scaler
+// state copied into a host model (nn::copy_state), its optimizer stored into a host AdamW and its scaler
 // written back, then save_checkpoint; loaded into fresh host objects, the same bits; and
 // back onto a fresh device model and optimizer, which continue with the first one's bits.
 template <class P>
@@ -509,7 +509,7 @@ void check_checkpoint(cuda_context& ctx) {
 
   auto host = nn::build<S, 2>(P{}, classifier(), {.seed = 99});  // other weights, overwritten
   adamw host_opt(host.masters(), o, host.decay_mask());
-  nn::copy_masters(ctx, dev, host);
+  nn::copy_state(ctx, dev, host);
   opt.store(ctx, host_opt);
   train.store_scaler(ctx);
   const auto file = std::filesystem::temp_directory_path() / "precis_test_device_checkpoint.bin";
@@ -527,7 +527,7 @@ void check_checkpoint(cuda_context& ctx) {
   expect(scaler2.scale() == scaler.scale(), "checkpoint: the scale round-trips");
 
   auto dev2 = nn::build<S, 2, cuda_context>(P{}, classifier(), {.seed = 7});
-  nn::copy_masters(ctx, host2, dev2);
+  nn::copy_state(ctx, host2, dev2);
   nn::softmax_cross_entropy<P, std::int32_t, cuda_context> loss2;
   device_adamw opt2(ctx, dev2.masters(), dev2.gradients(), o, dev2.decay_mask(), 16);
   opt2.load(ctx, host_opt2);
@@ -540,6 +540,42 @@ void check_checkpoint(cuda_context& ctx) {
   const auto r1 = train.records(ctx), r2 = train2.records(ctx);
   expect(!r1.empty() && !r2.empty() && r1.back().loss == r2.back().loss && r1.back().scale == r2.back().scale,
          "checkpoint: the restored step's record is the original's");
+}
+
+// nn::copy_state of an image model with a batch norm and a dropout layer: two training
+// passes on the device move the running statistics and the dropout's call count; the state
+// copied into a host model, through a checkpoint file into another host model, and onto a
+// device model of other weights and seed gives the first one's bits in evaluation (the
+// running statistics) and in training (the masks). A model whose layers hold other state
+// fields (no dropout) is refused, naming them.
+template <class P>
+void check_state_copy(cuda_context& ctx) {
+  using S = typename P::storage_type;
+  const auto blueprint = nn::seq(nn::conv2d(2, 8, 3, {.padding = {1, 1}}, nn::no_bias), nn::batch_norm(8),
+                                 nn::relu(), nn::dropout(0.25), nn::max_pool2d({.kernel = {2, 2}}), nn::flatten(),
+                                 nn::linear<fc2>(8 * 4 * 4, classes));
+  const auto data = batches<S, 4>({16, 2, 8, 8});
+  auto dev = nn::build<S, 4, cuda_context>(P{}, blueprint, {.seed = 3});
+  for (std::size_t i = 0; i < 2; ++i) (void)dev.forward(ctx, to_device(data[i].x));
+  auto host = nn::build<S, 4>(P{}, blueprint, {.seed = 99});
+  nn::copy_state(ctx, dev, host);
+  const auto file = std::filesystem::temp_directory_path() / "precis_test_device_state.bin";
+  save_checkpoint(file, host);
+  auto host2 = nn::build<S, 4>(P{}, blueprint, {.seed = 123});
+  load_checkpoint(file, host2);
+  std::filesystem::remove(file);
+  auto dev2 = nn::build<S, 4, cuda_context>(P{}, blueprint, {.seed = 7});
+  nn::copy_state(ctx, host2, dev2);
+  const auto x = to_device(data[2].x);
+  expect(same_bits(ctx, dev2.forward(ctx, x, nn::mode::eval), to_host(dev.forward(ctx, x, nn::mode::eval), ctx.stream())),
+         "copy_state: an evaluation pass (the running statistics) has the first model's bits");
+  expect(same_bits(ctx, dev2.forward(ctx, x), to_host(dev.forward(ctx, x), ctx.stream())),
+         "copy_state: a training pass (the dropout's masks) has the first model's bits");
+  auto other = nn::build<S, 4, cuda_context>(
+      P{}, nn::seq(nn::conv2d(2, 8, 3, {.padding = {1, 1}}, nn::no_bias), nn::batch_norm(8), nn::relu(),
+                   nn::max_pool2d({.kernel = {2, 2}}), nn::flatten(), nn::linear<fc2>(8 * 4 * 4, classes)));
+  expect_error("copy_state: a model without the dropout", [&] { nn::copy_state(ctx, dev, other); },
+               "other state fields");
 }
 
 }  // namespace
@@ -558,6 +594,7 @@ int main() {
   check_smaller_batch<presets::bf16_mixed>(ctx, "bf16_mixed");
   check_micro_batches<presets::fp16_mixed, dynamic_scaler>(ctx, "fp16_mixed");
   check_checkpoint<presets::fp16_mixed>(ctx);
+  check_state_copy<presets::bf16_mixed>(ctx);
   // Accuracy counted on the device as nn::count_correct counts on the host: ties to the
   // first largest value, only the first `rows` rows.
   {

@@ -123,10 +123,48 @@ void check_float8(cuda_context& ctx) {
     });
     expect(compared == 2, at + ": both layers' recipes compared");
   }
+  // nn::copy_state: the trained device model into a host model of other weights (its
+  // recipes then hold the device's state), and that into two device models, one before any
+  // pass (the recipes kept and made by its first) and one after a pass (replaced in place):
+  // a training pass of each gives the trained model's bits.
+  auto host2 = nn::build<bfloat16, 3>(presets::fp8_hybrid{}, blueprint, {.seed = 9});
+  nn::copy_state(ctx, dev, host2);
+  std::size_t copied = 0;
+  host2.for_each_layer([&](const std::string& path, const auto& h) {
+    if constexpr (requires { h.float8_products().input.amax_history(); }) {
+      dev.for_each_layer([&](const std::string& dpath, const auto& d) {
+        if constexpr (requires { d.float8_products().input->scale(); }) {
+          if (dpath == path) {
+            compare_recipe_states("copy_state to the host " + path, ctx, h.float8_products(), d.float8_products());
+            ++copied;
+          }
+        }
+      });
+    }
+  });
+  expect(copied == 2, "copy_state: both layers' recipes compared");
+  auto fresh = nn::build<bfloat16, 3, cuda_context>(presets::fp8_hybrid{}, blueprint, {.seed = 11});
+  auto used = nn::build<bfloat16, 3, cuda_context>(presets::fp8_hybrid{}, blueprint, {.seed = 12});
+  const auto xc = to_device(random_tensor<bfloat16, 3>({2, 16, 32}, 8.0F));
+  const auto dyc = to_device(random_tensor<bfloat16, 3>({2, 16, 16}, 100.0F));
+  (void)used.forward(ctx, xc);
+  nn::copy_state(ctx, host2, fresh);
+  nn::copy_state(ctx, host2, used);
+  const auto want_y = to_host(dev.forward(ctx, xc), ctx.stream());
+  const auto want_dx = to_host(dev.backward(ctx, dyc), ctx.stream());
+  for (auto* m : {&fresh, &used}) {
+    const std::string which = m == &fresh ? "copy_state before any pass" : "copy_state after a pass";
+    expect(same_bits(ctx, m->forward(ctx, xc), want_y), which + ": the forward pass's bits");
+    expect(same_bits(ctx, m->backward(ctx, dyc), want_dx), which + ": the input gradient's bits");
+  }
   // cuBLASLt's float8 products take multiples of 16: 20 features are refused, naming them.
   auto odd = nn::build<bfloat16, 2, cuda_context>(presets::fp8_hybrid{}, nn::linear<fc1>(20, 16));
   const auto x = to_device(random_tensor<bfloat16, 2>({16, 20}));
   expect_error("fp8_hybrid linear: 20 features", [&] { (void)odd.forward(ctx, x); }, "multiples of 16");
+  // And rows: 15 of them are refused by the layer's shape pass, naming the layer.
+  auto even = nn::build<bfloat16, 2, cuda_context>(presets::fp8_hybrid{}, nn::linear<fc1>(32, 16));
+  const auto rows15 = to_device(random_tensor<bfloat16, 2>({15, 32}));
+  expect_error("fp8_hybrid linear: 15 rows", [&] { (void)even.forward(ctx, rows15); }, "(linear) expects");
 }
 
 }  // namespace

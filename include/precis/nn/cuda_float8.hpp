@@ -33,6 +33,7 @@
 #include <atomic>
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 
@@ -65,6 +66,12 @@ struct device_float8_linear_state {
   device_tensor<backward_format, 2> dyq, dyq_t;         // rows x out, out x rows
   device_tensor<float, 1> saved;                        // 1 / s_x at 0, 1 / s_w at 4, 1 / s_dy at 8
   bool have_forward = false;
+  /// Recipes given by visit_state before the first pass, which makes the device's from them.
+  struct host_recipes {
+    delayed_scaling<forward_format> input, weight;
+    delayed_scaling<backward_format> grad_output;
+  };
+  std::optional<host_recipes> pending;
 
   std::size_t own_bytes() const {
     return bytes_of(xq) + bytes_of(wq) + bytes_of(xq_t) + bytes_of(wq_t) + bytes_of(dyq) + bytes_of(dyq_t) +
@@ -77,14 +84,50 @@ struct device_float8_linear_state {
                   "precis: float8 recipes on the device measure one process's amax so far; "
                   "set_amax_reducer applies to host models");
   }
-  /// Checkpoints of float8 recipes are the host's so far.
+  /// The host float8 layer's checkpoint fields (the recipes under "fp8.input.", "fp8.weight."
+  /// and "fp8.grad_output."), which nn::copy_state moves between a device model and a host
+  /// model. The recipes' state is downloaded (waiting for the device) and visited as host
+  /// recipes; what a reader gave replaces it on the device, on the stream of the context of
+  /// the layer's last pass, or, before any pass, is kept and made into the device recipes by
+  /// the first. A loaded state that is inconsistent changes nothing and is what validate()
+  /// reports.
   template <class Archive>
-  void visit_state(Archive&, const std::string&) {
-    static_assert(device_float8_false<Archive>,
-                  "precis: checkpoint a device model through a host model (nn::copy_masters); its "
-                  "float8 recipes are not saved from the device yet");
+  void visit_state(Archive& a, const std::string& prefix) {
+    delayed_scaling<forward_format> x, w;
+    delayed_scaling<backward_format> dy;
+    if (input) {
+      x = delayed_scaling<forward_format>(input->options());
+      w = delayed_scaling<forward_format>(weight->options());
+      dy = delayed_scaling<backward_format>(grad_output->options());
+      input->store(*ctx_, x);
+      weight->store(*ctx_, w);
+      grad_output->store(*ctx_, dy);
+    } else if (pending) {
+      x = pending->input;
+      w = pending->weight;
+      dy = pending->grad_output;
+    }
+    visit_recipe(a, prefix + "fp8.input.", x);
+    visit_recipe(a, prefix + "fp8.weight.", w);
+    visit_recipe(a, prefix + "fp8.grad_output.", dy);
+    problem_.clear();
+    const auto check = [&](std::string_view name, const std::string& p) {
+      if (!p.empty()) problem_ += (problem_.empty() ? "" : "; ") + std::string(name) + " recipe: " + p;
+    };
+    check("fp8.input", x.validate());
+    check("fp8.weight", w.validate());
+    check("fp8.grad_output", dy.validate());
+    if (!problem_.empty()) return;
+    if (input) {
+      replace(input, x);
+      replace(weight, w);
+      replace(grad_output, dy);
+    } else {
+      pending = host_recipes{x, w, dy};
+    }
   }
-  std::string validate() const { return {}; }
+  /// Empty, or what the last visit_state found wrong in the state it read.
+  std::string validate() const { return problem_; }
 
   /// y [rows, out] = x [rows, in] W^T + bias in S, through float8 (see the file comment).
   template <class S>
@@ -94,12 +137,18 @@ struct device_float8_linear_state {
                   "precis: cuBLASLt's float8 products write bfloat16 or float16 (with a bias of that type); give "
                   "a float8 linear layer on the device bfloat16 or float16 activations");
     check_sizes(rows, in, out);
+    ctx_ = &ctx;
     if (!input) {
-      // The recipes' default options, as the host layer's; made on the first pass.
-      input = std::make_unique<device_delayed_scaling<forward_format>>(ctx, delayed_scaling<forward_format>{});
-      weight = std::make_unique<device_delayed_scaling<forward_format>>(ctx, delayed_scaling<forward_format>{});
-      grad_output = std::make_unique<device_delayed_scaling<backward_format>>(ctx, delayed_scaling<backward_format>{});
+      // Made on the first pass: the recipes visit_state gave, or the default options, as the
+      // host layer's. New device memory, counted as a layer buffer's (a CUDA graph captured
+      // before would hold none of it).
+      const host_recipes r = pending ? *pending : host_recipes();
+      input = std::make_unique<device_delayed_scaling<forward_format>>(ctx, r.input);
+      weight = std::make_unique<device_delayed_scaling<forward_format>>(ctx, r.weight);
+      grad_output = std::make_unique<device_delayed_scaling<backward_format>>(ctx, r.grad_output);
       saved = device_tensor<float, 1>({12}, ctx.stream());
+      pending.reset();
+      device_reallocations.fetch_add(1, std::memory_order_relaxed);
     }
     ensure(xq, rows, in, ctx);
     ensure(wq, out, in, ctx);
@@ -149,6 +198,19 @@ struct device_float8_linear_state {
       throw error("precis::nn::linear: float8 products on the device need rows, in and out features that are "
                   "multiples of 16 (cuBLASLt's), got " + std::to_string(rows) + " rows, " + std::to_string(in) +
                   " in, " + std::to_string(out) + " out; map this layer to a bfloat16 policy");
+    }
+  }
+  cuda_context* ctx_ = nullptr;  // the context of the last pass: the recipes' stream
+  std::string problem_;
+  // The device recipe `r` takes host recipe h's state: in place where the history keeps its
+  // length, else made anew (counted as a reallocated buffer).
+  template <class Format>
+  void replace(std::unique_ptr<device_delayed_scaling<Format>>& r, const delayed_scaling<Format>& h) {
+    if (r->options().history_length == h.options().history_length) {
+      r->load(*ctx_, h);
+    } else {
+      r = std::make_unique<device_delayed_scaling<Format>>(*ctx_, h);
+      device_reallocations.fetch_add(1, std::memory_order_relaxed);
     }
   }
   // Another shape within its memory, or new memory in the stream's order, counted as every

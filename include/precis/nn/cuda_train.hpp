@@ -38,6 +38,7 @@
 #include <precis/nn/loss.hpp>
 #include <precis/nn/train.hpp>
 #include <precis/optim/device_optimizers.hpp>
+#include <precis/scaling/checkpoint.hpp>
 #include <precis/scaling/scalers.hpp>
 #include <precis/tensor/device_tensor.hpp>
 
@@ -108,12 +109,10 @@ class basic_softmax_cross_entropy<P, Target, cuda_context>
 };
 
 /// Copies the master weights of model `from` into model `to` (models of one blueprint, on
-/// the host or the device, either way) and refreshes `to`'s working copies. A device
-/// model's checkpoint goes through a host model, since save_checkpoint writes host models:
-/// copy_masters into a host model, the device optimizer's store() into a host optimizer,
-/// the trainer's store_scaler(); and back with copy_masters and load(). Waits for the
-/// device. Throws precis::error, before changing anything, when a parameter of `to` has no
-/// counterpart of its size in `from`.
+/// the host or the device, either way) and refreshes `to`'s working copies; the layers'
+/// other state (batch norm's running statistics, dropout's seed, float8 recipes) stays:
+/// nn::copy_state copies both. Waits for the device. Throws precis::error, before changing
+/// anything, when a parameter of `to` has no counterpart of its size in `from`.
 template <class From, class To>
 void copy_masters(cuda_context& ctx, From& from, To& to) {
   std::map<std::string, std::vector<float>, std::less<>> values;
@@ -134,6 +133,48 @@ void copy_masters(cuda_context& ctx, From& from, To& to) {
       p.set(ctx, values.find(path)->second);
     }
   });
+}
+
+/// Copies model `from`'s whole checkpoint state into model `to` (models of one blueprint, on
+/// the host or the device, either way): the master weights as copy_masters copies them,
+/// then every layer's other state -- batch norm's running statistics, dropout's seed and
+/// call count, a float8 layer's recipes (scale, amax history) -- through the fields a
+/// checkpoint holds, so that `to` evaluates and trains on as `from` would. A device model's
+/// checkpoint goes through a host model, since save_checkpoint writes host models:
+/// copy_state into a host model, the device optimizer's store() into a host optimizer, the
+/// trainer's store_scaler(), then save_checkpoint; back with load_checkpoint, copy_state and
+/// the optimizer's load(). Waits for the device. Throws precis::error, before changing
+/// anything, when a parameter of `to` has no counterpart of its size in `from` or the two
+/// models' layers hold other state fields.
+template <class From, class To>
+void copy_state(cuda_context& ctx, From& from, To& to) {
+  constexpr std::string_view kind = "nn::model state";
+  const auto visit = [](auto& model, auto& archive) {
+    model.for_each_layer([&](const std::string& path, auto& l) { l.visit_state(archive, path.empty() ? path : path + "."); });
+  };
+  precis::detail::checkpoint_writer fields, expected;
+  visit(from, fields);
+  visit(to, expected);  // a writer reads: `to` keeps its state
+  if (fields.names() != expected.names()) {
+    std::string missing;
+    for (const auto& n : expected.names()) {
+      if (!fields.names().contains(n)) missing += (missing.empty() ? "" : ", ") + n;
+    }
+    throw error("precis::nn::copy_state: the models' layers hold other state fields (" +
+                (missing.empty() ? std::string("the model copied from has more") : "missing: " + missing) + ")");
+  }
+  copy_masters(ctx, from, to);
+  try {
+    const std::string bytes = precis::detail::framed_state(kind, fields);
+    precis::detail::checkpoint_reader in(bytes, kind);
+    visit(to, in);
+    in.finish();
+  } catch (const error& e) {
+    throw error(std::string("precis::nn::copy_state: ") + e.what());
+  }
+  if (const std::string problem = to.validate(); !problem.empty()) {
+    throw error("precis::nn::copy_state: " + problem);
+  }
 }
 
 namespace detail::cuda {

@@ -148,24 +148,6 @@ struct float8_linear_state {
     check("fp8.grad_output", grad_output.validate());
     return out;
   }
-
- private:
-  /// A recipe's fields under `prefix` in the layer's archive.
-  template <class Archive>
-  struct prefixed {
-    Archive& a;
-    const std::string& prefix;
-    template <class V>
-    void field(std::string_view n, V& v) {
-      a.field(prefix + std::string(n), v);
-    }
-    void floats(std::string_view n, std::vector<float>& v) { a.floats(prefix + std::string(n), v); }
-  };
-  template <class Archive, class Recipe>
-  static void visit_recipe(Archive& a, const std::string& prefix, Recipe& r) {
-    prefixed<Archive> p{a, prefix};
-    r.visit_state(p);
-  }
 };
 
 /// No float8 state: the layer's products take its storage type.
@@ -232,10 +214,22 @@ class linear_layer : public layer_base<Tag, P, op::matmul, R, R, Ctx, true> {
   }
 
   /// The shape of the output: the input's with `out` in the last axis. Throws
-  /// precis::error (naming the layer's `path`) for another last axis or an empty axis.
+  /// precis::error (naming the layer's `path`) for another last axis or an empty axis, and
+  /// under float8 on the device for rows, in or out features not a multiple of 16.
   shape_t<R> output_shape(const shape_t<R>& in, std::string_view path) const {
     if (in[R - 1] != in_ || detail::elements(in) == 0) {
       bad_shape(path, kind, "[..., " + std::to_string(in_) + "] with no empty axis", shape_string(in));
+    }
+    if constexpr (float8 && !std::is_same_v<Ctx, cpu_context>) {
+      // cuBLASLt's float8 products: refused here, in the shape pass before anything is queued.
+      if ((detail::elements(in) / in_) % 16 != 0 || in_ % 16 != 0 || out_ % 16 != 0) {
+        bad_shape(path, kind,
+                  "[..., " + std::to_string(in_) + "] with rows (all axes but the last), in (" + std::to_string(in_) +
+                      ") and out (" + std::to_string(out_) +
+                      ") features multiples of 16, for cuBLASLt's float8 products (or map the layer to a bfloat16 "
+                      "policy)",
+                  shape_string(in));
+      }
     }
     shape_t<R> out = in;
     out[R - 1] = out_;

@@ -493,6 +493,27 @@ void ensure(Tensor& t, const shape_t<N>& shape, const Make&... make) {
   }
 }
 
+namespace detail {
+/// A layer's archive seen by a float8 recipe: each field under `prefix`.
+template <class Archive>
+struct prefixed_archive {
+  Archive& a;
+  const std::string& prefix;
+  template <class V>
+  void field(std::string_view n, V& v) {
+    a.field(prefix + std::string(n), v);
+  }
+  void floats(std::string_view n, std::vector<float>& v) { a.floats(prefix + std::string(n), v); }
+};
+/// Visits a float8 recipe's checkpoint fields (its visit_state) under `prefix` in a layer's
+/// archive `a` (the host's and the device's float8 linear layers: "fp8.input." and so on).
+template <class Archive, class Recipe>
+void visit_recipe(Archive& a, const std::string& prefix, Recipe& r) {
+  prefixed_archive<Archive> p{a, prefix};
+  r.visit_state(p);
+}
+}  // namespace detail
+
 /// Throws the error a layer gives for a shape it cannot take: "precis::nn: layer <path>
 /// (<layer>) expects an input of shape <expected>, got <got>".
 [[noreturn]] inline void bad_shape(std::string_view path, std::string_view layer, std::string_view expected,

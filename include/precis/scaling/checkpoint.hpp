@@ -116,6 +116,7 @@ class checkpoint_writer {
   }
   std::string& bytes() { return out_; }
   std::uint32_t count() const { return count_; }
+  const std::set<std::string, std::less<>>& names() const { return names_; }
 
  private:
   std::string out_;
@@ -246,6 +247,20 @@ class checkpoint_reader {
   std::map<std::string, bool> used_;
 };
 
+/// The bytes save_state writes for an object of `kind` whose fields `fields` holds: the
+/// magic, the version, the kind, the field count, the fields and a CRC-32; what
+/// checkpoint_reader reads.
+inline std::string framed_state(std::string_view kind, checkpoint_writer& fields) {
+  checkpoint_writer out;
+  out.bytes().append(checkpoint_magic);
+  out.put(scaler_checkpoint_version);
+  out.put_string(kind);
+  out.put(fields.count());
+  out.bytes() += fields.bytes();
+  out.put(crc32(out.bytes()));
+  return std::move(out.bytes());
+}
+
 }  // namespace detail
 
 /// The complete state of `s` (a scaler or a float8 recipe): options, scale, counters,
@@ -255,14 +270,7 @@ std::string save_state(const Stateful& s) {
   detail::checkpoint_writer fields;
   Stateful copy = s;  // visit_state also serves loading, so it takes a mutable object
   copy.visit_state(fields);
-  detail::checkpoint_writer out;
-  out.bytes().append(detail::checkpoint_magic);
-  out.put(scaler_checkpoint_version);
-  out.put_string(Stateful::kind);
-  out.put(fields.count());
-  out.bytes() += fields.bytes();
-  out.put(detail::crc32(out.bytes()));
-  return std::move(out.bytes());
+  return detail::framed_state(Stateful::kind, fields);
 }
 
 /// Replaces the state of `s` with the saved one. Throws precis::error, leaving `s`

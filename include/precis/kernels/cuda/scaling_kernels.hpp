@@ -327,6 +327,9 @@ class device_delayed_scaling {
     load(ctx, host);
   }
 
+  /// The options in force (those of the host recipe last loaded).
+  const delayed_scaling_options& options() const { return options_; }
+
   /// Replaces the device state with `host`'s (same history length). Queued on ctx's stream.
   void load(cuda_context& ctx, const delayed_scaling<Format>& host) {
     if (host.options().history_length != options_.history_length) {
