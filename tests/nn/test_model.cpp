@@ -9,11 +9,13 @@
 
 #include "gradcheck.hpp"
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <tuple>
@@ -556,6 +558,75 @@ TEST_CASE("a temporary input evaluates, but a backward pass after it is refused:
   CHECK_THROWS_AS(m.backward(ctx, dy), error);
   (void)m.forward(ctx, x);
   CHECK(m.backward(ctx, dy).shape() == x.shape());
+}
+
+namespace {
+// random_tensor's values in [-a, a), as T.
+template <class T, std::size_t N>
+host_tensor<T, N> random_of(const std::array<std::size_t, N>& shape, double a = 1.0) {
+  const auto d = random_tensor<N>(shape, -a, a);
+  host_tensor<T, N> t(shape);
+  for (std::size_t i = 0; i < t.size(); ++i) t.data()[i] = T(float(d.data()[i]));
+  return t;
+}
+}  // namespace
+
+TEST_CASE("nn::copy_state copies the masters, running statistics, dropout's state and float8 recipes; models "
+          "whose layers hold other fields are refused before anything changes") {
+  const auto blueprint = nn::seq(nn::conv2d(2, 4, 3, {.padding = {1, 1}}, nn::no_bias), nn::batch_norm(4), nn::relu(),
+                                 nn::dropout(0.25), nn::flatten(), nn::linear<fc1>(4 * 6 * 6, 5));
+  auto a = nn::build<float, 4>(presets::fp32{}, blueprint, {.seed = 3});
+  for (int pass = 0; pass < 2; ++pass) (void)a.forward(ctx, random_of<float, 4>({3, 2, 6, 6}));
+  auto b = nn::build<float, 4>(presets::fp32{}, blueprint, {.seed = 7});
+  nn::copy_state(ctx, a, b);
+  const auto x = random_of<float, 4>({3, 2, 6, 6});
+  const auto same = [](const auto& p, const auto& q) {
+    return p.size() == q.size() && std::equal(p.begin(), p.end(), q.begin(), [](float u, float v) {
+             return std::bit_cast<std::uint32_t>(u) == std::bit_cast<std::uint32_t>(v);
+           });
+  };
+  const host_tensor<float, 2> eval_a = a.forward(ctx, x, nn::mode::eval);
+  CHECK(same(b.forward(ctx, x, nn::mode::eval), eval_a));  // the running statistics
+  const host_tensor<float, 2> train_a = a.forward(ctx, x);
+  CHECK(same(b.forward(ctx, x), train_a));  // the dropout's masks: its seed and calls
+  // copy_masters alone leaves the running statistics: the evaluation pass differs.
+  auto c = nn::build<float, 4>(presets::fp32{}, blueprint, {.seed = 7});
+  nn::copy_masters(ctx, a, c);
+  CHECK(!same(c.forward(ctx, x, nn::mode::eval), eval_a));
+
+  // Another model's fields (no dropout): refused, its masters untouched.
+  auto other = nn::build<float, 4>(presets::fp32{}, nn::seq(nn::conv2d(2, 4, 3, {.padding = {1, 1}}, nn::no_bias),
+                                                            nn::batch_norm(4), nn::relu(), nn::flatten(),
+                                                            nn::linear<fc1>(4 * 6 * 6, 5)),
+                                   {.seed = 11});
+  std::vector<float> before;
+  for (const auto& m : other.masters()) before.insert(before.end(), m.begin(), m.end());
+  CHECK_THROWS_WITH_AS(nn::copy_state(ctx, a, other), doctest::Contains("other state fields"), precis::error);
+  std::vector<float> after;
+  for (const auto& m : other.masters()) after.insert(after.end(), m.begin(), m.end());
+  CHECK(same(after, before));
+
+  // float8 recipes: scale and amax history, and the next training pass's bits.
+  auto f = nn::build<bfloat16, 2>(presets::fp8_hybrid{}, nn::linear<fc1>(32, 16), {.seed = 5});
+  for (int step = 0; step < 2; ++step) {
+    const auto xs = random_of<bfloat16, 2>({16, 32}, double(4 << step));
+    (void)f.forward(ctx, xs);
+    (void)f.backward(ctx, random_of<bfloat16, 2>({16, 16}, double(1 << step)));
+  }
+  auto g = nn::build<bfloat16, 2>(presets::fp8_hybrid{}, nn::linear<fc1>(32, 16), {.seed = 6});
+  nn::copy_state(ctx, f, g);
+  const auto& rf = f.root().float8_products();
+  const auto& rg = g.root().float8_products();
+  CHECK(rg.input.scale() == rf.input.scale());
+  CHECK(rg.weight.scale() == rf.weight.scale());
+  CHECK(rg.grad_output.scale() == rf.grad_output.scale());
+  CHECK(rg.input.amax_history() == rf.input.amax_history());
+  CHECK(rg.grad_output.amax_history() == rf.grad_output.amax_history());
+  CHECK(rf.input.scale() != 1.0F);  // the premise: the recipes moved
+  const auto xf = random_of<bfloat16, 2>({16, 32}, 64.0);
+  const host_tensor<bfloat16, 2> yf = f.forward(ctx, xf);
+  const host_tensor<bfloat16, 2> yg = g.forward(ctx, xf);
+  CHECK(std::memcmp(yf.data(), yg.data(), yf.size() * sizeof(bfloat16)) == 0);
 }
 
 TEST_CASE("same bits on 1 and 2 threads for every layer and block") {

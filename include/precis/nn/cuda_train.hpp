@@ -36,9 +36,9 @@
 #include <precis/kernels/cuda/scaling_kernels.hpp>
 #include <precis/kernels/cuda_context.hpp>
 #include <precis/nn/loss.hpp>
+#include <precis/nn/state.hpp>
 #include <precis/nn/train.hpp>
 #include <precis/optim/device_optimizers.hpp>
-#include <precis/scaling/checkpoint.hpp>
 #include <precis/scaling/scalers.hpp>
 #include <precis/tensor/device_tensor.hpp>
 
@@ -107,75 +107,6 @@ class basic_softmax_cross_entropy<P, Target, cuda_context>
   device_tensor<G, 2> dx_;
   device_tensor<value_type, 1> loss_{{1}};
 };
-
-/// Copies the master weights of model `from` into model `to` (models of one blueprint, on
-/// the host or the device, either way) and refreshes `to`'s working copies; the layers'
-/// other state (batch norm's running statistics, dropout's seed, float8 recipes) stays:
-/// nn::copy_state copies both. Waits for the device. Throws precis::error, before changing
-/// anything, when a parameter of `to` has no counterpart of its size in `from`.
-template <class From, class To>
-void copy_masters(cuda_context& ctx, From& from, To& to) {
-  std::map<std::string, std::vector<float>, std::less<>> values;
-  from.for_each_parameter([&](const std::string& path, const auto& p) {
-    values[path] = context_traits<typename From::context_type>::download(p.master());
-  });
-  to.for_each_parameter([&](const std::string& path, const auto& p) {
-    const auto it = values.find(path);
-    if (it == values.end() || it->second.size() != p.size()) {
-      throw error("precis::nn::copy_masters: " + path + " has no counterpart of " + std::to_string(p.size()) +
-                  " values in the model copied from");
-    }
-  });
-  to.for_each_parameter([&](const std::string& path, auto& p) {
-    if constexpr (std::is_same_v<typename To::context_type, cpu_context>) {
-      p.set(cpu_context{1}, values.find(path)->second);
-    } else {
-      p.set(ctx, values.find(path)->second);
-    }
-  });
-}
-
-/// Copies model `from`'s whole checkpoint state into model `to` (models of one blueprint, on
-/// the host or the device, either way): the master weights as copy_masters copies them,
-/// then every layer's other state -- batch norm's running statistics, dropout's seed and
-/// call count, a float8 layer's recipes (scale, amax history) -- through the fields a
-/// checkpoint holds, so that `to` evaluates and trains on as `from` would. A device model's
-/// checkpoint goes through a host model, since save_checkpoint writes host models:
-/// copy_state into a host model, the device optimizer's store() into a host optimizer, the
-/// trainer's store_scaler(), then save_checkpoint; back with load_checkpoint, copy_state and
-/// the optimizer's load(). Waits for the device. Throws precis::error, before changing
-/// anything, when a parameter of `to` has no counterpart of its size in `from` or the two
-/// models' layers hold other state fields.
-template <class From, class To>
-void copy_state(cuda_context& ctx, From& from, To& to) {
-  constexpr std::string_view kind = "nn::model state";
-  const auto visit = [](auto& model, auto& archive) {
-    model.for_each_layer([&](const std::string& path, auto& l) { l.visit_state(archive, path.empty() ? path : path + "."); });
-  };
-  precis::detail::checkpoint_writer fields, expected;
-  visit(from, fields);
-  visit(to, expected);  // a writer reads: `to` keeps its state
-  if (fields.names() != expected.names()) {
-    std::string missing;
-    for (const auto& n : expected.names()) {
-      if (!fields.names().contains(n)) missing += (missing.empty() ? "" : ", ") + n;
-    }
-    throw error("precis::nn::copy_state: the models' layers hold other state fields (" +
-                (missing.empty() ? std::string("the model copied from has more") : "missing: " + missing) + ")");
-  }
-  copy_masters(ctx, from, to);
-  try {
-    const std::string bytes = precis::detail::framed_state(kind, fields);
-    precis::detail::checkpoint_reader in(bytes, kind);
-    visit(to, in);
-    in.finish();
-  } catch (const error& e) {
-    throw error(std::string("precis::nn::copy_state: ") + e.what());
-  }
-  if (const std::string problem = to.validate(); !problem.empty()) {
-    throw error("precis::nn::copy_state: " + problem);
-  }
-}
 
 namespace detail::cuda {
 

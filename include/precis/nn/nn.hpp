@@ -19,4 +19,5 @@
 #include <precis/nn/parameter.hpp>
 #include <precis/nn/pooling.hpp>
 #include <precis/nn/shape.hpp>
+#include <precis/nn/state.hpp>
 #include <precis/nn/train.hpp>
