@@ -10,6 +10,7 @@
 
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -100,6 +101,28 @@ void compare_recipe_states(const std::string& at, cuda_context& ctx, const HostS
   same("output gradient", h.grad_output, d.grad_output, exact.grad_exact);
 }
 
+// compare_recipe_states on each float8 layer of host model h and its counterpart in device
+// model d (the same path); `how(path)` gives the checks' name and what must match bit for
+// bit. Returns how many layers were compared.
+template <class H, class D, class How>
+std::size_t compare_float8_layers(cuda_context& ctx, H& h, D& d, How&& how) {
+  std::size_t compared = 0;
+  h.for_each_layer([&](const std::string& path, const auto& hl) {
+    if constexpr (requires { hl.float8_products().input.amax_history(); }) {
+      d.for_each_layer([&](const std::string& dpath, const auto& dl) {
+        if constexpr (requires { dl.float8_products().input->scale(); }) {
+          if (dpath == path) {
+            const auto [name, match] = how(path);
+            compare_recipe_states(name, ctx, hl.float8_products(), dl.float8_products(), match);
+            ++compared;
+          }
+        }
+      });
+    }
+  });
+  return compared;
+}
+
 void check_float8(cuda_context& ctx) {
   const cpu_context cpu{2};
   const auto blueprint = nn::seq(nn::linear<fc1>(32, 48), nn::gelu(), nn::linear<fc2>(48, 16, nn::no_bias));
@@ -121,21 +144,10 @@ void check_float8(cuda_context& ctx) {
     compare_gradients(at, ctx, host, dev, 4 * bound<bfloat16>());
     compare(at + " evaluation", ctx, dev.forward(ctx, xed, nn::mode::eval), host.forward(cpu, xe, nn::mode::eval),
             4 * bound<bfloat16>());
-    std::size_t compared = 0;
-    host.for_each_layer([&](const std::string& path, const auto& h) {
-      if constexpr (requires { h.float8_products().input.amax_history(); }) {
-        dev.for_each_layer([&](const std::string& dpath, const auto& d) {
-          if constexpr (requires { d.float8_products().input->scale(); }) {
-            if (dpath == path) {
-              // fc1's output gradient is fc2's dx; fc2's input is a GELU of fc1's output.
-              expect(path == "fc1" || path == "fc2", at + ": the float8 layers' paths are their tags' names");
-              compare_recipe_states(at + " " + path, ctx, h.float8_products(), d.float8_products(),
-                                    {.input_exact = path != "fc2", .grad_exact = path != "fc1"});
-              ++compared;
-            }
-          }
-        });
-      }
+    const std::size_t compared = compare_float8_layers(ctx, host, dev, [&](const std::string& path) {
+      // fc1's output gradient is fc2's dx; fc2's input is a GELU of fc1's output.
+      expect(path == "fc1" || path == "fc2", at + ": the float8 layers' paths are their tags' names");
+      return std::pair{at + " " + path, recipe_match{.input_exact = path != "fc2", .grad_exact = path != "fc1"}};
     });
     expect(compared == 2, at + ": both layers' recipes compared");
   }
@@ -145,18 +157,8 @@ void check_float8(cuda_context& ctx) {
   // a training pass of each gives the trained model's bits.
   auto host2 = nn::build<bfloat16, 3>(presets::fp8_hybrid{}, blueprint, {.seed = 9});
   nn::copy_state(ctx, dev, host2);
-  std::size_t copied = 0;
-  host2.for_each_layer([&](const std::string& path, const auto& h) {
-    if constexpr (requires { h.float8_products().input.amax_history(); }) {
-      dev.for_each_layer([&](const std::string& dpath, const auto& d) {
-        if constexpr (requires { d.float8_products().input->scale(); }) {
-          if (dpath == path) {
-            compare_recipe_states("copy_state to the host " + path, ctx, h.float8_products(), d.float8_products());
-            ++copied;
-          }
-        }
-      });
-    }
+  const std::size_t copied = compare_float8_layers(ctx, host2, dev, [](const std::string& path) {
+    return std::pair{"copy_state to the host " + path, recipe_match{}};
   });
   expect(copied == 2, "copy_state: both layers' recipes compared");
   auto fresh = nn::build<bfloat16, 3, cuda_context>(presets::fp8_hybrid{}, blueprint, {.seed = 11});
