@@ -109,6 +109,11 @@ bench::row time_map(const std::string& config, const vit::config& c, std::size_t
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Said first, so that a run's log shows which attention its bf16_mixed rows timed.
+  std::printf("fused attention: %s\n", has_fused_attention
+                                            ? "on (precis::cudnn_frontend: bf16_mixed runs cuDNN's flash attention)"
+                                            : "OFF (built without precis::cudnn_frontend: bf16_mixed runs the five "
+                                              "pieces unfused, as bf16_mixed_pieces)");
   return bench::run(argc, argv, "bench_vit_gpu", [](auto& rows, const bench::selection& want, std::size_t warmup,
                                                      std::size_t steps) {
     if (want.config("vit-w192-d6-p4-b128")) {
