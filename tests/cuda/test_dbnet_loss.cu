@@ -246,9 +246,9 @@ int main() {
   }
   {
     // Past one tile of CUB's radix sort (its multi-block passes, ties at the cut across
-    // tiles), the launch caps of the grid-stride loops (2^20 elements) and of the sums' blocks
-    // (2^22): 4.2M pixels whose logits take four values.
-    check_loss<f32_loss, f32_bin>(ctx, "fp32 with ties, 4 x 1024 x 1024", make_batch<float>(4, 1024, 1024, 14, true));
+    // tiles), and past the launch caps of the grid-stride loops (more than 2^20 elements) and
+    // of the sums' blocks (more than 2^22): 4,259,840 pixels whose logits take four values.
+    check_loss<f32_loss, f32_bin>(ctx, "fp32 with ties, 4 x 1024 x 1040", make_batch<float>(4, 1024, 1040, 14, true));
     // One device loss given a batch larger than its last and then a smaller one: its buffers
     // grow and are reused, its counts start afresh.
     device_loss<f32_loss, f32_bin, float> reused;
