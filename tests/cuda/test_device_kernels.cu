@@ -559,6 +559,14 @@ void check_conv(precis::cuda_context& ctx, const precis::cpu_context& cpu) {
 int main() {
   if (!precis_test::have_gpu()) return precis_test::skipped;
   precis::cuda_context ctx;
+  {
+    // Each context's id() is its own, and a moved-from context has none (0).
+    precis::cuda_context other;
+    expect(other.id() != 0 && other.id() != ctx.id(), "cuda_context::id: each context its own");
+    const auto id = other.id();
+    precis::cuda_context moved = std::move(other);
+    expect(moved.id() == id && other.id() == 0, "cuda_context::id: moves with the context");
+  }
   const precis::cpu_context cpu{2};
   using precis::bfloat16;
   using precis::float16;

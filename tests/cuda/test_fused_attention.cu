@@ -76,6 +76,15 @@ void check_deterministic(cuda_context& ctx) {
   const auto x2 = to_device(random_tensor<bfloat16, 3>({1, 9, 512}));
   (void)m.forward(ctx, x2);
   expect(m.root().engine().plans() == 3, "fused: a new geometry makes its own plan");
+  {
+    // Plans belong to a context (its id(), not its handle's address, which a later context
+    // may get): the same geometry on another context makes its own.
+    ctx.synchronize();
+    cuda_context other;
+    (void)m.forward(other, x2);
+    other.synchronize();
+    expect(m.root().engine().plans() == 4, "fused: another context makes its own plan");
+  }
   // One token: cuDNN's backward refuses it, so a training pass is refused before it runs;
   // an evaluation pass is not.
   const auto x1 = to_device(random_tensor<bfloat16, 3>({2, 1, 512}));

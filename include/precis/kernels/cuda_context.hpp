@@ -6,6 +6,7 @@
 #include <precis/config.hpp>
 #include <precis/cuda_error.hpp>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -38,7 +39,7 @@ class cuda_context {
   /// 0 to leave it as it is (cudaMemPoolTrimTo still returns memory on request). precis's own
   /// cudaMalloc calls (device tensors made without a stream, convolution plans, the NCCL
   /// reducer's scratch) trim the pool and try again when the device is out of memory.
-  explicit cuda_context(int device = 0, std::uint64_t pool_keep = keep_all) : device_(device) {
+  explicit cuda_context(int device = 0, std::uint64_t pool_keep = keep_all) : device_(device), id_(next_id()) {
     check(cudaSetDevice(device), "cudaSetDevice");
     if (pool_keep > 0) keep_freed_memory(device, pool_keep);
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
@@ -68,6 +69,10 @@ class cuda_context {
 
   /// The CUDA device it runs on.
   int device() const { return device_; }
+  /// A number no other context of the process has had (0 for one moved from): what objects
+  /// outside the context key their cached plans on, where a handle's address may come back
+  /// for a context made after this one is gone.
+  std::uint64_t id() const { return id_; }
   /// Its stream, on which every kernel and library call of the context is queued.
   cudaStream_t stream() const { return stream_; }
   /// Its cuBLASLt handle.
@@ -163,6 +168,7 @@ class cuda_context {
   }
   void swap(cuda_context& o) noexcept {
     std::swap(device_, o.device_);
+    std::swap(id_, o.id_);
     std::swap(stream_, o.stream_);
     std::swap(blas_, o.blas_);
     std::swap(dnn_, o.dnn_);
@@ -170,6 +176,10 @@ class cuda_context {
     std::swap(workspace_bytes_, o.workspace_bytes_);
     std::swap(conv_workspace_limit_, o.conv_workspace_limit_);
     std::swap(plans_, o.plans_);
+  }
+  static std::uint64_t next_id() {
+    static std::atomic<std::uint64_t> last{0};
+    return last.fetch_add(1, std::memory_order_relaxed) + 1;
   }
   // Destruction cannot throw: statuses are ignored here, the stream is drained first.
   void release() noexcept {
@@ -187,6 +197,7 @@ class cuda_context {
   }
 
   int device_ = 0;
+  std::uint64_t id_ = 0;
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t blas_ = nullptr;
   cudnnHandle_t dnn_ = nullptr;

@@ -247,7 +247,7 @@ inline std::shared_ptr<fe::graph::Graph> make_graph(cudnnHandle_t handle, const 
 struct fused_attention_engine::plan {
   fused_attention_shape shape;
   bool backward = false;
-  cudnnHandle_t handle = nullptr;  // the context's handle the plan was built on
+  std::uint64_t context = 0;  // the id() of the context whose handle the plan was built on
   std::shared_ptr<detail::fused::fe::graph::Graph> graph;
   std::int64_t workspace = 0;
   // A backward plan's sequence lengths where it masks its padding (own_padding_mask): every
@@ -260,7 +260,7 @@ struct fused_attention_engine::plan {
 inline fused_attention_engine::plan& fused_attention_engine::plan_for(cuda_context& ctx, const fused_attention_shape& s,
                                                                        bool backward) {
   for (const auto& p : plans_) {
-    if (p->shape == s && p->backward == backward && p->handle == ctx.dnn()) return *p;
+    if (p->shape == s && p->backward == backward && p->context == ctx.id()) return *p;
   }
   // Building a plan loads kernels and may allocate and wait: not inside a CUDA graph's capture.
   if (ctx.capturing()) {
@@ -270,7 +270,7 @@ inline fused_attention_engine::plan& fused_attention_engine::plan_for(cuda_conte
   auto p = std::make_shared<plan>();
   p->shape = s;
   p->backward = backward;
-  p->handle = ctx.dnn();
+  p->context = ctx.id();
   p->graph = detail::fused::translated("building the plan",
                                        [&] { return detail::fused::make_graph(ctx.dnn(), s, backward); });
   detail::fused::check(p->graph->get_workspace_size(p->workspace), "get_workspace_size");
