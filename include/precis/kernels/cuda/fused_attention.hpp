@@ -271,8 +271,22 @@ inline fused_attention_engine::plan& fused_attention_engine::plan_for(cuda_conte
   p->shape = s;
   p->backward = backward;
   p->context = ctx.id();
-  p->graph = detail::fused::translated("building the plan",
-                                       [&] { return detail::fused::make_graph(ctx.dnn(), s, backward); });
+  {
+    // The frontend reads the architecture it builds for from the current device: the
+    // context's, for the plan's build, then the caller's again.
+    int current = 0;
+    precis::check(cudaGetDevice(&current), "cudaGetDevice");
+    if (current != ctx.device()) precis::check(cudaSetDevice(ctx.device()), "cudaSetDevice");
+    struct restore {
+      int device;
+      bool set;
+      ~restore() {
+        if (set) (void)cudaSetDevice(device);
+      }
+    } back{current, current != ctx.device()};
+    p->graph = detail::fused::translated("building the plan",
+                                         [&] { return detail::fused::make_graph(ctx.dnn(), s, backward); });
+  }
   detail::fused::check(p->graph->get_workspace_size(p->workspace), "get_workspace_size");
   if (backward && detail::fused::own_padding_mask(s)) {
     p->lengths.assign(std::size_t(s.batch), std::int32_t(s.tokens));
