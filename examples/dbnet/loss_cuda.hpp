@@ -244,9 +244,13 @@ class basic_loss<LossPolicy, BinPolicy, nn::values<nn::sig<SP, GP, 4>, nn::sig<S
     nn::ensure(index_, s);
     nn::ensure(sorted_, s);
     nn::ensure(keep_, s);
+    // The sort ping-pongs between the pixel kernel's keys and indices and a second buffer
+    // of each (CUB's double-buffer form: no copies of its own in the scratch); which one
+    // holds the sorted indices is known on the host once the call returns.
+    cub::DoubleBuffer<M> keys(keys_.data(), sorted_keys_.data());
+    cub::DoubleBuffer<std::uint32_t> values(index_.data(), sorted_.data());
     std::size_t temp = 0;
-    precis::check(cub::DeviceRadixSort::SortPairsDescending(nullptr, temp, keys_.data(), sorted_keys_.data(),
-                                                            index_.data(), sorted_.data(), int(n), 0,
+    precis::check(cub::DeviceRadixSort::SortPairsDescending(nullptr, temp, keys, values, int(n), 0,
                                                             int(sizeof(M) * 8), ctx.stream()),
                   "cub::DeviceRadixSort (size)");
     if (temp_.size() < temp) nn::ensure(temp_, nn::shape_t<1>{temp});
@@ -257,11 +261,10 @@ class basic_loss<LossPolicy, BinPolicy, nn::values<nn::sig<SP, GP, 4>, nn::sig<S
         e_.data(), b_.data(), term_.data(), keys_.data(), index_.data(), keep_.data(), state_.data());
     precis::check(cudaGetLastError(), "dbnet::loss (pixels)");
     std::size_t bytes = temp_.size();
-    precis::check(cub::DeviceRadixSort::SortPairsDescending(temp_.data(), bytes, keys_.data(), sorted_keys_.data(),
-                                                            index_.data(), sorted_.data(), int(n), 0,
+    precis::check(cub::DeviceRadixSort::SortPairsDescending(temp_.data(), bytes, keys, values, int(n), 0,
                                                             int(sizeof(M) * 8), ctx.stream()),
                   "cub::DeviceRadixSort");
-    detail::cuda::keep_kernel<<<grid, 256, 0, ctx.stream()>>>(sorted_.data(), n, o_.negative_ratio, keep_.data(),
+    detail::cuda::keep_kernel<<<grid, 256, 0, ctx.stream()>>>(values.Current(), n, o_.negative_ratio, keep_.data(),
                                                               state_.data());
     precis::check(cudaGetLastError(), "dbnet::loss (hard negatives)");
     const detail::cuda::sum_terms<CL, M, ST> terms{term_.data(),       b_.data(),      keep_.data(),
