@@ -567,7 +567,8 @@ void check_state_copy(cuda_context& ctx) {
   auto dev2 = nn::build<S, 4, cuda_context>(P{}, blueprint, {.seed = 7});
   nn::copy_state(ctx, host2, dev2);
   const auto x = to_device(data[2].x);
-  expect(same_bits(ctx, dev2.forward(ctx, x, nn::mode::eval), to_host(dev.forward(ctx, x, nn::mode::eval), ctx.stream())),
+  const auto want_eval = to_host(dev.forward(ctx, x, nn::mode::eval), ctx.stream());
+  expect(same_bits(ctx, dev2.forward(ctx, x, nn::mode::eval), want_eval),
          "copy_state: an evaluation pass (the running statistics) has the first model's bits");
   expect(same_bits(ctx, dev2.forward(ctx, x), to_host(dev.forward(ctx, x), ctx.stream())),
          "copy_state: a training pass (the dropout's masks) has the first model's bits");

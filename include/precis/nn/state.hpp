@@ -61,7 +61,9 @@ template <class Ctx, class From, class To>
 void copy_state(Ctx& ctx, From& from, To& to) {
   constexpr std::string_view kind = "nn::model state";
   const auto visit = [](auto& model, auto& archive) {
-    model.for_each_layer([&](const std::string& path, auto& l) { l.visit_state(archive, path.empty() ? path : path + "."); });
+    model.for_each_layer([&](const std::string& path, auto& l) {
+      l.visit_state(archive, path.empty() ? path : path + ".");
+    });
   };
   precis::detail::checkpoint_writer fields, expected;
   visit(from, fields);
