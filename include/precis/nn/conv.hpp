@@ -277,7 +277,8 @@ class conv_base : public layer_base<Tag, P, op::conv, 4, 4, Ctx> {
       bias_.accumulate(ctx, db_);
     }
   }
-  /// y = round(sums + bias) with sums = run(policy, x, w, sums, p) in the math type: the
+  /// y = round(sums + bias) with sums = run(policy, x, w, sums, p) in the math type (the
+  /// transposed layer's forward pass; conv2d's kernels have a bias overload of their own): the
   /// product without rounding, then the bias and one rounding. `policy` is a
   /// std::type_identity of the policy the product runs under: P with the parameters p (the
   /// sums in the layer's buffer), or off the host with 16-bit x, where x and the weight are
@@ -426,13 +427,11 @@ class conv2d_layer : public detail::conv_base<Tag, P, Ctx> {
     const conv2d_params p = this->forward_params(m);
     if (!this->bias_on_) {
       precis::conv2d<P>(ctx, x, w, this->y_, p);
-    } else if constexpr (base::on_host) {
-      precis::conv2d<P>(ctx, x, w, this->bias_.value(), this->y_, p);  // the bias fused
     } else {
-      this->forward_biased(ctx, x, shape_of<4>(this->y_), p,
-                           [&](auto q, const auto& xs, const auto& ws, auto& sums, const conv2d_params& pq) {
-                             precis::conv2d<typename decltype(q)::type>(ctx, xs, ws, sums, pq);
-                           });
+      // The kernels' bias overload: fused on the host; on the device, the sums in float
+      // (16-bit operands widened, as forward_biased does for the transposed layer) and one
+      // rounding after the bias.
+      precis::conv2d<P>(ctx, x, w, this->bias_.value(), this->y_, p);
     }
     this->x_.set(x);
     return this->y_;
